@@ -1,0 +1,29 @@
+"""spdl_lab: a lab bench for data loading in PyTorch training.
+
+Bring a pipeline and a training step; run them under several parallelism
+models, watch what happens live, and find out where the time goes.
+"""
+
+from __future__ import annotations
+
+from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
+from .loader import Loader
+from .pipeline import Pipeline, Stage
+from .runners import RUNNERS
+from .telemetry.snapshot import QueueStats, Snapshot, StageStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Loader",
+    "Pipeline",
+    "PipelineError",
+    "PipelineSpecError",
+    "QueueStats",
+    "RUNNERS",
+    "RunnerError",
+    "Snapshot",
+    "SpdlLabError",
+    "Stage",
+    "StageStats",
+]

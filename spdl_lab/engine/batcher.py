@@ -1,0 +1,87 @@
+"""The ``batch`` stage: groups items into lists as they are written.
+
+A Batcher sits in front of a queue (or another Batcher) and is written to like
+one, so batching needs no thread and no extra hand-off between threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+from ..telemetry.meters import QueueReading, WorkerMeter
+from .queues import QueueClosed
+
+__all__ = ["Batcher", "Sink"]
+
+
+class Sink(Protocol):
+    def put(self, index: int, value: Any) -> None: ...
+    def finish(self) -> None: ...
+
+
+class Batcher:
+    """Collects ``size`` items, then puts them as one list into ``downstream``.
+
+    Several upstream workers may write at once; the lock keeps batches whole.
+    While a full batch waits for room downstream the lock stays held, which is
+    the back-pressure we want; the wait ends when downstream has room or is
+    closed (stop path), so writers queued on the lock are never stuck for good.
+    """
+
+    def __init__(
+        self, name: str, size: int, drop_last: bool, downstream: Sink, meter: WorkerMeter
+    ) -> None:
+        self.name = name
+        self.size = size
+        self.drop_last = drop_last
+        self.downstream = downstream
+        self.meter = meter
+        self._pending: list[Any] = []
+        self._batches = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def put(self, index: int, value: Any) -> None:
+        with self._lock:
+            if self._closed:
+                raise QueueClosed(self.name)
+            pending = self._pending
+            pending.append(value)
+            if len(pending) >= self.size:
+                self._emit()
+
+    def _emit(self) -> None:
+        # Task time is the assembling alone: waiting for items is upstream's
+        # time and waiting for room is the downstream queue's put_blocked.
+        t0 = time.perf_counter_ns()
+        batch, self._pending = self._pending, []
+        index = self._batches
+        self._batches += 1
+        self.meter.record(time.perf_counter_ns() - t0)
+        self.downstream.put(index, batch)
+
+    def finish(self) -> None:
+        with self._lock:
+            if self._pending and not self.drop_last and not self._closed:
+                self._emit()
+            self._pending = []
+        self.downstream.finish()
+
+    def close(self) -> None:
+        # No lock: a writer may hold it while its put is being woken by the
+        # downstream queue's close; the flag alone stops later writers.
+        self._closed = True
+
+    def read(self) -> QueueReading:
+        """The partial batch, as a queue: depth items of ``size``."""
+        return QueueReading(
+            name=self.name,
+            depth=len(self._pending),
+            capacity=self.size,
+            puts=0,
+            gets=0,
+            put_blocked_ns=0,
+            get_blocked_ns=0,
+        )

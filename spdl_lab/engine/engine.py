@@ -1,0 +1,316 @@
+"""The thread engine: a source thread, a pool per map stage, bounded queues.
+
+Failure model
+-------------
+* A stage function that raises an ``Exception`` on an item: by default the
+  pipeline stops and the consumer's next ``next()`` raises ``PipelineError``
+  naming the stage and the item's index (source index for per-item stages,
+  batch index after a ``batch``), with the original exception as
+  ``__cause__``. With ``max_failures=N`` the first N failing items (over all
+  stages) are dropped and counted in the stage's ``failures``; failure N+1
+  stops the pipeline as above. Results still queued when the pipeline stops
+  are discarded: an error is reported at once, not after draining.
+* The source raising is always fatal (an iterator that raised cannot resume).
+* ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) in a stage is
+  never dropped: it stops the pipeline like a failure.
+
+Shutdown rules
+--------------
+* ``close()`` (also on ``with`` exit, when the consumer's generator is
+  dropped, and when the owning Loader is garbage-collected) sets ``stopping``,
+  closes every queue and wakes every waiter. Every wait in the engine is on a
+  queue or a condition that this wakes, or polls ``stopping`` at least every
+  0.1 s, so each thread exits as soon as its current call into user code
+  returns.
+* ``close`` joins threads for at most ``timeout`` seconds. Threads still
+  inside user code then (a hung stage) are left behind as daemon threads and
+  named in a ``RuntimeWarning``; they exit when their call returns, since every
+  queue they could touch is closed.
+* Closing twice, or from several threads at once, is safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PipelineError
+from ..pipeline import Pipeline, Stage
+from ..telemetry.meters import QueueReading, StageMeter, StageReading
+from .batcher import Batcher, Sink
+from .map_stage import MapStage
+from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
+
+__all__ = ["Engine", "EngineReading", "END", "TIMEOUT"]
+
+#: Capacity of queues that carry single items between stages. Large enough
+#: that a thread hands over many items per GIL switch, small enough to bound
+#: memory (items are typically decoded samples, not batches).
+ITEM_QUEUE_SIZE = 32
+
+#: Outputs held ready for the consumer when the caller does not say: a few
+#: batches, or as many items as an item queue holds when the pipeline has no
+#: batch stage (a 3-item buffer makes producer and consumer trade the GIL
+#: every other item, which cut item throughput by more than half).
+DEFAULT_BATCH_BUFFER = 3
+
+
+def default_buffer_size(pipeline: Pipeline) -> int:
+    batched = any(s.kind == "batch" for s in pipeline.stages)
+    return DEFAULT_BATCH_BUFFER if batched else ITEM_QUEUE_SIZE
+
+
+@dataclass
+class EngineReading:
+    """Everything the engine's meters say at one instant."""
+
+    source: StageReading
+    stages: list[StageReading]
+    #: input queue of each stage, by stage name (a batch stage's is its partial batch)
+    inputs: dict[str, QueueReading]
+    #: every real queue, in pipeline order; the last feeds the consumer
+    queues: list[QueueReading]
+
+
+class Engine:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        buffer_size: int | None = None,
+        max_failures: int = 0,
+        metered: bool = True,
+        item_queue_size: int = ITEM_QUEUE_SIZE,
+    ) -> None:
+        if buffer_size is None:
+            buffer_size = default_buffer_size(pipeline)
+        self.pipeline = pipeline
+        self.max_failures = max_failures
+        self.stopping = False
+        self.error: BaseException | None = None
+        self.failures = 0
+        self._fail_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._metered = metered
+        self._source_meter = StageMeter("source", "source", 1)
+        self._meters: dict[str, StageMeter] = {}
+        self._queues: list[BoundedQueue] = []
+        self._batchers: list[Batcher] = []
+        self._inputs: dict[str, BoundedQueue | Batcher] = {}
+        self._map_stages: dict[str, MapStage] = {}
+        self._source_thread: threading.Thread | None = None
+        self._wire(pipeline.stages, buffer_size, item_queue_size)
+
+    # -- building ----------------------------------------------------------------
+    def _wire(self, stages: tuple[Stage, ...], buffer_size: int, item_queue_size: int) -> None:
+        """Split the stages into producers (source, maps) each followed by its
+        batch stages, and give each producer a sink that ends in a queue."""
+        groups: list[tuple[Stage | None, list[Stage]]] = [(None, [])]
+        for stage in stages:
+            if stage.kind == "batch":
+                groups[-1][1].append(stage)
+            else:
+                groups.append((stage, []))
+        batched = False
+        sinks: list[Sink] = []
+        readers: list[BoundedQueue] = []
+        for i, (producer, batch_stages) in enumerate(groups):
+            batched = batched or bool(batch_stages)
+            last = i == len(groups) - 1
+            producer_name = producer.name if producer else "source"
+            consumer_name = "output" if last else groups[i + 1][0].name  # type: ignore[union-attr]
+            capacity = buffer_size if last else (max(2, buffer_size) if batched else item_queue_size)
+            queue = BoundedQueue(f"{producer_name}→{consumer_name}", capacity)
+            self._queues.append(queue)
+            sink: Sink = queue
+            for spec in reversed(batch_stages):
+                meter = StageMeter(spec.name, "batch", 1)
+                self._meters[spec.name] = meter
+                batcher = Batcher(spec.name, spec.size or 1, spec.drop_last, sink, meter.new_worker())
+                self._batchers.append(batcher)
+                sink = batcher
+            # A batch stage's input is the batcher in front of it.
+            chain = sink
+            for spec in batch_stages:
+                self._inputs[spec.name] = chain  # type: ignore[assignment]
+                chain = chain.downstream  # type: ignore[union-attr]
+            sinks.append(sink)
+            readers.append(queue)
+        # Producer i writes sinks[i]; map stage i (group i+1's producer) reads readers[i].
+        self._source_sink = sinks[0]
+        for i, (producer, _) in enumerate(groups[1:], start=1):
+            assert producer is not None
+            meter = StageMeter(producer.name, "map", producer.concurrency)
+            self._meters[producer.name] = meter
+            self._inputs[producer.name] = readers[i - 1]
+            self._map_stages[producer.name] = MapStage(
+                producer, readers[i - 1], sinks[i], self, meter, self._metered
+            )
+        self._output = readers[-1]
+        # Meters in pipeline order.
+        self._meters = {s.name: self._meters[s.name] for s in stages}
+
+    # -- running -----------------------------------------------------------------
+    def start(self) -> None:
+        for stage in self._map_stages.values():
+            stage.start()
+        self._source_thread = threading.Thread(
+            target=self._run_source, name="spdl_lab:source", daemon=True
+        )
+        self._source_thread.start()
+
+    def _run_source(self) -> None:
+        sink = self._source_sink
+        meter = self._source_meter.new_worker()
+        clock = time.perf_counter_ns
+        index = 0
+        iterator = None
+        try:
+            try:
+                iterator = self.pipeline.open_source()
+            except Exception as exc:
+                self.fail("source", None, exc)
+                return
+            metered = self._metered
+            t0 = 0
+            while True:
+                if self.stopping:
+                    return
+                if metered:
+                    t0 = meter.started_ns = clock()
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    break
+                except BaseException as exc:
+                    self.fail("source", index, exc)
+                    return
+                if metered:
+                    meter.started_ns = 0
+                    meter.record(clock() - t0)
+                sink.put(index, item)
+                index += 1
+            sink.finish()
+        except QueueClosed:
+            pass
+        except BaseException as exc:  # a bug in the engine itself
+            self.fail("source", index, exc)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    pass
+
+    def get(self, timeout: float) -> Any:
+        """The next output record ``(seq, index, value)``, END, or TIMEOUT.
+
+        Raises the pipeline's ``PipelineError`` once it has failed.
+        """
+        try:
+            record = self._output.get(timeout)
+        except QueueClosed:
+            if self.error is not None:
+                raise self.error from self.error.__cause__
+            return END
+        return record
+
+    def set_concurrency(self, name: str, n: int) -> None:
+        self._map_stages[name].set_concurrency(n)
+
+    # -- failures ----------------------------------------------------------------
+    def tolerate(self, stage: str, index: int, exc: Exception) -> bool:
+        """Count a failed item; True if it may be dropped under ``max_failures``."""
+        with self._fail_lock:
+            if self.failures < self.max_failures and not self.stopping:
+                self.failures += 1
+                return True
+        return False
+
+    def fail(self, stage: str, index: int | None, exc: BaseException) -> None:
+        """Record the pipeline's first error and stop everything."""
+        with self._fail_lock:
+            if self.error is None and not self._closed:
+                self.error = _pipeline_error(stage, index, exc, self.failures, self.max_failures)
+        self._stop()
+
+    # -- stopping ----------------------------------------------------------------
+    def _stop(self) -> None:
+        self.stopping = True
+        for queue in self._queues:
+            queue.close()
+        for batcher in self._batchers:
+            batcher.close()
+        for stage in self._map_stages.values():
+            stage.stop()
+
+    def close(self, timeout: float = 5.0) -> list[threading.Thread]:
+        """Stop and join every thread; return those still alive after ``timeout``."""
+        with self._close_lock:
+            first = not self._closed
+            self._closed = True
+        self._stop()
+        deadline = time.monotonic() + timeout
+        stuck = []
+        for thread in self.threads():
+            if thread is threading.current_thread():
+                continue
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                stuck.append(thread)
+        if stuck and first:
+            names = ", ".join(t.name for t in stuck)
+            warnings.warn(
+                f"spdl_lab: {len(stuck)} thread(s) still inside a stage function after "
+                f"{timeout:g}s: {names}. They are daemon threads and exit when that call "
+                f"returns; nothing more will be given to them.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return stuck
+
+    def threads(self) -> list[threading.Thread]:
+        threads = [self._source_thread] if self._source_thread else []
+        for stage in self._map_stages.values():
+            threads.extend(stage.threads())
+        return threads
+
+    # -- reading -----------------------------------------------------------------
+    def read(self) -> EngineReading:
+        now = time.perf_counter_ns()
+        return EngineReading(
+            source=self._source_meter.read(now),
+            stages=[meter.read(now) for meter in self._meters.values()],
+            inputs={name: q.read() for name, q in self._inputs.items()},
+            queues=[q.read() for q in self._queues],
+        )
+
+    def concurrency(self, name: str) -> int:
+        return self._map_stages[name].concurrency
+
+
+def _pipeline_error(
+    stage: str, index: int | None, exc: BaseException, dropped: int, max_failures: int
+) -> PipelineError:
+    where = f"stage {stage!r}" if stage != "source" else "the source"
+    item = f" on item {index}" if index is not None else ""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if stage == "source":
+        advice = "Fix the source; a source that raised cannot be resumed."
+    elif max_failures:
+        advice = (
+            f"{dropped} failing item(s) were already dropped (max_failures={max_failures}); "
+            f"raise max_failures to drop more."
+        )
+    else:
+        advice = "Pass max_failures=N to drop and count up to N failing items instead."
+    error = PipelineError(
+        f"{where} failed{item}: {what}. The pipeline stopped. {advice}", stage=stage, index=index
+    )
+    error.__cause__ = exc
+    return error

@@ -1,0 +1,235 @@
+"""A ``map`` stage: a resizable pool of worker threads between two queues.
+
+Workers take ``(seq, index, item)`` records from the input queue, apply the
+stage function and write the result downstream. Ordered stages release
+results in ``seq`` order through a reorder buffer whose size is bounded by a
+window: a worker does not start an item more than ``window`` places ahead of
+the oldest unreleased one, so one slow item cannot make memory grow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..pipeline import Stage
+from ..telemetry.meters import StageMeter, WorkerMeter
+from .batcher import Sink
+from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["MapStage"]
+
+_DROPPED = object()
+
+#: How long an idle worker waits on its input before re-checking whether it
+#: should retire (after a shrink) or stop. Bounds the response to both.
+_IDLE_POLL_S = 0.1
+
+
+class MapStage:
+    def __init__(
+        self,
+        spec: Stage,
+        inq: BoundedQueue,
+        out: Sink,
+        engine: Engine,
+        meter: StageMeter,
+        metered: bool,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._fn = spec.fn
+        self._inq = inq
+        self._out = out
+        self._engine = engine
+        self._meter = meter
+        self._metered = metered
+        self._target = spec.concurrency
+        self._live = 0
+        self._ended = False
+        self._pool_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._spawned = 0
+        # Ordering state (used only when spec.ordered).
+        self._ordered = spec.ordered
+        self._order_lock = threading.Lock()
+        self._order_cond = threading.Condition(self._order_lock)
+        self._next_seq = 0
+        self._emitting = False
+        self._held: dict[int, tuple[int, Any]] = {}
+        self._window_waiters = 0
+        self._window = _window_for(self._target)
+
+    # -- pool --------------------------------------------------------------------
+    @property
+    def concurrency(self) -> int:
+        return self._target
+
+    def start(self) -> None:
+        with self._pool_lock:
+            self._grow_locked()
+
+    def set_concurrency(self, n: int) -> None:
+        """Resize the pool while it runs. Growing starts threads now; shrinking
+        retires workers as they finish their current item (nothing is lost)."""
+        with self._pool_lock:
+            self._target = n
+            self._meter.concurrency = n
+            self._window = _window_for(n)
+            if not self._ended:
+                self._grow_locked()
+        self._inq.wake_getters()
+        with self._order_cond:
+            self._order_cond.notify_all()
+
+    def _grow_locked(self) -> None:
+        while self._live < self._target:
+            self._live += 1
+            self._spawned += 1
+            meter = self._meter.new_worker()
+            thread = threading.Thread(
+                target=self._run,
+                args=(meter,),
+                name=f"spdl_lab:{self.name}:{self._spawned}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _retire(self) -> bool:
+        with self._pool_lock:
+            if self._live > self._target:
+                self._live -= 1
+                return True
+            return False
+
+    def _worker_ended(self) -> None:
+        with self._pool_lock:
+            self._live -= 1
+            self._ended = True
+            last = self._live == 0
+        if last:
+            self._out.finish()
+
+    def threads(self) -> list[threading.Thread]:
+        with self._pool_lock:
+            return list(self._threads)
+
+    # -- work --------------------------------------------------------------------
+    def _run(self, meter: WorkerMeter) -> None:
+        try:
+            self._loop(meter)
+        except QueueClosed:
+            pass
+        except BaseException as exc:  # a bug in the engine itself: stop loudly
+            self._engine.fail(self.name, None, exc)
+
+    def _loop(self, meter: WorkerMeter) -> None:
+        inq, fn, engine = self._inq, self._fn, self._engine
+        ordered = self._ordered
+        emit_ordered, put = self._emit_ordered, self._out.put
+        clock = time.perf_counter_ns
+        hist = meter.hist
+        metered = self._metered
+        t0 = 0
+        while True:
+            if self._live > self._target and self._retire():
+                return
+            record = inq.get(_IDLE_POLL_S)
+            if record is TIMEOUT:
+                continue
+            if record is END:
+                self._worker_ended()
+                return
+            seq, index, item = record
+            if ordered and seq - self._next_seq >= self._window:
+                self._wait_for_window(seq)
+            if metered:
+                t0 = clock()
+                meter.started_ns = t0
+            try:
+                result = fn(item)
+            except BaseException as exc:
+                meter.started_ns = 0
+                meter.failures += 1
+                if not isinstance(exc, Exception) or not engine.tolerate(self.name, index, exc):
+                    engine.fail(self.name, index, exc)
+                    return
+                if not ordered:
+                    continue
+                result = _DROPPED
+            else:
+                if metered:
+                    d = clock() - t0
+                    meter.started_ns = 0
+                    meter.tasks += 1
+                    meter.busy_ns += d
+                    # Inlined histogram.bucket_of: this runs for every item.
+                    bl = d.bit_length()
+                    hist[(bl << 3) | ((d >> (bl - 4)) & 7) if bl > 4 else d] += 1
+            if ordered:
+                emit_ordered(seq, index, result)
+            else:
+                put(index, result)
+
+    # -- ordering ----------------------------------------------------------------
+    def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
+        # Every finished result is deposited; whoever deposits the next
+        # awaited seq becomes the one emitter and releases the run of
+        # consecutive results, putting them downstream outside the lock. The
+        # others return at once, so workers never queue up behind a put that
+        # waits for room.
+        lock, held = self._order_lock, self._held
+        with lock:
+            if self._emitting or seq != self._next_seq:
+                held[seq] = (index, result)
+                return
+            self._emitting = True
+            self._next_seq = seq + 1
+            if self._window_waiters:
+                self._order_cond.notify_all()
+        put = self._out.put
+        try:
+            if result is not _DROPPED:
+                put(index, result)
+            while True:
+                with lock:
+                    entry = held.pop(self._next_seq, None)
+                    if entry is None:
+                        self._emitting = False
+                        return
+                    self._next_seq += 1
+                    if self._window_waiters:
+                        self._order_cond.notify_all()
+                if entry[1] is not _DROPPED:
+                    put(*entry)
+        except BaseException:
+            with lock:
+                self._emitting = False
+            raise
+
+    def _wait_for_window(self, seq: int) -> None:
+        with self._order_cond:
+            self._window_waiters += 1
+            try:
+                while seq - self._next_seq >= self._window:
+                    if self._engine.stopping:
+                        raise QueueClosed(self.name)
+                    self._order_cond.wait(_IDLE_POLL_S)
+            finally:
+                self._window_waiters -= 1
+
+    def stop(self) -> None:
+        """Wake workers waiting on the reorder window (queues are closed by the engine)."""
+        with self._order_cond:
+            self._order_cond.notify_all()
+
+
+def _window_for(concurrency: int) -> int:
+    # Room for every worker to hold one finished item plus slack, so that in
+    # the steady state no worker waits on the window.
+    return 2 * concurrency + 16

@@ -1,0 +1,282 @@
+"""``Loader``: iterate a Pipeline under any runner, with live telemetry.
+
+Each ``iter(loader)`` starts a fresh run of the pipeline under the chosen
+runner, with a sampler recording its meters; ``stats()`` and ``frames()``
+describe the current (or last) run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+
+from .engine.engine import EngineReading
+from .engine.queues import END, TIMEOUT
+from .errors import PipelineSpecError, SpdlLabError
+from .pipeline import Pipeline, validate_concurrency
+from .runners import runner_class
+from .runners.base import Runner
+from .telemetry.frames import queue_rows, stage_rows, to_frame
+from .telemetry.ring import Ring
+from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Sampler
+from .telemetry.snapshot import QueueStats, Snapshot, StageStats
+
+__all__ = ["Loader"]
+
+#: How often a consumer blocked on the next item re-checks for stop and errors.
+_POLL_S = 0.1
+
+
+class Loader:
+    """Run ``pipeline`` under ``runner`` and iterate its outputs.
+
+    Example::
+
+        with lab.Loader(p, runner="thread", buffer_size=3) as loader:
+            for batch in loader:
+                train(batch)
+            print(loader.stats())
+
+    ``buffer_size`` is how many outputs are held ready for the consumer; by
+    default 3 when the pipeline batches, 32 when it yields single items.
+    ``max_failures=N`` drops and counts up to N failing items instead of
+    stopping at the first (see the engine's failure model). ``meters=False``
+    turns off per-task timing (counts and queue depths stay). ``sample_hz``
+    sets the sampler's rate (``0`` turns the sampler off). Other keyword
+    arguments are options of the chosen runner.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        runner: str = "thread",
+        *,
+        buffer_size: int | None = None,
+        max_failures: int = 0,
+        meters: bool = True,
+        sample_hz: float = DEFAULT_HZ,
+        sample_ticks: int = DEFAULT_TICKS,
+        close_timeout: float = 5.0,
+        **runner_options: Any,
+    ) -> None:
+        if not isinstance(pipeline, Pipeline):
+            raise PipelineSpecError(
+                f"Loader takes a lab.Pipeline, got {type(pipeline).__name__}; "
+                f"wrap an iterable as lab.Pipeline(iterable), or use lab.run() for an existing loader"
+            )
+        self._runner_cls = runner_class(runner)
+        if buffer_size is not None:
+            _check_int("buffer_size", buffer_size, minimum=1)
+        _check_int("max_failures", max_failures, minimum=0)
+        if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
+            raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
+        self.pipeline = pipeline
+        self.runner = runner
+        self._options = dict(
+            buffer_size=buffer_size, max_failures=max_failures, metered=bool(meters), **runner_options
+        )
+        self._sample_hz = float(sample_hz)
+        self._sample_ticks = sample_ticks
+        self._close_timeout = close_timeout
+        self._overrides: dict[str, int] = {}
+        self._state = _State()
+        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
+
+    # -- iterating ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        if self._state.closed:
+            raise SpdlLabError("this Loader is closed; create a new one to iterate again")
+        self._state.end_run(self._close_timeout)
+        pipeline = self.pipeline
+        for name, n in self._overrides.items():
+            pipeline = pipeline.with_concurrency(name, n)
+        run = _Run(self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks)
+        self._state.run = run
+        run.start()
+        # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
+        return _iterate(self, run, self._close_timeout)
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        """Change a map stage's concurrency, live if a run is in progress."""
+        spec = self.pipeline.stage(stage)
+        if spec.kind != "map":
+            raise PipelineSpecError(
+                f"stage {stage!r} is a batch stage and has no concurrency; "
+                f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}"
+            )
+        validate_concurrency(n, stage=stage)
+        self._overrides[stage] = n
+        run = self._state.run
+        if run is not None and not run.finished:
+            run.runner.set_concurrency(stage, n)
+
+    # -- reading -----------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        run = self._state.run
+        if run is None:
+            return _empty_snapshot(self.runner, self.pipeline, self._overrides)
+        return run.snapshot()
+
+    def frames(self) -> pd.DataFrame:
+        """The sampler's rows for the current or last run (see ``spdl_lab.telemetry.frames``)."""
+        run = self._state.run
+        if run is None or run.sampler is None:
+            return to_frame(Ring(2))
+        return run.sampler.frames()
+
+    # -- closing -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the current run and everything it started. Safe to call twice."""
+        self._state.close(self._close_timeout)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        run = self._state.run
+        state = "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
+        stages = ", ".join(s.name for s in self.pipeline.stages)
+        return f"Loader(runner={self.runner!r}, stages=[{stages}], {state})"
+
+
+class _Run:
+    """One pass over the pipeline: a runner, its sampler and counters."""
+
+    def __init__(self, runner: Runner, sample_hz: float, sample_ticks: int) -> None:
+        self.runner = runner
+        self.items_out = 0
+        self.finished = False
+        self._lock = threading.Lock()
+        self._t0 = 0.0
+        self._t_end: float | None = None
+        self._previous: EngineReading | None = None
+        self.sampler = Sampler([self._rows], hz=sample_hz, ticks=sample_ticks) if sample_hz else None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self.runner.start()
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def _rows(self, dt_s: float) -> list:
+        now = self.runner.read()
+        before = self._previous
+        self._previous = now
+        rows = stage_rows(now.source, before.source if before else None, dt_s)
+        for i, stage in enumerate(now.stages):
+            rows += stage_rows(stage, before.stages[i] if before else None, dt_s)
+        for i, queue in enumerate(now.queues):
+            rows += queue_rows(queue, before.queues[i] if before else None, dt_s)
+        return rows
+
+    def finish(self, timeout: float) -> None:
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+            self._t_end = time.perf_counter()
+        try:
+            self.runner.close(timeout)
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
+
+    @property
+    def elapsed_s(self) -> float:
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        return max(0.0, end - self._t0)
+
+    def snapshot(self) -> Snapshot:
+        reading = self.runner.read()
+        elapsed = self.elapsed_s
+        live = not self.finished
+
+        def stats(r, queue) -> StageStats:
+            avg = r.tasks / elapsed if elapsed > 0 else 0.0
+            recent = self.sampler.recent_rate("tasks", r.name) if (live and self.sampler) else None
+            return StageStats(
+                name=r.name,
+                kind=r.kind,
+                tasks=r.tasks,
+                failures=r.failures,
+                qps=avg if recent is None else recent,
+                qps_avg=avg,
+                mean_ms=r.mean_ms,
+                p50_ms=r.quantile_ms(0.5),
+                p99_ms=r.quantile_ms(0.99),
+                concurrency=r.concurrency,
+                in_flight=r.in_flight,
+                busy_frac=(r.busy_ns / 1e9 / elapsed / max(1, r.concurrency)) if elapsed > 0 else 0.0,
+                queue_depth=queue.depth if queue else 0,
+                queue_capacity=queue.capacity if queue else 0,
+            )
+
+        return Snapshot(
+            runner=self.runner.name,
+            running=live,
+            elapsed_s=elapsed,
+            items_out=self.items_out,
+            stages={r.name: stats(r, reading.inputs.get(r.name)) for r in reading.stages},
+            source=stats(reading.source, None),
+            queues={
+                q.name: QueueStats(q.name, q.depth, q.capacity, q.put_blocked_ns / 1e9, q.get_blocked_ns / 1e9)
+                for q in reading.queues
+            },
+        )
+
+
+class _State:
+    """What the Loader's finalizer needs, without a reference to the Loader."""
+
+    def __init__(self) -> None:
+        self.run: _Run | None = None
+        self.closed = False
+
+    def end_run(self, timeout: float) -> None:
+        run = self.run
+        if run is not None:
+            run.finish(timeout)
+
+    def close(self, timeout: float) -> None:
+        self.closed = True
+        self.end_run(timeout)
+
+
+def _iterate(owner: Loader, run: _Run, close_timeout: float) -> Iterator[Any]:
+    get = run.runner.get
+    try:
+        while True:
+            record = get(_POLL_S)
+            if record is TIMEOUT:
+                continue
+            if record is END:
+                return
+            run.items_out += 1
+            yield record[2]
+    finally:
+        run.finish(close_timeout)
+
+
+def _check_int(field: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PipelineSpecError(f"Loader: {field} must be an int >= {minimum}, got {value!r}")
+
+
+def _empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -> Snapshot:
+    nan = float("nan")
+    stages = {
+        s.name: StageStats(
+            s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan,
+            overrides.get(s.name, s.concurrency), 0, 0.0, 0, 0,
+        )
+        for s in pipeline.stages
+    }
+    return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)

@@ -1,0 +1,90 @@
+"""Turning meter readings into frame rows, and rows into pandas DataFrames.
+
+Frames are long format, one row per sample tick per series:
+
+=========  ============================================================
+column     meaning
+=========  ============================================================
+time_s     seconds since the run started
+series     what is measured (see below)
+stage      the stage, queue (``"source→decode"``) or ``""`` it belongs to
+value      the number (float; NaN when undefined for that tick)
+=========  ============================================================
+
+Stage series: ``tasks``, ``failures`` (cumulative), ``qps`` (tasks per second
+over the tick), ``busy_frac`` (busy worker-seconds per second divided by the
+concurrency: 1.0 means every worker was inside the stage function the whole
+tick), ``in_flight``, ``concurrency``, and ``mean_ms``, ``p50_ms``,
+``p99_ms`` of the tasks that completed during the tick (task time excludes
+waiting for a worker or a queue). Queue series: ``queue_depth``,
+``queue_capacity``, ``put_blocked_frac`` and ``get_blocked_frac`` (thread-seconds
+blocked per second).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .histogram import quantile_ns
+from .meters import QueueReading, StageReading
+from .ring import Ring
+
+__all__ = ["FRAME_COLUMNS", "stage_rows", "queue_rows", "to_frame"]
+
+FRAME_COLUMNS = ["time_s", "series", "stage", "value"]
+
+Row = tuple[str, str, float]
+
+
+def stage_rows(now: StageReading, before: StageReading | None, dt_s: float) -> list[Row]:
+    name = now.name
+    rows: list[Row] = [
+        ("tasks", name, float(now.tasks)),
+        ("failures", name, float(now.failures)),
+        ("in_flight", name, float(now.in_flight)),
+        ("concurrency", name, float(now.concurrency)),
+    ]
+    if before is None or dt_s <= 0:
+        return rows
+    done = now.tasks - before.tasks
+    rows.append(("qps", name, done / dt_s))
+    busy = (now.busy_ns - before.busy_ns) / 1e9
+    rows.append(("busy_frac", name, max(0.0, busy / dt_s / max(1, now.concurrency))))
+    if done > 0:
+        delta = np.subtract(now.hist, before.hist)
+        rows.append(("mean_ms", name, (now.busy_done_ns - before.busy_done_ns) / done / 1e6))
+        rows.append(("p50_ms", name, quantile_ns(delta, 0.5) / 1e6))
+        rows.append(("p99_ms", name, quantile_ns(delta, 0.99) / 1e6))
+    return rows
+
+
+def queue_rows(now: QueueReading, before: QueueReading | None, dt_s: float) -> list[Row]:
+    name = now.name
+    rows: list[Row] = [
+        ("queue_depth", name, float(now.depth)),
+        ("queue_capacity", name, float(now.capacity)),
+    ]
+    if before is not None and dt_s > 0:
+        rows.append(("put_blocked_frac", name, (now.put_blocked_ns - before.put_blocked_ns) / 1e9 / dt_s))
+        rows.append(("get_blocked_frac", name, (now.get_blocked_ns - before.get_blocked_ns) / 1e9 / dt_s))
+    return rows
+
+
+def to_frame(ring: Ring) -> pd.DataFrame:
+    """The ring as a long-format DataFrame (FRAME_COLUMNS), sorted by time."""
+    times, columns = ring.view()
+    parts = []
+    for (series, stage), values in columns.items():
+        keep = ~np.isnan(values)
+        if not keep.any():
+            continue
+        parts.append(
+            pd.DataFrame(
+                {"time_s": times[keep], "series": series, "stage": stage, "value": values[keep]}
+            )
+        )
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, ["float64", "object", "object", "float64"])})
+    frame = pd.concat(parts, ignore_index=True)
+    return frame.sort_values(["time_s", "series", "stage"], kind="stable", ignore_index=True)

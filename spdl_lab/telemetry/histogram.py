@@ -1,0 +1,54 @@
+"""Fixed log-bucket histogram of durations in nanoseconds.
+
+Eight buckets per power of two (relative error under 7% after interpolation),
+so recording is a few integer operations and reading is a scan of 512 counts.
+Workers record into their own plain lists; readers add the lists up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["NUM_BUCKETS", "bucket_of", "bucket_bounds", "quantile_ns", "new_counts"]
+
+SUB_BITS = 3
+SUB = 1 << SUB_BITS
+NUM_BUCKETS = 64 * SUB
+
+
+def bucket_of(ns: int) -> int:
+    """Bucket index of a duration. The engine inlines this expression on its hot path."""
+    bl = ns.bit_length()
+    return (bl << SUB_BITS) | ((ns >> (bl - SUB_BITS - 1)) & (SUB - 1)) if bl > SUB_BITS + 1 else ns
+
+
+def bucket_bounds(index: int) -> tuple[float, float]:
+    """[low, high) in nanoseconds of bucket ``index``."""
+    if index < 2 * SUB:
+        return float(index), float(index + 1)
+    bl, sub = index >> SUB_BITS, index & (SUB - 1)
+    shift = bl - SUB_BITS - 1
+    return float((SUB + sub) << shift), float((SUB + sub + 1) << shift)
+
+
+def new_counts() -> list[int]:
+    return [0] * NUM_BUCKETS
+
+
+def quantile_ns(counts: Sequence[int], q: float) -> float:
+    """The ``q`` quantile (0..1) of the recorded durations, interpolated within its bucket.
+
+    Returns NaN when nothing was recorded.
+    """
+    total = sum(counts)
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    seen = 0
+    for index, count in enumerate(counts):
+        if count and seen + count >= rank:
+            low, high = bucket_bounds(index)
+            return low + (high - low) * max(0.0, rank - seen) / count
+        seen += count
+    low, high = bucket_bounds(len(counts) - 1)
+    return high

@@ -1,0 +1,120 @@
+"""Counters owned by stages: written on the hot path, read by the sampler.
+
+Each worker thread writes only its own ``WorkerMeter`` (one writer, no lock:
+under the GIL a reader sees each int whole), and readers sum the workers. A
+stage meter keeps the meters of retired workers so totals never go backwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .histogram import bucket_of, new_counts, quantile_ns
+
+__all__ = ["WorkerMeter", "StageMeter", "StageReading", "QueueReading"]
+
+
+class WorkerMeter:
+    """What one worker did: tasks, failures, busy time, task-time histogram.
+
+    ``started_ns`` is the start of the task in progress, 0 when idle; it gives
+    in-flight counts and lets busy time include the running task.
+    """
+
+    __slots__ = ("tasks", "failures", "busy_ns", "hist", "started_ns")
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.failures = 0
+        self.busy_ns = 0
+        self.hist = new_counts()
+        self.started_ns = 0
+
+    def record(self, duration_ns: int) -> None:
+        """Record one completed task (map workers inline this on their hot path)."""
+        self.tasks += 1
+        self.busy_ns += duration_ns
+        self.hist[bucket_of(duration_ns)] += 1
+
+
+@dataclass
+class StageReading:
+    """Totals of a stage at one instant (monotonic counters plus gauges)."""
+
+    name: str
+    kind: str
+    tasks: int
+    failures: int
+    in_flight: int
+    busy_ns: int
+    concurrency: int
+    hist: list[int] = field(repr=False)
+    #: busy time of completed tasks only (``busy_ns`` adds the running ones)
+    busy_done_ns: int = 0
+
+    @property
+    def mean_ms(self) -> float:
+        return self.busy_done_ns / self.tasks / 1e6 if self.tasks else float("nan")
+
+    def quantile_ms(self, q: float) -> float:
+        return quantile_ns(self.hist, q) / 1e6
+
+
+@dataclass
+class QueueReading:
+    name: str
+    depth: int
+    capacity: int
+    puts: int
+    gets: int
+    put_blocked_ns: int
+    get_blocked_ns: int
+
+
+class StageMeter:
+    """The meters of one stage: a growing set of worker meters and the concurrency."""
+
+    def __init__(self, name: str, kind: str, concurrency: int) -> None:
+        self.name = name
+        self.kind = kind
+        self.concurrency = concurrency
+        self._workers: list[WorkerMeter] = []
+        self._lock = threading.Lock()
+
+    def new_worker(self) -> WorkerMeter:
+        meter = WorkerMeter()
+        with self._lock:
+            self._workers.append(meter)
+        return meter
+
+    def read(self, now_ns: int | None = None) -> StageReading:
+        now_ns = time.perf_counter_ns() if now_ns is None else now_ns
+        with self._lock:
+            workers = list(self._workers)
+        tasks = failures = in_flight = busy = 0
+        hist = new_counts()
+        for w in workers:
+            tasks += w.tasks
+            failures += w.failures
+            busy += w.busy_ns
+            started = w.started_ns
+            if started:
+                in_flight += 1
+            counts = w.hist
+            for i, c in enumerate(counts):
+                if c:
+                    hist[i] += c
+        running = sum(max(0, now_ns - w.started_ns) for w in workers if w.started_ns)
+        return StageReading(
+            name=self.name,
+            kind=self.kind,
+            tasks=tasks,
+            failures=failures,
+            in_flight=in_flight,
+            busy_ns=busy + running,
+            concurrency=self.concurrency,
+            hist=hist,
+            busy_done_ns=busy,
+        )

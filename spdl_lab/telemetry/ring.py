@@ -1,0 +1,75 @@
+"""A bounded, columnar ring of sample ticks: fixed memory however long a run lasts."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+import numpy as np
+
+__all__ = ["Ring"]
+
+Key = tuple[str, str]  # (series, stage)
+
+
+class Ring:
+    """Keeps the last ``capacity`` ticks; each tick is a time and values by key.
+
+    Columns appear when a key is first seen (earlier ticks read NaN), so new
+    sources can join a running sampler.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 2:
+            raise ValueError("ring capacity must be >= 2 ticks")
+        self.capacity = capacity
+        self._times = np.full(capacity, np.nan)
+        self._columns: dict[Key, np.ndarray] = {}
+        self._count = 0  # ticks ever appended
+        self._lock = threading.Lock()
+
+    def append(self, time_s: float, values: Iterable[tuple[str, str, float]]) -> None:
+        with self._lock:
+            slot = self._count % self.capacity
+            self._times[slot] = time_s
+            seen = set()
+            for series, stage, value in values:
+                key = (series, stage)
+                column = self._columns.get(key)
+                if column is None:
+                    column = self._columns[key] = np.full(self.capacity, np.nan)
+                column[slot] = value
+                seen.add(key)
+            for key, column in self._columns.items():
+                if key not in seen:
+                    column[slot] = np.nan
+            self._count += 1
+
+    def __len__(self) -> int:
+        return min(self._count, self.capacity)
+
+    def _order(self) -> np.ndarray:
+        n = len(self)
+        start = self._count - n
+        return (np.arange(start, start + n)) % self.capacity
+
+    def view(self) -> tuple[np.ndarray, dict[Key, np.ndarray]]:
+        """Times and columns, oldest first (copies)."""
+        with self._lock:
+            order = self._order()
+            return self._times[order], {k: c[order] for k, c in self._columns.items()}
+
+    def last(self, key: Key, back_s: float) -> tuple[float, float, float, float] | None:
+        """(t_then, value_then, t_now, value_now) spanning about ``back_s`` seconds."""
+        with self._lock:
+            column = self._columns.get(key)
+            n = len(self)
+            if column is None or n < 2:
+                return None
+            order = self._order()
+            times = self._times[order]
+            values = column[order]
+            t_now = times[-1]
+            then = int(np.searchsorted(times, t_now - back_s, side="left"))
+            then = min(then, n - 2)
+            return float(times[then]), float(values[then]), float(t_now), float(values[-1])

@@ -1,0 +1,105 @@
+"""The sampler: one thread that reads every meter ~10 times a second.
+
+It turns counters into rates and appends one tick of rows to a bounded ring;
+``frames()`` and the live dashboard read only that ring. Sources are callables
+returning rows, so probes (CPU, GIL, the training step) join the same ring.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pandas as pd
+
+from .frames import Row, to_frame
+from .ring import Ring
+
+__all__ = ["Sampler", "DEFAULT_HZ", "DEFAULT_TICKS"]
+
+DEFAULT_HZ = 10.0
+#: Ticks kept: ten minutes at 10 Hz. Older ticks are dropped, so memory is
+#: fixed however long a session runs.
+DEFAULT_TICKS = 6000
+
+#: A source is called once per tick with the seconds since the previous tick
+#: and returns rows (series, stage, value).
+Source = Callable[[float], list[Row]]
+
+
+class Sampler:
+    def __init__(
+        self,
+        sources: list[Source] | None = None,
+        *,
+        hz: float = DEFAULT_HZ,
+        ticks: int = DEFAULT_TICKS,
+        name: str = "spdl_lab:sampler",
+    ) -> None:
+        if not hz > 0:
+            raise ValueError(f"sampler rate must be > 0 Hz, got {hz!r}")
+        self.interval_s = 1.0 / hz
+        self.ring = Ring(ticks)
+        self._sources: list[Source] = list(sources or [])
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.perf_counter()
+        self._last = self._t0
+        self._name = name
+        self.errors: list[BaseException] = []
+
+    def add_source(self, source: Source) -> None:
+        with self._lock:
+            self._sources.append(source)
+
+    def start(self) -> None:
+        self._t0 = self._last = time.perf_counter()
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.tick()
+
+    def tick(self) -> None:
+        """Take one sample now (the thread calls this; so does ``stop`` for a last one)."""
+        with self._lock:
+            now = time.perf_counter()
+            dt, self._last = now - self._last, now
+            rows: list[Row] = []
+            for source in self._sources:
+                try:
+                    rows.extend(source(dt))
+                except Exception as exc:  # a broken probe must not kill the sampler
+                    if len(self.errors) < 10:
+                        self.errors.append(exc)
+            self.ring.append(now - self._t0, rows)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self.tick()
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def frames(self) -> pd.DataFrame:
+        return to_frame(self.ring)
+
+    def recent_rate(self, series: str, stage: str, window_s: float = 1.0) -> float | None:
+        """Rate of a cumulative series over about the last ``window_s`` seconds."""
+        span = self.ring.last((series, stage), window_s)
+        if span is None:
+            return None
+        t0, v0, t1, v1 = span
+        if t1 <= t0 or v0 != v0 or v1 != v1:
+            return None
+        return (v1 - v0) / (t1 - t0)

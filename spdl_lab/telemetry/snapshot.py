@@ -1,0 +1,109 @@
+"""``Snapshot``: the figures of a run at one instant, as plain records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["StageStats", "QueueStats", "Snapshot"]
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage's figures.
+
+    ``qps`` is tasks per second over about the last second while the run is
+    live, and over the whole run once it has ended (``qps_avg`` is always the
+    whole-run figure). Task times exclude time spent waiting for a worker.
+    ``queue_depth``/``queue_capacity`` describe the stage's *input*: a full
+    input queue means this stage is the slower side; for a batch stage it is
+    the partial batch being filled.
+    """
+
+    name: str
+    kind: str
+    tasks: int
+    failures: int
+    qps: float
+    qps_avg: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    concurrency: int
+    in_flight: int
+    busy_frac: float
+    queue_depth: int
+    queue_capacity: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    name: str
+    depth: int
+    capacity: int
+    put_blocked_s: float
+    get_blocked_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a Loader (or Session) has done so far.
+
+    ``stages`` is keyed by stage name in pipeline order; ``source`` and
+    ``queues`` (keyed by ``"producer→consumer"``) are kept apart so that
+    ``stages`` has exactly the pipeline's stages.
+    """
+
+    runner: str
+    running: bool
+    elapsed_s: float
+    items_out: int
+    stages: Mapping[str, StageStats]
+    source: StageStats | None = None
+    queues: Mapping[str, QueueStats] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def table(self) -> pd.DataFrame:
+        """One row per stage (source first)."""
+        rows = ([self.source] if self.source else []) + list(self.stages.values())
+        frame = pd.DataFrame([asdict(s) for s in rows])
+        return frame.set_index("name") if not frame.empty else frame
+
+    def _repr_html_(self) -> str:
+        state = "running" if self.running else "finished"
+        head = (
+            f"<p><b>{self.runner}</b> runner, {state}, {self.elapsed_s:.2f} s, "
+            f"{self.items_out} outputs</p>"
+        )
+        cols = ["kind", "tasks", "failures", "qps", "p50_ms", "p99_ms", "concurrency", "queue_depth", "queue_capacity", "busy_frac"]
+        table = self.table()
+        return head + (table[cols].to_html(float_format=_fmt) if not table.empty else "")
+
+    def __repr__(self) -> str:
+        lines = [
+            f"Snapshot(runner={self.runner!r}, running={self.running}, "
+            f"elapsed_s={self.elapsed_s:.2f}, items_out={self.items_out})"
+        ]
+        for s in ([self.source] if self.source else []) + list(self.stages.values()):
+            lines.append(
+                f"  {s.name:<14} {s.kind:<6} tasks={s.tasks:<8} qps={_fmt(s.qps):>8} "
+                f"p50={_ms(s.p50_ms):>7} p99={_ms(s.p99_ms):>7} conc={s.concurrency:<3} "
+                f"queue={s.queue_depth}/{s.queue_capacity}"
+            )
+        return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, float) and math.isnan(x):
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _ms(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    return f"{x * 1000:.0f}µs" if x < 1 else f"{x:.1f}ms"

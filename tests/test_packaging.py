@@ -1,0 +1,50 @@
+"""pyproject.toml and environment.yml must list the same packages."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(requirement: str) -> str:
+    name = re.split(r"[<>=!~\[; ]", requirement.strip(), maxsplit=1)[0]
+    return name.lower().replace("-", "_")
+
+
+def _pyproject_packages() -> set[str]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = data["project"]
+    reqs = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs += extra
+    return {_name(r) for r in reqs}
+
+
+def _environment_packages() -> set[str]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    names = set()
+    for entry in env["dependencies"]:
+        entries = entry["pip"] if isinstance(entry, dict) else [entry]
+        for e in entries:
+            if e in {"pip"} or e.startswith(("python", "-e")):
+                continue
+            names.add(_name(e))
+    return names
+
+
+def test_environment_yml_matches_pyproject():
+    assert _pyproject_packages() == _environment_packages()
+
+
+def test_readme_opens_with_the_two_commands():
+    head = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    assert "make lab" in head and "make test" in head
+
+
+def test_ci_runs_make_test():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
