@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import statistics
 import sys
 import threading
 from collections.abc import Callable
@@ -165,17 +166,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for pipeline in ("noop2", "batched"):
         for conc in args.concurrency:
-            results = {}
-            for name, fn in ANCHORS.items():
-                if not available(name):
-                    results[name] = None
-                    continue
-                n = args.slow_items if name == "SPDL PipelineBuilder" else args.items
-                batched = pipeline == "batched"
-                rate, _ = median_rate(
-                    lambda fn=fn, n=n, c=conc, b=batched: _checked(fn, n, c, b), args.repeats
-                )
-                results[name] = rate
+            # Interleave the anchors round by round so drift on a shared
+            # machine hits all of them alike; report each one's median.
+            names = [name for name in ANCHORS if available(name)]
+            rates: dict[str, list[float]] = {name: [] for name in names}
+            batched = pipeline == "batched"
+            for _ in range(args.repeats):
+                for name in names:
+                    n = args.slow_items if name == "SPDL PipelineBuilder" else args.items
+                    rate, _ = median_rate(
+                        lambda fn=ANCHORS[name], n=n, c=conc, b=batched: _checked(fn, n, c, b), 1
+                    )
+                    rates[name].append(rate)
+            results = {name: (statistics.median(rates[name]) if name in rates else None) for name in ANCHORS}
             ours = results["spdl_lab (meters on)"]
             for name, rate in results.items():
                 if rate is None:

@@ -7,6 +7,7 @@ models, watch what happens live, and find out where the time goes.
 from __future__ import annotations
 
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
+from .experiments import headspace
 from .loader import Loader
 from .pipeline import Pipeline, Stage
 from .runners import RUNNERS
@@ -26,4 +27,5 @@ __all__ = [
     "SpdlLabError",
     "Stage",
     "StageStats",
+    "headspace",
 ]

@@ -80,6 +80,7 @@ class Loader:
         self._options = dict(
             buffer_size=buffer_size, max_failures=max_failures, metered=bool(meters), **runner_options
         )
+        self._runner_cls.check_options(pipeline, self._options)
         self._sample_hz = float(sample_hz)
         self._sample_ticks = sample_ticks
         self._close_timeout = close_timeout
@@ -97,9 +98,18 @@ class Loader:
             pipeline = pipeline.with_concurrency(name, n)
         run = _Run(self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks)
         self._state.run = run
-        run.start()
+        try:
+            run.start()
+        except BaseException:
+            run.finish(self._close_timeout)
+            raise
         # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
         return _iterate(self, run, self._close_timeout)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments this Loader passes to its runner."""
+        return dict(self._options)
 
     def set_concurrency(self, stage: str, n: int) -> None:
         """Change a map stage's concurrency, live if a run is in progress."""

@@ -30,3 +30,27 @@ def no_thread_leak():
 @pytest.fixture
 def wait_until():
     return _wait_until
+
+
+@pytest.fixture
+def no_child_leak():
+    """Fail if the test leaves child processes or spdl_lab shared-memory segments."""
+    import os
+
+    import psutil
+
+    from spdl_lab.runners._shm import shm_dir
+
+    def ours() -> set[str]:
+        return {n for n in os.listdir(shm_dir()) if n.startswith(f"spdl_lab_{os.getpid()}_")}
+
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = ours()
+    yield
+    ok = _wait_until(
+        lambda: {p.pid for p in me.children(recursive=True)} <= children_before, timeout=10.0
+    )
+    left = [p.pid for p in me.children(recursive=True) if p.pid not in children_before]
+    assert ok, f"child processes left behind: {left}"
+    assert ours() <= shm_before, f"shared memory left behind: {sorted(ours() - shm_before)}"

@@ -39,7 +39,14 @@ from typing import Any
 
 from ..errors import PipelineError
 from ..pipeline import Pipeline, Stage
-from ..telemetry.meters import QueueReading, StageMeter, StageReading
+from ..telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, bucket_of
+from ..telemetry.meters import (
+    SAMPLE_BELOW_NS,
+    SAMPLE_STRIDE,
+    QueueReading,
+    StageMeter,
+    StageReading,
+)
 from .batcher import Batcher, Sink
 from .map_stage import MapStage
 from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
@@ -176,11 +183,15 @@ class Engine:
                 self.fail("source", None, exc)
                 return
             metered = self._metered
-            t0 = 0
+            hist, fast = meter.hist, FAST_BUCKETS
+            untimed = budget = 0  # sampling, as in the map stages' workers
             while True:
                 if self.stopping:
                     return
-                if metered:
+                if not metered or untimed < budget:
+                    untimed += 1
+                    t0 = 0
+                else:
                     t0 = meter.started_ns = clock()
                 try:
                     item = next(iterator)
@@ -189,9 +200,14 @@ class Engine:
                 except BaseException as exc:
                     self.fail("source", index, exc)
                     return
-                if metered:
+                meter.tasks += 1
+                if t0:
+                    d = clock() - t0
                     meter.started_ns = 0
-                    meter.record(clock() - t0)
+                    weight, untimed = untimed + 1, 0
+                    budget = SAMPLE_STRIDE - 1 if d < SAMPLE_BELOW_NS else 0
+                    meter.busy_ns += d * weight
+                    hist[fast[d >> 4] if d < FAST_LIMIT_NS else bucket_of(d)] += weight
                 sink.put(index, item)
                 index += 1
             sink.finish()

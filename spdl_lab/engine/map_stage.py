@@ -14,9 +14,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..pipeline import Stage
-from ..telemetry.meters import StageMeter, WorkerMeter
+from ..telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of
+from ..telemetry.meters import SAMPLE_BELOW_NS, SAMPLE_STRIDE, StageMeter, WorkerMeter
 from .batcher import Sink
 from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
+
+assert FAST_SHIFT == 4  # the worker loop below inlines the shift
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -133,9 +136,11 @@ class MapStage:
         ordered = self._ordered
         emit_ordered, put = self._emit_ordered, self._out.put
         clock = time.perf_counter_ns
-        hist = meter.hist
+        hist, fast = meter.hist, FAST_BUCKETS
         metered = self._metered
-        t0 = 0
+        # Sampling state (see telemetry.meters.SAMPLE_BELOW_NS): untimed tasks
+        # since the last timed one, and how many may pass before the next.
+        untimed = budget = 0
         while True:
             if self._live > self._target and self._retire():
                 return
@@ -148,9 +153,12 @@ class MapStage:
             seq, index, item = record
             if ordered and seq - self._next_seq >= self._window:
                 self._wait_for_window(seq)
-            if metered:
-                t0 = clock()
-                meter.started_ns = t0
+            meter.tasks += 1
+            if not metered or untimed < budget:
+                untimed += 1
+                t0 = 0
+            else:
+                t0 = meter.started_ns = clock()
             try:
                 result = fn(item)
             except BaseException as exc:
@@ -163,14 +171,13 @@ class MapStage:
                     continue
                 result = _DROPPED
             else:
-                if metered:
+                if t0:
                     d = clock() - t0
                     meter.started_ns = 0
-                    meter.tasks += 1
-                    meter.busy_ns += d
-                    # Inlined histogram.bucket_of: this runs for every item.
-                    bl = d.bit_length()
-                    hist[(bl << 3) | ((d >> (bl - 4)) & 7) if bl > 4 else d] += 1
+                    weight, untimed = untimed + 1, 0
+                    budget = SAMPLE_STRIDE - 1 if d < SAMPLE_BELOW_NS else 0
+                    meter.busy_ns += d * weight
+                    hist[fast[d >> 4] if d < FAST_LIMIT_NS else bucket_of(d)] += weight
             if ordered:
                 emit_ordered(seq, index, result)
             else:
@@ -178,11 +185,11 @@ class MapStage:
 
     # -- ordering ----------------------------------------------------------------
     def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
-        # Every finished result is deposited; whoever deposits the next
-        # awaited seq becomes the one emitter and releases the run of
-        # consecutive results, putting them downstream outside the lock. The
-        # others return at once, so workers never queue up behind a put that
-        # waits for room.
+        # A result that is not next in line, or that arrives while another
+        # worker is emitting, is held. The worker holding the next awaited seq
+        # becomes the one emitter and releases the run of consecutive results,
+        # putting them downstream outside the lock. The others return at once,
+        # so workers never queue up behind a put that waits for room.
         lock, held = self._order_lock, self._held
         with lock:
             if self._emitting or seq != self._next_seq:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from ..errors import PipelineSpecError, RunnerError
 from .base import Runner
+from .cache import CacheRunner
+from .process import ProcessRunner
+from .subprocess_threads import SubprocessThreadsRunner
 from .thread import ThreadRunner
 
 __all__ = ["RUNNERS", "Runner", "runner_class"]
 
 RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
 
-_REGISTRY: dict[str, type[Runner]] = {"thread": ThreadRunner}
+_REGISTRY: dict[str, type[Runner]] = {
+    "thread": ThreadRunner,
+    "subprocess-threads": SubprocessThreadsRunner,
+    "process": ProcessRunner,
+    "cache": CacheRunner,
+}
 
 
 def runner_class(name: str) -> type[Runner]:

@@ -5,10 +5,12 @@ A Loader drives a runner; callers never special-case a runner by name.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from typing import Any
 
 from ..engine.engine import EngineReading
+from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 
 __all__ = ["Runner", "RunnerOptions"]
@@ -36,6 +38,23 @@ class Runner(ABC):
         self.buffer_size = buffer_size
         self.max_failures = max_failures
         self.metered = metered
+
+    @classmethod
+    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
+        """Reject options this runner does not take, before anything starts.
+
+        Runners with option values to check extend this.
+        """
+        params = inspect.signature(cls).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return
+        unknown = [k for k in options if k not in params]
+        if unknown:
+            known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+            raise PipelineSpecError(
+                f"runner {cls.name!r} does not take option(s) {', '.join(map(repr, unknown))}; "
+                f"it takes: {', '.join(known)}"
+            )
 
     @abstractmethod
     def start(self) -> None: ...

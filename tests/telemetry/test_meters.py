@@ -121,3 +121,10 @@ def test_ring_keeps_the_last_ticks_and_adds_columns():
     assert list(times) == [2.0, 3.0, 4.0]
     assert list(cols[("x", "a")]) == [2.0, 3.0, 4.0]
     assert np.isnan(cols[("y", "b")][:2]).all() and cols[("y", "b")][2] == 1.0
+
+
+def test_fast_bucket_table_matches_bucket_of_from_128ns():
+    from spdl_lab.telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT
+
+    for d in list(range(128, 5000)) + list(range(5000, FAST_LIMIT_NS, 997)):
+        assert FAST_BUCKETS[d >> FAST_SHIFT] == bucket_of(d), d

@@ -1,0 +1,161 @@
+"""The child process of the ``subprocess-threads`` runner.
+
+Started as ``python -m spdl_lab.runners._child DATA_FD CTRL_FD`` (a fresh
+interpreter: never a fork of a threaded parent). It receives the pipeline
+(cloudpickle), runs the thread engine, sends outputs through shared-memory
+slots, publishes its meters to a shared block, and obeys the control channel.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: How often the child publishes its meters for the parent's sampler.
+METER_HZ = 50.0
+
+
+def main(data_fd: int, ctrl_fd: int) -> int:
+    data = Connection(data_fd, readable=False)
+    ctrl = Connection(ctrl_fd, writable=False)
+    try:
+        init = ctrl.recv()
+        run = _ChildRun(data, ctrl, init)
+    except BaseException:
+        _send_quietly(data, ("crash", traceback.format_exc()))
+        return 1
+    try:
+        return run.serve()
+    finally:
+        run.cleanup()
+
+
+class _ChildRun:
+    def __init__(self, data: Connection, ctrl: Connection, init: dict[str, Any]) -> None:
+        for entry in reversed(init["sys_path"]):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        import cloudpickle
+
+        from ..engine.engine import Engine
+        from ._shm import SeqlockBlock, ShmFile
+        from ._transport import SlotWriter
+
+        self.data = data
+        self.ctrl = ctrl
+        pipeline = cloudpickle.loads(init["pipeline"])
+        self.engine = Engine(pipeline, **init["engine_options"])
+        self.slots = SlotWriter(init["prefix"], init["slots"])
+        self.meters = SeqlockBlock(ShmFile(init["meters"], init["meters_size"], create=False))
+        self.stop = threading.Event()
+        self._send_lock = threading.Lock()
+
+    def serve(self) -> int:
+        threading.Thread(target=self._control, name="spdl_lab:child-control", daemon=True).start()
+        publisher = threading.Thread(target=self._publish_meters, name="spdl_lab:child-meters", daemon=True)
+        self.engine.start()
+        publisher.start()
+        self._send(("ready",))
+        try:
+            self._pump()
+        finally:
+            self.engine.close(timeout=2.0)
+            self._publish_once()
+        # Keep the slots mapped until the parent has read them and says stop.
+        self.stop.wait()
+        return 0
+
+    def _pump(self) -> None:
+        from ..engine.queues import END, TIMEOUT
+        from ..errors import PipelineError
+        from ._transport import encode, write_arrays
+
+        while not self.stop.is_set():
+            try:
+                record = self.engine.get(0.1)
+            except PipelineError as err:
+                self._send(("error", _describe_error(err)))
+                return
+            if record is TIMEOUT:
+                continue
+            if record is END:
+                self._send(("end",))
+                return
+            seq, index, value = record
+            encoded = encode(value)
+            if encoded.arrays:
+                try:
+                    slot_id, shm = self.slots.acquire(encoded.nbytes, self.stop.is_set)
+                except InterruptedError:
+                    return
+                write_arrays(encoded, shm)
+                self._send(("out", seq, index, encoded.meta, slot_id, shm.name, shm.size))
+            else:
+                self._send(("out", seq, index, encoded.meta, -1, "", 0))
+
+    def _control(self) -> None:
+        while True:
+            try:
+                message = self.ctrl.recv()
+            except (EOFError, OSError):
+                break  # the parent is gone: stop
+            kind = message[0]
+            if kind == "release":
+                self.slots.release(message[1])
+            elif kind == "concurrency":
+                self.engine.set_concurrency(message[1], message[2])
+            elif kind == "stop":
+                break
+        self.stop.set()
+        self.engine.close(timeout=2.0)
+
+    def _publish_meters(self) -> None:
+        while not self.stop.wait(1.0 / METER_HZ):
+            self._publish_once()
+
+    def _publish_once(self) -> None:
+        try:
+            self.meters.publish(pickle.dumps(self.engine.read(), protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:
+            pass  # meters are best effort; the run goes on
+
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self.data.send(message)
+
+    def cleanup(self) -> None:
+        self.slots.close()
+        self.meters.shm.close()
+
+
+def _describe_error(err: BaseException) -> dict[str, Any]:
+    cause = err.__cause__
+    text = "".join(traceback.format_exception(cause)) if cause is not None else ""
+    try:
+        cause_bytes = pickle.dumps(cause) if cause is not None else None
+        pickle.loads(cause_bytes) if cause_bytes else None
+    except Exception:
+        cause_bytes = None
+    return {
+        "message": str(err),
+        "stage": getattr(err, "stage", None),
+        "index": getattr(err, "index", None),
+        "cause": cause_bytes,
+        "cause_type": type(cause).__name__ if cause is not None else None,
+        "traceback": text,
+    }
+
+
+def _send_quietly(conn: Connection, message: tuple) -> None:
+    try:
+        conn.send(message)
+    except Exception:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -1,0 +1,140 @@
+"""``cache``: headspace — what training would do if loading were free.
+
+Takes the first ``num_caches`` outputs from another runner, closes it, then
+replays those outputs for as many steps as the pipeline would have produced
+(or forever). The gap between a runner and ``cache`` is the most any loader
+improvement can buy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..engine.engine import EngineReading
+from ..engine.queues import END, TIMEOUT
+from ..errors import PipelineSpecError
+from ..pipeline import Pipeline
+from .base import Runner
+
+__all__ = ["CacheRunner", "expected_outputs"]
+
+
+class CacheRunner(Runner):
+    """Replays the first ``num_caches`` outputs of ``source_runner``.
+
+    The replayed objects are the cached objects themselves, not copies, so a
+    step that mutates its batch in place sees its own changes next time.
+    """
+
+    name = "cache"
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        buffer_size: int | None,
+        max_failures: int,
+        metered: bool,
+        source_runner: str = "thread",
+        num_caches: int = 8,
+        forever: bool = False,
+        num_outputs: int | None = None,
+        **source_options: Any,
+    ) -> None:
+        super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
+        from . import runner_class
+
+        self.check_options(pipeline, {"source_runner": source_runner, "num_caches": num_caches})
+        self._source = runner_class(source_runner)(
+            pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered, **source_options
+        )
+        self._num_caches = num_caches
+        self._forever = forever
+        self._num_outputs = num_outputs
+        self._cache: list[tuple[int, Any]] = []
+        self._replaying = False
+        self._served = 0
+        self._total: float = math.inf
+        self._final: EngineReading | None = None
+
+    @classmethod
+    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
+        from . import runner_class
+
+        source_runner = options.get("source_runner", "thread")
+        if source_runner == "cache":
+            raise PipelineSpecError("cache runner: source_runner must be another runner than 'cache'")
+        num_caches = options.get("num_caches", 8)
+        if isinstance(num_caches, bool) or not isinstance(num_caches, int) or num_caches < 1:
+            raise PipelineSpecError(f"cache runner: num_caches must be an int >= 1, got {num_caches!r}")
+        own = {"source_runner", "num_caches", "forever", "num_outputs"}
+        source_options = {k: v for k, v in options.items() if k not in own}
+        runner_class(source_runner).check_options(pipeline, source_options)
+
+    def start(self) -> None:
+        self._source.start()
+
+    def get(self, timeout: float) -> Any:
+        if not self._replaying:
+            record = self._source.get(timeout)
+            if record is TIMEOUT:
+                return TIMEOUT
+            if record is not END:
+                self._cache.append((record[1], record[2]))
+                self._served += 1
+                if len(self._cache) >= self._num_caches:
+                    self._start_replay()
+                return self._served - 1, record[1], record[2]
+            self._start_replay()
+        if self._served >= self._total or not self._cache:
+            return END
+        index, value = self._cache[self._served % len(self._cache)]
+        self._served += 1
+        return self._served - 1, index, value
+
+    def _start_replay(self) -> None:
+        self._replaying = True
+        self._final = self._source.read()
+        self._source.close()
+        if self._forever:
+            self._total = math.inf
+        elif self._num_outputs is not None:
+            self._total = self._num_outputs
+        else:
+            self._total = expected_outputs(self.pipeline)
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        if not self._replaying:
+            self._source.set_concurrency(stage, n)
+
+    def concurrency(self, stage: str) -> int:
+        return self._source.concurrency(stage)
+
+    def read(self) -> EngineReading:
+        return self._final if self._final is not None else self._source.read()
+
+    @property
+    def replaying(self) -> bool:
+        return self._replaying
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._source.close(timeout)
+
+
+def expected_outputs(pipeline: Pipeline) -> int:
+    """How many outputs the pipeline yields (map stages drop nothing).
+
+    Uses ``len(source)`` when the source has one; otherwise iterates the
+    source alone once to count it.
+    """
+    source = pipeline.source
+    try:
+        n = len(source)  # type: ignore[arg-type]
+    except TypeError:
+        n = sum(1 for _ in pipeline.open_source())
+    for stage in pipeline.stages:
+        if stage.kind == "batch":
+            size = stage.size or 1
+            n = n // size if stage.drop_last else -(-n // size)
+    return n

@@ -1,0 +1,302 @@
+"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp").
+
+The training process keeps its GIL to itself: stage functions run in a fresh
+interpreter, and outputs come back through shared memory (arrays copied once
+on each side, never pickled). The child's meters are published to a shared
+block that the parent reads without messages, so ``stats()`` and ``frames()``
+look the same as for ``thread``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from ..engine.engine import Engine, EngineReading
+from ..engine.queues import END, TIMEOUT
+from ..errors import PipelineError, RunnerError
+from ..pipeline import Pipeline
+from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
+from ._transport import SlotReader, decode
+from .base import Runner
+
+__all__ = ["SubprocessThreadsRunner"]
+
+#: Shared-memory slots in flight between child and parent. Each grows to the
+#: largest output; more slots only let the child run further ahead.
+SLOTS = 4
+_METERS_SIZE = 4 << 20
+#: How long start() waits for the child to import and build its engine.
+START_TIMEOUT_S = 60.0
+
+
+class ChildTraceback(Exception):
+    """The child's traceback, chained under errors raised in the parent."""
+
+
+class SubprocessThreadsRunner(Runner):
+    name = "subprocess-threads"
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        buffer_size: int | None,
+        max_failures: int,
+        metered: bool,
+        slots: int = SLOTS,
+        start_timeout: float = START_TIMEOUT_S,
+    ) -> None:
+        super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
+        self._payload = _pickle_pipeline(pipeline)
+        self._slots = slots
+        self._start_timeout = start_timeout
+        self._blank = Engine(pipeline, buffer_size=buffer_size).read()
+        self._concurrency = {s.name: s.concurrency for s in pipeline.stages if s.kind == "map"}
+        self._prefix = new_prefix()
+        self._proc: subprocess.Popen | None = None
+        self._data: Connection | None = None
+        self._ctrl: Connection | None = None
+        self._meters: SeqlockBlock | None = None
+        self._reader = SlotReader()
+        self._closed = False
+        self._ended = False
+
+    @classmethod
+    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
+        super().check_options(pipeline, options)
+        _pickle_pipeline(pipeline)  # fail at Loader(...) if it cannot reach the child
+
+    # -- starting ----------------------------------------------------------------
+    def start(self) -> None:
+        meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True)
+        self._meters = SeqlockBlock(meters)
+        data_r, data_w = os.pipe()
+        ctrl_r, ctrl_w = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "spdl_lab.runners._child", str(data_w), str(ctrl_r)],
+                pass_fds=(data_w, ctrl_r),
+                start_new_session=True,  # Ctrl-C reaches the parent, which stops the child
+            )
+        finally:
+            os.close(data_w)
+            os.close(ctrl_r)
+        self._data = Connection(data_r, writable=False)
+        self._ctrl = Connection(ctrl_w, readable=False)
+        self._send(
+
+                {
+                    "pipeline": self._payload,
+                    "engine_options": {
+                        "buffer_size": self.buffer_size,
+                        "max_failures": self.max_failures,
+                        "metered": self.metered,
+                    },
+                    "sys_path": list(sys.path),
+                    "prefix": self._prefix,
+                    "slots": self._slots,
+                    "meters": meters.name,
+                    "meters_size": meters.size,
+                }
+
+        )
+        message = self._recv(self._start_timeout, starting=True)
+        if message is TIMEOUT:
+            raise RunnerError(
+                f"subprocess-threads: the child process did not start within {self._start_timeout:g} s; "
+                f"pass start_timeout= to wait longer"
+            )
+
+    # -- iterating ---------------------------------------------------------------
+    def get(self, timeout: float) -> Any:
+        if self._ended:
+            return END
+        message = self._recv(timeout)
+        if message is TIMEOUT:
+            return TIMEOUT
+        kind = message[0]
+        if kind == "out":
+            _, seq, index, meta, slot_id, slot_name, slot_size = message
+            if slot_id < 0:
+                return seq, index, decode(meta, None)
+            value = decode(meta, self._reader.get(slot_id, slot_name, slot_size))
+            self._send(("release", slot_id))
+            return seq, index, value
+        if kind == "end":
+            self._ended = True
+            return END
+        if kind == "error":
+            self._ended = True
+            raise _pipeline_error(message[1])
+        raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
+
+    def _recv(self, timeout: float, starting: bool = False) -> Any:
+        """The next message, TIMEOUT, or RunnerError if the child died."""
+        assert self._data is not None and self._proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
+                    message = self._data.recv()
+                    if message[0] == "crash":
+                        raise self._died(message[1])
+                    if message[0] == "ready" and not starting:
+                        continue
+                    return message
+            except (EOFError, OSError):
+                raise self._died(None) from None
+            if self._proc.poll() is not None and not self._data.poll(0):
+                raise self._died(None)
+            if time.monotonic() >= deadline:
+                return TIMEOUT
+
+    def _died(self, child_traceback: str | None) -> RunnerError:
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        self._ended = True
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        elif code is not None:
+            how = f"exited with status {code}"
+        else:
+            how = "closed its channel"
+        hint = (
+            " The child's traceback follows." if child_traceback
+            else " If it ran out of memory, make batches or concurrency smaller."
+        )
+        error = RunnerError(f"subprocess-threads: the child process (pid {self._proc.pid}) {how}.{hint}")
+        if child_traceback:
+            error.__cause__ = ChildTraceback(child_traceback)
+        return error
+
+    # -- control -----------------------------------------------------------------
+    def set_concurrency(self, stage: str, n: int) -> None:
+        self._concurrency[stage] = n
+        self._send(("concurrency", stage, n))
+        # Seen at once in stats(), before the child's next meter publication.
+        self._blank = _with_concurrency(self._blank, stage, n)
+
+    def concurrency(self, stage: str) -> int:
+        return self._concurrency[stage]
+
+    def _send(self, message: Any) -> None:
+        if self._ctrl is None or self._closed:
+            return
+        try:
+            self._ctrl.send(message)
+        except (BrokenPipeError, OSError):
+            pass  # the child is gone; the next get() reports why
+
+    # -- reading -----------------------------------------------------------------
+    def read(self) -> EngineReading:
+        if self._meters is not None:
+            payload = self._meters.latest()
+            if payload is not None:
+                # Our own child wrote these bytes into a segment only we share.
+                reading = pickle.loads(payload)
+                for stage in reading.stages:
+                    if stage.name in self._concurrency:
+                        stage.concurrency = self._concurrency[stage.name]
+                return reading
+        return self._blank
+
+    # -- closing -----------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._send(("stop",))
+        self._closed = True
+        proc = self._proc
+        if proc is not None:
+            _stop_process(proc, timeout)
+        for conn in (self._data, self._ctrl):
+            if conn is not None:
+                conn.close()
+        self._reader.close()
+        if self._meters is not None:
+            self._last = self.read()
+            self._blank = self._last
+            self._meters.shm.close()
+            self._meters = None
+        remove_all(self._prefix)
+
+
+def _stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    try:
+        proc.wait(timeout=max(0.5, timeout * 0.6))
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    proc.terminate()
+    try:
+        proc.wait(timeout=max(0.5, timeout * 0.2))
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    proc.kill()
+    proc.wait(timeout=5.0)
+
+
+def _pickle_pipeline(pipeline: Pipeline) -> bytes:
+    try:
+        return cloudpickle.dumps(pipeline)
+    except Exception as exc:
+        culprit = _unpicklable_part(pipeline)
+        raise RunnerError(
+            f"subprocess-threads: {culprit} cannot be sent to the child process "
+            f"({type(exc).__name__}: {exc}). Make it picklable: create locks, open files "
+            f"and clients inside the function instead of capturing them, or use runner='thread'."
+        ) from exc
+
+
+def _unpicklable_part(pipeline: Pipeline) -> str:
+    try:
+        cloudpickle.dumps(pipeline.source)
+    except Exception:
+        return "the source"
+    for stage in pipeline.stages:
+        try:
+            cloudpickle.dumps(stage.fn)
+        except Exception:
+            return f"stage {stage.name!r}"
+    return "the pipeline"
+
+
+def _pipeline_error(info: dict[str, Any]) -> PipelineError:
+    error = PipelineError(info["message"], stage=info["stage"], index=info["index"])
+    cause = None
+    if info["cause"] is not None:
+        try:
+            # Pickled by our own child from an exception it caught.
+            cause = pickle.loads(info["cause"])
+        except Exception:
+            cause = None
+    remote = ChildTraceback(info["traceback"]) if info["traceback"] else None
+    if cause is None:
+        cause = remote
+    elif remote is not None:
+        cause.__cause__ = remote
+    error.__cause__ = cause
+    return error
+
+
+def _with_concurrency(reading: EngineReading, stage: str, n: int) -> EngineReading:
+    for s in reading.stages:
+        if s.name == stage:
+            s.concurrency = n
+    return reading
