@@ -23,7 +23,7 @@ from .runners import runner_class
 from .runners.base import Runner
 from .telemetry.frames import queue_rows, stage_rows, to_frame
 from .telemetry.ring import Ring
-from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Sampler
+from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Sampler, Source
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 
 __all__ = ["Loader"]
@@ -85,6 +85,7 @@ class Loader:
         self._sample_ticks = sample_ticks
         self._close_timeout = close_timeout
         self._overrides: dict[str, int] = {}
+        self._sources: list[Source] = []
         self._state = _State()
         self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
@@ -96,7 +97,9 @@ class Loader:
         pipeline = self.pipeline
         for name, n in self._overrides.items():
             pipeline = pipeline.with_concurrency(name, n)
-        run = _Run(self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks)
+        run = _Run(
+            self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks, self._sources
+        )
         self._state.run = run
         try:
             run.start()
@@ -105,6 +108,18 @@ class Loader:
             raise
         # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
         return _iterate(self, run, self._close_timeout)
+
+    def add_source(self, source: Source) -> None:
+        """Sample ``source`` with this Loader's meters, in this run and every later one.
+
+        A source is a callable taking the seconds since the last tick and
+        returning ``(series, stage, value)`` rows; sessions add the training
+        step and the probes this way, so one ring holds everything.
+        """
+        self._sources.append(source)
+        run = self._state.run
+        if run is not None and run.sampler is not None and not run.finished:
+            run.sampler.add_source(source)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -160,7 +175,9 @@ class Loader:
 class _Run:
     """One pass over the pipeline: a runner, its sampler and counters."""
 
-    def __init__(self, runner: Runner, sample_hz: float, sample_ticks: int) -> None:
+    def __init__(
+        self, runner: Runner, sample_hz: float, sample_ticks: int, extra: list[Source] | None = None
+    ) -> None:
         self.runner = runner
         self.items_out = 0
         self.finished = False
@@ -168,7 +185,8 @@ class _Run:
         self._t0 = 0.0
         self._t_end: float | None = None
         self._previous: EngineReading | None = None
-        self.sampler = Sampler([self._rows], hz=sample_hz, ticks=sample_ticks) if sample_hz else None
+        sources: list[Source] = [self._rows, *(extra or [])]
+        self.sampler = Sampler(sources, hz=sample_hz, ticks=sample_ticks) if sample_hz else None
 
     def start(self) -> None:
         self._t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """The process runner's options, checked up front, and its pipeline made shippable.
 
 Bad options fail when the Loader is made, naming the option and what it takes;
-an unpicklable pipeline fails at start, naming the stage that cannot travel.
+the pipeline itself is shipped by ``_shipping.ship``.
 """
 
 from __future__ import annotations
@@ -9,40 +9,14 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
-import cloudpickle
-
 from ..errors import PipelineSpecError
-from ..pipeline import MAX_CONCURRENCY, Pipeline
-from ._process_errors import describe
+from ..pipeline import MAX_CONCURRENCY
 
-__all__ = ["ship", "check_num_workers", "check_timeout", "check_prefetch", "context", "passed_through"]
+__all__ = ["check_num_workers", "check_timeout", "check_prefetch", "context", "passed_through"]
 
 _SET_BY_RUNNER = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
                   "collate_fn", "worker_init_fn", "drop_last", "generator")
 _PASSED_THROUGH = ("pin_memory_device", "in_order")
-
-
-def ship(pipeline: Pipeline) -> bytes:
-    """The pipeline as cloudpickle bytes; an error naming the part that cannot be pickled."""
-    try:
-        return cloudpickle.dumps(pipeline)
-    except Exception as exc:
-        raise PipelineSpecError(
-            f"process runner: {_unpicklable_part(pipeline)} cannot be pickled to send it to the "
-            f"worker processes ({describe(exc)}). Create locks, open files and other handles "
-            f"inside the function instead of capturing them, or use runner='thread'."
-        ) from exc
-
-
-def _unpicklable_part(pipeline: Pipeline) -> str:
-    parts = [("the source", pipeline.source)]
-    parts += [(f"stage {s.name!r} (its function)", s.fn) for s in pipeline.stages if s.fn is not None]
-    for label, part in parts:
-        try:
-            cloudpickle.dumps(part)
-        except Exception:
-            return label
-    return "the pipeline"
 
 
 def check_num_workers(n: object, stage: str) -> int:

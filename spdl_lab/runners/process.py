@@ -37,9 +37,9 @@ from ._process_options import (
     check_timeout,
     context,
     passed_through,
-    ship,
 )
 from ._process_worker import Dropped, Failure, PipelineDataset, Plan, Skip
+from ._shipping import ship
 from ._shm_meters import Layout, MeterBlock
 from .base import Runner
 
@@ -146,12 +146,13 @@ class ProcessRunner(Runner):
         thread or shared memory.
         """
         cls(pipeline, **options)
+        ship(pipeline, "process", "the worker processes")
 
     # -- running -----------------------------------------------------------------
     def start(self) -> None:
         if self._pump is not None:
             raise RunnerError("process runner: start() was already called; make a new runner")
-        self._payload = ship(self.pipeline)
+        self._payload = ship(self.pipeline, "process", "the worker processes")
         self._block = MeterBlock.create(Layout(max(1, self._num_workers), len(self._names)))
         self._pump = threading.Thread(target=self._run_pump, name="spdl_lab:process-pump", daemon=True)
         self._pump.start()

@@ -18,12 +18,11 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cloudpickle
-
 from ..engine.engine import Engine, EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineError, RunnerError
 from ..pipeline import Pipeline
+from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
 from ._transport import SlotReader, decode
 from .base import Runner
@@ -56,7 +55,7 @@ class SubprocessThreadsRunner(Runner):
         start_timeout: float = START_TIMEOUT_S,
     ) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        self._payload = _pickle_pipeline(pipeline)
+        self._payload = ship(pipeline, "subprocess-threads", "the child process")
         self._slots = slots
         self._start_timeout = start_timeout
         self._blank = Engine(pipeline, buffer_size=buffer_size).read()
@@ -73,7 +72,7 @@ class SubprocessThreadsRunner(Runner):
     @classmethod
     def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
         super().check_options(pipeline, options)
-        _pickle_pipeline(pipeline)  # fail at Loader(...) if it cannot reach the child
+        ship(pipeline, "subprocess-threads", "the child process")  # fail at Loader(...) if it cannot reach the child
 
     # -- starting ----------------------------------------------------------------
     def start(self) -> None:
@@ -250,31 +249,6 @@ def _stop_process(proc: subprocess.Popen, timeout: float) -> None:
         pass
     proc.kill()
     proc.wait(timeout=5.0)
-
-
-def _pickle_pipeline(pipeline: Pipeline) -> bytes:
-    try:
-        return cloudpickle.dumps(pipeline)
-    except Exception as exc:
-        culprit = _unpicklable_part(pipeline)
-        raise RunnerError(
-            f"subprocess-threads: {culprit} cannot be sent to the child process "
-            f"({type(exc).__name__}: {exc}). Make it picklable: create locks, open files "
-            f"and clients inside the function instead of capturing them, or use runner='thread'."
-        ) from exc
-
-
-def _unpicklable_part(pipeline: Pipeline) -> str:
-    try:
-        cloudpickle.dumps(pipeline.source)
-    except Exception:
-        return "the source"
-    for stage in pipeline.stages:
-        try:
-            cloudpickle.dumps(stage.fn)
-        except Exception:
-            return f"stage {stage.name!r}"
-    return "the pipeline"
 
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:

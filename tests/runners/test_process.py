@@ -212,9 +212,8 @@ def test_unpicklable_stage_fails_at_start_naming_the_stage():
     p = lab.Pipeline(range(10)).map(lambda x: x + 1, name="inc").map(
         lambda x: (lock, x)[1], name="guarded"
     )
-    with lab.Loader(p, runner="process", num_workers=2) as loader:
-        with pytest.raises(lab.PipelineSpecError, match="stage 'guarded'.*cannot be pickled.*lock"):
-            iter(loader)
+    with pytest.raises(lab.PipelineSpecError, match="stage 'guarded'.*cannot be pickled.*lock"):
+        lab.Loader(p, runner="process", num_workers=2)
 
 
 @pytest.mark.parametrize(

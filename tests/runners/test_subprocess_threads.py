@@ -110,7 +110,7 @@ def test_stage_error_is_a_pipeline_error_with_the_child_traceback():
 def test_unpicklable_stage_fails_at_start_naming_it():
     lock = threading.Lock()
     p = lab.Pipeline(range(3)).map(str, name="fine").map(lambda x: (lock, x), name="holds_lock")
-    with pytest.raises(lab.RunnerError, match="stage 'holds_lock' cannot be sent"):
+    with pytest.raises(lab.PipelineSpecError, match="stage 'holds_lock'.*cannot be pickled"):
         lab.Loader(p, runner=RUNNER)
 
 
