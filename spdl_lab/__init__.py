@@ -6,16 +6,19 @@ models, watch what happens live, and find out where the time goes.
 
 from __future__ import annotations
 
+from . import workloads
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from .experiments import headspace
+from .experiments import Comparison, Session, compare, headspace, run
 from .loader import Loader
 from .pipeline import Pipeline, Stage
 from .runners import RUNNERS
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
+from .training import SimulatedDevice, StepClock
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
     "Loader",
     "Pipeline",
     "PipelineError",
@@ -23,9 +26,15 @@ __all__ = [
     "QueueStats",
     "RUNNERS",
     "RunnerError",
+    "Session",
+    "SimulatedDevice",
     "Snapshot",
     "SpdlLabError",
     "Stage",
     "StageStats",
+    "StepClock",
+    "compare",
     "headspace",
+    "run",
+    "workloads",
 ]

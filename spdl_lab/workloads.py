@@ -13,8 +13,18 @@ from typing import Any
 import numpy as np
 
 from .pipeline import Pipeline
+from .training import SimulatedDevice
 
-__all__ = ["ipc_overhead", "fetch_array", "collate_list"]
+__all__ = [
+    "ipc_overhead",
+    "fetch_array",
+    "collate_list",
+    "noisy_neighbour",
+    "read_sample",
+    "decode_sample",
+    "augment",
+    "collate_stack",
+]
 
 
 def fetch_array(index: int, *, shape: tuple[int, ...], fetch_s: float) -> np.ndarray:
@@ -49,3 +59,99 @@ def ipc_overhead(
         .batch(batch_size)
         .map(collate_list, name="collate")
     )
+
+
+# -- the parallelism study (shared/seeds/000) -------------------------------------
+def read_sample(index: int, *, read_ms: float) -> int:
+    """Fetch a sample's bytes: I/O, which waits without holding the GIL."""
+    time.sleep(read_ms / 1000)
+    return index
+
+
+def _checksum(seed: int, iterations: int) -> int:
+    state = seed
+    for k in range(iterations):
+        state = (state * 1103515245 + k) & 0x7FFFFFFF
+    return state
+
+
+_ITERATIONS_PER_US: list[float] = []
+
+
+def decode_iterations_per_us() -> float:
+    """Speed of the decode loop on this machine (CPU time, best of 5; cached)."""
+    if not _ITERATIONS_PER_US:
+        n = 200_000
+        _checksum(0, n)
+        best = min(_cpu_ns(lambda: _checksum(0, n)) for _ in range(5))
+        _ITERATIONS_PER_US.append(n / (best / 1000))
+    return _ITERATIONS_PER_US[0]
+
+
+def _cpu_ns(fn) -> int:
+    t0 = time.thread_time_ns()
+    fn()
+    return time.thread_time_ns() - t0
+
+
+def decode_sample(index: int, *, decode_iterations: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode in Python, holding the GIL, as pure-Python decoders and parsers do.
+
+    The loop does a fixed amount of bytecode work (a checksum over the
+    "compressed" stream), then the pixels come out as a uint8 array.
+    """
+    state = _checksum(index, decode_iterations)
+    return np.random.default_rng(state).integers(0, 256, size=shape, dtype=np.uint8)
+
+
+def augment(image: np.ndarray) -> np.ndarray:
+    """Flip and normalise with numpy (most of it releases the GIL)."""
+    out = image[:, :, ::-1].astype(np.float32)
+    out -= 127.5
+    out *= 1 / 127.5
+    return out
+
+
+def collate_stack(images: list[np.ndarray]) -> np.ndarray:
+    return np.stack(images)
+
+
+def noisy_neighbour(
+    *,
+    items: int = 100_000,
+    batch_size: int = 16,
+    shape: tuple[int, ...] = (3, 96, 96),
+    read_ms: float = 2.0,
+    decode_us: float = 2500.0,
+    read_concurrency: int = 8,
+    decode_concurrency: int = 2,
+    gil_release_every: int = 10,
+    device: SimulatedDevice | None = None,
+) -> tuple[Pipeline, SimulatedDevice]:
+    """The parallelism study on a CPU-only machine: a (pipeline, step) pair.
+
+    The pipeline reads (I/O wait), decodes in Python (holding the GIL for
+    ``decode_us`` of CPU per item), augments with numpy and stacks batches of
+    ``batch_size`` float32 images. The step is a SimulatedDevice: a
+    launch-bound GPU stream whose launches need the GIL (defaults: 200
+    kernels of 400 us, 340 us of CPU to launch each, an ~80 ms step).
+
+    Under ``thread`` the decoders take the GIL from the training thread, the
+    launches come late and the simulated GPU idles; under
+    ``subprocess-threads`` they run in another interpreter; under ``process``
+    DataLoader workers compete for the CPU cores and batches are pickled
+    through pipes; ``cache`` is the step alone.
+    """
+    iterations = round(decode_us * decode_iterations_per_us())
+    pipeline = (
+        Pipeline(range(items))
+        .map(partial(read_sample, read_ms=read_ms), concurrency=read_concurrency, name="read")
+        .map(partial(decode_sample, decode_iterations=iterations, shape=tuple(shape)),
+             concurrency=decode_concurrency, name="decode")
+        .map(augment, concurrency=decode_concurrency, name="augment")
+        .batch(batch_size)
+        .map(collate_stack, name="collate")
+    )
+    if device is None:
+        device = SimulatedDevice(gil_release_every=gil_release_every)
+    return pipeline, device

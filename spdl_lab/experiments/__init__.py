@@ -1,5 +1,7 @@
-"""Experiments built on runners and telemetry: headspace (more to come: run, compare, diagnose)."""
+"""Experiments built on runners and telemetry: run, compare, headspace."""
 
+from .compare import Comparison, compare
 from .headspace import headspace
+from .session import Session, run
 
-__all__ = ["headspace"]
+__all__ = ["Comparison", "Session", "compare", "headspace", "run"]

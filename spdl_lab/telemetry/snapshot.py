@@ -55,7 +55,8 @@ class Snapshot:
 
     ``stages`` is keyed by stage name in pipeline order; ``source`` and
     ``queues`` (keyed by ``"producer→consumer"``) are kept apart so that
-    ``stages`` has exactly the pipeline's stages.
+    ``stages`` has exactly the pipeline's stages. A Session's snapshot also
+    carries the training step's figures in ``step``.
     """
 
     runner: str
@@ -65,7 +66,8 @@ class Snapshot:
     stages: Mapping[str, StageStats]
     source: StageStats | None = None
     queues: Mapping[str, QueueStats] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the training step's figures (a StepClock summary) for a Session's snapshot
+    step: Any = None
 
     def table(self) -> pd.DataFrame:
         """One row per stage (source first)."""

@@ -1,0 +1,268 @@
+"""``lab.run``: a training loop over a loader, in a background thread, with telemetry.
+
+A Session owns one loop: the loader (a Pipeline under a runner, or any
+iterable), the step, a StepClock, and the GIL and CPU probes, all sampled into
+one ring. The cell that starts it returns at once; the loop runs until its
+steps or duration are done, the data ends, it fails, or ``stop()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+
+from ..errors import PipelineSpecError, SpdlLabError
+from ..loader import Loader
+from ..pipeline import Pipeline
+from ..telemetry.probes import CpuProbe, GilProbe
+from ..telemetry.sampler import DEFAULT_HZ, Sampler
+from ..telemetry.snapshot import Snapshot
+from ..training import SimulatedDevice, StepClock
+
+__all__ = ["Session", "run"]
+
+
+def run(
+    pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
+    *,
+    step: Callable[[Any], Any] | SimulatedDevice,
+    runner: str | None = None,
+    steps: int | None = None,
+    duration: float | None = None,
+    sample_hz: float = DEFAULT_HZ,
+    probes: bool = True,
+    **loader_options: Any,
+) -> Session:
+    """Start a training loop in the background and return its Session at once.
+
+    ``pipeline_or_iterable`` is a ``lab.Pipeline`` (run under ``runner``, default
+    ``"thread"``, with full per-stage telemetry), a ``lab.Loader``, or any
+    iterable such as an existing ``torch.utils.data.DataLoader`` (then only the
+    step side, data wait and the probes are measured). ``step`` takes a batch;
+    a ``lab.SimulatedDevice`` works as one. The loop ends after ``steps``
+    steps or ``duration`` seconds, when the data ends, or on ``stop()``::
+
+        session = lab.run(p, step=train_step, runner="subprocess-threads", steps=500)
+        session.set_concurrency("decode", 8)
+        session.wait(timeout=60)
+        session.summary()
+    """
+    return Session(
+        pipeline_or_iterable,
+        step=step,
+        runner=runner,
+        steps=steps,
+        duration=duration,
+        sample_hz=sample_hz,
+        probes=probes,
+        loader_options=loader_options,
+    )
+
+
+class Session:
+    """One background training loop and its telemetry. Made by ``lab.run``."""
+
+    def __init__(
+        self,
+        source: Pipeline | Loader | Iterable[Any],
+        *,
+        step: Callable[[Any], Any] | SimulatedDevice,
+        runner: str | None,
+        steps: int | None,
+        duration: float | None,
+        sample_hz: float,
+        probes: bool,
+        loader_options: dict[str, Any],
+    ) -> None:
+        _check_limits(steps, duration)
+        if not callable(step):
+            raise PipelineSpecError(
+                f"run: step must be a callable taking a batch (or a lab.SimulatedDevice), "
+                f"got {type(step).__name__}"
+            )
+        self.steps = steps
+        self.duration = duration
+        self.error: BaseException | None = None
+        self._step = step
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._error_reported = False
+        self.loader, self._iterable, self.runner = _open(source, runner, sample_hz, loader_options)
+        #: the SimulatedDevice when the step is one (its totals say where the training thread waited)
+        self.device = step if isinstance(step, SimulatedDevice) else None
+        self.clock = StepClock(device=self.device)
+        self._probes: list[Any] = [GilProbe(), CpuProbe()] if probes else []
+        sources = [self.clock.rows, *self._probes]
+        self._sampler: Sampler | None = None
+        if self.loader is not None:
+            for s in sources:
+                self.loader.add_source(s)
+        elif sample_hz:
+            self._sampler = Sampler(sources, hz=sample_hz)
+        self._t0 = time.perf_counter()
+        self._t_end: float | None = None
+        for probe in self._probes:
+            if hasattr(probe, "start"):
+                probe.start()
+        if self._sampler is not None:
+            self._sampler.start()
+        self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
+        self._thread.start()
+
+    # -- the loop ----------------------------------------------------------------
+    def _main(self) -> None:
+        timer = None
+        if self.duration is not None:
+            timer = threading.Timer(self.duration, self._stop.set)
+            timer.daemon = True
+            timer.name = "spdl_lab:session-timer"
+            timer.start()
+        try:
+            self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop)
+        except BaseException as exc:  # reported by wait() and repr
+            self.error = exc
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._finish()
+
+    def _finish(self) -> None:
+        self._t_end = time.perf_counter()
+        try:
+            if self.loader is not None:
+                self.loader.close()
+        finally:
+            for probe in self._probes:
+                if hasattr(probe, "stop"):
+                    probe.stop()
+            if self._sampler is not None:
+                self._sampler.stop()
+            self._done.set()
+
+    # -- control -----------------------------------------------------------------
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current step and close the loader; returns once it has."""
+        self._stop.set()
+        if self.loader is not None:
+            # Wakes a loop blocked on the next batch.
+            threading.Thread(target=self.loader.close, name="spdl_lab:session-stop", daemon=True).start()
+        self._thread.join(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the loop to end; True if it has. Raises the loop's error, once."""
+        finished = self._done.wait(timeout)
+        if finished:
+            self._thread.join(1.0)
+        if finished and self.error is not None and not self._error_reported:
+            self._error_reported = True
+            raise self.error
+        return finished
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        if self.loader is None:
+            raise PipelineSpecError(
+                "set_concurrency needs a lab.Pipeline; this session runs an iterable it cannot resize"
+            )
+        self.loader.set_concurrency(stage, n)
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def state(self) -> str:
+        if self.running:
+            return "stopping" if self._stop.is_set() else "running"
+        if self.error is not None:
+            return "failed"
+        return "stopped" if self._stop.is_set() else "finished"
+
+    @property
+    def elapsed_s(self) -> float:
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        return end - self._t0
+
+    # -- reading -----------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        """The loader's Snapshot with the step's figures in ``step``."""
+        if self.loader is not None:
+            snap = self.loader.stats()
+        else:
+            snap = Snapshot(runner=self.runner, running=self.running, elapsed_s=self.elapsed_s,
+                            items_out=self.clock.summary().steps, stages={})
+        return Snapshot(
+            runner=snap.runner, running=self.running, elapsed_s=snap.elapsed_s,
+            items_out=snap.items_out, stages=snap.stages, source=snap.source,
+            queues=snap.queues, step=self.clock.summary(),
+        )
+
+    def frames(self) -> pd.DataFrame:
+        """Every series of this session (stages, queues, step, probes), long format."""
+        if self.loader is not None:
+            return self.loader.frames()
+        if self._sampler is not None:
+            return self._sampler.frames()
+        return Sampler([]).frames()
+
+    def summary(self) -> pd.DataFrame:
+        """One row per stage and one for the step."""
+        snap = self.stats()
+        table = snap.table() if snap.stages else pd.DataFrame()
+        step = snap.step
+        row = {"kind": "step", "tasks": step.steps, "qps": step.batches_per_s,
+               "p50_ms": step.step_p50_ms, "p99_ms": step.step_p99_ms,
+               "data_wait_frac": step.data_wait_frac, "device_util": step.device_util}
+        frame = pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
+        return frame
+
+    def dashboard(self) -> Any:
+        """The live dashboard widget (needs ipywidgets and Bokeh: a notebook)."""
+        try:
+            from ..ui.dashboard import Dashboard
+        except ImportError as exc:
+            raise SpdlLabError(f"the dashboard is not available here: {exc}") from exc
+        return Dashboard(self)
+
+    def __repr__(self) -> str:
+        step = self.clock.summary()
+        limit = f"/{self.steps}" if self.steps else ""
+        parts = [f"runner={self.runner!r}", self.state, f"steps={step.steps}{limit}",
+                 f"{step.batches_per_s:.2f} batches/s", f"data wait {step.data_wait_frac:.0%}"]
+        if self.error is not None:
+            parts.append(f"error={type(self.error).__name__}: {self.error}")
+        return f"Session({', '.join(parts)})"
+
+
+def _open(
+    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
+) -> tuple[Loader | None, Iterable[Any], str]:
+    if isinstance(source, Pipeline):
+        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
+        return loader, loader, loader.runner
+    if isinstance(source, Loader):
+        if runner is not None and runner != source.runner or options:
+            raise PipelineSpecError(
+                "run: pass runner options to the lab.Loader itself, not to run(), when giving a Loader"
+            )
+        return source, source, source.runner
+    if runner is not None or options:
+        raise PipelineSpecError(
+            f"run: runner= and loader options apply to a lab.Pipeline; "
+            f"{type(source).__name__} is iterated as it is"
+        )
+    if not hasattr(source, "__iter__"):
+        raise PipelineSpecError(
+            f"run: expected a lab.Pipeline, a lab.Loader or an iterable, got {type(source).__name__}"
+        )
+    return None, source, type(source).__name__
+
+
+def _check_limits(steps: int | None, duration: float | None) -> None:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
+    if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
+        raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, got {duration!r}")

@@ -1,0 +1,331 @@
+"""Probes the sampler reads each tick: GIL wait versus CPU wait, and CPU use per process.
+
+Both are sampler sources (``probe(dt_s) -> rows``) and keep totals for whole-run summaries.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import psutil
+
+from .frames import Row
+
+__all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals"]
+
+SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
+NAN = float("nan")
+#: Per-wake GIL waits kept for the per-tick maximum: about 20 s of wakes at the
+#: default interval, so only a source called less often than that loses any.
+_RECENT = 4096
+_GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
+_PSUTIL_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+
+@dataclass(frozen=True)
+class GilTotals:
+    """What a GilProbe measured since its first start, in seconds of wall time."""
+
+    wakes: int = 0
+    elapsed_s: float = 0.0  # wall time covered by those wakes
+    gil_wait_s: float = 0.0
+    runqueue_wait_s: float = 0.0  # NaN where schedstat is unavailable
+    max_gil_wait_s: float = 0.0
+
+
+class GilProbe:
+    """A thread that sleeps ``interval_s``, wakes, and measures how late it got to run.
+
+    Each wake's lateness (elapsed minus ``interval_s``) is split in two: the time
+    runnable but waiting for a CPU, from the thread's own schedstat (field 2), and
+    the rest, GIL wait: ``gil = max(0, lateness - runqueue)``. A wake counts in
+    the tick it ends in.
+
+    Rows per source call (``stage`` is ``name``):
+
+    - ``gil_wait_frac``: GIL-wait seconds / wall seconds covered by the wakes that
+      ended since the previous call (not ``dt_s``, so a long wake straddling
+      ticks cannot push it over 1): the share of wall time lost waiting for the
+      GIL by a thread that releases it for ``interval_s`` at a time (I/O, sleep,
+      a C call) and then wants it back. A contended wake waits about one switch
+      interval ``w`` (``sys.getswitchinterval()``, 5 ms), so the share is about
+      ``w / (interval_s + w)``: a shorter interval gives a larger share, nearer
+      what a thread that always wants to run would lose.
+    - ``runqueue_wait_frac``: the same for waiting for a CPU. The scheduler lets
+      a waking sleeper preempt, so this is what a mostly-waiting thread loses,
+      well below a CPU-hungry one's fair-share wait: near 0 while the cores are
+      merely full, rising with oversubscription (on 2 cores: ~0.02 with 2 busy
+      processes, 0.07-0.27 with 8). Whether the cores are full is CpuProbe's answer.
+    - ``gil_wait_ms``: mean GIL wait per wake; nearly independent of the interval.
+    - ``gil_wait_max_ms``: the longest single GIL wait among those wakes.
+    - ``gil_probe_schedstat``: 1.0 where the split is measured; 0.0 where
+      schedstat is missing or unreadable: the whole lateness is then reported as
+      GIL wait (an upper bound) and ``runqueue_wait_frac`` is NaN.
+
+    Uncontended, ``gil_wait_frac`` has a floor of 1-3%: timer slack and wake-up
+    latency are lateness outside the run queue. The probe takes the GIL briefly
+    ``1 / interval_s`` times a second. With the GIL off (free-threaded build),
+    ``available`` is False and the GIL rows are NaN ("n/a"). Rows are NaN for a
+    tick in which no wake ended. One sampler per probe, as each call moves the
+    baseline; other readers use ``totals()``.
+
+    >>> from spdl_lab.telemetry.sampler import Sampler
+    >>> probe = GilProbe(); sampler = Sampler([probe, CpuProbe()])
+    >>> probe.start(); sampler.start()  # ... run the workload, then:
+    >>> sampler.stop(); probe.stop(); summary = probe.totals()
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 0.005,
+        name: str = "gil",
+        *,
+        schedstat_path: str = SCHEDSTAT_PATH,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"GIL probe interval must be > 0 s, got {interval_s!r}")
+        self.interval_s = interval_s
+        self.name = name
+        self.schedstat_path = schedstat_path
+        #: Whether the run-queue split is measured; None until the thread has tried.
+        self.schedstat: bool | None = None
+        # Written only by the probe thread, each a whole object at a time, so a
+        # reader in another thread always sees a consistent set without a lock.
+        self._totals = GilTotals()
+        self._recent = [0.0] * _RECENT  # GIL wait of wake i at index i % _RECENT
+        self._seen = GilTotals()  # totals at the previous source call
+        self._lock = threading.Lock()  # serialises start/stop only
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def available(self) -> bool:
+        """False on a free-threaded build running with the GIL off: nothing to wait for."""
+        # A private API, but the only way to ask; asked each time because
+        # importing an extension that needs the GIL turns it back on at run time.
+        is_enabled = getattr(sys, "_is_gil_enabled", None)
+        return is_enabled is None or bool(is_enabled())
+
+    def start(self) -> None:
+        """Start the probe thread (no-op when running); totals carry on across restarts."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            # A fresh event per thread, so one that outlived stop's join stays stopped.
+            self._stop, ready = threading.Event(), threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop, ready), name="spdl_lab:gil-probe", daemon=True
+            )
+            self._thread.start()
+        ready.wait(1.0)  # so that ``schedstat`` is known when start returns
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop and join the probe thread; safe to call twice or before start."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def totals(self) -> GilTotals:
+        """Totals since the first start; a split the probe cannot make reads NaN."""
+        totals = self._totals
+        if not self.schedstat:
+            totals = replace(totals, runqueue_wait_s=NAN)
+        if not self.available:
+            totals = replace(totals, gil_wait_s=NAN, max_gil_wait_s=NAN)
+        return totals
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        now, before = self._totals, self._seen
+        self._seen = now
+        name = self.name
+        rows: list[Row] = []
+        if self.schedstat is not None:
+            rows.append(("gil_probe_schedstat", name, 1.0 if self.schedstat else 0.0))
+        wakes, covered = now.wakes - before.wakes, now.elapsed_s - before.elapsed_s
+        if wakes <= 0 or covered <= 0:
+            return rows + [(series, name, NAN) for series in (*_GIL_SERIES, "runqueue_wait_frac")]
+        queued = (now.runqueue_wait_s - before.runqueue_wait_s) / covered if self.schedstat else NAN
+        rows.append(("runqueue_wait_frac", name, queued))
+        if not self.available:
+            return rows + [(series, name, NAN) for series in _GIL_SERIES]
+        gil_s = now.gil_wait_s - before.gil_wait_s
+        first = max(before.wakes, now.wakes - _RECENT)
+        worst = max(self._recent[i % _RECENT] for i in range(first, now.wakes))
+        rows.append(("gil_wait_frac", name, gil_s / covered))
+        rows.append(("gil_wait_ms", name, gil_s / wakes * 1e3))
+        rows.append(("gil_wait_max_ms", name, worst * 1e3))
+        return rows
+
+    def _run(self, stop: threading.Event, ready: threading.Event) -> None:
+        fd = _open_schedstat(self.schedstat_path)
+        self.schedstat = fd is not None
+        ready.set()
+        interval = self.interval_s
+        try:
+            # Wakes are back to back (each starts where the previous one ended),
+            # so every second of the thread's life and every nanosecond of its
+            # run-queue delay falls in exactly one wake.
+            t_prev = time.perf_counter()
+            rq_prev = _runqueue_ns(fd)
+            while not stop.is_set():
+                time.sleep(interval)
+                now = time.perf_counter()
+                rq = _runqueue_ns(fd)
+                if fd is not None and rq is None:  # went unreadable: fall back for good
+                    os.close(fd)
+                    fd, self.schedstat = None, False
+                late = max(0.0, now - t_prev - interval)
+                queued = 0.0 if rq is None or rq_prev is None else max(0, rq - rq_prev) / 1e9
+                gil = max(0.0, late - queued)
+                t = self._totals
+                self._recent[t.wakes % _RECENT] = gil  # before the wake count is published
+                self._totals = GilTotals(
+                    t.wakes + 1, t.elapsed_s + (now - t_prev), t.gil_wait_s + gil,
+                    t.runqueue_wait_s + queued, max(t.max_gil_wait_s, gil),
+                )  # fmt: skip
+                t_prev, rq_prev = now, rq
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _open_schedstat(path: str) -> int | None:
+    # Opened once, from the probe thread: /proc/thread-self resolves to the
+    # thread that opens it, and the counter is per thread. Re-reading with
+    # os.pread costs ~1.3 us a wake, against ~10 us for open+read.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    if _runqueue_ns(fd) is None:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _runqueue_ns(fd: int | None) -> int | None:
+    """Nanoseconds this thread has spent runnable but not running (schedstat field 2)."""
+    if fd is None:
+        return None
+    try:
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class CpuTotals:
+    """CPU seconds (user + system) since the CpuProbe was created."""
+
+    main_s: float
+    children_s: float
+    elapsed_s: float  # wall time since creation
+
+
+class CpuProbe:
+    """CPU use per process, in percent of one core since the previous call.
+
+    Rows: ``("cpu_percent", "main")`` for this process, ``"children"`` summed
+    over all descendants, ``"total"`` the two together, ``"machine"`` for every
+    process on the machine (the busy share of all CPUs times the CPU count, so
+    100 is one core and the maximum is 200 on 2 cores), and
+    ``("processes", "children")``, the live descendants. ``children=False``
+    skips the scan and the children rows. The first call sets the baseline and
+    returns no percent rows. A child counts from the first call that sees it, so
+    one living less than a tick is missed, as is a child's CPU since the last
+    call when it exits. Children that vanish or deny access are dropped. The span
+    comes from the probe's own clock, not ``dt_s``, to match its CPU readings.
+    """
+
+    def __init__(self, children: bool = True) -> None:
+        self.children = children
+        self._me = psutil.Process()
+        self._cpus = psutil.cpu_count() or 1
+        self._lock = threading.Lock()  # the sampler calls; totals() may come from anywhere
+        self._t0 = time.monotonic()
+        self._main0 = _cpu_s(self._me) or 0.0
+        self._main_s = self._children_s = 0.0
+        # pid -> (process, its CPU seconds when last read). Cached so a child's
+        # baseline survives between ticks; compared by (pid, create time) so a
+        # reused pid starts a fresh baseline instead of a bogus delta.
+        self._kids: dict[int, tuple[psutil.Process, float]] = {}
+        self._refresh()
+        self._previous: tuple[float, float, float, float, float] | None = None
+
+    def totals(self) -> CpuTotals:
+        with self._lock:
+            self._refresh()
+            return CpuTotals(self._main_s, self._children_s, time.monotonic() - self._t0)
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        with self._lock:
+            count = self._refresh()
+            now = (time.monotonic(), self._main_s, self._children_s, *_machine_times())
+            before, self._previous = self._previous, now
+        rows: list[Row] = [("processes", "children", float(count))] if self.children else []
+        if before is None or now[0] <= before[0]:
+            return rows
+        span = now[0] - before[0]
+        total = main = (now[1] - before[1]) / span * 100.0
+        rows.append(("cpu_percent", "main", main))
+        if self.children:
+            kids = (now[2] - before[2]) / span * 100.0
+            rows.append(("cpu_percent", "children", kids))
+            total += kids
+        rows.append(("cpu_percent", "total", total))
+        if now[4] > before[4]:
+            share = (now[3] - before[3]) / (now[4] - before[4])
+            rows.append(("cpu_percent", "machine", share * self._cpus * 100.0))
+        return rows
+
+    def _refresh(self) -> int:
+        """Bring the CPU totals up to now; returns the number of live descendants."""
+        main = _cpu_s(self._me)
+        if main is not None:
+            self._main_s = main - self._main0
+        if not self.children:
+            return 0
+        try:
+            found = self._me.children(recursive=True)
+        except _PSUTIL_GONE:
+            return len(self._kids)
+        kids: dict[int, tuple[psutil.Process, float]] = {}
+        for proc in found:
+            cached = self._kids.get(proc.pid)
+            last = None
+            if cached is not None and cached[0] == proc:
+                proc, last = cached
+            cpu = _cpu_s(proc)
+            if cpu is None:  # gone between listing and reading, or not ours to read
+                continue
+            if last is not None:
+                self._children_s += max(0.0, cpu - last)
+            kids[proc.pid] = (proc, cpu)
+        self._kids = kids
+        return len(kids)
+
+
+def _cpu_s(proc: psutil.Process) -> float | None:
+    # The process itself: children_user/system cover only reaped children,
+    # which are counted live instead.
+    try:
+        times = proc.cpu_times()
+    except _PSUTIL_GONE:
+        return None
+    return times.user + times.system
+
+
+def _machine_times() -> tuple[float, float]:
+    """(busy, total) CPU seconds over all CPUs, counted as psutil.cpu_percent does."""
+    # Our own deltas, not psutil.cpu_percent(interval=None), whose baseline is
+    # module-global and moves whenever any other code in the process calls it.
+    t = psutil.cpu_times()
+    guest = getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)  # already in user/nice
+    total = sum(t) - guest
+    return total - t.idle - getattr(t, "iowait", 0.0), total

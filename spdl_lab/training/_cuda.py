@@ -1,0 +1,90 @@
+"""CUDA event timing for StepClock: an event pair around each step, read lazily.
+
+Import-safe without torch or CUDA: torch is imported only when CUDA timing is asked for.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Generic, TypeVar
+
+__all__ = ["cuda_available", "CudaStepTimer"]
+
+Token = TypeVar("Token")
+
+#: Pairs allowed to wait for the GPU before the oldest is waited for. A real
+#: stream never runs this many steps behind (its launch queue fills first), so
+#: this only bounds memory if events somehow never complete.
+MAX_PENDING = 1024
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken driver counts as no CUDA, not as a crash in a clock
+        return False
+
+
+class CudaStepTimer(Generic[Token]):
+    """Records a start and an end event on the current stream around each step.
+
+    Waiting for an event would stall the training thread until the GPU caught
+    up, serializing CPU and GPU and changing what is measured, so pairs are
+    kept pending and resolved later, oldest first, once the end event's
+    ``query()`` says the GPU has passed it. Only ``drain()`` synchronizes,
+    once, on the newest event.
+
+    Event time is the stream's span from the start to the end event: kernel
+    time plus any gaps where the stream waited for a late launch. It is busy
+    time only while the stream stays fed.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event_type: Any = torch.cuda.Event
+        self._pending: deque[tuple[Any, Any, Token]] = deque()
+        self._free: list[Any] = []  # recycled events: creating one costs a driver call
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else self._event_type(enable_timing=True)
+
+    def start(self) -> Any:
+        event = self._event()
+        event.record()
+        return event
+
+    def end(self, start: Any, token: Token) -> None:
+        event = self._event()
+        event.record()
+        self._pending.append((start, event, token))
+        if len(self._pending) > MAX_PENDING:
+            self._pending[0][1].synchronize()
+
+    def cancel(self, start: Any) -> None:
+        """Give back the start event of a step that failed."""
+        self._free.append(start)
+
+    def poll(self) -> list[tuple[Token, float]]:
+        """(token, seconds) for every pair the GPU has finished, oldest first."""
+        resolved: list[tuple[Token, float]] = []
+        pending = self._pending
+        while pending and pending[0][1].query():
+            start, end, token = pending.popleft()
+            resolved.append((token, start.elapsed_time(end) / 1e3))
+            self._free += (start, end)
+        return resolved
+
+    def drain(self) -> list[tuple[Token, float]]:
+        """Wait once for the newest event, then resolve everything pending."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+        return self.poll()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,445 @@
+"""StepClock: where a training loop's time goes, step by step.
+
+Times the wait for each batch, the step, and the device's share of it; keeps
+bounded history and running totals; feeds the sampler as a row source.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from ..errors import PipelineSpecError
+from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
+from ._cuda import CudaStepTimer, cuda_available
+from .device import SimulatedDevice
+
+__all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
+
+T = TypeVar("T")
+
+Row = tuple[str, str, float]
+
+#: Per-step records kept (about 10 MB); totals and histograms cover every step.
+DEFAULT_HISTORY = 100_000
+
+#: The ``stage`` of every row the clock gives the sampler.
+STAGE = "step"
+
+
+class _StopEvent(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One training step (seconds)."""
+
+    index: int
+    #: when the step ended, seconds since the clock was made
+    end_s: float
+    data_wait_s: float
+    step_s: float
+    #: device time; NaN without a device, or until CUDA events are resolved
+    device_s: float
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """Figures over every step a clock saw (times in ms; NaN when undefined)."""
+
+    steps: int
+    #: first batch request (or step) to the end of the last step
+    elapsed_s: float
+    batches_per_s: float
+    step_mean_ms: float
+    step_p50_ms: float
+    step_p90_ms: float
+    step_p99_ms: float
+    data_wait_mean_ms: float
+    data_wait_p50_ms: float
+    data_wait_p90_ms: float
+    #: wait / (wait + step): the share of the loop spent waiting for data
+    data_wait_frac: float
+    device_mean_ms: float
+    #: device time / step wall time, over the steps with device time
+    device_util: float
+    #: "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Totals(NamedTuple):
+    """Running sums, published as one immutable value so readers see them whole."""
+
+    steps: int = 0
+    wait_ns: int = 0
+    step_ns: int = 0
+    last_end_ns: int = 0
+    #: steps whose device time is known, their device time and their step wall time
+    device_steps: int = 0
+    device_ns: int = 0
+    device_step_ns: int = 0
+
+
+class StepClock:
+    """Wraps a training loop: data wait, step time and device time per step.
+
+    Example:
+        >>> clock = StepClock(cuda=False)
+        >>> for batch in clock.iterate(range(3)):   # each next() is data wait
+        ...     with clock.step():                  # the step's wall time
+        ...         pass
+        >>> clock.summary().steps
+        3
+
+    Data wait is the time spent in ``next()`` on the iterator ``iterate``
+    wraps, since the previous step. Steps whose batch did not come through
+    ``iterate`` count the gap since the previous step's end instead (the
+    first such step waits 0).
+
+    Device time comes from, in order: ``device`` (a SimulatedDevice: its busy
+    time during the step), the step function of ``run`` when it is a
+    SimulatedDevice, or CUDA events on the current stream (``cuda=True``, or
+    ``cuda=None`` and CUDA available). CUDA times are resolved lazily, never
+    synchronizing per step, so the latest steps lack device time until the
+    GPU passes them; ``summary()`` synchronizes once. Event time is the
+    stream's span over the step, which includes gaps where it waited for
+    late launches: it is busy time only while the stream stays fed.
+
+    Sampler rows (``rows``), all with stage ``"step"``:
+
+    ``steps``          steps completed (cumulative)
+    ``batches_per_s``  steps completed in the tick per second
+    ``data_wait_ms``   mean data wait of the steps completed in the tick
+    ``step_ms``        mean step wall time of those steps
+    ``data_wait_frac`` wait / (wait + step) over those steps
+    ``device_ms``      mean device time of the steps resolved in the tick
+    ``device_util``    their device time / their step wall time
+
+    The per-tick series are omitted for a tick in which no step completed
+    (no device time was resolved, for the last two). ``rows`` remembers the
+    previous tick's totals, so one sampler should read a clock.
+
+    One thread runs the loop and is the only writer. Any thread may call
+    ``rows``, ``records`` or ``summary``: they read a published snapshot and
+    never block the step (a reader may be one step behind). The exception is
+    ``summary()`` with CUDA events pending: while it waits for the GPU, the
+    next step's bookkeeping waits too. ``cuda=None`` imports torch to ask.
+    """
+
+    def __init__(
+        self,
+        device: SimulatedDevice | None = None,
+        *,
+        cuda: bool | None = None,
+        history: int = DEFAULT_HISTORY,
+    ) -> None:
+        if device is not None and not isinstance(device, SimulatedDevice):
+            raise PipelineSpecError(
+                f"StepClock: device must be a SimulatedDevice or None, got {type(device).__name__}; "
+                "for a real GPU pass cuda=True instead"
+            )
+        if cuda not in (None, True, False):
+            raise PipelineSpecError(
+                f"StepClock: cuda must be True, False or None (auto), got {cuda!r}"
+            )
+        if cuda and device is not None:
+            raise PipelineSpecError(
+                "StepClock: pass either device= (a SimulatedDevice) or cuda=True, not both"
+            )
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise PipelineSpecError(
+                f"StepClock: history must be an int >= 0 (per-step records kept), got {history!r}"
+            )
+        if cuda and not cuda_available():
+            raise PipelineSpecError(
+                "StepClock: cuda=True but torch.cuda.is_available() is False; "
+                "pass cuda=None (auto) or a SimulatedDevice instead"
+            )
+        self.device = device
+        self._cuda_explicit = bool(cuda)
+        use_cuda = device is None and (cuda or (cuda is None and cuda_available()))
+        self._cuda: CudaStepTimer[StepRecord] | None = CudaStepTimer() if use_cuda else None
+        self._origin_ns = time.perf_counter_ns()
+        self._records: deque[StepRecord] = deque(maxlen=history)
+        self._totals = _Totals()
+        self._rows_prev = _Totals()
+        # Log-bucket histograms (telemetry.histogram) over every step, in ns.
+        self.step_hist = new_counts()
+        self.wait_hist = new_counts()
+        self.device_hist = new_counts()
+        # Loop state, touched only by the training thread.
+        self._first_ns = 0
+        self._wait_ns = 0
+        self._waited = False
+        self._scope = _StepScope(self)
+        # Taken by writers only: the training thread per step and summary()
+        # resolving CUDA events; readers never take it.
+        self._write_lock = threading.Lock()
+
+    # -- the loop ---------------------------------------------------------
+
+    def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield from ``iterable``, timing each ``next()`` as data wait."""
+        return self._timed(_iter_of(iterable, "StepClock.iterate"))
+
+    def _timed(self, iterator: Iterator[T]) -> Generator[T, None, None]:
+        clock = time.perf_counter_ns
+        while True:
+            t0 = clock()
+            if not self._first_ns:
+                self._first_ns = t0
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._wait_ns += clock() - t0
+            self._waited = True
+            yield item
+
+    def step(self) -> _StepScope:
+        """A context manager timing one training step."""
+        return self._scope
+
+    def run(
+        self,
+        iterable: Iterable[T],
+        step_fn: Callable[[T], object],
+        steps: int | None = None,
+        stop_event: _StopEvent | None = None,
+    ) -> int:
+        """Run ``step_fn`` on each batch of ``iterable``, timed; return the steps run.
+
+        Stops after ``steps`` steps, when the iterable ends, or when
+        ``stop_event`` is set (checked before each batch is requested, so
+        within one step; a ``next()`` that blocks is not interrupted). A
+        SimulatedDevice as ``step_fn`` becomes the clock's device unless it
+        has one.
+        """
+        if not callable(step_fn):
+            raise PipelineSpecError(
+                f"StepClock.run: step_fn must be callable (batch -> anything), got {step_fn!r}"
+            )
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
+        ):
+            raise PipelineSpecError(
+                f"StepClock.run: steps must be an int >= 0 or None, got {steps!r}"
+            )
+        if stop_event is not None and not callable(getattr(stop_event, "is_set", None)):
+            raise PipelineSpecError(
+                f"StepClock.run: stop_event must have is_set() (a threading.Event), got {stop_event!r}"
+            )
+        if isinstance(step_fn, SimulatedDevice) and self.device is None:
+            if self._cuda_explicit:
+                raise PipelineSpecError(
+                    "StepClock.run: the step is a SimulatedDevice but the clock was made with "
+                    "cuda=True; make it with StepClock(device=...) or cuda=None"
+                )
+            self.device, self._cuda = step_fn, None
+        batches = self._timed(_iter_of(iterable, "StepClock.run"))
+        done = 0
+        try:
+            while steps is None or done < steps:
+                if stop_event is not None and stop_event.is_set():
+                    break
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                with self._scope:
+                    step_fn(batch)
+                done += 1
+        finally:
+            batches.close()
+        return done
+
+    def _record(self, start_ns: int, end_ns: int, device_ns: int | None, cuda_start: Any) -> None:
+        if self._waited:
+            wait_ns = self._wait_ns
+        else:  # no batch came through iterate(): the gap since the last step is the wait
+            last = self._totals.last_end_ns
+            wait_ns = start_ns - last if last else 0
+        self._wait_ns, self._waited = 0, False
+        step_ns = end_ns - start_ns
+        with self._write_lock:
+            t = self._totals
+            record = StepRecord(
+                index=t.steps,
+                end_s=(end_ns - self._origin_ns) / 1e9,
+                data_wait_s=wait_ns / 1e9,
+                step_s=step_ns / 1e9,
+                device_s=math.nan,
+            )
+            self._records.append(record)
+            self.step_hist[bucket_of(step_ns)] += 1
+            self.wait_hist[bucket_of(wait_ns)] += 1
+            t = _Totals(
+                t.steps + 1,
+                t.wait_ns + wait_ns,
+                t.step_ns + step_ns,
+                end_ns,
+                t.device_steps,
+                t.device_ns,
+                t.device_step_ns,
+            )
+            if device_ns is not None:
+                t = self._add_device(t, record, device_ns)
+            elif self._cuda is not None:
+                self._cuda.end(cuda_start, record)
+                for done, seconds in self._cuda.poll():
+                    t = self._add_device(t, done, round(seconds * 1e9))
+            self._totals = t  # publish: one reference assignment
+
+    def _add_device(self, t: _Totals, record: StepRecord, device_ns: int) -> _Totals:
+        record.device_s = device_ns / 1e9
+        self.device_hist[bucket_of(max(0, device_ns))] += 1
+        return t._replace(
+            device_steps=t.device_steps + 1,
+            device_ns=t.device_ns + device_ns,
+            device_step_ns=t.device_step_ns + round(record.step_s * 1e9),
+        )
+
+    # -- readers ----------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        return self._totals.steps
+
+    @property
+    def device_name(self) -> str:
+        if self.device is not None:
+            return self.device.name
+        return "cuda" if self._cuda is not None else ""
+
+    def records(self) -> list[StepRecord]:
+        """The last ``history`` steps, oldest first."""
+        return list(self._records)  # one C-level copy: safe while the loop appends
+
+    def rows(self, dt_s: float) -> list[Row]:
+        """A Sampler source: the rows for one tick of ``dt_s`` seconds (see the class doc)."""
+        now = self._totals
+        rows: list[Row] = [("steps", STAGE, float(now.steps))]
+        if dt_s <= 0:
+            return rows
+        before, self._rows_prev = self._rows_prev, now
+        done = now.steps - before.steps
+        rows.append(("batches_per_s", STAGE, done / dt_s))
+        if done > 0:
+            wait_ns = now.wait_ns - before.wait_ns
+            step_ns = now.step_ns - before.step_ns
+            rows.append(("data_wait_ms", STAGE, wait_ns / done / 1e6))
+            rows.append(("step_ms", STAGE, step_ns / done / 1e6))
+            if wait_ns + step_ns > 0:
+                rows.append(("data_wait_frac", STAGE, wait_ns / (wait_ns + step_ns)))
+        resolved = now.device_steps - before.device_steps
+        if resolved > 0:
+            device_ns = now.device_ns - before.device_ns
+            rows.append(("device_ms", STAGE, device_ns / resolved / 1e6))
+            wall_ns = now.device_step_ns - before.device_step_ns
+            if wall_ns > 0:
+                rows.append(("device_util", STAGE, device_ns / wall_ns))
+        return rows
+
+    def summary(self) -> StepSummary:
+        """Figures over every step so far; waits once for pending CUDA events."""
+        if self._cuda is not None and self._cuda.pending:
+            with self._write_lock:
+                t = self._totals
+                for record, seconds in self._cuda.drain():
+                    t = self._add_device(t, record, round(seconds * 1e9))
+                self._totals = t
+        t = self._totals
+        steps = t.steps
+        elapsed_ns = t.last_end_ns - self._first_ns if steps else 0
+        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)
+        loop_ns = t.wait_ns + t.step_ns
+        return StepSummary(
+            steps=steps,
+            elapsed_s=elapsed_ns / 1e9,
+            batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
+            step_mean_ms=_mean_ms(t.step_ns, steps),
+            step_p50_ms=quantile_ns(step_hist, 0.5) / 1e6,
+            step_p90_ms=quantile_ns(step_hist, 0.9) / 1e6,
+            step_p99_ms=quantile_ns(step_hist, 0.99) / 1e6,
+            data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
+            data_wait_p50_ms=quantile_ns(wait_hist, 0.5) / 1e6,
+            data_wait_p90_ms=quantile_ns(wait_hist, 0.9) / 1e6,
+            data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
+            device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
+            device_util=t.device_ns / t.device_step_ns if t.device_step_ns > 0 else math.nan,
+            device=self.device_name,
+        )
+
+    def __repr__(self) -> str:
+        return f"StepClock(steps={self.steps}, device={self.device_name!r})"
+
+
+def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
+    try:
+        return iter(iterable)
+    except TypeError:
+        raise PipelineSpecError(
+            f"{where}: expected an iterable of batches, got {type(iterable).__name__}"
+        ) from None
+
+
+def _mean_ms(total_ns: int, count: int) -> float:
+    return total_ns / count / 1e6 if count else math.nan
+
+
+class _StepScope:
+    """The context manager behind ``StepClock.step()``, reused for every step."""
+
+    __slots__ = ("_clock", "_start_ns", "_busy0", "_cuda_start", "_open")
+
+    def __init__(self, clock: StepClock) -> None:
+        self._clock = clock
+        self._start_ns = 0
+        self._busy0 = 0.0
+        self._cuda_start: Any = None
+        self._open = False
+
+    def __enter__(self) -> _StepScope:
+        if self._open:
+            raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
+        self._open = True
+        clock = self._clock
+        if not clock._first_ns:
+            clock._first_ns = time.perf_counter_ns()
+        device, cuda = clock.device, clock._cuda
+        if device is not None:
+            self._busy0 = device.totals().busy_s
+        elif cuda is not None:
+            self._cuda_start = cuda.start()
+        self._start_ns = time.perf_counter_ns()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        end_ns = time.perf_counter_ns()
+        self._open = False
+        clock = self._clock
+        cuda_start, self._cuda_start = self._cuda_start, None
+        if exc_type is not None:  # a failed step is not a step: record nothing
+            clock._wait_ns, clock._waited = 0, False
+            if cuda_start is not None and clock._cuda is not None:
+                clock._cuda.cancel(cuda_start)
+            return
+        device_ns: int | None = None
+        if clock.device is not None:
+            device_ns = round((clock.device.totals().busy_s - self._busy0) * 1e9)
+        clock._record(self._start_ns, end_ns, device_ns, cuda_start)

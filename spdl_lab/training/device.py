@@ -1,0 +1,337 @@
+"""A simulated GPU stream driven from Python, for machines without CUDA.
+
+Kernel launches are GIL-holding Python work; kernels run on an analytic stream
+that needs no GIL. When data loading threads steal the GIL, the device idles.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import PipelineSpecError
+
+__all__ = ["SimulatedDevice", "DeviceStep", "DeviceTotals"]
+
+#: Defaults. 200 kernels of 400 us make an uncontended step of about 80 ms,
+#: in the range of a real training step and long enough that sleep wake-up
+#: (~60 us) and clock noise vanish. A launch costs 380 us of CPU, 95% of a
+#: kernel: uncontended, the stream just stays fed (device-bound, util ~0.99)
+#: while launching takes nearly the whole step, so almost any GIL time another
+#: thread takes makes launches fall behind the stream, and the lost time shows
+#: up as device idle, as in the noisy neighbour study. Not 100%: the same
+#: bytecode's CPU cost drifts (+-15% within seconds; on a shared virtual core
+#: up to 1.8x, with whatever runs on the sibling hyperthread), and a slightly
+#: slow moment should leave an uncontended step at most slightly launch-bound
+#: (each record's ``launch_cpu_s`` shows the cost of the moment). Both are
+#: scaled up from real ones (the Python side of a launch is 5-20 us) so that a
+#: launch spans thousands of bytecodes and the GIL switch interval (5 ms)
+#: covers ~13 launches, not hundreds; starvation depends only on the
+#: launch/kernel ratio and on how much of the GIL is taken.
+DEFAULT_KERNELS = 200
+DEFAULT_LAUNCH_US = 380.0
+DEFAULT_KERNEL_US = 400.0
+
+#: The calling thread's scheduler stats (Linux); field 2 is run-queue wait in ns.
+_SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
+
+#: Calibration: a warm-up of ~30 ms of CPU (a cold core runs this loop
+#: slower until its clock ramps up), then trials of ~1 ms whose median
+#: is taken: the typical speed, robust to a trial that lost its core or ran
+#: on a briefly faster one.
+_CALIBRATION_WARMUP_NS = 30_000_000
+_CALIBRATION_ITERATIONS = 40_000
+_CALIBRATION_TRIALS = 15
+
+
+def _runqueue_ns() -> int | None:
+    """Nanoseconds the calling thread has been runnable but off-CPU; None where unknown."""
+    try:
+        fd = os.open(_SCHEDSTAT_PATH, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 128).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _spin(iterations: int) -> int:
+    """Pure-Python busy work: holds the GIL between the interpreter's switch points."""
+    x = 0
+    for i in range(iterations):
+        x ^= i
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStep:
+    """What one step did on the simulated device (seconds)."""
+
+    #: launch start to the end of ``synchronize()``
+    wall_s: float
+    #: sum of kernel durations: the device computed this long
+    busy_s: float
+    #: ``wall_s - busy_s``: the device had nothing to run
+    idle_s: float
+    #: idle time before kernels whose launch came after the stream ran dry
+    #: (the part of ``idle_s`` that late launches caused)
+    starved_s: float
+    #: CPU time of the training thread in the launch loop (``time.thread_time``)
+    launch_cpu_s: float
+    #: wall time of the launch loop; above ``launch_cpu_s`` when the GIL or CPU was taken
+    launch_wall_s: float
+    #: part of the launch loop spent runnable but waiting for a CPU (other
+    #: processes or threads on the cores); NaN where schedstat is unavailable
+    launch_runqueue_s: float
+    kernels: int
+
+    @property
+    def device_util(self) -> float:
+        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def launch_stall_s(self) -> float:
+        """Launch loop time spent not running: waiting for the GIL or a core."""
+        return max(0.0, self.launch_wall_s - self.launch_cpu_s)
+
+    @property
+    def launch_gil_wait_s(self) -> float:
+        """Launch loop time lost to the GIL: the stall less the run-queue wait.
+
+        Tells a noisy neighbour thread (GIL) apart from a busy machine (CPU).
+        NaN where the run-queue wait is unknown.
+        """
+        if math.isnan(self.launch_runqueue_s):
+            return math.nan
+        return max(0.0, self.launch_stall_s - self.launch_runqueue_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTotals:
+    """Sums over every step a device ran (seconds)."""
+
+    steps: int = 0
+    wall_s: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    starved_s: float = 0.0
+    launch_cpu_s: float = 0.0
+    launch_wall_s: float = 0.0
+    launch_runqueue_s: float = 0.0
+
+    @property
+    def device_util(self) -> float:
+        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
+
+    def add(self, step: DeviceStep) -> DeviceTotals:
+        return DeviceTotals(
+            steps=self.steps + 1,
+            wall_s=self.wall_s + step.wall_s,
+            busy_s=self.busy_s + step.busy_s,
+            idle_s=self.idle_s + step.idle_s,
+            starved_s=self.starved_s + step.starved_s,
+            launch_cpu_s=self.launch_cpu_s + step.launch_cpu_s,
+            launch_wall_s=self.launch_wall_s + step.launch_wall_s,
+            launch_runqueue_s=self.launch_runqueue_s + step.launch_runqueue_s,
+        )
+
+
+class SimulatedDevice:
+    """A GPU stream driven from Python; calling it runs one training step.
+
+    Each step launches ``kernels`` kernels. A launch is a fixed number of
+    pure-Python loop iterations (calibrated once per process so that it costs
+    about ``launch_us`` of CPU when nothing competes), so it holds the GIL
+    like the Python side of a real launch (dispatcher, autograd, the CUDA
+    call) and stretches in wall time when another thread holds the GIL or the
+    core. Each launch then enqueues a kernel of ``kernel_us`` on the stream,
+    and the step ends with ``synchronize()``.
+
+    The stream is a timeline, not a thread. A device thread would take
+    kernels from a FIFO in order and run each for ``kernel_us`` as soon as it
+    is both enqueued and the previous kernel is done, so kernel ``k`` starts
+    at ``max(launch_k, end_{k-1})`` and ends ``kernel_us`` later. Computing
+    that recurrence at each launch gives exactly the same timeline, without
+    a Python thread that would itself need the GIL to wake up (and add ~60 us
+    of sleep granularity per kernel) and so disturb what is measured. The
+    real device needs no GIL either. ``synchronize()`` sleeps until the last
+    kernel's end, releasing the GIL as ``torch.cuda.synchronize()`` does, so
+    only launches compete for the GIL. When launches come late the stream
+    runs dry, the device idles and the step stretches: the noisy neighbour.
+
+    Args:
+        kernels: launches per step (default 200).
+        launch_us: CPU cost of one launch, uncontended (default 380 us, 95% of
+            a kernel: the stream stays fed, yet a thread taking more than ~5%
+            of the GIL starves it).
+        kernel_us: device time of one kernel (default 400 us; a step is ~80 ms).
+        name: a label for reports.
+        gil_release_every: after every this many launches, drop the GIL for a
+            moment (default 0: never), as real steps do in C calls that
+            release it (allocator, event queries, host copies). Each release
+            is nearly free alone, but a CPU-bound thread in the same process
+            takes the GIL and keeps it for a switch interval (5 ms) before
+            the training thread gets it back: the convoy effect, the sharpest
+            form of the noisy neighbour.
+        iterations_per_us: skip calibration and use this loop speed.
+
+    Example:
+        >>> device = SimulatedDevice(kernels=10, launch_us=50, kernel_us=100)
+        >>> step = device(None)
+        >>> step.busy_s
+        0.001
+
+    One training thread calls it. Other threads may read ``last_step`` and
+    ``totals()`` at any time: each is one immutable record, replaced whole.
+    """
+
+    #: Loop iterations per microsecond of CPU, measured once per process.
+    _calibrated_iterations_per_us: ClassVar[float | None] = None
+
+    def __init__(
+        self,
+        kernels: int = DEFAULT_KERNELS,
+        launch_us: float = DEFAULT_LAUNCH_US,
+        kernel_us: float = DEFAULT_KERNEL_US,
+        name: str = "sim",
+        *,
+        gil_release_every: int = 0,
+        iterations_per_us: float | None = None,
+    ) -> None:
+        if isinstance(kernels, bool) or not isinstance(kernels, int) or kernels < 1:
+            raise PipelineSpecError(
+                f"SimulatedDevice: kernels must be an int >= 1 (launches per step), got {kernels!r}"
+            )
+        _check_positive("launch_us", launch_us, "microseconds", allow_zero=True)
+        _check_positive("kernel_us", kernel_us, "microseconds", allow_zero=False)
+        if not isinstance(name, str) or not name:
+            raise PipelineSpecError(f"SimulatedDevice: name must be a non-empty str, got {name!r}")
+        if iterations_per_us is None:
+            iterations_per_us = self.calibrate(force=False)
+        else:
+            _check_positive(
+                "iterations_per_us", iterations_per_us, "loop iterations", allow_zero=False
+            )
+        if isinstance(gil_release_every, bool) or not isinstance(gil_release_every, int) or gil_release_every < 0:
+            raise PipelineSpecError(
+                f"SimulatedDevice: gil_release_every must be an int >= 0 (0: never), "
+                f"got {gil_release_every!r}"
+            )
+        self.gil_release_every = gil_release_every
+        self.kernels = kernels
+        self.launch_us = float(launch_us)
+        self.kernel_us = float(kernel_us)
+        self.name = name
+        self.iterations_per_us = float(iterations_per_us)
+        self.launch_iterations = round(self.launch_us * self.iterations_per_us)
+        #: when the stream's last enqueued kernel ends (perf_counter seconds)
+        self._stream_end = 0.0
+        self.last_step: DeviceStep | None = None
+        self._totals = DeviceTotals()
+
+    @classmethod
+    def calibrate(cls, *, force: bool = True) -> float:
+        """Measure how many loop iterations run per microsecond of CPU; cache it.
+
+        Uses the calling thread's CPU time (``time.thread_time_ns``), so time
+        lost to other threads while calibrating does not skew it. Takes ~50 ms.
+        With ``force=False`` a cached value is returned without measuring.
+        """
+        cached = cls._calibrated_iterations_per_us
+        if cached is not None and not force:
+            return cached
+        clock = time.thread_time_ns
+        warm_until = clock() + _CALIBRATION_WARMUP_NS
+        while clock() < warm_until:  # also lets the interpreter specialize the loop
+            _spin(_CALIBRATION_ITERATIONS // 10)
+        trials = []
+        for _ in range(_CALIBRATION_TRIALS):
+            t0 = clock()
+            _spin(_CALIBRATION_ITERATIONS)
+            trials.append(clock() - t0)
+        median_ns = sorted(trials)[len(trials) // 2]
+        rate = _CALIBRATION_ITERATIONS / max(median_ns / 1000.0, 1e-3)
+        cls._calibrated_iterations_per_us = rate
+        return rate
+
+    def __call__(self, batch: object = None) -> DeviceStep:
+        """Run one training step (``batch`` is ignored); return its record."""
+        perf = time.perf_counter
+        kernel_s = self.kernel_us / 1e6
+        iterations = self.launch_iterations
+        rq0 = _runqueue_ns()
+        c0 = time.thread_time()
+        t0 = perf()
+        free_at = max(self._stream_end, t0)  # when the stream can start the next kernel
+        starved = 0.0
+        every = self.gil_release_every
+        for k in range(self.kernels):
+            _spin(iterations)
+            if every and k % every == every - 1:
+                # A C call that drops the GIL for a moment (allocator, event
+                # query, host copy). Uncontended it costs ~1 us; with a
+                # CPU-bound thread waiting, the GIL goes to that thread and
+                # comes back only after its switch interval: the convoy effect.
+                time.sleep(0)
+            launched = perf()
+            if launched > free_at:  # the stream ran dry waiting for this launch
+                starved += launched - free_at
+                free_at = launched
+            free_at += kernel_s
+        launch_wall = perf() - t0
+        launch_cpu = time.thread_time() - c0
+        rq1 = _runqueue_ns()
+        runqueue = (rq1 - rq0) / 1e9 if rq0 is not None and rq1 is not None else math.nan
+        self._stream_end = free_at
+        self.synchronize()
+        wall = perf() - t0
+        busy = self.kernels * self.kernel_us / 1e6
+        step = DeviceStep(
+            wall_s=wall,
+            busy_s=busy,
+            idle_s=max(0.0, wall - busy),
+            starved_s=starved,
+            launch_cpu_s=launch_cpu,
+            launch_wall_s=launch_wall,
+            launch_runqueue_s=runqueue,
+            kernels=self.kernels,
+        )
+        # Two reference assignments: a reader sees each record whole.
+        self.last_step = step
+        self._totals = self._totals.add(step)
+        return step
+
+    def synchronize(self) -> None:
+        """Sleep, without the GIL, until the stream's last kernel has ended."""
+        # A loop, in case a sleep ever returns early (a signal handler, say).
+        while (remaining := self._stream_end - time.perf_counter()) > 0:
+            time.sleep(remaining)
+
+    def totals(self) -> DeviceTotals:
+        return self._totals
+
+    def __repr__(self) -> str:
+        return (
+            f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
+            f"kernel_us={self.kernel_us:g}, name={self.name!r})"
+        )
+
+
+def _check_positive(argument: str, value: object, unit: str, *, allow_zero: bool) -> None:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value >= 0 if allow_zero else value > 0)
+    )
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise PipelineSpecError(
+            f"SimulatedDevice: {argument} must be a finite number {bound} ({unit}), got {value!r}"
+        )

@@ -1,0 +1,1 @@
+"""Display layers: Bokeh figures and reports. They read frames and tables only."""

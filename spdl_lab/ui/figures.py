@@ -1,0 +1,76 @@
+"""Bokeh figures built from frames and tables (never from runners)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, HoverTool, Legend
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
+
+if TYPE_CHECKING:
+    from ..experiments.compare import Comparison
+
+__all__ = ["comparison_plot", "series_over_time"]
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    return {name: Category10_10[i % 10] for i, name in enumerate(names)}
+
+
+def comparison_plot(cmp: Comparison):
+    """Batches/s per runner, step time over time per runner, and where the training thread waited."""
+    table = cmp.table
+    runners = list(table.index)
+    colors = _colors(runners)
+    bars = figure(
+        y_range=runners[::-1], height=60 + 40 * len(runners), width=420,
+        title="training throughput (batches/s, higher is better)", toolbar_location=None,
+    )
+    source = ColumnDataSource(dict(
+        runner=runners, value=list(table["batches_per_s"]), color=[colors[r] for r in runners],
+    ))
+    bars.hbar(y="runner", right="value", height=0.6, color="color", source=source)
+    bars.add_tools(HoverTool(tooltips=[("runner", "@runner"), ("batches/s", "@value{0.00}")]))
+
+    waits = figure(
+        y_range=runners[::-1], height=60 + 40 * len(runners), width=420,
+        title="training thread: share of time waiting (GIL, CPU, data)", toolbar_location=None,
+    )
+    parts = [("gil_wait_frac", "GIL"), ("runqueue_wait_frac", "CPU run queue"), ("data_wait_frac", "data")]
+    left = [0.0] * len(runners)
+    items = []
+    for i, (col, label) in enumerate(parts):
+        values = [float(v) if pd.notna(v) else 0.0 for v in table[col]]
+        r = waits.hbar(y=runners, left=left, right=[a + b for a, b in zip(left, values)],
+                       height=0.6, color=Category10_10[(i + 3) % 10])
+        items.append((label, [r]))
+        left = [a + b for a, b in zip(left, values)]
+    waits.add_layout(Legend(items=items, location="bottom_right"))
+
+    steps = series_over_time(
+        {r: cmp.frames[r] for r in runners if r in cmp.frames}, "step_ms", "step",
+        title="step time over the run (ms)", colors=colors,
+    )
+    return column(row(bars, waits), steps)
+
+
+def series_over_time(
+    frames: dict[str, pd.DataFrame], series: str, stage: str, *, title: str,
+    colors: dict[str, str] | None = None, width: int = 840, height: int = 260,
+):
+    """One line per frame set: ``series`` of ``stage`` against time."""
+    colors = colors or _colors(list(frames))
+    fig = figure(width=width, height=height, title=title, x_axis_label="seconds", toolbar_location=None)
+    items = []
+    for name, frame in frames.items():
+        sel = frame[(frame["series"] == series) & (frame["stage"] == stage)]
+        if sel.empty:
+            continue
+        line = fig.line(sel["time_s"], sel["value"], color=colors.get(name, "black"), line_width=2)
+        items.append((name, [line]))
+    if items:
+        fig.add_layout(Legend(items=items, location="top_left"))
+    return fig

@@ -1,0 +1,118 @@
+"""lab.run / Session: a background loop with telemetry that stops cleanly."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import spdl_lab as lab
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
+
+
+def pipeline(n=10**6):
+    return lab.Pipeline(range(n)).map(lambda x: x * 2, concurrency=2, name="double").batch(4)
+
+
+def test_run_returns_at_once_and_finishes_its_steps():
+    calls = []
+
+    def step(batch):
+        calls.append(batch)
+        time.sleep(0.002)
+
+    t0 = time.monotonic()
+    session = lab.run(pipeline(), step=step, steps=50)
+    assert time.monotonic() - t0 < 1.0
+    assert session.wait(timeout=30)
+    assert session.state == "finished" and not session.running
+    assert len(calls) == 50 and calls[0] == [0, 2, 4, 6]
+    snap = session.stats()
+    assert snap.step.steps == 50
+    assert snap.stages["double"].tasks >= 200
+    summary = session.summary()
+    assert "step" in summary.index and "double" in summary.index
+    assert summary.loc["step", "tasks"] == 50
+    frames = session.frames()
+    assert {"steps", "step_ms", "gil_wait_frac", "cpu_percent", "qps"} <= set(frames.series)
+    assert "finished" in repr(session) and "steps=50/50" in repr(session)
+
+
+def test_stop_is_prompt_and_leaves_nothing():
+    session = lab.run(pipeline(), step=lambda b: time.sleep(0.01))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    session.stop()
+    assert time.monotonic() - t0 < 5
+    assert session.wait(timeout=5)
+    assert session.state == "stopped"
+
+
+def test_duration_limits_the_run():
+    session = lab.run(pipeline(), step=lambda b: None, duration=0.5)
+    assert session.wait(timeout=10)
+    assert 0.4 < session.elapsed_s < 5
+
+
+def test_step_error_is_raised_by_wait_once():
+    def step(batch):
+        if batch[0] >= 40:
+            raise ValueError("loss is nan")
+
+    session = lab.run(pipeline(), step=step)
+    with pytest.raises(ValueError, match="loss is nan"):
+        session.wait(timeout=30)
+    assert session.state == "failed" and "loss is nan" in repr(session)
+    assert session.wait(timeout=1)  # reported once
+
+
+def test_set_concurrency_through_the_session(wait_until):
+    session = lab.run(pipeline(), step=lambda b: time.sleep(0.001))
+    try:
+        session.set_concurrency("double", 5)
+        assert wait_until(lambda: session.stats().stages["double"].concurrency == 5, 5)
+    finally:
+        session.stop()
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.tensor([i * i], dtype=torch.float32)
+
+
+def test_run_over_a_plain_torch_dataloader():
+    loader = DataLoader(Squares(), batch_size=8, num_workers=0)
+    seen = []
+    session = lab.run(loader, step=lambda b: seen.append(b.shape), steps=100)
+    assert session.wait(timeout=30)
+    assert len(seen) == 8  # the data ran out before 100 steps
+    assert session.runner == "DataLoader"
+    assert session.stats().step.steps == 8
+    assert {"steps", "data_wait_ms"} <= set(session.frames().series)
+    with pytest.raises(lab.PipelineSpecError, match="needs a lab.Pipeline"):
+        session.set_concurrency("x", 2)
+
+
+def test_simulated_device_as_the_step():
+    device = lab.SimulatedDevice(kernels=20, launch_us=100, kernel_us=200)
+    session = lab.run(pipeline(), step=device, steps=10)
+    assert session.wait(timeout=30)
+    step = session.stats().step
+    assert step.steps == 10 and step.device_util > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(lab.PipelineSpecError, match="step must be a callable"):
+        lab.run(pipeline(), step=42)
+    with pytest.raises(lab.PipelineSpecError, match="steps must be"):
+        lab.run(pipeline(), step=print, steps=0)
+    with pytest.raises(lab.PipelineSpecError, match="duration"):
+        lab.run(pipeline(), step=print, duration=-1)
+    with pytest.raises(lab.PipelineSpecError, match="apply to a lab.Pipeline"):
+        lab.run([1, 2], step=print, runner="thread")
