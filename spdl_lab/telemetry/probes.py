@@ -23,6 +23,8 @@ NAN = float("nan")
 #: default interval, so only a source called less often than that loses any.
 _RECENT = 4096
 _GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
+#: Shortest span the CPU probe turns into percentages (CPU times tick every 10 ms).
+_MIN_SPAN_S = 0.05
 _PSUTIL_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
 
@@ -267,9 +269,14 @@ class CpuProbe:
         with self._lock:
             count = self._refresh()
             now = (time.monotonic(), self._main_s, self._children_s, *_machine_times())
-            before, self._previous = self._previous, now
+            before = self._previous
+            # CPU times tick in 10 ms steps: over a span much shorter than a
+            # sampler tick (the last sample when a sampler stops, say) one
+            # tick reads as hundreds of percent. Keep the baseline instead.
+            if before is None or now[0] - before[0] >= _MIN_SPAN_S:
+                self._previous = now
         rows: list[Row] = [("processes", "children", float(count))] if self.children else []
-        if before is None or now[0] <= before[0]:
+        if before is None or now[0] - before[0] < _MIN_SPAN_S:
             return rows
         span = now[0] - before[0]
         total = main = (now[1] - before[1]) / span * 100.0

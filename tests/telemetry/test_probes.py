@@ -216,6 +216,7 @@ def test_cpu_probe_tolerates_children_that_vanish_or_deny_access(monkeypatch):
             raise psutil.AccessDenied(self.pid)
 
     monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: [Gone()])
+    time.sleep(0.06)  # the probe turns only spans of 50 ms or more into percentages
     rows = {(series, stage): value for series, stage, value in cpu(0.0)}
     assert rows[("processes", "children")] == 0.0
     assert rows[("cpu_percent", "children")] == 0.0
@@ -224,6 +225,7 @@ def test_cpu_probe_tolerates_children_that_vanish_or_deny_access(monkeypatch):
         raise psutil.NoSuchProcess(self.pid)
 
     monkeypatch.setattr(psutil.Process, "children", no_such)
+    time.sleep(0.06)
     assert ("cpu_percent", "main") in {(s, n) for s, n, _ in cpu(0.0)}
     assert CpuProbe(children=False)(0.0) == []
 
@@ -241,3 +243,13 @@ def test_probes_feed_a_sampler(wait_until):
     assert not sampler.errors
     series = set(sampler.frames()["series"])
     assert {"gil_wait_frac", "gil_wait_ms", "cpu_percent", "processes"} <= series
+
+
+def test_cpu_probe_ignores_spans_too_short_to_measure():
+    cpu = CpuProbe()
+    cpu(0.0)
+    time.sleep(0.06)
+    assert any(series == "cpu_percent" for series, _, _ in cpu(0.0))
+    # An immediate second call (a sampler's last tick) gives no percentages
+    # rather than one 10 ms clock tick read as hundreds of percent.
+    assert not any(series == "cpu_percent" for series, _, _ in cpu(0.0))
