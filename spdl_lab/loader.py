@@ -127,15 +127,25 @@ class Loader:
         return dict(self._options)
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        """Change a map stage's concurrency, live if a run is in progress."""
-        spec = self.pipeline.stage(stage)
-        if spec.kind != "map":
-            raise PipelineSpecError(
-                f"stage {stage!r} is a batch stage and has no concurrency; "
-                f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}"
-            )
+        """Change a map stage's concurrency, live if a run is in progress.
+
+        Under ``process`` every stage shares the DataLoader's workers: any map
+        stage, or the pseudo-stage ``"workers"``, sets ``num_workers`` (the
+        workers restart), for this run and later ones.
+        """
+        cls = self._runner_cls
+        if stage != cls.pool_stage:
+            spec = self.pipeline.stage(stage)
+            if spec.kind != "map":
+                raise PipelineSpecError(
+                    f"stage {stage!r} is a batch stage and has no concurrency; "
+                    f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}"
+                )
         validate_concurrency(n, stage=stage)
-        self._overrides[stage] = n
+        if cls.pool_option is not None:
+            self._options[cls.pool_option] = n
+        else:
+            self._overrides[stage] = n
         run = self._state.run
         if run is not None and not run.finished:
             run.runner.set_concurrency(stage, n)

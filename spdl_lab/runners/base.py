@@ -30,6 +30,11 @@ class Runner(ABC):
 
     #: the name in ``lab.RUNNERS``
     name: str = ""
+    #: For runners whose parallelism is one pool for every stage (``process``):
+    #: the pseudo-stage naming it in ``set_concurrency`` and the option that
+    #: sizes it, so a Loader can accept the one and carry the other to later runs.
+    pool_stage: str | None = None
+    pool_option: str | None = None
 
     def __init__(
         self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool

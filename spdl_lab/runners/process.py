@@ -96,6 +96,8 @@ class ProcessRunner(Runner):
     """
 
     name = "process"
+    pool_stage = WORKERS
+    pool_option = "num_workers"
 
     def __init__(
         self,

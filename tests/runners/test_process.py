@@ -152,6 +152,18 @@ def test_loader_set_concurrency_grows_from_in_process_to_two_workers():
         snap = loader.stats()
     assert out == [list(range(i, i + 4)) for i in range(0, 300, 4)]
     assert snap.stages["slow"].concurrency == 2 and snap.source.tasks >= 300
+    # The new pool size carries to the next run, and "workers" names it too.
+    assert loader.options["num_workers"] == 2
+
+
+def test_loader_accepts_the_workers_pseudo_stage():
+    p = lab.Pipeline(range(40)).map(lambda x: x + 1, name="inc").batch(4)
+    with lab.Loader(p, runner="process", num_workers=0) as loader:
+        loader.set_concurrency("workers", 1)
+        assert loader.options["num_workers"] == 1
+        assert sorted(sum(loader, [])) == list(range(1, 41))
+        with pytest.raises(lab.PipelineSpecError, match="concurrency"):
+            loader.set_concurrency("workers", 0)
 
 
 def test_stage_failure_in_a_worker_names_stage_and_item():
