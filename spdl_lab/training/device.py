@@ -7,12 +7,12 @@ that needs no GIL. When data loading threads steal the GIL, the device idles.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import PipelineSpecError
+from ..telemetry.schedstat import runqueue_ns
 
 __all__ = ["SimulatedDevice", "DeviceStep", "DeviceTotals"]
 
@@ -35,8 +35,6 @@ DEFAULT_KERNELS = 200
 DEFAULT_LAUNCH_US = 380.0
 DEFAULT_KERNEL_US = 400.0
 
-#: The calling thread's scheduler stats (Linux); field 2 is run-queue wait in ns.
-_SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 
 #: Calibration: a warm-up of ~30 ms of CPU (a cold core runs this loop
 #: slower until its clock ramps up), then trials of ~1 ms whose median
@@ -45,20 +43,6 @@ _SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 _CALIBRATION_WARMUP_NS = 30_000_000
 _CALIBRATION_ITERATIONS = 40_000
 _CALIBRATION_TRIALS = 15
-
-
-def _runqueue_ns() -> int | None:
-    """Nanoseconds the calling thread has been runnable but off-CPU; None where unknown."""
-    try:
-        fd = os.open(_SCHEDSTAT_PATH, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return int(os.read(fd, 128).split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    finally:
-        os.close(fd)
 
 
 def _spin(iterations: int) -> int:
@@ -265,7 +249,7 @@ class SimulatedDevice:
         perf = time.perf_counter
         kernel_s = self.kernel_us / 1e6
         iterations = self.launch_iterations
-        rq0 = _runqueue_ns()
+        rq0 = runqueue_ns()
         c0 = time.thread_time()
         t0 = perf()
         free_at = max(self._stream_end, t0)  # when the stream can start the next kernel
@@ -286,7 +270,7 @@ class SimulatedDevice:
             free_at += kernel_s
         launch_wall = perf() - t0
         launch_cpu = time.thread_time() - c0
-        rq1 = _runqueue_ns()
+        rq1 = runqueue_ns()
         runqueue = (rq1 - rq0) / 1e9 if rq0 is not None and rq1 is not None else math.nan
         self._stream_end = free_at
         self.synchronize()
