@@ -24,8 +24,11 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 
+# Jupyter refuses to run as root unless told; containers often run as root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(ALLOW_ROOT)
 
 demo: $(STAMP)
 	$(PY) -m spdl_lab demo
