@@ -137,10 +137,17 @@ class Pipeline:
         known = ", ".join(repr(s.name) for s in self._stages) or "none"
         raise PipelineSpecError(f"no stage named {name!r}; this pipeline's stages: {known}")
 
+    @property
+    def source_is_factory(self) -> bool:
+        """True when the source is called for each iterator (a function, or a class
+        such as ``itertools.count``), False when it is iterated itself."""
+        source = self._source
+        return isinstance(source, type) or not hasattr(source, "__iter__")
+
     def open_source(self) -> Iterator[Any]:
         """A fresh iterator over the source."""
         source = self._source
-        if hasattr(source, "__iter__"):
+        if not self.source_is_factory:
             return iter(source)
         produced = source()
         if not hasattr(produced, "__iter__"):

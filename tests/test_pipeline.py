@@ -74,3 +74,13 @@ def test_unknown_stage_lookup_lists_stages():
     p = lab.Pipeline([1]).map(str, name="a")
     with pytest.raises(PipelineSpecError, match="stages: 'a'"):
         p.stage("zzz")
+
+
+def test_a_class_is_a_source_factory():
+    import itertools
+
+    p = lab.Pipeline(itertools.count)
+    assert p.source_is_factory
+    it = p.open_source()
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    assert not lab.Pipeline([1, 2]).source_is_factory

@@ -241,6 +241,10 @@ def _open(
     source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
 ) -> tuple[Loader | None, Iterable[Any], str]:
     if isinstance(source, Pipeline):
+        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
+            # The session decides when to stop; headspace replays until then
+            # rather than counting the source first (which may be endless).
+            options = {**options, "forever": True}
         loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
         return loader, loader, loader.runner
     if isinstance(source, Loader):

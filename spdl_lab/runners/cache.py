@@ -17,7 +17,11 @@ from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from .base import Runner
 
-__all__ = ["CacheRunner", "expected_outputs"]
+__all__ = ["CacheRunner", "expected_outputs", "MAX_COUNTED_ITEMS"]
+
+#: A source without len() is counted by iterating it; past this many items
+#: it is taken as endless and the caller must say how many outputs to replay.
+MAX_COUNTED_ITEMS = 10_000_000
 
 
 class CacheRunner(Runner):
@@ -130,9 +134,19 @@ def expected_outputs(pipeline: Pipeline) -> int:
     """
     source = pipeline.source
     try:
+        if pipeline.source_is_factory:
+            raise TypeError("a factory has no length of its own")
         n = len(source)  # type: ignore[arg-type]
     except TypeError:
-        n = sum(1 for _ in pipeline.open_source())
+        n = 0
+        for _ in pipeline.open_source():
+            n += 1
+            if n > MAX_COUNTED_ITEMS:
+                raise PipelineSpecError(
+                    f"cache runner: the source has no len() and more than {MAX_COUNTED_ITEMS:,} "
+                    f"items (it may be endless), so the number of outputs to replay is unknown; "
+                    f"pass num_outputs=N or forever=True"
+                ) from None
     for stage in pipeline.stages:
         if stage.kind == "batch":
             size = stage.size or 1

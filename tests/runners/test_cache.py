@@ -72,3 +72,28 @@ def test_unknown_runner_options_are_rejected_up_front():
         lab.Loader(pipeline(), runner="thread", num_workers=3)
     with pytest.raises(lab.PipelineSpecError, match="does not take option.*'bogus'"):
         lab.Loader(pipeline(), runner="cache", bogus=1)
+
+
+def test_endless_source_without_len_asks_for_a_count(monkeypatch):
+    import itertools
+
+    from spdl_lab.runners import cache
+
+    monkeypatch.setattr(cache, "MAX_COUNTED_ITEMS", 1000)
+    p = lab.Pipeline(itertools.count).batch(2)
+    with pytest.raises(lab.PipelineSpecError, match="num_outputs=N or forever=True"):
+        expected_outputs(p)
+    with lab.Loader(p, runner="cache", num_caches=2) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(lab.PipelineSpecError, match="may be endless"):
+            next(it)  # the cache is full: replay must know how long to run
+
+
+def test_a_session_under_cache_replays_until_its_steps():
+    import itertools
+
+    session = lab.run(lab.Pipeline(itertools.count).batch(2), step=lambda b: None,
+                      runner="cache", steps=30, num_caches=3)
+    assert session.wait(timeout=30)
+    assert session.stats().step.steps == 30
