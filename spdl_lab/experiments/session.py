@@ -230,8 +230,9 @@ class Session:
     def __repr__(self) -> str:
         step = self.clock.summary()
         limit = f"/{self.steps}" if self.steps else ""
-        parts = [f"runner={self.runner!r}", self.state, f"steps={step.steps}{limit}",
-                 f"{step.batches_per_s:.2f} batches/s", f"data wait {step.data_wait_frac:.0%}"]
+        parts = [f"runner={self.runner!r}", self.state, f"steps={step.steps}{limit}"]
+        if step.steps:
+            parts += [f"{step.batches_per_s:.2f} batches/s", f"data wait {step.data_wait_frac:.0%}"]
         if self.error is not None:
             parts.append(f"error={type(self.error).__name__}: {self.error}")
         return f"Session({', '.join(parts)})"
