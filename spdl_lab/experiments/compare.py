@@ -79,8 +79,8 @@ class Comparison:
 
 def compare(
     pipeline: Pipeline,
-    *,
     step: Callable[[Any], Any] | SimulatedDevice,
+    *,
     runners: Sequence[str] = RUNNERS,
     steps: int = 200,
     warmup: int = 20,
@@ -114,11 +114,12 @@ def compare(
     try:
         for runner in runners:
             bar.set_description(runner)
+            at_start = step.totals() if isinstance(step, SimulatedDevice) else None
             session = run(
                 pipeline, step=step, runner=runner, steps=steps + warmup, probes=probes,
                 **options.get(runner, {}),
             )
-            device_at_warmup = _follow(session, bar, timeout, runner, warmup)
+            device_at_warmup = _follow(session, bar, timeout, runner, warmup, at_start)
             rows[runner] = _measure(session, warmup, device_at_warmup)
             frames[runner] = session.frames()
     finally:
@@ -128,11 +129,13 @@ def compare(
     return Comparison(table=table, frames=frames, steps=steps, warmup=warmup)
 
 
-def _follow(session: Session, bar: Any, timeout: float | None, runner: str, warmup: int) -> Any:
+def _follow(
+    session: Session, bar: Any, timeout: float | None, runner: str, warmup: int, at_start: Any
+) -> Any:
     """Wait for the run, updating the bar; return the device's totals at the end of warm-up."""
     deadline = None if timeout is None else time.monotonic() + timeout
     device = session.device
-    at_warmup = device.totals() if device is not None and warmup == 0 else None
+    at_warmup = at_start if warmup == 0 else None
     done = 0
     while True:
         try:
@@ -142,10 +145,11 @@ def _follow(session: Session, bar: Any, timeout: float | None, runner: str, warm
         now = session.clock.steps
         bar.update(now - done)
         done = now
+        if finished:
+            # A run too short for a poll to see the end of warm-up: take it all.
+            return at_warmup if at_warmup is not None else at_start
         if at_warmup is None and device is not None and now >= warmup:
             at_warmup = device.totals()
-        if finished:
-            return at_warmup
         if deadline is not None and time.monotonic() > deadline:
             session.stop()
             raise SpdlLabError(

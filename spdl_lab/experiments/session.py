@@ -28,8 +28,8 @@ __all__ = ["Session", "run"]
 
 def run(
     pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
-    *,
     step: Callable[[Any], Any] | SimulatedDevice,
+    *,
     runner: str | None = None,
     steps: int | None = None,
     duration: float | None = None,

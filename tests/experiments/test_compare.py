@@ -50,3 +50,12 @@ def test_compare_names_a_failing_runner():
     p = lab.Pipeline(range(3)).batch(1)
     with pytest.raises(lab.SpdlLabError, match="'thread' run made only 3 steps"):
         lab.compare(p, step=lambda b: None, runners=["thread"], steps=10, warmup=2, progress=False)
+
+
+def test_a_workload_pair_unpacks_into_compare():
+    pipeline, device = lab.workloads.noisy_neighbour(items=10_000, decode_us=200.0, read_ms=0.1)
+    small = lab.SimulatedDevice(kernels=10, launch_us=100, kernel_us=200)
+    cmp = lab.compare(*(pipeline, small), runners=["thread"], steps=5, warmup=1, progress=False)
+    assert cmp.table.loc["thread", "steps"] == 5
+    assert cmp.table.loc["thread", "train_gil_wait_frac"] >= 0
+    assert device.kernels == 200
