@@ -135,11 +135,13 @@ class _ChildRun:
 def _describe_error(err: BaseException) -> dict[str, Any]:
     cause = err.__cause__
     text = "".join(traceback.format_exception(cause)) if cause is not None else ""
-    try:
-        cause_bytes = pickle.dumps(cause) if cause is not None else None
-        pickle.loads(cause_bytes) if cause_bytes else None
-    except Exception:
-        cause_bytes = None
+    cause_bytes = None
+    if cause is not None:
+        try:
+            cause_bytes = pickle.dumps(cause)
+            pickle.loads(cause_bytes)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            cause_bytes = None  # the parent gets the traceback text alone
     return {
         "message": str(err),
         "stage": getattr(err, "stage", None),

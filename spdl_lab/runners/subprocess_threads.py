@@ -228,27 +228,23 @@ class SubprocessThreadsRunner(Runner):
                 conn.close()
         self._reader.close()
         if self._meters is not None:
-            self._last = self.read()
-            self._blank = self._last
+            self._blank = self.read()  # the final figures, kept for stats() after close
             self._meters.shm.close()
             self._meters = None
         remove_all(self._prefix)
 
 
 def _stop_process(proc: subprocess.Popen, timeout: float) -> None:
-    try:
-        proc.wait(timeout=max(0.5, timeout * 0.6))
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    proc.terminate()
-    try:
-        proc.wait(timeout=max(0.5, timeout * 0.2))
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    proc.kill()
-    proc.wait(timeout=5.0)
+    """Let the child exit on its own, then terminate it, then kill it."""
+    steps = ((None, max(0.5, timeout * 0.6)), (proc.terminate, max(0.5, timeout * 0.2)), (proc.kill, 5.0))
+    for escalate, wait_s in steps:
+        if escalate is not None:
+            escalate()
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:
