@@ -6,30 +6,18 @@ Exit codes: 0 ok, 1 diagnostic-mode exit, 2 usage error.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
-import sysconfig
 import time
 
 __all__ = ["main"]
 
 
 def _info(_: argparse.Namespace) -> int:
-    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-    free_threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
-    print(f"python      {platform.python_version()} ({sys.executable})")
-    print(f"build       {'free-threaded' if free_threaded else 'with GIL'}; GIL {'on' if gil else 'off'}")
-    print(f"cpu cores   {os.cpu_count()}")
-    try:
-        import torch
-
-        cuda = torch.cuda.is_available()
-        print(f"torch       {torch.__version__}; CUDA {'available' if cuda else 'not available'}")
-    except ImportError:
-        print("torch       not installed")
     import spdl_lab
+    from spdl_lab.interpreter import describe
 
+    for line in describe().lines():
+        print(line)
     print(f"spdl_lab    {spdl_lab.__version__}; runners: {', '.join(spdl_lab.RUNNERS)}")
     return 0
 

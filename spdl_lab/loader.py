@@ -7,6 +7,7 @@ describe the current (or last) run.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import weakref
@@ -21,7 +22,7 @@ from .errors import PipelineSpecError, SpdlLabError
 from .pipeline import Pipeline, validate_concurrency
 from .runners import runner_class
 from .runners.base import Runner
-from .telemetry.frames import queue_rows, stage_rows, to_frame
+from .telemetry.frames import FrameChunk, chunk_since, queue_rows, stage_rows, to_frame
 from .telemetry.ring import Ring
 from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Sampler, Source
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
@@ -150,6 +151,28 @@ class Loader:
         if run is not None and not run.finished:
             run.runner.set_concurrency(stage, n)
 
+    def controls(self) -> dict[str, int]:
+        """What ``set_concurrency`` takes here, with each one's current value.
+
+        The map stages for the thread engines; the one shared pool (``workers``)
+        for runners that have one.
+        """
+        cls = self._runner_cls
+        run = self._state.run
+        live = run is not None and not run.finished
+        if cls.pool_stage is not None:
+            name = cls.pool_stage
+            if live:
+                return {name: run.runner.concurrency(name)}
+            default = inspect.signature(cls).parameters[cls.pool_option].default
+            return {name: self._options.get(cls.pool_option, default)}
+        controls = {}
+        for spec in self.pipeline.stages:
+            if spec.kind == "map":
+                n = self._overrides.get(spec.name, spec.concurrency)
+                controls[spec.name] = run.runner.concurrency(spec.name) if live else n
+        return controls
+
     # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         run = self._state.run
@@ -163,6 +186,11 @@ class Loader:
         if run is None or run.sampler is None:
             return to_frame(Ring(2))
         return run.sampler.frames()
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
+        run = self._state.run
+        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
 
     # -- closing -----------------------------------------------------------------
     def close(self) -> None:
@@ -192,6 +220,7 @@ class _Run:
         self.items_out = 0
         self.finished = False
         self._lock = threading.Lock()
+        self._closed = threading.Event()
         self._t0 = 0.0
         self._t_end: float | None = None
         self._previous: EngineReading | None = None
@@ -216,16 +245,27 @@ class _Run:
         return rows
 
     def finish(self, timeout: float) -> None:
+        """Close the runner and stop the sampler; returns once that is done.
+
+        A second caller (``close()`` from another thread while the loop's own
+        ``finally`` closes) waits for the first rather than returning early:
+        otherwise a process could exit while the first is still removing the
+        runner's shared memory.
+        """
         with self._lock:
-            if self.finished:
-                return
+            first = not self.finished
             self.finished = True
-            self._t_end = time.perf_counter()
+            if first:
+                self._t_end = time.perf_counter()
+        if not first:
+            self._closed.wait(timeout + 5.0)
+            return
         try:
             self.runner.close(timeout)
         finally:
             if self.sampler is not None:
                 self.sampler.stop()
+            self._closed.set()
 
     @property
     def elapsed_s(self) -> float:

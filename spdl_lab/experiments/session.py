@@ -18,6 +18,7 @@ import pandas as pd
 from ..errors import PipelineSpecError, SpdlLabError
 from ..loader import Loader
 from ..pipeline import Pipeline
+from ..telemetry.frames import FrameChunk, Row, chunk_since
 from ..telemetry.probes import CpuProbe, GilProbe
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..telemetry.snapshot import Snapshot
@@ -86,6 +87,9 @@ class Session:
             )
         self.steps = steps
         self.duration = duration
+        # What restart() needs to start the same loop again.
+        self._spec = dict(source=source, step=step, steps=steps, duration=duration,
+                          sample_hz=sample_hz, probes=probes, loader_options=loader_options)
         self.error: BaseException | None = None
         self._step = step
         self._stop = threading.Event()
@@ -97,6 +101,8 @@ class Session:
         self.clock = StepClock(device=self.device)
         self._probes: list[Any] = [GilProbe(), CpuProbe()] if probes else []
         sources = [self.clock.rows, *self._probes]
+        if self.device is not None:
+            sources.append(_TrainingThreadWaits(self.device))
         self._sampler: Sampler | None = None
         if self.loader is not None:
             for s in sources:
@@ -169,6 +175,39 @@ class Session:
             )
         self.loader.set_concurrency(stage, n)
 
+    def controls(self) -> dict[str, int]:
+        """What ``set_concurrency`` takes, with current values (empty for a plain iterable)."""
+        return self.loader.controls() if self.loader is not None else {}
+
+    def restart(self, runner: str | None = None, **loader_options: Any) -> Session:
+        """Stop this session and start the same loop again, under ``runner`` if given.
+
+        Returns the new Session (this one stays stopped). Loader options carry
+        over when the runner stays the same; pass new ones for another runner.
+        """
+        spec = self._spec
+        source = spec["source"]
+        if runner is not None and not isinstance(source, Pipeline):
+            raise PipelineSpecError(
+                f"restart(runner={runner!r}) needs a session started from a lab.Pipeline; "
+                f"this one runs a {type(source).__name__}"
+            )
+        self.stop()
+        if runner is None or runner == self.runner:
+            runner, options = (self.runner if isinstance(source, Pipeline) else None), {
+                **spec["loader_options"], **loader_options}
+        else:
+            options = loader_options
+        return Session(
+            source, step=spec["step"], runner=runner, steps=spec["steps"], duration=spec["duration"],
+            sample_hz=spec["sample_hz"], probes=spec["probes"], loader_options=options,
+        )
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The Pipeline this session runs, if it runs one."""
+        return self.loader.pipeline if self.loader is not None else None
+
     @property
     def running(self) -> bool:
         return not self._done.is_set()
@@ -208,6 +247,12 @@ class Session:
             return self._sampler.frames()
         return Sampler([]).frames()
 
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        """The ticks after ``cursor``, wide format: how live readers follow a session."""
+        if self.loader is not None:
+            return self.loader.frames_since(cursor)
+        return chunk_since(self._sampler.ring if self._sampler is not None else None, cursor)
+
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the step."""
         snap = self.stats()
@@ -219,13 +264,13 @@ class Session:
         frame = pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
         return frame
 
-    def dashboard(self) -> Any:
-        """The live dashboard widget (needs ipywidgets and Bokeh: a notebook)."""
+    def dashboard(self, **options: Any) -> Any:
+        """The live dashboard widget (``lab.Dashboard``; options: ``hz``, ``rollover``)."""
         try:
             from ..ui.dashboard import Dashboard
         except ImportError as exc:
             raise SpdlLabError(f"the dashboard is not available here: {exc}") from exc
-        return Dashboard(self)
+        return Dashboard(self, **options)
 
     def __repr__(self) -> str:
         step = self.clock.summary()
@@ -236,6 +281,32 @@ class Session:
         if self.error is not None:
             parts.append(f"error={type(self.error).__name__}: {self.error}")
         return f"Session({', '.join(parts)})"
+
+
+class _TrainingThreadWaits:
+    """Sampler source: the training thread's GIL and run-queue wait, per tick.
+
+    Taken from the SimulatedDevice's launch loop (wall minus CPU minus run-queue
+    time is GIL wait), as a share of the wall time of the steps in the tick.
+    Stage ``"train"``, so it sits beside the GIL probe's ``"gil"`` rows.
+    """
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self._device = device
+        self._before = device.totals()
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        now = self._device.totals()
+        before, self._before = self._before, now
+        wall = now.wall_s - before.wall_s
+        if wall <= 0:
+            return []
+        stall = (now.launch_wall_s - before.launch_wall_s) - (now.launch_cpu_s - before.launch_cpu_s)
+        queued = now.launch_runqueue_s - before.launch_runqueue_s
+        return [
+            ("gil_wait_frac", "train", max(0.0, stall - queued) / wall),
+            ("runqueue_wait_frac", "train", queued / wall),
+        ]
 
 
 def _open(

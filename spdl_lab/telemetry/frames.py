@@ -23,6 +23,8 @@ blocked per second).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -30,11 +32,34 @@ from .histogram import quantile_ns
 from .meters import QueueReading, StageReading
 from .ring import Ring
 
-__all__ = ["FRAME_COLUMNS", "stage_rows", "queue_rows", "to_frame"]
+__all__ = ["FRAME_COLUMNS", "FrameChunk", "stage_rows", "queue_rows", "to_frame", "chunk_since"]
 
 FRAME_COLUMNS = ["time_s", "series", "stage", "value"]
 
 Row = tuple[str, str, float]
+
+
+@dataclass(frozen=True)
+class FrameChunk:
+    """The ticks a live reader has not seen yet, wide format.
+
+    ``columns[(series, stage)]`` lines up with ``times``; NaN where a series
+    had no value in a tick. Pass ``cursor`` to the next ``frames_since`` call.
+    """
+
+    cursor: int
+    times: np.ndarray
+    columns: dict[tuple[str, str], np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def chunk_since(ring: Ring | None, cursor: int) -> FrameChunk:
+    if ring is None:
+        return FrameChunk(cursor, np.empty(0), {})
+    new_cursor, times, columns = ring.since(cursor)
+    return FrameChunk(new_cursor, times, columns)
 
 
 def stage_rows(now: StageReading, before: StageReading | None, dt_s: float) -> list[Row]:

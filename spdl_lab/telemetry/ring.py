@@ -59,6 +59,22 @@ class Ring:
             order = self._order()
             return self._times[order], {k: c[order] for k, c in self._columns.items()}
 
+    @property
+    def count(self) -> int:
+        """Ticks ever appended: a cursor for ``since``."""
+        return self._count
+
+    def since(self, cursor: int) -> tuple[int, np.ndarray, dict[Key, np.ndarray]]:
+        """The ticks appended after ``cursor`` (those still held), and the new cursor.
+
+        A live reader keeps the cursor and asks again: each tick comes once,
+        and a reader that fell more than ``capacity`` ticks behind skips ahead.
+        """
+        with self._lock:
+            first = max(cursor, self._count - len(self))
+            index = np.arange(first, self._count) % self.capacity
+            return self._count, self._times[index], {k: c[index] for k, c in self._columns.items()}
+
     def last(self, key: Key, back_s: float) -> tuple[float, float, float, float] | None:
         """(t_then, value_then, t_now, value_now) spanning about ``back_s`` seconds."""
         with self._lock:

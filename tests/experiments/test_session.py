@@ -51,6 +51,22 @@ def test_stop_is_prompt_and_leaves_nothing():
     assert session.state == "stopped"
 
 
+def test_stop_returns_after_the_child_and_its_shared_memory_are_gone(wait_until):
+    # stop() closes the loader from a helper thread while the loop's own exit
+    # closes it too; the second close must wait for the first, or a script that
+    # exits right after stop() leaves the child's segments in /dev/shm.
+    import os
+
+    from spdl_lab.runners._shm import shm_dir
+
+    session = lab.run(pipeline(), step=lambda b: time.sleep(0.01), runner="subprocess-threads")
+    assert wait_until(lambda: session.stats().step.steps > 3, 30)
+    session.stop()
+    assert not session.running
+    left = [n for n in os.listdir(shm_dir()) if n.startswith(f"spdl_lab_{os.getpid()}_")]
+    assert left == []
+
+
 def test_duration_limits_the_run():
     session = lab.run(pipeline(), step=lambda b: None, duration=0.5)
     assert session.wait(timeout=10)
