@@ -1,0 +1,241 @@
+"""The live verdict: one line, computed from the last seconds of frames, on where the time goes.
+
+"data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy;
+GIL wait 41% on the training thread — try subprocess-threads". The rules and their
+thresholds are the constants below; tests drive them with synthetic frames.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..telemetry.frames import FrameChunk
+
+__all__ = [
+    "BUSY_SATURATED",
+    "CPU_FULL",
+    "CPU_WAIT_TRAIN",
+    "FED_DATA_WAIT",
+    "GIL_BOUND_TRAIN",
+    "STARVED_DATA_WAIT",
+    "Verdict",
+    "Window",
+    "live_verdict",
+    "verdict_from_frames",
+]
+
+#: Data wait above this share of step time: the step is starved of data.
+STARVED_DATA_WAIT = 0.15
+#: Data wait below this share: loading keeps up, the step sets the pace.
+FED_DATA_WAIT = 0.05
+#: Training-thread GIL wait above this share of step time is called out, and
+#: ``thread`` is told to move its loading into a subprocess.
+GIL_BOUND_TRAIN = 0.15
+#: The same for the training thread's wait for a CPU (run queue): the loader's
+#: threads or processes crowd the cores the step needs.
+CPU_WAIT_TRAIN = 0.15
+#: A stage whose workers are inside its function this share of the time is the
+#: bottleneck: more concurrency (or a cheaper function) is the way out.
+BUSY_SATURATED = 0.85
+#: Process-tree CPU above this share of the machine's cores: the cores are full,
+#: so more concurrency cannot help.
+CPU_FULL = 0.90
+#: The verdict looks at this many seconds of the most recent frames.
+WINDOW_S = 5.0
+
+Key = tuple[str, str]
+
+
+def pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    #: "warming-up" | "data-starved" | "gil-bound" | "cpu-contended" | "balanced" | "step-bound"
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def live_verdict(
+    means: Mapping[Key, float],
+    *,
+    runner: str,
+    controls: Mapping[str, int] | None = None,
+    cpu_cores: int = 1,
+) -> Verdict:
+    """The verdict from per-series means over the recent window.
+
+    ``means[(series, stage)]`` as in frames; the training thread's GIL wait is
+    ``("gil_wait_frac", "train")`` (known when the step is a SimulatedDevice).
+    The GIL probe's own reading is not used: it reads high whenever the
+    training thread itself holds the GIL, so it cannot blame the loader.
+    """
+    controls = dict(controls or {})
+    if not means.get(("steps_in_window", "step"), 0) > 0:
+        return Verdict("warming-up", "warming up: no training step finished in the last seconds")
+    wait = _get(means, "data_wait_frac", "step")
+    gil = _get(means, "gil_wait_frac", "train")
+    queued = _get(means, "runqueue_wait_frac", "train")
+    cpu = _get(means, "cpu_percent", "total") / 100.0 / max(1, cpu_cores)
+    slowest = _slowest_stage(means)
+
+    parts: list[str] = []
+    if wait >= STARVED_DATA_WAIT:
+        kind = "data-starved"
+        parts.append(f"data-starved: {pct(wait)} of step time waiting for data")
+    elif gil >= GIL_BOUND_TRAIN:
+        kind = "gil-bound"
+        parts.append(f"training thread GIL-bound while loading keeps up (data wait {pct(wait)})")
+    elif queued >= CPU_WAIT_TRAIN:
+        kind = "cpu-contended"
+        parts.append(
+            f"training thread waits for a CPU ({pct(queued)} run-queue wait) while loading "
+            f"keeps up (data wait {pct(wait)})"
+        )
+    elif wait < FED_DATA_WAIT:
+        kind = "step-bound"
+        parts.append(f"step-bound: data wait {pct(wait)} of step time; loading keeps up")
+    else:
+        kind = "balanced"
+        parts.append(f"balanced: data wait {pct(wait)} of step time")
+    if slowest is not None:
+        parts.append(f"slowest stage: {slowest[0]} at {pct(slowest[1])} busy")
+    if gil >= GIL_BOUND_TRAIN and kind == "data-starved":
+        parts.append(f"GIL wait {pct(gil)} on the training thread")
+    elif gil >= GIL_BOUND_TRAIN:
+        parts[0] = parts[0].replace("GIL-bound", f"GIL-bound ({pct(gil)} GIL wait)")
+    text = "; ".join(parts)
+    advice = _advice(kind, runner, gil, cpu, slowest, controls)
+    return Verdict(kind, f"{text} — {advice}" if advice else text)
+
+
+def _advice(
+    kind: str, runner: str, gil: float, cpu: float, slowest: tuple[str, float] | None,
+    controls: Mapping[str, int],
+) -> str:
+    if kind == "cpu-contended":
+        return "fewer loader workers or threads: they crowd the cores the step needs"
+    if kind not in ("data-starved", "gil-bound"):
+        return ""
+    if gil >= GIL_BOUND_TRAIN:
+        if runner == "thread":
+            return "try subprocess-threads"
+        return "something else in the training process holds the GIL"
+    if kind != "data-starved" or slowest is None:
+        return ""
+    name, busy = slowest
+    if cpu >= CPU_FULL:
+        return f"the CPU cores are full ({pct(cpu)}): make {name} cheaper or move work off this machine"
+    if busy >= BUSY_SATURATED:
+        knob = name if name in controls else next(iter(controls), None)
+        if knob is not None:
+            return f"raise {knob}'s concurrency (now {controls[knob]})"
+    return ""
+
+
+def _slowest_stage(means: Mapping[Key, float]) -> tuple[str, float] | None:
+    busy = [
+        (stage, value)
+        for (series, stage), value in means.items()
+        if series == "busy_frac" and stage != "source" and not math.isnan(value)
+    ]
+    return max(busy, key=lambda item: item[1]) if busy else None
+
+
+def _get(means: Mapping[Key, float], series: str, stage: str) -> float:
+    value = means.get((series, stage), math.nan)
+    return 0.0 if value is None or math.isnan(value) else float(value)
+
+
+class Window:
+    """The last ``seconds`` of ticks from a live reader's chunks, for window means.
+
+    One 2-D array (series × ticks) of at most ``max_ticks`` ticks: adding a
+    chunk and taking every mean are a few numpy calls, whatever the number of
+    series, and memory stays fixed however long it runs.
+    """
+
+    def __init__(self, seconds: float = WINDOW_S, max_ticks: int = 512) -> None:
+        self.seconds = seconds
+        self._max_ticks = max_ticks
+        self._times = np.empty(0)
+        self._keys: dict[Key, int] = {}
+        self._data = np.empty((0, 0))
+
+    def add(self, chunk: FrameChunk) -> None:
+        n = len(chunk)
+        if not n:
+            return
+        for key in chunk.columns:
+            self._keys.setdefault(key, len(self._keys))
+        rows = np.full((len(self._keys), n), np.nan)
+        for key, values in chunk.columns.items():
+            rows[self._keys[key]] = values
+        old = self._data
+        if old.shape[0] < len(self._keys):  # series first seen in this chunk
+            old = np.vstack([old, np.full((len(self._keys) - old.shape[0], old.shape[1]), np.nan)])
+        times = np.concatenate([self._times, chunk.times])
+        start = max(len(times) - self._max_ticks,
+                    int(np.searchsorted(times, times[-1] - self.seconds, side="left")))
+        self._times = times[start:]
+        self._data = np.hstack([old, rows])[:, start:]
+
+    def means(self, seconds: float | None = None) -> dict[Key, float]:
+        """NaN-ignoring mean of every series over the last ``seconds``, plus
+        ``("steps_in_window", "step")``: steps finished in that span."""
+        if not len(self._times):
+            return {}
+        span = self.seconds if seconds is None else seconds
+        keep = self._times >= self._times[-1] - span
+        block = self._data[:, keep]
+        finite = np.isfinite(block)
+        counts = finite.sum(axis=1)
+        sums = np.where(finite, block, 0.0).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+        out = {key: float(values[i]) for key, i in self._keys.items()}
+        steps_row = self._keys.get(("steps", "step"))
+        steps = block[steps_row][finite[steps_row]] if steps_row is not None else np.empty(0)
+        out[("steps_in_window", "step")] = float(steps[-1] - steps[0]) if len(steps) >= 2 else 0.0
+        return out
+
+    def latest(self, key: Key) -> float:
+        """The newest non-NaN value of a series, NaN when it has none."""
+        row = self._keys.get(key)
+        if row is None:
+            return math.nan
+        values = self._data[row]
+        finite = np.flatnonzero(np.isfinite(values))
+        return float(values[finite[-1]]) if len(finite) else math.nan
+
+
+def verdict_from_frames(
+    frames: pd.DataFrame,
+    *,
+    runner: str,
+    controls: Mapping[str, int] | None = None,
+    cpu_cores: int = 1,
+    window_s: float = WINDOW_S,
+) -> Verdict:
+    """The live verdict for long-format frames (``session.frames()``)."""
+    window = Window(window_s, max_ticks=max(2, frames["time_s"].nunique()))
+    window.add(_to_chunk(frames))
+    return live_verdict(window.means(), runner=runner, controls=controls, cpu_cores=cpu_cores)
+
+
+def _to_chunk(frames: pd.DataFrame) -> FrameChunk:
+    if frames.empty:
+        return FrameChunk(0, np.empty(0), {})
+    wide = frames.pivot_table(index="time_s", columns=["series", "stage"], values="value", aggfunc="last")
+    times = wide.index.to_numpy(dtype=float)
+    columns = {(s, g): wide[(s, g)].to_numpy(dtype=float) for s, g in wide.columns}
+    return FrameChunk(len(times), times, columns)
