@@ -6,6 +6,8 @@ models, watch what happens live, and find out where the time goes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import workloads
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .experiments import Comparison, Session, compare, headspace, run
@@ -19,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Comparison",
+    "Dashboard",
     "Loader",
     "Pipeline",
     "PipelineError",
@@ -38,3 +41,28 @@ __all__ = [
     "run",
     "workloads",
 ]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext spdl_lab``: add %spdl_info, %spdl_run and %spdl_compare."""
+    # Imported here so that ``import spdl_lab`` never needs IPython.
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext spdl_lab``: remove the magics again."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
+def __getattr__(name: str) -> Any:
+    # The dashboard needs ipywidgets and Bokeh: imported on first use so the
+    # core stays importable (and fast to import) in a plain script.
+    if name == "Dashboard":
+        from .ui.dashboard import Dashboard
+
+        return Dashboard
+    raise AttributeError(f"module 'spdl_lab' has no attribute {name!r}")

@@ -1,0 +1,156 @@
+"""IPython magics: ``%load_ext spdl_lab`` adds ``%spdl_info``, ``%spdl_run`` and ``%spdl_compare``.
+
+Names on a magic's line are looked up in the notebook's namespace (``pipe``,
+``wl.pipeline``), never evaluated, so a line cannot run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+import spdl_lab as lab
+
+__all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
+
+MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare")
+
+_ANY_PIPELINE = "a lab.Pipeline, a lab.Loader or any iterable"
+_STEP = "a function that takes a batch, or a lab.SimulatedDevice"
+
+
+@magics_class
+class SpdlMagics(Magics):
+    """The spdl_lab line magics; thin front ends over ``lab.run`` and ``lab.compare``."""
+
+    @magic_arguments()
+    @line_magic
+    def spdl_info(self, line: str) -> None:
+        """Print the interpreter (GIL, cores, torch, CUDA), the spdl_lab version and its runners."""
+        from .interpreter import describe
+
+        parse_argstring(self.spdl_info, line)
+        for text in describe().lines():
+            print(text)
+        print(f"spdl_lab    {lab.__version__}; runners: {', '.join(lab.RUNNERS)}")
+
+    @magic_arguments()
+    @argument("pipeline", help="the pipeline, loader or iterable: a variable name or dotted path")
+    @argument("--step", required=True, help="the training step: a variable name or dotted path")
+    @argument("--runner", help=f"one of {', '.join(lab.RUNNERS)} (default: thread)")
+    @argument("--steps", type=int, help="stop after this many steps")
+    @argument("--duration", type=float, help="stop after this many seconds")
+    @argument("--name", default="spdl_session", help="the variable that receives the Session")
+    @line_magic
+    def spdl_run(self, line: str) -> Any:
+        """Start a training loop in the background; show its live dashboard.
+
+        The Session is stored in the notebook as ``--name`` (default ``spdl_session``).
+        """
+        args = parse_argstring(self.spdl_run, line)
+        pipeline = self._lookup("spdl_run", args.pipeline, _ANY_PIPELINE)
+        step = self._lookup("spdl_run", args.step, _STEP)
+        if args.runner is not None:
+            _check_runners("spdl_run", [args.runner])
+        _check_name("spdl_run", args.name)
+        session = lab.run(pipeline, step, runner=args.runner, steps=args.steps, duration=args.duration)
+        self.shell.user_ns[args.name] = session
+        try:
+            return session.dashboard()
+        except lab.SpdlLabError as exc:
+            # The run is fine without a display; say why there is none and show the Session.
+            print(f"%spdl_run: no dashboard ({exc}); the session is in {args.name!r}")
+            return session
+
+    @magic_arguments()
+    @argument("pipeline", help="the lab.Pipeline: a variable name or dotted path")
+    @argument("--step", required=True, help="the training step: a variable name or dotted path")
+    @argument("--runners", nargs="+", help=f"runners to compare (default: all of {', '.join(lab.RUNNERS)})")
+    @argument("--steps", type=int, help="measured steps per runner (default 200)")
+    @argument("--warmup", type=int, help="warm-up steps per runner (default 20)")
+    @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison")
+    @line_magic
+    def spdl_compare(self, line: str) -> Any:
+        """Run the pipeline and step under each runner in turn; show the Comparison table.
+
+        The Comparison is stored in the notebook as ``--name`` (default ``spdl_comparison``).
+        """
+        args = parse_argstring(self.spdl_compare, line)
+        pipeline = self._lookup("spdl_compare", args.pipeline, "a lab.Pipeline")
+        step = self._lookup("spdl_compare", args.step, _STEP)
+        if args.runners is not None:
+            _check_runners("spdl_compare", args.runners)
+        _check_name("spdl_compare", args.name)
+        # Only what was given, so lab.compare's defaults stay the one source of truth.
+        given = {k: getattr(args, k) for k in ("runners", "steps", "warmup") if getattr(args, k) is not None}
+        comparison = lab.compare(pipeline, step, progress=args.progress, **given)
+        self.shell.user_ns[args.name] = comparison
+        return comparison
+
+    def _lookup(self, magic: str, path: str, what: str) -> Any:
+        """The object named by ``path`` (``x`` or ``x.attr.attr``) in the user's namespace."""
+        parts = path.split(".")
+        if not all(part.isidentifier() for part in parts):
+            raise UsageError(
+                f"%{magic}: {path!r} is not a variable name; assign it first (x = ...) "
+                f"and pass the name or a dotted path like wl.pipeline (expressions are not evaluated)"
+            )
+        ns = self.shell.user_ns
+        head, rest = parts[0], parts[1:]
+        if head not in ns:
+            visible = [k for k in ns if not k.startswith("_") and k not in self.shell.user_ns_hidden]
+            close = difflib.get_close_matches(head, visible, n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise UsageError(
+                f"%{magic}: no variable {head!r} in the notebook's namespace; "
+                f"define it first ({what}){hint}"
+            )
+        obj = ns[head]
+        for i, attr in enumerate(rest):
+            try:
+                obj = getattr(obj, attr)
+            except AttributeError:
+                owner = ".".join(parts[: i + 1])
+                raise UsageError(
+                    f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute {attr!r}"
+                ) from None
+        return obj
+
+
+def _check_runners(magic: str, runners: list[str]) -> None:
+    unknown = [r for r in runners if r not in lab.RUNNERS]
+    if unknown:
+        raise UsageError(
+            f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
+            f"choose from {', '.join(lab.RUNNERS)}"
+        )
+
+
+def _check_name(magic: str, name: str) -> None:
+    if not name.isidentifier():
+        raise UsageError(f"%{magic}: --name {name!r} is not a valid variable name")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the magics once; loading again (``%reload_ext``) replaces nothing twice."""
+    if SpdlMagics.__name__ in ipython.magics_manager.registry:
+        return
+    ipython.register_magics(SpdlMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Undo ``load_ipython_extension``: drop our magics and our registry entry."""
+    manager = ipython.magics_manager
+    ours = manager.registry.pop(SpdlMagics.__name__, None)
+    if ours is None:
+        return
+    table = manager.magics["line"]
+    for name in MAGICS:
+        # Only if still ours: another extension may have taken the name since.
+        if getattr(table.get(name), "__self__", None) is ours:
+            del table[name]

@@ -1,0 +1,317 @@
+"""The live dashboard: a header, concurrency controls, five Bokeh plots, a stage table and a verdict.
+
+It reads only the session's frames (``frames_since``) and acts only through
+the Session's control methods. One publisher thread pushes new ticks at
+``hz`` (4 by default); every Document change and every session swap happens
+under one lock, because slider callbacks may arrive on a kernel subshell thread.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+import time
+from typing import Any
+
+import ipywidgets as widgets
+from jupyter_bokeh.widgets import BokehModel
+
+from ..errors import PipelineSpecError, SpdlLabError
+from ..experiments.verdict import Window, live_verdict
+from ..interpreter import describe
+from ..runners import RUNNERS
+from .live_plots import DEFAULT_ROLLOVER, LivePlots
+
+__all__ = ["Dashboard"]
+
+DEFAULT_HZ = 4.0
+#: The stage table averages over this many seconds (the verdict over its own window).
+TABLE_WINDOW_S = 2.0
+#: Plots wait this long for the runner to name its queues (a child process
+#: needs a second or two) before they are drawn without them.
+QUEUE_WAIT_S = 10.0
+
+
+class Dashboard(widgets.VBox):
+    """A live view of one Session (``session.dashboard()`` or ``lab.Dashboard(session)``).
+
+    ``dashboard.sliders[stage].value = 8`` does what moving the slider does.
+    ``session`` is the session shown now: the runner selector and the start
+    button replace it with a new one. ``close()`` stops the publisher; the
+    session keeps running until it is stopped.
+    """
+
+    def __init__(self, session: Any, *, hz: float = DEFAULT_HZ, rollover: int = DEFAULT_ROLLOVER) -> None:
+        self._closed = threading.Event()  # first: ipywidgets' __del__ calls close() even then
+        self._publisher: threading.Thread | None = None
+        self._bokeh: Any = None
+        if not isinstance(hz, (int, float)) or not hz > 0:
+            raise SpdlLabError(f"Dashboard: hz must be a number > 0 (updates per second), got {hz!r}")
+        super().__init__()
+        self.add_class("spdl-lab-dashboard")
+        _load_bokehjs()
+        self.interval_s = 1.0 / hz
+        self.rollover = rollover
+        self.interpreter = describe()
+        #: CPU seconds the publisher thread has spent, and how many times it published.
+        self.publisher_cpu_s = 0.0
+        self.publishes = 0
+        self._lock = threading.RLock()
+        self._applied: dict[str, int] = {}
+        self.last_verdict: Any = None
+        self._attaching = False
+
+        self.header = widgets.HTML()
+        self.verdict = widgets.HTML()
+        self.table = widgets.HTML()
+        self.message = widgets.HTML()
+        self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
+        self.start_button = widgets.Button(description="start", icon="play", layout=widgets.Layout(width="90px"))
+        self.stop_button = widgets.Button(description="stop", icon="stop", layout=widgets.Layout(width="90px"))
+        self.start_button.on_click(lambda _: self._start())
+        self.stop_button.on_click(lambda _: self._stop())
+        self.runner.observe(self._on_runner, names="value")
+        self.sliders: dict[str, widgets.IntSlider] = {}
+        self._slider_box = widgets.VBox()
+        self._plot_box = widgets.Box()
+        self.plots: LivePlots | None = None
+        self.children = [
+            self.header,
+            widgets.HBox([self.runner, self.start_button, self.stop_button]),
+            self._slider_box,
+            self.verdict,
+            self._plot_box,
+            self.table,
+            self.message,
+        ]
+        with self._lock:
+            self._attach(session)
+
+    # -- showing a session -----------------------------------------------------
+    def _attach(self, session: Any) -> None:
+        """Show ``session``: fresh sliders, plots and window; start publishing."""
+        self.session = session
+        self._cursor = 0
+        self._window = Window()
+        pipeline = session.pipeline
+        options = list(RUNNERS) if pipeline is not None else [session.runner]
+        self._applied = dict(session.controls())
+        self._attaching = True  # setting options moves the value: not a user's choice
+        try:
+            self.runner.options = options
+            self.runner.value = session.runner
+        finally:
+            self._attaching = False
+        self.runner.disabled = pipeline is None
+        self.sliders = {name: self._slider(name, n) for name, n in self._applied.items()}
+        self._slider_box.children = list(self.sliders.values())
+        self._stages = ["source", *(s.name for s in pipeline.stages)] if pipeline is not None else []
+        self.plots = None  # drawn by the first publish, again when new queues appear
+        self._publish_locked()
+        if self._publisher is None and not self._closed.is_set():
+            self._publisher = threading.Thread(target=self._run, name="spdl_lab:dashboard", daemon=True)
+            self._publisher.start()
+
+    def _slider(self, name: str, value: int) -> widgets.IntSlider:
+        slider = widgets.IntSlider(
+            value=value, min=1, max=max(16, 2 * value), description=name,
+            continuous_update=False, layout=widgets.Layout(width="420px"),
+            style={"description_width": "80px"},
+        )
+        slider.add_class("spdl-lab-slider")
+        slider.add_class(f"spdl-lab-slider-{name}")
+        slider.observe(lambda change: self._on_slider(name, change["new"]), names="value")
+        return slider
+
+    # -- publishing ------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed.wait(self.interval_s):
+            with self._lock:
+                self._publish_locked()
+                if not self.session.running and not len(self.session.frames_since(self._cursor)):
+                    self._publisher = None  # start and the runner selector start a new one
+                    return
+
+    def publish(self) -> None:
+        """Push what is new now (the publisher thread does this ``hz`` times a second)."""
+        with self._lock:
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
+        cpu0 = time.thread_time()
+        session = self.session
+        chunk = session.frames_since(self._cursor)
+        self._cursor = chunk.cursor
+        self._window.add(chunk)
+        queues = [stage for series, stage in chunk.columns if series == "queue_depth"]
+        # A runner names its queues in its first tick, which for a child process
+        # comes a second or two in: the plots are drawn once they are known (or
+        # after QUEUE_WAIT_S), and drawn again, with the whole history, if new ones appear.
+        early = self.plots is None and not queues and self._stages and session.running
+        if early and session.elapsed_s < QUEUE_WAIT_S:
+            _set(self.message, "waiting for the runner's first sample…")
+        elif self.plots is None or not set(queues) <= set(self.plots.queues):
+            _set(self.message, "")
+            self._draw(queues, session.frames_since(0))
+        else:
+            data = self.plots.stream_chunk(chunk)
+            if data is not None:
+                self.plots.stream(data)
+        self._sync_sliders(session)
+        recent = self._window.means(TABLE_WINDOW_S)
+        _set(self.header, self._header_html(session, recent))
+        _set(self.table, self._table_html(session, recent))
+        means = self._window.means()
+        verdict = live_verdict(means, runner=session.runner, controls=self._applied,
+                               cpu_cores=self.interpreter.cpu_cores)
+        _set(self.verdict, f"<b>verdict:</b> {html.escape(verdict.text)}")
+        self.last_verdict = verdict
+        if session.error is not None:
+            _set(self.message, f"<span style='color:#b00'>the session failed: "
+                               f"{html.escape(type(session.error).__name__)}: {html.escape(str(session.error))}</span>")
+        self.publisher_cpu_s += time.thread_time() - cpu0
+        self.publishes += 1
+
+    def _draw(self, queues: list[str], history: Any) -> None:
+        self.plots = LivePlots(self._stages, queues, rollover=self.rollover)
+        data = self.plots.stream_chunk(history)
+        if data is not None:
+            self.plots.stream(data)
+        old, self._bokeh = self._bokeh, _BokehView(self.plots.layout)
+        self._plot_box.children = [self._bokeh]
+        if old is not None:
+            old.close()
+
+    def _sync_sliders(self, session: Any) -> None:
+        for name, n in session.controls().items():
+            slider = self.sliders.get(name)
+            if slider is None or slider.value == n:
+                continue
+            self._applied[name] = n  # first, so the observer sees nothing to apply
+            slider.max = max(slider.max, n)
+            slider.value = n
+
+    def _header_html(self, session: Any, recent: dict) -> str:
+        bps = recent.get(("batches_per_s", "step"), math.nan)
+        steps = self._window.latest(("steps", "step"))
+        limit = f"/{session.steps}" if session.steps else ""
+        parts = [
+            f"runner <b>{html.escape(session.runner)}</b>",
+            f"<b>{session.state}</b>",
+            f"Python {self.interpreter.python}, {self.interpreter.gil}",
+            f"{session.elapsed_s:.0f} s",
+            f"steps {0 if math.isnan(steps) else int(steps)}{limit}",
+            f"{'–' if math.isnan(bps) else f'{bps:.2f}'} batches/s",
+        ]
+        return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
+
+    def _table_html(self, session: Any, means: dict) -> str:
+        pipeline = session.pipeline
+        if pipeline is None:
+            return ""
+        queues = {stage.split("→")[0]: stage for series, stage in means if series == "queue_depth"}
+        head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in
+                       ("stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"))
+        rows = []
+        for stage in ["source", *(s.name for s in pipeline.stages)]:
+            queue = queues.get(stage)
+            depth, cap = (means.get(("queue_depth", queue), math.nan),
+                          means.get(("queue_capacity", queue), math.nan)) if queue else (math.nan, math.nan)
+            cells = [
+                stage,
+                _num(self._window.latest(("concurrency", stage)), "{:.0f}"),
+                _num(means.get(("qps", stage), math.nan), "{:.1f}"),
+                _num(means.get(("p50_ms", stage), math.nan), "{:.2f}"),
+                _num(means.get(("p99_ms", stage), math.nan), "{:.2f}"),
+                _num(means.get(("busy_frac", stage), math.nan), "{:.0%}"),
+                f"{_num(depth, '{:.1f}')}/{_num(cap, '{:.0f}')}" if queue else "",
+            ]
+            rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
+
+    # -- controls --------------------------------------------------------------
+    def _on_slider(self, stage: str, n: int) -> None:
+        with self._lock:
+            if self._applied.get(stage) == n:
+                return
+            try:
+                self.session.set_concurrency(stage, n)
+            except (PipelineSpecError, SpdlLabError) as exc:
+                _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
+                return
+            self._applied[stage] = n
+
+    def _on_runner(self, change: dict[str, Any]) -> None:
+        runner = change["new"]
+        with self._lock:
+            if self._attaching or runner is None or runner == self.session.runner:
+                return
+            self._swap(lambda: self.session.restart(runner=runner))
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self.session.running:
+                self._swap(lambda: self.session.restart())
+
+    def _stop(self) -> None:
+        session = self.session
+        session.stop()
+        self.publish()
+
+    def _swap(self, make: Any) -> None:
+        try:
+            session = make()
+        except (PipelineSpecError, SpdlLabError) as exc:
+            _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
+            return
+        _set(self.message, "")
+        self._attach(session)
+
+    def close(self) -> None:
+        """Stop publishing and close the widgets; the session is left as it is."""
+        self._closed.set()
+        publisher = self._publisher
+        if publisher is not None and publisher is not threading.current_thread():
+            publisher.join(5.0)
+        if self._bokeh is not None:
+            self._bokeh.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"Dashboard({self.session!r})"
+
+
+class _BokehView(BokehModel):
+    """jupyter_bokeh's widget with a close() that may run twice: ipywidgets'
+    ``__del__`` closes again, and the second removal raises KeyError."""
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except KeyError:
+            pass
+
+
+def _set(widget: widgets.HTML, value: str) -> None:
+    if widget.value != value:  # unchanged values would still cost a comm message
+        widget.value = value
+
+
+def _num(value: float, fmt: str) -> str:
+    return "–" if value is None or math.isnan(value) else fmt.format(value)
+
+
+def _load_bokehjs() -> None:
+    """Load BokehJS into the notebook once, from INLINE resources (no CDN: offline)."""
+    from bokeh.io import output_notebook
+    from bokeh.io.state import curstate
+    from bokeh.resources import INLINE
+
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is None or curstate().notebook:
+        return
+    output_notebook(INLINE, hide_banner=True)
