@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test lab demo bench lint soak clean
+.PHONY: venv test lab demo bench lint soak clean browser-deps
 
 venv: $(STAMP)
 
@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# The browser test (tests/ui/test_browser.py) must run here, not skip: Chromium is
+# installed first and SPDL_LAB_REQUIRE_BROWSER=1 turns a missing browser into a failure.
+test: $(STAMP) browser-deps
 	$(PY) -m ruff check spdl_lab tests benchmarks tools
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest $(PYTEST_ARGS) tests
 	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 
 # Jupyter refuses to run as root unless told; containers often run as root.
@@ -38,6 +40,20 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check spdl_lab tests benchmarks tools
+
+# Chromium for tests/ui: Playwright cannot download its own browser offline, so the
+# tests drive Debian's /usr/bin/chromium. Installs it only when it is missing.
+browser-deps:
+	@if [ -x /usr/bin/chromium ]; then \
+		echo "browser-deps: /usr/bin/chromium is installed"; \
+	else \
+		SUDO=; \
+		if [ "$$(id -u)" != 0 ]; then \
+			command -v sudo >/dev/null || { echo "browser-deps: not root and no sudo; as root run: apt-get install -y chromium" >&2; exit 1; }; \
+			SUDO=sudo; \
+		fi; \
+		$$SUDO apt-get update && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	fi
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

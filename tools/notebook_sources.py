@@ -279,8 +279,83 @@ cmp.table[["batches_per_s", "step_p50_ms", "device_util",
 """),
 ]
 
+LIVE_DASHBOARD = [
+    ("md", """
+# The live dashboard
+
+Start a training session in the background, watch it live, and move a
+stage's concurrency while it runs. The workload is the noisy neighbour
+(`lab.workloads.noisy_neighbour()`): a read → decode → augment → collate
+pipeline and a `SimulatedDevice` step whose kernel launches need the GIL.
+"""),
+    ("code", """
+%load_ext spdl_lab
+%spdl_info
+"""),
+    ("code", """
+import time
+import spdl_lab as lab
+from bokeh.io import output_notebook
+from bokeh.resources import INLINE
+
+output_notebook(INLINE, hide_banner=True)   # BokehJS from the package: no CDN
+
+def wait_for(condition, timeout=60.0):
+    # Polls a condition the way a reader watches the plots: never a fixed sleep.
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+pipeline, step = lab.workloads.noisy_neighbour()
+# `duration` caps the session in case this notebook is left open; the last cell stops it.
+session = lab.run(pipeline, step, runner="thread", duration=300)
+dash = session.dashboard()
+dash
+"""),
+    ("md", """
+The cell returned at once; the dashboard updates four times a second from the
+session's telemetry frames. From the top: the header (runner, state,
+interpreter and GIL, elapsed time, batches/s), the runner selector and
+start/stop, one slider per map stage, the verdict, five plots (throughput per
+stage, queue depth against capacity, step timings, CPU, and GIL wait against
+run-queue wait), and the stage table.
+
+Moving a slider calls `session.set_concurrency` live. Setting the slider's
+value from code does exactly what dragging it does:
+"""),
+    ("code", """
+dash.sliders["decode"].value = 3
+wait_for(lambda: session.stats().stages["decode"].concurrency == 3)
+wait_for(lambda: session.stats().step.steps >= 10)
+session.stats().stages["decode"].concurrency
+"""),
+    ("md", """
+The verdict reads the last five seconds of frames. Under `thread`, the
+decoders share the GIL with the training thread, so the verdict points at
+the training thread's GIL wait and suggests `subprocess-threads`. The runner
+selector restarts the session under another runner; `dash.session` is the
+new one.
+"""),
+    ("code", """
+print(dash.last_verdict)
+dash.runner.value = "subprocess-threads"
+session = dash.session
+assert session.runner == "subprocess-threads"
+wait_for(lambda: session.stats().step.steps >= 10)
+wait_for(lambda: dash.plots is not None and len(dash.plots.source.data["time_s"]) > 20)
+print(dash.last_verdict)
+"""),
+    ("code", """
+session.stop()
+dash.close()
+session.state
+"""),
+]
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ipc_overhead.ipynb": IPC_OVERHEAD,
+    "03_live_dashboard.ipynb": LIVE_DASHBOARD,
     "04_noisy_neighbour.ipynb": NOISY_NEIGHBOUR,
 }
