@@ -10,7 +10,7 @@ from typing import Any
 
 from . import workloads
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from .experiments import Comparison, Session, compare, headspace, run
+from .experiments import Comparison, Diagnosis, Session, compare, diagnose, headspace, run
 from .loader import Loader
 from .pipeline import Pipeline, Stage
 from .runners import RUNNERS
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Comparison",
     "Dashboard",
+    "Diagnosis",
     "Loader",
     "Pipeline",
     "PipelineError",
@@ -37,6 +38,7 @@ __all__ = [
     "StageStats",
     "StepClock",
     "compare",
+    "diagnose",
     "headspace",
     "run",
     "workloads",

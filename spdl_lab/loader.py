@@ -94,6 +94,10 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this Loader is closed; create a new one to iterate again")
+        from .experiments import diagnostic_mode
+
+        if diagnostic_mode.enabled():
+            diagnostic_mode.run_diagnostic_mode(self.pipeline)
         self._state.end_run(self._close_timeout)
         pipeline = self.pipeline
         for name, n in self._overrides.items():
@@ -221,6 +225,7 @@ class _Run:
         self.finished = False
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._lifecycle = threading.Lock()
         self._t0 = 0.0
         self._t_end: float | None = None
         self._previous: EngineReading | None = None
@@ -228,10 +233,13 @@ class _Run:
         self.sampler = Sampler(sources, hz=sample_hz, ticks=sample_ticks) if sample_hz else None
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
-        self.runner.start()
-        if self.sampler is not None:
-            self.sampler.start()
+        # finish() from another thread (Session.stop) waits for a start in progress,
+        # so the runner is never closed half-started.
+        with self._lifecycle:
+            self._t0 = time.perf_counter()
+            self.runner.start()
+            if self.sampler is not None:
+                self.sampler.start()
 
     def _rows(self, dt_s: float) -> list:
         now = self.runner.read()
@@ -261,7 +269,8 @@ class _Run:
             self._closed.wait(timeout + 5.0)
             return
         try:
-            self.runner.close(timeout)
+            with self._lifecycle:
+                self.runner.close(timeout)
         finally:
             if self.sampler is not None:
                 self.sampler.stop()

@@ -1,4 +1,5 @@
-"""IPython magics: ``%load_ext spdl_lab`` adds ``%spdl_info``, ``%spdl_run`` and ``%spdl_compare``.
+"""IPython magics: ``%load_ext spdl_lab`` adds ``%spdl_info``, ``%spdl_run``, ``%spdl_compare``
+and ``%spdl_diagnose``.
 
 Names on a magic's line are looked up in the notebook's namespace (``pipe``,
 ``wl.pipeline``), never evaluated, so a line cannot run arbitrary code.
@@ -17,7 +18,7 @@ import spdl_lab as lab
 
 __all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
 
-MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare")
+MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare", "spdl_diagnose")
 
 _ANY_PIPELINE = "a lab.Pipeline, a lab.Loader or any iterable"
 _STEP = "a function that takes a batch, or a lab.SimulatedDevice"
@@ -91,6 +92,29 @@ class SpdlMagics(Magics):
         comparison = lab.compare(pipeline, step, progress=args.progress, **given)
         self.shell.user_ns[args.name] = comparison
         return comparison
+
+    @magic_arguments()
+    @argument("pipeline", help="the lab.Pipeline: a variable name or dotted path")
+    @argument("--concurrency", type=int, nargs="+", help="thread counts to sweep (default: 1 2 4 8 16)")
+    @argument("--num-items", type=int, help="inputs collected from the source (default 100)")
+    @argument("--no-processes", dest="processes", action="store_false",
+              help="skip the process-pool sweep of stages that do not scale with threads")
+    @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    @argument("--name", default="spdl_diagnosis", help="the variable that receives the Diagnosis")
+    @line_magic
+    def spdl_diagnose(self, line: str) -> Any:
+        """Profile each stage alone, sweeping concurrency; show the verdicts.
+
+        The Diagnosis is stored in the notebook as ``--name`` (default ``spdl_diagnosis``).
+        """
+        args = parse_argstring(self.spdl_diagnose, line)
+        pipeline = self._lookup("spdl_diagnose", args.pipeline, "a lab.Pipeline")
+        _check_name("spdl_diagnose", args.name)
+        given = {"concurrency": args.concurrency, "num_items": args.num_items}
+        diagnosis = lab.diagnose(pipeline, processes=args.processes, progress=args.progress,
+                                 **{k: v for k, v in given.items() if v is not None})
+        self.shell.user_ns[args.name] = diagnosis
+        return diagnosis
 
     def _lookup(self, magic: str, path: str, what: str) -> Any:
         """The object named by ``path`` (``x`` or ``x.attr.attr``) in the user's namespace."""

@@ -1,7 +1,9 @@
-"""Experiments built on runners and telemetry: run, compare, headspace."""
+"""Experiments built on runners and telemetry: run, compare, headspace, diagnose."""
 
 from .compare import Comparison, compare
+from .diagnose import diagnose
+from .diagnosis import Diagnosis
 from .headspace import headspace
 from .session import Session, run
 
-__all__ = ["Comparison", "Session", "compare", "headspace", "run"]
+__all__ = ["Comparison", "Diagnosis", "Session", "compare", "diagnose", "headspace", "run"]

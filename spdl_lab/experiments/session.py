@@ -52,6 +52,11 @@ def run(
         session.wait(timeout=60)
         session.summary()
     """
+    from . import diagnostic_mode
+
+    if diagnostic_mode.enabled() and isinstance(pipeline_or_iterable, (Pipeline, Loader)):
+        pipeline = pipeline_or_iterable
+        diagnostic_mode.run_diagnostic_mode(pipeline if isinstance(pipeline, Pipeline) else pipeline.pipeline)
     return Session(
         pipeline_or_iterable,
         step=step,

@@ -57,8 +57,9 @@ class Sampler:
     def start(self) -> None:
         self._t0 = self._last = time.perf_counter()
         self.tick()
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        thread.start()
+        self._thread = thread  # only once started: stop() from another thread may join it
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

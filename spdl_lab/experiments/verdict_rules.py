@@ -1,0 +1,158 @@
+"""The diagnosis rules in one place: from a stage's measured points to a verdict, with the numbers.
+
+For a stage run alone in threads (DESIGN.md):
+
+* ``scales``    — QPS rises with concurrency (speedup >= RISE_MIN_SPEEDUP; a stage
+  that already kept a core busy must also use CPU_GROWTH more CPU, or the rise
+  is the machine's speed changing), the GIL is not the wait, and the cores are
+  not what stops it (CPU at the best point < CPU_SATURATED).
+* ``cpu-bound`` — the cores are busy at the best point (>= CPU_SATURATED of all
+  cores) and the GIL is not the wait: it rose until they filled (it releases
+  the GIL) or, flat, it already fills them on its own.
+* ``gil-bound`` — the GIL probe's median wait at concurrency >= 2 is at least
+  GIL_WAIT_BOUND: pure-Python work holding the GIL. A function that rose a
+  little first (part I/O, part Python) is still gil-bound: the GIL is its ceiling.
+* ``contended`` — it does not rise, yet neither the GIL nor the cores are
+  saturated: a lock or another shared resource serializes it.
+
+``best_concurrency`` is the smallest concurrency within BEST_WITHIN of the best QPS.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .diagnosis import Point
+
+__all__ = [
+    "BEST_WITHIN",
+    "CPU_SATURATED",
+    "GIL_WAIT_BOUND",
+    "PROCESS_HELPS",
+    "BUSY_CORE",
+    "CPU_GROWTH",
+    "RISE_MIN_SPEEDUP",
+    "Judgement",
+    "judge",
+    "rises",
+]
+
+#: Best thread QPS over QPS at the lowest concurrency at or above which a stage "rises".
+RISE_MIN_SPEEDUP = 1.5
+#: A stage that kept a core this busy at its lowest concurrency can only rise by
+#: using more CPU: a rise with CPU growing less than CPU_GROWTH is noise (the
+#: machine's speed changed), not scaling.
+BUSY_CORE = 0.8
+CPU_GROWTH = 1.3
+#: Share of all cores busy (process CPU / cores) at the best point that means the cores are the limit.
+CPU_SATURATED = 0.75
+#: GIL probe wait share (at concurrency >= 2) that means the GIL is what the workers wait for.
+GIL_WAIT_BOUND = 0.30
+#: ``best_concurrency``: the smallest concurrency within this share of the best QPS.
+BEST_WITHIN = 0.05
+#: Process QPS over the best thread QPS at or above which processes are recommended.
+PROCESS_HELPS = 1.3
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: str | None
+    best_concurrency: int | None
+    evidence: str
+    recommendation: str
+
+
+def _usable(points: Sequence[Point]) -> list[Point]:
+    return sorted((p for p in points if p.status in ("ok", "unstable") and p.qps > 0),
+                  key=lambda p: p.concurrency)
+
+
+def rises(thread_points: Sequence[Point], cores: int) -> bool:
+    """Whether thread QPS grows with concurrency (also decides whether processes are tried)."""
+    ok = _usable(thread_points)
+    if len(ok) < 2:
+        return False
+    first, best = ok[0], max(ok, key=lambda p: p.qps)
+    if best.qps < RISE_MIN_SPEEDUP * first.qps:
+        return False
+    busy_at_first = first.cpu_util * cores >= BUSY_CORE * min(first.concurrency, cores)
+    return not busy_at_first or best.cpu_util >= CPU_GROWTH * first.cpu_util
+
+
+def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), *, cores: int) -> Judgement:
+    ok = _usable(thread_points)
+    if not ok:
+        return Judgement(None, None, "no measurement finished, so there is nothing to judge", "")
+    first = ok[0]
+    best = max(ok, key=lambda p: p.qps)
+    best_c = min(p.concurrency for p in ok if p.qps >= (1 - BEST_WITHIN) * best.qps)
+    speedup = best.qps / first.qps
+    cpu = best.cpu_util
+    gils = [p.gil_wait_frac for p in ok if p.concurrency >= 2 and not math.isnan(p.gil_wait_frac)]
+    gil = statistics.median(gils) if gils else math.nan
+    gil_bound = gil >= GIL_WAIT_BOUND
+    lo, hi = first.concurrency, ok[-1].concurrency
+    span = f"from {lo} to {hi} threads"
+    cpu_text = f"CPU at {_pct(cpu)} of {cores} cores"
+
+    rising = rises(ok, cores)
+    if rising and not gil_bound and not cpu >= CPU_SATURATED:
+        verdict = "scales"
+        evidence = (f"QPS rose {speedup:.1f}x {span} ({_n(first.qps)} to {_n(best.qps)}/s, best at "
+                    f"{best_c}) with {cpu_text}: the workers wait without holding the GIL or a core.")
+        if best_c == hi:
+            advice = f"set concurrency to {hi} or more: QPS was still rising at {hi}"
+        else:
+            advice = f"set concurrency to {best_c}"
+    elif cpu >= CPU_SATURATED and not gil_bound:
+        verdict = "cpu-bound"
+        moved = "rose" if rising else "changed"
+        evidence = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}, "
+                    f"with {cpu_text} there: the cores are the limit.")
+        advice = (f"concurrency {best_c} is enough; more threads add nothing once the cores are busy. "
+                  f"To go faster, make the function cheaper or give it more cores")
+    elif gil_bound:
+        verdict = "gil-bound"
+        evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "
+                    f"probe waited {_pct(gil)} of the time, with {cpu_text}: the function holds the GIL.")
+        advice = ("keep it off the training process's GIL: run the pipeline under subprocess-threads, "
+                  "or make the function release the GIL (numpy/torch operations on whole arrays)")
+    else:
+        verdict = "contended"
+        gil_text = "GIL wait n/a" if math.isnan(gil) else f"GIL wait {_pct(gil)}"
+        evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) with "
+                    f"{cpu_text} and {gil_text}: neither the GIL nor the cores are full, so a lock "
+                    f"or another shared resource serializes it.")
+        advice = (f"concurrency {best_c} is as fast as any; find the shared lock or resource (a global "
+                  f"RNG such as np.random.*: give each worker np.random.default_rng(); a shared "
+                  f"client or lock) and give each worker its own")
+    evidence, advice = _with_processes(evidence, advice, verdict, best, process_points)
+    return Judgement(verdict, best_c, evidence, advice)
+
+
+def _with_processes(evidence: str, advice: str, verdict: str, best: Point,
+                    process_points: Sequence[Point]) -> tuple[str, str]:
+    ok = _usable(process_points)
+    if not ok:
+        return evidence, advice
+    top = max(ok, key=lambda p: p.qps)
+    ratio = top.qps / best.qps
+    evidence += (f" {top.concurrency} worker process{'es' if top.concurrency > 1 else ''} "
+                 f"reached {_n(top.qps)}/s ({ratio:.1f}x the best with threads).")
+    if ratio >= PROCESS_HELPS:
+        advice = (f"processes help: {ratio:.1f}x with {top.concurrency} processes; run this stage under "
+                  f"the process runner (DataLoader workers) or subprocess-threads; or " + advice)
+    elif verdict in ("gil-bound", "contended"):
+        advice += "; processes did not help here either"
+    return evidence, advice
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.0%}"
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"

@@ -1,0 +1,187 @@
+"""A Diagnosis shown: Bokeh figures of QPS against concurrency, an HTML verdict table, one report file.
+
+Everything the user controls (stage names, evidence, tracebacks) is escaped; the report
+embeds Bokeh INLINE, so it opens without a network.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from bokeh.embed import components
+from bokeh.embed.bundle import bundle_for_objs_and_resources
+from bokeh.layouts import column, gridplot
+from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
+from bokeh.plotting import figure
+from bokeh.resources import INLINE
+
+if TYPE_CHECKING:
+    from ..experiments.diagnosis import Diagnosis, Point, StageDiagnosis
+
+__all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
+
+_THREAD, _PROCESS, _CPU, _GIL = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
+_VERDICT_COLORS = {"scales": "#2ca02c", "cpu-bound": "#d68910", "gil-bound": "#c0392b", "contended": "#8e44ad"}
+_FAILED = ("timeout", "error")
+_TOOLTIPS = [
+    ("executor", "@executor"), ("concurrency", "@concurrency"), ("qps", "@qps{0,0.0}"),
+    ("cpu util", "@cpu_util{0.00}"), ("GIL wait", "@gil_wait_frac{0.00}"),
+    ("task p50 (ms)", "@p50_ms{0.000}"), ("windows", "@repeats"), ("status", "@status"),
+]
+
+
+def _source(points: list[Point]) -> ColumnDataSource:
+    # Arrays, not lists: NaN stays NaN (a gap in the line) rather than a JSON problem.
+    cols = ("concurrency", "qps", "cpu_util", "gil_wait_frac", "p50_ms", "repeats")
+    data = {c: np.array([getattr(p, c) for p in points], dtype=float) for c in cols}
+    data["executor"] = [p.executor for p in points]
+    data["status"] = [p.status for p in points]
+    return ColumnDataSource(data)
+
+
+def _title(stage: StageDiagnosis) -> str:
+    if stage.verdict is None:
+        return f"{stage.name}: {'failed' if stage.error else 'no verdict'}"
+    best = f" (best at {stage.best_concurrency})" if stage.best_concurrency is not None else ""
+    return f"{stage.name}: {stage.verdict}{best}"
+
+
+def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
+    """One map stage: QPS per executor on the left axis, CPU and GIL wait (0..1) on the right."""
+    concurrencies = sorted({p.concurrency for p in stage.points}) or [1]
+    fig = figure(
+        width=width, height=height, title=_title(stage), x_axis_type="log",
+        x_axis_label="concurrency", y_axis_label="items/s", toolbar_location="right",
+        x_range=Range1d(concurrencies[0] / 1.3, concurrencies[-1] * 1.3),
+    )
+    fig.y_range.start = 0
+    fig.xaxis.ticker = FixedTicker(ticks=concurrencies)
+    fig.xaxis.major_label_overrides = {c: str(c) for c in concurrencies}  # "8", not "10^0.9"
+    fig.extra_y_ranges = {"frac": Range1d(0, 1)}
+    fig.add_layout(LinearAxis(y_range_name="frac", axis_label="CPU util, GIL wait"), "right")
+    hovered = []
+    for executor, color in (("thread", _THREAD), ("process", _PROCESS)):
+        points = sorted((p for p in stage.points if p.executor == executor), key=lambda p: p.concurrency)
+        if not points:
+            continue
+        src = _source(points)
+        fig.line("concurrency", "qps", source=src, color=color, line_width=2, legend_label=f"{executor} QPS")
+        ok = [p for p in points if p.status not in _FAILED]
+        hovered.append(fig.scatter("concurrency", "qps", source=_source(ok), color=color, size=8,
+                                   legend_label=f"{executor} QPS"))
+        dash = "solid" if executor == "thread" else "dotted"
+        fig.line("concurrency", "cpu_util", source=src, y_range_name="frac", color=_CPU,
+                 line_dash=dash, legend_label=f"{executor} CPU util")
+        if executor == "thread":
+            fig.line("concurrency", "gil_wait_frac", source=src, y_range_name="frac", color=_GIL,
+                     line_dash="dashed", legend_label="GIL wait")
+        failed = [p for p in points if p.status in _FAILED]
+        if failed:
+            bad = _source(failed)
+            bad.data["qps"] = np.nan_to_num(bad.data["qps"], nan=0.0)  # no QPS: mark it on the axis
+            hovered.append(fig.scatter("concurrency", "qps", source=bad, marker="x", size=12,
+                                       line_width=2, color=color, legend_label="timeout / error"))
+    if hovered:
+        fig.add_tools(HoverTool(renderers=hovered, tooltips=_TOOLTIPS))
+        legend = fig.legend[0]
+        legend.click_policy, legend.label_text_font_size = "hide", "8pt"
+        fig.add_layout(legend, "right")  # beside the plot, so it never hides a point
+    return fig
+
+
+def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
+    """One figure per map stage, in a grid (batch stages have no concurrency to sweep)."""
+    figs = [stage_figure(s) for s in diag.stages.values() if s.kind == "map"]
+    if not figs:
+        return column(Div(text="No map stage was measured, so there is nothing to plot."))
+    return gridplot(figs, ncols=ncols)
+
+
+def _peak_qps(stage: StageDiagnosis) -> str:
+    qps = [p.qps for p in stage.thread_points() if math.isfinite(p.qps)]
+    return f"{max(qps):,.1f}" if qps else ""
+
+
+_STYLE = """<style>
+.spdl-diag table { border-collapse: collapse; font-size: 13px; }
+.spdl-diag th, .spdl-diag td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+.spdl-diag td.num { text-align: right; }
+.spdl-diag pre { max-height: 24em; overflow: auto; font-size: 12px; white-space: pre-wrap; }
+.spdl-diag .verdict { font-weight: bold; }
+.spdl-diag .note { color: #555; }
+</style>"""
+
+
+def _row(stage: StageDiagnosis) -> str:
+    e = html.escape
+    color = _VERDICT_COLORS.get(stage.verdict or "", "#555")
+    verdict = e(stage.verdict or ("failed" if stage.error else "-"))
+    best = "" if stage.best_concurrency is None else str(stage.best_concurrency)
+    error = ""
+    if stage.error:
+        error = f"<details><summary>error</summary><pre>{e(stage.error)}</pre></details>"
+    return (
+        f"<tr><td>{e(stage.name)}</td><td>{e(stage.kind)}</td>"
+        f"<td class='verdict' style='color:{color}'>{verdict}</td><td class='num'>{best}</td>"
+        f"<td class='num'>{_peak_qps(stage)}</td><td>{e(stage.evidence)}{error}</td>"
+        f"<td>{e(stage.recommendation)}</td></tr>"
+    )
+
+
+def diagnosis_html(diag: Diagnosis) -> str:
+    """The verdict table as an HTML fragment (no Bokeh: call ``.plot()`` for the figures)."""
+    heads = ("stage", "kind", "verdict", "best concurrency", "peak thread QPS", "evidence", "recommendation")
+    elapsed = f" in {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
+    created = f", started {diag.created}" if diag.created else ""
+    return (
+        f"<div class='spdl-diag'>{_STYLE}"
+        f"<p class='note'>Diagnosis of <code>{html.escape(diag.pipeline)}</code>: "
+        f"{len(diag.stages)} stages{html.escape(elapsed + created)}. "
+        f"<code>.plot()</code> draws QPS against concurrency per stage.</p>"
+        f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>"
+        f"<tbody>{''.join(_row(s) for s in diag.stages.values())}</tbody></table></div>"
+    )
+
+
+def _mapping_line(label: str, values: dict) -> str:
+    items = ", ".join(f"{k}={v}" for k, v in values.items())
+    return f"<p class='note'><b>{label}:</b> {html.escape(items) or '-'}</p>"
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+{resources}
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+.points table {{ border-collapse: collapse; font-size: 12px; }}
+.points th, .points td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
+.points td:first-child {{ text-align: left; }}
+</style></head>
+<body><h1>{title}</h1>{machine}{settings}{verdicts}<h2>QPS against concurrency</h2>{div}
+<h2>All measured points</h2><div class="points">{points}</div>{script}</body></html>
+"""
+
+
+def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "spdl_lab diagnosis") -> Path:
+    """Write the verdicts, figures and every measured point to one self-contained HTML file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    layout = diagnosis_plot(diag)
+    script, div = components(layout)  # Bokeh escapes the names inside its document JSON itself
+    page = _PAGE.format(
+        title=html.escape(title),
+        # Only the bundles this layout uses (not widgets, tables, MathJax): 1.3 MB instead of 4 MB.
+        resources="".join(bundle_for_objs_and_resources([layout], INLINE)),
+        machine=_mapping_line("machine", diag.machine),
+        settings=_mapping_line("settings", diag.settings),
+        verdicts=diagnosis_html(diag),
+        div=div,
+        points=diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True),
+        script=script,
+    )
+    path.write_text(page, encoding="utf-8")
+    return path
