@@ -92,7 +92,9 @@ class Diagnosis:
              "evidence": s.evidence, "recommendation": s.recommendation}
             for s in self.stages.values()
         ]
-        return pd.DataFrame(rows).set_index("stage")
+        frame = pd.DataFrame(rows).set_index("stage")
+        frame["best_concurrency"] = frame["best_concurrency"].astype("Int64")  # None stays <NA>, ints stay ints
+        return frame
 
     def summary(self) -> str:
         """A plain-text table for terminals: stage, verdict, best concurrency, peak QPS."""
