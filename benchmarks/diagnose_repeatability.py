@@ -77,10 +77,12 @@ def run_lab(runs: int, num_items: int) -> None:
     print(f"## lab.diagnose x {runs}: default concurrency and settings, num_items={num_items}\n")
     diagnoses, walls = [], []
     for r in range(runs):
+        before = _bytecode_rate()
         t0 = time.perf_counter()
         diagnoses.append(lab.diagnose(lab_pipeline(10 * num_items), num_items=num_items, progress=False))
         walls.append(time.perf_counter() - t0)
-        print(f"run {r + 1}: {walls[-1]:.1f} s  (load average {_load()})", flush=True)
+        print(f"run {r + 1}: {walls[-1]:.1f} s  (load average {_load()}; this core ran the same Python "
+              f"loop at {before:.1f} then {_bytecode_rate():.1f} M iterations/s)", flush=True)
     print()
 
     qps: dict[tuple[str, str, int], list[float]] = {}
@@ -179,6 +181,19 @@ def _best(levels: dict[int, float]) -> int | str:
 
 def _pct(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.1%}"
+
+
+def _bytecode_rate() -> float:
+    """Million iterations/s of a fixed Python loop, best of 5: the VM's CPU speed
+    drifts, and single-core Python stages drift with it."""
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(200_000):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return 0.2 / best
 
 
 def _load() -> str:
