@@ -56,7 +56,7 @@ def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str) -
     page.keyboard.press("ArrowRight")
     wait_until(
         lambda: _kernel_int(notebook, concurrency_expr) == before + 2,
-        timeout=30, what=f"{concurrency_expr} to go from {before} to {before + 2}",
+        timeout=60, what=f"{concurrency_expr} to go from {before} to {before + 2}",
     )
     screenshot(page, f"{shots}-slider", DASHBOARD)
     assert error_outputs(page) == []
