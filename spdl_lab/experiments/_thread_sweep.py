@@ -1,9 +1,10 @@
-"""The thread half of ``lab.diagnose``: one stage function, alone, at one concurrency after another.
+"""The thread half of ``lab.diagnose``: one stage function, alone, at each concurrency.
 
-Workers loop over the stage's cached inputs. Each point warms up first, then
-measures windows until the last few agree (or a cap): start-up never counts,
-and one slow window cannot make the number. Threads stuck in the function
-cannot be stopped; they are daemons, left behind and counted.
+Workers loop over the stage's cached inputs. Every concurrency gets its own
+pool, warmed up first (start-up never counts); then the pools take turns,
+one measurement window each per round, until each point's last windows agree
+(or a cap). Threads stuck in the function cannot be stopped; they are
+daemons, left behind and counted.
 """
 
 from __future__ import annotations
@@ -117,27 +118,177 @@ def measure_threads(
     on_point: Callable[[Point], None] | None = None,
 ) -> tuple[list[Point], int, float]:
     """Points at each concurrency (ascending), how many threads were abandoned, and the
-    largest share of the cores other processes used during a point (a busy machine
+    largest share of the cores other processes used during a window (a busy machine
     makes every number low).
 
-    A point that times out ends the sweep for this stage: more threads would
-    only get stuck the same way.
+    One pool of workers per concurrency, all started and warmed up first, then
+    measured in rounds: one window per concurrency per round, one pool running
+    at a time. A point's windows are spread over the whole sweep, so a few
+    seconds in which the machine ran faster or slower touch one window of each
+    point, and the median leaves them out; measured one point after another,
+    they would move whole points. A concurrency at which no task finishes
+    within ``point_timeout_s`` is a timeout, and higher ones are not tried.
     """
-    points: list[Point] = []
-    abandoned, others = 0, 0.0
-    for c in sorted(set(concurrency)):
-        busy0, total0 = _machine_busy()
-        point, stuck = _measure_point(stage, fn, inputs, c, probe, settings, mean_task_s)
-        busy1, total1 = _machine_busy()
-        if total1 > total0 and not math.isnan(point.cpu_util):
-            others = max(others, (busy1 - busy0) / (total1 - total0) - point.cpu_util)
-        points.append(point)
-        abandoned += stuck
+    levels = sorted(set(concurrency))
+    counter = itertools.count()
+    pools: dict[int, _Pool] = {}
+    results = {c: _Windows() for c in levels}
+    window = _window_for(settings, mean_task_s)
+    others = 0.0
+    try:
+        for c in levels:  # start and warm up, lowest first
+            pool = pools[c] = _Pool(stage, fn, inputs, c, counter)
+            if not pool.warm_up(settings) or not pool.pause(settings.point_timeout_s):
+                results[c].status = "timeout"
+                break
+        live = [c for c in pools if results[c].status == "ok"]
+        for _ in range(settings.max_windows):
+            for c in [c for c in live if not results[c].done]:
+                stats = pools[c].window(window, probe)
+                if not pools[c].pause(settings.point_timeout_s):
+                    results[c].status, results[c].done = "timeout", True
+                    continue
+                others = max(others, stats.pop("others"))
+                results[c].add(stats, settings)
+            if all(results[c].done for c in live):
+                break
+        for c in live:
+            if not results[c].done:
+                results[c].status = "unstable"
+    finally:
+        abandoned = _close_all(pools, settings.point_timeout_s)
+    points = [results[c].point(stage, c, pools[c], settings) for c in levels if c in pools]
+    for point in points:
         if on_point is not None:
             on_point(point)
-        if point.status in ("timeout", "error"):
-            break
     return points, abandoned, others
+
+
+class _Pool:
+    """``c`` workers looping over the inputs, running only while resumed."""
+
+    def __init__(self, stage: str, fn: Callable[[Any], Any], inputs: Sequence[Any], c: int,
+                 counter: Any) -> None:
+        self.c = c
+        self.counts = [0] * c  # one writer each
+        self.fails = [0] * c
+        self.busy = [False] * c
+        self.hist = new_counts()
+        self.timing = False
+        self._fn, self._inputs, self._counter = fn, inputs, counter
+        self._active = threading.Event()
+        self._stop = threading.Event()
+        self.threads = [threading.Thread(target=self._work, args=(w,), daemon=True,
+                                         name=f"spdl_lab:diagnose-{stage}-c{c}-{w}") for w in range(c)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self, w: int) -> None:
+        fn, inputs, n = self._fn, self._inputs, len(self._inputs)
+        while True:
+            self.busy[w] = True  # before the check, so pause() never misses a task starting
+            if not self._active.is_set():
+                self.busy[w] = False
+                self._active.wait()  # close() sets it after setting stop
+                continue
+            if self._stop.is_set():
+                self.busy[w] = False
+                return
+            x = inputs[next(self._counter) % n]
+            t0 = time.perf_counter_ns()
+            try:
+                fn(x)
+            except Exception:
+                self.fails[w] += 1
+            if self.timing:
+                self.hist[bucket_of(time.perf_counter_ns() - t0)] += 1
+            self.counts[w] += 1
+            self.busy[w] = False
+
+    def warm_up(self, settings: SweepSettings) -> bool:
+        """Run ``warmup_s``, and on until a task finishes; False if none did in time."""
+        self._active.set()
+        deadline = time.monotonic() + settings.point_timeout_s
+        self._stop.wait(settings.warmup_s)
+        while sum(self.counts) == 0 and time.monotonic() < deadline:
+            self._stop.wait(0.02)
+        return sum(self.counts) > 0
+
+    def window(self, seconds: float, probe: GilProbe) -> dict[str, float]:
+        self._active.set()
+        c0, t0, p0, g0, m0 = sum(self.counts), time.perf_counter(), time.process_time(), probe.totals(), _machine_busy()
+        self.timing = True
+        self._stop.wait(seconds)
+        self.timing = False
+        c1, t1, p1, g1, m1 = sum(self.counts), time.perf_counter(), time.process_time(), probe.totals(), _machine_busy()
+        cores = os.cpu_count() or 1
+        wall = t1 - t0
+        covered = g1.elapsed_s - g0.elapsed_s
+        ours = (p1 - p0) / wall / cores
+        machine = (m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else math.nan
+        return {
+            "qps": (c1 - c0) / wall, "cpu": ours,
+            "gil": (g1.gil_wait_s - g0.gil_wait_s) / covered if covered > 0 else math.nan,
+            "runq": (g1.runqueue_wait_s - g0.runqueue_wait_s) / covered if covered > 0 else math.nan,
+            "others": machine - ours if not math.isnan(machine) else 0.0,
+        }
+
+    def pause(self, timeout: float) -> bool:
+        """Stop taking new tasks; True once no worker is inside the function."""
+        self._active.clear()
+        deadline = time.monotonic() + timeout
+        while any(self.busy):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._active.set()
+
+
+def _close_all(pools: dict[int, _Pool], timeout: float) -> int:
+    """Stop every pool; the number of threads still inside the function after ``timeout``."""
+    for pool in pools.values():
+        pool.close()
+    deadline = time.monotonic() + timeout
+    for pool in pools.values():
+        for t in pool.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    return sum(t.is_alive() for pool in pools.values() for t in pool.threads)
+
+
+class _Windows:
+    """The windows measured for one concurrency."""
+
+    def __init__(self) -> None:
+        self.qps: list[float] = []
+        self.cpu: list[float] = []
+        self.gil: list[float] = []
+        self.runq: list[float] = []
+        self.status = "ok"
+        self.done = False
+
+    def add(self, stats: dict[str, float], settings: SweepSettings) -> None:
+        self.qps.append(stats["qps"])
+        self.cpu.append(stats["cpu"])
+        self.gil.append(stats["gil"])
+        self.runq.append(stats["runq"])
+        self.done = _stable(self.qps, settings)
+
+    def point(self, stage: str, c: int, pool: _Pool, settings: SweepSettings) -> Point:
+        qps = statistics.median(self.qps) if self.qps else (0.0 if self.status == "timeout" else math.nan)
+        spread = ((max(self.qps) - min(self.qps)) / qps
+                  if len(self.qps) >= 2 and qps > 0 else math.nan)
+        hist = pool.hist
+        return Point(
+            stage=stage, executor="thread", concurrency=c, qps=qps, qps_spread=spread,
+            cpu_util=_median(self.cpu), gil_wait_frac=_median(self.gil),
+            runqueue_wait_frac=_median(self.runq),
+            p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
+            repeats=len(self.qps), status=self.status, failures=sum(pool.fails),
+        )
 
 
 #: Longest measurement window, however slow the function.
@@ -152,87 +303,6 @@ def _window_for(settings: SweepSettings, mean_task_s: float) -> float:
     return min(max(settings.window_s, 5 * mean_task_s), MAX_WINDOW_S)
 
 
-def _measure_point(
-    stage: str, fn: Callable[[Any], Any], inputs: Sequence[Any], c: int, probe: GilProbe,
-    settings: SweepSettings, mean_task_s: float,
-) -> tuple[Point, int]:
-    n = len(inputs)
-    counts = [0] * c  # tasks finished, per worker: one writer each
-    fails = [0] * c
-    hists = [new_counts() for _ in range(c)]
-    timing = threading.Event()  # task times are recorded only inside the windows
-    stop = threading.Event()
-    counter = itertools.count()
-
-    def work(w: int) -> None:
-        hist = hists[w]
-        while not stop.is_set():
-            x = inputs[next(counter) % n]
-            t0 = time.perf_counter_ns()
-            try:
-                fn(x)
-            except Exception:
-                fails[w] += 1
-            dt = time.perf_counter_ns() - t0
-            if timing.is_set():
-                hist[bucket_of(dt)] += 1
-            counts[w] += 1
-
-    threads = [threading.Thread(target=work, args=(w,), name=f"spdl_lab:diagnose-{stage}-{w}", daemon=True)
-               for w in range(c)]
-    for t in threads:
-        t.start()
-    status, qps_windows, cpu, gil, runq = "ok", [], [], [], []
-    try:
-        # Warm-up, and a guard against a function that never returns.
-        deadline = time.monotonic() + settings.point_timeout_s
-        stop.wait(settings.warmup_s)
-        while sum(counts) == 0 and time.monotonic() < deadline:
-            stop.wait(0.05)
-        if sum(counts) == 0:
-            status = "timeout"
-        else:
-            window = _window_for(settings, mean_task_s)
-            timing.set()
-            while len(qps_windows) < settings.max_windows:
-                c0, t0, p0, g0 = sum(counts), time.perf_counter(), time.process_time(), probe.totals()
-                stop.wait(window)
-                c1, t1, p1, g1 = sum(counts), time.perf_counter(), time.process_time(), probe.totals()
-                qps_windows.append((c1 - c0) / (t1 - t0))
-                cpu.append((p1 - p0) / (t1 - t0))
-                covered = g1.elapsed_s - g0.elapsed_s
-                gil.append((g1.gil_wait_s - g0.gil_wait_s) / covered if covered > 0 else math.nan)
-                runq.append((g1.runqueue_wait_s - g0.runqueue_wait_s) / covered if covered > 0 else math.nan)
-                if _stable(qps_windows, settings):
-                    break
-            else:
-                status = "unstable"
-    finally:
-        stop.set()
-        # Each worker finishes its task in hand; the next point must not share the
-        # cores with them. One still inside after the timeout is stuck: abandoned.
-        deadline = time.monotonic() + settings.point_timeout_s
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-    stuck = sum(t.is_alive() for t in threads)
-    if stuck and status == "ok":
-        status = "timeout"
-    kept = qps_windows[-settings.min_windows:]
-    total = [sum(col) for col in zip(*hists)]
-    cores = os.cpu_count() or 1
-    point = Point(
-        stage=stage, executor="thread", concurrency=c,
-        qps=statistics.median(kept) if kept else (0.0 if status == "timeout" else math.nan),
-        qps_spread=(max(kept) - min(kept)) / statistics.median(kept) if len(kept) >= 2 and statistics.median(kept) > 0 else math.nan,
-        cpu_util=_mean(cpu[-settings.min_windows:]) / cores if cpu else math.nan,
-        gil_wait_frac=_mean(gil[-settings.min_windows:]),
-        runqueue_wait_frac=_mean(runq[-settings.min_windows:]),
-        p50_ms=quantile_ns(total, 0.5) / 1e6 if sum(total) else math.nan,
-        repeats=len(qps_windows), status=status, failures=sum(fails),
-    )
-    return point, stuck
-
-
 def _stable(windows: list[float], settings: SweepSettings) -> bool:
     if len(windows) < settings.min_windows:
         return False
@@ -241,9 +311,9 @@ def _stable(windows: list[float], settings: SweepSettings) -> bool:
     return mid > 0 and all(abs(w - mid) <= settings.stable_within * mid for w in last)
 
 
-def _mean(values: list[float]) -> float:
+def _median(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(finite) if finite else math.nan
+    return statistics.median(finite) if finite else math.nan
 
 
 def _start(target: Callable[[], None], n: int, name: str) -> list[threading.Thread]:
