@@ -170,6 +170,7 @@ _POINT = {
     "cpu_util": _num(0, 1.5), "gil_wait_frac": _num(0, 1.5), "runqueue_wait_frac": _num(0, 1.5),
     "p50_ms": _num(0), "repeats": _int(0, MAX_REPEATS),
     "status": _text(MAX_NAME, ("ok", "unstable", "timeout", "error")), "failures": _int(0, MAX_COUNT),
+    "machine_cpu_util": _num(0, 1.5),
 }
 _STAGE = {
     "name": _text(MAX_NAME), "kind": _text(MAX_NAME, ("map", "batch")),

@@ -230,6 +230,7 @@ class _Pool:
             "qps": (c1 - c0) / wall, "cpu": ours,
             "gil": (g1.gil_wait_s - g0.gil_wait_s) / covered if covered > 0 else math.nan,
             "runq": (g1.runqueue_wait_s - g0.runqueue_wait_s) / covered if covered > 0 else math.nan,
+            "machine": machine,
             "others": machine - ours if not math.isnan(machine) else 0.0,
         }
 
@@ -267,6 +268,7 @@ class _Windows:
         self.cpu: list[float] = []
         self.gil: list[float] = []
         self.runq: list[float] = []
+        self.machine: list[float] = []
         self.status = "ok"
         self.done = False
 
@@ -275,6 +277,7 @@ class _Windows:
         self.cpu.append(stats["cpu"])
         self.gil.append(stats["gil"])
         self.runq.append(stats["runq"])
+        self.machine.append(stats["machine"])
         self.done = _stable(self.qps, settings)
 
     def point(self, stage: str, c: int, pool: _Pool, settings: SweepSettings) -> Point:
@@ -288,6 +291,7 @@ class _Windows:
             runqueue_wait_frac=_median(self.runq),
             p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
             repeats=len(self.qps), status=self.status, failures=sum(pool.fails),
+            machine_cpu_util=_median(self.machine),
         )
 
 

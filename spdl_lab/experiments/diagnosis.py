@@ -22,7 +22,7 @@ VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
 #: ``Diagnosis.table`` columns, in order.
 TABLE_COLUMNS = [
     "stage", "executor", "concurrency", "qps", "cpu_util", "gil_wait_frac",
-    "runqueue_wait_frac", "p50_ms", "repeats", "status",
+    "runqueue_wait_frac", "p50_ms", "repeats", "status", "machine_cpu_util",
 ]
 
 
@@ -42,6 +42,7 @@ class Point:
     repeats: int  # measurement windows
     status: str = "ok"  # "ok" | "unstable" (cap reached before stable) | "timeout" | "error"
     failures: int = 0  # tasks that raised during the point
+    machine_cpu_util: float = math.nan  # the whole machine's busy share (every process), 0..1
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ For a stage run alone in threads (DESIGN.md):
   GIL_WAIT_BOUND: pure-Python work holding the GIL. A function that rose a
   little first (part I/O, part Python) is still gil-bound: the GIL is its ceiling.
 * ``contended`` — it does not rise, yet neither the GIL nor the cores are
-  saturated: a lock or another shared resource serializes it.
+  saturated: a lock or another shared resource serializes it. The cores count
+  as saturated when the whole machine is that busy too: a stage that could not
+  rise because other processes held the cores is ``cpu-bound``, and says so.
 
 ``best_concurrency`` is the smallest concurrency within BEST_WITHIN of the best QPS.
 """
@@ -91,6 +93,8 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     best_c = min(p.concurrency for p in ok if p.qps >= (1 - BEST_WITHIN) * best.qps)
     speedup = best.qps / first.qps
     cpu = best.cpu_util
+    machine = best.machine_cpu_util
+    crowded = not cpu >= CPU_SATURATED and machine >= CPU_SATURATED  # others hold the cores
     gils = [p.gil_wait_frac for p in ok if p.concurrency >= 2 and not math.isnan(p.gil_wait_frac)]
     gil = statistics.median(gils) if gils else math.nan
     gil_bound = gil >= GIL_WAIT_BOUND
@@ -107,13 +111,18 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
             advice = f"set concurrency to {hi} or more: QPS was still rising at {hi}"
         else:
             advice = f"set concurrency to {best_c}"
-    elif cpu >= CPU_SATURATED and not gil_bound:
+    elif (cpu >= CPU_SATURATED or crowded) and not gil_bound:
         verdict = "cpu-bound"
         moved = "rose" if rising else "changed"
         evidence = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}, "
                     f"with {cpu_text} there: the cores are the limit.")
         advice = (f"concurrency {best_c} is enough; more threads add nothing once the cores are busy. "
                   f"To go faster, make the function cheaper or give it more cores")
+        if crowded:
+            evidence = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}; this process "
+                        f"used {_pct(cpu)} of {cores} cores but the machine was {_pct(machine)} busy: other "
+                        f"processes held the cores it needed.")
+            advice = "diagnose again on a quiet machine: other processes held the cores; " + advice
     elif gil_bound:
         verdict = "gil-bound"
         evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "

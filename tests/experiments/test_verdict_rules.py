@@ -80,3 +80,19 @@ def test_nothing_usable_gives_no_verdict():
     timeout = [Point("s", "thread", 1, 0.0, math.nan, math.nan, math.nan, math.nan, math.nan, 0, "timeout")]
     j = judge(timeout, cores=CORES)
     assert j.verdict is None and j.best_concurrency is None
+
+
+def test_cores_held_by_other_processes_are_not_a_lock():
+    # A GIL-releasing stage that could not get the second core because another
+    # process had it: flat, one core of ours, but the machine was full.
+    crowded = [
+        Point("s", "thread", c, 1600.0, 0.02, 0.5, 0.04, 0.05, 0.6, 3, machine_cpu_util=0.99)
+        for c in (1, 2, 4)
+    ]
+    j = judge(crowded, cores=CORES)
+    assert j.verdict == "cpu-bound"
+    assert "the machine was 99% busy: other processes held the cores" in j.evidence
+    assert j.recommendation.startswith("diagnose again on a quiet machine")
+    quiet = [Point("s", "thread", c, 1600.0, 0.02, 0.5, 0.04, 0.05, 0.6, 3, machine_cpu_util=0.52)
+             for c in (1, 2, 4)]
+    assert judge(quiet, cores=CORES).verdict == "contended"
