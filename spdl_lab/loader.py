@@ -86,6 +86,7 @@ class Loader:
         self._sample_ticks = sample_ticks
         self._close_timeout = close_timeout
         self._overrides: dict[str, int] = {}
+        self._config = threading.Lock()  # overrides vs a run starting: see __iter__
         self._sources: list[Source] = []
         self._state = _State()
         self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
@@ -99,18 +100,21 @@ class Loader:
         if diagnostic_mode.enabled():
             diagnostic_mode.run_diagnostic_mode(self.pipeline)
         self._state.end_run(self._close_timeout)
-        pipeline = self.pipeline
-        for name, n in self._overrides.items():
-            pipeline = pipeline.with_concurrency(name, n)
-        run = _Run(
-            self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks, self._sources
-        )
-        self._state.run = run
-        try:
-            run.start()
-        except BaseException:
-            run.finish(self._close_timeout)
-            raise
+        # Held until the run has started: a set_concurrency from another thread
+        # (a dashboard slider) lands either in the spec or in the running runner.
+        with self._config:
+            pipeline = self.pipeline
+            for name, n in self._overrides.items():
+                pipeline = pipeline.with_concurrency(name, n)
+            run = _Run(
+                self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks, self._sources
+            )
+            self._state.run = run
+            try:
+                run.start()
+            except BaseException:
+                run.finish(self._close_timeout)
+                raise
         # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
         return _iterate(self, run, self._close_timeout)
 
@@ -147,13 +151,14 @@ class Loader:
                     f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}"
                 )
         validate_concurrency(n, stage=stage)
-        if cls.pool_option is not None:
-            self._options[cls.pool_option] = n
-        else:
-            self._overrides[stage] = n
-        run = self._state.run
-        if run is not None and not run.finished:
-            run.runner.set_concurrency(stage, n)
+        with self._config:
+            if cls.pool_option is not None:
+                self._options[cls.pool_option] = n
+            else:
+                self._overrides[stage] = n
+            run = self._state.run
+            if run is not None and not run.finished:
+                run.runner.set_concurrency(stage, n)
 
     def controls(self) -> dict[str, int]:
         """What ``set_concurrency`` takes here, with each one's current value.

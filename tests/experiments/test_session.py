@@ -132,3 +132,16 @@ def test_bad_arguments():
         lab.run(pipeline(), step=print, duration=-1)
     with pytest.raises(lab.PipelineSpecError, match="apply to a lab.Pipeline"):
         lab.run([1, 2], step=print, runner="thread")
+
+
+def test_set_concurrency_while_the_run_starts_is_never_lost():
+    # A dashboard slider can move while the session's loader is still starting
+    # its run; the change must land in the spec or in the running runner.
+    for _ in range(20):
+        session = lab.run(pipeline(), step=lambda b: None, steps=10**6)
+        session.set_concurrency("double", 3)
+        deadline = time.monotonic() + 10
+        while session.loader.stats().running is False and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert session.stats().stages["double"].concurrency == 3
+        session.stop()
