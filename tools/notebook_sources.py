@@ -428,7 +428,9 @@ programs share the cores, while how far `checksum` rises depends on them.
     ("code", """
 assert diag.stages["parse"].verdict == "gil-bound"
 assert diag.stages["shared"].verdict == "contended"
-assert diag.stages["checksum"].verdict != "gil-bound"
+# checksum releases the GIL: cpu-bound on a quiet machine. Not asserted: on a busy
+# machine its verdict moves (see the evidence), and this notebook runs in CI.
+diag.stages["checksum"].verdict
 diag.verdicts()[["verdict", "best_concurrency"]]
 """),
     ("md", """
