@@ -21,6 +21,7 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..pipeline import Pipeline
 from ..runners import RUNNERS
 from ..training import SimulatedDevice
+from ._progress import progress_bar
 from .session import Session, run
 
 __all__ = ["Comparison", "compare", "TABLE_COLUMNS"]
@@ -109,7 +110,7 @@ def compare(
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
             raise PipelineSpecError(f"compare: {name} must be an int >= {1 if name == 'steps' else 0}, got {value!r}")
     options = runner_options or {}
-    bar = _progress(len(runners) * (steps + warmup), progress)
+    bar = progress_bar(len(runners) * (steps + warmup), progress, "step")
     rows, frames = {}, {}
     try:
         for runner in runners:
@@ -222,13 +223,3 @@ def _after_warmup(frames: pd.DataFrame, series: str, stage: str, warmup: int) ->
     sel = frames[(frames["series"] == series) & (frames["stage"] == stage) & (frames["time_s"] > t0)]
     values = [v for v in sel["value"] if not math.isnan(v)]
     return statistics.fmean(values) if values else math.nan
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    class Progress(tqdm):  # type: ignore[misc, valid-type]
-        # No monitor thread: it would outlive the comparison.
-        monitor_interval = 0
-
-    return Progress(total=total, disable=not enabled, unit="step", leave=False)

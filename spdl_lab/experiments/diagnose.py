@@ -20,6 +20,7 @@ from ..errors import PipelineError, PipelineSpecError, RunnerError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..telemetry.probes import GilProbe
+from ._progress import progress_bar
 from ._thread_sweep import SweepSettings, measure_threads, run_once
 from .diagnosis import Diagnosis, Point, StageDiagnosis
 from .verdict_rules import judge, rises
@@ -75,7 +76,7 @@ def diagnose(
     inputs = _collect(pipeline, num_items)
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
-    bar = _progress(len(maps) * len(concurrency), progress)
+    bar = progress_bar(len(maps) * len(concurrency), progress, "point")
     probe = GilProbe()
     probe.start()
     stages: dict[str, StageDiagnosis] = {}
@@ -226,13 +227,3 @@ def _check_levels(name: str, levels: Sequence[int]) -> tuple[int, ...]:
 
 def _short(result: StageDiagnosis) -> str:
     return result.evidence.split(";")[0] if result.evidence else "it failed"
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    class Progress(tqdm):  # type: ignore[misc, valid-type]
-        monitor_interval = 0  # no monitor thread: it would outlive the sweep
-
-    return Progress(total=total, disable=not enabled, unit="point", leave=False)
-
