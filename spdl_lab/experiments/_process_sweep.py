@@ -1,25 +1,33 @@
-"""The process half of ``lab.diagnose``: one stage function's throughput run by N worker processes.
+"""The process half of ``lab.diagnose``: stage functions run by N worker processes.
 
-Workers are fresh interpreters (``_sweep_worker``), started once for the whole
-sweep; startup never counts. Each point runs c of them and measures windows
-until the last few agree, as the thread half does.
+Workers are fresh interpreters (``_sweep_child``), started once per stage for the
+whole sweep; startup never counts. Concurrency c runs the stage's first c workers.
+As in the thread half, every (stage, concurrency) is warmed up first and the points
+then take turns, one window each per round, so a point's windows are spread over
+the whole sweep.
 """
 
 # Measurement and failure rules, in one place:
 # - Warm-up lasts ``warmup_s`` and until some task has finished (returned or raised).
 #   Nothing finished within ``point_timeout_s`` -> a "timeout" point (qps NaN).
-# - A window is a request/response over each worker's pipe: cumulative counts and
-#   the task times since the last read. QPS = calls that returned / window wall time.
+# - A window: read the paused workers' counts, tell them to run, read again after
+#   the window, tell them to pause and wait until none is inside the function (so
+#   no call spills into the next point's window). QPS = ``window_qps`` of the
+#   completion times the workers report (the median rate over short slices).
 #   A window lasts at least 8 warm-up task times (up to MAX_WINDOW_S), so slow
 #   functions are not counted in fractions of a task.
-# - The last ``min_windows`` windows are kept: within +-``stable_within`` of their
-#   median -> "ok"; ``max_windows`` reached first -> "unstable".
+# - A point is done when its last ``min_windows`` windows are within
+#   +-``stable_within`` of their median -> "ok"; ``max_windows`` reached first ->
+#   "unstable". Its QPS is the median of those last windows.
 # - Every call raised during the kept windows -> "error" with qps 0 and ``failures``
 #   counted: the number says nothing about the function's speed.
-# - A worker that dies -> "error" (qps NaN). Reasons go out as RuntimeWarnings.
-# - "timeout" and "error" end the sweep: larger concurrencies would fail alike.
-#   After a timeout the workers are killed (a call stuck in the function cannot be
-#   interrupted); otherwise they get a stop message, then terminate, then kill.
+# - A worker that dies -> "error" (qps NaN).
+# - "timeout" and "error" end the stage's sweep: larger concurrencies would fail
+#   alike (their points are dropped). After a timeout the workers are killed (a call
+#   stuck in the function cannot be interrupted); otherwise they get a stop
+#   message, then terminate, then kill.
+# - Why a point failed goes into the stage's ``notes``; ``measure_processes``
+#   turns them into RuntimeWarnings.
 
 from __future__ import annotations
 
@@ -31,114 +39,251 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
-from ..errors import PipelineSpecError
+from ..errors import PipelineSpecError, SpdlLabError
+from ._slices import window_qps
 from ._sweep_worker import Reading, WorkerDied, WorkerPool
+from ._thread_sweep import StageFeed
 from .diagnosis import Point
 
-__all__ = ["measure_processes"]
+__all__ = ["ProcessPlan", "ProcessSweep", "measure_process_stages", "measure_processes"]
 
 NAN = math.nan
 #: Longest measurement window, however slow the function (as in the thread half).
 MAX_WINDOW_S = 5.0
 
 
+@dataclass(frozen=True)
+class ProcessPlan:
+    warmup_s: float = 0.3
+    window_s: float = 0.4
+    min_windows: int = 3
+    max_windows: int = 8
+    stable_within: float = 0.05
+    point_timeout_s: float = 10.0
+    max_inputs: int = 64  # inputs sent to each worker
+    start_timeout_s: float = 30.0
+
+
+@dataclass
+class ProcessSweep:
+    """One stage's process points (ascending), why any failed, or why none could be measured."""
+
+    points: list[Point] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: SpdlLabError | None = None  # the function or inputs cannot be pickled, or no worker started
+
+
 def measure_processes(
-    stage: str, fn: Callable[[Any], Any], inputs: Sequence[Any], concurrency: Sequence[int], *,
-    warmup_s: float = 0.3, window_s: float = 0.4, min_windows: int = 3, max_windows: int = 8,
-    stable_within: float = 0.05, point_timeout_s: float = 10.0, max_inputs: int = 64,
-    start_timeout_s: float = 30.0,
+    stage: str, fn: Callable[[Any], Any], inputs: Sequence[Any], concurrency: Sequence[int], **plan: Any,
 ) -> list[Point]:
     """Points (executor "process") at each concurrency, ascending, from ``max(concurrency)`` workers.
 
-    Raises PipelineSpecError if ``fn`` or the inputs cannot be pickled, RunnerError
-    if a worker cannot start. Example::
+    ``plan``: the fields of ``ProcessPlan``. Raises PipelineSpecError if ``fn`` or
+    the inputs cannot be pickled, RunnerError if a worker cannot start; warns
+    (RuntimeWarning) why a point failed. Example::
 
         points = measure_processes("decode", decode, files, (1, 2, 4))
         [(p.concurrency, round(p.qps)) for p in points]
     """
+    sweep = measure_process_stages([StageFeed(stage, fn, inputs)], concurrency, ProcessPlan(**plan))[stage]
+    if sweep.error is not None:
+        raise sweep.error
+    for note in sweep.notes:
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
+    return sweep.points
+
+
+def measure_process_stages(
+    feeds: Sequence[StageFeed], concurrency: Sequence[int], plan: ProcessPlan = ProcessPlan(), *,
+    on_window: Callable[[int], None] | None = None,
+) -> dict[str, ProcessSweep]:
+    """Every stage of ``feeds`` at each concurrency, in worker processes, the points taking turns.
+
+    ``on_window(n)`` reports progress in windows, out of ``max_windows`` per point.
+    """
     levels = sorted(set(concurrency))
-    if any(not isinstance(c, int) or c < 1 for c in levels):
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
+        names = ", ".join(repr(f.name) for f in feeds)
         raise PipelineSpecError(
-            f"lab.diagnose: stage {stage!r}: process concurrency must be integers >= 1, got {levels}")
-    if not levels:
-        return []
-    plan = _Plan(warmup_s, window_s, min_windows, max(min_windows, max_windows), stable_within, point_timeout_s)
-    feed = list(itertools.islice(inputs, max_inputs))
-    if not feed:
-        raise PipelineSpecError(f"lab.diagnose: stage {stage!r} has no inputs to measure processes with")
-    init = {"fn": _pickled(stage, "its function", fn, "Create locks, open files and clients inside the "
-                           "function instead of capturing them"),
-            "inputs": _pickled(stage, "its inputs", feed, "Its inputs (what the stage before returns) "
+            f"lab.diagnose: stage(s) {names}: process concurrency must be integers >= 1, got {levels}")
+    plan = ProcessPlan(**{**plan.__dict__, "max_windows": max(plan.min_windows, plan.max_windows)})
+    report = on_window or (lambda n: None)
+    sweeps = {f.name: ProcessSweep() for f in feeds}
+    pools: dict[str, WorkerPool] = {}
+    points: dict[tuple[str, int], _Point] = {}
+    try:
+        for feed in feeds if levels else ():
+            try:
+                pools[feed.name] = _start(feed, levels[-1], plan)
+            except SpdlLabError as exc:
+                sweeps[feed.name].error = exc
+                report(plan.max_windows * len(levels))
+                continue
+            for c in levels:  # warm up, lowest first; a failure ends the stage
+                point = points[feed.name, c] = _Point(feed.name, c, pools[feed.name], plan)
+                if not point.warm_up():
+                    break
+        report(plan.max_windows * (len(pools) * len(levels) - len(points)
+                                   + sum(p.done for p in points.values())))
+        for _ in range(plan.max_windows):
+            for point in [p for p in points.values() if not p.done]:
+                point.window()
+                report(1 + (plan.max_windows - len(point.qps) if point.done else 0))
+            if all(p.done for p in points.values()):
+                break
+    finally:
+        for name, pool in pools.items():
+            ended = [p for (stage, _), p in points.items() if stage == name]
+            pool.close(kill=any(p.status == "timeout" for p in ended))
+    for (name, _), point in sorted(points.items(), key=lambda kv: kv[0]):
+        sweep = sweeps[name]
+        if sweep.points and sweep.points[-1].status in ("timeout", "error"):
+            continue  # the stage's sweep ended there
+        sweep.points.append(point.summary())
+        sweep.notes += point.notes
+    return sweeps
+
+
+def _start(feed: StageFeed, workers: int, plan: ProcessPlan) -> WorkerPool:
+    sample = list(itertools.islice(feed.inputs, plan.max_inputs))
+    if not sample:
+        raise PipelineSpecError(f"lab.diagnose: stage {feed.name!r} has no inputs to measure processes with")
+    init = {"fn": _pickled(feed.name, "its function", feed.fn, "Create locks, open files and clients inside "
+                           "the function instead of capturing them"),
+            "inputs": _pickled(feed.name, "its inputs", sample, "Its inputs (what the stage before returns) "
                                "must be picklable to reach worker processes"),
             "sys_path": list(sys.path)}
-    points: list[Point] = []
-    pool = WorkerPool(stage)
+    pool = WorkerPool(feed.name)
     try:
-        pool.start(levels[-1], init, start_timeout_s)
-        for c in levels:
-            points.append(_measure_point(pool, stage, c, plan))
-            if points[-1].status in ("timeout", "error"):
-                break
-            pool.send(c, ("pause",))
-    finally:
-        pool.close(kill=bool(points) and points[-1].status in ("timeout", "error"))
-    return points
+        pool.start(workers, init, plan.start_timeout_s)
+    except BaseException:
+        pool.close(kill=True)
+        raise
+    return pool
 
 
-def _measure_point(pool: WorkerPool, stage: str, c: int, plan: _Plan) -> Point:
-    windows: list[Reading] = []  # per window: wall time in ``at``, the rest as differences
-    failures = 0
-    try:
-        base = pool.read(c, plan.point_timeout_s)  # paused workers answer at once
-        if base is None:
-            return _failed(stage, c, "timeout", 0, 0, f"a worker did not answer within {plan.point_timeout_s:g} s")
-        prev = _warm_up(pool, c, base, plan)
-        if prev is None:
-            return _failed(stage, c, "timeout", 0, 0, f"no task finished within {plan.point_timeout_s:g} s; "
-                           f"pass a longer point_timeout_s if the function is only slow")
-        task_s = statistics.median(prev.times_ns) / 1e9 if prev.times_ns else 0.0
-        window = min(max(plan.window_s, 8 * task_s), MAX_WINDOW_S)
-        status = "unstable"
-        while len(windows) < plan.max_windows:
-            time.sleep(max(0.0, prev.at + window - time.perf_counter()))
-            now = pool.read(c, plan.point_timeout_s)
+class _Point:
+    """One (stage, concurrency): its warm-up, its windows, and how it ended."""
+
+    def __init__(self, stage: str, c: int, pool: WorkerPool, plan: ProcessPlan) -> None:
+        self.stage, self.c, self.pool, self.plan = stage, c, pool, plan
+        self.windows: list[Reading] = []  # per window: wall time in ``at``, the rest as differences
+        self.qps: list[float] = []
+        self.status = "unstable"
+        self.done = False
+        self.notes: list[str] = []
+        self.window_s = plan.window_s
+        self.failures = 0  # calls that raised in its warm-up and windows
+
+    def warm_up(self) -> bool:
+        """Run ``warmup_s`` and until a task finished, then pause; False (and done) if none did in time."""
+        plan, pool, c = self.plan, self.pool, self.c
+        try:
+            base = self._read()
+            if base is None:
+                return self._unanswered()
+            pool.send(c, ("run",))
+            end = base.at + plan.point_timeout_s
+            check_at = base.at + plan.warmup_s
+            while True:
+                time.sleep(max(0.0, check_at - time.perf_counter()))
+                now = pool.read(c, max(0.5, end - time.perf_counter()))
+                if now is not None and now.done + now.failures > base.done + base.failures:
+                    break
+                if now is None or now.at >= end:
+                    return self._fail("timeout", f"no task finished within {plan.point_timeout_s:g} s; pass a "
+                                      f"longer point_timeout_s if the function is only slow")
+                check_at = min(now.at + 0.05, end)
+            self.failures = now.failures - base.failures
+            task_s = statistics.median(now.times_ns) / 1e9 if now.times_ns else 0.0
+            self.window_s = min(max(plan.window_s, 8 * task_s), MAX_WINDOW_S)
+            return self._pause()
+        except WorkerDied as died:
+            return self._fail("error", f"a {died}")
+
+    def window(self) -> None:
+        pool, c, plan = self.pool, self.c, self.plan
+        try:
+            before = self._read()
+            if before is None:
+                self._unanswered()
+                return
+            pool.send(c, ("run",))
+            start = time.perf_counter()
+            time.sleep(self.window_s)
+            now = self._read()
             if now is None:
-                return _failed(stage, c, "timeout", len(windows), failures,
-                               f"a worker did not answer within {plan.point_timeout_s:g} s")
-            windows.append(Reading(now.at - prev.at, now.done - prev.done, now.failures - prev.failures,
-                                    now.cpu_s - prev.cpu_s, now.times_ns))
-            failures, prev = now.failures - base.failures, now
-            if _stable([w.done / w.at for w in windows], plan):
-                status = "ok"
-                break
-    except WorkerDied as died:
-        return _failed(stage, c, "error", len(windows), failures, f"a {died}")
-    return _summary(stage, c, windows[-plan.min_windows:], len(windows), status, failures, pool.first_error)
+                self._unanswered()
+                return
+            self.failures += now.failures - before.failures
+            self.windows.append(Reading(now.at - start, now.done - before.done, now.failures - before.failures,
+                                        now.cpu_s - before.cpu_s, now.times_ns))
+            self.qps.append(window_qps(now.ends_ns, round(start * 1e9), round(now.at * 1e9)))
+            if not self._pause():
+                return
+        except WorkerDied as died:
+            self._fail("error", f"a {died}")
+            return
+        if _stable(self.qps, plan):
+            self.status, self.done = "ok", True
+        elif len(self.qps) >= plan.max_windows:
+            self.done = True
+
+    def _read(self) -> Reading | None:
+        return self.pool.read(self.c, self.plan.point_timeout_s)
+
+    def _unanswered(self) -> bool:
+        return self._fail("timeout", f"a worker did not answer within {self.plan.point_timeout_s:g} s")
+
+    def _pause(self) -> bool:
+        """Pause the workers and wait until none is inside the function; False (a timeout) if one stays."""
+        self.pool.send(self.c, ("pause",))
+        deadline = time.monotonic() + self.plan.point_timeout_s
+        while True:
+            now = self.pool.read(self.c, max(0.1, deadline - time.monotonic()))
+            if now is not None and now.busy == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return self._fail("timeout", f"a call did not return within {self.plan.point_timeout_s:g} s "
+                                  f"after the workers were paused")
+            time.sleep(0.001)
+
+    def _fail(self, status: str, why: str) -> bool:
+        self.status, self.done = status, True
+        self.notes.append(_note(self.stage, self.c, why))
+        return False
+
+    def summary(self) -> Point:
+        keep = self.plan.min_windows
+        kept, qps = self.windows[-keep:], self.qps[-keep:]
+        failures = self.failures
+        if self.status in ("timeout", "error") or not kept:
+            return _failed(self.stage, self.c, self.status if self.status != "unstable" else "error",
+                           len(self.windows), failures)
+        mid = statistics.median(qps)
+        wall = sum(w.at for w in kept)
+        times = [t for w in kept for t in w.times_ns]
+        status = self.status
+        if not any(w.done for w in kept) and any(w.failures for w in kept):
+            status, mid = "error", 0.0
+            self.notes.append(_note(self.stage, self.c, f"every call raised ({failures} failures). The first "
+                                    f"one:\n{self.pool.first_error or ''}"))
+        return Point(
+            stage=self.stage, executor="process", concurrency=self.c, qps=mid,
+            qps_spread=(max(qps) - min(qps)) / mid if len(qps) >= 2 and mid > 0 else NAN,
+            cpu_util=sum(w.cpu_s for w in kept) / (wall * (os.cpu_count() or 1)),
+            gil_wait_frac=NAN, runqueue_wait_frac=NAN,
+            p50_ms=statistics.median(times) / 1e6 if times else NAN,
+            repeats=len(self.windows), status=status, failures=failures,
+        )
 
 
-def _warm_up(pool: WorkerPool, c: int, base: Reading, plan: _Plan) -> Reading | None:
-    """Run ``warmup_s`` and until a task finished; the last reading, or None past the point timeout."""
-    pool.send(c, ("run",))
-    end = base.at + plan.point_timeout_s
-    check_at = base.at + plan.warmup_s
-    while True:
-        time.sleep(max(0.0, check_at - time.perf_counter()))
-        now = pool.read(c, max(0.5, end - time.perf_counter()))
-        if now is None:
-            return None
-        if now.done + now.failures > base.done + base.failures:
-            return now
-        if now.at >= end:
-            return None
-        check_at = min(now.at + 0.05, end)
-
-
-def _stable(qps: list[float], plan: _Plan) -> bool:
+def _stable(qps: list[float], plan: ProcessPlan) -> bool:
     if len(qps) < plan.min_windows:
         return False
     last = qps[-plan.min_windows:]
@@ -146,35 +291,14 @@ def _stable(qps: list[float], plan: _Plan) -> bool:
     return all(abs(q - mid) <= plan.stable_within * mid for q in last)
 
 
-def _summary(stage: str, c: int, kept: list[Reading], repeats: int, status: str, failures: int,
-             first_error: str | None) -> Point:
-    qps = [w.done / w.at for w in kept]
-    mid = statistics.median(qps)
-    wall = sum(w.at for w in kept)
-    times = [t for w in kept for t in w.times_ns]
-    if not any(w.done for w in kept) and any(w.failures for w in kept):
-        status = "error"
-        _warn(stage, c, f"every call raised ({failures} failures). The first one:\n{first_error or ''}")
-    return Point(
-        stage=stage, executor="process", concurrency=c, qps=mid,
-        qps_spread=(max(qps) - min(qps)) / mid if len(qps) >= 2 and mid > 0 else NAN,
-        cpu_util=sum(w.cpu_s for w in kept) / (wall * (os.cpu_count() or 1)),
-        gil_wait_frac=NAN, runqueue_wait_frac=NAN,
-        p50_ms=statistics.median(times) / 1e6 if times else NAN,
-        repeats=repeats, status=status, failures=failures,
-    )
-
-
-def _failed(stage: str, c: int, status: str, repeats: int, failures: int, why: str) -> Point:
-    _warn(stage, c, why)
+def _failed(stage: str, c: int, status: str, repeats: int, failures: int) -> Point:
     return Point(stage=stage, executor="process", concurrency=c, qps=NAN, qps_spread=NAN, cpu_util=NAN,
                  gil_wait_frac=NAN, runqueue_wait_frac=NAN, p50_ms=NAN, repeats=repeats, status=status,
                  failures=failures)
 
 
-def _warn(stage: str, c: int, why: str) -> None:
-    warnings.warn(f"lab.diagnose: stage {stage!r} with {c} worker process(es): {why}", RuntimeWarning,
-                  stacklevel=5)
+def _note(stage: str, c: int, why: str) -> str:
+    return f"lab.diagnose: stage {stage!r} with {c} worker process(es): {why}"
 
 
 def _pickled(stage: str, what: str, value: Any, hint: str) -> bytes:
@@ -185,15 +309,4 @@ def _pickled(stage: str, what: str, value: Any, hint: str) -> bytes:
             f"lab.diagnose: stage {stage!r} ({what}) cannot be pickled to send it to worker processes "
             f"({type(exc).__name__}: {exc}). {hint}, or measure this stage with threads only."
         ) from exc
-
-
-@dataclass(frozen=True)
-class _Plan:
-    warmup_s: float
-    window_s: float
-    min_windows: int
-    max_windows: int
-    stable_within: float
-    point_timeout_s: float
-
 

@@ -1,9 +1,8 @@
-"""The worker processes of ``measure_processes``: both ends of their pipes.
+"""The parent's side of the process sweep's workers (``_sweep_child`` is the child's).
 
-A worker is ``python -m spdl_lab.experiments._sweep_worker DATA_FD CTRL_FD`` (a fresh
-interpreter: never a fork, never multiprocessing's spawn, which would re-import the
-user's script). Its main thread calls the stage function in a loop; a control thread
-obeys the parent's ``WorkerPool``: run, pause, read (counts), stop.
+``WorkerPool`` starts each worker as a fresh interpreter running ``_sweep_child.py``
+with two pipes: control (parent -> child: run, pause, read, stop) and data
+(child -> parent: counts, completion times, crashes).
 """
 
 from __future__ import annotations
@@ -12,12 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,103 +24,8 @@ from ..runners.subprocess_threads import ChildTraceback, _stop_process
 
 __all__ = ["Reading", "WorkerDied", "WorkerPool"]
 
-#: After a stop (or the parent vanishing), how long a call still inside the
-#: function may take before the worker exits anyway.
-STOP_GRACE_S = 1.0
-
-
-# -- the child's side ---------------------------------------------------------
-
-def main(data_fd: int, ctrl_fd: int) -> int:
-    data = Connection(data_fd, readable=False)
-    ctrl = Connection(ctrl_fd, writable=False)
-    try:
-        # The parent is the process that started us; its bytes are trusted.
-        init = ctrl.recv()
-        for entry in reversed(init["sys_path"]):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
-        import cloudpickle
-
-        worker = _Worker(cloudpickle.loads(init["fn"]), cloudpickle.loads(init["inputs"]))
-        data.send(("ready",))
-    except BaseException:
-        _send_quietly(data, ("crash", traceback.format_exc()))
-        return 1
-    threading.Thread(target=worker.obey, args=(ctrl, data), name="spdl_lab:sweep-control", daemon=True).start()
-    worker.loop()
-    return 0
-
-
-class _Worker:
-    """Counts finished calls; the control thread reads the counts without stopping the loop.
-
-    Paused, the main thread blocks on an Event (no spinning), so idle workers
-    cost nothing while fewer of them are measured.
-    """
-
-    def __init__(self, fn: Callable[[Any], Any], inputs: Sequence[Any]) -> None:
-        self.fn = fn
-        self.inputs = inputs
-        self.running = threading.Event()
-        self.stopping = False
-        self.finished = threading.Event()
-        self.lock = threading.Lock()
-        self.done = 0  # calls that returned (cumulative)
-        self.failures = 0  # calls that raised (cumulative)
-        self.times_ns: list[int] = []  # durations of returned calls since the last read
-        self.first_error: str | None = None  # traceback of the first failure, sent once
-
-    def loop(self) -> None:
-        fn, inputs, n, i = self.fn, self.inputs, len(self.inputs), 0
-        try:
-            while True:
-                if not self.running.is_set():
-                    self.running.wait()
-                if self.stopping:
-                    return
-                x = inputs[i % n]
-                i += 1
-                t0 = time.perf_counter_ns()
-                try:
-                    fn(x)
-                except Exception:
-                    with self.lock:
-                        self.failures += 1
-                        if self.failures == 1:
-                            self.first_error = traceback.format_exc()
-                    continue
-                elapsed = time.perf_counter_ns() - t0
-                with self.lock:
-                    self.done += 1
-                    self.times_ns.append(elapsed)
-        finally:
-            self.finished.set()
-
-    def obey(self, ctrl: Connection, data: Connection) -> None:
-        while True:
-            try:
-                message = ctrl.recv()
-            except (EOFError, OSError):
-                break  # the parent is gone
-            kind = message[0]
-            if kind == "run":
-                self.running.set()
-            elif kind == "pause":
-                self.running.clear()
-            elif kind == "read":
-                with self.lock:
-                    reply = ("counts", self.done, self.failures, self.times_ns, self.first_error)
-                    self.times_ns, self.first_error = [], None
-                if not _send_quietly(data, reply):
-                    break
-            elif kind == "stop":
-                break
-        self.stopping = True
-        self.running.set()
-        # A call stuck in the function cannot be interrupted: never outlive the parent for it.
-        if not self.finished.wait(STOP_GRACE_S):
-            os._exit(0)
+#: The script each worker runs.
+CHILD = Path(__file__).with_name("_sweep_child.py")
 
 
 # -- the parent's side --------------------------------------------------------
@@ -137,6 +39,8 @@ class Reading:
     failures: int
     cpu_s: float
     times_ns: list[int] = field(default_factory=list)
+    ends_ns: list[int] = field(default_factory=list)  # completion times of those calls
+    busy: int = 0  # workers inside the function when asked
 
 
 class WorkerDied(Exception):
@@ -160,7 +64,7 @@ class WorkerPool:
             ctrl_r, ctrl_w = os.pipe()
             try:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "spdl_lab.experiments._sweep_worker", str(data_w), str(ctrl_r)],
+                    [sys.executable, "-I", str(CHILD), str(data_w), str(ctrl_r)],
                     pass_fds=(data_w, ctrl_r), start_new_session=True))  # Ctrl-C reaches only the parent
             except BaseException:
                 for fd in (data_r, ctrl_w):
@@ -200,10 +104,12 @@ class WorkerPool:
             reply = self._recv(i, deadline)
             if reply is None:
                 return None
-            _, done, failures, times_ns, first_error = reply
+            _, done, failures, times_ns, ends_ns, first_error, busy = reply
+            reading.busy += busy
             reading.done += done
             reading.failures += failures
             reading.times_ns += times_ns
+            reading.ends_ns += ends_ns
             self.first_error = self.first_error or first_error
         try:
             reading.cpu_s = sum(t.user + t.system for t in (p.cpu_times() for p in self.ps[:c]))
@@ -251,15 +157,3 @@ def _exit_reason(proc: subprocess.Popen) -> str:
             name = str(-code)
         return f"worker process (pid {proc.pid}) was killed by signal {name}"
     return f"worker process (pid {proc.pid}) exited with status {code}"
-
-
-def _send_quietly(conn: Connection, message: tuple) -> bool:
-    try:
-        conn.send(message)
-        return True
-    except Exception:
-        return False
-
-
-if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -1,10 +1,11 @@
-"""The thread half of ``lab.diagnose``: one stage function, alone, at each concurrency.
+"""The thread half of ``lab.diagnose``: each stage function, alone, at each concurrency.
 
-Workers loop over the stage's cached inputs. Every concurrency gets its own
-pool, warmed up first (start-up never counts); then the pools take turns,
-one measurement window each per round, until each point's last windows agree
-(or a cap). Threads stuck in the function cannot be stopped; they are
-daemons, left behind and counted.
+Workers loop over the stage's cached inputs. Every (stage, concurrency) gets
+its own pool, warmed up first (start-up never counts); then the pools of every
+stage take turns, one measurement window each per round, until each point's
+last windows agree (or a cap). A window's QPS is the median rate over short
+slices (``_slices``). Threads stuck in the function cannot be stopped; they
+are daemons, left behind and counted.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ..telemetry.probes import GilProbe
+from ._slices import window_qps
 from .diagnosis import Point
 
-__all__ = ["SweepSettings", "StageRun", "measure_threads", "run_once"]
+__all__ = ["StageFeed", "StageRun", "SweepSettings", "ThreadSweep", "measure_threads", "run_once"]
 
 
 @dataclass(frozen=True)
@@ -106,62 +108,91 @@ def _machine_busy() -> tuple[float, float]:
     return total - t.idle - getattr(t, "iowait", 0.0), total
 
 
+@dataclass(frozen=True)
+class StageFeed:
+    """A stage to sweep: its function, the inputs it loops over, and its task time from ``run_once``."""
+
+    name: str
+    fn: Callable[[Any], Any]
+    inputs: Sequence[Any]
+    mean_task_s: float = math.nan
+
+
+@dataclass
+class ThreadSweep:
+    """One stage's thread points (ascending concurrency), the threads left stuck in its
+    function, and the largest share of the cores other processes used during one of its
+    windows (a busy machine makes every number low)."""
+
+    points: list[Point]
+    abandoned: int
+    others: float
+
+
 def measure_threads(
-    stage: str,
-    fn: Callable[[Any], Any],
-    inputs: Sequence[Any],
+    feeds: Sequence[StageFeed],
     concurrency: Sequence[int],
     *,
     probe: GilProbe,
     settings: SweepSettings = SweepSettings(),
-    mean_task_s: float = math.nan,
-    on_point: Callable[[Point], None] | None = None,
-) -> tuple[list[Point], int, float]:
-    """Points at each concurrency (ascending), how many threads were abandoned, and the
-    largest share of the cores other processes used during a window (a busy machine
-    makes every number low).
+    on_window: Callable[[int], None] | None = None,
+) -> dict[str, ThreadSweep]:
+    """Every stage of ``feeds`` at each concurrency, in threads.
 
-    One pool of workers per concurrency, all started and warmed up first, then
-    measured in rounds: one window per concurrency per round, one pool running
-    at a time. A point's windows are spread over the whole sweep, so a few
-    seconds in which the machine ran faster or slower touch one window of each
-    point, and the median leaves them out; measured one point after another,
-    they would move whole points. A concurrency at which no task finishes
-    within ``point_timeout_s`` is a timeout, and higher ones are not tried.
+    One pool of workers per (stage, concurrency), all started and warmed up
+    first, then measured in rounds: one window per point per round, one pool
+    running at a time. A point's windows are spread over the whole sweep of
+    every stage, so seconds in which the machine ran faster or slower (or slept
+    longer) touch one window of each point, and the median leaves them out;
+    measured one point after another, they would move whole points or stages.
+    A concurrency at which no task finishes within ``point_timeout_s`` is a
+    timeout, and higher ones of that stage are not tried. ``on_window(n)``
+    reports progress in windows, out of ``max_windows`` per point.
     """
     levels = sorted(set(concurrency))
-    counter = itertools.count()
-    pools: dict[int, _Pool] = {}
-    results = {c: _Windows() for c in levels}
-    window = _window_for(settings, mean_task_s)
-    others = 0.0
+    pools: dict[tuple[str, int], _Pool] = {}
+    results: dict[tuple[str, int], _Windows] = {}
+    windows: dict[str, float] = {}
+    report = on_window or (lambda n: None)
     try:
-        for c in levels:  # start and warm up, lowest first
-            pool = pools[c] = _Pool(stage, fn, inputs, c, counter)
-            if not pool.warm_up(settings) or not pool.pause(settings.point_timeout_s):
-                results[c].status = "timeout"
-                break
-        live = [c for c in pools if results[c].status == "ok"]
+        for feed in feeds:  # start and warm up, lowest concurrency first
+            counter = itertools.count()
+            windows[feed.name] = _window_for(settings, feed.mean_task_s)
+            for c in levels:
+                key = (feed.name, c)
+                pool = pools[key] = _Pool(feed.name, feed.fn, feed.inputs, c, counter)
+                results[key] = _Windows()
+                if not pool.warm_up(settings) or not pool.pause(settings.point_timeout_s):
+                    results[key].status, results[key].done = "timeout", True
+                    break
+        skipped = len(feeds) * len(levels) - len(pools)
+        report(settings.max_windows * (skipped + sum(r.done for r in results.values())))
         for _ in range(settings.max_windows):
-            for c in [c for c in live if not results[c].done]:
-                stats = pools[c].window(window, probe)
-                if not pools[c].pause(settings.point_timeout_s):
-                    results[c].status, results[c].done = "timeout", True
+            for key in [k for k, r in results.items() if not r.done]:
+                stats = pools[key].window(windows[key[0]], probe)
+                result = results[key]
+                if not pools[key].pause(settings.point_timeout_s):
+                    result.status, result.done = "timeout", True
+                    report(settings.max_windows - len(result.qps))
                     continue
-                others = max(others, stats.pop("others"))
-                results[c].add(stats, settings)
-            if all(results[c].done for c in live):
+                result.add(stats, settings)
+                report(1 + (settings.max_windows - len(result.qps) if result.done else 0))
+            if all(r.done for r in results.values()):
                 break
-        for c in live:
-            if not results[c].done:
-                results[c].status = "unstable"
+        for result in results.values():
+            if not result.done:
+                result.status = "unstable"
     finally:
         abandoned = _close_all(pools, settings.point_timeout_s)
-    points = [results[c].point(stage, c, pools[c], settings) for c in levels if c in pools]
-    for point in points:
-        if on_point is not None:
-            on_point(point)
-    return points, abandoned, others
+    sweeps = {}
+    for feed in feeds:
+        keys = [(feed.name, c) for c in levels if (feed.name, c) in pools]
+        sweeps[feed.name] = ThreadSweep(
+            points=[results[k].point(feed.name, k[1], pools[k]) for k in keys],
+            abandoned=sum(abandoned[k] for k in keys),
+            others=max((o for k in keys for o in results[k].others), default=0.0),
+        )
+    return sweeps
 
 
 class _Pool:
@@ -174,6 +205,7 @@ class _Pool:
         self.fails = [0] * c
         self.busy = [False] * c
         self.hist = new_counts()
+        self.ends: list[list[int]] = [[] for _ in range(c)]  # completion times in the current window
         self.timing = False
         self._fn, self._inputs, self._counter = fn, inputs, counter
         self._active = threading.Event()
@@ -201,7 +233,9 @@ class _Pool:
             except Exception:
                 self.fails[w] += 1
             if self.timing:
-                self.hist[bucket_of(time.perf_counter_ns() - t0)] += 1
+                t1 = time.perf_counter_ns()
+                self.hist[bucket_of(t1 - t0)] += 1
+                self.ends[w].append(t1)
             self.counts[w] += 1
             self.busy[w] = False
 
@@ -215,19 +249,21 @@ class _Pool:
         return sum(self.counts) > 0
 
     def window(self, seconds: float, probe: GilProbe) -> dict[str, float]:
-        self._active.set()
-        c0, t0, p0, g0, m0 = sum(self.counts), time.perf_counter(), time.process_time(), probe.totals(), _machine_busy()
+        """Run a paused pool for ``seconds``; QPS is ``window_qps`` of the completions."""
+        self.ends = [[] for _ in range(self.c)]
         self.timing = True
+        t0, p0, g0, m0 = time.perf_counter_ns(), time.process_time(), probe.totals(), _machine_busy()
+        self._active.set()
         self._stop.wait(seconds)
+        t1, p1, g1, m1 = time.perf_counter_ns(), time.process_time(), probe.totals(), _machine_busy()
         self.timing = False
-        c1, t1, p1, g1, m1 = sum(self.counts), time.perf_counter(), time.process_time(), probe.totals(), _machine_busy()
         cores = os.cpu_count() or 1
-        wall = t1 - t0
+        wall = (t1 - t0) / 1e9
         covered = g1.elapsed_s - g0.elapsed_s
         ours = (p1 - p0) / wall / cores
         machine = (m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else math.nan
         return {
-            "qps": (c1 - c0) / wall, "cpu": ours,
+            "qps": window_qps([t for ends in self.ends for t in ends], t0, t1), "cpu": ours,
             "gil": (g1.gil_wait_s - g0.gil_wait_s) / covered if covered > 0 else math.nan,
             "runq": (g1.runqueue_wait_s - g0.runqueue_wait_s) / covered if covered > 0 else math.nan,
             "machine": machine,
@@ -249,15 +285,15 @@ class _Pool:
         self._active.set()
 
 
-def _close_all(pools: dict[int, _Pool], timeout: float) -> int:
-    """Stop every pool; the number of threads still inside the function after ``timeout``."""
+def _close_all(pools: dict[tuple[str, int], _Pool], timeout: float) -> dict[tuple[str, int], int]:
+    """Stop every pool; per pool, the threads still inside the function after ``timeout``."""
     for pool in pools.values():
         pool.close()
     deadline = time.monotonic() + timeout
     for pool in pools.values():
         for t in pool.threads:
             t.join(max(0.0, deadline - time.monotonic()))
-    return sum(t.is_alive() for pool in pools.values() for t in pool.threads)
+    return {key: sum(t.is_alive() for t in pool.threads) for key, pool in pools.items()}
 
 
 class _Windows:
@@ -269,6 +305,7 @@ class _Windows:
         self.gil: list[float] = []
         self.runq: list[float] = []
         self.machine: list[float] = []
+        self.others: list[float] = []
         self.status = "ok"
         self.done = False
 
@@ -278,9 +315,10 @@ class _Windows:
         self.gil.append(stats["gil"])
         self.runq.append(stats["runq"])
         self.machine.append(stats["machine"])
+        self.others.append(stats["others"])
         self.done = _stable(self.qps, settings)
 
-    def point(self, stage: str, c: int, pool: _Pool, settings: SweepSettings) -> Point:
+    def point(self, stage: str, c: int, pool: _Pool) -> Point:
         qps = statistics.median(self.qps) if self.qps else (0.0 if self.status == "timeout" else math.nan)
         spread = ((max(self.qps) - min(self.qps)) / qps
                   if len(self.qps) >= 2 and qps > 0 else math.nan)

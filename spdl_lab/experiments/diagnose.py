@@ -12,18 +12,28 @@ import datetime as dt
 import itertools
 import os
 import time
-import warnings
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ..errors import PipelineError, PipelineSpecError, RunnerError
+from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..telemetry.probes import GilProbe
 from ._progress import progress_bar
-from ._thread_sweep import SweepSettings, measure_threads, run_once
+from ._thread_sweep import (
+    StageFeed,
+    StageRun,
+    SweepSettings,
+    ThreadSweep,
+    measure_threads,
+    run_once,
+)
 from .diagnosis import Diagnosis, Point, StageDiagnosis
 from .verdict_rules import judge, rises
+
+if TYPE_CHECKING:
+    from ._process_sweep import ProcessSweep
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
 
@@ -53,11 +63,16 @@ def diagnose(
         diag.stages["decode"].best_concurrency
         diag.table; diag.plot(); diag.to_html("report.html"); diag.to_json("report.json")
 
-    Each point warms up, then measures windows until the last three agree
-    within 5% (``settings``), so start-up never counts. Stages whose thread
-    throughput does not rise are also run by worker processes at
-    ``process_concurrency`` (default: 1 and the core count), to tell whether
-    processes would help (``processes=False`` skips that).
+    Every stage first runs once over its inputs (its outputs feed the next).
+    Then each (stage, concurrency) gets a pool of threads, warmed up so that
+    start-up never counts, and the pools of every stage take turns: one window
+    each per round until a point's last three windows agree (``settings``). A
+    window's QPS is the median rate over short slices, and a point's the
+    median of its windows, so moments in which the machine runs faster or
+    slower move no point. Stages whose thread throughput does not rise are
+    then run by worker processes at ``process_concurrency`` (default: 1 and
+    the core count) the same way, to tell whether processes would help
+    (``processes=False`` skips that).
     """
     if not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}")
@@ -76,32 +91,30 @@ def diagnose(
     inputs = _collect(pipeline, num_items)
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
-    bar = progress_bar(len(maps) * len(concurrency), progress, "point")
+    per_stage = len(concurrency) * settings.max_windows
+    bar = progress_bar(len(maps) * per_stage, progress, "window")
     probe = GilProbe()
     probe.start()
-    stages: dict[str, StageDiagnosis] = {}
-    blocked: str | None = None  # why the stages after a failed one cannot be measured
     try:
-        for stage in pipeline.stages:
-            if blocked is not None:
-                stages[stage.name] = _not_measured(stage, blocked)
-                bar.update(len(concurrency) if stage.kind == "map" else 0)
-                continue
-            if stage.kind == "batch":
-                inputs, stages[stage.name] = _batch(stage, inputs)
-                continue
-            bar.set_description(stage.name)
-            result, inputs = _diagnose_map(stage, inputs, concurrency, process_levels, processes,
-                                           settings, probe, cores, bar)
-            stages[stage.name] = result
-            if not inputs:
-                blocked = f"no inputs: stage {stage.name!r} produced none ({_short(result)})"
+        bar.set_description("first pass")
+        done, passes = _passes(pipeline, inputs, settings)
+        bar.update(per_stage * (len(maps) - len(passes)))
+        feeds = [p.feed for p in passes]
+        bar.set_description("threads")
+        threads = measure_threads(feeds, concurrency, probe=probe, settings=settings, on_window=bar.update)
+        wanted = [p.feed for p in passes if processes and _processes_worth_trying(threads[p.feed.name], cores)]
+        bar.total += len(wanted) * len(process_levels) * settings.max_windows
+        bar.set_description("processes")
+        in_processes = _measure_processes(wanted, process_levels, settings, bar)
     finally:
         probe.stop()
         bar.close()
+    for p in passes:
+        done[p.stage.name] = _judge(p, threads[p.feed.name], in_processes.get(p.feed.name), cores, settings)
     interp = describe()
     return Diagnosis(
-        pipeline=repr(pipeline), stages=stages, created=started, elapsed_s=time.perf_counter() - t0,
+        pipeline=repr(pipeline), stages={s.name: done[s.name] for s in pipeline.stages}, created=started,
+        elapsed_s=time.perf_counter() - t0,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_levels),
                   "num_items": num_items, "inputs_collected": collected,
                   "warmup_s": settings.warmup_s, "window_s": settings.window_s,
@@ -112,71 +125,113 @@ def diagnose(
     )
 
 
-def _diagnose_map(
-    stage: Stage, inputs: list[Any], concurrency: Sequence[int], process_levels: Sequence[int],
-    processes: bool, settings: SweepSettings, probe: GilProbe, cores: int, bar: Any,
-) -> tuple[StageDiagnosis, list[Any]]:
-    fn = stage.fn
-    assert fn is not None
-    once = run_once(fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
+@dataclass
+class _Pass:
+    """A map stage that ran over its inputs once and can be swept."""
+
+    stage: Stage
+    inputs: int  # what it was fed
+    feed: StageFeed  # the inputs that did not raise
+    once: StageRun
+
+
+def _passes(pipeline: Pipeline, inputs: list[Any],
+            settings: SweepSettings) -> tuple[dict[str, StageDiagnosis], list[_Pass]]:
+    """Run every stage once, in order, each on the outputs of the one before.
+
+    Returns the stages already settled (batches; stages that hung, raised on every
+    input, or come after such a stage) and the map stages to sweep.
+    """
+    done: dict[str, StageDiagnosis] = {}
+    passes: list[_Pass] = []
+    blocked: str | None = None  # why the stages after a failed one cannot be measured
+    for stage in pipeline.stages:
+        if blocked is not None:
+            done[stage.name] = _not_measured(stage, blocked)
+        elif stage.kind == "batch":
+            inputs, done[stage.name] = _batch(stage, inputs)
+        else:
+            assert stage.fn is not None
+            once = run_once(stage.fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
+            failed = _failed_pass(stage, inputs, once, settings)
+            if failed is not None:
+                done[stage.name] = failed
+                blocked = f"no inputs: stage {stage.name!r} produced none ({_short(failed)})"
+                continue
+            feed = StageFeed(stage.name, stage.fn, once.ok_inputs, once.mean_task_s)
+            passes.append(_Pass(stage, len(inputs), feed, once))
+            inputs = once.outputs
+    return done, passes
+
+
+def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun,
+                 settings: SweepSettings) -> StageDiagnosis | None:
     common = dict(name=stage.name, kind="map", inputs=len(inputs), outputs=len(once.outputs))
     if once.hung:
-        bar.update(len(concurrency))
         why = (f"an item did not finish within {settings.point_timeout_s:g} s; the stage was cut off"
                f" ({once.abandoned_threads} thread(s) stuck in it were left running as daemons)")
         return StageDiagnosis(verdict=None, best_concurrency=None, evidence=why,
                               recommendation="find why it blocks (a lock, a network call without a timeout)",
-                              error=why, **common), []
+                              error=why, **common)
     if not once.outputs:
-        bar.update(len(concurrency))
         return StageDiagnosis(verdict=None, best_concurrency=None,
                               evidence=f"every one of its {len(inputs)} inputs raised",
-                              recommendation="fix the error below", error=once.first_error, **common), []
-    feed = once.ok_inputs
-    points, abandoned, others = measure_threads(stage.name, fn, feed, concurrency, probe=probe, settings=settings,
-                                        mean_task_s=once.mean_task_s, on_point=lambda _: bar.update(1))
-    bar.update(len(concurrency) - len(points))
+                              recommendation="fix the error below", error=once.first_error, **common)
+    return None
+
+
+def _processes_worth_trying(sweep: ThreadSweep, cores: int) -> bool:
+    """Processes are tried where threads do not help: the stage does not rise, or
+    the GIL (or a lock) is what its threads wait for. Not after a timeout."""
+    if any(p.status == "timeout" for p in sweep.points):
+        return False
+    threads_only = judge(sweep.points, cores=cores).verdict
+    return not rises(sweep.points, cores) or threads_only in ("gil-bound", "contended")
+
+
+def _measure_processes(feeds: list[StageFeed], levels: Sequence[int], settings: SweepSettings,
+                       bar: Any) -> dict[str, ProcessSweep]:
+    if not feeds:
+        return {}
+    from ._process_sweep import ProcessPlan, measure_process_stages
+
+    plan = ProcessPlan(warmup_s=settings.warmup_s, window_s=settings.window_s,
+                       min_windows=settings.min_windows, max_windows=settings.max_windows,
+                       stable_within=settings.stable_within, point_timeout_s=settings.point_timeout_s)
+    return measure_process_stages(feeds, levels, plan, on_window=bar.update)
+
+
+def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores: int,
+           settings: SweepSettings) -> StageDiagnosis:
+    points, once, inputs = threads.points, p.once, p.inputs
     process_points: list[Point] = []
     process_note = ""
-    # Processes are tried where threads do not help: the stage does not rise,
-    # or the GIL is what its threads wait for.
-    threads_only = judge(points, cores=cores).verdict
-    worth_trying = not rises(points, cores) or threads_only in ("gil-bound", "contended")
-    if processes and worth_trying and not any(p.status == "timeout" for p in points):
-        from ._process_sweep import measure_processes
-
-        bar.set_description(f"{stage.name} (processes)")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", RuntimeWarning)
-                process_points = measure_processes(
-                    stage.name, fn, feed, process_levels, warmup_s=settings.warmup_s,
-                    window_s=settings.window_s, min_windows=settings.min_windows,
-                    max_windows=settings.max_windows, stable_within=settings.stable_within,
-                    point_timeout_s=settings.point_timeout_s,
-                )
-            if caught:
-                process_note = f" Processes: {caught[0].message}"
-        except (PipelineSpecError, RunnerError) as exc:
+    if processes is not None:
+        if processes.error is not None:
             # The thread verdict stands; say why processes could not be tried.
-            process_note = f" Processes were not tried: {exc}"
+            process_note = f" Processes were not tried: {processes.error}"
+        else:
+            process_points = processes.points
+            if processes.notes:
+                process_note = f" Processes: {processes.notes[0]}"
     verdict = judge(points, process_points, cores=cores)
     evidence, error = verdict.evidence + process_note, None
     if once.failures:
-        evidence += f" {once.failures} of {len(inputs)} inputs raised and were dropped (first traceback below)."
+        evidence += f" {once.failures} of {inputs} inputs raised and were dropped (first traceback below)."
         error = once.first_error
-    timeouts = [p.concurrency for p in points if p.status == "timeout"]
+    timeouts = [pt.concurrency for pt in points if pt.status == "timeout"]
     if timeouts:
         evidence += (f" At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s;"
                      f" higher concurrency was not tried.")
-    if abandoned:
-        evidence += f" {abandoned} thread(s) stuck in the function were left running as daemons."
-    if others >= BUSY_MACHINE:
-        evidence += (f" Other processes used up to {others:.0%} of the cores while it was measured:"
+    if threads.abandoned:
+        evidence += f" {threads.abandoned} thread(s) stuck in the function were left running as daemons."
+    if threads.others >= BUSY_MACHINE:
+        evidence += (f" Other processes used up to {threads.others:.0%} of the cores while it was measured:"
                      f" these numbers may be low; diagnose again on a quiet machine.")
-    return StageDiagnosis(verdict=verdict.verdict, best_concurrency=verdict.best_concurrency,
-                          evidence=evidence, recommendation=verdict.recommendation,
-                          points=tuple(points) + tuple(process_points), error=error, **common), once.outputs
+    return StageDiagnosis(name=p.stage.name, kind="map", verdict=verdict.verdict,
+                          best_concurrency=verdict.best_concurrency, evidence=evidence,
+                          recommendation=verdict.recommendation, points=tuple(points) + tuple(process_points),
+                          error=error, inputs=inputs, outputs=len(once.outputs))
 
 
 def _batch(stage: Stage, items: list[Any]) -> tuple[list[Any], StageDiagnosis]:

@@ -1,0 +1,139 @@
+"""A worker process of ``lab.diagnose``'s process sweep: the child's end of its pipes.
+
+Run as ``python -I .../_sweep_child.py DATA_FD CTRL_FD`` by ``_sweep_worker.WorkerPool``:
+a fresh interpreter, never a fork, never multiprocessing's spawn (which would
+re-import the user's script). It is a plain script that imports only the
+standard library and cloudpickle, so a worker is ready in a fraction of a second
+instead of the seconds ``import spdl_lab`` (torch) takes; ``-I`` keeps this folder
+off ``sys.path``, and the parent sends its own ``sys.path`` instead. The main
+thread calls the stage function in a loop; a control thread obeys the parent:
+run, pause, read (counts, and whether it is inside the function), stop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: After a stop (or the parent vanishing), how long a call still inside the
+#: function may take before the worker exits anyway.
+STOP_GRACE_S = 1.0
+
+
+def main(data_fd: int, ctrl_fd: int) -> int:
+    data = Connection(data_fd, readable=False)
+    ctrl = Connection(ctrl_fd, writable=False)
+    try:
+        # The parent is the process that started us; its bytes are trusted.
+        init = ctrl.recv()
+        for entry in reversed(init["sys_path"]):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        import cloudpickle
+
+        worker = _Worker(cloudpickle.loads(init["fn"]), cloudpickle.loads(init["inputs"]))
+        data.send(("ready",))
+    except BaseException:
+        _send_quietly(data, ("crash", traceback.format_exc()))
+        return 1
+    threading.Thread(target=worker.obey, args=(ctrl, data), name="spdl_lab:sweep-control", daemon=True).start()
+    worker.loop()
+    return 0
+
+
+class _Worker:
+    """Counts finished calls; the control thread reads the counts without stopping the loop.
+
+    Paused, the main thread blocks on an Event (no spinning), so idle workers
+    cost nothing while fewer of them are measured.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], inputs: Sequence[Any]) -> None:
+        self.fn = fn
+        self.inputs = inputs
+        self.running = threading.Event()
+        self.stopping = False
+        self.finished = threading.Event()
+        self.lock = threading.Lock()
+        self.busy = False  # inside the function (or about to enter it)
+        self.done = 0  # calls that returned (cumulative)
+        self.failures = 0  # calls that raised (cumulative)
+        self.times_ns: list[int] = []  # durations of returned calls since the last read
+        self.ends_ns: list[int] = []  # their completion times (perf_counter_ns: one clock machine-wide)
+        self.first_error: str | None = None  # traceback of the first failure, sent once
+
+    def loop(self) -> None:
+        fn, inputs, n, i = self.fn, self.inputs, len(self.inputs), 0
+        try:
+            while True:
+                self.busy = True  # before the check, so a pause never misses a call starting
+                if not self.running.is_set():
+                    self.busy = False
+                    self.running.wait()
+                    continue
+                if self.stopping:
+                    return
+                x = inputs[i % n]
+                i += 1
+                t0 = time.perf_counter_ns()
+                try:
+                    fn(x)
+                except Exception:
+                    with self.lock:
+                        self.failures += 1
+                        if self.failures == 1:
+                            self.first_error = traceback.format_exc()
+                    self.busy = False
+                    continue
+                end = time.perf_counter_ns()
+                with self.lock:
+                    self.done += 1
+                    self.times_ns.append(end - t0)
+                    self.ends_ns.append(end)
+                self.busy = False
+        finally:
+            self.finished.set()
+
+    def obey(self, ctrl: Connection, data: Connection) -> None:
+        while True:
+            try:
+                message = ctrl.recv()
+            except (EOFError, OSError):
+                break  # the parent is gone
+            kind = message[0]
+            if kind == "run":
+                self.running.set()
+            elif kind == "pause":
+                self.running.clear()
+            elif kind == "read":
+                with self.lock:
+                    reply = ("counts", self.done, self.failures, self.times_ns, self.ends_ns, self.first_error,
+                             self.busy)
+                    self.times_ns, self.ends_ns, self.first_error = [], [], None
+                if not _send_quietly(data, reply):
+                    break
+            elif kind == "stop":
+                break
+        self.stopping = True
+        self.running.set()
+        # A call stuck in the function cannot be interrupted: never outlive the parent for it.
+        if not self.finished.wait(STOP_GRACE_S):
+            os._exit(0)
+
+
+def _send_quietly(conn: Connection, message: tuple) -> bool:
+    try:
+        conn.send(message)
+        return True
+    except Exception:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
