@@ -1,16 +1,53 @@
-"""The ``spdl-lab`` command (also ``python -m spdl_lab``).
+"""The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, report.
 
-Exit codes: 0 ok, 1 diagnostic-mode exit, 2 usage error.
+Every subcommand has ``--help`` with an example. Exit status:
+
+  0    done
+  1    diagnostic mode ended the program: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 was set, so the
+       first Loader or lab.run diagnosed the pipeline, wrote its reports and exited
+  2    usage error: a bad option, module:attr, file or value; one line on stderr says
+       what was wrong and what to do
+  3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
+  130  interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 import time
+import traceback
+from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+from .errors import PipelineSpecError, SpdlLabError
+from .experiments._json_checks import FileFormatError
 
+__all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+
+EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+#: ``compare --step`` when none is given: a short simulated GPU step, so loading dominates.
+DEFAULT_STEP = "simulated:20"
+#: The exit codes as ``spdl-lab --help`` lists them; the module docstring says the same.
+EXIT_CODES = """Exit status:
+
+  0    done
+  1    diagnostic mode ended the program: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 was set, so the
+       first Loader or lab.run diagnosed the pipeline, wrote its reports and exited
+  2    usage error: a bad option, module:attr, file or value; one line on stderr says
+       what was wrong and what to do
+  3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
+  130  interrupted (Ctrl-C)
+"""
+
+
+class UsageError(SpdlLabError, ValueError):
+    """A command line named something that cannot be used; the message says what to do."""
+
+
+# -- the subcommands ---------------------------------------------------------------------------
 
 def _info(_: argparse.Namespace) -> int:
     import spdl_lab
@@ -19,108 +56,391 @@ def _info(_: argparse.Namespace) -> int:
     for line in describe().lines():
         print(line)
     print(f"spdl_lab    {spdl_lab.__version__}; runners: {', '.join(spdl_lab.RUNNERS)}")
-    return 0
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:
     """The parallelism study: compare every runner on the noisy-neighbour workload."""
     import spdl_lab as lab
-    from spdl_lab.ui.report import write_comparison_report
 
+    html, data = _output(args.report, "demo.html"), _output(args.json, None)
     pipeline, device = lab.workloads.noisy_neighbour()
     print(f"noisy neighbour: {pipeline!r}\nstep: {device!r}\n")
+    return _run_comparison(args, pipeline, device, html, data, "spdl_lab demo: the noisy neighbour")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """The pipeline named by TARGET under each runner, one after another."""
+    pipeline, step = _load_pipeline(args.target), _load_step(args.step)
+    stem = "compare-" + _stem(args.target)
+    html, data = _output(args.report, f"{stem}.html"), _output(args.json, f"{stem}.json")
+    shown = f"{args.step}" + (f" ({step!r})" if args.step.startswith("simulated:") else "")
+    print(f"pipeline: {args.target}: {pipeline!r}\nstep: {shown}\n")
+    return _run_comparison(args, pipeline, step, html, data, f"spdl_lab comparison: {args.target}")
+
+
+def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Path,
+                    data: Path | None, title: str) -> int:
+    from spdl_lab.experiments.compare import compare
+    from spdl_lab.ui.report import write_comparison_report
+
+    options = {"process": {"num_workers": args.num_workers}} if args.num_workers else {}
     t0 = time.perf_counter()
-    cmp = lab.compare(
-        pipeline, step=device, steps=args.steps, warmup=args.warmup,
-        runner_options={"process": {"num_workers": args.num_workers}},
-    )
+    cmp = compare(pipeline, step=step, runners=args.runners, steps=args.steps, warmup=args.warmup,
+                  runner_options=options, timeout=args.timeout, progress=_progress(args))
     print(cmp)
-    print("\nbatches/s relative to cache (headspace):")
-    for runner, ratio in cmp.ratios("cache").items():
-        print(f"  {runner:<20} {ratio:.2f}x")
-    path = write_comparison_report(cmp, args.report, title="spdl_lab demo: the noisy neighbour")
-    print(f"\nreport: {path.resolve()}  ({time.perf_counter() - t0:.0f} s)")
-    return 0
+    if "cache" in cmp.table.index:
+        print("\nbatches/s relative to cache (headspace):")
+        for runner, ratio in cmp.ratios("cache").items():
+            print(f"  {runner:<20} {ratio:.2f}x")
+    print(f"\nreport: {write_comparison_report(cmp, html, title=title).resolve()}")
+    if data is not None:
+        print(f"data:   {cmp.to_json(data).resolve()}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return EXIT_OK
 
 
 def _diagnose(args: argparse.Namespace) -> int:
     """Diagnose the Pipeline named by module:attr; write the HTML and JSON reports."""
-    from spdl_lab.errors import PipelineSpecError
     from spdl_lab.experiments.diagnose import diagnose
     from spdl_lab.experiments.diagnostic_mode import write_reports
 
-    try:
-        pipeline = _load_pipeline(args.target)
-        diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
-                             processes=not args.no_processes)
-    except PipelineSpecError as exc:
-        print(f"spdl-lab diagnose: {exc}", file=sys.stderr)
-        return 2
-    html, data = write_reports(diagnosis, args.report_dir, stem=args.target.replace(":", "-"))
+    pipeline = _load_pipeline(args.target)
+    folder = _report_dir(args.report_dir)
+    diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
+                         processes=not args.no_processes, progress=_progress(args))
+    html, data = write_reports(diagnosis, folder, stem=_stem(args.target))
     print(diagnosis.summary())
     print(f"\nreport: {html.resolve()}\ndata:   {data.resolve()}")
-    return 0
+    return EXIT_OK
 
 
-def _load_pipeline(target: str):
-    """``module:attr`` (attr a lab.Pipeline or a zero-argument factory returning one)."""
-    import importlib
-    import os
+def _report(args: argparse.Namespace) -> int:
+    """A saved diagnosis or comparison (JSON) as one self-contained HTML file."""
+    from spdl_lab.experiments.compare import Comparison
+    from spdl_lab.ui.diagnosis_report import write_diagnosis_report
+    from spdl_lab.ui.report import write_comparison_report
 
-    from spdl_lab.errors import PipelineSpecError
-    from spdl_lab.pipeline import Pipeline
+    source = Path(args.file)
+    if not source.is_file():
+        raise UsageError(f"{source}: no such file; give the .json that spdl-lab diagnose or "
+                         "spdl-lab compare --json wrote")
+    out = Path(args.output) if args.output else source.with_suffix(".html")
+    if out.resolve() == source.resolve():
+        raise UsageError(f"{out} would overwrite the JSON it is read from; name another file with -o")
+    _output(str(out), None)
+    saved = _read_saved(source)
+    if isinstance(saved, Comparison):
+        note = f"{saved.steps} measured steps per runner after {saved.warmup} warm-up; from {source.name}."
+        path = write_comparison_report(saved, out, title=f"spdl_lab comparison: {source.stem}", note=note)
+    else:
+        path = write_diagnosis_report(saved, out, title=f"spdl_lab diagnosis: {source.stem}")
+    print(saved if isinstance(saved, Comparison) else saved.summary())
+    print(f"\nreport: {path.resolve()}")
+    return EXIT_OK
 
+
+# -- what the arguments name -------------------------------------------------------------------
+
+def _import_attr(target: str, what: str) -> Any:
+    """The object ``module:attr`` names (dotted attr paths work), imported, never evaluated."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise PipelineSpecError(f"expected module:attr (e.g. mypkg.data:pipeline), got {target!r}")
+        raise PipelineSpecError(
+            f"expected module:attr for the {what} (e.g. mypkg.data:pipeline), got {target!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to you are found
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise PipelineSpecError(f"cannot import {module_name!r}: {exc}") from exc
+        raise PipelineSpecError(f"cannot import {module_name!r}: {exc}; run spdl-lab from the folder "
+                                "that holds it, or install it") from exc
+    except Exception as exc:  # the module itself raised while importing
+        raise PipelineSpecError(f"importing {module_name!r} raised {type(exc).__name__}: {_one_line(exc)}; "
+                                f"run python -c 'import {module_name}' to see the traceback") from exc
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise PipelineSpecError(f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def _load_pipeline(target: str):
+    """``module:attr`` (attr a lab.Pipeline or a zero-argument factory returning one)."""
+    from spdl_lab.pipeline import Pipeline
+
+    obj = _import_attr(target, "pipeline")
     if not isinstance(obj, Pipeline) and callable(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except PipelineSpecError:
+            raise
+        except Exception as exc:
+            raise PipelineSpecError(f"calling {target}() raised {type(exc).__name__}: {_one_line(exc)}; "
+                                    "it must build a lab.Pipeline with no arguments") from exc
     if not isinstance(obj, Pipeline):
         raise PipelineSpecError(
-            f"{target} is a {type(obj).__name__}; expected a lab.Pipeline or a zero-argument function returning one"
+            f"{target} is {_a(obj)}; expected a lab.Pipeline or a zero-argument function returning one"
         )
     return obj
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spdl-lab", description="spdl_lab: a lab bench for data loading")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="interpreter, GIL, cores, torch and CUDA").set_defaults(run=_info)
-    demo = sub.add_parser(
-        "demo", help="compare every runner on the noisy-neighbour workload; write an HTML report"
+def _load_step(spec: str) -> Any:
+    """``simulated:STEP_MS`` (a SimulatedDevice) or ``module:attr`` of a callable taking a batch."""
+    from spdl_lab.training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
+
+    kind, _, value = spec.partition(":")
+    if kind != "simulated":
+        step = _import_attr(spec, "step")
+        if not callable(step):
+            raise PipelineSpecError(f"--step {spec} is {_a(step)}; expected a callable taking "
+                                    "a batch, or simulated:STEP_MS")
+        return step
+    try:
+        step_ms = float(value)
+    except ValueError:
+        step_ms = float("nan")
+    if not 0 < step_ms <= 60_000:
+        raise PipelineSpecError(f"--step {spec}: expected simulated:STEP_MS with a step of 0 to 60000 ms, "
+                                "e.g. simulated:20")
+    # Kernels of about the default length, with the default launch/kernel ratio (see device.py).
+    kernels = max(1, round(step_ms * 1000 / DEFAULT_KERNEL_US))
+    kernel_us = step_ms * 1000 / kernels
+    return SimulatedDevice(kernels=kernels, kernel_us=kernel_us, name=f"simulated {step_ms:g} ms",
+                           launch_us=kernel_us * DEFAULT_LAUNCH_US / DEFAULT_KERNEL_US)
+
+
+def _read_saved(path: Path) -> Any:
+    """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
+    from spdl_lab.experiments import _comparison_io, _diagnosis_io
+    from spdl_lab.experiments._json_checks import Checker, load_document
+
+    formats = {_diagnosis_io.FORMAT: _diagnosis_io, _comparison_io.FORMAT: _comparison_io}
+
+    class Saved(Checker):
+        noun = "spdl_lab"
+        read_fix = "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)"
+
+    checker = Saved(path, writing=False)
+    try:
+        doc = load_document(path, checker, max(m.MAX_FILE_BYTES for m in formats.values()))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    module = formats.get(doc.get("format"))
+    if module is None:
+        raise checker.expected("format", " or ".join(map(repr, formats)), doc.get("format"))
+    return module.build(doc, path)
+
+
+def _report_dir(path: str | None) -> Path:
+    """``path``, else $SPDL_LAB_REPORT_DIR, else ./spdl_lab_reports; made now, so that a run
+    of minutes never ends unable to write its reports."""
+    from spdl_lab.experiments.diagnostic_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
+
+    folder = Path(path or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the folder {folder}: {exc.strerror or exc}; choose another path") from None
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write to {folder}: permission denied; choose another path")
+    return folder
+
+
+def _output(path: str | None, default_name: str | None) -> Path | None:
+    """Where a file goes: ``path``, else ``default_name`` in the report folder, else nowhere (None)."""
+    if path is None:
+        return None if default_name is None else _report_dir(None) / default_name
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{out} is a folder; give a file name")
+    _report_dir(str(out.parent))
+    return out
+
+
+def _stem(target: str) -> str:
+    return target.replace(":", "-").replace("/", "_")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Bars on a terminal, unless --quiet; none in logs and pipes (carriage returns would litter them)."""
+    return not args.quiet and sys.stderr.isatty()
+
+
+def _a(obj: Any) -> str:
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _one_line(exc: BaseException, limit: int | None = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+def _count(lo: int, hi: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lo - 1
+        if value < lo or (hi is not None and value > hi):
+            limit = f" and <= {hi}" if hi is not None else ""
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}{limit}, got {text!r}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, example: str,
+                quiet: bool = False) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(run=run)
+    if quiet:
+        parser.add_argument("-q", "--quiet", action="store_true",
+                            help="no progress bar (bars show only when stderr is a terminal)")
+    return parser
+
+
+def _comparison_options(parser: argparse.ArgumentParser, steps: int, warmup: int,
+                        num_workers: int | None) -> None:
+    from spdl_lab.runners import RUNNERS
+
+    parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS), metavar="RUNNER",
+                        help=f"runners to compare, one after another (default: all: {' '.join(RUNNERS)})")
+    parser.add_argument("--steps", type=_count(1), default=steps, metavar="N",
+                        help=f"measured steps per runner (default {steps})")
+    parser.add_argument("--warmup", type=_count(0), default=warmup, metavar="N",
+                        help=f"warm-up steps per runner, not measured (default {warmup})")
+    parser.add_argument("--num-workers", type=_count(1), default=num_workers, metavar="N",
+                        help="DataLoader workers for the 'process' runner"
+                             + (f" (default {num_workers})" if num_workers else " (default: the runner's, 2)"))
+    parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="give up on a runner that takes longer than this (exit 3)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from spdl_lab.pipeline import MAX_CONCURRENCY
+
+    parser = argparse.ArgumentParser(
+        prog="spdl-lab", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="spdl_lab: a lab bench for data loading in PyTorch training. Run a pipeline under\n"
+                    "several parallelism models, measure where the time goes, write reports.",
+        epilog="examples:\n  spdl-lab info\n  spdl-lab compare mypkg.data:make_pipeline --step simulated:20\n"
+               "  spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8\n"
+               "  spdl-lab report spdl_lab_reports/mypkg.data-make_pipeline.json\n\n" + EXIT_CODES,
     )
-    demo.add_argument("--steps", type=int, default=120, help="measured steps per runner")
-    demo.add_argument("--warmup", type=int, default=15, help="warm-up steps per runner")
-    demo.add_argument("--num-workers", type=int, default=2, help="DataLoader workers for 'process'")
-    demo.add_argument("--report", default="spdl_lab_reports/demo.html", help="where to write the report")
-    demo.set_defaults(run=_demo)
-    diag = sub.add_parser(
-        "diagnose", help="profile each stage of a pipeline alone, sweeping concurrency; write reports",
-        description="Profile each stage alone at each concurrency and give a verdict per stage "
-                    "(scales, cpu-bound, gil-bound, contended). Exit 0 when done, 2 on a usage error.",
-    )
-    diag.add_argument("target", help="module:attr naming a lab.Pipeline or a zero-argument factory")
-    diag.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16],
-                      help="thread counts to sweep (default: 1 2 4 8 16)")
-    diag.add_argument("--num-items", type=int, default=100, help="inputs collected from the source")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _subcommand(sub, "info", _info, "interpreter, GIL, cores, torch and CUDA",
+                "Print the interpreter, whether the GIL is on, the CPU cores, torch and CUDA,\n"
+                "and the runners this spdl_lab has.", "spdl-lab info")
+
+    demo = _subcommand(
+        sub, "demo", _demo, "compare every runner on the noisy-neighbour workload; write an HTML report",
+        "The parallelism study from the field notes: the noisy-neighbour workload (a\n"
+        "GIL-holding decode stage beside a simulated GPU step) under every runner, a\n"
+        "table and ratios to cache (the headspace) in the terminal, and an HTML report.",
+        "spdl-lab demo --steps 60 --runners thread subprocess-threads cache", quiet=True)
+    _comparison_options(demo, steps=120, warmup=15, num_workers=2)
+    demo.add_argument("--report", default=None, metavar="PATH.html",
+                      help="where the HTML report goes "
+                           "(default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, demo.html)")
+    demo.add_argument("--json", default=None, metavar="PATH.json",
+                      help="also save the comparison as JSON (spdl-lab report renders it again)")
+
+    cmp = _subcommand(
+        sub, "compare", _compare, "run a pipeline and a step under several runners; table, HTML and JSON",
+        "Run the pipeline named by TARGET and a training step under each runner, one\n"
+        "after another; print batches/s, step time, data wait, CPU and GIL wait per\n"
+        "runner and the ratios to cache (the headspace: loading made free); write an\n"
+        "HTML report and the comparison as JSON.",
+        "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache",
+        quiet=True)
+    cmp.add_argument("target", metavar="TARGET",
+                     help="module:attr naming a lab.Pipeline or a zero-argument factory")
+    cmp.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
+                     help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
+                          f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
+    _comparison_options(cmp, steps=100, warmup=10, num_workers=None)
+    cmp.add_argument("--report", default=None, metavar="PATH.html",
+                     help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
+                          "compare-MODULE-ATTR.html)")
+    cmp.add_argument("--json", default=None, metavar="PATH.json",
+                     help="where the comparison's JSON goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
+                          "compare-MODULE-ATTR.json)")
+
+    diag = _subcommand(
+        sub, "diagnose", _diagnose, "profile each stage of a pipeline alone, sweeping concurrency; write reports",
+        "Run each stage of the pipeline named by TARGET alone, fed cached inputs, at each\n"
+        "concurrency, and give a verdict per stage (scales, cpu-bound, gil-bound,\n"
+        "contended) with the evidence; write an HTML and a JSON report.",
+        "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200", quiet=True)
+    diag.add_argument("target", metavar="TARGET",
+                      help="module:attr naming a lab.Pipeline or a zero-argument factory")
+    diag.add_argument("--concurrency", type=_count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
+                      metavar="N", help="thread counts to sweep (default: 1 2 4 8 16)")
+    diag.add_argument("--num-items", type=_count(1), default=100, metavar="N",
+                      help="inputs collected from the source (default 100)")
     diag.add_argument("--no-processes", action="store_true",
                       help="skip the process-pool sweep of stages that do not scale with threads")
-    diag.add_argument("--report-dir", default=None,
+    diag.add_argument("--report-dir", default=None, metavar="DIR",
                       help="where reports go (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports)")
-    diag.set_defaults(run=_diagnose)
-    args = parser.parse_args(argv)
-    return args.run(args)
+
+    report = _subcommand(
+        sub, "report", _report, "render a saved diagnosis or comparison (JSON) as a self-contained HTML file",
+        "Render a diagnosis or comparison saved as JSON (by spdl-lab diagnose,\n"
+        "spdl-lab compare --json, Diagnosis.to_json or Comparison.to_json) as one HTML\n"
+        "file that opens without a network (Bokeh inline). The file is checked strictly\n"
+        "and never executed.",
+        "spdl-lab report spdl_lab_reports/mypkg.data-make_pipeline.json -o diagnosis.html")
+    report.add_argument("file", metavar="FILE.json", help="a saved diagnosis or comparison")
+    report.add_argument("-o", "--output", default=None, metavar="OUT.html",
+                        help="where the HTML goes (default: FILE with .html in place of .json)")
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spdl_lab")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; return the exit status (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits 2 on a bad option
+    prog = f"spdl-lab {args.command}"
+    try:
+        return args.run(args)
+    except (UsageError, PipelineSpecError, FileFormatError) as exc:
+        # What the command line named cannot be used: the message says what and what to do.
+        print(f"{prog}: error: {_one_line(exc, limit=None)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a stage or the step raised, a runner died: show where
+        traceback.print_exc()
+        print(f"{prog}: failed: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

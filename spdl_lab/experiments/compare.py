@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,10 @@ TABLE_COLUMNS = [
 
 @dataclass
 class Comparison:
-    """What ``compare`` measured: ``table`` (one row per runner) and ``frames`` per runner."""
+    """What ``compare`` measured: ``table`` (one row per runner) and ``frames`` per runner.
+
+    ``to_json(path)`` saves it and ``Comparison.from_json(path)`` reads it back.
+    """
 
     table: pd.DataFrame
     frames: dict[str, pd.DataFrame] = field(repr=False)
@@ -63,6 +67,19 @@ class Comparison:
         from ..ui.figures import comparison_plot
 
         return comparison_plot(self)
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write the table and every runner's frames as plain JSON; return the path."""
+        from ._comparison_io import write_json
+
+        return write_json(self, path)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Comparison:
+        """Read a Comparison written by ``to_json``; plain JSON, validated, never executed."""
+        from ._comparison_io import read_json
+
+        return read_json(path)
 
     def _repr_html_(self) -> str:
         shown = self.table.copy()
