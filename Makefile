@@ -38,6 +38,12 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
 
+# The soak tests at full size (tests/reliability/test_soak.py): 1,000,000 items through
+# each thread engine, 100 open/close cycles of every runner. `make test` runs them short;
+# -s shows the numbers they print (RSS before and after, items/s, cycles).
+soak: $(STAMP)
+	SPDL_LAB_SOAK=full $(PY) -m pytest -m slow -s -p no:cacheprovider $(PYTEST_ARGS) tests
+
 lint: $(STAMP)
 	$(PY) -m ruff check spdl_lab tests benchmarks tools
 

@@ -33,6 +33,11 @@ __all__ = ["Loader"]
 _POLL_S = 0.1
 
 
+#: How long ``close()`` waits for work in flight by default. A stage stuck for
+#: good costs this much, and the whole close stays under 5 s.
+CLOSE_TIMEOUT_S = 3.0
+
+
 class Loader:
     """Run ``pipeline`` under ``runner`` and iterate its outputs.
 
@@ -48,8 +53,10 @@ class Loader:
     ``max_failures=N`` drops and counts up to N failing items instead of
     stopping at the first (see the engine's failure model). ``meters=False``
     turns off per-task timing (counts and queue depths stay). ``sample_hz``
-    sets the sampler's rate (``0`` turns the sampler off). Other keyword
-    arguments are options of the chosen runner.
+    sets the sampler's rate (``0`` turns the sampler off). ``close_timeout``
+    is how long closing waits for work in flight before it abandons stuck
+    threads (named in a RuntimeWarning) or kills stuck processes. Other
+    keyword arguments are options of the chosen runner.
     """
 
     def __init__(
@@ -62,7 +69,7 @@ class Loader:
         meters: bool = True,
         sample_hz: float = DEFAULT_HZ,
         sample_ticks: int = DEFAULT_TICKS,
-        close_timeout: float = 5.0,
+        close_timeout: float = CLOSE_TIMEOUT_S,
         **runner_options: Any,
     ) -> None:
         if not isinstance(pipeline, Pipeline):

@@ -36,6 +36,7 @@ def wait_until():
 def no_child_leak():
     """Fail if the test leaves child processes or spdl_lab shared-memory segments."""
     import os
+    from multiprocessing import resource_tracker
 
     import psutil
 
@@ -44,6 +45,9 @@ def no_child_leak():
     def ours() -> set[str]:
         return {n for n in os.listdir(shm_dir()) if n.startswith(f"spdl_lab_{os.getpid()}_")}
 
+    # multiprocessing's resource tracker is started once, on first use, and
+    # lives as long as this process: a singleton of the standard library, not a leak.
+    resource_tracker.ensure_running()
     me = psutil.Process()
     children_before = {p.pid for p in me.children(recursive=True)}
     shm_before = ours()

@@ -24,8 +24,8 @@ Shutdown rules
   returns.
 * ``close`` joins threads for at most ``timeout`` seconds. Threads still
   inside user code then (a hung stage) are left behind as daemon threads and
-  named in a ``RuntimeWarning``; they exit when their call returns, since every
-  queue they could touch is closed.
+  named, with their stage, in a ``RuntimeWarning``; they exit when their call
+  returns, since every queue they could touch is closed.
 * Closing twice, or from several threads at once, is safe.
 """
 
@@ -273,28 +273,25 @@ class Engine:
         self._stop()
         deadline = time.monotonic() + timeout
         stuck = []
-        for thread in self.threads():
+        for owner, thread in self._threads_by_owner():
             if thread is threading.current_thread():
                 continue
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                stuck.append(thread)
+                stuck.append((owner, thread))
         if stuck and first:
-            names = ", ".join(t.name for t in stuck)
-            warnings.warn(
-                f"spdl_lab: {len(stuck)} thread(s) still inside a stage function after "
-                f"{timeout:g}s: {names}. They are daemon threads and exit when that call "
-                f"returns; nothing more will be given to them.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return stuck
+            warnings.warn(_abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
+        return [thread for _, thread in stuck]
 
     def threads(self) -> list[threading.Thread]:
-        threads = [self._source_thread] if self._source_thread else []
+        return [thread for _, thread in self._threads_by_owner()]
+
+    def _threads_by_owner(self) -> list[tuple[str, threading.Thread]]:
+        """Every thread with what runs in it ("the source" or "stage 'name'")."""
+        owned = [("the source", self._source_thread)] if self._source_thread else []
         for stage in self._map_stages.values():
-            threads.extend(stage.threads())
-        return threads
+            owned += [(f"stage {stage.name!r}", thread) for thread in stage.threads()]
+        return owned
 
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
@@ -308,6 +305,19 @@ class Engine:
 
     def concurrency(self, name: str) -> int:
         return self._map_stages[name].concurrency
+
+
+def _abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float) -> str:
+    by_owner: dict[str, list[str]] = {}
+    for owner, thread in stuck:
+        by_owner.setdefault(owner, []).append(thread.name)
+    where = "; ".join(f"{owner}: {len(names)} thread(s) ({', '.join(names)})" for owner, names in by_owner.items())
+    return (
+        f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned as "
+        f"daemon threads: each exits when its call returns and gets no more work. If a stage can "
+        f"block for ever, give its blocking calls a timeout, or run it under "
+        f"runner='subprocess-threads' or 'process', whose workers close() can kill."
+    )
 
 
 def _pipeline_error(

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
+
 from ..errors import PipelineSpecError, RunnerError
 from .base import Runner
-from .cache import CacheRunner
-from .process import ProcessRunner
-from .subprocess_threads import SubprocessThreadsRunner
-from .thread import ThreadRunner
 
 __all__ = ["RUNNERS", "Runner", "runner_class"]
 
 RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
 
-_REGISTRY: dict[str, type[Runner]] = {
-    "thread": ThreadRunner,
-    "subprocess-threads": SubprocessThreadsRunner,
-    "process": ProcessRunner,
-    "cache": CacheRunner,
+# Imported when first asked for: only ``process`` needs torch, and the
+# subprocess-threads child (which imports this package) starts in a fraction
+# of the time without it.
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "thread": ("thread", "ThreadRunner"),
+    "subprocess-threads": ("subprocess_threads", "SubprocessThreadsRunner"),
+    "process": ("process", "ProcessRunner"),
+    "cache": ("cache", "CacheRunner"),
 }
 
 
@@ -28,9 +29,10 @@ def runner_class(name: str) -> type[Runner]:
             f"unknown runner {name!r}; choose one of {', '.join(map(repr, RUNNERS))}"
         )
     try:
-        return _REGISTRY[name]
+        module, cls = _REGISTRY[name]
     except KeyError:
         raise RunnerError(
             f"runner {name!r} is not available in this version of spdl_lab; "
             f"available now: {', '.join(map(repr, _REGISTRY))}"
         ) from None
+    return getattr(importlib.import_module(f".{module}", __name__), cls)

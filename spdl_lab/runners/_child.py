@@ -71,7 +71,8 @@ class _ChildRun:
 
     def _pump(self) -> None:
         from ..engine.queues import END, TIMEOUT
-        from ..errors import PipelineError
+        from ..errors import PipelineError, RunnerError
+        from ._shipping import output_stage, unsendable_output
         from ._transport import encode, write_arrays
 
         while not self.stop.is_set():
@@ -86,11 +87,20 @@ class _ChildRun:
                 self._send(("end",))
                 return
             seq, index, value = record
-            encoded = encode(value)
+            try:
+                encoded = encode(value)
+            except Exception as exc:  # a lock, a generator...: say which stage made it
+                stage = output_stage(self.engine.pipeline)
+                error = unsendable_output(stage, index, exc, "subprocess-threads", "the main process")
+                self._send(("error", _describe_error(error)))
+                return
             if encoded.arrays:
                 try:
                     slot_id, shm = self.slots.acquire(encoded.nbytes, self.stop.is_set)
                 except InterruptedError:
+                    return
+                except RunnerError as err:  # no shared memory left for this output
+                    self._send(("runner-error", str(err)))
                     return
                 write_arrays(encoded, shm)
                 self._send(("out", seq, index, encoded.meta, slot_id, shm.name, shm.size))

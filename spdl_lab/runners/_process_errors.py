@@ -12,11 +12,16 @@ from typing import Any
 
 from ..errors import PipelineError, RunnerError
 from ._process_worker import Failure
+from ._shipping import unsendable_output
 
 __all__ = ["pipeline_error", "dead_worker_error", "torch_error", "exit_status", "drop_tracebacks", "describe"]
 
 
 def pipeline_error(failure: Failure, max_failures: int) -> PipelineError:
+    if failure.unsendable:
+        return unsendable_output(
+            failure.stage, failure.index, failure.error, "process", f"the main process from worker pid {failure.pid}"
+        )
     where = "the source" if failure.stage == "source" else f"stage {failure.stage!r}"
     item = f" on item {failure.index}" if failure.index is not None else ""
     if failure.stage == "source":

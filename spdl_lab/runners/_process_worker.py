@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PipelineSpecError, RunnerError
 from ..pipeline import Pipeline
+from ._shipping import output_stage, pickling_error
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
 
 __all__ = ["Plan", "Skip", "Dropped", "Failure", "PipelineDataset"]
@@ -95,6 +96,8 @@ class Failure:
     worker_traceback: str
     pid: int
     dropped: int
+    #: the output itself cannot be pickled to the parent (not a stage raising)
+    unsendable: bool = False
 
 
 @dataclass
@@ -220,7 +223,23 @@ class PipelineDataset(IterableDataset):
 
         The indices cover dropped items too, so the parent knows the whole chunk
         was handled and a restart does not redo it.
+
+        In a worker, an output that cannot be pickled becomes a Failure here:
+        torch pickles it in a queue thread that only prints the error, and the
+        parent would wait for that batch for ever.
         """
+        indices, value = self._collate(data)
+        info = get_worker_info()
+        if info is None or isinstance(value, (Failure, Dropped)):
+            return indices, value
+        error = pickling_error(value)
+        if error is None:
+            return indices, value
+        index = indices[0] // self.plan.chunk if self.plan.batch is not None else indices[0]
+        stage = output_stage(self._load(info.id).pipeline)
+        return indices, Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
+
+    def _collate(self, data: Any) -> tuple[list[int], Any]:
         pairs = data if self.plan.batch is not None else [data]
         indices = [index for index, _ in pairs]
         for _, value in pairs:

@@ -1,13 +1,19 @@
-"""Sending a pipeline to another process: cloudpickle, or an error naming what cannot go."""
+"""Sending work to another process and outputs back: cloudpickle, or an error naming the culprit."""
 
 from __future__ import annotations
 
-import cloudpickle
+import pickle
+import sys
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
-from ..errors import PipelineSpecError
+import cloudpickle
+import numpy as np
+
+from ..errors import PipelineError, PipelineSpecError
 from ..pipeline import Pipeline
 
-__all__ = ["ship"]
+__all__ = ["ship", "output_stage", "pickling_error", "unsendable_output"]
 
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
@@ -35,3 +41,59 @@ def _unpicklable_part(pipeline: Pipeline) -> str:
         except Exception:
             return label
     return "the pipeline"
+
+
+# -- outputs ----------------------------------------------------------------------------
+def output_stage(pipeline: Pipeline) -> str:
+    """The stage whose return values make up the outputs: the last map, else the source."""
+    maps = [s.name for s in pipeline.stages if s.kind == "map"]
+    return maps[-1] if maps else "source"
+
+
+def unsendable_output(
+    stage: str, index: int | None, exc: BaseException, runner: str, destination: str
+) -> PipelineError:
+    """The error for an output that cannot be pickled back to ``destination``."""
+    where = "the source" if stage == "source" else f"stage {stage!r}"
+    item = f" on item {index}" if index is not None else ""
+    error = PipelineError(
+        f"{runner} runner: {where} returned an object{item} that cannot be sent to {destination} "
+        f"({type(exc).__name__}: {exc}). The pipeline stopped. Return picklable values from it "
+        f"(arrays, tensors, numbers, strings, and lists, tuples or dicts of them): create locks, "
+        f"generators and open files where the batch is used instead, or use runner='thread'.",
+        stage=stage,
+        index=index,
+    )
+    error.__cause__ = exc
+    return error
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+class _StructureProbe(ForkingPickler):
+    """Pickles an output as multiprocessing would, except array and tensor data.
+
+    Arrays and tensors travel by their own means (torch moves tensors to shared
+    memory); what this finds is anything around them that cannot travel at all
+    (a lock, a generator, an open file), at the cost of pickling the structure.
+    """
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
+            return 0
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+            return 0
+        return None
+
+
+def pickling_error(value: Any) -> Exception | None:
+    """Why ``value`` cannot be pickled to another process, or None if it can."""
+    try:
+        _StructureProbe(_Discard(), pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as exc:
+        return exc
+    return None

@@ -18,7 +18,7 @@ import time
 
 from ..errors import RunnerError
 
-__all__ = ["ShmFile", "SeqlockBlock", "new_prefix", "remove_all", "shm_dir"]
+__all__ = ["ShmFile", "SeqlockBlock", "free_bytes", "new_prefix", "remove_all", "shm_dir"]
 
 
 def shm_dir() -> str:
@@ -27,6 +27,12 @@ def shm_dir() -> str:
 
 def new_prefix() -> str:
     return f"spdl_lab_{os.getpid()}_{secrets.token_hex(4)}_"
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes this process may still allocate in ``directory``."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
 
 
 def remove_all(prefix: str) -> list[str]:
@@ -44,9 +50,13 @@ def remove_all(prefix: str) -> list[str]:
 
 
 class ShmFile:
-    """A named shared-memory segment, mapped read-write (creator) or read-only."""
+    """A named shared-memory segment, mapped read-write (creator) or read-only.
 
-    def __init__(self, name: str, size: int, *, create: bool) -> None:
+    ``purpose`` says what the segment is for in the error raised when there is
+    no room for it.
+    """
+
+    def __init__(self, name: str, size: int, *, create: bool, purpose: str = "a shared-memory segment") -> None:
         self.name = name
         self.size = size
         self.path = os.path.join(shm_dir(), name)
@@ -54,7 +64,7 @@ class ShmFile:
         fd = os.open(self.path, flags, 0o600)
         try:
             if create:
-                _reserve(fd, size, self.path)
+                _reserve(fd, size, self.path, purpose)
             self.map = mmap.mmap(fd, size)
         except BaseException:
             if create:
@@ -77,23 +87,39 @@ class ShmFile:
             pass
 
 
-def _reserve(fd: int, size: int, path: str) -> None:
+def _reserve(fd: int, size: int, path: str, purpose: str) -> None:
+    # Checked first so that a request that cannot fit fails at once instead of
+    # filling /dev/shm (tmpfs allocates page by page) and starving other users.
+    directory = os.path.dirname(path)
+    if size > free_bytes(directory):
+        raise RunnerError(_no_room(purpose, size, directory))
     # posix_fallocate makes a full /dev/shm fail here with ENOSPC instead of
     # killing the writer with SIGBUS when it first touches a missing page.
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-            free = os.statvfs(os.path.dirname(path))
-            raise RunnerError(
-                f"not enough shared memory for a {size / 2**20:.1f} MiB transfer buffer in "
-                f"{os.path.dirname(path)} ({free.f_bavail * free.f_frsize / 2**20:.1f} MiB free); "
-                f"make batches smaller, or give the machine more /dev/shm "
-                f"(docker: --shm-size)"
-            ) from exc
+            raise RunnerError(_no_room(purpose, size, directory)) from exc
         if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
             raise
         os.ftruncate(fd, size)
+
+
+def _no_room(purpose: str, size: int, directory: str) -> str:
+    return (
+        f"not enough shared memory for {purpose} ({_human(size)}) in {directory} "
+        f"({_human(free_bytes(directory))} free); make batches smaller, free space in {directory}, "
+        f"or give the machine more shared memory (docker run --shm-size=...)"
+    )
+
+
+def _human(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{nbytes} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 _HEADER = struct.Struct("<QQ")  # sequence number, payload length

@@ -43,10 +43,14 @@ class MeterBlock:
     def __init__(self, shm: ShmFile, layout: Layout) -> None:
         self._shm = shm
         self.layout = layout
-        self.pids: np.ndarray = np.ndarray((layout.slots,), np.int64, buffer=shm.map)
-        self.counters: np.ndarray = np.ndarray(
-            (layout.slots, layout.rows, ROW_LEN), np.int64, buffer=shm.map, offset=8 * layout.slots
-        )
+        # frombuffer keeps the mapping exported while any view of it lives, so
+        # closing it then fails (and is put off) instead of unmapping memory that
+        # a thread still writes: a stage abandoned by close() with num_workers=0
+        # updates its meters when it returns, and that write segfaulted.
+        self.pids: np.ndarray = np.frombuffer(shm.map, np.int64, count=layout.slots)
+        self.counters: np.ndarray = np.frombuffer(
+            shm.map, np.int64, count=layout.slots * layout.rows * ROW_LEN, offset=8 * layout.slots
+        ).reshape(layout.slots, layout.rows, ROW_LEN)
 
     @property
     def name(self) -> str:
@@ -54,7 +58,8 @@ class MeterBlock:
 
     @classmethod
     def create(cls, layout: Layout) -> MeterBlock:
-        return cls(ShmFile(f"{new_prefix()}meters", layout.nbytes, create=True), layout)
+        shm = ShmFile(f"{new_prefix()}meters", layout.nbytes, create=True, purpose="the process runner's meters")
+        return cls(shm, layout)
 
     @classmethod
     def attach(cls, name: str, layout: Layout) -> MeterBlock:

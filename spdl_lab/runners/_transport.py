@@ -158,7 +158,10 @@ class SlotWriter:
             self._made += 1
             size = max(_MIN_SLOT, int(nbytes * _GROWTH))
             try:
-                shm = ShmFile(f"{self._prefix}slot{slot_id}_{self._made}", size, create=True)
+                shm = ShmFile(
+                    f"{self._prefix}slot{slot_id}_{self._made}", size, create=True,
+                    purpose="the transfer buffer of an output",
+                )
             except BaseException:
                 self._free.put(slot_id)
                 raise

@@ -61,6 +61,7 @@ class CacheRunner(Runner):
         self._served = 0
         self._total: float = math.inf
         self._final: EngineReading | None = None
+        self._closed = False
 
     @classmethod
     def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
@@ -80,6 +81,8 @@ class CacheRunner(Runner):
         self._source.start()
 
     def get(self, timeout: float) -> Any:
+        if self._closed:  # by another thread: no replay after close()
+            return END
         if not self._replaying:
             record = self._source.get(timeout)
             if record is TIMEOUT:
@@ -90,14 +93,14 @@ class CacheRunner(Runner):
                 if len(self._cache) >= self._num_caches:
                     self._start_replay()
                 return self._served - 1, record[1], record[2]
-            self._start_replay()
-        if self._served >= self._total or not self._cache:
+            self._start_replay(source_ended=True)
+        if self._closed or self._served >= self._total or not self._cache:
             return END
         index, value = self._cache[self._served % len(self._cache)]
         self._served += 1
         return self._served - 1, index, value
 
-    def _start_replay(self) -> None:
+    def _start_replay(self, source_ended: bool = False) -> None:
         self._replaying = True
         self._final = self._source.read()
         self._source.close()
@@ -105,6 +108,10 @@ class CacheRunner(Runner):
             self._total = math.inf
         elif self._num_outputs is not None:
             self._total = self._num_outputs
+        elif source_ended:
+            # The source runner made every output there is: counting the source
+            # instead would replay extra copies of items dropped under max_failures.
+            self._total = self._served
         else:
             self._total = expected_outputs(self.pipeline)
 
@@ -123,6 +130,7 @@ class CacheRunner(Runner):
         return self._replaying
 
     def close(self, timeout: float = 5.0) -> None:
+        self._closed = True
         self._source.close(timeout)
 
 

@@ -326,15 +326,19 @@ class ProcessRunner(Runner):
                 self._kill_workers()
                 pump.join(1.0)
             if pump.is_alive() and first:
-                warnings.warn(
-                    f"spdl_lab: the process runner's pump thread was still running {timeout:g}s "
-                    f"after close() (a stage stuck with num_workers=0?). It is a daemon thread and "
-                    f"exits when that call returns.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                warnings.warn(self._abandoned_message(pump, timeout), RuntimeWarning, stacklevel=2)
         self._kill_workers()
         self._release_block()
+
+    def _abandoned_message(self, pump: threading.Thread, timeout: float) -> str:
+        busy = [f"stage {r.name!r}" for r in self.read().stages if r.in_flight] or ["a stage"]
+        return (
+            f"spdl_lab: the process runner's pump thread ({pump.name}) is still inside "
+            f"{' and '.join(busy)} {timeout:g}s after close(); with num_workers=0 the stages run in "
+            f"it. It is abandoned as a daemon thread and exits when that call returns. If a stage "
+            f"can block for ever, give its blocking calls a timeout, or use num_workers >= 1, "
+            f"whose workers close() can kill."
+        )
 
     def _kill_workers(self) -> None:
         """SIGKILL workers still running (stuck in a stage); multiprocessing then reaps them.

@@ -76,7 +76,9 @@ class SubprocessThreadsRunner(Runner):
 
     # -- starting ----------------------------------------------------------------
     def start(self) -> None:
-        meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True)
+        meters = ShmFile(
+            f"{self._prefix}meters", _METERS_SIZE, create=True, purpose="the subprocess-threads runner's meters"
+        )
         self._meters = SeqlockBlock(meters)
         data_r, data_w = os.pipe()
         ctrl_r, ctrl_w = os.pipe()
@@ -117,17 +119,25 @@ class SubprocessThreadsRunner(Runner):
 
     # -- iterating ---------------------------------------------------------------
     def get(self, timeout: float) -> Any:
-        if self._ended:
+        if self._ended or self._closed:
             return END
         message = self._recv(timeout)
         if message is TIMEOUT:
             return TIMEOUT
+        if message is END:
+            return END
         kind = message[0]
         if kind == "out":
             _, seq, index, meta, slot_id, slot_name, slot_size = message
             if slot_id < 0:
                 return seq, index, decode(meta, None)
-            value = decode(meta, self._reader.get(slot_id, slot_name, slot_size))
+            try:
+                slot = self._reader.get(slot_id, slot_name, slot_size)
+            except FileNotFoundError:
+                if self._closed:  # close() from another thread removed the slot
+                    return END
+                raise
+            value = decode(meta, slot)
             self._send(("release", slot_id))
             return seq, index, value
         if kind == "end":
@@ -136,13 +146,20 @@ class SubprocessThreadsRunner(Runner):
         if kind == "error":
             self._ended = True
             raise _pipeline_error(message[1])
+        if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
+            self._ended = True
+            raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
 
     def _recv(self, timeout: float, starting: bool = False) -> Any:
-        """The next message, TIMEOUT, or RunnerError if the child died."""
+        """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
         assert self._data is not None and self._proc is not None
         deadline = time.monotonic() + timeout
         while True:
+            # close() from another thread stops the child and closes the channel:
+            # then the run is over, not failed.
+            if self._closed:
+                return END
             try:
                 if self._data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
                     message = self._data.recv()
@@ -151,9 +168,12 @@ class SubprocessThreadsRunner(Runner):
                     if message[0] == "ready" and not starting:
                         continue
                     return message
+                exited = self._proc.poll() is not None and not self._data.poll(0)
             except (EOFError, OSError):
+                if self._closed:
+                    return END
                 raise self._died(None) from None
-            if self._proc.poll() is not None and not self._data.poll(0):
+            if exited and not self._closed:
                 raise self._died(None)
             if time.monotonic() >= deadline:
                 return TIMEOUT

@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from multiprocessing import resource_tracker
 
 import pytest
 
@@ -25,13 +24,6 @@ pytestmark = [
     pytest.mark.usefixtures("no_thread_leak", "no_child_leak"),
     pytest.mark.timeout(90),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def resource_tracker_running():
-    # spawn starts multiprocessing's resource tracker once per process, for
-    # good; start it first so no_child_leak counts it as already there.
-    resource_tracker.ensure_running()
 
 
 def runner(pipeline: lab.Pipeline, **options) -> ProcessRunner:
