@@ -10,11 +10,12 @@ times with the default concurrency (1, 2, 4, 8, 16) and settings. Printed:
 * the verdict and best concurrency per run (target: the same every run);
 * the wall time of each diagnose (target: <= 60 s).
 
-When SPDL (``spdl_core``) is installed, the same functions go through
-``spdl.pipeline.profile_pipeline`` ``--runs`` times (its fixed concurrencies
-32, 16, 8, 4, 1; one pass over ``--spdl-inputs`` items each) and the same
-figures are printed, with the best concurrency by lab's rule (the smallest
-within 5% of the best QPS).
+When SPDL (``spdl_core``) is installed, the pipeline is an SPDL
+``PipelineConfig``: lab diagnoses ``lab.from_spdl(config)``, and the very same
+config goes through ``spdl.pipeline.profile_pipeline`` ``--runs`` times (its
+fixed concurrencies 32, 16, 8, 4, 1; one pass over ``--spdl-inputs`` items
+each). The same figures are printed for both, with the best concurrency by
+lab's rule (the smallest within 5% of the best QPS).
 
     python benchmarks/diagnose_repeatability.py [--runs 3] [--num-items 100] [--spdl-inputs 1000]
 """
@@ -64,7 +65,22 @@ def checksum(i: int) -> bytes:
 STAGES = (("read", read), ("parse", parse), ("checksum", checksum))
 
 
+def spdl_config(items: int):
+    """The pipeline as an SPDL PipelineConfig, or None without spdl_core."""
+    try:
+        from spdl.pipeline.defs import Pipe, PipelineConfig, SinkConfig, SourceConfig
+    except ImportError:
+        return None
+    return PipelineConfig(src=SourceConfig(range(items)),
+                          pipes=[Pipe(fn, concurrency=4, name=name) for name, fn in STAGES],
+                          sink=SinkConfig(2))
+
+
 def lab_pipeline(items: int) -> lab.Pipeline:
+    """The same pipeline for lab: converted from SPDL's config when spdl_core is installed."""
+    config = spdl_config(items)
+    if config is not None:
+        return lab.from_spdl(config)
     pipeline = lab.Pipeline(range(items))
     for name, fn in STAGES:
         pipeline = pipeline.map(fn, concurrency=4, name=name)
@@ -74,7 +90,9 @@ def lab_pipeline(items: int) -> lab.Pipeline:
 # -- lab.diagnose ------------------------------------------------------------------
 
 def run_lab(runs: int, num_items: int) -> None:
-    print(f"## lab.diagnose x {runs}: default concurrency and settings, num_items={num_items}\n")
+    source = "lab.from_spdl(the SPDL config below)" if spdl_config(1) is not None else "a lab.Pipeline"
+    print(f"## lab.diagnose x {runs} of {source}: default concurrency and settings, "
+          f"num_items={num_items}\n")
     diagnoses, walls = [], []
     for r in range(runs):
         before = _bytecode_rate()
@@ -112,18 +130,13 @@ def run_lab(runs: int, num_items: int) -> None:
 def run_spdl(runs: int, num_inputs: int) -> None:
     try:
         from spdl.pipeline import profile_pipeline
-        from spdl.pipeline.defs import Pipe, PipelineConfig, SinkConfig, SourceConfig
     except ImportError:
         print("## SPDL: spdl_core is not installed; skipped")
         return
     from importlib.metadata import version
 
     print(f"## SPDL {version('spdl_core')} profile_pipeline x {runs}: num_inputs={num_inputs}\n")
-    config = PipelineConfig(
-        src=SourceConfig(range(10 * num_inputs)),
-        pipes=[Pipe(fn, concurrency=4, name=name) for name, fn in STAGES],
-        sink=SinkConfig(2),
-    )
+    config = spdl_config(10 * num_inputs)
     qps: dict[tuple[str, int], list[float]] = {}
     walls = []
     for r in range(runs):

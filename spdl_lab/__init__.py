@@ -11,6 +11,8 @@ from typing import Any
 from . import workloads
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .experiments import Comparison, Diagnosis, Session, compare, diagnose, headspace, run
+from .integrations import from_spdl
+from .integrations.torch_dataloader import from_dataloader
 from .loader import Loader
 from .pipeline import Pipeline, Stage
 from .runners import RUNNERS
@@ -39,6 +41,8 @@ __all__ = [
     "StepClock",
     "compare",
     "diagnose",
+    "from_dataloader",
+    "from_spdl",
     "headspace",
     "run",
     "workloads",

@@ -88,6 +88,48 @@ qps.value.describe()[["min", "max"]]
 wide = frames.pivot_table(index="time_s", columns=["series", "stage"], values="value")
 wide[[("qps", "fetch"), ("concurrency", "fetch"), ("queue_depth", "source→fetch")]].tail()
 """),
+    ("md", """
+## Bring your own loader
+
+An existing `torch.utils.data.DataLoader` becomes a Pipeline with
+`lab.from_dataloader` (sampler, `__getitem__` with `num_workers` threads,
+batch, collate), so the same loader can run under every runner. An SPDL
+pipeline comes in with `lab.from_spdl`, or runs as SPDL builds it with
+`lab.run(builder, ...)` while lab's hooks meter every stage.
+"""),
+    ("code", """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Squares(Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        return torch.full((4,), float(i * i))
+
+dl = DataLoader(Squares(), batch_size=32, num_workers=2)
+converted = lab.from_dataloader(dl)
+with lab.Loader(converted, runner="thread") as loader:
+    assert all(torch.equal(a, b) for a, b in zip(loader, dl))
+converted
+"""),
+    ("code", """
+try:
+    from spdl.pipeline import PipelineBuilder
+except ImportError:
+    print("spdl_core is not installed (pip install spdl_core); skipping the SPDL example")
+else:
+    builder = (PipelineBuilder().add_source(range(N))
+               .pipe(fetch, concurrency=8, name="fetch")
+               .pipe(decode, concurrency=2, name="decode")
+               .aggregate(64)
+               .pipe(collate, name="collate")
+               .add_sink(4))
+    session = lab.run(builder, step=lambda batch: time.sleep(0.01), steps=20)
+    assert session.wait(timeout=60)
+    print(session.runner, "ran", session.stats().step.steps, "steps")
+    display(session.summary()[["tasks", "qps", "p50_ms"]])
+"""),
 ]
 
 IPC_OVERHEAD = [

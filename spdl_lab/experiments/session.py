@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import PipelineSpecError, SpdlLabError
+from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
 from ..pipeline import Pipeline
 from ..telemetry.frames import FrameChunk, Row, chunk_since
@@ -108,6 +109,10 @@ class Session:
         sources = [self.clock.rows, *self._probes]
         if self.device is not None:
             sources.append(_TrainingThreadWaits(self.device))
+        if self.loader is None and is_dataloader(self._iterable):
+            # A DataLoader run as it is: watch its worker processes too.
+            self._iterable = WatchedDataLoader(self._iterable)
+            sources.append(self._iterable)
         self._sampler: Sampler | None = None
         if self.loader is not None:
             for s in sources:
@@ -330,6 +335,11 @@ def _open(
                 "run: pass runner options to the lab.Loader itself, not to run(), when giving a Loader"
             )
         return source, source, source.runner
+    # SPDL pipelines (spdl_lab.integrations): monitored as SPDL runs them, or converted for a lab runner.
+    from ..integrations import is_spdl_spec, open_spdl
+
+    if is_spdl_spec(source):
+        return open_spdl(source, runner, sample_hz, options)
     if runner is not None or options:
         raise PipelineSpecError(
             f"run: runner= and loader options apply to a lab.Pipeline; "

@@ -95,7 +95,10 @@ class Dashboard(widgets.VBox):
         self._cursor = 0
         self._window = Window()
         pipeline = session.pipeline
-        options = list(RUNNERS) if pipeline is not None else [session.runner]
+        # Only a lab.Pipeline under a lab runner can restart under another (not an
+        # iterable, not an SPDL pipeline monitored as it is: runner "spdl").
+        switchable = pipeline is not None and session.runner in RUNNERS
+        options = list(RUNNERS) if switchable else [session.runner]
         self._applied = dict(session.controls())
         self._attaching = True  # setting options moves the value: not a user's choice
         try:
@@ -103,7 +106,7 @@ class Dashboard(widgets.VBox):
             self.runner.value = session.runner
         finally:
             self._attaching = False
-        self.runner.disabled = pipeline is None
+        self.runner.disabled = not switchable
         self.sliders = {name: self._slider(name, n) for name, n in self._applied.items()}
         self._slider_box.children = list(self.sliders.values())
         self._stages = ["source", *(s.name for s in pipeline.stages)] if pipeline is not None else []

@@ -1,0 +1,147 @@
+"""An asyncio event loop in its own thread, for the async stages of a converted SPDL pipeline.
+
+lab runners call stage functions from plain threads; an async stage submits
+its coroutine to this loop and waits for the result, so a stage with
+concurrency N keeps up to N coroutines running on the loop, as SPDL does.
+
+Lifetime
+--------
+No runner knows the loop exists, so it cannot be stopped by one. Instead each
+thread that submits holds a *lease* in thread-local storage: the first lease
+starts the loop thread, and the lease is dropped when its thread ends (CPython
+clears a thread's locals as the thread exits, before ``join()`` on it
+returns). When the last lease goes, the loop is told to stop and its thread
+ends a moment later. So closing a Loader, which joins its workers, stops the
+loop too; nothing waits for it (a join there would run during the worker's
+teardown, where ``threading.current_thread()`` leaves a dummy thread behind).
+A thread that never ends (the main thread, calling a stage function by hand)
+keeps the loop until it does; the loop thread is a daemon. ``close()`` stops
+the loop at once, whoever holds a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["LoopThread"]
+
+
+class LoopThread:
+    """One event loop in a daemon thread, started on first use (see the module docstring).
+
+    Picklable: a copy in another process starts its own loop there.
+    """
+
+    def __init__(self, name: str = "spdl_lab:async-stages") -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._leases = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LoopThread, (self.name,))
+
+    def run(self, make: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
+        """``await make(arg)`` on the loop; block this thread until it is done."""
+        future = asyncio.run_coroutine_threadsafe(_await(make, arg), self._loop_here())
+        try:
+            return future.result()
+        finally:
+            # An exception's traceback holds this frame: drop the future so no
+            # cycle keeps objects alive until the garbage collector runs.
+            del future
+
+    def _loop_here(self) -> asyncio.AbstractEventLoop:
+        """The loop, leased to the calling thread (the lease must never sit in a
+        frame that a traceback can hold, or it outlives its thread)."""
+        lease = getattr(self._local, "lease", None)
+        if lease is None or lease.loop is not self._loop:  # first call here, or close() since
+            lease = self._local.lease = self._acquire()
+        return lease.loop
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def close(self) -> None:
+        """Stop the loop now and wait for its thread (leases still held start a new one)."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+            self._leases = 0
+        if loop is not None:
+            _stop_soon(loop)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    # -- leases ------------------------------------------------------------------
+    def _acquire(self) -> _Lease:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+                thread = threading.Thread(target=_serve, args=(loop, ready), name=self.name, daemon=True)
+                thread.start()
+                ready.wait()
+                self._loop, self._thread = loop, thread
+            self._leases += 1
+            return _Lease(self, self._loop)
+
+    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Runs while a worker thread is being torn down: no joins, no current_thread().
+        with self._lock:
+            if loop is not self._loop:
+                return  # close() already stopped it
+            self._leases -= 1
+            if self._leases > 0:
+                return
+            self._loop = self._thread = None
+        _stop_soon(loop)
+
+
+class _Lease:
+    __slots__ = ("owner", "loop")
+
+    def __init__(self, owner: LoopThread, loop: asyncio.AbstractEventLoop) -> None:
+        self.owner = owner
+        self.loop = loop
+
+    def __del__(self) -> None:
+        try:
+            self.owner._release(self.loop)
+        except Exception:  # interpreter shutdown: the daemon loop thread dies with it
+            pass
+
+
+async def _await(make: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
+    # run_coroutine_threadsafe takes coroutines only; ``make`` may return any awaitable.
+    return await make(arg)
+
+
+def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            tasks = asyncio.all_tasks(loop)  # only after close(): leases wait for their calls
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
+
+
+def _stop_soon(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        loop.call_soon_threadsafe(loop.stop)
+    except RuntimeError:  # already closed
+        pass

@@ -1,0 +1,109 @@
+"""Stage functions and sources of a converted SPDL pipeline, in the form lab runners call.
+
+Each wraps the SPDL op and keeps SPDL's meaning where lab's differs: an op
+that returns ``None`` drops the item in SPDL; lab has no filter, so here it
+raises ``ItemSkipped`` (a failure, dropped and counted under ``max_failures``).
+All are picklable (cloudpickle carries the user's function by value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable, Iterator
+from typing import Any
+
+from ..errors import SpdlLabError
+from ._event_loop import LoopThread
+
+__all__ = ["AsyncOp", "AsyncSource", "ItemSkipped", "SyncOp"]
+
+
+class ItemSkipped(SpdlLabError):
+    """An SPDL op returned ``None``: SPDL drops the item, a lab.Pipeline counts it as a failure."""
+
+
+def _skipped(stage: str) -> ItemSkipped:
+    return ItemSkipped(
+        f"stage {stage!r} returned None: SPDL drops such items, but a lab.Pipeline has no filter, "
+        f"so the item counts as a failed one. Pass max_failures=N to lab.Loader or lab.run to drop "
+        f"and count up to N of them."
+    )
+
+
+class SyncOp:
+    """A synchronous SPDL op as a lab stage function."""
+
+    __slots__ = ("fn", "stage")
+
+    def __init__(self, fn: Callable[[Any], Any], stage: str) -> None:
+        self.fn = fn
+        self.stage = stage
+
+    def __call__(self, item: Any) -> Any:
+        result = self.fn(item)
+        if result is None:
+            raise _skipped(self.stage)
+        return result
+
+    def __repr__(self) -> str:
+        return f"SyncOp({self.stage!r})"
+
+
+class AsyncOp:
+    """An async SPDL op as a lab stage function: each call awaits it on ``loop``.
+
+    The calling thread blocks until the coroutine is done, so a stage run by N
+    threads has up to N coroutines on the loop at once: SPDL's concurrency.
+    """
+
+    __slots__ = ("fn", "stage", "loop")
+
+    def __init__(self, fn: Callable[[Any], Any], stage: str, loop: LoopThread) -> None:
+        self.fn = fn
+        self.stage = stage
+        self.loop = loop
+
+    def __call__(self, item: Any) -> Any:
+        result = self.loop.run(self.fn, item)
+        if result is None:
+            raise _skipped(self.stage)
+        return result
+
+    def __repr__(self) -> str:
+        return f"AsyncOp({self.stage!r})"
+
+
+class AsyncSource:
+    """An async iterable as a lab source: a factory of iterators that step it on ``loop``."""
+
+    __slots__ = ("source", "loop")
+
+    def __init__(self, source: AsyncIterable[Any], loop: LoopThread) -> None:
+        self.source = source
+        self.loop = loop
+
+    def __call__(self) -> Iterator[Any]:
+        return self._items()
+
+    def _items(self) -> Iterator[Any]:
+        iterator = self.loop.run(_aiter, self.source)
+        try:
+            while True:
+                try:
+                    yield self.loop.run(_anext, iterator)
+                except StopAsyncIteration:
+                    return
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                self.loop.run(lambda _: aclose(), None)
+
+    def __repr__(self) -> str:
+        return f"AsyncSource({type(self.source).__name__})"
+
+
+async def _aiter(source: AsyncIterable[Any]) -> Any:
+    return aiter(source)
+
+
+async def _anext(iterator: Any) -> Any:
+    return await anext(iterator)

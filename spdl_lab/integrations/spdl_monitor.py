@@ -1,0 +1,363 @@
+"""Watch a real SPDL pipeline with lab's meters, without converting it.
+
+``SpdlMonitor`` builds the pipeline with SPDL's own ``build_pipeline``,
+passing lab meters as its ``task_hook_factory`` and ``queue_class`` (see
+``_spdl_meters``), and has the surface of a ``lab.Loader``: iterate it, and
+``stats()``, ``frames()`` and the dashboard read the same series as for a
+lab runner. ``lab.run(builder, step=...)`` makes one (runner ``"spdl"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+
+from ..engine.engine import EngineReading
+from ..engine.queues import END, TIMEOUT
+from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
+from ..loader import CLOSE_TIMEOUT_S, _empty_snapshot, _iterate, _Run, _State
+from ..runners.base import Runner
+from ..telemetry.frames import FrameChunk, chunk_since, to_frame
+from ..telemetry.ring import Ring
+from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Source
+from ..telemetry.snapshot import Snapshot
+from ._spdl_config import SpdlSpec, config_of, describe, op_kind, pipe_fields
+from .spdl import require_spdl
+
+__all__ = ["RUNNER", "SpdlMonitor"]
+
+#: The runner name of a monitored SPDL pipeline (``session.runner``, ``snapshot.runner``).
+RUNNER = "spdl"
+#: Build options this module sets itself.
+_OURS = ("queue_class", "stage_id")
+
+
+class SpdlMonitor:
+    """Iterate an SPDL pipeline as SPDL runs it, with lab's meters on every stage and queue.
+
+    Example::
+
+        monitor = SpdlMonitor(builder)              # a PipelineBuilder or PipelineConfig
+        with monitor:
+            for batch in monitor:
+                train(batch)
+            print(monitor.stats())                  # per-stage tasks, p50/p99, queues
+
+    Each ``iter(monitor)`` builds and starts a fresh SPDL pipeline. Keyword
+    arguments go to ``spdl.pipeline.build_pipeline``: ``num_threads`` defaults
+    to the sum of the concurrency of the stages that run synchronous code, so
+    that no task waits for a thread (a task's time, measured by SPDL's task
+    hook, would include that wait); ``max_failures`` (SPDL's default, -1,
+    drops every failing item; the monitor counts them); ``task_hook_factory``
+    (its hooks run beside lab's). SPDL fixes each stage's concurrency when it builds, so
+    ``set_concurrency`` is refused and ``controls()`` is empty.
+
+    Monitored: a source, then pipes (any op, any ``output_order``, own
+    executor or ``max_failures``), aggregates and disaggregates. Refused, with
+    the stage named: ``Merge`` sources, ``path_variants`` and ``.to()`` regions.
+    """
+
+    runner = RUNNER
+
+    def __init__(
+        self,
+        builder_or_config: Any,
+        *,
+        sample_hz: float = DEFAULT_HZ,
+        sample_ticks: int = DEFAULT_TICKS,
+        close_timeout: float = CLOSE_TIMEOUT_S,
+        start_timeout: float = 30.0,
+        **build_options: Any,
+    ) -> None:
+        require_spdl("monitoring an SPDL pipeline")
+        config = config_of(builder_or_config, caller="lab.run")
+        _check_source(config.src)
+        self.pipeline: SpdlSpec = describe(config, reject=_refusal, caller="lab.run")
+        if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
+            raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
+        _check_build_options(build_options)
+        build_options.setdefault("num_threads", default_num_threads(self.pipeline, build_options))
+        self._build_options = build_options
+        self._sample_hz = float(sample_hz)
+        self._sample_ticks = sample_ticks
+        self._close_timeout = close_timeout
+        self._start_timeout = start_timeout
+        self._sources: list[Source] = []
+        self._state = _State()
+        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
+
+    # -- iterating ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        if self._state.closed:
+            raise SpdlLabError("this SpdlMonitor is closed; create a new one to iterate again")
+        diagnostic_mode_check(self.pipeline.config)  # when used directly; lab.run checked already
+        self._state.end_run(self._close_timeout)
+        runner = SpdlRunner(self.pipeline, self._build_options, self._start_timeout)
+        run = _Run(runner, self._sample_hz, self._sample_ticks, self._sources)
+        self._state.run = run
+        try:
+            run.start()
+        except BaseException:
+            run.finish(self._close_timeout)
+            raise
+        return _iterate(self, run, self._close_timeout)  # type: ignore[arg-type]
+
+    def add_source(self, source: Source) -> None:
+        """Sample ``source`` with this monitor's meters (sessions add the step and probes)."""
+        self._sources.append(source)
+        run = self._state.run
+        if run is not None and run.sampler is not None and not run.finished:
+            run.sampler.add_source(source)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments passed to SPDL's ``build_pipeline``."""
+        return dict(self._build_options)
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        self.pipeline.stage(stage)  # an unknown name says which names there are
+        raise PipelineSpecError(
+            f"cannot set {stage!r}'s concurrency to {n}: an SPDL pipeline fixes each stage's "
+            f"concurrency when it is built, and cannot change it while it runs. Rebuild with "
+            f"pipe(..., concurrency={n}), or convert it with lab.from_spdl(builder) and run it "
+            f"under runner='thread', where concurrency changes live."
+        )
+
+    def controls(self) -> dict[str, int]:
+        """Nothing can be changed live in an SPDL pipeline."""
+        return {}
+
+    # -- reading -----------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        run = self._state.run
+        if run is None:
+            return _empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
+        return run.snapshot()
+
+    def frames(self) -> pd.DataFrame:
+        run = self._state.run
+        if run is None or run.sampler is None:
+            return to_frame(Ring(2))
+        return run.sampler.frames()
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        run = self._state.run
+        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
+
+    # -- closing -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the SPDL pipeline (its event loop, source and executor threads). Safe twice."""
+        self._state.close(self._close_timeout)
+
+    def __enter__(self) -> SpdlMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        run = self._state.run
+        state = "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
+        return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {state})"
+
+
+class SpdlRunner(Runner):
+    """One run of an SPDL pipeline behind lab's runner contract (``runners/base.py``).
+
+    ``get`` and ``close`` may come from different threads (a session stops
+    from another thread): a lock keeps SPDL's ``get_item`` and ``stop`` apart,
+    and ``get`` polls in short slices, so ``close`` waits at most one slice.
+    """
+
+    name = RUNNER
+
+    def __init__(self, spec: SpdlSpec, build_options: dict[str, Any], start_timeout: float) -> None:
+        from ._spdl_meters import SpdlMeters
+
+        super().__init__(spec, buffer_size=None, max_failures=0, metered=True)  # type: ignore[arg-type]
+        self.spec = spec
+        self.meters = SpdlMeters(spec)
+        self._options = dict(build_options)
+        self._start_timeout = start_timeout
+        self._pipeline: Any = None
+        self._io = threading.Lock()
+        self._stopping = False
+        self._count = 0
+
+    def start(self) -> None:
+        from spdl.pipeline import build_pipeline
+
+        options = dict(self._options)
+        options["task_hook_factory"] = self.meters.hook_factory(options.get("task_hook_factory"))
+        self._pipeline = build_pipeline(
+            self.spec.config, queue_class=self.meters.queue_class(), stage_id=0, **options
+        )
+        try:
+            self._pipeline.start(timeout=self._start_timeout)
+        except TimeoutError as exc:
+            raise RunnerError(f"the SPDL pipeline did not start within {self._start_timeout:g} s") from exc
+
+    def get(self, timeout: float) -> Any:
+        with self._io:
+            if self._stopping or self._pipeline is None:
+                return END
+            try:
+                item = self._pipeline.get_item(timeout=timeout)
+            except TimeoutError:
+                return TIMEOUT
+            except EOFError:
+                return END
+            except Exception as exc:
+                raise self._failure(exc) from exc
+        index, self._count = self._count, self._count + 1
+        return index, index, item
+
+    def _failure(self, exc: Exception) -> PipelineError:
+        stage = next((m.name for m in self.meters.stages if m.read().failures), "spdl")
+        where = f"stage {stage!r}" if stage != "spdl" else "the SPDL pipeline"
+        return PipelineError(
+            f"{where} failed: {type(exc).__name__}: {exc}. The SPDL pipeline stopped. SPDL's "
+            f"max_failures (a build option, -1 by default: drop every failing item) decides how many "
+            f"failing items it drops; pass it to lab.run (max_failures=N).",
+            stage=stage, index=None,
+        )
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        raise PipelineSpecError(f"stage {stage!r}: an SPDL pipeline cannot change concurrency while it runs")
+
+    def concurrency(self, stage: str) -> int:
+        return self.spec.stage(stage).concurrency
+
+    def read(self) -> EngineReading:
+        return self.meters.read()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        got = self._io.acquire(timeout=timeout)  # a get() in progress returns within its slice
+        try:
+            pipeline, self._pipeline = self._pipeline, None
+            if pipeline is not None:
+                try:
+                    pipeline.stop(timeout=timeout)
+                except Exception:  # the failure, if any, was raised by get() already
+                    pass
+        finally:
+            if got:
+                self._io.release()
+
+
+def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = None) -> int:
+    """Enough executor threads for every synchronous task SPDL may run at once.
+
+    Sync functions and generators without their own executor run on the
+    pipeline's pool; with ``use_thread_output_queue`` the sink's puts do too.
+    """
+    from spdl.pipeline.defs import PipeConfig
+
+    total = 1 if (build_options or {}).get("use_thread_output_queue") else 0
+    for part in spec.parts:
+        if isinstance(part.cfg, PipeConfig):
+            op, executor, concurrency = pipe_fields(part.cfg)
+            if executor is None and op_kind(op) in ("sync function", "generator"):
+                total += concurrency
+    return max(1, total)
+
+
+def diagnostic_mode_check(source: Any) -> None:
+    """With ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``, diagnose ``source`` as lab would and exit.
+
+    ``source`` is an SPDL builder or config (diagnosed through ``lab.from_spdl``)
+    or the ``lab.Pipeline`` already made from one.
+    """
+    from ..experiments import diagnostic_mode
+    from ..pipeline import Pipeline
+
+    if not diagnostic_mode.enabled():
+        return
+    from .spdl import from_spdl
+
+    try:
+        pipeline = source if isinstance(source, Pipeline) else from_spdl(source)
+    except PipelineSpecError as exc:
+        raise PipelineSpecError(
+            f"{diagnostic_mode.ENV}=1: spdl_lab diagnoses an SPDL pipeline through lab.from_spdl, "
+            f"which refused this one ({exc}). Unset {diagnostic_mode.ENV}, or leave spdl_lab out and let "
+            f"SPDL's own diagnostic mode profile it."
+        ) from exc
+    diagnostic_mode.run_diagnostic_mode(pipeline)
+
+
+def open_spdl(
+    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
+) -> tuple[Any, Any, str]:
+    """What ``lab.run`` opens for an SPDL pipeline: ``(loader, iterable, runner name)``.
+
+    Runner ``None`` or ``"spdl"`` monitors it as SPDL runs it; a lab runner
+    name runs ``lab.from_spdl(source)`` under that runner. Diagnostic mode is
+    checked here, in the caller's thread, as ``lab.run`` does for a lab.Pipeline.
+    """
+    from ..loader import Loader
+    from .spdl import from_spdl
+
+    if isinstance(source, SpdlMonitor):
+        if runner not in (None, RUNNER) or options:
+            raise PipelineSpecError("run: pass build options to the SpdlMonitor itself, not to run()")
+        diagnostic_mode_check(source.pipeline.config)
+        return source, source, source.runner
+    if runner in (None, RUNNER):
+        monitor = SpdlMonitor(source, sample_hz=sample_hz, **options)
+        diagnostic_mode_check(monitor.pipeline.config)
+        return monitor, monitor, monitor.runner
+    pipeline = from_spdl(source)
+    diagnostic_mode_check(pipeline)
+    loader = Loader(pipeline, runner=runner, sample_hz=sample_hz, **options)
+    return loader, loader, loader.runner
+
+
+def _check_build_options(options: dict[str, Any]) -> None:
+    from spdl.pipeline import build_pipeline
+
+    taken = sorted(set(options) & set(_OURS))
+    if taken:
+        raise PipelineSpecError(
+            f"lab.run: {', '.join(taken)} cannot be passed for an SPDL pipeline: spdl_lab sets them to "
+            f"meter its queues (task_hook_factory may be passed: its hooks run beside lab's)"
+        )
+    known = [n for n, p in inspect.signature(build_pipeline).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        takes = ", ".join(k for k in known if k not in _OURS)
+        raise PipelineSpecError(
+            f"lab.run: an SPDL pipeline takes no {', '.join(map(repr, unknown))}; "
+            f"it takes SPDL's build options: {takes}"
+        )
+
+
+def _check_source(src: Any) -> None:
+    from spdl.pipeline.defs import MergeConfig
+
+    if isinstance(src, MergeConfig):
+        raise PipelineSpecError(
+            f"lab.run: the source (a Merge of {len(src.pipeline_configs)} pipelines) is not supported: "
+            f"lab meters a chain of stages. {_AS_ITERABLE}"
+        )
+
+
+def _refusal(part: Any) -> str | None:
+    from spdl.pipeline.defs import AggregateConfig, DisaggregateConfig, PipeConfig
+
+    if isinstance(part.cfg, (PipeConfig, AggregateConfig, DisaggregateConfig)):
+        return None
+    if part.what.startswith(".to("):
+        return (f"the stages of a .to() region run in worker processes, where lab's hooks do not "
+                f"reach. Remove the region to monitor every stage. {_AS_ITERABLE}")
+    return f"lab meters a chain of stages, with no branches. {_AS_ITERABLE}"
+
+
+_AS_ITERABLE = ("Or run the built pipeline as a plain iterable: lab.run(builder.build(num_threads=n), "
+                "step=...) measures the training step and the probes.")

@@ -1,0 +1,169 @@
+"""Bring a torch DataLoader as it is.
+
+``from_dataloader(dl)`` turns a DataLoader over a map-style dataset into a
+``lab.Pipeline`` (sampler -> ``__getitem__`` -> batch -> collate), so the same
+loader runs under every runner and can be compared and diagnosed.
+
+``WatchedDataLoader`` is what ``lab.run(dataloader, step=...)`` iterates: the
+DataLoader itself, untouched, plus a Sampler source that reports its worker
+processes' CPU (``("cpu_percent", "worker<i>")``, their sum as ``"workers"``)
+and how many there are (``("processes", "workers")``). The wait for each batch
+is the StepClock's (``data_wait_ms`` per tick; p50/p90 in ``stats().step``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+from ..errors import PipelineSpecError
+from ..pipeline import Pipeline
+
+__all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
+
+Row = tuple[str, str, float]
+
+
+def is_dataloader(obj: Any) -> bool:
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return isinstance(obj, DataLoader)
+
+
+def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
+    """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]``,
+    ``batch_size`` per batch (``drop_last`` kept), then its ``collate_fn``.
+
+    ``concurrency`` of the ``getitem`` stage defaults to ``dl.num_workers`` (at
+    least 1). With a ``batch_sampler`` and no ``batch_size``, each index list
+    is fetched by one ``fetch`` stage. Example::
+
+        p = lab.from_dataloader(DataLoader(ds, batch_size=32, shuffle=True, num_workers=4))
+        lab.compare(p, step=train_step)          # thread, subprocess-threads, process, cache
+        lab.diagnose(p)
+
+    ``worker_init_fn`` is not called (the lab's runners start their own
+    workers); a DataLoader with one is refused unless you pass it along
+    yourself, so nothing is silently skipped.
+    """
+    if not is_dataloader(dl):
+        raise PipelineSpecError(f"from_dataloader takes a torch.utils.data.DataLoader, got {type(dl).__name__}")
+    from torch.utils.data import IterableDataset
+
+    dataset = dl.dataset
+    if isinstance(dataset, IterableDataset):
+        raise PipelineSpecError(
+            f"from_dataloader: {type(dataset).__name__} is an IterableDataset; only map-style datasets "
+            f"(__getitem__ and __len__) map onto stages. Build the pipeline yourself, e.g. "
+            f"lab.Pipeline(dataset).batch({dl.batch_size or 1}).map(collate_fn)"
+        )
+    if dl.worker_init_fn is not None:
+        raise PipelineSpecError(
+            "from_dataloader: the DataLoader has a worker_init_fn, which the lab's runners would not "
+            "call; do that setup inside the dataset (lazily, on first __getitem__) and pass a "
+            "DataLoader without worker_init_fn"
+        )
+    workers = concurrency if concurrency is not None else max(1, dl.num_workers)
+    collate = dl.collate_fn
+    if dl.batch_size is None and dl.batch_sampler is not None:
+        # A custom batch_sampler: it yields index lists, fetched together.
+        pipeline = Pipeline(_Indices(dl.batch_sampler)).map(
+            _Fetch(dataset), concurrency=workers, name="fetch")
+    elif dl.batch_size is None:
+        # Automatic batching off: one item per step, collate_fn applied per item.
+        pipeline = Pipeline(_Indices(dl.sampler)).map(_GetItem(dataset), concurrency=workers, name="getitem")
+    else:
+        pipeline = (Pipeline(_Indices(dl.sampler))
+                    .map(_GetItem(dataset), concurrency=workers, name="getitem")
+                    .batch(dl.batch_size, drop_last=dl.drop_last))
+    return pipeline.map(collate, name="collate")
+
+
+class _Indices:
+    """Re-iterable indices from a sampler: a fresh pass (a fresh shuffle) per iteration."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __repr__(self) -> str:
+        return f"indices from {type(self.sampler).__name__}"
+
+
+class _GetItem:
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+
+class _Fetch:
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, indices: Any) -> list[Any]:
+        return [self.dataset[i] for i in indices]
+
+
+class WatchedDataLoader:
+    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers' CPU."""
+
+    def __init__(self, dl: Any) -> None:
+        self.dataloader = dl
+        self._lock = threading.Lock()
+        self._workers: list[psutil.Process] = []
+        self._cpu: dict[int, float] = {}  # pid -> CPU seconds when last read
+        self._t: float | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.dataloader)
+        # torch keeps its worker processes on the iterator (``_workers``); a
+        # single-process DataLoader has none.
+        procs = []
+        for w in getattr(it, "_workers", []) or []:
+            try:
+                procs.append(psutil.Process(w.pid))
+            except (psutil.Error, TypeError, ValueError):
+                continue
+        with self._lock:
+            self._workers, self._cpu, self._t = procs, {}, None
+        return it
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        with self._lock:
+            now = time.monotonic()
+            alive: list[tuple[int, float]] = []
+            for i, p in enumerate(self._workers):
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:
+                    continue  # exited: the DataLoader finished or shut its workers down
+                alive.append((i, t.user + t.system))
+            before, span, self._t = self._cpu, (now - self._t if self._t is not None else 0.0), now
+            self._cpu = {i: s for i, s in alive}
+        rows: list[Row] = [("processes", "workers", float(len(alive)))]
+        if span <= 0.05:  # the first call sets the baseline
+            return rows
+        total = 0.0
+        for i, seconds in alive:
+            if i in before:
+                pct = max(0.0, seconds - before[i]) / span * 100.0
+                total += pct
+                rows.append(("cpu_percent", f"worker{i}", pct))
+        rows.append(("cpu_percent", "workers", total))
+        return rows
