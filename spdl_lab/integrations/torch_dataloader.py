@@ -22,6 +22,7 @@ import psutil
 
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
+from ..telemetry.probes import _MIN_SPAN_S
 
 __all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
 
@@ -154,10 +155,12 @@ class WatchedDataLoader:
                 except psutil.Error:
                     continue  # exited: the DataLoader finished or shut its workers down
                 alive.append((i, t.user + t.system))
-            before, span, self._t = self._cpu, (now - self._t if self._t is not None else 0.0), now
-            self._cpu = {i: s for i, s in alive}
-        rows: list[Row] = [("processes", "workers", float(len(alive)))]
-        if span <= 0.05:  # the first call sets the baseline
+            rows: list[Row] = [("processes", "workers", float(len(alive)))]
+            if self._t is not None and now - self._t < _MIN_SPAN_S:
+                return rows  # too short to turn 10 ms CPU ticks into percent: keep the baseline
+            before, span = self._cpu, (now - self._t if self._t is not None else 0.0)
+            self._cpu, self._t = dict(alive), now
+        if not before:  # the first reading is the baseline
             return rows
         total = 0.0
         for i, seconds in alive:

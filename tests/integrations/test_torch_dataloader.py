@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -81,9 +83,9 @@ def test_what_cannot_be_converted_is_named():
 def test_a_dataloader_run_as_it_is_reports_its_workers_cpu():
     class Busy(Squares):
         def __getitem__(self, i):
-            total = 0
-            for k in range(20_000):
-                total += k
+            spin_until = time.process_time() + 0.03  # 30 ms of CPU an item: ~0.3 s of worker CPU in all
+            while time.process_time() < spin_until:
+                pass
             return super().__getitem__(i)
 
     dl = DataLoader(Busy(), batch_size=2, num_workers=2, persistent_workers=False)
