@@ -50,7 +50,7 @@ class StageDiagnosis:
     name: str
     kind: str  # "map" | "batch"
     verdict: str | None  # one of VERDICTS; None for batch stages and stages not measured
-    best_concurrency: int | None  # smallest concurrency within 5% of the best thread QPS
+    best_concurrency: int | None  # smallest concurrency within 5% (or the noise) of the best thread QPS
     evidence: str  # one sentence with the numbers behind the verdict
     recommendation: str  # what to change: runner, concurrency, or the function
     points: tuple[Point, ...] = ()

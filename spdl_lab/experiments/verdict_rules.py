@@ -17,7 +17,9 @@ For a stage run alone in threads (DESIGN.md):
   as saturated when the whole machine is that busy too: a stage that could not
   rise because other processes held the cores is ``cpu-bound``, and says so.
 
-``best_concurrency`` is the smallest concurrency within BEST_WITHIN of the best QPS.
+``best_concurrency`` is the smallest concurrency within BEST_WITHIN of the best QPS,
+or within the best point's own window spread when that is wider (up to
+BEST_NOISE_CAP): a difference smaller than the measurement's noise picks no winner.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from .diagnosis import Point
 
 __all__ = [
+    "BEST_NOISE_CAP",
     "BEST_WITHIN",
     "CPU_SATURATED",
     "GIL_WAIT_BOUND",
@@ -53,8 +56,10 @@ CPU_GROWTH = 1.3
 CPU_SATURATED = 0.75
 #: GIL probe wait share (at concurrency >= 2) that means the GIL is what the workers wait for.
 GIL_WAIT_BOUND = 0.30
-#: ``best_concurrency``: the smallest concurrency within this share of the best QPS.
+#: ``best_concurrency``: the smallest concurrency within this share of the best QPS...
 BEST_WITHIN = 0.05
+#: ...or within the best point's window spread ((max - min) / median), up to this.
+BEST_NOISE_CAP = 0.15
 #: Process QPS over the best thread QPS at or above which processes are recommended.
 PROCESS_HELPS = 1.3
 
@@ -70,6 +75,11 @@ class Judgement:
 def _usable(points: Sequence[Point]) -> list[Point]:
     return sorted((p for p in points if p.status in ("ok", "unstable") and p.qps > 0),
                   key=lambda p: p.concurrency)
+
+
+def _tolerance(best: Point) -> float:
+    spread = best.qps_spread if not math.isnan(best.qps_spread) else 0.0
+    return max(BEST_WITHIN, min(BEST_NOISE_CAP, spread))
 
 
 def rises(thread_points: Sequence[Point], cores: int) -> bool:
@@ -90,7 +100,7 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
         return Judgement(None, None, "no measurement finished, so there is nothing to judge", "")
     first = ok[0]
     best = max(ok, key=lambda p: p.qps)
-    best_c = min(p.concurrency for p in ok if p.qps >= (1 - BEST_WITHIN) * best.qps)
+    best_c = min(p.concurrency for p in ok if p.qps >= (1 - _tolerance(best)) * best.qps)
     speedup = best.qps / first.qps
     cpu = best.cpu_util
     machine = best.machine_cpu_util

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from spdl_lab.experiments import verdict_rules as rules
 from spdl_lab.experiments.diagnosis import Point
-from spdl_lab.experiments.verdict_rules import judge, rises
+from spdl_lab.experiments.verdict_rules import BEST_NOISE_CAP, BEST_WITHIN, judge, rises
 
 CORES = 2
 
@@ -96,3 +97,18 @@ def test_cores_held_by_other_processes_are_not_a_lock():
     quiet = [Point("s", "thread", c, 1600.0, 0.02, 0.5, 0.04, 0.05, 0.6, 3, machine_cpu_util=0.52)
              for c in (1, 2, 4)]
     assert judge(quiet, cores=CORES).verdict == "contended"
+
+
+def test_best_concurrency_is_not_decided_by_noise():
+    # A flat GIL-bound stage whose best point's windows spread by 12%: the 9%
+    # "win" of concurrency 4 over 1 is inside that noise, so 1 is best.
+    flat = pts([749, 700, 820, 760, 699], 0.5, gil=0.5)
+    flat[2] = replace(flat[2], qps_spread=0.12)
+    assert judge(flat, cores=CORES).best_concurrency == 1
+    # The same numbers measured tightly (2% spread) pick 4; and a spread beyond
+    # BEST_NOISE_CAP widens the tolerance no further.
+    assert judge(pts([749, 700, 820, 760, 699], 0.5, gil=0.5), cores=CORES).best_concurrency == 4
+    wild = pts([100, 200, 400, 600, 800], 0.05)
+    wild[4] = replace(wild[4], qps_spread=0.9)
+    assert judge(wild, cores=CORES).best_concurrency == 16  # 600 is 25% short of 800
+    assert 0.05 == BEST_WITHIN < 0.15 == BEST_NOISE_CAP
