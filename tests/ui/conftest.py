@@ -47,7 +47,11 @@ def chromium() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: the server, its kernels and Chromium's helper
+# processes are our children while they live, and Chromium starts new ones at
+# will. Torn down after the browser tests, they cannot show up as "left behind"
+# in the no_child_leak check of the tests that follow.
+@pytest.fixture(scope="module")
 def jupyter_lab(chromium, tmp_path_factory) -> Iterator[JupyterLabServer]:
     server = start_jupyter_lab(tmp_path_factory.mktemp("jupyterlab"))
     try:
@@ -56,7 +60,7 @@ def jupyter_lab(chromium, tmp_path_factory) -> Iterator[JupyterLabServer]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium) -> Iterator[Browser]:
     from playwright.sync_api import sync_playwright
 
