@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -33,12 +33,77 @@ __all__ = ["Loader"]
 _POLL_S = 0.1
 
 
+_Owner = TypeVar("_Owner", bound="RunOwner")
+
+
+class RunOwner:
+    """What every owner of runs shares (``Loader``, and the SPDL monitor):
+    extra sampler sources, reading the current or last run, and closing.
+
+    Subclasses set ``_state`` (a ``_State``), ``_sources`` and ``_close_timeout``,
+    and say what ``stats()`` is before any run (``_empty_stats``).
+    """
+
+    _state: _State
+    _sources: list[Source]
+    _close_timeout: float
+
+    def add_source(self, source: Source) -> None:
+        """Sample ``source`` with these meters, in this run and every later one.
+
+        A source is a callable taking the seconds since the last tick and
+        returning ``(series, stage, value)`` rows; sessions add the training
+        step and the probes this way, so one ring holds everything.
+        """
+        self._sources.append(source)
+        run = self._state.run
+        if run is not None and run.sampler is not None and not run.finished:
+            run.sampler.add_source(source)
+
+    # -- reading -----------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        run = self._state.run
+        if run is None:
+            return self._empty_stats()
+        return run.snapshot()
+
+    def _empty_stats(self) -> Snapshot:
+        raise NotImplementedError
+
+    def frames(self) -> pd.DataFrame:
+        """The sampler's rows for the current or last run (see ``spdl_lab.telemetry.frames``)."""
+        run = self._state.run
+        if run is None or run.sampler is None:
+            return to_frame(Ring(2))
+        return run.sampler.frames()
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
+        run = self._state.run
+        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
+
+    # -- closing -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the current run and everything it started. Safe to call twice."""
+        self._state.close(self._close_timeout)
+
+    def __enter__(self: _Owner) -> _Owner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _state_text(self) -> str:
+        run = self._state.run
+        return "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
+
+
 #: How long ``close()`` waits for work in flight by default. A stage stuck for
 #: good costs this much, and the whole close stays under 5 s.
 CLOSE_TIMEOUT_S = 3.0
 
 
-class Loader:
+class Loader(RunOwner):
     """Run ``pipeline`` under ``runner`` and iterate its outputs.
 
     Example::
@@ -125,18 +190,6 @@ class Loader:
         # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
         return _iterate(self, run, self._close_timeout)
 
-    def add_source(self, source: Source) -> None:
-        """Sample ``source`` with this Loader's meters, in this run and every later one.
-
-        A source is a callable taking the seconds since the last tick and
-        returning ``(series, stage, value)`` rows; sessions add the training
-        step and the probes this way, so one ring holds everything.
-        """
-        self._sources.append(source)
-        run = self._state.run
-        if run is not None and run.sampler is not None and not run.finished:
-            run.sampler.add_source(source)
-
     @property
     def options(self) -> dict[str, Any]:
         """The keyword arguments this Loader passes to its runner."""
@@ -189,41 +242,12 @@ class Loader:
                 controls[spec.name] = run.runner.concurrency(spec.name) if live else n
         return controls
 
-    # -- reading -----------------------------------------------------------------
-    def stats(self) -> Snapshot:
-        run = self._state.run
-        if run is None:
-            return _empty_snapshot(self.runner, self.pipeline, self._overrides)
-        return run.snapshot()
-
-    def frames(self) -> pd.DataFrame:
-        """The sampler's rows for the current or last run (see ``spdl_lab.telemetry.frames``)."""
-        run = self._state.run
-        if run is None or run.sampler is None:
-            return to_frame(Ring(2))
-        return run.sampler.frames()
-
-    def frames_since(self, cursor: int = 0) -> FrameChunk:
-        """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
-        run = self._state.run
-        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
-
-    # -- closing -----------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the current run and everything it started. Safe to call twice."""
-        self._state.close(self._close_timeout)
-
-    def __enter__(self) -> Loader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _empty_stats(self) -> Snapshot:
+        return _empty_snapshot(self.runner, self.pipeline, self._overrides)
 
     def __repr__(self) -> str:
-        run = self._state.run
-        state = "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
         stages = ", ".join(s.name for s in self.pipeline.stages)
-        return f"Loader(runner={self.runner!r}, stages=[{stages}], {state})"
+        return f"Loader(runner={self.runner!r}, stages=[{stages}], {self._state_text()})"
 
 
 class _Run:

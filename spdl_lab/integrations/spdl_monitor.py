@@ -15,15 +15,11 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import pandas as pd
-
 from ..engine.engine import EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from ..loader import CLOSE_TIMEOUT_S, _empty_snapshot, _iterate, _Run, _State
+from ..loader import CLOSE_TIMEOUT_S, RunOwner, _empty_snapshot, _iterate, _Run, _State
 from ..runners.base import Runner
-from ..telemetry.frames import FrameChunk, chunk_since, to_frame
-from ..telemetry.ring import Ring
 from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Source
 from ..telemetry.snapshot import Snapshot
 from ._spdl_config import SpdlSpec, config_of, describe, op_kind, pipe_fields
@@ -37,7 +33,7 @@ RUNNER = "spdl"
 _OURS = ("queue_class", "stage_id")
 
 
-class SpdlMonitor:
+class SpdlMonitor(RunOwner):
     """Iterate an SPDL pipeline as SPDL runs it, with lab's meters on every stage and queue.
 
     Example::
@@ -107,13 +103,6 @@ class SpdlMonitor:
             raise
         return _iterate(self, run, self._close_timeout)  # type: ignore[arg-type]
 
-    def add_source(self, source: Source) -> None:
-        """Sample ``source`` with this monitor's meters (sessions add the step and probes)."""
-        self._sources.append(source)
-        run = self._state.run
-        if run is not None and run.sampler is not None and not run.finished:
-            run.sampler.add_source(source)
-
     @property
     def options(self) -> dict[str, Any]:
         """The keyword arguments passed to SPDL's ``build_pipeline``."""
@@ -132,38 +121,15 @@ class SpdlMonitor:
         """Nothing can be changed live in an SPDL pipeline."""
         return {}
 
-    # -- reading -----------------------------------------------------------------
-    def stats(self) -> Snapshot:
-        run = self._state.run
-        if run is None:
-            return _empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
-        return run.snapshot()
+    def _empty_stats(self) -> Snapshot:
+        return _empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
 
-    def frames(self) -> pd.DataFrame:
-        run = self._state.run
-        if run is None or run.sampler is None:
-            return to_frame(Ring(2))
-        return run.sampler.frames()
-
-    def frames_since(self, cursor: int = 0) -> FrameChunk:
-        run = self._state.run
-        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
-
-    # -- closing -----------------------------------------------------------------
     def close(self) -> None:
         """Stop the SPDL pipeline (its event loop, source and executor threads). Safe twice."""
-        self._state.close(self._close_timeout)
-
-    def __enter__(self) -> SpdlMonitor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def __repr__(self) -> str:
-        run = self._state.run
-        state = "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
-        return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {state})"
+        return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {self._state_text()})"
 
 
 class SpdlRunner(Runner):
