@@ -16,10 +16,11 @@ the whole sweep.
 #   completion times the workers report (the median rate over short slices).
 #   A window lasts at least 8 warm-up task times (up to MAX_WINDOW_S), so slow
 #   functions are not counted in fractions of a task.
-# - A point is done when its last ``min_windows`` windows are within
-#   +-``stable_within`` of their median -> "ok"; ``max_windows`` reached first ->
-#   "unstable". Its QPS is the median of those last windows.
-# - Every call raised during the kept windows -> "error" with qps 0 and ``failures``
+# - A point is done when it has ``min_windows`` windows, all within
+#   +-``stable_within`` of their median (``_slices.quiet``) -> "ok";
+#   ``max_windows`` reached first -> "unstable". Its QPS is its second-best
+#   window (``_slices.point_qps``); CPU and task times come from every window.
+# - Every call raised during the windows -> "error" with qps 0 and ``failures``
 #   counted: the number says nothing about the function's speed.
 # - A worker that dies -> "error" (qps NaN).
 # - "timeout" and "error" end the stage's sweep: larger concurrencies would fail
@@ -45,7 +46,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ._slices import window_qps
+from ._slices import point_qps, quiet, window_qps
 from ._sweep_worker import Reading, WorkerDied, WorkerPool
 from ._thread_sweep import StageFeed
 from .diagnosis import Point
@@ -59,10 +60,10 @@ MAX_WINDOW_S = 5.0
 
 @dataclass(frozen=True)
 class ProcessPlan:
-    warmup_s: float = 0.3
-    window_s: float = 0.4
-    min_windows: int = 3
-    max_windows: int = 8
+    warmup_s: float = 0.3  # the defaults are SweepSettings' (lab.diagnose passes its own)
+    window_s: float = 0.3
+    min_windows: int = 4
+    max_windows: int = 10
     stable_within: float = 0.05
     point_timeout_s: float = 10.0
     max_inputs: int = 64  # inputs sent to each worker
@@ -229,7 +230,7 @@ class _Point:
         except WorkerDied as died:
             self._fail("error", f"a {died}")
             return
-        if _stable(self.qps, plan):
+        if quiet(self.qps, plan.stable_within, plan.min_windows):
             self.status, self.done = "ok", True
         elif len(self.qps) >= plan.max_windows:
             self.done = True
@@ -259,13 +260,12 @@ class _Point:
         return False
 
     def summary(self) -> Point:
-        keep = self.plan.min_windows
-        kept, qps = self.windows[-keep:], self.qps[-keep:]
+        kept, qps = self.windows, self.qps
         failures = self.failures
         if self.status in ("timeout", "error") or not kept:
             return _failed(self.stage, self.c, self.status if self.status != "unstable" else "error",
                            len(self.windows), failures)
-        mid = statistics.median(qps)
+        mid = point_qps(qps)
         wall = sum(w.at for w in kept)
         times = [t for w in kept for t in w.times_ns]
         status = self.status
@@ -281,14 +281,6 @@ class _Point:
             p50_ms=statistics.median(times) / 1e6 if times else NAN,
             repeats=len(self.windows), status=status, failures=failures,
         )
-
-
-def _stable(qps: list[float], plan: ProcessPlan) -> bool:
-    if len(qps) < plan.min_windows:
-        return False
-    last = qps[-plan.min_windows:]
-    mid = statistics.median(last)
-    return all(abs(q - mid) <= plan.stable_within * mid for q in last)
 
 
 def _failed(stage: str, c: int, status: str, repeats: int, failures: int) -> Point:

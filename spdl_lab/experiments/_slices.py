@@ -1,23 +1,40 @@
-"""A measurement window's QPS, robust to the machine changing speed for a moment.
+"""QPS that a noisy shared machine moves as little as possible: per window, and per point.
 
-On shared VMs a core runs plain Python 30-70% faster (or slower) for 20-200 ms
-at a time, several times a second (``benchmarks/diagnose_repeatability.py``
-prints the loop rate it sees). A window's plain rate (tasks / wall time)
-carries however much of that it happened to catch, and moved points by up to
-20% between diagnoses. So a window is cut into slices that each expect at
-least ``MIN_TASKS_PER_SLICE`` completions, and its QPS is the median slice
-rate: the machine's usual speed, as long as the odd moments fill less than half
-of the window. With fewer than ``MIN_SLICES`` such slices (slow functions), it
-is the plain rate.
+On a shared VM a core does not run at one speed. Plain Python drops to about
+0.6x of its usual rate for a second to a minute at a time, and on some
+minutes most of the time; hashing and sleeping are not touched. It happens
+pinned to one core, in threads and in processes alike, with no steal time
+and with the GIL probe off (docs/measurement-noise.md has the traces). The
+same point's windows read either ~660 or ~1,100 items/s, and a median of its
+windows landed on either, so whole diagnoses moved by 40%. Two rules:
+
+* ``window_qps``: a window is cut into slices that each expect at least
+  ``MIN_TASKS_PER_SLICE`` completions, and its QPS is the median slice rate, so
+  moments shorter than half the window do not count. With fewer than
+  ``MIN_SLICES`` such slices (slow functions), it is the plain rate.
+* ``point_qps``: a point's QPS is its second-best window. Interference only
+  ever slows a function down (the reason ``timeit`` reports the best of its
+  repeats), so the fast windows are the function's own speed and the slow
+  ones the neighbours'; the second best rather than the best, so that one
+  window that caught the machine at an odd moment cannot set the number.
+  ``quiet`` says when a point needs no more windows: every window so far
+  agrees. A point whose windows disagree runs to the cap, for more chances of
+  windows at the machine's own speed. A point's spread ((max - min) / QPS)
+  shows how much the slow windows lost.
+
+When a slow spell covers every window of a point, no rule inside the run can
+tell; the point is then low by the machine's factor.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE", "window_qps"]
+__all__ = ["MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE", "point_qps", "quiet", "window_qps"]
 
 #: Shortest slice: finer than the machine's speed changes, coarse next to timer noise.
 MIN_SLICE_S = 0.02
@@ -48,3 +65,24 @@ def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
         return plain
     counts, _ = np.histogram(ends, bins=slices, range=(start_ns, stop_ns))
     return float(np.median(counts)) * slices / wall_s
+
+
+def point_qps(windows: Sequence[float]) -> float:
+    """A point's QPS from its windows' QPS: the second best of three or more, else the median.
+
+    NaN windows (none finished) are left out; NaN when there are none. Example::
+
+        point_qps([660, 1100, 655, 1090, 670, 1120])  # 1100: the slow windows were the machine's
+    """
+    seen = sorted((w for w in windows if not math.isnan(w)), reverse=True)
+    if not seen:
+        return math.nan
+    return seen[1] if len(seen) >= 3 else statistics.median(seen)
+
+
+def quiet(windows: Sequence[float], within: float, at_least: int) -> bool:
+    """True once there are ``at_least`` windows and every one is within +-``within`` of their median."""
+    if len(windows) < at_least or any(math.isnan(w) for w in windows):
+        return False
+    mid = statistics.median(windows)
+    return mid > 0 and all(abs(w - mid) <= within * mid for w in windows)

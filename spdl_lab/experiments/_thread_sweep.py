@@ -3,8 +3,8 @@
 Workers loop over the stage's cached inputs. Every (stage, concurrency) gets
 its own pool, warmed up first (start-up never counts); then the pools of every
 stage take turns, one measurement window each per round, until each point's
-last windows agree (or a cap). A window's QPS is the median rate over short
-slices (``_slices``). Threads stuck in the function cannot be stopped; they
+windows agree (or a cap). A window's QPS is the median rate over short slices,
+a point's its second-best window (``_slices``). Threads stuck in the function cannot be stopped; they
 are daemons, left behind and counted.
 """
 
@@ -25,7 +25,7 @@ import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ..telemetry.probes import GilProbe
-from ._slices import window_qps
+from ._slices import point_qps, quiet, window_qps
 from .diagnosis import Point
 
 __all__ = ["StageFeed", "StageRun", "SweepSettings", "ThreadSweep", "measure_threads", "run_once"]
@@ -34,11 +34,30 @@ __all__ = ["StageFeed", "StageRun", "SweepSettings", "ThreadSweep", "measure_thr
 @dataclass(frozen=True)
 class SweepSettings:
     warmup_s: float = 0.3
-    window_s: float = 0.4  # lengthened for slow functions: see _window_for
-    min_windows: int = 3
-    max_windows: int = 6
-    stable_within: float = 0.08  # the last min_windows within +-8% of their median
+    window_s: float = 0.3  # lengthened for slow functions: see _window_for
+    # A point stops once its first min_windows (or more) windows all agree; one
+    # that the machine's slow spells reach keeps going, so that its second-best
+    # window (its QPS, see _slices) comes from the machine at its own speed.
+    min_windows: int = 4
+    max_windows: int = 10
+    stable_within: float = 0.05  # every window within +-5% of their median: no more needed
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_s", "window_s", "point_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"SweepSettings: {name} must be a number of seconds > 0, got {value!r}")
+        for name in ("min_windows", "max_windows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SweepSettings: {name} must be an int >= 1, got {value!r}")
+        if self.min_windows > self.max_windows:
+            raise ValueError(f"SweepSettings: min_windows ({self.min_windows}) is more than max_windows "
+                             f"({self.max_windows}); lower min_windows or raise max_windows")
+        if isinstance(self.stable_within, bool) or not isinstance(self.stable_within, (int, float)) \
+                or not 0 <= self.stable_within < 1:
+            raise ValueError(f"SweepSettings: stable_within must be a share in [0, 1), got {self.stable_within!r}")
 
 
 @dataclass
@@ -142,9 +161,10 @@ def measure_threads(
     One pool of workers per (stage, concurrency), all started and warmed up
     first, then measured in rounds: one window per point per round, one pool
     running at a time. A point's windows are spread over the whole sweep of
-    every stage, so seconds in which the machine ran faster or slower (or slept
-    longer) touch one window of each point, and the median leaves them out;
-    measured one point after another, they would move whole points or stages.
+    every stage, so seconds in which the machine ran slower (or slept longer)
+    touch one window of each point, and the point's QPS (its second-best
+    window) leaves them out; measured one point after another, they would move
+    whole points or stages.
     A concurrency at which no task finishes within ``point_timeout_s`` is a
     timeout, and higher ones of that stage are not tried. ``on_window(n)``
     reports progress in windows, out of ``max_windows`` per point.
@@ -261,7 +281,8 @@ class _Pool:
         wall = (t1 - t0) / 1e9
         covered = g1.elapsed_s - g0.elapsed_s
         ours = (p1 - p0) / wall / cores
-        machine = (m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else math.nan
+        # Clamped: busy = total - idle - iowait, in floats, can come out a hair below 0 on an idle machine.
+        machine = min(1.0, max(0.0, (m1[0] - m0[0]) / (m1[1] - m0[1]))) if m1[1] > m0[1] else math.nan
         return {
             "qps": window_qps([t for ends in self.ends for t in ends], t0, t1), "cpu": ours,
             "gil": (g1.gil_wait_s - g0.gil_wait_s) / covered if covered > 0 else math.nan,
@@ -316,10 +337,10 @@ class _Windows:
         self.runq.append(stats["runq"])
         self.machine.append(stats["machine"])
         self.others.append(stats["others"])
-        self.done = _stable(self.qps, settings)
+        self.done = quiet(self.qps, settings.stable_within, settings.min_windows)
 
     def point(self, stage: str, c: int, pool: _Pool) -> Point:
-        qps = statistics.median(self.qps) if self.qps else (0.0 if self.status == "timeout" else math.nan)
+        qps = point_qps(self.qps) if self.qps else (0.0 if self.status == "timeout" else math.nan)
         spread = ((max(self.qps) - min(self.qps)) / qps
                   if len(self.qps) >= 2 and qps > 0 else math.nan)
         hist = pool.hist
@@ -343,14 +364,6 @@ def _window_for(settings: SweepSettings, mean_task_s: float) -> float:
     if math.isnan(mean_task_s):
         return settings.window_s
     return min(max(settings.window_s, 5 * mean_task_s), MAX_WINDOW_S)
-
-
-def _stable(windows: list[float], settings: SweepSettings) -> bool:
-    if len(windows) < settings.min_windows:
-        return False
-    last = windows[-settings.min_windows:]
-    mid = statistics.median(last)
-    return mid > 0 and all(abs(w - mid) <= settings.stable_within * mid for w in last)
 
 
 def _median(values: list[float]) -> float:

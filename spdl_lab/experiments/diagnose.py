@@ -66,10 +66,11 @@ def diagnose(
     Every stage first runs once over its inputs (its outputs feed the next).
     Then each (stage, concurrency) gets a pool of threads, warmed up so that
     start-up never counts, and the pools of every stage take turns: one window
-    each per round until a point's last three windows agree (``settings``). A
-    window's QPS is the median rate over short slices, and a point's the
-    median of its windows, so moments in which the machine runs faster or
-    slower move no point. Stages whose thread throughput does not rise are
+    each per round until a point's windows agree (``settings``). A window's
+    QPS is the median rate over short slices, and a point's its second-best
+    window: on a shared machine other tenants' work slows a core down for
+    seconds at a time, and only the fast windows are the function's own
+    speed (``_slices``). Stages whose thread throughput does not rise are
     then run by worker processes at ``process_concurrency`` (default: 1 and
     the core count) the same way, to tell whether processes would help
     (``processes=False`` skips that).

@@ -33,8 +33,8 @@ class Point:
     stage: str
     executor: str  # "thread" | "process"
     concurrency: int
-    qps: float  # items/s, median of the measurement windows; NaN when none finished
-    qps_spread: float  # (max - min) / median over the windows kept; NaN with < 2 windows
+    qps: float  # items/s, the second-best measurement window (_slices.point_qps); NaN when none finished
+    qps_spread: float  # (max - min) / qps over the windows; NaN with < 2 windows
     cpu_util: float  # CPU of this process and its children / (wall time x cores): 0..1
     gil_wait_frac: float  # the GIL probe during the windows (NaN for processes)
     runqueue_wait_frac: float  # the probe's run-queue wait (NaN for processes)

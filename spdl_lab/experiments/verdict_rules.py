@@ -58,7 +58,7 @@ CPU_SATURATED = 0.75
 GIL_WAIT_BOUND = 0.30
 #: ``best_concurrency``: the smallest concurrency within this share of the best QPS...
 BEST_WITHIN = 0.05
-#: ...or within the best point's window spread ((max - min) / median), up to this.
+#: ...or within the best point's window spread ((max - min) / QPS), up to this.
 BEST_NOISE_CAP = 0.15
 #: Process QPS over the best thread QPS at or above which processes are recommended.
 PROCESS_HELPS = 1.3

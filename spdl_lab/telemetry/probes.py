@@ -265,7 +265,7 @@ class CpuProbe:
             total += kids
         rows.append(("cpu_percent", "total", total))
         if now[4] > before[4]:
-            share = (now[3] - before[3]) / (now[4] - before[4])
+            share = min(1.0, max(0.0, (now[3] - before[3]) / (now[4] - before[4])))  # floats: never -1e-12
             rows.append(("cpu_percent", "machine", share * self._cpus * 100.0))
         return rows
 

@@ -1,12 +1,14 @@
-"""window_qps: the median slice rate leaves out short moments of odd machine speed."""
+"""window_qps leaves out short moments of odd machine speed; point_qps and quiet, slow spells."""
 
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
-from spdl_lab.experiments._slices import window_qps
+from spdl_lab.experiments._slices import point_qps, quiet, window_qps
+from spdl_lab.experiments._thread_sweep import SweepSettings
 
 MS = 1_000_000
 
@@ -59,3 +61,59 @@ def test_unordered_completions_from_several_workers() -> None:
     ends, stop = stream([(0.4, 4000.0)])
     random.Random(0).shuffle(ends)
     assert window_qps(ends, 10**12, stop) == pytest.approx(4000.0, rel=0.03)
+
+
+# -- point_qps and quiet: a point's windows, some taken in the machine's slow spells ---------
+
+def spells(fast: float, slow: float, n: int, slow_share: float, seed: int) -> list[float]:
+    """``n`` windows, each in a slow spell (``slow``) with probability ``slow_share``, with +-2% jitter."""
+    rng = random.Random(seed)
+    return [(slow if rng.random() < slow_share else fast) * rng.uniform(0.98, 1.02) for _ in range(n)]
+
+
+def test_a_point_reads_the_machine_at_its_own_speed_while_some_windows_are_slow() -> None:
+    # Ten windows, 60% of them in spells at 0.6x: the median moves with the share, point_qps does not.
+    checked = 0
+    for seed in range(20):
+        windows = spells(1000.0, 600.0, 10, 0.6, seed)
+        if sum(w > 800 for w in windows) < 2:
+            continue  # fewer than two fast windows: the next tests
+        assert point_qps(windows) == pytest.approx(1000.0, rel=0.03)
+        checked += 1
+    assert checked >= 15
+
+
+def test_one_lucky_window_does_not_set_the_number() -> None:
+    assert point_qps([1000, 1010, 990, 1600, 1005]) == 1010
+
+
+def test_with_every_window_slow_the_point_is_low_by_the_machine_factor() -> None:
+    # What no rule inside one run can tell: said plainly rather than hidden.
+    assert point_qps([600, 610, 590, 605]) == pytest.approx(600, rel=0.02)
+
+
+def test_point_qps_with_few_or_missing_windows() -> None:
+    assert point_qps([]) != point_qps([])  # NaN
+    assert point_qps([float("nan"), 500.0]) == 500.0
+    assert point_qps([400.0, 600.0]) == 500.0  # two: their median, not the larger
+
+
+def test_quiet_needs_enough_windows_that_all_agree() -> None:
+    assert not quiet([1000, 1001, 999], 0.05, 4)
+    assert quiet([1000, 1001, 999, 1020], 0.05, 4)
+    # Three slow windows in a row and one fast: not quiet, so the point keeps going.
+    assert not quiet([600, 610, 605, 1000], 0.05, 4)
+    assert not quiet([1000, 1001, float("nan"), 1000], 0.05, 3)
+    assert not quiet([0.0, 0.0, 0.0], 0.05, 3)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(min_windows=5, max_windows=4), "min_windows (5) is more than max_windows (4)"),
+    (dict(window_s=0), "window_s must be a number of seconds > 0"),
+    (dict(max_windows=0), "max_windows must be an int >= 1"),
+    (dict(min_windows=2.5), "min_windows must be an int >= 1"),
+    (dict(stable_within=1.5), "stable_within must be a share in [0, 1)"),
+])
+def test_sweep_settings_refuse_what_cannot_be_run(kwargs: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        SweepSettings(**kwargs)

@@ -103,7 +103,8 @@ def test_converted_pipeline_gives_spdl_items_under_thread_runner(no_thread_leak)
 def test_converted_pipeline_is_diagnosed(no_thread_leak):
     p = lab.from_spdl(builder())
     diag = lab.diagnose(p, concurrency=(1, 2), num_items=20, processes=False,
-                        settings=SweepSettings(warmup_s=0.1, window_s=0.2, max_windows=4), progress=False)
+                        settings=SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4),
+                        progress=False)
     assert list(diag.stages) == NAMES
     for name in ("scale", "shift", "total"):
         stage = diag.stages[name]
