@@ -40,7 +40,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cloudpickle
@@ -112,7 +112,7 @@ def measure_process_stages(
         names = ", ".join(repr(f.name) for f in feeds)
         raise PipelineSpecError(
             f"lab.diagnose: stage(s) {names}: process concurrency must be integers >= 1, got {levels}")
-    plan = ProcessPlan(**{**plan.__dict__, "max_windows": max(plan.min_windows, plan.max_windows)})
+    plan = replace(plan, max_windows=max(plan.min_windows, plan.max_windows))
     report = on_window or (lambda n: None)
     sweeps = {f.name: ProcessSweep() for f in feeds}
     pools: dict[str, WorkerPool] = {}
@@ -260,23 +260,23 @@ class _Point:
         return False
 
     def summary(self) -> Point:
-        kept, qps = self.windows, self.qps
+        windows, qps = self.windows, self.qps
         failures = self.failures
-        if self.status in ("timeout", "error") or not kept:
+        if self.status in ("timeout", "error") or not windows:
             return _failed(self.stage, self.c, self.status if self.status != "unstable" else "error",
                            len(self.windows), failures)
         mid = point_qps(qps)
-        wall = sum(w.at for w in kept)
-        times = [t for w in kept for t in w.times_ns]
+        wall = sum(w.at for w in windows)
+        times = [t for w in windows for t in w.times_ns]
         status = self.status
-        if not any(w.done for w in kept) and any(w.failures for w in kept):
+        if not any(w.done for w in windows) and any(w.failures for w in windows):
             status, mid = "error", 0.0
             self.notes.append(_note(self.stage, self.c, f"every call raised ({failures} failures). The first "
                                     f"one:\n{self.pool.first_error or ''}"))
         return Point(
             stage=self.stage, executor="process", concurrency=self.c, qps=mid,
             qps_spread=(max(qps) - min(qps)) / mid if len(qps) >= 2 and mid > 0 else NAN,
-            cpu_util=sum(w.cpu_s for w in kept) / (wall * (os.cpu_count() or 1)),
+            cpu_util=sum(w.cpu_s for w in windows) / (wall * (os.cpu_count() or 1)),
             gil_wait_frac=NAN, runqueue_wait_frac=NAN,
             p50_ms=statistics.median(times) / 1e6 if times else NAN,
             repeats=len(self.windows), status=status, failures=failures,

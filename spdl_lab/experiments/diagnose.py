@@ -42,6 +42,10 @@ DEFAULT_NUM_ITEMS = 100
 #: Share of the cores used by other processes during a point above which the
 #: evidence warns that the machine was busy.
 BUSY_MACHINE = 0.25
+#: Thread points whose windows differ by more than this share of their QPS
+#: ((max - min) / QPS) are named in the evidence: the machine slowed for a while
+#: (docs/measurement-noise.md), or the inputs differ in cost.
+SLOW_SPELLS = 0.25
 
 
 def diagnose(
@@ -226,6 +230,12 @@ def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores
                      f" higher concurrency was not tried.")
     if threads.abandoned:
         evidence += f" {threads.abandoned} thread(s) stuck in the function were left running as daemons."
+    spells = [pt for pt in points if pt.status in ("ok", "unstable") and pt.qps_spread > SLOW_SPELLS]
+    if spells:
+        worst = max(spells, key=lambda pt: pt.qps_spread)
+        evidence += (f" The windows of {len(spells)} of its {len(points)} thread points differed by more than "
+                     f"{SLOW_SPELLS:.0%} (up to {worst.qps_spread:.0%} at concurrency {worst.concurrency}): the "
+                     f"machine's speed moved, or its inputs differ in cost; a point's QPS is its second-best window.")
     if threads.others >= BUSY_MACHINE:
         evidence += (f" Other processes used up to {threads.others:.0%} of the cores while it was measured:"
                      f" these numbers may be low; diagnose again on a quiet machine.")

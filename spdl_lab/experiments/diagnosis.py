@@ -22,7 +22,7 @@ VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
 #: ``Diagnosis.table`` columns, in order.
 TABLE_COLUMNS = [
     "stage", "executor", "concurrency", "qps", "cpu_util", "gil_wait_frac",
-    "runqueue_wait_frac", "p50_ms", "repeats", "status", "machine_cpu_util",
+    "runqueue_wait_frac", "p50_ms", "repeats", "qps_spread", "status", "machine_cpu_util",
 ]
 
 

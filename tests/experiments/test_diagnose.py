@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +15,10 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab.cli import main as cli_main
-from spdl_lab.experiments._thread_sweep import SweepSettings
+from spdl_lab.experiments._thread_sweep import StageFeed, StageRun, SweepSettings, ThreadSweep
+from spdl_lab.experiments.diagnose import _judge, _Pass
+from spdl_lab.experiments.diagnosis import Point
+from spdl_lab.pipeline import Stage
 
 sys.path.insert(0, str(Path(__file__).parent))
 import battery_stages as b  # noqa: E402
@@ -198,3 +202,27 @@ def test_cli_diagnose(tmp_path, monkeypatch, capsys):
     assert cli_main(["diagnose", "battery_stages:nothing_here"]) == 2
     assert "has no attribute" in capsys.readouterr().err
     assert cli_main(["diagnose", "no_colon"]) == 2
+
+
+# -- the evidence names points whose windows disagreed -------------------------------------
+
+def _judged(spreads: list[float]) -> str:
+    points = [Point(stage="parse", executor="thread", concurrency=c, qps=1000.0, qps_spread=s, cpu_util=0.5,
+                    gil_wait_frac=0.6, runqueue_wait_frac=0.0, p50_ms=1.0, repeats=10, status="unstable")
+              for c, s in zip((1, 2, 4), spreads)]
+    once = StageRun(outputs=[0] * 10, ok_inputs=list(range(10)), failures=0, first_error=None, hung=False,
+                    mean_task_s=0.001, abandoned_threads=0)
+    p = _Pass(Stage("parse", "map", 1, fn=abs), 10, StageFeed("parse", abs, list(range(10)), 0.001), once)
+    diag = _judge(p, ThreadSweep(points, abandoned=0, others=0.0), None, 2, SweepSettings())
+    assert not math.isnan(diag.points[0].qps)
+    return diag.evidence
+
+
+def test_evidence_names_points_whose_windows_differed() -> None:
+    text = _judged([0.40, 0.10, 0.30])
+    assert "The windows of 2 of its 3 thread points differed by more than 25% (up to 40% at concurrency 1)" in text
+    assert "second-best window" in text
+
+
+def test_evidence_is_quiet_about_quiet_points() -> None:
+    assert "windows of" not in _judged([0.05, 0.10, float("nan")])

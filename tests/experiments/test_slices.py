@@ -117,3 +117,4 @@ def test_quiet_needs_enough_windows_that_all_agree() -> None:
 def test_sweep_settings_refuse_what_cannot_be_run(kwargs: dict, says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         SweepSettings(**kwargs)
+
