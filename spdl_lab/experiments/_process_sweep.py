@@ -19,7 +19,9 @@ the whole sweep.
 # - A point is done when it has ``min_windows`` windows, all within
 #   +-``stable_within`` of their median (``_slices.quiet``) -> "ok";
 #   ``max_windows`` reached first -> "unstable". Its QPS is its second-best
-#   window (``_slices.point_qps``); CPU and task times come from every window.
+#   window (``_slices.point_qps``); with 2..cores workers, the sum of each
+#   worker's second-best window (``_process_qps``). CPU and task times come
+#   from every window.
 # - Every call raised during the windows -> "error" with qps 0 and ``failures``
 #   counted: the number says nothing about the function's speed.
 # - A worker that dies -> "error" (qps NaN).
@@ -175,6 +177,7 @@ class _Point:
         self.stage, self.c, self.pool, self.plan = stage, c, pool, plan
         self.windows: list[Reading] = []  # per window: wall time in ``at``, the rest as differences
         self.qps: list[float] = []
+        self.worker_qps: list[list[float]] = [[] for _ in range(c)]  # each worker's own window rates
         self.status = "unstable"
         self.done = False
         self.notes: list[str] = []
@@ -224,7 +227,10 @@ class _Point:
             self.failures += now.failures - before.failures
             self.windows.append(Reading(now.at - start, now.done - before.done, now.failures - before.failures,
                                         now.cpu_s - before.cpu_s, now.times_ns))
-            self.qps.append(window_qps(now.ends_ns, round(start * 1e9), round(now.at * 1e9)))
+            span = round(start * 1e9), round(now.at * 1e9)
+            self.qps.append(window_qps(now.ends_ns, *span))
+            for mine, ends in zip(self.worker_qps, now.worker_ends_ns):
+                mine.append(window_qps(ends, *span))
             if not self._pause():
                 return
         except WorkerDied as died:
@@ -265,7 +271,7 @@ class _Point:
         if self.status in ("timeout", "error") or not windows:
             return _failed(self.stage, self.c, self.status if self.status != "unstable" else "error",
                            len(self.windows), failures)
-        mid = point_qps(qps)
+        mid = _process_qps(qps, self.worker_qps)
         wall = sum(w.at for w in windows)
         times = [t for w in windows for t in w.times_ns]
         status = self.status
@@ -281,6 +287,22 @@ class _Point:
             p50_ms=statistics.median(times) / 1e6 if times else NAN,
             repeats=len(self.windows), status=status, failures=failures,
         )
+
+
+def _process_qps(windows: list[float], per_worker: list[list[float]]) -> float:
+    """A process point's QPS: with no more workers than cores, the sum of each worker's own
+    ``point_qps``; otherwise ``point_qps`` of the point's windows.
+
+    Workers are separate processes on separate cores, and a slow spell slows one
+    core at a time: at 2 workers the windows read both fast, one slow, or both
+    slow, and the second-best window needs both fast at once, twice. Each
+    worker's second-best window needs only its own core. With more workers
+    than cores they share cores, a worker's rate depends on how the others were
+    scheduled, and only the point's own windows mean anything.
+    """
+    if not 1 < len(per_worker) <= (os.cpu_count() or 1) or any(len(w) != len(windows) for w in per_worker):
+        return point_qps(windows)
+    return sum(point_qps(w) for w in per_worker)
 
 
 def _failed(stage: str, c: int, status: str, repeats: int, failures: int) -> Point:

@@ -41,6 +41,7 @@ class Reading:
     times_ns: list[int] = field(default_factory=list)
     ends_ns: list[int] = field(default_factory=list)  # completion times of those calls
     busy: int = 0  # workers inside the function when asked
+    worker_ends_ns: list[list[int]] = field(default_factory=list)  # ends_ns, worker by worker
 
 
 class WorkerDied(Exception):
@@ -110,6 +111,7 @@ class WorkerPool:
             reading.failures += failures
             reading.times_ns += times_ns
             reading.ends_ns += ends_ns
+            reading.worker_ends_ns.append(ends_ns)
             self.first_error = self.first_error or first_error
         try:
             reading.cpu_s = sum(t.user + t.system for t in (p.cpu_times() for p in self.ps[:c]))

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from spdl_lab.errors import PipelineSpecError
-from spdl_lab.experiments._process_sweep import measure_processes
+from spdl_lab.experiments._process_sweep import _process_qps, measure_processes
 
 pytestmark = pytest.mark.usefixtures("no_child_leak", "no_thread_leak")
 
@@ -89,3 +89,22 @@ def test_an_unpicklable_function_names_the_stage():
 
     with pytest.raises(PipelineSpecError, match="stage 'guarded'.*cannot be pickled"):
         measure_processes("guarded", locked, [1], (1,))
+
+
+def test_two_workers_are_each_read_at_their_own_speed(monkeypatch):
+    # Each core has slow spells (0.6x) of its own; the point's windows mix both-fast,
+    # one-slow and both-slow. Only one window had both fast at once.
+    a = [1000, 600, 1000, 600, 600, 1000]
+    b = [600, 1000, 1000, 600, 1000, 600]
+    together = [x + y for x, y in zip(a, b)]
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert sorted(together, reverse=True)[1] == 1600  # the point's second-best window: one core slow
+    assert _process_qps(together, [a, b]) == 2000  # each worker's second best: both at their own speed
+
+
+def test_more_workers_than_cores_are_read_from_the_point_s_windows(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    per_worker = [[500, 300, 500], [300, 500, 500], [500, 500, 300]]
+    together = [sum(w) for w in zip(*per_worker)]
+    assert _process_qps(together, per_worker) == sorted(together, reverse=True)[1]
+    assert _process_qps([700, 900, 800], [[700, 900, 800]]) == 800  # one worker: the same rule
