@@ -33,7 +33,7 @@ class Point:
     stage: str
     executor: str  # "thread" | "process"
     concurrency: int
-    qps: float  # items/s, the second-best measurement window (_slices.point_qps); NaN when none finished
+    qps: float  # items/s: the second-best window (_slices.point_qps; processes: _process_qps); NaN: none finished
     qps_spread: float  # (max - min) / qps over the windows; NaN with < 2 windows
     cpu_util: float  # CPU of this process and its children / (wall time x cores): 0..1
     gil_wait_frac: float  # the GIL probe during the windows (NaN for processes)
