@@ -40,13 +40,17 @@ class RunOwner:
     """What every owner of runs shares (``Loader``, and the SPDL monitor):
     extra sampler sources, reading the current or last run, and closing.
 
-    Subclasses set ``_state`` (a ``_State``), ``_sources`` and ``_close_timeout``,
-    and say what ``stats()`` is before any run (``_empty_stats``).
+    Subclasses call ``__init__`` with their sampling and closing settings, and
+    say what ``stats()`` is before any run (``_empty_stats``).
     """
 
-    _state: _State
-    _sources: list[Source]
-    _close_timeout: float
+    def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
+        self._sample_hz = float(sample_hz)
+        self._sample_ticks = sample_ticks
+        self._close_timeout = close_timeout
+        self._sources: list[Source] = []
+        self._state = _State()
+        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
     def add_source(self, source: Source) -> None:
         """Sample ``source`` with these meters, in this run and every later one.
@@ -154,14 +158,9 @@ class Loader(RunOwner):
             buffer_size=buffer_size, max_failures=max_failures, metered=bool(meters), **runner_options
         )
         self._runner_cls.check_options(pipeline, self._options)
-        self._sample_hz = float(sample_hz)
-        self._sample_ticks = sample_ticks
-        self._close_timeout = close_timeout
+        super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._overrides: dict[str, int] = {}
         self._config = threading.Lock()  # overrides vs a run starting: see __iter__
-        self._sources: list[Source] = []
-        self._state = _State()
-        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
     # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

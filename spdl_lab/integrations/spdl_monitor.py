@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import inspect
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from ..engine.engine import EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from ..loader import CLOSE_TIMEOUT_S, RunOwner, _empty_snapshot, _iterate, _Run, _State
+from ..loader import CLOSE_TIMEOUT_S, RunOwner, _empty_snapshot, _iterate, _Run
 from ..runners.base import Runner
-from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Source
+from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ..telemetry.snapshot import Snapshot
 from ._spdl_config import SpdlSpec, config_of, describe, op_kind, pipe_fields
 from .spdl import require_spdl
@@ -79,13 +78,8 @@ class SpdlMonitor(RunOwner):
         _check_build_options(build_options)
         build_options.setdefault("num_threads", default_num_threads(self.pipeline, build_options))
         self._build_options = build_options
-        self._sample_hz = float(sample_hz)
-        self._sample_ticks = sample_ticks
-        self._close_timeout = close_timeout
+        super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._start_timeout = start_timeout
-        self._sources: list[Source] = []
-        self._state = _State()
-        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
     # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
