@@ -10,7 +10,16 @@ from typing import Any
 
 from . import workloads
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from .experiments import Comparison, Diagnosis, Session, compare, diagnose, headspace, run
+from .experiments import (
+    Comparison,
+    Diagnosis,
+    Session,
+    SweepSettings,
+    compare,
+    diagnose,
+    headspace,
+    run,
+)
 from .integrations import from_spdl
 from .integrations.torch_dataloader import from_dataloader
 from .loader import Loader
@@ -39,6 +48,7 @@ __all__ = [
     "Stage",
     "StageStats",
     "StepClock",
+    "SweepSettings",
     "compare",
     "diagnose",
     "from_dataloader",

@@ -18,7 +18,8 @@ the whole sweep.
 #   functions are not counted in fractions of a task.
 # - A point is done when it has ``min_windows`` windows, all within
 #   +-``stable_within`` of their median (``_slices.quiet``) -> "ok";
-#   ``max_windows`` reached first -> "unstable". Its QPS is its second-best
+#   ``max_windows`` reached first, or the diagnosis's budget spent
+#   (``_thread_sweep.budget_cut``) -> "unstable". Its QPS is its second-best
 #   window (``_slices.point_qps``); with 2..cores workers, the sum of each
 #   worker's second-best window (``_process_qps``). CPU and task times come
 #   from every window.
@@ -50,7 +51,7 @@ import cloudpickle
 from ..errors import PipelineSpecError, SpdlLabError
 from ._slices import point_qps, quiet, window_qps
 from ._sweep_worker import Reading, WorkerDied, WorkerPool
-from ._thread_sweep import StageFeed
+from ._thread_sweep import StageFeed, budget_cut
 from .diagnosis import Point
 
 __all__ = ["ProcessPlan", "ProcessSweep", "measure_process_stages", "measure_processes"]
@@ -103,11 +104,13 @@ def measure_processes(
 
 def measure_process_stages(
     feeds: Sequence[StageFeed], concurrency: Sequence[int], plan: ProcessPlan = ProcessPlan(), *,
-    on_window: Callable[[int], None] | None = None,
+    on_window: Callable[[int], None] | None = None, deadline: float = math.inf,
 ) -> dict[str, ProcessSweep]:
     """Every stage of ``feeds`` at each concurrency, in worker processes, the points taking turns.
 
-    ``on_window(n)`` reports progress in windows, out of ``max_windows`` per point.
+    Past ``deadline`` (``time.monotonic()``) points take only the windows
+    ``budget_cut`` allows. ``on_window(n)`` reports progress in windows, out of
+    ``max_windows`` per point.
     """
     levels = sorted(set(concurrency))
     if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
@@ -135,6 +138,10 @@ def measure_process_stages(
                                    + sum(p.done for p in points.values())))
         for _ in range(plan.max_windows):
             for point in [p for p in points.values() if not p.done]:
+                if budget_cut(len(point.qps), point.window_s, deadline, plan.min_windows):
+                    point.done = True  # still "unstable": its windows did not agree in time
+                    report(plan.max_windows - len(point.qps))
+                    continue
                 point.window()
                 report(1 + (plan.max_windows - len(point.qps) if point.done else 0))
             if all(p.done for p in points.values()):

@@ -33,8 +33,16 @@ __all__ = ["StageFeed", "StageRun", "SweepSettings", "ThreadSweep", "measure_thr
 
 @dataclass(frozen=True)
 class SweepSettings:
+    """How ``lab.diagnose`` measures each point (a stage at one concurrency).
+
+    Shorter settings for a quick look, e.g. in a notebook::
+
+        quick = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
+        lab.diagnose(p, (1, 2, 4), settings=quick)
+    """
+
     warmup_s: float = 0.3
-    window_s: float = 0.3  # lengthened for slow functions: see _window_for
+    window_s: float = 0.3  # lengthened for slow functions: see window_for
     # A point stops once its first min_windows (or more) windows all agree; one
     # that the machine's slow spells reach keeps going, so that its second-best
     # window (its QPS, see _slices) comes from the machine at its own speed.
@@ -42,9 +50,14 @@ class SweepSettings:
     max_windows: int = 10
     stable_within: float = 0.05  # every window within +-5% of their median: no more needed
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
+    # Seconds per map stage, threads and processes together. Once a diagnosis has
+    # run this long per stage, points take no window beyond min_windows, and a
+    # point still short of it stops at BUDGET_FLOOR (see budget_cut). The
+    # defaults keep a 3-stage pipeline under a minute on 2 cores.
+    stage_budget_s: float = 16.0
 
     def __post_init__(self) -> None:
-        for name in ("warmup_s", "window_s", "point_timeout_s"):
+        for name in ("warmup_s", "window_s", "point_timeout_s", "stage_budget_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"SweepSettings: {name} must be a number of seconds > 0, got {value!r}")
@@ -69,7 +82,6 @@ class StageRun:
     failures: int
     first_error: str | None  # traceback text of the first failure
     hung: bool  # an item did not finish within the timeout
-    mean_task_s: float
     abandoned_threads: int
 
 
@@ -79,25 +91,18 @@ def run_once(fn: Callable[[Any], Any], inputs: Sequence[Any], *, workers: int, t
     results: list[Any] = [_MISSING] * n
     errors: list[str | None] = [None] * n
     counter = itertools.count()
-    busy_ns = [0]
     progress = threading.Event()
     done = threading.Event()
-    finished = [0]
-    lock = threading.Lock()
 
     def work() -> None:
         while not done.is_set():
             i = next(counter)
             if i >= n:
                 return
-            t0 = time.perf_counter_ns()
             try:
                 results[i] = fn(inputs[i])
             except Exception:
                 errors[i] = traceback.format_exc()
-            with lock:
-                busy_ns[0] += time.perf_counter_ns() - t0
-                finished[0] += 1
             progress.set()
 
     threads = _start(work, min(workers, max(1, n)), "spdl_lab:diagnose-pass")
@@ -113,8 +118,7 @@ def run_once(fn: Callable[[Any], Any], inputs: Sequence[Any], *, workers: int, t
     ok = [i for i in range(n) if errors[i] is None and results[i] is not _MISSING]
     outputs = [results[i] for i in ok]
     first_error = next((e for e in errors if e is not None), None)
-    mean = busy_ns[0] / 1e9 / finished[0] if finished[0] else math.nan
-    return StageRun(outputs, [inputs[i] for i in ok], failures, first_error, hung, mean, alive)
+    return StageRun(outputs, [inputs[i] for i in ok], failures, first_error, hung, alive)
 
 
 _MISSING = object()
@@ -129,12 +133,11 @@ def _machine_busy() -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class StageFeed:
-    """A stage to sweep: its function, the inputs it loops over, and its task time from ``run_once``."""
+    """A stage to sweep: its function and the inputs it loops over."""
 
     name: str
     fn: Callable[[Any], Any]
     inputs: Sequence[Any]
-    mean_task_s: float = math.nan
 
 
 @dataclass
@@ -155,6 +158,7 @@ def measure_threads(
     probe: GilProbe,
     settings: SweepSettings = SweepSettings(),
     on_window: Callable[[int], None] | None = None,
+    deadline: float = math.inf,
 ) -> dict[str, ThreadSweep]:
     """Every stage of ``feeds`` at each concurrency, in threads.
 
@@ -166,31 +170,37 @@ def measure_threads(
     window) leaves them out; measured one point after another, they would move
     whole points or stages.
     A concurrency at which no task finishes within ``point_timeout_s`` is a
-    timeout, and higher ones of that stage are not tried. ``on_window(n)``
-    reports progress in windows, out of ``max_windows`` per point.
+    timeout, and higher ones of that stage are not tried. Past ``deadline``
+    (``time.monotonic()``) points take only the windows ``budget_cut`` allows.
+    ``on_window(n)`` reports progress in windows, out of ``max_windows`` per point.
     """
     levels = sorted(set(concurrency))
     pools: dict[tuple[str, int], _Pool] = {}
     results: dict[tuple[str, int], _Windows] = {}
-    windows: dict[str, float] = {}
+    windows: dict[tuple[str, int], float] = {}
     report = on_window or (lambda n: None)
     try:
         for feed in feeds:  # start and warm up, lowest concurrency first
             counter = itertools.count()
-            windows[feed.name] = _window_for(settings, feed.mean_task_s)
             for c in levels:
                 key = (feed.name, c)
                 pool = pools[key] = _Pool(feed.name, feed.fn, feed.inputs, c, counter)
                 results[key] = _Windows()
-                if not pool.warm_up(settings) or not pool.pause(settings.point_timeout_s):
+                rate = pool.warm_up(settings)
+                if not rate or not pool.pause(settings.point_timeout_s):
                     results[key].status, results[key].done = "timeout", True
                     break
+                windows[key] = window_for(settings.window_s, c, rate)
         skipped = len(feeds) * len(levels) - len(pools)
         report(settings.max_windows * (skipped + sum(r.done for r in results.values())))
         for _ in range(settings.max_windows):
             for key in [k for k, r in results.items() if not r.done]:
-                stats = pools[key].window(windows[key[0]], probe)
                 result = results[key]
+                if budget_cut(len(result.qps), windows[key], deadline, settings.min_windows):
+                    result.status, result.done = "unstable", True
+                    report(settings.max_windows - len(result.qps))
+                    continue
+                stats = pools[key].window(windows[key], probe)
                 if not pools[key].pause(settings.point_timeout_s):
                     result.status, result.done = "timeout", True
                     report(settings.max_windows - len(result.qps))
@@ -259,14 +269,16 @@ class _Pool:
             self.counts[w] += 1
             self.busy[w] = False
 
-    def warm_up(self, settings: SweepSettings) -> bool:
-        """Run ``warmup_s``, and on until a task finishes; False if none did in time."""
+    def warm_up(self, settings: SweepSettings) -> float:
+        """Run ``warmup_s``, and on until a task finishes; the tasks per second it saw
+        (an underestimate: the workers started together), 0.0 if none finished in time."""
+        started = time.monotonic()
         self._active.set()
-        deadline = time.monotonic() + settings.point_timeout_s
+        deadline = started + settings.point_timeout_s
         self._stop.wait(settings.warmup_s)
         while sum(self.counts) == 0 and time.monotonic() < deadline:
             self._stop.wait(0.02)
-        return sum(self.counts) > 0
+        return sum(self.counts) / (time.monotonic() - started)
 
     def window(self, seconds: float, probe: GilProbe) -> dict[str, float]:
         """Run a paused pool for ``seconds``; QPS is ``window_qps`` of the completions."""
@@ -275,10 +287,15 @@ class _Pool:
         t0, p0, g0, m0 = time.perf_counter_ns(), time.process_time(), probe.totals(), _machine_busy()
         self._active.set()
         self._stop.wait(seconds)
-        t1, p1, g1, m1 = time.perf_counter_ns(), time.process_time(), probe.totals(), _machine_busy()
+        t1 = time.perf_counter_ns()
+        # No new tasks from here. Behind 16 workers that hold the GIL, each of the
+        # readings below waits its turn for it (reading /proc releases it); with the
+        # workers still taking tasks, that stretched a 0.3 s window to over 1 s.
+        self._active.clear()
+        p1, g1, m1 = time.process_time(), probe.totals(), _machine_busy()
+        wall = (time.perf_counter_ns() - t0) / 1e9  # what the CPU readings span
         self.timing = False
         cores = os.cpu_count() or 1
-        wall = (t1 - t0) / 1e9
         covered = g1.elapsed_s - g0.elapsed_s
         ours = (p1 - p0) / wall / cores
         # Clamped: busy = total - idle - iowait, in floats, can come out a hair below 0 on an idle machine.
@@ -356,14 +373,30 @@ class _Windows:
 
 #: Longest measurement window, however slow the function.
 MAX_WINDOW_S = 2.0
+#: A window lasts long enough for each worker to finish about this many tasks.
+#: Workers start a window together, so slow tasks finish in step, and a window
+#: of one or two rounds of them reads up to 25% off (``_slices``).
+TASKS_PER_WORKER = 4
+#: Past the budget's deadline a point still short of ``min_windows`` stops at this many.
+BUDGET_FLOOR = 2
 
 
-def _window_for(settings: SweepSettings, mean_task_s: float) -> float:
-    """Long enough for ~5 tasks even when the workers serialize, so slow
-    functions are not counted in fractions of a task."""
-    if math.isnan(mean_task_s):
-        return settings.window_s
-    return min(max(settings.window_s, 5 * mean_task_s), MAX_WINDOW_S)
+def window_for(window_s: float, workers: int, rate: float) -> float:
+    """A point's window: ``window_s``, or longer, up to ``MAX_WINDOW_S``, for about
+    ``TASKS_PER_WORKER`` tasks per worker at ``rate`` tasks per second."""
+    return min(max(window_s, TASKS_PER_WORKER * workers / rate), MAX_WINDOW_S)
+
+
+def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -> bool:
+    """Whether a point that has ``taken`` windows stops for the budget: it has
+    ``min_windows`` and another window of ``window_s`` would end past ``deadline``
+    (``time.monotonic()``), or it has ``BUDGET_FLOOR`` and the deadline has passed."""
+    if taken < min(min_windows, BUDGET_FLOOR):
+        return False
+    now = time.monotonic()
+    if taken >= min_windows:
+        return now + window_s > deadline
+    return now > deadline
 
 
 def _median(values: list[float]) -> float:

@@ -42,6 +42,9 @@ DEFAULT_NUM_ITEMS = 100
 #: Share of the cores used by other processes during a point above which the
 #: evidence warns that the machine was busy.
 BUSY_MACHINE = 0.25
+#: What the budget keeps back for a stage's process sweep, besides its windows
+#: (``min_windows`` per process point): the workers' start.
+PROCESS_START_S = 0.5
 #: Thread points whose windows differ by more than this share of their QPS
 #: ((max - min) / QPS) are named in the evidence: the machine slowed for a while
 #: (docs/measurement-noise.md), or the inputs differ in cost.
@@ -92,10 +95,13 @@ def diagnose(
     settings = settings or SweepSettings()
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
+    begun = time.monotonic()
 
     inputs = _collect(pipeline, num_items)
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
+    deadline = begun + settings.stage_budget_s * len(maps)
+    reserve = _process_reserve(len(maps), process_levels, settings) if processes else 0.0
     per_stage = len(concurrency) * settings.max_windows
     bar = progress_bar(len(maps) * per_stage, progress, "window")
     probe = GilProbe()
@@ -106,11 +112,12 @@ def diagnose(
         bar.update(per_stage * (len(maps) - len(passes)))
         feeds = [p.feed for p in passes]
         bar.set_description("threads")
-        threads = measure_threads(feeds, concurrency, probe=probe, settings=settings, on_window=bar.update)
+        threads = measure_threads(feeds, concurrency, probe=probe, settings=settings, on_window=bar.update,
+                                  deadline=deadline - reserve)
         wanted = [p.feed for p in passes if processes and _processes_worth_trying(threads[p.feed.name], cores)]
         bar.total += len(wanted) * len(process_levels) * settings.max_windows
         bar.set_description("processes")
-        in_processes = _measure_processes(wanted, process_levels, settings, bar)
+        in_processes = _measure_processes(wanted, process_levels, settings, bar, deadline)
     finally:
         probe.stop()
         bar.close()
@@ -124,7 +131,8 @@ def diagnose(
                   "num_items": num_items, "inputs_collected": collected,
                   "warmup_s": settings.warmup_s, "window_s": settings.window_s,
                   "min_windows": settings.min_windows, "max_windows": settings.max_windows,
-                  "stable_within": settings.stable_within, "point_timeout_s": settings.point_timeout_s},
+                  "stable_within": settings.stable_within, "point_timeout_s": settings.point_timeout_s,
+                  "stage_budget_s": settings.stage_budget_s},
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
                  "torch": interp.torch or ""},
     )
@@ -163,7 +171,7 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
                 done[stage.name] = failed
                 blocked = f"no inputs: stage {stage.name!r} produced none ({_short(failed)})"
                 continue
-            feed = StageFeed(stage.name, stage.fn, once.ok_inputs, once.mean_task_s)
+            feed = StageFeed(stage.name, stage.fn, once.ok_inputs)
             passes.append(_Pass(stage, len(inputs), feed, once))
             inputs = once.outputs
     return done, passes
@@ -194,8 +202,14 @@ def _processes_worth_trying(sweep: ThreadSweep, cores: int) -> bool:
     return not rises(sweep.points, cores) or threads_only in ("gil-bound", "contended")
 
 
+def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings) -> float:
+    """Seconds of the budget the thread sweep leaves for process sweeps of every stage."""
+    point_s = settings.warmup_s + settings.min_windows * settings.window_s
+    return stages * (PROCESS_START_S + len(levels) * point_s)
+
+
 def _measure_processes(feeds: list[StageFeed], levels: Sequence[int], settings: SweepSettings,
-                       bar: Any) -> dict[str, ProcessSweep]:
+                       bar: Any, deadline: float) -> dict[str, ProcessSweep]:
     if not feeds:
         return {}
     from ._process_sweep import ProcessPlan, measure_process_stages
@@ -203,7 +217,7 @@ def _measure_processes(feeds: list[StageFeed], levels: Sequence[int], settings: 
     plan = ProcessPlan(warmup_s=settings.warmup_s, window_s=settings.window_s,
                        min_windows=settings.min_windows, max_windows=settings.max_windows,
                        stable_within=settings.stable_within, point_timeout_s=settings.point_timeout_s)
-    return measure_process_stages(feeds, levels, plan, on_window=bar.update)
+    return measure_process_stages(feeds, levels, plan, on_window=bar.update, deadline=deadline)
 
 
 def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores: int,

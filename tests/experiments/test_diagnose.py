@@ -211,8 +211,8 @@ def _judged(spreads: list[float]) -> str:
                     gil_wait_frac=0.6, runqueue_wait_frac=0.0, p50_ms=1.0, repeats=10, status="unstable")
               for c, s in zip((1, 2, 4), spreads)]
     once = StageRun(outputs=[0] * 10, ok_inputs=list(range(10)), failures=0, first_error=None, hung=False,
-                    mean_task_s=0.001, abandoned_threads=0)
-    p = _Pass(Stage("parse", "map", 1, fn=abs), 10, StageFeed("parse", abs, list(range(10)), 0.001), once)
+                    abandoned_threads=0)
+    p = _Pass(Stage("parse", "map", 1, fn=abs), 10, StageFeed("parse", abs, list(range(10))), once)
     diag = _judge(p, ThreadSweep(points, abandoned=0, others=0.0), None, 2, SweepSettings())
     assert not math.isnan(diag.points[0].qps)
     return diag.evidence

@@ -40,9 +40,17 @@ def test_short_fast_moments_are_left_out_where_the_plain_rate_takes_them_in() ->
     assert window_qps(ends, 10**12, stop) == pytest.approx(2000.0, rel=0.03)
 
 
-def test_slow_functions_fall_back_to_the_plain_rate() -> None:
-    ends, stop = stream([(0.4, 50.0)])  # 20 tasks: no slice could hold 40
-    assert window_qps(ends, 10**12, stop) == len(ends) / 0.4
+def test_slow_functions_are_counted_up_to_their_last_completion() -> None:
+    ends, stop = stream([(0.4, 50.0)])  # 19 tasks: no slice could hold 40
+    assert window_qps(ends, 10**12, stop) == pytest.approx(50.0)
+
+
+def test_workers_that_start_together_are_not_read_low_for_the_tasks_still_running() -> None:
+    # Four workers start a 0.3 s window together on 70 ms tasks: four rounds finish, at
+    # 70..280 ms, and the fifth is running at the end. The plain rate reads 16 / 0.3 = 53/s.
+    t0 = 10**12
+    ends = [t0 + k * 70 * MS + w * 100_000 for k in range(1, 5) for w in range(4)]
+    assert window_qps(ends, t0, t0 + 300 * MS) == pytest.approx(4 / 0.070, rel=0.01)
 
 
 def test_completions_outside_the_window_do_not_count() -> None:
