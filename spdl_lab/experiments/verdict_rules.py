@@ -10,8 +10,10 @@ For a stage run alone in threads (DESIGN.md):
   cores) and the GIL is not the wait: it rose until they filled (it releases
   the GIL) or, flat, it already fills them on its own.
 * ``gil-bound`` — the GIL probe's median wait at concurrency >= 2 is at least
-  GIL_WAIT_BOUND: pure-Python work holding the GIL. A function that rose a
-  little first (part I/O, part Python) is still gil-bound: the GIL is its ceiling.
+  GIL_WAIT_BOUND: pure-Python work holding the GIL. A function that rose first
+  (part I/O, part Python) is still gil-bound when it stopped rising below the
+  top concurrency, short of saturating the cores, and the probe waited at least
+  GIL_WAIT_BOUND at the top: the GIL is its ceiling.
 * ``contended`` — it does not rise, yet neither the GIL nor the cores are
   saturated: a lock or another shared resource serializes it. The cores count
   as saturated when the whole machine is that busy too: a stage that could not
@@ -107,12 +109,16 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     crowded = not cpu >= CPU_SATURATED and machine >= CPU_SATURATED  # others hold the cores
     gils = [p.gil_wait_frac for p in ok if p.concurrency >= 2 and not math.isnan(p.gil_wait_frac)]
     gil = statistics.median(gils) if gils else math.nan
-    gil_bound = gil >= GIL_WAIT_BOUND
     lo, hi = first.concurrency, ok[-1].concurrency
     span = f"from {lo} to {hi} threads"
     cpu_text = f"CPU at {_pct(cpu)} of {cores} cores"
 
     rising = rises(ok, cores)
+    # Part I/O, part Python: it rises while the waits overlap, then the Python parts
+    # queue for the GIL. The median over all points is low; the top point tells.
+    ceiling = (rising and best_c < hi and not cpu >= CPU_SATURATED
+               and ok[-1].gil_wait_frac >= GIL_WAIT_BOUND)
+    gil_bound = gil >= GIL_WAIT_BOUND or ceiling
     if rising and not gil_bound and not cpu >= CPU_SATURATED:
         verdict = "scales"
         evidence = (f"QPS rose {speedup:.1f}x {span} ({_n(first.qps)} to {_n(best.qps)}/s, best at "
@@ -135,10 +141,17 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
             advice = "diagnose again on a quiet machine: other processes held the cores; " + advice
     elif gil_bound:
         verdict = "gil-bound"
-        evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "
-                    f"probe waited {_pct(gil)} of the time, with {cpu_text}: the function holds the GIL.")
         advice = ("keep it off the training process's GIL: run the pipeline under subprocess-threads, "
                   "or make the function release the GIL (numpy/torch operations on whole arrays)")
+        if ceiling and not gil >= GIL_WAIT_BOUND:
+            evidence = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads ({_n(first.qps)} to "
+                        f"{_n(best.qps)}/s) and no further, with {cpu_text}; at {hi} threads the GIL probe "
+                        f"waited {_pct(ok[-1].gil_wait_frac)} of the time: its waits overlap, its Python "
+                        f"parts queue for the GIL.")
+            advice = f"set concurrency to {best_c}; to go faster, " + advice
+        else:
+            evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "
+                        f"probe waited {_pct(gil)} of the time, with {cpu_text}: the function holds the GIL.")
     else:
         verdict = "contended"
         gil_text = "GIL wait n/a" if math.isnan(gil) else f"GIL wait {_pct(gil)}"
@@ -148,12 +161,15 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
         advice = (f"concurrency {best_c} is as fast as any; find the shared lock or resource (a global "
                   f"RNG such as np.random.*: give each worker np.random.default_rng(); a shared "
                   f"client or lock) and give each worker its own")
-    evidence, advice = _with_processes(evidence, advice, verdict, best, process_points)
+    # A process point runs one task per worker: it cannot overlap waits as threads do,
+    # so falling short of many threads says nothing against processes of threads.
+    evidence, advice = _with_processes(evidence, advice, verdict, best, process_points,
+                                       comparable=not (ceiling and verdict == "gil-bound"))
     return Judgement(verdict, best_c, evidence, advice)
 
 
 def _with_processes(evidence: str, advice: str, verdict: str, best: Point,
-                    process_points: Sequence[Point]) -> tuple[str, str]:
+                    process_points: Sequence[Point], comparable: bool = True) -> tuple[str, str]:
     ok = _usable(process_points)
     if not ok:
         return evidence, advice
@@ -164,7 +180,7 @@ def _with_processes(evidence: str, advice: str, verdict: str, best: Point,
     if ratio >= PROCESS_HELPS:
         advice = (f"processes help: {ratio:.1f}x with {top.concurrency} processes; run this stage under "
                   f"the process runner (DataLoader workers) or subprocess-threads; or " + advice)
-    elif verdict in ("gil-bound", "contended"):
+    elif verdict in ("gil-bound", "contended") and comparable:
         advice += "; processes did not help here either"
     return evidence, advice
 

@@ -50,6 +50,23 @@ def test_pure_python_is_gil_bound_and_processes_are_recommended_when_they_help()
     assert j.recommendation.startswith("processes help: 2.0x with 2 processes")
 
 
+def test_part_io_part_python_rises_then_the_gil_is_its_ceiling():
+    # sleep 2 ms + 0.6 ms of Python, as measured: the median GIL wait over c >= 2 is 7%.
+    mixed = pts([419, 839, 1678, 3141, 3120], [0.07, 0.14, 0.28, 0.5, 0.5], gil=[0.02, 0.02, 0.03, 0.10, 0.40])
+    j = judge(mixed, cores=CORES)
+    assert (j.verdict, j.best_concurrency) == ("gil-bound", 8)
+    assert "from 1 to 8 threads (419 to 3,141/s) and no further" in j.evidence and "waited 40%" in j.evidence
+    assert j.recommendation.startswith("set concurrency to 8; to go faster, keep it off")
+    # One task per worker process cannot overlap the waits: falling short of 8 threads is no verdict on processes.
+    procs = pts([420, 838], [0.07, 0.13], executor="process", levels=(1, 2))
+    assert "did not help" not in judge(mixed, procs, cores=CORES).recommendation
+    # Still rising at the top, or the cores full there: not the GIL's ceiling.
+    assert judge(pts([419, 839, 1678, 3141, 6000], 0.3, gil=[0.02, 0.02, 0.03, 0.1, 0.4]),
+                 cores=CORES).verdict == "scales"
+    assert judge(pts([40, 79, 80, 78, 79], [0.5, 0.99, 1.0, 1.0, 1.0], gil=[0.02] * 4 + [0.35]),
+                 cores=CORES).verdict == "cpu-bound"
+
+
 def test_lock_serialized_is_contended():
     j = judge(pts([450, 460, 455, 450, 452], 0.02), cores=CORES)
     assert j.verdict == "contended" and "a lock or another shared resource" in j.evidence
