@@ -2,8 +2,8 @@
 
 Twenty-one stage functions of known behaviour, three to a pipeline, each
 pipeline diagnosed once with the default concurrency and settings. Printed per
-function: the verdict expected on a 2-core machine, the verdict given, the best
-concurrency and the evidence; per pipeline, the wall time (target: <= 60 s for
+function: the verdict expected on a 2-core machine, the verdict given and the
+best concurrency, then the evidence; per pipeline, the wall time (target: <= 60 s for
 three stages). The unit tests hold a smaller battery (``tests/experiments``);
 this one is for changes to the rules or the measurement, and takes about five
 minutes. Run it on a quiet machine: the evidence says when other processes
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(machine_line())
     print("# every pipeline: 3 map stages, lab.diagnose with its defaults\n")
-    rows, walls = [], []
+    rows, walls, evidence = [], [], []
     for stages in PIPELINES:
         if args.only and not any(fn.__name__ in args.only for fn, _ in stages):
             continue
@@ -199,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         for fn, want in stages:
             got = diag.stages[fn.__name__]
             rows.append([fn.__name__, want, got.verdict or "-", got.best_concurrency or "-",
-                         "yes" if got.verdict == want else "NO", got.evidence])
+                         "yes" if got.verdict == want else "NO"])
+            evidence.append(f"- {fn.__name__}: {got.evidence}")
     print()
-    print_table(["function", "expected", "verdict", "best c", "right", "evidence"], rows)
+    print_table(["function", "expected", "verdict", "best c", "right"], rows)
+    print("\n" + "\n".join(evidence))
     right = sum(r[4] == "yes" for r in rows)
     over = [w for w in walls if w > TARGET_WALL_S]
     print(f"\n{right} of {len(rows)} verdicts as expected")

@@ -54,7 +54,7 @@ from ._sweep_worker import Reading, WorkerDied, WorkerPool
 from ._thread_sweep import StageFeed, budget_cut
 from .diagnosis import Point
 
-__all__ = ["ProcessPlan", "ProcessSweep", "measure_process_stages", "measure_processes"]
+__all__ = ["ProcessPlan", "ProcessSweep", "ProcessSweeper", "measure_process_stages", "measure_processes"]
 
 NAN = math.nan
 #: Longest measurement window, however slow the function (as in the thread half).
@@ -112,51 +112,101 @@ def measure_process_stages(
     ``budget_cut`` allows. ``on_window(n)`` reports progress in windows, out of
     ``max_windows`` per point.
     """
-    levels = sorted(set(concurrency))
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
-        names = ", ".join(repr(f.name) for f in feeds)
-        raise PipelineSpecError(
-            f"lab.diagnose: stage(s) {names}: process concurrency must be integers >= 1, got {levels}")
-    plan = replace(plan, max_windows=max(plan.min_windows, plan.max_windows))
-    report = on_window or (lambda n: None)
-    sweeps = {f.name: ProcessSweep() for f in feeds}
-    pools: dict[str, WorkerPool] = {}
-    points: dict[tuple[str, int], _Point] = {}
-    try:
-        for feed in feeds if levels else ():
-            try:
-                pools[feed.name] = _start(feed, levels[-1], plan)
-            except SpdlLabError as exc:
-                sweeps[feed.name].error = exc
-                report(plan.max_windows * len(levels))
+    with ProcessSweeper(concurrency, plan, on_window=on_window, deadline=deadline) as sweeper:
+        sweeper.add(feeds)
+        sweeper.finish()
+    return sweeper.results()
+
+
+class ProcessSweeper:
+    """Process points of several stages, measured a round at a time.
+
+    ``lab.diagnose`` adds stages while its thread sweep runs and takes a round
+    between the thread rounds, so a process point's windows are spread over the
+    sweep as a thread point's are; measured in one go at the end, its few
+    windows fell in a few seconds, and a slow spell there moved the whole point
+    (14% between diagnoses). ``finish`` takes the rounds still needed; ``close``
+    (or leaving the ``with`` block) stops every worker.
+    """
+
+    def __init__(self, concurrency: Sequence[int], plan: ProcessPlan = ProcessPlan(), *,
+                 on_window: Callable[[int], None] | None = None, deadline: float = math.inf) -> None:
+        self.levels = sorted(set(concurrency))
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.levels):
+            raise PipelineSpecError(
+                f"lab.diagnose: process concurrency must be integers >= 1, got {list(concurrency)}")
+        self.plan = replace(plan, max_windows=max(plan.min_windows, plan.max_windows))
+        self.deadline = deadline
+        self._report = on_window or (lambda n: None)
+        self.sweeps: dict[str, ProcessSweep] = {}
+        self._pools: dict[str, WorkerPool] = {}
+        self._points: dict[tuple[str, int], _Point] = {}
+
+    def __enter__(self) -> ProcessSweeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, feeds: Sequence[StageFeed]) -> None:
+        """Start each stage's workers and warm its points up, lowest concurrency first."""
+        plan, levels = self.plan, self.levels
+        for feed in feeds:
+            self.sweeps[feed.name] = ProcessSweep()
+            if not levels:
                 continue
-            for c in levels:  # warm up, lowest first; a failure ends the stage
-                point = points[feed.name, c] = _Point(feed.name, c, pools[feed.name], plan)
+            try:
+                pool = self._pools[feed.name] = _start(feed, levels[-1], plan)
+            except SpdlLabError as exc:
+                self.sweeps[feed.name].error = exc
+                self._report(plan.max_windows * len(levels))
+                continue
+            warmed = 0
+            for c in levels:  # a failure ends the stage
+                point = self._points[feed.name, c] = _Point(feed.name, c, pool, plan)
+                warmed += 1
                 if not point.warm_up():
                     break
-        report(plan.max_windows * (len(pools) * len(levels) - len(points)
-                                   + sum(p.done for p in points.values())))
-        for _ in range(plan.max_windows):
-            for point in [p for p in points.values() if not p.done]:
-                if budget_cut(len(point.qps), point.window_s, deadline, plan.min_windows):
-                    point.done = True  # still "unstable": its windows did not agree in time
-                    report(plan.max_windows - len(point.qps))
-                    continue
-                point.window()
-                report(1 + (plan.max_windows - len(point.qps) if point.done else 0))
-            if all(p.done for p in points.values()):
-                break
-    finally:
-        for name, pool in pools.items():
-            ended = [p for (stage, _), p in points.items() if stage == name]
+            ended = [p for (name, _), p in self._points.items() if name == feed.name and p.done]
+            self._report(plan.max_windows * (len(levels) - warmed + len(ended)))
+
+    def round(self) -> bool:
+        """One window for every point that needs one; True once none does."""
+        plan = self.plan
+        for point in [p for p in self._points.values() if not p.done]:
+            if budget_cut(len(point.qps), point.window_s, self.deadline, plan.min_windows):
+                point.done = True  # still "unstable": its windows did not agree in time
+                self._report(plan.max_windows - len(point.qps))
+                continue
+            point.window()
+            self._report(1 + (plan.max_windows - len(point.qps) if point.done else 0))
+        return all(p.done for p in self._points.values())
+
+    def finish(self) -> None:
+        """Rounds until every point is done (each round ends or adds to every point)."""
+        while not self.round():
+            pass
+
+    def close(self) -> None:
+        for name, pool in self._pools.items():
+            ended = [p for (stage, _), p in self._points.items() if stage == name]
             pool.close(kill=any(p.status == "timeout" for p in ended))
-    for (name, _), point in sorted(points.items(), key=lambda kv: kv[0]):
-        sweep = sweeps[name]
-        if sweep.points and sweep.points[-1].status in ("timeout", "error"):
-            continue  # the stage's sweep ended there
-        sweep.points.append(point.summary())
-        sweep.notes += point.notes
-    return sweeps
+
+    def results(self) -> dict[str, ProcessSweep]:
+        """Each stage's points, ascending, once the rounds are over (call it once). A stage's
+        sweep ends at its first timeout or error: larger concurrencies would fail alike."""
+        out = {}
+        for name, started in self.sweeps.items():
+            sweep = out[name] = ProcessSweep(error=started.error)
+            for c in self.levels:
+                point = self._points.get((name, c))
+                if point is None:
+                    break
+                sweep.points.append(point.summary())
+                sweep.notes += point.notes
+                if sweep.points[-1].status in ("timeout", "error"):
+                    break
+        return out
 
 
 def _start(feed: StageFeed, workers: int, plan: ProcessPlan) -> WorkerPool:

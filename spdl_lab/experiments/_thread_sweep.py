@@ -159,6 +159,7 @@ def measure_threads(
     settings: SweepSettings = SweepSettings(),
     on_window: Callable[[int], None] | None = None,
     deadline: float = math.inf,
+    after_round: Callable[[dict[str, list[Point]]], None] | None = None,
 ) -> dict[str, ThreadSweep]:
     """Every stage of ``feeds`` at each concurrency, in threads.
 
@@ -173,6 +174,8 @@ def measure_threads(
     timeout, and higher ones of that stage are not tried. Past ``deadline``
     (``time.monotonic()``) points take only the windows ``budget_cut`` allows.
     ``on_window(n)`` reports progress in windows, out of ``max_windows`` per point.
+    ``after_round(points)`` is called after every round, every pool paused, with
+    each stage's points so far (``lab.diagnose`` measures processes there).
     """
     levels = sorted(set(concurrency))
     pools: dict[tuple[str, int], _Pool] = {}
@@ -207,6 +210,10 @@ def measure_threads(
                     continue
                 result.add(stats, settings)
                 report(1 + (settings.max_windows - len(result.qps) if result.done else 0))
+            if after_round is not None:
+                after_round({feed.name: [results[k].point(*k, pools[k]) for k in results if k[0] == feed.name
+                                         and (results[k].qps or results[k].status == "timeout")]
+                             for feed in feeds})
             if all(r.done for r in results.values()):
                 break
         for result in results.values():

@@ -33,7 +33,7 @@ from .diagnosis import Diagnosis, Point, StageDiagnosis
 from .verdict_rules import judge, rises
 
 if TYPE_CHECKING:
-    from ._process_sweep import ProcessSweep
+    from ._process_sweep import ProcessSweep, ProcessSweeper
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
 
@@ -78,9 +78,11 @@ def diagnose(
     window: on a shared machine other tenants' work slows a core down for
     seconds at a time, and only the fast windows are the function's own
     speed (``_slices``). Stages whose thread throughput does not rise are
-    then run by worker processes at ``process_concurrency`` (default: 1 and
-    the core count) the same way, to tell whether processes would help
-    (``processes=False`` skips that).
+    also run by worker processes at ``process_concurrency`` (default: 1 and
+    the core count), to tell whether processes would help; their points take
+    turns with the thread rounds from the round that shows it
+    (``processes=False`` skips them). Extra windows for points that disagree
+    stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
     """
     if not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}")
@@ -106,19 +108,21 @@ def diagnose(
     bar = progress_bar(len(maps) * per_stage, progress, "window")
     probe = GilProbe()
     probe.start()
+    side = None
     try:
         bar.set_description("first pass")
         done, passes = _passes(pipeline, inputs, settings)
         bar.update(per_stage * (len(maps) - len(passes)))
         feeds = [p.feed for p in passes]
+        side = _ProcessSide(feeds, process_levels if processes else (), settings, bar, deadline, cores)
         bar.set_description("threads")
         threads = measure_threads(feeds, concurrency, probe=probe, settings=settings, on_window=bar.update,
-                                  deadline=deadline - reserve)
-        wanted = [p.feed for p in passes if processes and _processes_worth_trying(threads[p.feed.name], cores)]
-        bar.total += len(wanted) * len(process_levels) * settings.max_windows
+                                  deadline=deadline - reserve, after_round=side.after_round)
         bar.set_description("processes")
-        in_processes = _measure_processes(wanted, process_levels, settings, bar, deadline)
+        in_processes = side.finish({name: sweep.points for name, sweep in threads.items()})
     finally:
+        if side is not None:
+            side.close()
         probe.stop()
         bar.close()
     for p in passes:
@@ -193,13 +197,13 @@ def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun,
     return None
 
 
-def _processes_worth_trying(sweep: ThreadSweep, cores: int) -> bool:
+def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
     """Processes are tried where threads do not help: the stage does not rise, or
     the GIL (or a lock) is what its threads wait for. Not after a timeout."""
-    if any(p.status == "timeout" for p in sweep.points):
+    if any(p.status == "timeout" for p in points):
         return False
-    threads_only = judge(sweep.points, cores=cores).verdict
-    return not rises(sweep.points, cores) or threads_only in ("gil-bound", "contended")
+    threads_only = judge(points, cores=cores).verdict
+    return not rises(points, cores) or threads_only in ("gil-bound", "contended")
 
 
 def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings) -> float:
@@ -208,16 +212,49 @@ def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings
     return stages * (PROCESS_START_S + len(levels) * point_s)
 
 
-def _measure_processes(feeds: list[StageFeed], levels: Sequence[int], settings: SweepSettings,
-                       bar: Any, deadline: float) -> dict[str, ProcessSweep]:
-    if not feeds:
-        return {}
-    from ._process_sweep import ProcessPlan, measure_process_stages
+class _ProcessSide:
+    """The process half: a stage starts its workers once a round of the thread sweep
+    says threads do not help it, and its points take a round between the thread
+    rounds (``ProcessSweeper``); stages that only the finished thread sweep picks
+    start then. No levels: nothing is measured."""
 
-    plan = ProcessPlan(warmup_s=settings.warmup_s, window_s=settings.window_s,
-                       min_windows=settings.min_windows, max_windows=settings.max_windows,
-                       stable_within=settings.stable_within, point_timeout_s=settings.point_timeout_s)
-    return measure_process_stages(feeds, levels, plan, on_window=bar.update, deadline=deadline)
+    def __init__(self, feeds: Sequence[StageFeed], levels: Sequence[int], settings: SweepSettings,
+                 bar: Any, deadline: float, cores: int) -> None:
+        self.feeds = {f.name: f for f in feeds}
+        self.levels, self.bar, self.cores = levels, bar, cores
+        self.max_windows = settings.max_windows
+        self.sweeper: ProcessSweeper | None = None
+        if feeds and levels:
+            from ._process_sweep import ProcessPlan, ProcessSweeper
+
+            plan = ProcessPlan(warmup_s=settings.warmup_s, window_s=settings.window_s,
+                               min_windows=settings.min_windows, max_windows=settings.max_windows,
+                               stable_within=settings.stable_within, point_timeout_s=settings.point_timeout_s)
+            self.sweeper = ProcessSweeper(levels, plan, on_window=bar.update, deadline=deadline)
+
+    def after_round(self, points: dict[str, list[Point]]) -> None:
+        if self.sweeper is not None:
+            self._start(points)
+            self.sweeper.round()
+
+    def finish(self, points: dict[str, list[Point]]) -> dict[str, ProcessSweep]:
+        if self.sweeper is None:
+            return {}
+        self._start(points)
+        self.sweeper.finish()
+        return self.sweeper.results()
+
+    def close(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.close()
+
+    def _start(self, points: dict[str, list[Point]]) -> None:
+        assert self.sweeper is not None
+        new = [self.feeds[name] for name, pts in points.items()
+               if name not in self.sweeper.sweeps and _processes_worth_trying(pts, self.cores)]
+        if new:
+            self.bar.total += len(new) * len(self.levels) * self.max_windows
+            self.sweeper.add(new)
 
 
 def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores: int,
