@@ -370,9 +370,24 @@ def launches_s(device: SimulatedDevice) -> float:
     return device.kernels * device.launch_us * 1e-6
 
 
+def calibrated_steps(device: SimulatedDevice) -> tuple[SimulatedDevice, list[DeviceStep]]:
+    """Quiet steps; the fastest one's launches cost what the calibration said within 2x.
+
+    The core's speed can change between calibrating (~50 ms) and stepping: once the
+    fastest step's launches cost 0.496x of it. Then the device is calibrated afresh
+    and stepped again, once; a second miss is returned for the assertions to report.
+    """
+    steps = require_quiet(run_steps(device)[1])
+    fastest = min(steps, key=lambda step: step.wall_s)
+    if not 0.5 < fastest.launch_cpu_s / launches_s(device) < 2:
+        device = SimulatedDevice(iterations_per_us=SimulatedDevice.calibrate())
+        steps = require_quiet(run_steps(device)[1])
+    return device, steps
+
+
 def test_uncontended_step_is_device_bound(device, no_thread_leak):
     assert 0.06 <= kernels_s(device) <= 0.12  # the defaults aim at a realistic step
-    steps = require_quiet(run_steps(device)[1])
+    device, steps = calibrated_steps(device)
     # Nothing is lost: launches wait for no GIL, the step takes what it needs.
     assert median(steps, "launch_gil_wait_s") < 0.1 * median(steps, "launch_cpu_s")
     assert median(steps, stretch) < 1.1
