@@ -89,27 +89,29 @@ class WorkerPool:
             raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process could not start: "
                               f"{died}") from died.__cause__
 
-    def send(self, c: int, message: Any) -> None:
-        for ctrl in self.ctrls[:c]:
+    def send(self, c: int, message: Any, first: int = 0) -> None:
+        """To the c workers from ``first`` on."""
+        for ctrl in self.ctrls[first:first + c]:
             try:
                 ctrl.send(message)
             except OSError:
                 pass  # that worker is gone; the next read says how
 
-    def read(self, c: int, timeout_s: float) -> Reading | None:
-        """Counts from the first c workers, or None if one has not answered within timeout_s."""
+    def read(self, c: int, timeout_s: float, first: int = 0) -> Reading | None:
+        """Counts from the c workers from ``first`` on, or None if one has not answered within timeout_s."""
+        chosen = range(first, first + c)
         at = time.perf_counter()
         # CPU at the same moment as ``at``: the workers go on running while they answer,
         # and a fast function's completion times take a while to ship (at millions of
         # calls per second, read afterwards, the CPU of 2 workers came to 147% of 2 cores).
         try:
-            cpu_s = sum(t.user + t.system for t in (p.cpu_times() for p in self.ps[:c]))
+            cpu_s = sum(t.user + t.system for t in (self.ps[i].cpu_times() for i in chosen))
         except psutil.Error:
             cpu_s = math.nan  # gone: the replies below say how, or the check after them
-        self.send(c, ("read",))
+        self.send(c, ("read",), first)
         deadline = time.monotonic() + timeout_s
         reading = Reading(at, 0, 0, cpu_s)
-        for i in range(c):
+        for i in chosen:
             reply = self._recv(i, deadline)
             if reply is None:
                 return None
