@@ -279,7 +279,7 @@ class _Point:
             if before is None:
                 self._unanswered()
                 return
-            self.pool.send(c, ("run",), self.first)
+            pool.send(c, ("run",), self.first)
             start = time.perf_counter()
             time.sleep(self.window_s)
             now = self._read()
