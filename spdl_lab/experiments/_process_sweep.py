@@ -1,10 +1,12 @@
 """The process half of ``lab.diagnose``: stage functions run by N worker processes.
 
 Workers are fresh interpreters (``_sweep_child``), started once per stage for the
-whole sweep; startup never counts. Concurrency c runs the stage's first c workers.
+whole sweep; startup never counts. Concurrency c runs c of the stage's workers:
+all of them at the pool's size, and below it a different c each window, in turn.
 As in the thread half, every (stage, concurrency) is warmed up first and the points
-then take turns, one window each per round, so a point's windows are spread over
-the whole sweep.
+then take turns, one window each per round; in ``lab.diagnose`` a process round
+follows each thread round (``ProcessSweeper``), so a point's windows are spread
+over the whole sweep.
 """
 
 # Measurement and failure rules, in one place:
@@ -13,9 +15,10 @@ the whole sweep.
 # - A window: read the paused workers' counts, tell them to run, read again after
 #   the window, tell them to pause and wait until none is inside the function (so
 #   no call spills into the next point's window). QPS = ``window_qps`` of the
-#   completion times the workers report (the median rate over short slices).
-#   A window lasts at least 8 warm-up task times (up to MAX_WINDOW_S), so slow
-#   functions are not counted in fractions of a task.
+#   completion times the workers report (the median rate over short slices; for
+#   slow functions, the completions up to the last one). CPU is read with each
+#   reading's time stamp. A window lasts at least 8 warm-up task times (up to
+#   MAX_WINDOW_S), so slow functions are not counted in fractions of a task.
 # - A point is done when it has ``min_windows`` windows, all within
 #   +-``stable_within`` of their median (``_slices.quiet``) -> "ok";
 #   ``max_windows`` reached first, or the diagnosis's budget spent

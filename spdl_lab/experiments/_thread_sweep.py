@@ -2,10 +2,11 @@
 
 Workers loop over the stage's cached inputs. Every (stage, concurrency) gets
 its own pool, warmed up first (start-up never counts); then the pools of every
-stage take turns, one measurement window each per round, until each point's
-windows agree (or a cap). A window's QPS is the median rate over short slices,
-a point's its second-best window (``_slices``). Threads stuck in the function cannot be stopped; they
-are daemons, left behind and counted.
+stage take turns, one measurement window each per round (long enough for a few
+tasks per worker), until each point's windows agree, or a cap, or the budget
+(``budget_cut``). A window's QPS is the median rate over short slices, a point's
+its second-best window (``_slices``). Threads stuck in the function cannot be
+stopped; they are daemons, left behind and counted.
 """
 
 from __future__ import annotations
