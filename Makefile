@@ -19,11 +19,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Unit tests first, then the `measurement` set (real timing; exit 5, none selected, is fine).
 # The browser test (tests/ui/test_browser.py) must run here, not skip: Chromium is
 # installed first and SPDL_LAB_REQUIRE_BROWSER=1 turns a missing browser into a failure.
 test: $(STAMP) browser-deps
 	$(PY) -m ruff check spdl_lab tests benchmarks tools
-	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest $(PYTEST_ARGS) tests
+	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest -m "not measurement" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -m measurement -p no:cacheprovider $(PYTEST_ARGS) tests; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 
 # Jupyter refuses to run as root unless told; containers often run as root.
