@@ -4,10 +4,6 @@ Bring a pipeline and a training step; run them under several parallelism
 models, watch what happens live, and find out where the time goes.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from . import workloads
 from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .experiments import (
@@ -59,7 +55,7 @@ __all__ = [
 ]
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: object) -> None:
     """``%load_ext spdl_lab``: add %spdl_info, %spdl_run and %spdl_compare."""
     # Imported here so that ``import spdl_lab`` never needs IPython.
     from .magics import load_ipython_extension as load
@@ -67,14 +63,14 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: object) -> None:
     """``%unload_ext spdl_lab``: remove the magics again."""
     from .magics import unload_ipython_extension as unload
 
     unload(ipython)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # The dashboard needs ipywidgets and Bokeh: imported on first use so the
     # core stays importable (and fast to import) in a plain script.
     if name == "Dashboard":

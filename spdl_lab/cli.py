@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -304,6 +306,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: The target the --help examples use; the file names they show are derived from it as the
+#: commands derive theirs, so an example never names a file the command would not write.
+EXAMPLE_TARGET = "mypkg.data:make_pipeline"
+
+
+def _writes(stem: str) -> str:
+    from spdl_lab.experiments.diagnostic_mode import DEFAULT_REPORT_DIR
+
+    return f"\n  (writes {DEFAULT_REPORT_DIR}/{stem}.html and {DEFAULT_REPORT_DIR}/{stem}.json)"
+
+
+def _example_report() -> str:
+    from spdl_lab.experiments.diagnostic_mode import DEFAULT_REPORT_DIR
+
+    return f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
+
+
 def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, example: str,
                 quiet: bool = False) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
@@ -341,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "several parallelism models, measure where the time goes, write reports.",
         epilog="examples:\n  spdl-lab info\n  spdl-lab compare mypkg.data:make_pipeline --step simulated:20\n"
                "  spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8\n"
-               "  spdl-lab report spdl_lab_reports/mypkg.data-make_pipeline.json\n\n" + EXIT_CODES,
+               f"  spdl-lab report {_example_report()}\n\n" + EXIT_CODES,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -369,8 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
         "after another; print batches/s, step time, data wait, CPU and GIL wait per\n"
         "runner and the ratios to cache (the headspace: loading made free); write an\n"
         "HTML report and the comparison as JSON.",
-        "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache",
-        quiet=True)
+        "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache"
+        + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
     cmp.add_argument("target", metavar="TARGET",
                      help="module:attr naming a lab.Pipeline or a zero-argument factory")
     cmp.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
@@ -389,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Run each stage of the pipeline named by TARGET alone, fed cached inputs, at each\n"
         "concurrency, and give a verdict per stage (scales, cpu-bound, gil-bound,\n"
         "contended) with the evidence; write an HTML and a JSON report.",
-        "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200", quiet=True)
+        "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200"
+        + _writes(_stem(EXAMPLE_TARGET)), quiet=True)
     diag.add_argument("target", metavar="TARGET",
                       help="module:attr naming a lab.Pipeline or a zero-argument factory")
     diag.add_argument("--concurrency", type=_count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
@@ -407,11 +427,34 @@ def build_parser() -> argparse.ArgumentParser:
         "spdl-lab compare --json, Diagnosis.to_json or Comparison.to_json) as one HTML\n"
         "file that opens without a network (Bokeh inline). The file is checked strictly\n"
         "and never executed.",
-        "spdl-lab report spdl_lab_reports/mypkg.data-make_pipeline.json -o diagnosis.html")
+        f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
+        "wrote in the example above; writes diagnosis.html)")
     report.add_argument("file", metavar="FILE.json", help="a saved diagnosis or comparison")
     report.add_argument("-o", "--output", default=None, metavar="OUT.html",
                         help="where the HTML goes (default: FILE with .html in place of .json)")
     return parser
+
+
+def _interrupted(prog: str) -> int:
+    """Ctrl-C: one line and 130. A second Ctrl-C while runs close would only print a traceback
+    from the middle of the clean-up, so it is ignored from here on."""
+    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"{prog}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """True when a KeyboardInterrupt is somewhere in the chain that led to ``exc`` (an
+    experiment may wrap what stopped it in its own error)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _version() -> str:
@@ -435,9 +478,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {_one_line(exc, limit=None)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted(prog)
     except Exception as exc:  # a stage or the step raised, a runner died: show where
+        if _caused_by_interrupt(exc):
+            return _interrupted(prog)
         traceback.print_exc()
         print(f"{prog}: failed: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED

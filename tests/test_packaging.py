@@ -48,3 +48,16 @@ def test_readme_opens_with_the_two_commands():
 
 def test_ci_runs_make_test():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_public_namespace_is_the_api():
+    """``dir(lab)`` shows the API, the package's modules and the IPython hooks, nothing borrowed
+    (``lab.Any`` or ``lab.annotations`` would look like part of the API)."""
+    import types
+
+    import spdl_lab as lab
+
+    hooks = {"load_ipython_extension", "unload_ipython_extension"}
+    stray = [n for n in dir(lab) if not n.startswith("_") and n not in lab.__all__ and n not in hooks
+             and not isinstance(getattr(lab, n), types.ModuleType)]
+    assert stray == []

@@ -1,0 +1,64 @@
+"""Ctrl-C in the middle of an experiment: exit 130, one line on stderr, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+MODULE = textwrap.dedent('''
+    import time
+    import spdl_lab as lab
+
+    def slow(x):
+        time.sleep(0.01)
+        return x
+
+    def make_pipeline():
+        return lab.Pipeline(range(10**6)).map(slow, concurrency=2, name="slow").batch(2)
+
+    def step(batch):
+        time.sleep(0.005)
+''')
+
+
+def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, list[int]]:
+    (tmp_path / "ctrlc_pipeline.py").write_text(MODULE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SPDL_LAB_REPORT_DIR": str(tmp_path / "reports")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spdl_lab", *args], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # A shell's background jobs ignore SIGINT and Python keeps it ignored: restore it, as a terminal has it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        first = proc.stdout.readline()  # printed once the pipeline is loaded and the runs begin
+        assert first.startswith("pipeline:"), first
+        kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode, err, kids
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", [
+    ["compare", "ctrlc_pipeline:make_pipeline", "--step", "ctrlc_pipeline:step", "--runners", "thread",
+     "--steps", "100000"],
+    ["compare", "ctrlc_pipeline:make_pipeline", "--runners", "subprocess-threads", "--steps", "100000"],
+])
+def test_ctrl_c_exits_130_with_one_line(tmp_path, command):
+    code, err, kids = _interrupt(tmp_path, *command)
+    assert code == 130, err
+    assert err.strip().splitlines() == [f"spdl-lab {command[0]}: interrupted"], err
+    gone = psutil.wait_procs([psutil.Process(pid) for pid in kids if psutil.pid_exists(pid)], timeout=5)[1]
+    assert not gone, f"processes left running after Ctrl-C: {[p.pid for p in gone]}"
