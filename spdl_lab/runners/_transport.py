@@ -3,17 +3,31 @@
 The child pickles an output with a ``persistent_id`` hook that takes numpy
 arrays and CPU torch tensors out of the stream: their bytes are copied once
 into a reusable shared-memory slot, and the pickle keeps only a descriptor.
-The parent unpickles with the matching hook, copying each array once out of
-the slot into memory it owns, then hands the slot back. Everything else
-(small Python objects, the structure of lists, tuples and dicts) is pickled.
+Everything else (small Python objects, the structure of lists, tuples and
+dicts) is pickled.
+
+The parent unpickles with the matching hook in one of two ways:
+
+* **lent** (zero-copy): each array is a view of the slot. The views hold a
+  ``Lease`` (a ctypes array over the slot's mapping, the one object every view
+  keeps alive, numpy's and torch's alike); when the last view of the output is
+  garbage the lease's finalizer queues the slot, and the parent hands it back
+  to the child at its next read (``Leases.returned``). The slot is therefore
+  reused only when nothing can see its bytes any more.
+* **copied**: each array is copied out and the slot goes back at once. The
+  parent copies when lending would leave the child no free slot
+  (``Leases.can_lend``): a consumer that keeps many outputs (``list(loader)``)
+  must never make the child wait for memory that only the consumer can free.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import pickle
 import queue
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +36,7 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
 from ._shm import ShmFile
 
-__all__ = ["Encoded", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
+__all__ = ["Encoded", "Leases", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
 
 _ALIGN = 64
 #: Slots grow to fit the largest output seen, with headroom so that batches
@@ -98,35 +112,78 @@ def write_arrays(encoded: Encoded, shm: ShmFile) -> None:
                 del dest
 
 
-def decode(meta: bytes, shm: ShmFile | None) -> Any:
-    return _Decoder(io.BytesIO(meta), shm).load()
+def decode(meta: bytes, shm: ShmFile | None, lease: Any = None) -> Any:
+    """The output ``meta`` describes: arrays copied out of ``shm``, or views of it held by ``lease``."""
+    return _Decoder(io.BytesIO(meta), shm, lease).load()
 
 
 class _Decoder(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, shm: ShmFile | None) -> None:
+    def __init__(self, file: io.BytesIO, shm: ShmFile | None, lease: Any) -> None:
         super().__init__(file)
         self._shm = shm
+        self._lease = lease
 
     def persistent_load(self, pid: Any) -> Any:
         kind, offset, dtype, shape = pid
         count = int(np.prod(shape, dtype=np.int64))
+        buffer = self._lease if self._lease is not None else self._shm.map  # type: ignore[union-attr]
         if kind == "nd":
             dt = descr_to_dtype(dtype)
             if count == 0:
                 return np.empty(shape, dtype=dt)
-            view = np.frombuffer(self._shm.map, dtype=dt, count=count, offset=offset)  # type: ignore[union-attr]
-            out = view.reshape(shape).copy()
-            del view
-            return out
+            view = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
+            return view if self._lease is not None else view.copy()
         import torch
 
         tdtype = getattr(torch, dtype)
         if count == 0:
             return torch.empty(shape, dtype=tdtype)
-        view = torch.frombuffer(self._shm.map, dtype=tdtype, count=count, offset=offset)  # type: ignore[union-attr]
-        out = view.view(shape).clone()
-        del view
-        return out
+        view = torch.frombuffer(buffer, dtype=tdtype, count=count, offset=offset).view(shape)
+        return view if self._lease is not None else view.clone()
+
+
+class Leases:
+    """Parent side: which slots are lent to the consumer as views, and which came back.
+
+    ``lend`` makes the lease an output's views hold; its finalizer (run in
+    whatever thread drops the last view) only puts the slot on a queue, safe
+    from any thread and from the garbage collector; ``returned`` takes them
+    off in the reading thread, which sends them to the child.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._lent = 0
+        self._back: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._types: dict[int, type] = {}
+
+    def can_lend(self) -> bool:
+        """True while lending one more slot still leaves the child one to fill."""
+        return self._lent < self._slots - 1
+
+    def lend(self, slot_id: int, shm: ShmFile) -> Any:
+        kind = self._types.get(shm.size)
+        if kind is None:
+            kind = self._types[shm.size] = type("Lease", (ctypes.c_char * shm.size,), {})
+        lease = kind.from_buffer(shm.map)
+        weakref.finalize(lease, self._back.put, slot_id)
+        self._lent += 1
+        return lease
+
+    def returned(self) -> list[int]:
+        """Slots whose views are all gone since the last call."""
+        back = []
+        while True:
+            try:
+                back.append(self._back.get_nowait())
+            except queue.Empty:
+                break
+        self._lent -= len(back)
+        return back
+
+    @property
+    def lent(self) -> int:
+        return self._lent
 
 
 class SlotWriter:

@@ -24,7 +24,7 @@ from ..errors import PipelineError, RunnerError
 from ..pipeline import Pipeline
 from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
-from ._transport import SlotReader, decode
+from ._transport import Leases, SlotReader, decode
 from .base import Runner
 
 __all__ = ["SubprocessThreadsRunner"]
@@ -66,6 +66,7 @@ class SubprocessThreadsRunner(Runner):
         self._ctrl: Connection | None = None
         self._meters: SeqlockBlock | None = None
         self._reader = SlotReader()
+        self._leases = Leases(slots)
         self._closed = False
         self._ended = False
 
@@ -137,8 +138,11 @@ class SubprocessThreadsRunner(Runner):
                 if self._closed:  # close() from another thread removed the slot
                     return END
                 raise
-            value = decode(meta, slot)
-            self._send(("release", slot_id))
+            if self._leases.can_lend():
+                value = decode(meta, slot, self._leases.lend(slot_id, slot))  # views; back when garbage
+            else:
+                value = decode(meta, slot)  # copies, so the child always has a slot to fill
+                self._send(("release", slot_id))
             return seq, index, value
         if kind == "end":
             self._ended = True
@@ -161,6 +165,8 @@ class SubprocessThreadsRunner(Runner):
             if self._closed:
                 return END
             try:
+                for slot_id in self._leases.returned():
+                    self._send(("release", slot_id))
                 if self._data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
                     message = self._data.recv()
                     if message[0] == "crash":
