@@ -46,6 +46,10 @@ def check_prefetch(prefetch_factor: object) -> int | None:
 
 def context(context: object) -> Any:
     """A multiprocessing context; never fork, since this process runs threads."""
+    if context == "spawn":
+        from ._spawn import MainFreeSpawnContext
+
+        return MainFreeSpawnContext()  # the pipeline travels by value: workers need no __main__
     if isinstance(context, str):
         try:
             context = multiprocessing.get_context(context)

@@ -69,10 +69,11 @@ class ProcessRunner(Runner):
         with lab.Loader(p, runner="process", num_workers=4, prefetch_factor=2) as loader:
             for batch in loader: ...
 
-    Workers are started the way DataLoader starts them: with ``spawn``, a
-    script needs the usual ``if __name__ == "__main__":`` guard (a notebook
-    does not). Functions travel as cloudpickle bytes, so lambdas and
-    functions defined in ``__main__`` or a notebook cell work.
+    Workers are DataLoader's, started with ``spawn``, except that they do not
+    run the user's script again (``_spawn``): functions travel as cloudpickle
+    bytes, so lambdas and functions defined in ``__main__`` or a notebook cell
+    work, and a script needs no ``if __name__ == "__main__":`` guard. (A
+    DataLoader of the user's own, passed to ``lab.run``, behaves as torch's.)
 
     Each worker runs the per-item maps, makes its batches (``batch`` becomes
     ``batch_size``) and runs the per-batch maps as the collate step. Worker w
