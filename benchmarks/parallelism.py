@@ -15,11 +15,8 @@ then checks the seed's shape:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
-
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_line  # noqa: E402
@@ -30,8 +27,8 @@ import spdl_lab as lab  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=1, help="compare runs; the table shows medians")
+    ap.add_argument("--warmup", type=int, default=10, help="warm-up steps per runner in each round")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds; the table shows medians")
     ap.add_argument("--num-workers", type=int, default=2, help="DataLoader workers for 'process'")
     args = ap.parse_args(argv)
 
@@ -39,17 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     pipeline, device = lab.workloads.noisy_neighbour()
     print(f"# {device!r}; {args.steps} measured steps after {args.warmup} warm-up; "
           f"process: num_workers={args.num_workers}; repeats={args.repeats}\n")
-    tables = []
-    for _ in range(args.repeats):
-        cmp = lab.compare(
-            pipeline, step=device, steps=args.steps, warmup=args.warmup,
-            runner_options={"process": {"num_workers": args.num_workers}},
-        )
-        tables.append(cmp.table)
-    table = pd.concat(tables).groupby(level=0, sort=False).median()
-    table.insert(1, "vs_cache", table["batches_per_s"] / table.loc["cache", "batches_per_s"])
-    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.precision", 3):
-        print(table.drop(columns=["steps"]))
+    cmp = lab.compare(
+        pipeline, step=device, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
+        runner_options={"process": {"num_workers": args.num_workers}},
+    )
+    table = cmp.table
+    print(cmp)
     print()
     r = table["vs_cache"]
     gil = table["train_gil_wait_frac"]
@@ -63,9 +55,6 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for label, value, ok in checks:
         print(f"{'PASS' if ok else 'MISS'}  {label}: {value:.2f}")
-    if args.repeats > 1:
-        spread = {k: statistics.pstdev(t.loc[k, "batches_per_s"] for t in tables) for k in table.index}
-        print("\nbatches/s spread (stdev over repeats):", {k: round(v, 2) for k, v in spread.items()})
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    """The pipeline named by TARGET under each runner, one after another."""
+    """The pipeline named by TARGET under each runner, in interleaved rounds."""
     pipeline, step = _load_pipeline(args.target), _load_step(args.step)
     stem = "compare-" + _stem(args.target)
     html, data = _output(args.report, f"{stem}.html"), _output(args.json, f"{stem}.json")
@@ -89,12 +89,9 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
     options = {"process": {"num_workers": args.num_workers}} if args.num_workers else {}
     t0 = time.perf_counter()
     cmp = compare(pipeline, step=step, runners=args.runners, steps=args.steps, warmup=args.warmup,
-                  runner_options=options, timeout=args.timeout, progress=_progress(args))
-    print(cmp)
-    if "cache" in cmp.table.index:
-        print("\nbatches/s relative to cache (headspace):")
-        for runner, ratio in cmp.ratios("cache").items():
-            print(f"  {runner:<20} {ratio:.2f}x")
+                  repeats=args.repeats, runner_options=options, timeout=args.timeout,
+                  progress=_progress(args))
+    print(cmp)  # the table (100 columns at most), ratios to cache with their spread, then the warnings
     print(f"\nreport: {write_comparison_report(cmp, html, title=title).resolve()}")
     if data is not None:
         print(f"data:   {cmp.to_json(data).resolve()}")
@@ -133,7 +130,7 @@ def _report(args: argparse.Namespace) -> int:
     _output(str(out), None)
     saved = _read_saved(source)
     if isinstance(saved, Comparison):
-        note = f"{saved.steps} measured steps per runner after {saved.warmup} warm-up; from {source.name}."
+        note = f"From {source.name}."
         path = write_comparison_report(saved, out, title=f"spdl_lab comparison: {source.stem}", note=note)
     else:
         path = write_diagnosis_report(saved, out, title=f"spdl_lab diagnosis: {source.stem}")
@@ -334,21 +331,28 @@ def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, e
     return parser
 
 
-def _comparison_options(parser: argparse.ArgumentParser, steps: int, warmup: int,
-                        num_workers: int | None) -> None:
+def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers: int | None) -> None:
+    from spdl_lab.experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP
     from spdl_lab.runners import RUNNERS
 
+    warmup = DEFAULT_WARMUP  # one default for the API, compare and demo
+
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS), metavar="RUNNER",
-                        help=f"runners to compare, one after another (default: all: {' '.join(RUNNERS)})")
+                        help=f"runners to compare (default: all: {' '.join(RUNNERS)})")
     parser.add_argument("--steps", type=_count(1), default=steps, metavar="N",
-                        help=f"measured steps per runner (default {steps})")
+                        help=f"measured steps per runner, over all rounds (default {steps})")
     parser.add_argument("--warmup", type=_count(0), default=warmup, metavar="N",
-                        help=f"warm-up steps per runner, not measured (default {warmup})")
+                        help=f"warm-up steps at the start of each runner's window in each round, "
+                             f"not measured (default {warmup})")
+    parser.add_argument("--repeats", type=_count(1), default=None, metavar="N",
+                        help=f"interleaved rounds: each runner gets one window per round, and its "
+                             f"batches/s is the median of its rounds (default {DEFAULT_REPEATS}, "
+                             f"or --steps when fewer)")
     parser.add_argument("--num-workers", type=_count(1), default=num_workers, metavar="N",
                         help="DataLoader workers for the 'process' runner"
                              + (f" (default {num_workers})" if num_workers else " (default: the runner's, 2)"))
     parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
-                        help="give up on a runner that takes longer than this (exit 3)")
+                        help="give up on a runner that takes longer than this, all its rounds together (exit 3)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -375,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GIL-holding decode stage beside a simulated GPU step) under every runner, a\n"
         "table and ratios to cache (the headspace) in the terminal, and an HTML report.",
         "spdl-lab demo --steps 60 --runners thread subprocess-threads cache", quiet=True)
-    _comparison_options(demo, steps=120, warmup=15, num_workers=2)
+    _comparison_options(demo, steps=120, num_workers=2)
     demo.add_argument("--report", default=None, metavar="PATH.html",
                       help="where the HTML report goes "
                            "(default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, demo.html)")
@@ -384,10 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp = _subcommand(
         sub, "compare", _compare, "run a pipeline and a step under several runners; table, HTML and JSON",
-        "Run the pipeline named by TARGET and a training step under each runner, one\n"
-        "after another; print batches/s, step time, data wait, CPU and GIL wait per\n"
-        "runner and the ratios to cache (the headspace: loading made free); write an\n"
-        "HTML report and the comparison as JSON.",
+        "Run the pipeline named by TARGET and a training step under each runner, in\n"
+        "interleaved rounds (each runner one short window per round); print batches/s\n"
+        "with its spread, step time, data wait, CPU and GIL wait per runner, the ratios\n"
+        "to cache (the headspace: loading made free) and warnings; write an HTML report\n"
+        "and the comparison as JSON.",
         "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache"
         + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
     cmp.add_argument("target", metavar="TARGET",
@@ -395,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
                      help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
                           f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
-    _comparison_options(cmp, steps=100, warmup=10, num_workers=None)
+    _comparison_options(cmp, steps=100, num_workers=None)
     cmp.add_argument("--report", default=None, metavar="PATH.html",
                      help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
                           "compare-MODULE-ATTR.html)")

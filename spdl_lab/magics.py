@@ -71,13 +71,14 @@ class SpdlMagics(Magics):
     @argument("pipeline", help="the lab.Pipeline: a variable name or dotted path")
     @argument("--step", required=True, help="the training step: a variable name or dotted path")
     @argument("--runners", nargs="+", help=f"runners to compare (default: all of {', '.join(lab.RUNNERS)})")
-    @argument("--steps", type=int, help="measured steps per runner (default 200)")
-    @argument("--warmup", type=int, help="warm-up steps per runner (default 20)")
+    @argument("--steps", type=int, help="measured steps per runner, over all rounds (default 200)")
+    @argument("--warmup", type=int, help="warm-up steps per runner in each round (default 10)")
+    @argument("--repeats", type=int, help="interleaved rounds; batches/s is the median of them (default 5)")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison")
     @line_magic
     def spdl_compare(self, line: str) -> Any:
-        """Run the pipeline and step under each runner in turn; show the Comparison table.
+        """Run the pipeline and step under each runner in interleaved rounds; show the Comparison.
 
         The Comparison is stored in the notebook as ``--name`` (default ``spdl_comparison``).
         """
@@ -88,7 +89,8 @@ class SpdlMagics(Magics):
             _check_runners("spdl_compare", args.runners)
         _check_name("spdl_compare", args.name)
         # Only what was given, so lab.compare's defaults stay the one source of truth.
-        given = {k: getattr(args, k) for k in ("runners", "steps", "warmup") if getattr(args, k) is not None}
+        given = {k: getattr(args, k) for k in ("runners", "steps", "warmup", "repeats")
+                 if getattr(args, k) is not None}
         comparison = lab.compare(pipeline, step, progress=args.progress, **given)
         self.shell.user_ns[args.name] = comparison
         return comparison

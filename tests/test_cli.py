@@ -140,7 +140,7 @@ def compared(tiny, tmp_path_factory) -> tuple[Path, Path, str]:
 @pytest.mark.timeout(120)
 def test_compare_prints_the_table_and_writes_report_and_json(compared):
     html, data, out = compared
-    assert "batches/s relative to cache" in out and "thread" in out
+    assert "vs cache [lo-hi]" in out and "thread" in out
     assert f"report: {html.resolve()}" in out and f"data:   {data.resolve()}" in out
     no_external_scripts(html.read_text(encoding="utf-8"))
     cmp = lab.Comparison.from_json(data)

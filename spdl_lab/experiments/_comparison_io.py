@@ -3,15 +3,20 @@
 Reading is strict and executes nothing, as for a Diagnosis: the file becomes dicts,
 lists, numbers and strings only, and every field is checked before a Comparison is built.
 
-The format (version 1)::
+The format (version 2)::
 
-    {"format": "spdl_lab.comparison", "version": 1, "steps": 200, "warmup": 20,
-     "table": [{"runner": "thread", "batches_per_s": 3.8, ..., "steps": 200, "elapsed_s": 52.1}, ...],
+    {"format": "spdl_lab.comparison", "version": 2, "steps": 200, "warmup": 10, "repeats": 5,
+     "warnings": ["thread and process are within noise of each other (...)", ...],
+     "rounds": [{"runner": "thread", "round": 0, "started_s": 1.7, "batches_per_s": 3.9}, ...],
+     "table": [{"runner": "thread", "batches_per_s": 3.8, "batches_per_s_lo": 3.7, ...,
+                "steps": 200, "elapsed_s": 52.1}, ...],
      "frames": {"thread": {"time_s": [0.0, 0.1, ...],
                            "series": [{"series": "qps", "stage": "decode", "values": [null, 812.5, ...]}, ...]},
                 ...}}
 
 ``table`` has one object per runner with the keys ``runner`` and TABLE_COLUMNS.
+Version 1 files (one run per runner, no spread) are still read: their new
+columns are NaN, ``repeats`` 1, no warnings and no rounds.
 ``frames`` is each runner's frames in wide form, as the sampler's ring holds them:
 the tick times, strictly increasing, then one array per (series, stage) lined up
 with them, null where that series had no value in the tick. NaN and infinities are
@@ -34,7 +39,6 @@ from ._json_checks import (
     MAX_COUNT,
     Checker,
     FileFormatError,
-    check_header,
     dump_document,
     int_field,
     later,
@@ -44,16 +48,21 @@ from ._json_checks import (
     short,
     text_field,
 )
-from .compare import TABLE_COLUMNS, Comparison
+from .compare import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 
 __all__ = ["ComparisonFormatError", "FORMAT", "build", "read_json", "write_json"]
 
-FORMAT, VERSION = "spdl_lab.comparison", 1
+FORMAT, VERSION = "spdl_lab.comparison", 2
 MAX_FILE_BYTES = 50 * 2**20
 MAX_TICKS = 100_000  # per runner (the sampler keeps 6,000 by default)
 MAX_SERIES = 10_000  # (series, stage) pairs per runner
 MAX_VALUES = 5_000_000  # ticks x series over the whole file
 MAX_LABEL = 1000  # characters of a series or stage name (queues are named "a→b")
+MAX_ROUNDS = 10_000  # (runner, round) windows
+MAX_WARNINGS, MAX_WARNING = 1_000, 10_000  # sentences, characters each
+#: Columns version 1 did not have: NaN when reading one.
+_NEW_IN_2 = ["batches_per_s_lo", "batches_per_s_hi", "vs_cache", "vs_cache_lo", "vs_cache_hi",
+             "others_cpu_percent"]
 
 
 class ComparisonFormatError(FileFormatError):
@@ -72,31 +81,49 @@ class _Checker(Checker):
 _FRAC = num_field(0, 1.5)  # shares of time; a little over 1 from timer skew is not an error
 _ROW = {
     "runner": text_field(100, RUNNERS),
-    "batches_per_s": num_field(0), "step_p50_ms": num_field(0), "step_p90_ms": num_field(0),
+    "batches_per_s": num_field(0), "batches_per_s_lo": num_field(0), "batches_per_s_hi": num_field(0),
+    "vs_cache": num_field(0), "vs_cache_lo": num_field(0), "vs_cache_hi": num_field(0),
+    "step_p50_ms": num_field(0), "step_p90_ms": num_field(0),
     "data_wait_frac": _FRAC, "device_util": _FRAC, "cpu_percent": num_field(0),
+    "others_cpu_percent": num_field(0),
     "train_gil_wait_frac": _FRAC, "train_runqueue_wait_frac": _FRAC,
     "gil_wait_frac": _FRAC, "runqueue_wait_frac": _FRAC,
     "steps": int_field(0, MAX_COUNT), "elapsed_s": num_field(0),
 }
 _TOP = {
     "format": later, "version": later,  # checked first, with their own messages
-    "steps": int_field(0, MAX_COUNT), "warmup": int_field(0, MAX_COUNT),
-    "table": later, "frames": later,
+    "steps": int_field(0, MAX_COUNT), "warmup": int_field(0, MAX_COUNT), "repeats": int_field(1, MAX_ROUNDS),
+    "warnings": later, "rounds": later, "table": later, "frames": later,
 }
+_TOP_1 = {k: v for k, v in _TOP.items() if k not in ("repeats", "warnings", "rounds")}
+_ROW_1 = {k: v for k, v in _ROW.items() if k not in _NEW_IN_2}
+_ROUND = {"runner": text_field(100, RUNNERS), "round": int_field(0, MAX_ROUNDS),
+          "started_s": num_field(0), "batches_per_s": num_field(0)}
 _FRAMES = {"time_s": later, "series": later}
 _SERIES = {"series": text_field(MAX_LABEL), "stage": text_field(MAX_LABEL), "values": later}
 assert list(_ROW)[1:] == TABLE_COLUMNS
 
 
+def _version(doc: dict[str, Any], checker: _Checker) -> int:
+    """``format`` first, then ``version`` (1 or 2), each with its own message."""
+    if doc.get("format") != FORMAT:
+        raise checker.expected("format", repr(FORMAT), doc.get("format"))
+    found = doc.get("version")
+    if type(found) is not int or found not in (1, VERSION):  # True == 1 and 1.0 == 1 must not pass
+        fix = "Upgrade spdl_lab to read it" if type(found) is int and found > VERSION else None
+        raise checker.fail("version", f"expected 1 or {VERSION}, got {short(found)}", fix)
+    return found
+
+
 def _build(doc: dict[str, Any], checker: _Checker) -> Comparison:
-    check_header(doc, checker, FORMAT, VERSION)
-    top = checker.record(doc, "", _TOP)
+    version = _version(doc, checker)
+    top = checker.record(doc, "", _TOP if version == VERSION else _TOP_1)
     rows_in = checker.array(top["table"], "table", len(RUNNERS), "rows")
     if not rows_in:
         raise checker.fail("table", "no runner: a comparison has at least one row")
     rows: dict[str, dict[str, Any]] = {}
     for i, raw in enumerate(rows_in):
-        values = checker.record(raw, f"table[{i}]", _ROW)
+        values = checker.record(raw, f"table[{i}]", _ROW if version == VERSION else _ROW_1)
         runner = values.pop("runner")
         if runner in rows:
             raise checker.fail(f"table[{i}].runner", f"runner {runner!r} appears twice")
@@ -113,7 +140,27 @@ def _build(doc: dict[str, Any], checker: _Checker) -> Comparison:
             raise checker.fail(where, f"no row for this runner in the table (runners: {', '.join(rows)})")
         frames[runner], used = _frame(checker, raw, where, budget)
         budget -= used
-    return Comparison(table=table, frames=frames, steps=top["steps"], warmup=top["warmup"])
+    if version == 1:
+        return Comparison(table=table, frames=frames, steps=top["steps"], warmup=top["warmup"])
+    return Comparison(table=table, frames=frames, steps=top["steps"], warmup=top["warmup"],
+                      repeats=top["repeats"], warnings=_warnings(checker, top["warnings"]),
+                      rounds=_rounds(checker, top["rounds"], rows))
+
+
+def _warnings(checker: _Checker, raw: Any) -> list[str]:
+    items = checker.array(raw, "warnings", MAX_WARNINGS, "warnings")
+    return [checker.text(v, f"warnings[{i}]", MAX_WARNING, None, False) for i, v in enumerate(items)]
+
+
+def _rounds(checker: _Checker, raw: Any, rows: dict[str, Any]) -> pd.DataFrame:
+    items = checker.array(raw, "rounds", MAX_ROUNDS, "rounds")
+    out = []
+    for i, item in enumerate(items):
+        one = checker.record(item, f"rounds[{i}]", _ROUND)
+        if one["runner"] not in rows:
+            raise checker.fail(f"rounds[{i}].runner", f"no row for this runner in the table (runners: {', '.join(rows)})")
+        out.append([one[c] for c in ROUND_COLUMNS])
+    return pd.DataFrame(out, columns=ROUND_COLUMNS)
 
 
 def _frame(checker: _Checker, raw: Any, where: str, budget: int) -> tuple[pd.DataFrame, int]:
@@ -190,7 +237,10 @@ def _encode(cmp: Comparison, checker: _Checker) -> dict[str, Any]:
     if not isinstance(cmp.frames, dict):
         raise checker.expected("frames", "a dict of runner -> DataFrame", cmp.frames)
     frames = {runner: _wide(checker, frame, f"frames[{short(runner)}]") for runner, frame in cmp.frames.items()}
+    rounds = [{c: plain(v) for c, v in zip(ROUND_COLUMNS, row)}
+              for row in cmp.rounds[ROUND_COLUMNS].itertuples(index=False)]
     return {"format": FORMAT, "version": VERSION, "steps": plain(cmp.steps), "warmup": plain(cmp.warmup),
+            "repeats": plain(cmp.repeats), "warnings": list(cmp.warnings), "rounds": rounds,
             "table": rows, "frames": frames}
 
 

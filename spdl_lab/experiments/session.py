@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -97,11 +98,16 @@ class Session:
         self._spec = dict(source=source, step=step, steps=steps, duration=duration,
                           sample_hz=sample_hz, probes=probes, loader_options=loader_options)
         self.error: BaseException | None = None
+        #: sentences about this run a user should know (e.g. the data ran out before ``steps``)
+        self.warnings: list[str] = []
+        self._warned = 0
         self._step = step
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._ran_out = False
         self._error_reported = False
         self.loader, self._iterable, self.runner = _open(source, runner, sample_hz, loader_options)
+        self._check_length()
         #: the SimulatedDevice when the step is one (its totals say where the training thread waited)
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
@@ -138,7 +144,11 @@ class Session:
             timer.name = "spdl_lab:session-timer"
             timer.start()
         try:
-            self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop)
+            done = self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop)
+            if self.steps is not None and done < self.steps and not self._stop.is_set():
+                self._ran_out = True
+                self.warnings.append(f"the data ran out after {done} of steps={self.steps} steps; "
+                                     f"pass fewer steps, or a loader with more batches")
         except BaseException as exc:  # reported by wait() and repr
             self.error = exc
         finally:
@@ -169,10 +179,12 @@ class Session:
         self._thread.join(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the loop to end; True if it has. Raises the loop's error, once."""
+        """Wait for the loop to end; True if it has. Raises the loop's error, once; warns once
+        of each of ``warnings``."""
         finished = self._done.wait(timeout)
         if finished:
             self._thread.join(1.0)
+        self._warn()
         if finished and self.error is not None and not self._error_reported:
             self._error_reported = True
             raise self.error
@@ -213,6 +225,24 @@ class Session:
             sample_hz=spec["sample_hz"], probes=spec["probes"], loader_options=options,
         )
 
+    def _check_length(self) -> None:
+        """A loader with a len() shorter than ``steps``: say so now, not after a silent stop."""
+        if self.steps is None:
+            return
+        try:
+            n = len(self._iterable)  # type: ignore[arg-type]
+        except TypeError:
+            return
+        if n < self.steps:
+            self.warnings.append(f"the loader has {n} batches, fewer than steps={self.steps}: the run "
+                                 f"will stop after {n} steps (state 'exhausted')")
+            self._warn()
+
+    def _warn(self) -> None:
+        for text in self.warnings[self._warned:]:
+            warnings.warn(f"lab.run: {text}", RuntimeWarning, stacklevel=3)
+        self._warned = len(self.warnings)
+
     @property
     def pipeline(self) -> Pipeline | None:
         """The Pipeline this session runs, if it runs one."""
@@ -228,6 +258,8 @@ class Session:
             return "stopping" if self._stop.is_set() else "running"
         if self.error is not None:
             return "failed"
+        if self._ran_out:
+            return "exhausted"  # the data ended before ``steps``
         return "stopped" if self._stop.is_set() else "finished"
 
     @property

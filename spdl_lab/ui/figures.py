@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, HoverTool, Legend
+from bokeh.models import ColumnDataSource, HoverTool, Legend, Whisker
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
@@ -27,17 +27,22 @@ def comparison_plot(cmp: Comparison):
     colors = _colors(runners)
     bars = figure(
         y_range=runners[::-1], height=60 + 40 * len(runners), width=420,
-        title="training throughput (batches/s, higher is better)", toolbar_location=None,
+        title=f"training throughput: median of {cmp.repeats} round(s), whiskers the slowest and fastest",
+        toolbar_location=None, x_axis_label="batches/s (higher is better)",
     )
     source = ColumnDataSource(dict(
         runner=runners, value=list(table["batches_per_s"]), color=[colors[r] for r in runners],
+        lo=list(table["batches_per_s_lo"]), hi=list(table["batches_per_s_hi"]),
     ))
     bars.hbar(y="runner", right="value", height=0.6, color="color", source=source)
-    bars.add_tools(HoverTool(tooltips=[("runner", "@runner"), ("batches/s", "@value{0.00}")]))
+    bars.add_layout(Whisker(source=source, base="runner", lower="lo", upper="hi", dimension="width"))
+    bars.add_tools(HoverTool(tooltips=[("runner", "@runner"), ("batches/s", "@value{0.00}"),
+                                       ("rounds", "@lo{0.00} to @hi{0.00}")]))
 
     waits = figure(
         y_range=runners[::-1], height=60 + 40 * len(runners), width=420,
         title="training thread: share of time waiting (GIL, CPU, data)", toolbar_location=None,
+        x_axis_label="share of the loop",
     )
     parts = [("gil_wait_frac", "GIL"), ("runqueue_wait_frac", "CPU run queue"), ("data_wait_frac", "data")]
     left = [0.0] * len(runners)
@@ -48,7 +53,7 @@ def comparison_plot(cmp: Comparison):
                        height=0.6, color=Category10_10[(i + 3) % 10])
         items.append((label, [r]))
         left = [a + b for a, b in zip(left, values)]
-    waits.add_layout(Legend(items=items, location="bottom_right"))
+    waits.add_layout(Legend(items=items), "below")
 
     steps = series_over_time(
         {r: cmp.frames[r] for r in runners if r in cmp.frames}, "step_ms", "step",
@@ -63,7 +68,8 @@ def series_over_time(
 ):
     """One line per frame set: ``series`` of ``stage`` against time."""
     colors = colors or _colors(list(frames))
-    fig = figure(width=width, height=height, title=title, x_axis_label="seconds", toolbar_location=None)
+    fig = figure(width=width, height=height, title=title, x_axis_label="seconds since the runner started",
+                 y_axis_label=series, toolbar_location=None)
     items = []
     for name, frame in frames.items():
         sel = frame[(frame["series"] == series) & (frame["stage"] == stage)]
@@ -72,5 +78,5 @@ def series_over_time(
         line = fig.line(sel["time_s"], sel["value"], color=colors.get(name, "black"), line_width=2)
         items.append((name, [line]))
     if items:
-        fig.add_layout(Legend(items=items, location="top_left"))
+        fig.add_layout(Legend(items=items), "right")
     return fig

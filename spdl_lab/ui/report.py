@@ -25,6 +25,7 @@ table {{ border-collapse: collapse; font-size: 13px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
 .note {{ color: #555; max-width: 60em; }}
+.warnings {{ background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; max-width: 60em; }}
 </style></head>
 <body><h1>{title}</h1><p class="note">{note}</p>{table}{script}{div}</body></html>
 """
@@ -32,15 +33,12 @@ th:first-child, td:first-child {{ text-align: left; }}
 
 def write_comparison_report(cmp: Comparison, path: str | Path, *, title: str = "spdl_lab comparison",
                             note: str = "") -> Path:
-    """Write the comparison's table and plots to one HTML file; return its path."""
+    """Write the comparison's warnings, table and plots to one HTML file; return its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     layout = cmp.plot()
     script, div = components(layout)
-    note = note or (
-        f"{cmp.steps} measured steps per runner after {cmp.warmup} warm-up, "
-        f"written {time.strftime('%Y-%m-%d %H:%M:%S')}."
-    )
+    note = note or f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}."
     page = _PAGE.format(
         title=html.escape(title),
         note=html.escape(note),

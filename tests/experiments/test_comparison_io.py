@@ -17,7 +17,7 @@ from spdl_lab.errors import SpdlLabError
 from spdl_lab.experiments import _comparison_io as io
 from spdl_lab.experiments._comparison_io import ComparisonFormatError, read_json
 from spdl_lab.experiments._json_checks import FileFormatError
-from spdl_lab.experiments.compare import TABLE_COLUMNS
+from spdl_lab.experiments.compare import ROUND_COLUMNS, TABLE_COLUMNS
 from spdl_lab.telemetry.frames import FRAME_COLUMNS
 
 
@@ -31,7 +31,7 @@ def measured() -> lab.Comparison:
     """A real comparison: a tiny pipeline under thread and cache, a few steps."""
     p = lab.Pipeline(range(10**6)).map(slow_items, concurrency=2, name="slow").batch(2)
     return lab.compare(p, step=lambda b: time.sleep(0.002), runners=("thread", "cache"),
-                       steps=12, warmup=2, progress=False)
+                       steps=12, warmup=2, repeats=3, progress=False)
 
 
 def same_comparison(a: lab.Comparison, b: lab.Comparison) -> None:
@@ -39,7 +39,8 @@ def same_comparison(a: lab.Comparison, b: lab.Comparison) -> None:
     assert list(a.frames) == list(b.frames)
     for runner in a.frames:
         assert_frame_equal(a.frames[runner], b.frames[runner])
-    assert (a.steps, a.warmup) == (b.steps, b.warmup)
+    assert (a.steps, a.warmup, a.repeats, a.warnings) == (b.steps, b.warmup, b.repeats, b.warnings)
+    assert_frame_equal(a.rounds, b.rounds, check_dtype=False)
 
 
 def test_round_trip_of_a_real_comparison_is_exact(tmp_path, measured):
@@ -47,7 +48,8 @@ def test_round_trip_of_a_real_comparison_is_exact(tmp_path, measured):
     assert path.exists() and not list(path.parent.glob("*.tmp"))
     text = path.read_text(encoding="utf-8")
     doc = json.loads(text)
-    assert (doc["format"], doc["version"]) == ("spdl_lab.comparison", 1)
+    assert (doc["format"], doc["version"]) == ("spdl_lab.comparison", 2)
+    assert len(doc["rounds"]) == 2 * 3 and doc["repeats"] == 3
     assert "NaN" not in text and "Infinity" not in text
     assert [row["runner"] for row in doc["table"]] == ["thread", "cache"]
     back = lab.Comparison.from_json(path)
@@ -60,15 +62,18 @@ def test_round_trip_of_a_real_comparison_is_exact(tmp_path, measured):
 def sample() -> lab.Comparison:
     """Two runners by hand: NaN cells, a series missing from some ticks, an empty frame."""
     table = pd.DataFrame(
-        [[2.4, 80.0, 95.5, 0.4, 0.55, 180.0, 0.1, 0.02, 0.3, 0.05, 50, 20.8],
-         [4.2, 79.0, 81.0, 0.01, math.nan, 101.0, math.nan, math.nan, 0.0, 0.0, 50, 11.9]],
+        [[2.4, 2.3, 2.5, 0.57, 0.55, 0.6, 80.0, 95.5, 0.4, 0.55, 180.0, 12.0, 0.1, 0.02, 0.3, 0.05, 50, 20.8],
+         [4.2, 4.1, 4.3, 1.0, 1.0, 1.0, 79.0, 81.0, 0.01, math.nan, 101.0, 8.0, math.nan, math.nan, 0.0, 0.0,
+          50, 11.9]],
         index=pd.Index(["process", "cache"], name="runner"), columns=TABLE_COLUMNS)
     frame = pd.DataFrame([[0.1, "qps", "decode", 10.0], [0.1, "step_ms", "step", 81.0],
                           [0.2, "qps", "decode", 12.5], [0.3, "qps", "decode", 0.0],
                           [0.3, "queue_depth", "source→decode", 3.0]], columns=FRAME_COLUMNS)
     empty = {c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, ["float64", "object", "object", "float64"])}
+    rounds = pd.DataFrame([["process", 0, 1.5, 2.4], ["cache", 0, 9.0, 4.2]], columns=ROUND_COLUMNS)
     return lab.Comparison(table=table, frames={"process": frame, "cache": pd.DataFrame(empty)},
-                          steps=50, warmup=5)
+                          steps=50, warmup=5, repeats=1, rounds=rounds,
+                          warnings=["Only 1 round(s) per runner: the spread cannot be told from so few."])
 
 
 def test_round_trip_keeps_nan_gaps_and_empty_frames(tmp_path):
@@ -137,13 +142,15 @@ HOSTILE = {
     "no rows": (edited(table=[]), ["table", "at least one row"]),
     "table not an array": (edited(table={"thread": {}}), ["table", "array"]),
     "extra top key": (edited(__reduce__=["os.system", "id"]), ["__reduce__", "unknown key"]),
-    "extra row key": (edited(**{"table.0.vs_cache": 1.0}), ["table[0].vs_cache", "unknown key"]),
+    "extra row key": (edited(**{"table.0.speedup": 1.0}), ["table[0].speedup", "unknown key"]),
     "extra frames key": (edited(**{"frames.process.dtype": "object"}), ["frames['process'].dtype", "unknown key"]),
     "extra series key": (edited(**{f"{SERIES}.py/object": "x"}), ["frames['process'].series[0].['py/object']"]),
     "missing key": (edited(**{"table.1.elapsed_s": DELETE}), ["table[1].elapsed_s", "is missing"]),
     "missing frames": (edited(frames=DELETE), ["frames", "is missing"]),
     "wrong format": (edited(format="spdl_lab.diagnosis"), ["format", "'spdl_lab.comparison'"]),
-    "newer version": (edited(version=2), ["version", "Upgrade spdl_lab"]),
+    "newer version": (edited(version=3), ["version", "Upgrade spdl_lab"]),
+    "round of an unknown runner": (edited(**{"rounds.0.runner": "thread"}), ["rounds[0].runner", "no row"]),
+    "a warning that is not text": (edited(**{"warnings.0": 7}), ["warnings[0]"]),
     "frames not an object": (edited(frames=[1, 2]), ["frames", "an object"]),
     "frames of a runner not in the table": (edited(**{"frames.thread": {"time_s": [], "series": []}}),
                                             ["frames['thread']", "no row for this runner"]),
@@ -201,8 +208,8 @@ def test_too_many_rows_ticks_series_and_values(tmp_path, monkeypatch):
 
 def test_writing_refuses_what_reading_would(tmp_path):
     cmp = sample()
-    cmp.table["vs_cache"] = 1.0
-    with pytest.raises(ComparisonFormatError, match=r"cannot write comparison .*table\.vs_cache.*drop it"):
+    cmp.table["speedup"] = 1.0
+    with pytest.raises(ComparisonFormatError, match=r"cannot write comparison .*table\.speedup.*drop it"):
         cmp.to_json(tmp_path / "a.json")
     cmp = sample()
     cmp.table = cmp.table.rename(index={"process": "gpu"})
@@ -220,3 +227,17 @@ def test_writing_refuses_what_reading_would(tmp_path):
 def test_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_json(tmp_path / "nope.json")
+
+
+def test_a_version_1_file_is_still_read(tmp_path):
+    doc = good_doc()
+    doc["version"] = 1
+    for key in ("repeats", "warnings", "rounds"):
+        del doc[key]
+    for row in doc["table"]:
+        for col in io._NEW_IN_2:
+            del row[col]
+    back = read_json(write(tmp_path, doc))
+    assert back.repeats == 1 and back.warnings == [] and back.rounds.empty
+    assert back.table["batches_per_s_lo"].isna().all()
+    assert back.table.loc["process", "batches_per_s"] == 2.4

@@ -145,3 +145,30 @@ def test_set_concurrency_while_the_run_starts_is_never_lost():
             time.sleep(0.005)
         assert session.stats().stages["double"].concurrency == 3
         session.stop()
+
+
+class _Squares(Dataset):
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        return torch.tensor([i * i])
+
+
+def test_a_dataloader_shorter_than_steps_says_it_ran_out():
+    dl = DataLoader(_Squares(), batch_size=16)  # 13 batches
+    with pytest.warns(RuntimeWarning, match="the loader has 13 batches, fewer than steps=60"):
+        session = lab.run(dl, step=lambda b: None, steps=60)
+    assert session.wait(timeout=30)
+    assert session.state == "exhausted"
+    assert session.clock.steps == 13
+    assert any("ran out after 13 of steps=60" in w for w in session.warnings)
+
+
+def test_a_pipeline_that_runs_out_is_exhausted_not_finished():
+    session = lab.run(lab.Pipeline(range(5)).batch(1), step=lambda b: None, steps=50)
+    with pytest.warns(RuntimeWarning, match="ran out after 5 of steps=50"):
+        assert session.wait(timeout=30)
+    assert session.state == "exhausted"
+    full = lab.run(lab.Pipeline(range(50)).batch(1), step=lambda b: None, steps=5)
+    assert full.wait(timeout=30) and full.state == "finished" and full.warnings == []

@@ -145,9 +145,13 @@ def _files(marker: Path, good: bytes) -> dict[str, tuple[bytes, str]]:
     only, so the refusal is for that way.
     """
     fmt = json.dumps(json.loads(good)["format"]).encode()
-    assert good.count(b'"version": 1,') == 1 and good.count(fmt) == 1
+    version = f'"version": {json.loads(good)["version"]},'.encode()
+    assert good.count(version) == 1 and good.count(fmt) == 1
     payload = pickle.dumps(TouchOnUnpickle(marker))
-    spoil = good.replace
+
+    def spoil(old: bytes, new: bytes) -> bytes:
+        return good.replace(version if old == b'"version": 1,' else old, new)
+
     return {
         "empty": (b"", "not valid JSON"),
         "pickle": (payload, "not valid JSON"),
