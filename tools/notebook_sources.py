@@ -284,16 +284,24 @@ print(pipeline)
 device
 """),
     ("md", """
-`compare` runs the same pipeline and step under each runner, one after
-another, and measures after a warm-up (so spawning workers does not count).
-Small step counts keep this notebook quick; `benchmarks/parallelism.py` and
-`make demo` run longer.
+`compare` runs the same pipeline and step under each runner in interleaved
+rounds: every round gives each runner one short window (a few warm-up steps,
+then measured steps), so a slow spell of the machine hits all runners alike.
+A runner's batches/s is the median of its rounds, `[lo-hi]` the slowest and
+fastest round; ratios to `cache` pair rounds measured seconds apart.
+`cmp.warnings` says what makes the comparison less than trustworthy, such as
+runners within noise of each other. Small step counts keep this notebook
+quick; `benchmarks/parallelism.py` and `make demo` run longer.
 """),
     ("code", """
-cmp = lab.compare(pipeline, step=device, steps=40, warmup=8,
+cmp = lab.compare(pipeline, step=device, steps=40, warmup=4, repeats=4,
                   runner_options={"process": {"num_workers": 2}})
 assert list(cmp.table.index) == list(lab.RUNNERS)
 cmp
+"""),
+    ("code", """
+for warning in cmp.warnings:
+    print("-", warning)
 """),
     ("code", """
 show(cmp.plot())
@@ -301,8 +309,10 @@ show(cmp.plot())
     ("md", """
 ## Reading the table
 
-* `batches_per_s` and `vs_cache`: throughput against headspace (`cache`
-  replays batches, so loading is free and only the step remains).
+* `batches_per_s` (with `_lo`/`_hi`) and `vs_cache` (with `_lo`/`_hi`):
+  throughput against headspace (`cache` replays batches, so loading is free
+  and only the step remains). No runner can beat the headspace: if one does
+  beyond the noise, `cmp.warnings` says the comparison is not trustworthy.
 * `train_gil_wait_frac`: the share of the training thread's step spent
   waiting for the GIL while it was trying to launch kernels (its wall time
   minus its CPU time minus its run-queue wait). This is the noisy neighbour:
