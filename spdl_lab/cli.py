@@ -111,6 +111,13 @@ def _diagnose(args: argparse.Namespace) -> int:
     html, data = write_reports(diagnosis, folder, stem=_stem(args.target))
     print(diagnosis.summary())
     print(f"\nreport: {html.resolve()}\ndata:   {data.resolve()}")
+    failed = [s for s in diagnosis.stages.values() if s.status == "failed"]
+    for stage in failed:  # its traceback, where a failed experiment's goes
+        print(f"\nstage {stage.name!r} {stage.evidence}:\n{stage.error or ''}", file=sys.stderr)
+    if failed:
+        print(f"spdl-lab diagnose: failed: {len(failed)} stage(s) raised: "
+              f"{', '.join(repr(s.name) for s in failed)}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -272,3 +272,17 @@ def test_progress_bars_show_on_a_terminal_unless_quiet(monkeypatch):
     assert cli._progress(args) is True
     args = cli.build_parser().parse_args(["compare", "m:p", "--quiet"])
     assert cli._progress(args) is False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
+def test_diagnose_of_a_raising_stage_exits_3_and_gives_it_no_verdict(tiny, tmp_path, capsys):
+    code = main(["diagnose", f"{MODULE}:failing", "--concurrency", "1", "2", "--num-items", "20",
+                 "--no-processes", "--report-dir", str(tmp_path), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 3, captured.err
+    assert "failed: KeyError on 20 of 20 inputs" in captured.out
+    assert "no such item" in captured.err  # the first traceback
+    assert captured.err.strip().splitlines()[-1].startswith("spdl-lab diagnose: failed: 1 stage(s) raised")
+    saved = lab.Diagnosis.from_json(next(tmp_path.glob("*.json")))
+    assert saved.stages["lookup"].verdict is None and saved.stages["lookup"].status == "failed"

@@ -19,7 +19,6 @@ from ._json_checks import (
     MAX_TEXT,
     Checker,
     FileFormatError,
-    check_header,
     dump_document,
     later,
     load_document,
@@ -33,7 +32,7 @@ from .diagnosis import VERDICTS, Diagnosis, Point, StageDiagnosis
 
 __all__ = ["DiagnosisFormatError", "build", "read_json", "summary_text", "write_json"]
 
-FORMAT, VERSION = "spdl_lab.diagnosis", 1
+FORMAT, VERSION = "spdl_lab.diagnosis", 2
 MAX_FILE_BYTES = 50 * 2**20
 MAX_STAGES, MAX_POINTS = 1000, 10_000  # points: per stage and over the whole file
 MAX_REPEATS = 10**6
@@ -66,7 +65,14 @@ _STAGE = {
     "evidence": _text(MAX_TEXT), "recommendation": _text(MAX_TEXT),
     "points": later,  # checked by _points, which needs the stage's name
     "inputs": _int(0, MAX_COUNT), "outputs": _int(0, MAX_COUNT), "error": _text(MAX_TEXT, null=True),
+    "status": _text(MAX_NAME, ("measured", "unstable", "failed", "not measured", "batch")),
+    "notes": lambda c, v, w: _notes(c, v, w),
+    "concurrency": _int(1, MAX_CONCURRENCY, null=True), "items_per_input": _int(1, MAX_COUNT),
 }
+#: Fields version 1 files do not have, and what they read as.
+_NEW_IN_2 = {"status": None, "notes": (), "concurrency": None, "items_per_input": 1}
+_STAGE_1 = {k: v for k, v in _STAGE.items() if k not in _NEW_IN_2}
+MAX_NOTES = 100
 _TOP = {
     "format": _text(MAX_NAME), "version": later,  # checked first, with their own messages
     "pipeline": _text(MAX_TEXT), "created": _text(MAX_NAME), "elapsed_s": _num(0),
@@ -77,14 +83,40 @@ assert list(_POINT) == [f.name for f in fields(Point)]
 assert set(_STAGE) == {f.name for f in fields(StageDiagnosis)}
 
 
+def _notes(checker: _Checker, value: Any, where: str) -> tuple[str, ...]:
+    items = checker.array(value, where, MAX_NOTES, "notes")
+    return tuple(checker.text(v, f"{where}[{i}]", MAX_TEXT) for i, v in enumerate(items))
+
+
+def _version(doc: dict[str, Any], checker: _Checker) -> int:
+    """``format`` first, then ``version`` (1 or 2), each with its own message."""
+    if doc.get("format") != FORMAT:
+        raise checker.expected("format", repr(FORMAT), doc.get("format"))
+    found = doc.get("version")
+    if type(found) is not int or found not in (1, VERSION):  # True == 1 and 1.0 == 1 must not pass
+        fix = "Upgrade spdl_lab to read it" if type(found) is int and found > VERSION else None
+        raise checker.fail("version", f"expected 1 or {VERSION}, got {short(found)}", fix)
+    return found
+
+
+def _v1_status(values: dict[str, Any]) -> str:
+    if values["kind"] == "batch":
+        return "batch"
+    if values["verdict"] is not None:
+        return "measured"
+    return "not measured" if values["evidence"].startswith("not measured") else "failed"
+
+
 def _build(doc: dict[str, Any], checker: _Checker) -> Diagnosis:
-    check_header(doc, checker, FORMAT, VERSION)
+    version = _version(doc, checker)
     top = checker.record(doc, "", _TOP)
     stages_in = checker.array(top["stages"], "stages", MAX_STAGES, "stages")
     stages: dict[str, StageDiagnosis] = {}
     total = 0
     for i, raw in enumerate(stages_in):
-        values = checker.record(raw, f"stages[{i}]", _STAGE)
+        values = checker.record(raw, f"stages[{i}]", _STAGE if version == VERSION else _STAGE_1)
+        if version == 1:
+            values = {**_NEW_IN_2, **values, "status": _v1_status(values)}
         if values["name"] in stages:
             raise checker.fail(f"stages[{i}].name", f"stage {short(values['name'])} appears twice")
         values["points"] = _points(checker, values["points"], f"stages[{i}].points", values["name"])
@@ -110,6 +142,7 @@ def _encode(diag: Diagnosis, checker: _Checker) -> dict[str, Any]:
     stages = []
     for s in diag.stages.values():
         out = {f.name: plain(getattr(s, f.name)) for f in fields(StageDiagnosis) if f.name != "points"}
+        out["notes"] = list(s.notes)
         out["points"] = [{f.name: plain(getattr(p, f.name)) for f in fields(Point)} for p in s.points]
         stages.append(out)
     return {
@@ -146,6 +179,7 @@ def summary_text(diag: Diagnosis, width: int = 100) -> str:
     Every string from the Diagnosis passes through ``_printable``: a file someone sent
     must not drive the terminal its summary is printed on.
     """
+    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)  # the limit first
     names = {s.name: _printable(s.name) for s in diag.stages.values()}
     name_w = min(max([5, *(len(n) for n in names.values())]), 30)
     head = f"{'stage':<{name_w}}  {'kind':<5}  {'verdict':<9}  {'best':>4}  {'thread qps':>10}  {'process qps':>11}"
@@ -153,11 +187,16 @@ def summary_text(diag: Diagnosis, width: int = 100) -> str:
     elapsed = f", {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
     created = f", {_printable(diag.created)}" if diag.created else ""
     lines = [textwrap.shorten(f"diagnosis of {pipeline}", width, placeholder="..."),
-             f"{len(diag.stages)} stages{elapsed}{created}", "", head, "-" * len(head)]
-    for s in diag.stages.values():
+             f"{len(diag.stages)} stages{elapsed}{created}", ""]
+    lines += textwrap.wrap(_printable(diag.headline()), width)
+    load = diag.machine_load()
+    if load:
+        lines += textwrap.wrap(_printable(load), width)
+    lines += ["", head, "-" * len(head)]
+    for s in order:
         name = names[s.name] if len(names[s.name]) <= name_w else names[s.name][: name_w - 3] + "..."
         best = "-" if s.best_concurrency is None else str(s.best_concurrency)
-        verdict = _printable(s.verdict or ("failed" if s.error else "-"))
+        verdict = _printable(s.verdict or s.shown_status())
         lines.append(f"{name:<{name_w}}  {_printable(s.kind):<5}  {verdict:<9}  {best:>4}  "
                      f"{_peak(s.thread_points()):>10}  {_peak(s.process_points()):>11}")
         for label, text in (("evidence", s.evidence), ("do", s.recommendation), ("error", _last_line(s.error))):

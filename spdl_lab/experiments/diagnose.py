@@ -12,14 +12,15 @@ import datetime as dt
 import itertools
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..telemetry.probes import GilProbe
+from ._bottleneck import FAR_FASTER, limiting
 from ._progress import progress_bar
 from ._thread_sweep import (
     StageFeed,
@@ -60,8 +61,14 @@ def diagnose(
     process_concurrency: Sequence[int] | None = None,
     settings: SweepSettings | None = None,
     progress: bool = True,
+    isolated: bool = True,
 ) -> Diagnosis:
     """Profile each stage of ``pipeline`` alone and say what limits it.
+
+    The measurement runs in a clean child interpreter (``isolated=True``, see
+    ``_isolated``), so the notebook's other sessions, threads and heap cannot
+    change the verdicts; a pipeline that cannot be sent there (a function
+    capturing a lock) is measured here, and its ``settings["isolated"]`` says so.
 
     Example::
 
@@ -85,7 +92,8 @@ def diagnose(
     stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
     """
     if not isinstance(pipeline, Pipeline):
-        raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}")
+        raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}; "
+                                "for a DataLoader use lab.from_dataloader(dl)")
     concurrency = _check_levels("concurrency", concurrency)
     cores = os.cpu_count() or 1
     process_levels = _check_levels(
@@ -95,6 +103,40 @@ def diagnose(
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
         raise PipelineSpecError(f"diagnose: num_items must be an int >= 1, got {num_items!r}")
     settings = settings or SweepSettings()
+    options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
+                   process_concurrency=process_levels, settings=settings)
+    payload = _shippable(pipeline) if isolated else None
+    if payload is not None:
+        from ._isolated import diagnose_in_child
+
+        return diagnose_in_child(payload, options, progress)
+    return diagnose_here(pipeline, **options, isolated=False,
+                         bar_factory=lambda total, unit: progress_bar(total, progress, unit))
+
+
+def _shippable(pipeline: Pipeline) -> bytes | None:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(pipeline)
+    except Exception:
+        return None
+
+
+def diagnose_here(
+    pipeline: Pipeline,
+    concurrency: tuple[int, ...],
+    *,
+    num_items: int,
+    processes: bool,
+    process_concurrency: tuple[int, ...],
+    settings: SweepSettings,
+    bar_factory: Callable[[int, str], Any],
+    isolated: bool = True,
+) -> Diagnosis:
+    """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
+    cores = os.cpu_count() or 1
+    process_levels = process_concurrency
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     begun = time.monotonic()
@@ -104,8 +146,10 @@ def diagnose(
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
     reserve = _process_reserve(len(maps), process_levels, settings) if processes else 0.0
-    per_stage = len(concurrency) * settings.max_windows
-    bar = progress_bar(len(maps) * per_stage, progress, "window")
+    # The bar's total never changes mid-run: process windows are counted from the start,
+    # and what a stage does not use (quiet points, no process sweep) is filled in at the end.
+    per_stage = (len(concurrency) + (len(process_levels) if processes else 0)) * settings.max_windows
+    bar = bar_factory(len(maps) * per_stage, "window")
     probe = GilProbe()
     probe.start()
     side = None
@@ -120,6 +164,8 @@ def diagnose(
                                   deadline=deadline - reserve, after_round=side.after_round)
         bar.set_description("processes")
         in_processes = side.finish({name: sweep.points for name, sweep in threads.items()})
+        bar.set_description("done")
+        bar.update(max(0, bar.total - bar.n))
     finally:
         if side is not None:
             side.close()
@@ -128,15 +174,16 @@ def diagnose(
     for p in passes:
         done[p.stage.name] = _judge(p, threads[p.feed.name], in_processes.get(p.feed.name), cores, settings)
     interp = describe()
+    stages = _only_where_it_counts({s.name: done[s.name] for s in pipeline.stages})
     return Diagnosis(
-        pipeline=repr(pipeline), stages={s.name: done[s.name] for s in pipeline.stages}, created=started,
+        pipeline=repr(pipeline), stages=stages, created=started,
         elapsed_s=time.perf_counter() - t0,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_levels),
                   "num_items": num_items, "inputs_collected": collected,
                   "warmup_s": settings.warmup_s, "window_s": settings.window_s,
                   "min_windows": settings.min_windows, "max_windows": settings.max_windows,
                   "stable_within": settings.stable_within, "point_timeout_s": settings.point_timeout_s,
-                  "stage_budget_s": settings.stage_budget_s},
+                  "stage_budget_s": settings.stage_budget_s, "isolated": isolated},
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
                  "torch": interp.torch or ""},
     )
@@ -150,6 +197,7 @@ class _Pass:
     inputs: int  # what it was fed
     feed: StageFeed  # the inputs that did not raise
     once: StageRun
+    per_input: int = 1  # source items per input
 
 
 def _passes(pipeline: Pipeline, inputs: list[Any],
@@ -162,39 +210,54 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
     done: dict[str, StageDiagnosis] = {}
     passes: list[_Pass] = []
     blocked: str | None = None  # why the stages after a failed one cannot be measured
+    per_input = 1  # source items per input of the current stage
     for stage in pipeline.stages:
         if blocked is not None:
             done[stage.name] = _not_measured(stage, blocked)
         elif stage.kind == "batch":
             inputs, done[stage.name] = _batch(stage, inputs)
+            per_input *= stage.size or 1
         else:
             assert stage.fn is not None
             once = run_once(stage.fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
-            failed = _failed_pass(stage, inputs, once, settings)
+            failed = _failed_pass(stage, inputs, once, settings, per_input)
             if failed is not None:
+                # A stage that raised gets no verdict: timing its exceptions would measure the
+                # error path. What it did produce still feeds the stages after it.
                 done[stage.name] = failed
-                blocked = f"no inputs: stage {stage.name!r} produced none ({_short(failed)})"
+                if once.hung or not once.outputs:
+                    blocked = f"no inputs: stage {stage.name!r} produced none ({_short(failed)})"
+                inputs = once.outputs
                 continue
             feed = StageFeed(stage.name, stage.fn, once.ok_inputs)
-            passes.append(_Pass(stage, len(inputs), feed, once))
+            passes.append(_Pass(stage, len(inputs), feed, once, per_input))
             inputs = once.outputs
     return done, passes
 
 
-def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun,
-                 settings: SweepSettings) -> StageDiagnosis | None:
-    common = dict(name=stage.name, kind="map", inputs=len(inputs), outputs=len(once.outputs))
+def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun, settings: SweepSettings,
+                 per_input: int) -> StageDiagnosis | None:
+    common = dict(name=stage.name, kind="map", inputs=len(inputs), outputs=len(once.outputs),
+                  status="failed", concurrency=stage.concurrency, items_per_input=per_input)
     if once.hung:
         why = (f"an item did not finish within {settings.point_timeout_s:g} s; the stage was cut off"
                f" ({once.abandoned_threads} thread(s) stuck in it were left running as daemons)")
-        return StageDiagnosis(verdict=None, best_concurrency=None, evidence=why,
+        return StageDiagnosis(verdict=None, best_concurrency=None, evidence=f"failed: {why}",
                               recommendation="find why it blocks (a lock, a network call without a timeout)",
                               error=why, **common)
-    if not once.outputs:
+    if once.failures:
+        kind = _exception_name(once.first_error)
         return StageDiagnosis(verdict=None, best_concurrency=None,
-                              evidence=f"every one of its {len(inputs)} inputs raised",
-                              recommendation="fix the error below", error=once.first_error, **common)
+                              evidence=f"failed: {kind} on {once.failures} of {len(inputs)} inputs",
+                              recommendation="fix the error (first traceback below), then diagnose again",
+                              error=once.first_error, **common)
     return None
+
+
+def _exception_name(traceback_text: str | None) -> str:
+    """The exception's type from a traceback's last line ("ValueError: bad" -> "ValueError")."""
+    lines = [ln for ln in (traceback_text or "").strip().splitlines() if ln.strip()]
+    return lines[-1].split(":", 1)[0].strip() if lines else "an exception"
 
 
 def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
@@ -253,7 +316,6 @@ class _ProcessSide:
         new = [self.feeds[name] for name, pts in points.items()
                if name not in self.sweeper.sweeps and _processes_worth_trying(pts, self.cores)]
         if new:
-            self.bar.total += len(new) * len(self.levels) * self.max_windows
             self.sweeper.add(new)
 
 
@@ -271,29 +333,58 @@ def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores
             if processes.notes:
                 process_note = f" Processes: {processes.notes[0]}"
     verdict = judge(points, process_points, cores=cores)
-    evidence, error = verdict.evidence + process_note, None
-    if once.failures:
-        evidence += f" {once.failures} of {inputs} inputs raised and were dropped (first traceback below)."
-        error = once.first_error
+    notes = [n for n in (verdict.details, process_note.strip()) if n]
     timeouts = [pt.concurrency for pt in points if pt.status == "timeout"]
     if timeouts:
-        evidence += (f" At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s;"
-                     f" higher concurrency was not tried.")
+        notes.append(f"At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s; "
+                     f"higher concurrency was not tried.")
     if threads.abandoned:
-        evidence += f" {threads.abandoned} thread(s) stuck in the function were left running as daemons."
+        notes.append(f"{threads.abandoned} thread(s) stuck in the function were left running as daemons.")
     spells = [pt for pt in points if pt.status in ("ok", "unstable") and pt.qps_spread > SLOW_SPELLS]
     if spells:
         worst = max(spells, key=lambda pt: pt.qps_spread)
-        evidence += (f" The windows of {len(spells)} of its {len(points)} thread points differed by more than "
+        notes.append(f"The windows of {len(spells)} of its {len(points)} thread points differed by more than "
                      f"{SLOW_SPELLS:.0%} (up to {worst.qps_spread:.0%} at concurrency {worst.concurrency}): the "
                      f"machine's speed moved, or its inputs differ in cost; a point's QPS is its second-best window.")
     if threads.others >= BUSY_MACHINE:
-        evidence += (f" Other processes used up to {threads.others:.0%} of the cores while it was measured:"
-                     f" these numbers may be low; diagnose again on a quiet machine.")
+        notes.append(f"Other processes used up to {threads.others:.0%} of the cores while it was measured.")
+    status, advice = "measured", verdict.recommendation
+    if _unstable(points):
+        status = "unstable"
+        advice = (f"measure again: its windows did not settle, so no advice is given; diagnose it with "
+                  f"settings=lab.SweepSettings(max_windows={2 * settings.max_windows}, "
+                  f"stage_budget_s={2 * settings.stage_budget_s:g}) on a quieter machine")
     return StageDiagnosis(name=p.stage.name, kind="map", verdict=verdict.verdict,
-                          best_concurrency=verdict.best_concurrency, evidence=evidence,
-                          recommendation=verdict.recommendation, points=tuple(points) + tuple(process_points),
-                          error=error, inputs=inputs, outputs=len(once.outputs))
+                          best_concurrency=verdict.best_concurrency, evidence=verdict.evidence,
+                          recommendation=advice, points=tuple(points) + tuple(process_points),
+                          error=None, inputs=inputs, outputs=len(once.outputs), status=status,
+                          notes=tuple(notes), concurrency=p.stage.concurrency, items_per_input=p.per_input)
+
+
+def _unstable(points: Sequence[Point]) -> bool:
+    """The deciding points did not settle: the best thread point, or most of them, is unstable."""
+    usable = [pt for pt in points if pt.status in ("ok", "unstable") and pt.qps > 0]
+    if not usable:
+        return False
+    best = max(usable, key=lambda pt: pt.qps)
+    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in usable) > len(usable)
+
+
+def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:
+    """Advice only for stages whose change would change the pipeline's rate (``_bottleneck``)."""
+    found = limiting(stages.values())
+    if found is None:
+        return stages
+    slowest, rate = found[0], found[1]
+    out = {}
+    for name, st in stages.items():
+        mine = st.rate_now()
+        if st is not slowest and st.verdict is not None and mine >= FAR_FASTER * rate:
+            note = (f"{mine / rate:.1f}x faster than the limiting stage {slowest.name!r} at its concurrency: "
+                    f"changing it does not change the pipeline's rate, so no advice.")
+            st = replace(st, recommendation="", notes=(*st.notes, note))
+        out[name] = st
+    return out
 
 
 def _batch(stage: Stage, items: list[Any]) -> tuple[list[Any], StageDiagnosis]:
@@ -303,12 +394,14 @@ def _batch(stage: Stage, items: list[Any]) -> tuple[list[Any], StageDiagnosis]:
         batches.pop()
     note = f"grouped {len(items)} items into {len(batches)} batches of up to {size}; batching is not measured"
     return batches, StageDiagnosis(name=stage.name, kind="batch", verdict=None, best_concurrency=None,
-                                   evidence=note, recommendation="", inputs=len(items), outputs=len(batches))
+                                   evidence=note, recommendation="", inputs=len(items), outputs=len(batches),
+                                   status="batch")
 
 
 def _not_measured(stage: Stage, why: str) -> StageDiagnosis:
     return StageDiagnosis(name=stage.name, kind=stage.kind, verdict=None, best_concurrency=None,
-                          evidence=f"not measured: {why}", recommendation="", error=f"not measured: {why}")
+                          evidence=f"not measured: {why}", recommendation="", error=f"not measured: {why}",
+                          status="not measured")
 
 
 def _collect(pipeline: Pipeline, num_items: int) -> list[Any]:

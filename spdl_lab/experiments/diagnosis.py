@@ -57,6 +57,24 @@ class StageDiagnosis:
     inputs: int = 0  # cached inputs the stage was fed
     outputs: int = 0  # outputs it produced (fewer when items failed or a batch dropped its tail)
     error: str | None = None  # the traceback of a raising stage, or why it was not measured
+    #: "measured" | "unstable" (measure again) | "failed" (an input raised: no verdict) |
+    #: "not measured" | "batch"
+    status: str = "measured"
+    notes: tuple[str, ...] = ()  # the details behind the one-sentence evidence
+    concurrency: int | None = None  # the stage's concurrency in the pipeline
+    items_per_input: int = 1  # source items per input of this stage (a batch's size after it)
+
+    def shown_status(self) -> str:
+        """What a table shows in place of a verdict: "failed", "not measured" or "-"."""
+        if self.status in ("failed", "not measured"):
+            return self.status
+        return "failed" if self.error and self.kind == "map" else "-"
+
+    def rate_now(self) -> float:
+        """Source items/s at its concurrency in the pipeline, from its thread points (NaN: unknown)."""
+        from ._bottleneck import rate_at
+
+        return rate_at(self)
 
     def thread_points(self) -> list[Point]:
         return [p for p in self.points if p.executor == "thread"]
@@ -86,12 +104,33 @@ class Diagnosis:
         ]
         return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
+    @property
+    def bottleneck(self) -> str | None:
+        """The stage that limits the pipeline at its current concurrency (None: none measured)."""
+        from ._bottleneck import limiting
+
+        found = limiting(self.stages.values())
+        return found[0].name if found else None
+
+    def headline(self) -> str:
+        """One sentence: which stage limits the pipeline, by how much, and what to change."""
+        from ._bottleneck import headline
+
+        return headline(self)
+
+    def machine_load(self) -> str:
+        """One line naming the load from other processes while the stages were measured ("" if none)."""
+        from ._bottleneck import machine_load
+
+        return machine_load(self)
+
     def verdicts(self) -> pd.DataFrame:
-        """One row per stage: verdict, best concurrency, evidence, recommendation."""
+        """One row per stage, the limiting stage first: verdict, best concurrency, evidence, advice."""
+        order = sorted(self.stages.values(), key=lambda s: s.name != self.bottleneck)
         rows = [
-            {"stage": s.name, "verdict": s.verdict or "", "best_concurrency": s.best_concurrency,
+            {"stage": s.name, "verdict": s.verdict or s.status, "best_concurrency": s.best_concurrency,
              "evidence": s.evidence, "recommendation": s.recommendation}
-            for s in self.stages.values()
+            for s in order
         ]
         frame = pd.DataFrame(rows).set_index("stage")
         frame["best_concurrency"] = frame["best_concurrency"].astype("Int64")  # None stays <NA>, ints stay ints

@@ -70,8 +70,9 @@ PROCESS_HELPS = 1.3
 class Judgement:
     verdict: str | None
     best_concurrency: int | None
-    evidence: str
+    evidence: str  # one short sentence that agrees with the verdict
     recommendation: str
+    details: str = ""  # the numbers behind it, for the report's details and the JSON
 
 
 def _usable(points: Sequence[Point]) -> list[Point]:
@@ -121,8 +122,10 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     gil_bound = gil >= GIL_WAIT_BOUND or ceiling
     if rising and not gil_bound and not cpu >= CPU_SATURATED:
         verdict = "scales"
-        evidence = (f"QPS rose {speedup:.1f}x {span} ({_n(first.qps)} to {_n(best.qps)}/s, best at "
-                    f"{best_c}) with {cpu_text}: the workers wait without holding the GIL or a core.")
+        details = (f"QPS rose {speedup:.1f}x {span} ({_n(first.qps)} to {_n(best.qps)}/s, best at "
+                   f"{best_c}) with {cpu_text}: the workers wait without holding the GIL or a core.")
+        evidence = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads without filling the cores "
+                    f"or waiting on the GIL.")
         if best_c == hi:
             advice = f"set concurrency to {hi} or more: QPS was still rising at {hi}"
         else:
@@ -130,59 +133,67 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     elif (cpu >= CPU_SATURATED or crowded) and not gil_bound:
         verdict = "cpu-bound"
         moved = "rose" if rising else "changed"
-        evidence = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}, "
-                    f"with {cpu_text} there: the cores are the limit.")
+        details = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}, "
+                   f"with {cpu_text} there: the cores are the limit.")
+        evidence = f"The cores were {_pct(cpu)} busy at {best_c} threads ({_n(best.qps)}/s): they are the limit."
         advice = (f"concurrency {best_c} is enough; more threads add nothing once the cores are busy. "
                   f"To go faster, make the function cheaper or give it more cores")
         if crowded:
-            evidence = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}; this process "
-                        f"used {_pct(cpu)} of {cores} cores but the machine was {_pct(machine)} busy: other "
-                        f"processes held the cores it needed.")
+            details = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}; this process "
+                       f"used {_pct(cpu)} of {cores} cores but the machine was {_pct(machine)} busy: other "
+                       f"processes held the cores it needed.")
+            evidence = f"The machine's cores were {_pct(machine)} busy, mostly with other processes: they are the limit."
             advice = "diagnose again on a quiet machine: other processes held the cores; " + advice
     elif gil_bound:
         verdict = "gil-bound"
         advice = ("keep it off the training process's GIL: run the pipeline under subprocess-threads, "
                   "or make the function release the GIL (numpy/torch operations on whole arrays)")
         if ceiling and not gil >= GIL_WAIT_BOUND:
-            evidence = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads ({_n(first.qps)} to "
-                        f"{_n(best.qps)}/s) and no further, with {cpu_text}; at {hi} threads the GIL probe "
-                        f"waited {_pct(ok[-1].gil_wait_frac)} of the time: its waits overlap, its Python "
-                        f"parts queue for the GIL.")
+            details = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads ({_n(first.qps)} to "
+                       f"{_n(best.qps)}/s) and no further, with {cpu_text}; at {hi} threads the GIL probe "
+                       f"waited {_pct(ok[-1].gil_wait_frac)} of the time: its waits overlap, its Python "
+                       f"parts queue for the GIL.")
+            evidence = (f"QPS stopped rising at {best_c} threads while the GIL probe waited "
+                        f"{_pct(ok[-1].gil_wait_frac)} at {hi}: the GIL is its ceiling.")
             advice = f"set concurrency to {best_c}; to go faster, " + advice
         else:
-            evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "
-                        f"probe waited {_pct(gil)} of the time, with {cpu_text}: the function holds the GIL.")
+            details = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "
+                       f"probe waited {_pct(gil)} of the time, with {cpu_text}: the function holds the GIL.")
+            evidence = (f"The GIL probe waited {_pct(gil)} of the time with 2 or more threads: "
+                        f"the function holds the GIL.")
     else:
         verdict = "contended"
         gil_text = "GIL wait n/a" if math.isnan(gil) else f"GIL wait {_pct(gil)}"
-        evidence = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) with "
-                    f"{cpu_text} and {gil_text}: neither the GIL nor the cores are full, so a lock "
-                    f"or another shared resource serializes it.")
+        details = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) with "
+                   f"{cpu_text} and {gil_text}: neither the GIL nor the cores are full, so a lock "
+                   f"or another shared resource serializes it.")
+        evidence = (f"More threads did not help, yet neither the GIL ({gil_text.removeprefix('GIL wait ')}) "
+                    f"nor the cores ({_pct(cpu)}) were full: something shared serializes it.")
         advice = (f"concurrency {best_c} is as fast as any; find the shared lock or resource (a global "
                   f"RNG such as np.random.*: give each worker np.random.default_rng(); a shared "
                   f"client or lock) and give each worker its own")
     # A process point runs one task per worker: it cannot overlap waits as threads do,
     # so falling short of many threads says nothing against processes of threads.
-    evidence, advice = _with_processes(evidence, advice, verdict, best, process_points,
-                                       comparable=not (ceiling and verdict == "gil-bound"))
-    return Judgement(verdict, best_c, evidence, advice)
+    details, advice = _with_processes(details, advice, verdict, best, process_points,
+                                      comparable=not (ceiling and verdict == "gil-bound"))
+    return Judgement(verdict, best_c, evidence, advice, details)
 
 
-def _with_processes(evidence: str, advice: str, verdict: str, best: Point,
+def _with_processes(details: str, advice: str, verdict: str, best: Point,
                     process_points: Sequence[Point], comparable: bool = True) -> tuple[str, str]:
     ok = _usable(process_points)
     if not ok:
-        return evidence, advice
+        return details, advice
     top = max(ok, key=lambda p: p.qps)
     ratio = top.qps / best.qps
-    evidence += (f" {top.concurrency} worker process{'es' if top.concurrency > 1 else ''} "
+    details += (f" {top.concurrency} worker process{'es' if top.concurrency > 1 else ''} "
                  f"reached {_n(top.qps)}/s ({ratio:.1f}x the best with threads).")
     if ratio >= PROCESS_HELPS:
         advice = (f"processes help: {ratio:.1f}x with {top.concurrency} processes; run this stage under "
                   f"the process runner (DataLoader workers) or subprocess-threads; or " + advice)
     elif verdict in ("gil-bound", "contended") and comparable:
         advice += "; processes did not help here either"
-    return evidence, advice
+    return details, advice
 
 
 def _pct(x: float) -> str:

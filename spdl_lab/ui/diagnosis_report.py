@@ -94,8 +94,10 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
 
 
 def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
-    """One figure per map stage, in a grid (batch stages have no concurrency to sweep)."""
-    figs = [stage_figure(s) for s in diag.stages.values() if s.kind == "map"]
+    """One figure per map stage, the limiting stage first, in a grid (batch stages have no
+    concurrency to sweep)."""
+    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)
+    figs = [stage_figure(s) for s in order if s.kind == "map" and s.points]
     if not figs:
         return column(Div(text="No map stage was measured, so there is nothing to plot."))
     return gridplot(figs, ncols=ncols)
@@ -119,7 +121,7 @@ _STYLE = """<style>
 def _row(stage: StageDiagnosis) -> str:
     e = html.escape
     color = _VERDICT_COLORS.get(stage.verdict or "", "#555")
-    verdict = e(stage.verdict or ("failed" if stage.error else "-"))
+    verdict = e(stage.verdict or stage.shown_status())
     best = "" if stage.best_concurrency is None else str(stage.best_concurrency)
     error = ""
     if stage.error:
@@ -132,19 +134,37 @@ def _row(stage: StageDiagnosis) -> str:
     )
 
 
-def diagnosis_html(diag: Diagnosis) -> str:
-    """The verdict table as an HTML fragment (no Bokeh: call ``.plot()`` for the figures)."""
+def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
+    """The diagnosis as an HTML fragment: the limiting stage, QPS against concurrency per stage
+    (inline SVG), the verdict table, then the details (no Bokeh: ``.plot()`` for those figures)."""
+    from .diagnosis_svg import qps_charts
+
     heads = ("stage", "kind", "verdict", "best concurrency", "peak thread QPS", "evidence", "recommendation")
     elapsed = f" in {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
     created = f", started {diag.created}" if diag.created else ""
+    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)
+    load = diag.machine_load()
     return (
         f"<div class='spdl-diag'>{_STYLE}"
+        f"<p><b>{html.escape(diag.headline())}</b></p>"
+        + (f"<p class='note'>{html.escape(load)}</p>" if load else "")
+        + (qps_charts(diag) if charts else "")
+        + f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>"
+        f"<tbody>{''.join(_row(s) for s in order)}</tbody></table>"
+        f"{_details(order)}"
         f"<p class='note'>Diagnosis of <code>{html.escape(diag.pipeline)}</code>: "
-        f"{len(diag.stages)} stages{html.escape(elapsed + created)}. "
-        f"<code>.plot()</code> draws QPS against concurrency per stage.</p>"
-        f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>"
-        f"<tbody>{''.join(_row(s) for s in diag.stages.values())}</tbody></table></div>"
+        f"{len(diag.stages)} stages{html.escape(elapsed + created)}; "
+        f"<code>.plot()</code> draws the interactive figures, <code>.table</code> has every point.</p></div>"
     )
+
+
+def _details(stages: list[StageDiagnosis]) -> str:
+    """Per stage, the numbers behind its one-sentence evidence."""
+    items = "".join(
+        f"<li><b>{html.escape(s.name)}</b>: " + " ".join(html.escape(n) for n in s.notes) + "</li>"
+        for s in stages if s.notes
+    )
+    return f"<details><summary>details</summary><ul>{items}</ul></details>" if items else ""
 
 
 def _mapping_line(label: str, values: dict) -> str:
@@ -161,8 +181,10 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 .points th, .points td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
 .points td:first-child {{ text-align: left; }}
 </style></head>
-<body><h1>{title}</h1>{machine}{settings}{verdicts}<h2>QPS against concurrency</h2>{div}
-<h2>All measured points</h2><div class="points">{points}</div>{script}</body></html>
+<body><h1>{title}</h1><p><b>{headline}</b></p>{load}<h2>QPS against concurrency</h2>{div}
+<h2>Verdicts</h2>{verdicts}
+<h2>Details</h2>{machine}{settings}<h3>All measured points</h3><div class="points">{points}</div>
+{script}</body></html>
 """
 
 
@@ -176,9 +198,11 @@ def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "s
         title=html.escape(title),
         # Only the bundles this layout uses (not widgets, tables, MathJax): 1.3 MB instead of 4 MB.
         resources="".join(bundle_for_objs_and_resources([layout], INLINE)),
+        headline=html.escape(diag.headline()),
+        load=f"<p>{html.escape(diag.machine_load())}</p>" if diag.machine_load() else "",
         machine=_mapping_line("machine", diag.machine),
         settings=_mapping_line("settings", diag.settings),
-        verdicts=diagnosis_html(diag),
+        verdicts=diagnosis_html(diag, charts=False),  # the Bokeh figures above show the same
         div=div,
         points=diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True),
         script=script,

@@ -71,7 +71,7 @@ def test_round_trip_is_faithful(tmp_path):
     path = diag.to_json(tmp_path / "deep" / "dir" / "diag.json")
     assert path.exists() and not list(path.parent.glob("*.tmp"))
     doc = json.loads(path.read_text())
-    assert (doc["format"], doc["version"]) == ("spdl_lab.diagnosis", 1)
+    assert (doc["format"], doc["version"]) == ("spdl_lab.diagnosis", 2)
     assert "NaN" not in path.read_text()  # NaN is written as null
     back = Diagnosis.from_json(path)
     for name in ("pipeline", "created", "elapsed_s", "machine"):
@@ -163,7 +163,7 @@ HOSTILE = {
     "missing key": (edited(**{"stages.0.points.2.qps": DELETE}), ["stages[0].points[2].qps", "is missing"]),
     "missing stages": (edited(stages=DELETE), ["stages", "is missing"]),
     "wrong format": (edited(format="pickle"), ["format", "spdl_lab.diagnosis"]),
-    "newer version": (edited(version=2), ["version", "Upgrade spdl_lab"]),
+    "newer version": (edited(version=3), ["version", "Upgrade spdl_lab"]),
     "bool version": (edited(version=True), ["version"]),
     "nested settings": (edited(**{"settings.concurrency": {"a": 1}}), ["settings['concurrency']"]),
     "nested list in settings": (edited(**{"machine.cores": [[1]]}), ["machine['cores'][0]"]),
@@ -237,3 +237,18 @@ def test_writing_refuses_what_reading_would(tmp_path):
 def test_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_json(tmp_path / "nope.json")
+
+
+def test_a_version_1_file_is_still_read(tmp_path):
+    from spdl_lab.experiments._diagnosis_io import _NEW_IN_2
+
+    doc = good_doc()
+    doc["version"] = 1
+    for stage in doc["stages"]:
+        for key in _NEW_IN_2:
+            del stage[key]
+    back = read_json(write(tmp_path, doc))
+    assert [s.name for s in back.stages.values()] == [s["name"] for s in doc["stages"]]
+    for s in back.stages.values():
+        assert s.notes == () and s.items_per_input == 1
+        assert s.status in ("measured", "failed", "not measured", "batch")

@@ -26,7 +26,7 @@ def pts(qps, cpu, gil=0.03, executor="thread", levels=(1, 2, 4, 8, 16)):
 def test_sleep_like_scales_and_asks_for_more_when_still_rising():
     j = judge(pts([100, 200, 400, 790, 1570], 0.02), cores=CORES)
     assert (j.verdict, j.best_concurrency) == ("scales", 16)
-    assert "15.7x" in j.evidence and "still rising at 16" in j.recommendation
+    assert "15.7x" in j.details and "still rising at 16" in j.recommendation
 
 
 def test_scales_then_flattens_gives_smallest_within_five_percent():
@@ -38,7 +38,7 @@ def test_scales_then_flattens_gives_smallest_within_five_percent():
 def test_gil_releasing_compute_is_cpu_bound_once_cores_fill():
     j = judge(pts([40, 79, 80, 78, 79], [0.5, 0.99, 1.0, 1.0, 1.0]), cores=CORES)
     assert (j.verdict, j.best_concurrency) == ("cpu-bound", 2)
-    assert "100% of 2 cores" in j.evidence
+    assert "100% of 2 cores" in j.details
 
 
 def test_pure_python_is_gil_bound_and_processes_are_recommended_when_they_help():
@@ -46,7 +46,7 @@ def test_pure_python_is_gil_bound_and_processes_are_recommended_when_they_help()
     procs = pts([500, 990], [0.5, 0.99], executor="process", levels=(1, 2))
     j = judge(threads, procs, cores=CORES)
     assert (j.verdict, j.best_concurrency) == ("gil-bound", 1)
-    assert "GIL probe waited 84%" in j.evidence and "2 worker processes reached 990/s (2.0x" in j.evidence
+    assert "GIL probe waited 84%" in j.details and "2 worker processes reached 990/s (2.0x" in j.details
     assert j.recommendation.startswith("processes help: 2.0x with 2 processes")
 
 
@@ -55,7 +55,7 @@ def test_part_io_part_python_rises_then_the_gil_is_its_ceiling():
     mixed = pts([419, 839, 1678, 3141, 3120], [0.07, 0.14, 0.28, 0.5, 0.5], gil=[0.02, 0.02, 0.03, 0.10, 0.40])
     j = judge(mixed, cores=CORES)
     assert (j.verdict, j.best_concurrency) == ("gil-bound", 8)
-    assert "from 1 to 8 threads (419 to 3,141/s) and no further" in j.evidence and "waited 40%" in j.evidence
+    assert "from 1 to 8 threads (419 to 3,141/s) and no further" in j.details and "waited 40%" in j.details
     assert j.recommendation.startswith("set concurrency to 8; to go faster, keep it off")
     # One task per worker process cannot overlap the waits: falling short of 8 threads is no verdict on processes.
     procs = pts([420, 838], [0.07, 0.13], executor="process", levels=(1, 2))
@@ -69,7 +69,7 @@ def test_part_io_part_python_rises_then_the_gil_is_its_ceiling():
 
 def test_lock_serialized_is_contended():
     j = judge(pts([450, 460, 455, 450, 452], 0.02), cores=CORES)
-    assert j.verdict == "contended" and "a lock or another shared resource" in j.evidence
+    assert j.verdict == "contended" and "a lock or another shared resource" in j.details
     procs = pts([450, 460], 0.02, executor="process", levels=(1, 2))
     assert "processes did not help here either" in judge(pts([450] * 5, 0.02), procs, cores=CORES).recommendation
 
@@ -109,7 +109,7 @@ def test_cores_held_by_other_processes_are_not_a_lock():
     ]
     j = judge(crowded, cores=CORES)
     assert j.verdict == "cpu-bound"
-    assert "the machine was 99% busy: other processes held the cores" in j.evidence
+    assert "the machine was 99% busy: other processes held the cores" in j.details
     assert j.recommendation.startswith("diagnose again on a quiet machine")
     quiet = [Point("s", "thread", c, 1600.0, 0.02, 0.5, 0.04, 0.05, 0.6, 3, machine_cpu_util=0.52)
              for c in (1, 2, 4)]

@@ -1,0 +1,180 @@
+"""Diagnose in a clean child interpreter, so nothing else in the notebook can touch the numbers.
+
+A stage's verdict rests on how its throughput moves with threads and how long
+a waking thread waits for the GIL. In a notebook kernel both depend on what
+else the kernel runs: a lab session's loader and training threads take the
+same GIL (an earlier run made every stage of a pipeline read "gil-bound"), its
+heap makes the collector pause for longer, and its threads wake the probe.
+A child started with ``spawn`` (not ``fork``: a fork copies the kernel's locks
+and heap) has its own GIL and heap and none of the kernel's threads; what it
+still shares is the machine's cores, and the diagnosis names the load from
+other processes, as before. The pipeline travels by value (cloudpickle), the
+progress comes back as messages to the notebook's bar, and the Diagnosis as
+its validated JSON file. Ctrl-C, an error or a timeout stops the child.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunnerError, SpdlLabError
+from ._progress import progress_bar
+
+__all__ = ["diagnose_in_child"]
+
+def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Any:
+    """Run ``diagnose_here`` in a fresh interpreter on the shipped pipeline; return its Diagnosis."""
+    from ._diagnosis_io import read_json
+
+    folder = Path(tempfile.mkdtemp(prefix="spdl_lab_diagnose_"))
+    data_r, data_w = os.pipe()
+    ctrl_r, ctrl_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spdl_lab.experiments._isolated", str(data_w), str(ctrl_r)],
+            pass_fds=(data_w, ctrl_r),
+            start_new_session=True,  # Ctrl-C reaches the notebook or the CLI, which stops the child
+        )
+    finally:
+        os.close(data_w)
+        os.close(ctrl_r)
+    data, ctrl = Connection(data_r, writable=False), Connection(ctrl_w, readable=False)
+    bar = None
+    try:
+        ctrl.send({"pipeline": payload, "options": options, "sys_path": list(sys.path),
+                   "cwd": os.getcwd(), "result": str(folder / "diagnosis.json")})
+        while True:
+            message = _next(data, proc)
+            kind = message[0]
+            if kind == "total":
+                bar = progress_bar(message[1], progress, message[2])
+            elif kind == "progress" and bar is not None:
+                bar.set_description(message[2], refresh=False)
+                bar.update(message[1])
+            elif kind == "done":
+                return read_json(message[1])
+            elif kind == "error":
+                raise _child_error(*message[1:])
+    finally:
+        if bar is not None:
+            bar.close()
+        _stop(proc, ctrl)
+        data.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _next(data: Connection, proc: subprocess.Popen) -> tuple:
+    """The child's next message; RunnerError if it dies without one."""
+    while True:  # no deadline of its own: the sweep's budget and point timeouts bound the child
+        try:
+            if data.poll(0.1):
+                return data.recv()
+        except (EOFError, OSError):
+            break
+        if proc.poll() is not None and not data.poll(0):
+            break
+    code = proc.wait(5.0)
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+    raise RunnerError(f"diagnose: the child interpreter measuring the stages {how} before it finished; "
+                      f"if it ran out of memory, pass a smaller num_items=")
+
+
+def _stop(proc: subprocess.Popen, ctrl: Connection) -> None:
+    try:
+        ctrl.send(("stop",))
+    except OSError:
+        pass
+    ctrl.close()
+    for escalate, wait_s in ((None, 2.0), (proc.terminate, 2.0), (proc.kill, 5.0)):
+        if escalate is not None:
+            escalate()
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:
+    from ..errors import PipelineError, PipelineSpecError
+
+    if kind == "PipelineError":
+        error: SpdlLabError = PipelineError(message, stage=stage, index=index)
+    elif kind == "PipelineSpecError":
+        error = PipelineSpecError(message)
+    else:
+        error = SpdlLabError(f"diagnose failed in its child interpreter: {kind}: {message}")
+    error.__cause__ = _ChildTraceback(text)
+    return error
+
+
+class _ChildTraceback(Exception):
+    """The child's traceback, chained under the error raised here."""
+
+
+# -- the child -----------------------------------------------------------------------------
+
+class _RemoteBar:
+    """What ``diagnose_here`` uses of a progress bar, sent to the parent's bar."""
+
+    def __init__(self, data: Connection, total: int, unit: str) -> None:
+        self._data = data
+        self.total = total
+        self.n = 0
+        self._description = ""
+        data.send(("total", total, unit))
+
+    def set_description(self, text: str) -> None:
+        self._description = text
+        self._data.send(("progress", 0, text))
+
+    def update(self, n: int = 1) -> None:
+        if n:
+            self.n += n
+            self._data.send(("progress", n, self._description))
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(data: Connection, ctrl: Connection) -> int:
+    init = ctrl.recv()
+    for entry in reversed(init["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        os.chdir(init["cwd"])
+    except OSError:
+        pass
+    import cloudpickle
+
+    from .diagnose import diagnose_here
+
+    try:
+        pipeline = cloudpickle.loads(init["pipeline"])
+        diagnosis = diagnose_here(pipeline, **init["options"],
+                                  bar_factory=lambda total, unit: _RemoteBar(data, total, unit))
+        data.send(("done", str(diagnosis.to_json(init["result"]))))
+    except BaseException as exc:  # shipped to the parent, which raises it
+        data.send(("error", type(exc).__name__, str(exc), traceback.format_exc(),
+                   getattr(exc, "stage", None), getattr(exc, "index", None)))
+        return 1
+    return 0
+
+
+def main(data_fd: int, ctrl_fd: int) -> int:
+    data = Connection(data_fd, readable=False)
+    ctrl = Connection(ctrl_fd, writable=False)
+    return _serve(data, ctrl)
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
