@@ -283,8 +283,10 @@ class _Run:
         rows = stage_rows(now.source, before.source if before else None, dt_s)
         for i, stage in enumerate(now.stages):
             rows += stage_rows(stage, before.stages[i] if before else None, dt_s)
+        threads = _queue_threads(now)
         for i, queue in enumerate(now.queues):
-            rows += queue_rows(queue, before.queues[i] if before else None, dt_s)
+            producers, consumers = threads[i] if i < len(threads) else (1, 1)
+            rows += queue_rows(queue, before.queues[i] if before else None, dt_s, producers, consumers)
         return rows
 
     def finish(self, timeout: float) -> None:
@@ -385,6 +387,26 @@ def _iterate(owner: Loader, run: _Run, close_timeout: float) -> Iterator[Any]:
             yield record[2]
     finally:
         run.finish(close_timeout)
+
+
+def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
+    """(threads that put, threads that get) per queue, so the blocked shares are per thread.
+
+    The queues sit before each map stage and before the output: a queue is read by its map
+    stage's threads (one consumer for the output) and written by the map stage before it
+    (the source's one thread for the first), or by one thread at a time when a batch stage
+    lies between (a Batcher puts under its lock).
+    """
+    out: list[tuple[int, int]] = []
+    producers, batched = 1, False
+    for stage in reading.stages:
+        if stage.kind == "batch":
+            batched = True
+            continue
+        out.append((1 if batched else producers, max(1, stage.concurrency)))
+        producers, batched = max(1, stage.concurrency), False
+    out.append((1 if batched else producers, 1))
+    return out
 
 
 def _check_int(field: str, value: object, *, minimum: int) -> None:

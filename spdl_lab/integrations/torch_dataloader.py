@@ -14,7 +14,6 @@ is the StepClock's (``data_wait_ms`` per tick; p50/p90 in ``stats().step``).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import psutil
 
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
-from ..telemetry.probes import _MIN_SPAN_S
+from ..telemetry.cpu_rates import ProcessRates
 
 __all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
 
@@ -125,8 +124,7 @@ class WatchedDataLoader:
         self.dataloader = dl
         self._lock = threading.Lock()
         self._workers: list[psutil.Process] = []
-        self._cpu: dict[int, float] = {}  # pid -> CPU seconds when last read
-        self._t: float | None = None
+        self._rates = ProcessRates()
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.dataloader)
@@ -139,7 +137,7 @@ class WatchedDataLoader:
             except (psutil.Error, TypeError, ValueError):
                 continue
         with self._lock:
-            self._workers, self._cpu, self._t = procs, {}, None
+            self._workers, self._rates = procs, ProcessRates()
         return it
 
     def __len__(self) -> int:
@@ -147,26 +145,14 @@ class WatchedDataLoader:
 
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
-            now = time.monotonic()
-            alive: list[tuple[int, float]] = []
-            for i, p in enumerate(self._workers):
-                try:
-                    t = p.cpu_times()
-                except psutil.Error:
-                    continue  # exited: the DataLoader finished or shut its workers down
-                alive.append((i, t.user + t.system))
-            rows: list[Row] = [("processes", "workers", float(len(alive)))]
-            if self._t is not None and now - self._t < _MIN_SPAN_S:
-                return rows  # too short to turn 10 ms CPU ticks into percent: keep the baseline
-            before, span = self._cpu, (now - self._t if self._t is not None else 0.0)
-            self._cpu, self._t = dict(alive), now
-        if not before:  # the first reading is the baseline
+            # Each worker against its own time stamp (telemetry.cpu_rates); an exited
+            # worker (the DataLoader finished or shut them down) gives None.
+            pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
+        alive = [(i, pct) for i, pct in pcts if pct is not None]
+        rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]
+        if not alive:  # the first reading is the baseline, or a span too short
             return rows
-        total = 0.0
-        for i, seconds in alive:
-            if i in before:
-                pct = max(0.0, seconds - before[i]) / span * 100.0
-                total += pct
-                rows.append(("cpu_percent", f"worker{i}", pct))
-        rows.append(("cpu_percent", "workers", total))
+        for i, pct in alive:
+            rows.append(("cpu_percent", f"worker{i}", pct))
+        rows.append(("cpu_percent", "workers", min(100.0 * self._rates.cores, sum(p for _, p in alive))))
         return rows

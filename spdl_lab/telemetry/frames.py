@@ -17,8 +17,11 @@ concurrency: 1.0 means every worker was inside the stage function the whole
 tick), ``in_flight``, ``concurrency``, and ``mean_ms``, ``p50_ms``,
 ``p99_ms`` of the tasks that completed during the tick (task time excludes
 waiting for a worker or a queue). Queue series: ``queue_depth``,
-``queue_capacity``, ``put_blocked_frac`` and ``get_blocked_frac`` (thread-seconds
-blocked per second).
+``queue_capacity``, ``put_blocked_frac`` and ``get_blocked_frac`` (the share of
+the tick the queue's producer threads, or consumer threads, spent blocked on it:
+blocked thread-seconds per second divided by the number of those threads, 0..1).
+Every value is within its physical limits (``bounds``); a ``clamped`` row of
+stage ``sampler`` counts the values that had to be brought back in a tick.
 """
 
 from __future__ import annotations
@@ -84,15 +87,21 @@ def stage_rows(now: StageReading, before: StageReading | None, dt_s: float) -> l
     return rows
 
 
-def queue_rows(now: QueueReading, before: QueueReading | None, dt_s: float) -> list[Row]:
+def queue_rows(now: QueueReading, before: QueueReading | None, dt_s: float,
+               producers: int = 1, consumers: int = 1) -> list[Row]:
+    """Queue rows; the blocked shares are per thread: the blocked thread-seconds divided by
+    the threads that put (``producers``) or get (``consumers``), so 1.0 means all of them
+    were blocked the whole tick."""
     name = now.name
     rows: list[Row] = [
         ("queue_depth", name, float(now.depth)),
         ("queue_capacity", name, float(now.capacity)),
     ]
     if before is not None and dt_s > 0:
-        rows.append(("put_blocked_frac", name, (now.put_blocked_ns - before.put_blocked_ns) / 1e9 / dt_s))
-        rows.append(("get_blocked_frac", name, (now.get_blocked_ns - before.get_blocked_ns) / 1e9 / dt_s))
+        put = (now.put_blocked_ns - before.put_blocked_ns) / 1e9 / dt_s / max(1, producers)
+        get = (now.get_blocked_ns - before.get_blocked_ns) / 1e9 / dt_s / max(1, consumers)
+        rows.append(("put_blocked_frac", name, min(1.0, max(0.0, put))))
+        rows.append(("get_blocked_frac", name, min(1.0, max(0.0, get))))
     return rows
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
+from .cpu_rates import MIN_SPAN_S, ProcessRates
 from .frames import Row
 from .schedstat import SCHEDSTAT_PATH
 from .schedstat import open_schedstat as _open_schedstat
@@ -25,8 +26,7 @@ NAN = float("nan")
 #: default interval, so only a source called less often than that loses any.
 _RECENT = 4096
 _GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
-#: Shortest span the CPU probe turns into percentages (CPU times tick every 10 ms).
-_MIN_SPAN_S = 0.05
+_MIN_SPAN_S = MIN_SPAN_S  # kept for readers of this module; the rule lives in cpu_rates
 _PSUTIL_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
 
@@ -212,7 +212,8 @@ class CpuProbe:
     """CPU use per process, in percent of one core since the previous call.
 
     Rows: ``("cpu_percent", "main")`` for this process, ``"children"`` summed
-    over all descendants, ``"total"`` the two together, ``"machine"`` for every
+    over all descendants (each read against its own time stamp, see
+    ``cpu_rates``; none above 100 x cores), ``"total"`` the two together, ``"machine"`` for every
     process on the machine (the busy share of all CPUs times the CPU count, so
     100 is one core and the maximum is 200 on 2 cores), and
     ``("processes", "children")``, the live descendants. ``children=False``
@@ -236,7 +237,8 @@ class CpuProbe:
         # reused pid starts a fresh baseline instead of a bogus delta.
         self._kids: dict[int, tuple[psutil.Process, float]] = {}
         self._refresh()
-        self._previous: tuple[float, float, float, float, float] | None = None
+        self._rates = ProcessRates(self._cpus)
+        self._machine: tuple[float, float] | None = None
 
     def totals(self) -> CpuTotals:
         with self._lock:
@@ -244,29 +246,32 @@ class CpuProbe:
             return CpuTotals(self._main_s, self._children_s, time.monotonic() - self._t0)
 
     def __call__(self, dt_s: float) -> list[Row]:
+        # Each process is read against its own time stamp (cpu_rates): one stamp for
+        # a slow scan of many processes made totals read above what the machine has.
         with self._lock:
-            count = self._refresh()
-            now = (time.monotonic(), self._main_s, self._children_s, *_machine_times())
-            before = self._previous
-            # CPU times tick in 10 ms steps: over a span much shorter than a
-            # sampler tick (the last sample when a sampler stops, say) one
-            # tick reads as hundreds of percent. Keep the baseline instead.
-            if before is None or now[0] - before[0] >= _MIN_SPAN_S:
-                self._previous = now
+            count = self._refresh()  # the run's totals, and the live children
+            main = self._rates.percent("main", self._me)
+            kids: list[float | None] = []
+            if self.children:
+                found = [proc for proc, _ in self._kids.values()]
+                kids = [self._rates.percent(proc, proc) for proc in found]
+                self._rates.keep_only({"main", *found})
+            machine = _machine_times()
+            before, self._machine = self._machine, machine
         rows: list[Row] = [("processes", "children", float(count))] if self.children else []
-        if before is None or now[0] - before[0] < _MIN_SPAN_S:
+        if main is None:  # the first call, or a span too short: the baseline stays
             return rows
-        span = now[0] - before[0]
-        total = main = (now[1] - before[1]) / span * 100.0
+        ceiling = 100.0 * self._cpus
         rows.append(("cpu_percent", "main", main))
+        total = main
         if self.children:
-            kids = (now[2] - before[2]) / span * 100.0
-            rows.append(("cpu_percent", "children", kids))
-            total += kids
-        rows.append(("cpu_percent", "total", total))
-        if now[4] > before[4]:
-            share = min(1.0, max(0.0, (now[3] - before[3]) / (now[4] - before[4])))  # floats: never -1e-12
-            rows.append(("cpu_percent", "machine", share * self._cpus * 100.0))
+            children = min(ceiling, sum(k for k in kids if k is not None))
+            rows.append(("cpu_percent", "children", children))
+            total += children
+        rows.append(("cpu_percent", "total", min(ceiling, total)))
+        if before is not None and machine[1] > before[1]:
+            share = min(1.0, max(0.0, (machine[0] - before[0]) / (machine[1] - before[1])))  # never -1e-12
+            rows.append(("cpu_percent", "machine", share * ceiling))
         return rows
 
     def _refresh(self) -> int:

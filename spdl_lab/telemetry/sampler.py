@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable
 
 import pandas as pd
+import psutil
 
+from .bounds import bounded
 from .frames import Row, to_frame
 from .ring import Ring
 
@@ -48,7 +50,10 @@ class Sampler:
         self._t0 = time.perf_counter()
         self._last = self._t0
         self._name = name
+        self._cores = psutil.cpu_count() or 1
         self.errors: list[BaseException] = []
+        #: values brought back within their physical limits (``bounds``), over the whole run
+        self.clamped = 0
 
     def add_source(self, source: Source) -> None:
         with self._lock:
@@ -77,6 +82,10 @@ class Sampler:
                 except Exception as exc:  # a broken probe must not kill the sampler
                     if len(self.errors) < 10:
                         self.errors.append(exc)
+            rows, clamped = bounded(rows, self._cores)
+            if clamped:
+                self.clamped += clamped
+                rows.append(("clamped", "sampler", float(clamped)))
             self.ring.append(now - self._t0, rows)
 
     def stop(self, timeout: float = 2.0) -> None:
