@@ -398,10 +398,16 @@ wait_for(lambda: session.stats().step.steps >= 10)
 wait_for(lambda: dash.plots is not None and len(dash.plots.source.data["time_s"]) > 20)
 print(dash.last_verdict)
 """),
+    ("md", """
+The session runs on until its `duration` (five minutes) is up, and the
+dashboard below stays live: move a slider, pick the time window (last 1, 5
+or 30 minutes), zoom with the wheel, hover a line for its value. Rates are
+drawn as a 2 s moving average; `session.frames()` keeps every raw tick.
+`session.stop()` ends it sooner, `dash.close()` closes the display.
+"""),
     ("code", """
-session.stop()
-dash.close()
-session.state
+assert session.running and dash.plots is not None
+dash
 """),
 ]
 

@@ -21,7 +21,7 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..experiments.verdict import Window, live_verdict
 from ..interpreter import describe
 from ..runners import RUNNERS
-from .live_plots import DEFAULT_ROLLOVER, LivePlots
+from .live_plots import DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 __all__ = ["Dashboard"]
 
@@ -72,13 +72,18 @@ class Dashboard(widgets.VBox):
         self.start_button.on_click(lambda _: self._start())
         self.stop_button.on_click(lambda _: self._stop())
         self.runner.observe(self._on_runner, names="value")
+        #: the time window of every plot: the last 1, 5 or 30 minutes
+        self.window = widgets.ToggleButtons(
+            options=[(f"last {w / 60:g} min", w) for w in WINDOWS_S], value=WINDOWS_S[1],
+            description="show", style={"button_width": "90px"})
+        self.window.observe(self._on_window, names="value")
         self.sliders: dict[str, widgets.IntSlider] = {}
         self._slider_box = widgets.VBox()
         self._plot_box = widgets.Box()
         self.plots: LivePlots | None = None
         self.children = [
             self.header,
-            widgets.HBox([self.runner, self.start_button, self.stop_button]),
+            widgets.HBox([self.runner, self.start_button, self.stop_button, self.window]),
             self._slider_box,
             self.verdict,
             self._plot_box,
@@ -178,6 +183,7 @@ class Dashboard(widgets.VBox):
 
     def _draw(self, queues: list[str], history: Any) -> None:
         self.plots = LivePlots(self._stages, queues, rollover=self.rollover)
+        self.plots.set_window(self.window.value)
         data = self.plots.stream_chunk(history)
         if data is not None:
             self.plots.stream(data)
@@ -244,6 +250,11 @@ class Dashboard(widgets.VBox):
                 _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
                 return
             self._applied[stage] = n
+
+    def _on_window(self, change: dict[str, Any]) -> None:
+        with self._lock:
+            if self.plots is not None:
+                self.plots.set_window(change["new"])
 
     def _on_runner(self, change: dict[str, Any]) -> None:
         runner = change["new"]

@@ -3,30 +3,44 @@
 Every series shares the sampler's tick times, so one source with a column per
 (series, stage) carries them all: each publish is one ``stream`` event, one
 patch message to the browser, however many lines are drawn.
+
+Readable over hours: rates, CPU and waits are drawn as an exponential moving
+average over SMOOTH_S seconds (said in each title; ``frames()`` keeps the raw
+per-tick values), every stage has one colour in every plot (its queue in is
+drawn in its colour), legends sit beside the plots, every line has a tooltip,
+every axis a label, and ``set_window`` shows the last 1, 5 or 30 minutes
+(wheel and box zoom too; reset returns to the window).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, HoverTool, Legend
+from bokeh.models import ColumnDataSource, HoverTool, Legend, Span
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from ..telemetry.frames import FrameChunk
 
-__all__ = ["SOURCE_NAME", "LivePlots", "column_name"]
+__all__ = ["SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name", "stage_colors"]
 
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
 SOURCE_NAME = "spdl_lab_frames"
-#: Ticks kept in the plots: five minutes at the sampler's 10 Hz.
-DEFAULT_ROLLOVER = 3000
+#: Ticks kept in the plots: thirty minutes at the sampler's 10 Hz (the longest window).
+DEFAULT_ROLLOVER = 18_000
+#: The time windows the dashboard offers, in seconds.
+WINDOWS_S = (60.0, 300.0, 1800.0)
+#: Smoothing of the drawn rates (EWMA time constant, seconds).
+SMOOTH_S = 2.0
+_TOOLS = "xwheel_zoom,xbox_zoom,reset,save"
 
 STEP_SERIES = (("data_wait_ms", "data wait"), ("step_ms", "step"), ("device_ms", "device"))
-CPU_SERIES = (("main", "this process"), ("children", "child processes"), ("total", "total"))
+CPU_SERIES = (("main", "this process"), ("children", "child processes"), ("total", "total"),
+              ("machine", "whole machine"))
 WAIT_SERIES = (
     ("gil_wait_frac", "train", "training thread: GIL wait"),
     ("runqueue_wait_frac", "train", "training thread: run-queue wait"),
@@ -58,19 +72,41 @@ class LivePlots:
             {"time_s": [], **{column_name(*k): [] for k in keys}}, name=SOURCE_NAME
         )
         size = dict(width=width, height=height)
+        self.colors = stage_colors(stages)
+        smooth = f"{SMOOTH_S:g} s average"
         self.figures = [
-            self._lines("throughput per stage (items/s)", [(("qps", s), s) for s in stages], **size),
+            self._lines(f"throughput per stage ({smooth})", "items/s",
+                        [(("qps", s), s, self.colors[s]) for s in stages], **size),
             self._queues(queues, **size),
-            self._lines("training step (ms per step)", [((s, "step"), label) for s, label in STEP_SERIES], **size),
-            self._lines("CPU (% of one core)", [(("cpu_percent", s), label) for s, label in CPU_SERIES], **size),
-            self._lines("waiting: GIL vs CPU run queue (share of time)",
-                        [((s, g), label) for s, g, label in WAIT_SERIES], **size),
+            self._lines("training step (per step)", "ms",
+                        [((s, "step"), label, Category10_10[i]) for i, (s, label) in enumerate(STEP_SERIES)],
+                        **size),
+            self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
+                        [(("cpu_percent", s), label, Category10_10[i]) for i, (s, label) in enumerate(CPU_SERIES)],
+                        **size),
+            self._lines(f"waiting: GIL vs CPU run queue ({smooth})", "share of time",
+                        [((s, g), label, Category10_10[i]) for i, (s, g, label) in enumerate(WAIT_SERIES)],
+                        **size),
         ]
-        self.layout = gridplot(self.figures, ncols=2, toolbar_location=None)
+        ceiling = 100.0 * (os.cpu_count() or 1)
+        self.figures[3].add_layout(Span(location=ceiling, dimension="width", line_dash="dotted",
+                                        line_color="#888"))  # what the machine has
+        self.layout = gridplot(self.figures, ncols=2, toolbar_location="right")
         # Per-step series have no value in a tick where no step ended (steps
         # are longer than ticks): drawn as the last value instead of a gap.
         self._hold = {k for k in keys if k[1] in ("step", "train")}
+        self._smooth = {k for k in keys if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
         self._last: dict[tuple[str, str], float] = {}
+        self._avg: dict[tuple[str, str], float] = {}
+        self._last_t: float | None = None
+        self.set_window(WINDOWS_S[1])
+
+    def set_window(self, seconds: float) -> None:
+        """Show the last ``seconds`` of every plot (they follow the newest tick)."""
+        for fig in self.figures:
+            fig.x_range.follow = "end"
+            fig.x_range.follow_interval = float(seconds)
+            fig.x_range.range_padding = 0.0
 
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
         """The new data for ``source.stream`` from a chunk; None when it has no ticks.
@@ -81,15 +117,31 @@ class LivePlots:
         n = len(chunk)
         if not n:
             return None
-        data = {"time_s": np.asarray(chunk.times, dtype=float).round(3).tolist()}
+        times = np.asarray(chunk.times, dtype=float)
+        data = {"time_s": times.round(3).tolist()}
+        gaps = np.diff(times, prepend=times[0] if self._last_t is None else self._last_t)
+        self._last_t = float(times[-1])
         for key in self.keys:
             values = chunk.columns.get(key)
             # a fresh list per column: Bokeh may keep it and extend it in place
             column = [math.nan] * n if values is None else np.asarray(values, dtype=float).tolist()
             if key in self._hold:
                 column = self._held(key, column)
+            elif key in self._smooth:
+                column = self._smoothed(key, column, gaps)
             data[column_name(*key)] = column
         return data
+
+    def _smoothed(self, key: tuple[str, str], column: list[float], gaps: np.ndarray) -> list[float]:
+        """Exponential moving average over SMOOTH_S seconds; NaN ticks keep the average."""
+        avg = self._avg.get(key, math.nan)
+        for i, value in enumerate(column):
+            if value == value:
+                weight = 1.0 - math.exp(-max(0.0, float(gaps[i])) / SMOOTH_S)
+                avg = value if avg != avg else avg + weight * (value - avg)
+            column[i] = avg
+        self._avg[key] = avg
+        return column
 
     def _held(self, key: tuple[str, str], column: list[float]) -> list[float]:
         last = self._last.get(key, math.nan)
@@ -105,39 +157,49 @@ class LivePlots:
         """Append ticks (call with the document lock held)."""
         self.source.stream(data, rollover=self.rollover)
 
-    def _figure(self, title: str, **size: int):
-        fig = figure(title=title, x_axis_label="seconds", toolbar_location=None, **size)
+    def _figure(self, title: str, y_label: str, **size: int):
+        fig = figure(title=title, x_axis_label="seconds since the run started", y_axis_label=y_label,
+                     tools=_TOOLS, active_scroll="xwheel_zoom", **size)
         fig.title.text_font_size = "11px"
+        fig.xaxis.axis_label_text_font_size = fig.yaxis.axis_label_text_font_size = "10px"
         return fig
 
-    def _lines(self, title: str, lines: list[tuple[tuple[str, str], str]], **size: int):
-        fig = self._figure(title, **size)
+    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]], **size: int):
+        fig = self._figure(title, y_label, **size)
         items = []
-        for i, (key, label) in enumerate(lines):
-            r = fig.line("time_s", column_name(*key), source=self.source,
-                         color=Category10_10[i % 10], line_width=2)
+        for key, label, color in lines:
+            r = fig.line("time_s", column_name(*key), source=self.source, color=color, line_width=2)
             items.append((label, [r]))
+            fig.add_tools(HoverTool(renderers=[r], tooltips=[
+                ("", label), ("t", "@time_s{0.0} s"), ("value", f"@{{{column_name(*key)}}}{{0.00}}")]))
         _legend(fig, items)
-        fig.add_tools(HoverTool(tooltips=[("t", "@time_s{0.0} s"), ("value", "$y{0.00}")]))
         return fig
 
     def _queues(self, queues: Sequence[str], **size: int):
-        fig = self._figure("queue depth (solid) against capacity (dashed)", **size)
+        fig = self._figure("queue depth (solid) against capacity (dashed)", "items", **size)
         items = []
-        for i, q in enumerate(queues):
-            color = Category10_10[i % 10]
+        for q in queues:
+            color = self.colors.get(q.split("→")[-1], "#555555")  # the colour of the stage it feeds
             depth = fig.line("time_s", column_name("queue_depth", q), source=self.source,
                              color=color, line_width=2)
             cap = fig.line("time_s", column_name("queue_capacity", q), source=self.source,
                            color=color, line_dash="dashed")
             items.append((q, [depth, cap]))
+            fig.add_tools(HoverTool(renderers=[depth], tooltips=[
+                ("queue", q), ("t", "@time_s{0.0} s"), ("depth", f"@{{{column_name('queue_depth', q)}}}")]))
         _legend(fig, items)
         return fig
+
+
+def stage_colors(stages: Sequence[str]) -> dict[str, str]:
+    """One colour per stage, the same in every plot; the output queue is grey."""
+    colors = {s: Category10_10[i % 10] for i, s in enumerate(stages)}
+    colors.setdefault("output", "#555555")
+    return colors
 
 
 def _legend(fig, items) -> None:
     if not items:
         return
-    legend = Legend(items=items, location="top_left", label_text_font_size="9px",
-                    spacing=0, padding=2, background_fill_alpha=0.6, click_policy="hide")
-    fig.add_layout(legend)
+    legend = Legend(items=items, label_text_font_size="9px", spacing=0, padding=2, click_policy="hide")
+    fig.add_layout(legend, "right")  # beside the plot, never over the data

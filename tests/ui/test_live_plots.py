@@ -1,0 +1,58 @@
+"""The live plots read well for hours: smoothing, colours, legends, tooltips, labels, windows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from bokeh.models import HoverTool, Legend
+
+from spdl_lab.telemetry.frames import FrameChunk
+from spdl_lab.ui.live_plots import SMOOTH_S, WINDOWS_S, LivePlots, column_name
+
+
+def plots() -> LivePlots:
+    return LivePlots(["read", "decode"], ["source→read", "read→decode", "decode→output"])
+
+
+def chunk(times, **columns) -> FrameChunk:
+    return FrameChunk(len(times), np.asarray(times, dtype=float),
+                      {tuple(k.split(":")): np.asarray(v, dtype=float) for k, v in columns.items()})
+
+
+def test_rates_are_drawn_smoothed_and_the_title_says_over_what():
+    p = plots()
+    times = np.arange(0, 4.0, 0.1)
+    noisy = [100.0 if i % 2 else 0.0 for i in range(len(times))]
+    data = p.stream_chunk(chunk(times, **{"qps:read": noisy}))
+    drawn = data[column_name("qps", "read")]
+    assert max(drawn[-10:]) - min(drawn[-10:]) < 20  # raw swings 0..100 every tick
+    assert 35 < drawn[-1] < 65
+    assert f"{SMOOTH_S:g} s average" in p.figures[0].title.text
+
+
+def test_each_stage_has_one_colour_everywhere_and_legends_sit_beside_the_plots():
+    p = plots()
+    qps_fig, queue_fig = p.figures[0], p.figures[1]
+    colors = {r.glyph.y: r.glyph.line_color for r in qps_fig.renderers}
+    assert colors[column_name("qps", "read")] == p.colors["read"]
+    queue_colors = {r.glyph.y: r.glyph.line_color for r in queue_fig.renderers}
+    assert queue_colors[column_name("queue_depth", "read→decode")] == p.colors["decode"]  # the stage it feeds
+    for fig in p.figures:
+        assert fig.xaxis[0].axis_label and fig.yaxis[0].axis_label, fig.title.text
+        assert any(isinstance(t, HoverTool) for t in fig.tools), fig.title.text
+        assert [leg for leg in fig.right if isinstance(leg, Legend)], fig.title.text  # beside, not over
+
+
+def test_the_time_window_follows_the_newest_tick():
+    p = plots()
+    p.set_window(WINDOWS_S[0])
+    assert all(f.x_range.follow == "end" and f.x_range.follow_interval == 60.0 for f in p.figures)
+    p.set_window(WINDOWS_S[2])
+    assert all(f.x_range.follow_interval == 1800.0 for f in p.figures)
+
+
+def test_nan_ticks_keep_the_average_rather_than_break_the_line():
+    p = plots()
+    data = p.stream_chunk(chunk([0.0, 0.1, 0.2], **{"qps:read": [10.0, math.nan, 10.0]}))
+    assert data[column_name("qps", "read")] == [10.0, 10.0, 10.0]
