@@ -28,6 +28,11 @@ __all__ = ["Dashboard"]
 DEFAULT_HZ = 4.0
 #: The stage table averages over this many seconds (the verdict over its own window).
 TABLE_WINDOW_S = 2.0
+#: The header, stage table and verdict are rewritten at most this often by the
+#: publisher (and at once when the session's state changes). Each rewrite is a
+#: comm message, and under the thread runner every message is GIL time taken
+#: from the training thread: text that changes every second needs no more.
+TEXT_EVERY_S = 1.0
 #: Plots wait this long for the runner to name its queues (a child process
 #: needs a second or two) before they are drawn without them.
 QUEUE_WAIT_S = 10.0
@@ -60,6 +65,8 @@ class Dashboard(widgets.VBox):
         self._lock = threading.RLock()
         self._applied: dict[str, int] = {}
         self.last_verdict: Any = None
+        self._text_at = -math.inf
+        self._text_state = ""
         self._attaching = False
 
         self.header = widgets.HTML()
@@ -136,7 +143,7 @@ class Dashboard(widgets.VBox):
     def _run(self) -> None:
         while not self._closed.wait(self.interval_s):
             with self._lock:
-                self._publish_locked()
+                self._publish_locked(text=False)
                 if not self.session.running and not len(self.session.frames_since(self._cursor)):
                     self._publisher = None  # start and the runner selector start a new one
                     return
@@ -146,7 +153,9 @@ class Dashboard(widgets.VBox):
         with self._lock:
             self._publish_locked()
 
-    def _publish_locked(self) -> None:
+    def _publish_locked(self, *, text: bool = True) -> None:
+        """Stream the new ticks into the plots; rewrite the text when ``text``,
+        when TEXT_EVERY_S has passed, or when the session's state changed."""
         cpu0 = time.thread_time()
         session = self.session
         chunk = session.frames_since(self._cursor)
@@ -167,6 +176,14 @@ class Dashboard(widgets.VBox):
             if data is not None:
                 self.plots.stream(data)
         self._sync_sliders(session)
+        now = time.monotonic()
+        if text or now - self._text_at >= TEXT_EVERY_S or session.state != self._text_state:
+            self._text_at, self._text_state = now, session.state
+            self._write_text(session)
+        self.publisher_cpu_s += time.thread_time() - cpu0
+        self.publishes += 1
+
+    def _write_text(self, session: Any) -> None:
         recent = self._window.means(TABLE_WINDOW_S)
         _set(self.header, self._header_html(session, recent))
         _set(self.table, self._table_html(session, recent))
@@ -178,8 +195,6 @@ class Dashboard(widgets.VBox):
         if session.error is not None:
             _set(self.message, f"<span style='color:#b00'>the session failed: "
                                f"{html.escape(type(session.error).__name__)}: {html.escape(str(session.error))}</span>")
-        self.publisher_cpu_s += time.thread_time() - cpu0
-        self.publishes += 1
 
     def _draw(self, queues: list[str], history: Any) -> None:
         self.plots = LivePlots(self._stages, queues, rollover=self.rollover)
