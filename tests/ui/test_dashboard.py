@@ -134,6 +134,30 @@ def test_publisher_stops_by_itself_when_the_session_ends(wait_until):
     dash.close()
 
 
+def test_the_publisher_rewrites_text_only_when_due_or_when_the_state_changes(wait_until, monkeypatch):
+    """Each rewrite of the header, table or verdict is a comm message (GIL time
+    under the thread runner): the publisher's own pushes leave them alone until
+    TEXT_EVERY_S has passed, except when the session's state changes."""
+    monkeypatch.setattr("spdl_lab.ui.dashboard.TEXT_EVERY_S", 1e9)
+    session = lab.run(pipeline(), step, duration=60)
+    dash = session.dashboard(hz=1e-3)  # no publisher pushes: the test makes them
+    try:
+        assert wait_until(lambda: (dash.publish(), "batches/s" in dash.header.value)[1], 15)
+        header, t = dash.header.value, session.elapsed_s
+        assert wait_until(lambda: session.elapsed_s > t + 1.5, 15)  # a rewrite would show new seconds
+        before = dash.publishes
+        with dash._lock:
+            dash._publish_locked(text=False)
+        assert dash.publishes == before + 1 and dash.header.value == header  # not due: untouched
+        session.stop()
+        with dash._lock:
+            dash._publish_locked(text=False)
+        assert f"<b>{session.state}</b>" in dash.header.value != header  # a new state: at once
+    finally:
+        session.stop()
+        dash.close()
+
+
 def test_iterable_sessions_get_no_runner_choice(wait_until):
     session = lab.run([[1, 2]] * 10**6, step, duration=60)
     dash = session.dashboard()
