@@ -384,7 +384,12 @@ def _iterate(owner: Loader, run: _Run, close_timeout: float) -> Iterator[Any]:
             if record is END:
                 return
             run.items_out += 1
-            yield record[2]
+            # Hand the item over without keeping it in this frame: a suspended generator
+            # would hold the last item (and, under subprocess-threads, its shared-memory
+            # slot) until the iterator itself is dropped.
+            box = [record[2]]
+            record = None
+            yield box.pop()
     finally:
         run.finish(close_timeout)
 

@@ -26,12 +26,16 @@ from bokeh.plotting import figure
 
 from ..telemetry.frames import FrameChunk
 
-__all__ = ["SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name", "stage_colors"]
+__all__ = ["DRAW_EVERY_S", "SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name", "stage_colors"]
 
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
 SOURCE_NAME = "spdl_lab_frames"
-#: Ticks kept in the plots: thirty minutes at the sampler's 10 Hz (the longest window).
-DEFAULT_ROLLOVER = 18_000
+#: Points kept in the plots: thirty minutes (the longest window) at one point per
+#: DRAW_EVERY_S. The sampler's ticks are drawn one point per bin, the last tick of the
+#: bin (rates are drawn smoothed anyway): the browser redraws a quarter as many points,
+#: and each publish sends one row, not every tick.
+DRAW_EVERY_S = 0.25
+DEFAULT_ROLLOVER = int(1800 / DRAW_EVERY_S)
 #: The time windows the dashboard offers, in seconds.
 WINDOWS_S = (60.0, 300.0, 1800.0)
 #: Smoothing of the drawn rates (EWMA time constant, seconds).
@@ -118,18 +122,21 @@ class LivePlots:
         if not n:
             return None
         times = np.asarray(chunk.times, dtype=float)
-        data = {"time_s": times.round(3).tolist()}
         gaps = np.diff(times, prepend=times[0] if self._last_t is None else self._last_t)
         self._last_t = float(times[-1])
+        # One point per DRAW_EVERY_S bin: the index of each bin's last tick.
+        bins = np.floor(times / DRAW_EVERY_S)
+        last = np.flatnonzero(np.append(bins[1:] != bins[:-1], True)).tolist()
+        data = {"time_s": [round(float(times[i]), 3) for i in last]}
         for key in self.keys:
             values = chunk.columns.get(key)
-            # a fresh list per column: Bokeh may keep it and extend it in place
             column = [math.nan] * n if values is None else np.asarray(values, dtype=float).tolist()
             if key in self._hold:
                 column = self._held(key, column)
             elif key in self._smooth:
                 column = self._smoothed(key, column, gaps)
-            data[column_name(*key)] = column
+            # a fresh list per column: Bokeh may keep it and extend it in place
+            data[column_name(*key)] = [column[i] for i in last]
         return data
 
     def _smoothed(self, key: tuple[str, str], column: list[float], gaps: np.ndarray) -> list[float]:

@@ -359,6 +359,16 @@ ALLOWED = {
         "imports the module the user named on the spdl-lab command line, as `python -m` would",
     "spdl_lab/experiments/_json_checks.py::load_document::json.loads":
         "the one strict JSON reader: no NaN, no duplicate keys, depth and size capped; every field checked after",
+    "spdl_lab/experiments/_isolated.py::diagnose_in_child::multiprocessing.connection.Connection":
+        "wraps pipes to the diagnose child this process just spawned; no one else holds them",
+    "spdl_lab/experiments/_isolated.py::_next::.recv()":
+        "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
+    "spdl_lab/experiments/_isolated.py::main::multiprocessing.connection.Connection":
+        "wraps the two pipe ends the diagnose child inherited from the parent that spawned it",
+    "spdl_lab/experiments/_isolated.py::_serve::.recv()":
+        "the diagnose child's first message, from the parent that spawned it, over its inherited pipe",
+    "spdl_lab/experiments/_isolated.py::_serve::cloudpickle.loads":
+        "the pipeline the parent pickled for this child to diagnose; user code by design",
     "spdl_lab/experiments/_sweep_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the sweep child inherited from the parent that spawned it",
     "spdl_lab/experiments/_sweep_child.py::main::.recv()":

@@ -425,15 +425,21 @@ def error_outputs(page) -> list[str]:
 def screenshot(page, name: str, selector: str | None = None, timeout: float = 120.0) -> Path:
     """Save build/screenshots/<name>.png: of the element `selector` when given, else the page.
 
-    The timeout is generous because a page redrawing live Bokeh plots in software on a
-    busy machine can take many seconds to produce a stable frame.
+    A live dashboard is never "stable" as Playwright's element screenshot waits for it to
+    be (its header, verdict and plots change several times a second, and on a busy
+    machine a redraw spans animation frames), so the element is shot as a clip of the
+    page at its current box: the picture of one moment, which is what a reader sees.
     """
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOT_DIR / f"{name}.png"
+    clip = None
     if selector is not None:
-        page.locator(selector).first.screenshot(path=str(path), timeout=timeout * 1000)
-    else:
-        page.screenshot(path=str(path), timeout=timeout * 1000)
+        element = page.locator(selector).first
+        element.wait_for(state="visible", timeout=timeout * 1000)
+        element.scroll_into_view_if_needed(timeout=timeout * 1000)
+        clip = element.bounding_box()
+    page.screenshot(path=str(path), timeout=timeout * 1000, clip=clip, full_page=clip is not None,
+                    animations="disabled")
     return path
 
 

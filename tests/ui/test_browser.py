@@ -1,7 +1,8 @@
 """The live dashboard in a real JupyterLab and Chromium: it renders, streams, and steers.
 
-Each test runs every cell above the notebook's last one (the last stops the work),
-checks the page and the kernel, then runs the last cell.
+Each test runs every cell above the notebook's last one, checks the page and the
+kernel, then runs the last cell, which leaves the dashboard live on screen (the
+tutorial ends that way), checks it still streams, and stops the work itself.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str) -
 
     run_cell(page, -1)
     assert error_outputs(page) == []
+    now = bokeh_column_length(page, FRAMES, "time_s") or 0
+    wait_until(
+        lambda: (bokeh_column_length(page, FRAMES, "time_s") or 0) > now,
+        timeout=30, what="the dashboard to keep streaming after the notebook's last cell",
+    )
+    assert notebook.kernel_eval("(session.stop(), dash.close(), session.running)[-1]") == "False"
 
 
 @pytest.mark.timeout(300)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from bokeh.models import HoverTool, Legend
 
 from spdl_lab.telemetry.frames import FrameChunk
-from spdl_lab.ui.live_plots import SMOOTH_S, WINDOWS_S, LivePlots, column_name
+from spdl_lab.ui.live_plots import DRAW_EVERY_S, SMOOTH_S, WINDOWS_S, LivePlots, column_name
 
 
 def plots() -> LivePlots:
@@ -54,5 +55,13 @@ def test_the_time_window_follows_the_newest_tick():
 
 def test_nan_ticks_keep_the_average_rather_than_break_the_line():
     p = plots()
-    data = p.stream_chunk(chunk([0.0, 0.1, 0.2], **{"qps:read": [10.0, math.nan, 10.0]}))
+    data = p.stream_chunk(chunk([0.0, 0.3, 0.6], **{"qps:read": [10.0, math.nan, 10.0]}))
     assert data[column_name("qps", "read")] == [10.0, 10.0, 10.0]
+
+
+def test_one_point_is_drawn_per_bin_so_the_browser_redraws_little():
+    p = plots()
+    times = np.arange(0.0, 10.0, 0.1)  # 100 ticks at 10 Hz
+    data = p.stream_chunk(chunk(times, **{"queue_depth:source→read": np.arange(100.0)}))
+    assert len(data["time_s"]) == pytest.approx(10.0 / DRAW_EVERY_S, abs=1)
+    assert data[column_name("queue_depth", "source→read")][-1] == 99.0  # the bin's last tick
