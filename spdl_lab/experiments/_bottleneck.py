@@ -66,7 +66,7 @@ def headline(diag: Diagnosis) -> str:
     by = (f", {nxt_rate / rate:.1f}x slower than the next slowest ({nxt.name!r}, {_n(nxt_rate)} items/s)"
           if nxt is not None else ", the only measured stage")
     if s.status == "unstable":
-        advice = f" Its windows did not settle: {s.recommendation}."
+        advice = f" Its numbers are not settled: {s.recommendation}."
     else:
         advice = f" To go faster: {s.recommendation}." if s.recommendation else ""
     parts.append(f"{s.name!r} limits the pipeline: {_n(rate)} items/s at its concurrency {s.concurrency} "

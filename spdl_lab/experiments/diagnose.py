@@ -351,7 +351,7 @@ def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores
     status, advice = "measured", verdict.recommendation
     if _unstable(points):
         status = "unstable"
-        advice = (f"measure again: its windows did not settle, so no advice is given; diagnose it with "
+        advice = (f"measure again (its windows did not settle, so no advice is given): diagnose it with "
                   f"settings=lab.SweepSettings(max_windows={2 * settings.max_windows}, "
                   f"stage_budget_s={2 * settings.stage_budget_s:g}) on a quieter machine")
     return StageDiagnosis(name=p.stage.name, kind="map", verdict=verdict.verdict,
