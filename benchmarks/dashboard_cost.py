@@ -1,20 +1,32 @@
 """What the live dashboard costs the training loop it watches.
 
-The same training loop on ``lab.workloads.noisy_neighbour()`` runs in a real
-IPython kernel (started with jupyter_client), once with the dashboard's
-publisher running and once without, alternating, ``--repeats`` times per
-runner. The dashboard's widgets and Bokeh document live in that kernel and
-every update goes out as comm messages on IOPub; this process drains IOPub
-like a front end would (no browser renders anything). Printed per runner:
+The training loop of ``lab.workloads.noisy_neighbour()`` runs in a real
+IPython kernel (started with jupyter_client) with the dashboard shown in it;
+its widgets and Bokeh document live in that kernel and every update goes out
+as comm messages on IOPub, which this process drains like a front end would
+(no browser renders anything).
 
-* step p50 (ms) with and without, and the inflation (target <= 3%);
-* the publisher thread's CPU as a share of one core at ``--hz`` (target <= 5%),
-  in steady state (after the warm-up steps) and over the whole run, which
-  includes drawing the plots once;
-* IOPub traffic while the dashboard ran (messages/s, KB/s).
+One long session per repeat and runner, cut into windows of ``--window``
+seconds in the order on, off, off, on, ...: in an "off" window the publisher
+is paused (this process holds the dashboard's lock, so the publisher thread
+sleeps on it and takes no GIL), in an "on" window it publishes at ``--hz``,
+catching up on the paused window first. Two neighbouring windows are seconds
+apart, so load that other processes put on a shared machine, which comes and
+goes over tens of seconds, moves both alike; separate on and off runs a minute
+apart did not (pairs of runs read anywhere from -18% to +30%). Printed per runner:
+
+* step p50 (ms) over every step of the "off" and of the "on" windows, and
+  the inflation (target <= 3%): on/off - 1 of those, with the same figure per
+  repeat beside it. A step counts in the window it ended in; the first step of
+  each window is left out (it may have started in the other state). Also the
+  median over neighbouring window pairs of on/off - 1, with its quartiles: a
+  window holds a dozen steps, so one pair says little; it shows the spread;
+* the publisher thread's CPU as a share of one core over the "on" windows
+  (target <= 5%);
+* IOPub traffic over the "on" windows (messages/s, KB/s).
 
     python benchmarks/dashboard_cost.py [--runners thread subprocess-threads]
-        [--steps 150] [--warmup 20] [--repeats 3] [--hz 4]
+        [--seconds 60] [--window 2] [--repeats 2] [--hz 2]
 """
 
 from __future__ import annotations
@@ -38,29 +50,47 @@ from bokeh.io import output_notebook
 from bokeh.resources import INLINE
 output_notebook(INLINE, hide_banner=True)
 
-def _measure(runner, dashboard, steps, warmup, hz):
+def _start(runner, seconds, warmup, hz):
+    """A session with its dashboard shown and drawn, after ``warmup`` steps."""
+    global session, dash
     pipeline, step = lab.workloads.noisy_neighbour()
-    session = lab.run(pipeline, step, runner=runner, steps=warmup + steps)
-    dash = session.dashboard(hz=hz) if dashboard else None
-    if dash is not None:
-        display(dash)
-    deadline = time.monotonic() + 600
+    session = lab.run(pipeline, step, runner=runner, duration=seconds + 120)
+    dash = session.dashboard(hz=hz)
+    display(dash)
+    deadline = time.monotonic() + 120
     while session.clock.steps < warmup and session.running and time.monotonic() < deadline:
         time.sleep(0.05)
-    cpu0 = dash.publisher_cpu_s if dash else 0.0
-    t0 = time.perf_counter()
-    assert session.wait(timeout=600), "the session did not finish"
-    span = time.perf_counter() - t0
-    records = session.clock.records()[warmup:]
-    out = {
-        "step_p50_ms": statistics.median(r.step_s for r in records) * 1e3,
-        "steps": len(records),
-    }
-    if dash is not None:
-        out["steady_cpu_frac"] = (dash.publisher_cpu_s - cpu0) / span
-        out["total_cpu_frac"] = dash.publisher_cpu_s / session.elapsed_s
-        out["publishes"] = dash.publishes
-        dash.close()
+
+def _toggled(seconds, window_s):
+    """Windows of the publisher on and paused; per window: state, step p50, publisher CPU."""
+    windows = []
+    n = max(2, int(seconds / window_s))
+    states = [(i % 4) in (0, 3) for i in range(n)]  # on, off, off, on: a drift within a pair of pairs cancels
+    held = False
+    try:
+        for i, on in enumerate(states):
+            if not on and not held:
+                dash._lock.acquire()  # the publisher waits on it, off the GIL
+                held = True
+            first, cpu0, t0 = session.clock.steps, dash.publisher_cpu_s, time.monotonic()
+            time.sleep(window_s)
+            windows.append((on, first, session.clock.steps, dash.publisher_cpu_s - cpu0, time.monotonic() - t0))
+            if held and (i + 1 == n or states[i + 1]):  # held across off, off: no publish between
+                dash._lock.release()
+                held = False
+    finally:
+        if held:
+            dash._lock.release()
+    session.stop()
+    dash.close()
+    records = session.clock.records()
+    by_index = {r.index: r.step_s for r in records}
+    out = []
+    for on, first, last, cpu, span in windows:
+        steps = [by_index[j] for j in range(first + 1, last) if j in by_index]
+        if steps:
+            out.append({"on": on, "p50_ms": statistics.median(steps) * 1e3, "steps": steps,
+                        "cpu_frac": cpu / span, "span_s": span})
     return json.dumps(out)
 '''
 
@@ -125,57 +155,76 @@ class Kernel:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runners", nargs="+", default=["thread", "subprocess-threads"])
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hz", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per session")
+    ap.add_argument("--window", type=float, default=2.0, help="seconds per on or off window")
+    ap.add_argument("--warmup", type=int, default=20, help="steps before the first window")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--hz", type=float, default=None, help="publishes per second (default: the dashboard's)")
     args = ap.parse_args(argv)
+    if args.hz is None:
+        from spdl_lab.ui.dashboard import DEFAULT_HZ
+
+        args.hz = DEFAULT_HZ
 
     print(machine_line())
-    print(f"# noisy_neighbour(); {args.steps} measured steps after {args.warmup} warm-up; "
-          f"dashboard at {args.hz:g} Hz; on/off alternate, {args.repeats} repeats; in one ipykernel")
+    print(f"# noisy_neighbour(); {args.repeats} x {args.seconds:g} s per runner in windows of "
+          f"{args.window:g} s, publisher on/off/off/on; dashboard at {args.hz:g} Hz; in one ipykernel")
     kernel = Kernel()
+    windows: dict[str, list[dict]] = {}
+    traffic: dict[str, list[tuple[float, float]]] = {}
     try:
         kernel.run(KERNEL_SETUP)
-        results: dict[tuple[str, bool], list[dict]] = {}
-        traffic: dict[str, list[tuple[float, float]]] = {}
         for rep in range(args.repeats):
             for runner in args.runners:
-                # ABBA order within each runner, so a drift in CPU speed cancels.
-                order = [False, True] if rep % 2 == 0 else [True, False]
-                for dashboard in order:
-                    m0, b0 = kernel.counters()
-                    t0 = time.perf_counter()
-                    text = kernel.run(
-                        f"_measure({runner!r}, {dashboard}, {args.steps}, {args.warmup}, {args.hz})",
-                        result=True)
-                    elapsed = time.perf_counter() - t0
-                    m1, b1 = kernel.counters()
-                    row = json.loads(text.strip("'\""))
-                    results.setdefault((runner, dashboard), []).append(row)
-                    if dashboard:
-                        traffic.setdefault(runner, []).append(((m1 - m0) / elapsed, (b1 - b0) / elapsed / 1e3))
-                    print(f"  rep {rep + 1} {runner:<20} dashboard={'on ' if dashboard else 'off'} "
-                          f"step p50 {row['step_p50_ms']:.1f} ms"
-                          + (f", publisher {row['steady_cpu_frac']:.1%} of a core" if dashboard else ""),
-                          flush=True)
+                kernel.run(f"_start({runner!r}, {args.seconds}, {args.warmup}, {args.hz})")
+                m0, b0 = kernel.counters()  # after the first drawing: steady traffic only
+                text = kernel.run(f"_toggled({args.seconds}, {args.window})", result=True)
+                m1, b1 = kernel.counters()
+                got = json.loads(text.strip("'\""))
+                on_s = sum(w["span_s"] for w in got if w["on"]) or 1.0
+                traffic.setdefault(runner, []).append(((m1 - m0) / on_s, (b1 - b0) / on_s / 1e3))
+                windows.setdefault(runner, []).extend(got)
+                print(f"  rep {rep + 1} {runner:<20} {len(got)} windows, inflation "
+                      f"{_pooled(got):+.1%}", flush=True)
     finally:
         kernel.close()
 
     rows = []
     for runner in args.runners:
-        off = statistics.median(r["step_p50_ms"] for r in results[(runner, False)])
-        on = statistics.median(r["step_p50_ms"] for r in results[(runner, True)])
-        steady = statistics.median(r["steady_cpu_frac"] for r in results[(runner, True)])
-        total = statistics.median(r["total_cpu_frac"] for r in results[(runner, True)])
+        got = windows[runner]
+        off = statistics.median(s for w in got if not w["on"] for s in w["steps"]) * 1e3
+        on = statistics.median(s for w in got if w["on"] for s in w["steps"]) * 1e3
+        pairs = _pair_inflations(got)
+        q1, _, q3 = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else (pairs * 3)
+        size = len(got) // args.repeats
+        each = " ".join(f"{_pooled(got[i:i + size]):+.1%}" for i in range(0, size * args.repeats, size))
+        cpu = sum(w["cpu_frac"] * w["span_s"] for w in got if w["on"]) / sum(w["span_s"] for w in got if w["on"])
         msgs = statistics.median(t[0] for t in traffic[runner])
         kbs = statistics.median(t[1] for t in traffic[runner])
-        rows.append([runner, off, on, f"{on / off - 1:+.1%}", f"{steady:.1%}", f"{total:.1%}",
-                     f"{msgs:.0f}", f"{kbs:.1f}"])
+        rows.append([runner, off, on, f"{on / off - 1:+.1%}", each,
+                     f"{statistics.median(pairs):+.1%} [{q1:+.1%}, {q3:+.1%}] of {len(pairs)}",
+                     f"{cpu:.1%}", f"{msgs:.0f}", f"{kbs:.1f}"])
     print()
-    print_table(["runner", "step p50 off (ms)", "on (ms)", "inflation", "publisher CPU steady",
-                 "whole run", "iopub msg/s", "iopub KB/s"], rows)
-    print("\ntargets: inflation <= +3%, publisher CPU <= 5% of one core at 4 Hz")
+    print_table(["runner", "step p50 off (ms)", "on (ms)", "inflation", "per repeat",
+                 "window pairs [quartiles]", "publisher CPU", "iopub msg/s", "iopub KB/s"], rows)
+    print(f"\ntargets: inflation <= +3%, publisher CPU <= 5% of one core at {args.hz:g} Hz")
+
+
+def _pooled(windows: list[dict]) -> float:
+    """on/off - 1 of the step p50 over every step of the "on" and of the "off" windows."""
+    on = [s for w in windows if w["on"] for s in w["steps"]]
+    off = [s for w in windows if not w["on"] for s in w["steps"]]
+    return statistics.median(on) / statistics.median(off) - 1 if on and off else float("nan")
+
+
+def _pair_inflations(windows: list[dict]) -> list[float]:
+    """on/off - 1 of step p50 for each neighbouring (on, off) pair of windows, in order."""
+    out = []
+    for a, b in zip(windows[::2], windows[1::2]):
+        if a["on"] != b["on"]:
+            on, off = (a, b) if a["on"] else (b, a)
+            out.append(on["p50_ms"] / off["p50_ms"] - 1)
+    return out
 
 
 if __name__ == "__main__":
