@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=float, default=2.0, help="seconds per on or off window")
     ap.add_argument("--warmup", type=int, default=20, help="steps before the first window")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--save", type=Path, help="write every window (state, steps, CPU) here as JSON")
     ap.add_argument("--hz", type=float, default=None, help="publishes per second (default: the dashboard's)")
     args = ap.parse_args(argv)
     if args.hz is None:
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         kernel.close()
 
+    if args.save:
+        args.save.write_text(json.dumps({"hz": args.hz, "windows": windows}))
     rows = []
     for runner in args.runners:
         got = windows[runner]
