@@ -23,6 +23,11 @@ apart did not (pairs of runs read anywhere from -18% to +30%). Printed per runne
   window holds a dozen steps, so one pair says little; it shows the spread;
 * the publisher thread's CPU as a share of one core over the "on" windows
   (target <= 5%);
+* the "senders", the publisher and ipykernel's IOPub thread, which wakes for
+  every comm message: their CPU (% of a core) and voluntary context switches per second
+  in the "off" and in the "on" windows. Every switch is a hand-off of the GIL
+  the training thread may lose; unlike step times, these hardly move with
+  other processes' load, so they compare versions on a busy machine;
 * IOPub traffic over the "on" windows (messages/s, KB/s).
 
     python benchmarks/dashboard_cost.py [--runners thread subprocess-threads]
@@ -44,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_line, print_table  # noqa: E402
 
 KERNEL_SETUP = r'''
-import json, statistics, time
+import json, os, statistics, threading, time
 import spdl_lab as lab
 from bokeh.io import output_notebook
 from bokeh.resources import INLINE
@@ -61,6 +66,24 @@ def _start(runner, seconds, warmup, hz):
     while session.clock.steps < warmup and session.running and time.monotonic() < deadline:
         time.sleep(0.05)
 
+def _senders():
+    """CPU seconds and voluntary context switches (waits: for the GIL, a lock, a
+    socket) of the threads that serve the dashboard: the publisher and ipykernel's
+    IOPub thread. Each switch is a GIL hand-off the training thread may lose;
+    neither figure depends much on other processes' load."""
+    tids = [t.native_id for t in threading.enumerate() if t.name in ("IOPub", "spdl_lab:dashboard")]
+    cpu = switches = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu += int(fields[11]) + int(fields[12])  # utime, stime
+            with open(f"/proc/self/task/{tid}/status") as f:
+                switches += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except OSError:
+            pass
+    return cpu / os.sysconf("SC_CLK_TCK"), switches
+
 def _toggled(seconds, window_s):
     """Windows of the publisher on and paused; per window: state, step p50, publisher CPU."""
     windows = []
@@ -72,9 +95,11 @@ def _toggled(seconds, window_s):
             if not on and not held:
                 dash._lock.acquire()  # the publisher waits on it, off the GIL
                 held = True
-            first, cpu0, t0 = session.clock.steps, dash.publisher_cpu_s, time.monotonic()
+            first, cpu0, t0, (s_cpu0, s_sw0) = session.clock.steps, dash.publisher_cpu_s, time.monotonic(), _senders()
             time.sleep(window_s)
-            windows.append((on, first, session.clock.steps, dash.publisher_cpu_s - cpu0, time.monotonic() - t0))
+            s_cpu1, s_sw1 = _senders()
+            windows.append((on, first, session.clock.steps, dash.publisher_cpu_s - cpu0, time.monotonic() - t0,
+                            s_cpu1 - s_cpu0, s_sw1 - s_sw0))
             if held and (i + 1 == n or states[i + 1]):  # held across off, off: no publish between
                 dash._lock.release()
                 held = False
@@ -86,11 +111,11 @@ def _toggled(seconds, window_s):
     records = session.clock.records()
     by_index = {r.index: r.step_s for r in records}
     out = []
-    for on, first, last, cpu, span in windows:
+    for on, first, last, cpu, span, s_cpu, s_sw in windows:
         steps = [by_index[j] for j in range(first + 1, last) if j in by_index]
         if steps:
             out.append({"on": on, "p50_ms": statistics.median(steps) * 1e3, "steps": steps,
-                        "cpu_frac": cpu / span, "span_s": span})
+                        "cpu_frac": cpu / span, "span_s": span, "senders_cpu_s": s_cpu, "senders_switches": s_sw})
     return json.dumps(out)
 '''
 
@@ -204,13 +229,23 @@ def main(argv: list[str] | None = None) -> None:
         cpu = sum(w["cpu_frac"] * w["span_s"] for w in got if w["on"]) / sum(w["span_s"] for w in got if w["on"])
         msgs = statistics.median(t[0] for t in traffic[runner])
         kbs = statistics.median(t[1] for t in traffic[runner])
+        senders = [_per_s(got, state, "senders_cpu_s") * 100 for state in (False, True)]
+        switches = [_per_s(got, state, "senders_switches") for state in (False, True)]
         rows.append([runner, off, on, f"{on / off - 1:+.1%}", each,
                      f"{statistics.median(pairs):+.1%} [{q1:+.1%}, {q3:+.1%}] of {len(pairs)}",
-                     f"{cpu:.1%}", f"{msgs:.0f}", f"{kbs:.1f}"])
+                     f"{cpu:.1%}", "{:.1f}% -> {:.1f}%".format(*senders), "{:.0f} -> {:.0f}".format(*switches),
+                     f"{msgs:.0f}", f"{kbs:.1f}"])
     print()
     print_table(["runner", "step p50 off (ms)", "on (ms)", "inflation", "per repeat",
-                 "window pairs [quartiles]", "publisher CPU", "iopub msg/s", "iopub KB/s"], rows)
+                 "window pairs [quartiles]", "publisher CPU", "senders CPU off -> on",
+                 "senders switches/s", "iopub msg/s", "iopub KB/s"], rows)
     print(f"\ntargets: inflation <= +3%, publisher CPU <= 5% of one core at {args.hz:g} Hz")
+
+
+def _per_s(windows: list[dict], on: bool, field: str) -> float:
+    """``field`` summed over the windows in state ``on``, per second of them."""
+    chosen = [w for w in windows if w["on"] == on and field in w]
+    return sum(w[field] for w in chosen) / (sum(w["span_s"] for w in chosen) or 1.0)
 
 
 def _pooled(windows: list[dict]) -> float:
