@@ -273,8 +273,13 @@ class Dashboard(widgets.VBox):
 
     def _on_window(self, change: dict[str, Any]) -> None:
         with self._lock:
-            if self.plots is not None:
+            if self.plots is None:
+                return
+            if change["new"] > change["old"]:  # a longer window: redraw from the session's history
+                self._draw(self.plots.queues, self.session.frames_since(0))
+            else:
                 self.plots.set_window(change["new"])
+                self.plots.stream({k: [] for k in self.plots.source.data})  # trim now
 
     def _on_runner(self, change: dict[str, Any]) -> None:
         runner = change["new"]

@@ -9,7 +9,7 @@ average over SMOOTH_S seconds (said in each title; ``frames()`` keeps the raw
 per-tick values), every stage has one colour in every plot (its queue in is
 drawn in its colour), legends sit beside the plots, every line has a tooltip,
 every axis a label, and ``set_window`` shows the last 1, 5 or 30 minutes
-(wheel and box zoom too; reset returns to the window).
+(wheel and box zoom too; reset returns to the whole window).
 """
 
 from __future__ import annotations
@@ -103,14 +103,19 @@ class LivePlots:
         self._last: dict[tuple[str, str], float] = {}
         self._avg: dict[tuple[str, str], float] = {}
         self._last_t: float | None = None
-        self.set_window(WINDOWS_S[1])
+        self.window_s = rollover * DRAW_EVERY_S
 
     def set_window(self, seconds: float) -> None:
-        """Show the last ``seconds`` of every plot (they follow the newest tick)."""
-        for fig in self.figures:
-            fig.x_range.follow = "end"
-            fig.x_range.follow_interval = float(seconds)
-            fig.x_range.range_padding = 0.0
+        """Show the last ``seconds`` of every plot: the source keeps that many points.
+
+        Done in the data, not with a following x range: a range that follows is moved
+        by the browser on every redraw and each move is synced back to the kernel, a
+        stream of comm messages the kernel's main thread must handle (it starved the
+        kernel's own requests). A longer window fills as the run goes on, or at once
+        when the dashboard redraws from the session's history.
+        """
+        self.rollover = max(1, int(round(float(seconds) / DRAW_EVERY_S)))
+        self.window_s = float(seconds)
 
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
         """The new data for ``source.stream`` from a chunk; None when it has no ticks.
@@ -161,7 +166,7 @@ class LivePlots:
         return column
 
     def stream(self, data: dict[str, list[float]]) -> None:
-        """Append ticks (call with the document lock held)."""
+        """Append ticks (call with the document lock held); keep the window's points."""
         self.source.stream(data, rollover=self.rollover)
 
     def _figure(self, title: str, y_label: str, **size: int):

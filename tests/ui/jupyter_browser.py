@@ -436,10 +436,14 @@ def screenshot(page, name: str, selector: str | None = None, timeout: float = 12
     if selector is not None:
         element = page.locator(selector).first
         element.wait_for(state="visible", timeout=timeout * 1000)
-        element.scroll_into_view_if_needed(timeout=timeout * 1000)
-        clip = element.bounding_box()
-    page.screenshot(path=str(path), timeout=timeout * 1000, clip=clip, full_page=clip is not None,
-                    animations="disabled")
+        # Scrolled by the page itself: Playwright's own scrolling also waits for stability.
+        page.evaluate("(sel) => document.querySelector(sel).scrollIntoView({block: 'start'})", selector)
+        box, view = element.bounding_box(), page.viewport_size
+        if box is not None and view is not None:
+            x, y = max(0.0, box["x"]), max(0.0, box["y"])
+            clip = {"x": x, "y": y, "width": max(1.0, min(box["x"] + box["width"], view["width"]) - x),
+                    "height": max(1.0, min(box["y"] + box["height"], view["height"]) - y)}
+    page.screenshot(path=str(path), timeout=timeout * 1000, clip=clip, animations="disabled")
     return path
 
 
