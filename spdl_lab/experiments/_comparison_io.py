@@ -39,6 +39,7 @@ from ._json_checks import (
     MAX_COUNT,
     Checker,
     FileFormatError,
+    check_header,
     dump_document,
     int_field,
     later,
@@ -104,19 +105,8 @@ _SERIES = {"series": text_field(MAX_LABEL), "stage": text_field(MAX_LABEL), "val
 assert list(_ROW)[1:] == TABLE_COLUMNS
 
 
-def _version(doc: dict[str, Any], checker: _Checker) -> int:
-    """``format`` first, then ``version`` (1 or 2), each with its own message."""
-    if doc.get("format") != FORMAT:
-        raise checker.expected("format", repr(FORMAT), doc.get("format"))
-    found = doc.get("version")
-    if type(found) is not int or found not in (1, VERSION):  # True == 1 and 1.0 == 1 must not pass
-        fix = "Upgrade spdl_lab to read it" if type(found) is int and found > VERSION else None
-        raise checker.fail("version", f"expected 1 or {VERSION}, got {short(found)}", fix)
-    return found
-
-
 def _build(doc: dict[str, Any], checker: _Checker) -> Comparison:
-    version = _version(doc, checker)
+    version = check_header(doc, checker, FORMAT, VERSION, older=(1,))
     top = checker.record(doc, "", _TOP if version == VERSION else _TOP_1)
     rows_in = checker.array(top["table"], "table", len(RUNNERS), "rows")
     if not rows_in:

@@ -19,6 +19,7 @@ from ._json_checks import (
     MAX_TEXT,
     Checker,
     FileFormatError,
+    check_header,
     dump_document,
     later,
     load_document,
@@ -88,17 +89,6 @@ def _notes(checker: _Checker, value: Any, where: str) -> tuple[str, ...]:
     return tuple(checker.text(v, f"{where}[{i}]", MAX_TEXT) for i, v in enumerate(items))
 
 
-def _version(doc: dict[str, Any], checker: _Checker) -> int:
-    """``format`` first, then ``version`` (1 or 2), each with its own message."""
-    if doc.get("format") != FORMAT:
-        raise checker.expected("format", repr(FORMAT), doc.get("format"))
-    found = doc.get("version")
-    if type(found) is not int or found not in (1, VERSION):  # True == 1 and 1.0 == 1 must not pass
-        fix = "Upgrade spdl_lab to read it" if type(found) is int and found > VERSION else None
-        raise checker.fail("version", f"expected 1 or {VERSION}, got {short(found)}", fix)
-    return found
-
-
 def _v1_status(values: dict[str, Any]) -> str:
     if values["kind"] == "batch":
         return "batch"
@@ -108,7 +98,7 @@ def _v1_status(values: dict[str, Any]) -> str:
 
 
 def _build(doc: dict[str, Any], checker: _Checker) -> Diagnosis:
-    version = _version(doc, checker)
+    version = check_header(doc, checker, FORMAT, VERSION, older=(1,))
     top = checker.record(doc, "", _TOP)
     stages_in = checker.array(top["stages"], "stages", MAX_STAGES, "stages")
     stages: dict[str, StageDiagnosis] = {}

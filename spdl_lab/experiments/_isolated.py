@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunnerError, SpdlLabError
+from ..runners.stopping import stop_process
 from ._progress import progress_bar
 
 __all__ = ["diagnose_in_child"]
@@ -93,14 +94,7 @@ def _stop(proc: subprocess.Popen, ctrl: Connection) -> None:
     except OSError:
         pass
     ctrl.close()
-    for escalate, wait_s in ((None, 2.0), (proc.terminate, 2.0), (proc.kill, 5.0)):
-        if escalate is not None:
-            escalate()
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            pass
+    stop_process(proc, timeout=3.0)
 
 
 def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:

@@ -191,14 +191,19 @@ def plain(value: Any) -> Any:
     return float(value) if math.isfinite(value) else None
 
 
-def check_header(doc: dict[str, Any], checker: Checker, fmt: str, version: int) -> None:
-    """``format`` first, then ``version``, each with its own message."""
+def check_header(doc: dict[str, Any], checker: Checker, fmt: str, version: int,
+                 older: tuple[int, ...] = ()) -> int:
+    """``format`` first, then ``version`` (``version`` or one of the ``older`` ones still
+    read), each with its own message; returns the version found."""
     if doc.get("format") != fmt:
         raise checker.expected("format", repr(fmt), doc.get("format"))
     found = doc.get("version")
-    if type(found) is not int or found != version:  # True == 1 and 1.0 == 1 must not pass
-        fix = "Upgrade spdl_lab to read it" if isinstance(found, int) and found > version else None
-        raise checker.fail("version", f"expected {version}, got {describe(found)}", fix)
+    accepted = (*older, version)
+    if type(found) is not int or found not in accepted:  # True == 1 and 1.0 == 1 must not pass
+        fix = "Upgrade spdl_lab to read it" if type(found) is int and found > version else None
+        expected = " or ".join(map(str, accepted))
+        raise checker.fail("version", f"expected {expected}, got {describe(found)}", fix)
+    return found
 
 
 def dump_document(doc: dict[str, Any], path: Path, *, compact: bool = False) -> Path:

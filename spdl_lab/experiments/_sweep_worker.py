@@ -21,7 +21,8 @@ from typing import Any
 import psutil
 
 from ..errors import RunnerError
-from ..runners.subprocess_threads import ChildTraceback, _stop_process
+from ..runners.stopping import stop_process
+from ..runners.subprocess_threads import ChildTraceback
 
 __all__ = ["Reading", "WorkerDied", "WorkerPool"]
 
@@ -150,7 +151,7 @@ class WorkerPool:
         for proc in self.procs:
             if kill:
                 proc.kill()
-            _stop_process(proc, timeout=2.0)  # after a kill it only reaps
+            stop_process(proc, timeout=2.0)  # after a kill it only reaps
         for conn in self.ctrls + self.datas:
             conn.close()
 

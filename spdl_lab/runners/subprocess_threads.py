@@ -26,6 +26,7 @@ from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
 from ._transport import Leases, SlotReader, decode
 from .base import Runner
+from .stopping import stop_process
 
 __all__ = ["SubprocessThreadsRunner"]
 
@@ -248,7 +249,7 @@ class SubprocessThreadsRunner(Runner):
         self._closed = True
         proc = self._proc
         if proc is not None:
-            _stop_process(proc, timeout)
+            stop_process(proc, timeout)
         for conn in (self._data, self._ctrl):
             if conn is not None:
                 conn.close()
@@ -258,19 +259,6 @@ class SubprocessThreadsRunner(Runner):
             self._meters.shm.close()
             self._meters = None
         remove_all(self._prefix)
-
-
-def _stop_process(proc: subprocess.Popen, timeout: float) -> None:
-    """Let the child exit on its own, then terminate it, then kill it."""
-    steps = ((None, max(0.5, timeout * 0.6)), (proc.terminate, max(0.5, timeout * 0.2)), (proc.kill, 5.0))
-    for escalate, wait_s in steps:
-        if escalate is not None:
-            escalate()
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:

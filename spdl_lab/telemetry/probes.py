@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from .cpu_rates import MIN_SPAN_S, ProcessRates
+from .cpu_rates import MIN_SPAN_S, ProcessRates, cpu_seconds
 from .frames import Row
 from .schedstat import SCHEDSTAT_PATH
 from .schedstat import open_schedstat as _open_schedstat
@@ -230,7 +230,7 @@ class CpuProbe:
         self._cpus = psutil.cpu_count() or 1
         self._lock = threading.Lock()  # the sampler calls; totals() may come from anywhere
         self._t0 = time.monotonic()
-        self._main0 = _cpu_s(self._me) or 0.0
+        self._main0 = cpu_seconds(self._me) or 0.0
         self._main_s = self._children_s = 0.0
         # pid -> (process, its CPU seconds when last read). Cached so a child's
         # baseline survives between ticks; compared by (pid, create time) so a
@@ -276,7 +276,7 @@ class CpuProbe:
 
     def _refresh(self) -> int:
         """Bring the CPU totals up to now; returns the number of live descendants."""
-        main = _cpu_s(self._me)
+        main = cpu_seconds(self._me)
         if main is not None:
             self._main_s = main - self._main0
         if not self.children:
@@ -291,7 +291,7 @@ class CpuProbe:
             last = None
             if cached is not None and cached[0] == proc:
                 proc, last = cached
-            cpu = _cpu_s(proc)
+            cpu = cpu_seconds(proc)
             if cpu is None:  # gone between listing and reading, or not ours to read
                 continue
             if last is not None:
@@ -299,16 +299,6 @@ class CpuProbe:
             kids[proc.pid] = (proc, cpu)
         self._kids = kids
         return len(kids)
-
-
-def _cpu_s(proc: psutil.Process) -> float | None:
-    # The process itself: children_user/system cover only reaped children,
-    # which are counted live instead.
-    try:
-        times = proc.cpu_times()
-    except _PSUTIL_GONE:
-        return None
-    return times.user + times.system
 
 
 def _machine_times() -> tuple[float, float]:
