@@ -78,11 +78,16 @@ def machine_load(diag: Diagnosis) -> str:
     others = [p.machine_cpu_util - p.cpu_util for s in diag.stages.values() for p in s.points
               if p.executor == "thread" and not math.isnan(p.machine_cpu_util) and not math.isnan(p.cpu_util)]
     worst = max(others, default=0.0)
-    if worst < BUSY_MACHINE:
-        return ""
-    cores = diag.machine.get("cpu_cores", "?")
-    return (f"Other processes used up to {worst:.0%} of the {cores} cores while stages were measured: "
-            f"rates may be low; diagnose again on a quiet machine.")
+    paused = diag.settings.get("paused_sessions") or 0
+    said = []
+    if paused:
+        said.append(f"{paused} running session{'s' if paused > 1 else ''} of this kernel "
+                    f"{'were' if paused > 1 else 'was'} paused while the stages were measured.")
+    if worst >= BUSY_MACHINE:
+        cores = diag.machine.get("cpu_cores", "?")
+        said.append(f"Other processes used up to {worst:.0%} of the {cores} cores while stages were "
+                    f"measured: rates may be low; diagnose again on a quiet machine.")
+    return " ".join(said)
 
 
 def _n(x: float) -> str:

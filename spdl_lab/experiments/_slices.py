@@ -23,9 +23,9 @@ windows landed on either, so whole diagnoses moved by 40%. Two rules:
   repeats), so the fast windows are the function's own speed and the slow
   ones the neighbours'; the second best rather than the best, so that one
   window that caught the machine at an odd moment cannot set the number.
-  ``quiet`` says when a point needs no more windows: every window so far
-  agrees. A point whose windows disagree runs to the cap, for more chances of
-  windows at the machine's own speed. A point's spread ((max - min) / QPS)
+  ``quiet`` says when a point needs no more windows: its fastest three
+  windows agree with its QPS. A point whose fast windows disagree runs to the
+  cap, for more chances of windows at the machine's own speed. A point's spread ((max - min) / QPS)
   shows how much the slow windows lost.
 
 When a slow spell covers every window of a point, no rule inside the run can
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE", "point_qps", "quiet", "window_qps"]
+__all__ = ["AGREEING", "MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE", "point_qps", "quiet", "window_qps"]
 
 #: Shortest slice: finer than the machine's speed changes, coarse next to timer noise.
 MIN_SLICE_S = 0.02
@@ -48,6 +48,8 @@ MIN_SLICE_S = 0.02
 MIN_TASKS_PER_SLICE = 40
 #: Slices needed for a median to mean anything; fewer -> the window's plain rate.
 MIN_SLICES = 4
+#: Fastest windows that must agree before a point needs no more.
+AGREEING = 3
 
 
 def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
@@ -87,8 +89,17 @@ def point_qps(windows: Sequence[float]) -> float:
 
 
 def quiet(windows: Sequence[float], within: float, at_least: int) -> bool:
-    """True once there are ``at_least`` windows and every one is within +-``within`` of their median."""
+    """True once there are ``at_least`` windows and the fastest ``AGREEING`` of them
+    are within +-``within`` of the point's QPS (its second best).
+
+    The slow windows are the neighbours' (see ``point_qps``): they widen the
+    point's spread but do not make its QPS uncertain. Example::
+
+        quiet([1000, 990, 1010, 640], within=0.05, at_least=4)  # True: one slow spell
+        quiet([1000, 800, 1010, 640], within=0.05, at_least=4)  # False: the fast ones disagree
+    """
     if len(windows) < at_least or any(math.isnan(w) for w in windows):
         return False
-    mid = statistics.median(windows)
-    return mid > 0 and all(abs(w - mid) <= within * mid for w in windows)
+    fastest = sorted(windows, reverse=True)[:AGREEING]
+    qps = point_qps(windows)
+    return qps > 0 and all(abs(w - qps) <= within * qps for w in fastest)

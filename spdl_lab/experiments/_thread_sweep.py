@@ -44,12 +44,15 @@ class SweepSettings:
 
     warmup_s: float = 0.3
     window_s: float = 0.3  # lengthened for slow functions: see window_for
-    # A point stops once its first min_windows (or more) windows all agree; one
-    # that the machine's slow spells reach keeps going, so that its second-best
-    # window (its QPS, see _slices) comes from the machine at its own speed.
+    # A point stops once it has min_windows windows and its fastest three agree
+    # (_slices.quiet); one whose fast windows disagree keeps going, so that its
+    # second-best window (its QPS) comes from the machine at its own speed.
     min_windows: int = 4
     max_windows: int = 10
-    stable_within: float = 0.05  # every window within +-5% of their median: no more needed
+    # The fastest windows within +-10% of the QPS: no more needed. On a 2-core VM
+    # the same point's windows differ by 10-25% (whatever else runs takes a share
+    # of the cores), so a tighter rule leaves most points at the cap.
+    stable_within: float = 0.10
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
     # Seconds per map stage, threads and processes together. Once a diagnosis has
     # run this long per stage, points take no window beyond min_windows, and a

@@ -21,6 +21,7 @@ from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..telemetry.probes import GilProbe
 from ._bottleneck import FAR_FASTER, limiting
+from ._pausing import sessions_paused
 from ._progress import progress_bar
 from ._thread_sweep import (
     StageFeed,
@@ -66,9 +67,11 @@ def diagnose(
     """Profile each stage of ``pipeline`` alone and say what limits it.
 
     The measurement runs in a clean child interpreter (``isolated=True``, see
-    ``_isolated``), so the notebook's other sessions, threads and heap cannot
-    change the verdicts; a pipeline that cannot be sent there (a function
-    capturing a lock) is measured here, and its ``settings["isolated"]`` says so.
+    ``_isolated``), so the notebook's other threads and heap cannot change the
+    verdicts; a pipeline that cannot be sent there (a function capturing a
+    lock) is measured here, and its ``settings["isolated"]`` says so. This
+    interpreter's running sessions (``lab.run``) are paused meanwhile, so they
+    do not take the cores (``settings["paused_sessions"]``; see ``_pausing``).
 
     Example::
 
@@ -106,12 +109,16 @@ def diagnose(
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
                    process_concurrency=process_levels, settings=settings)
     payload = _shippable(pipeline) if isolated else None
-    if payload is not None:
-        from ._isolated import diagnose_in_child
+    with sessions_paused() as paused:
+        if payload is not None:
+            from ._isolated import diagnose_in_child
 
-        return diagnose_in_child(payload, options, progress)
-    return diagnose_here(pipeline, **options, isolated=False,
-                         bar_factory=lambda total, unit: progress_bar(total, progress, unit))
+            diag = diagnose_in_child(payload, options, progress)
+        else:
+            diag = diagnose_here(pipeline, **options, isolated=False,
+                                 bar_factory=lambda total, unit: progress_bar(total, progress, unit))
+    diag.settings["paused_sessions"] = paused
+    return diag
 
 
 def _shippable(pipeline: Pipeline) -> bytes | None:

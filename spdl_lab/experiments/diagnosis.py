@@ -119,7 +119,8 @@ class Diagnosis:
         return headline(self)
 
     def machine_load(self) -> str:
-        """One line naming the load from other processes while the stages were measured ("" if none)."""
+        """One line naming the load from other processes while the stages were measured, and the
+        kernel's sessions paused meanwhile ("" if neither)."""
         from ._bottleneck import machine_load
 
         return machine_load(self)

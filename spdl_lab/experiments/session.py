@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,7 +27,14 @@ from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..telemetry.snapshot import Snapshot
 from ..training import SimulatedDevice, StepClock
 
-__all__ = ["Session", "run"]
+__all__ = ["Session", "live_sessions", "run"]
+
+_LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def live_sessions() -> list[Session]:
+    """The sessions of this interpreter whose loop is still running (paused or not)."""
+    return [s for s in list(_LIVE) if s.running]
 
 
 def run(
@@ -104,6 +112,9 @@ class Session:
         self._step = step
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._go = threading.Event()  # cleared by pause(): the loop waits before its next batch
+        self._go.set()
+        self._held = threading.Event()  # set while the loop waits at the gate
         self._ran_out = False
         self._error_reported = False
         self.loader, self._iterable, self.runner = _open(source, runner, sample_hz, loader_options)
@@ -134,6 +145,7 @@ class Session:
             self._sampler.start()
         self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     # -- the loop ----------------------------------------------------------------
     def _main(self) -> None:
@@ -144,7 +156,8 @@ class Session:
             timer.name = "spdl_lab:session-timer"
             timer.start()
         try:
-            done = self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop)
+            done = self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop,
+                                  gate=self._gate)
             if self.steps is not None and done < self.steps and not self._stop.is_set():
                 self._ran_out = True
                 self.warnings.append(f"the data ran out after {done} of steps={self.steps} steps; "
@@ -169,7 +182,34 @@ class Session:
                 self._sampler.stop()
             self._done.set()
 
+    def _gate(self) -> None:
+        if self._go.is_set():
+            return
+        self._held.set()
+        try:
+            while not self._go.wait(0.1) and not self._stop.is_set():
+                pass
+        finally:
+            self._held.clear()
+
     # -- control -----------------------------------------------------------------
+    def pause(self, timeout: float = 10.0) -> bool:
+        """Hold the loop before its next batch (the loader fills its buffer, then idles).
+
+        Returns True once the current step has ended (False: still in it after
+        ``timeout`` s). ``resume()`` goes on; the held time is neither data wait nor step.
+        """
+        self._go.clear()
+        deadline = time.monotonic() + timeout
+        while self.running and not self._held.wait(0.05):
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    def resume(self) -> None:
+        """Go on after ``pause()``."""
+        self._go.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop after the current step and close the loader; returns once it has."""
         self._stop.set()
@@ -255,7 +295,9 @@ class Session:
     @property
     def state(self) -> str:
         if self.running:
-            return "stopping" if self._stop.is_set() else "running"
+            if self._stop.is_set():
+                return "stopping"
+            return "running" if self._go.is_set() else "paused"
         if self.error is not None:
             return "failed"
         if self._ran_out:

@@ -216,6 +216,7 @@ class StepClock:
         step_fn: Callable[[T], object],
         steps: int | None = None,
         stop_event: _StopEvent | None = None,
+        gate: Callable[[], None] | None = None,
     ) -> int:
         """Run ``step_fn`` on each batch of ``iterable``, timed; return the steps run.
 
@@ -223,7 +224,9 @@ class StepClock:
         ``stop_event`` is set (checked before each batch is requested, so
         within one step; a ``next()`` that blocks is not interrupted). A
         SimulatedDevice as ``step_fn`` becomes the clock's device unless it
-        has one.
+        has one. ``gate()``, if given, is called before each batch is
+        requested and may block (a paused session waits there): that time
+        is neither data wait nor step.
         """
         if not callable(step_fn):
             raise PipelineSpecError(
@@ -250,6 +253,8 @@ class StepClock:
         done = 0
         try:
             while steps is None or done < steps:
+                if gate is not None:
+                    gate()
                 if stop_event is not None and stop_event.is_set():
                     break
                 try:

@@ -46,11 +46,16 @@ def _diagnose(budget: float) -> lab.Diagnosis:
     settings = SweepSettings(warmup_s=0.05, window_s=0.1, min_windows=3, max_windows=8,
                              stage_budget_s=budget)
     p = lab.Pipeline(range(40)).map(wavers, name="wavers")
-    return lab.diagnose(p, (1, 2), num_items=20, processes=False, settings=settings, progress=False)
+    # Measured here, so that the windows never agreeing (below) holds.
+    return lab.diagnose(p, (1, 2), num_items=20, processes=False, settings=settings, progress=False,
+                        isolated=False)
 
 
 @pytest.mark.timeout(60)
-def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows() -> None:
+def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(monkeypatch) -> None:
+    from spdl_lab.experiments import _thread_sweep
+
+    monkeypatch.setattr(_thread_sweep, "quiet", lambda windows, within, at_least: False)
     free = _diagnose(budget=60.0).stages["wavers"].points
     assert [p.repeats for p in free] == [8, 8], "the windows should disagree, so each point runs to the cap"
     spent = _diagnose(budget=0.001).stages["wavers"]

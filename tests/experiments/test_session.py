@@ -172,3 +172,39 @@ def test_a_pipeline_that_runs_out_is_exhausted_not_finished():
     assert session.state == "exhausted"
     full = lab.run(lab.Pipeline(range(50)).batch(1), step=lambda b: None, steps=5)
     assert full.wait(timeout=30) and full.state == "finished" and full.warnings == []
+
+
+def test_pause_holds_the_loop_and_resume_goes_on(wait_until):
+    session = lab.run(pipeline(), step=lambda b: time.sleep(0.002))
+    try:
+        wait_until(lambda: session.stats().step.steps > 5, timeout=10)
+        assert session.pause(timeout=5)
+        assert session.state == "paused" and session.running
+        held = session.stats().step.steps
+        time.sleep(0.3)  # a span in which a running loop would take ~100 steps
+        assert session.stats().step.steps == held
+        session.resume()
+        assert session.state == "running"
+        wait_until(lambda: session.stats().step.steps > held + 5, timeout=10)
+        session.pause()
+    finally:
+        session.stop()  # a paused session stops too
+    assert session.wait(timeout=5) and session.state == "stopped"
+
+
+def test_diagnose_pauses_the_running_sessions_of_this_kernel(wait_until):
+    from spdl_lab.experiments._pausing import sessions_paused
+
+    session = lab.run(pipeline(), step=lambda b: time.sleep(0.002))
+    try:
+        with sessions_paused() as paused:
+            assert paused == 1 and session.state == "paused"
+        assert session.state == "running"
+        quick = lab.SweepSettings(warmup_s=0.05, window_s=0.05, min_windows=1, max_windows=1)
+        diag = lab.diagnose(lab.Pipeline(range(8)).map(abs, name="abs"), (1,), num_items=8,
+                            processes=False, settings=quick, progress=False)
+        assert diag.settings["paused_sessions"] == 1
+        assert "1 running session of this kernel was paused" in diag.machine_load()
+        assert session.state == "running"
+    finally:
+        session.stop()

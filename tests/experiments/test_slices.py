@@ -106,11 +106,15 @@ def test_point_qps_with_few_or_missing_windows() -> None:
     assert point_qps([400.0, 600.0]) == 500.0  # two: their median, not the larger
 
 
-def test_quiet_needs_enough_windows_that_all_agree() -> None:
+def test_quiet_needs_enough_windows_whose_fastest_agree() -> None:
     assert not quiet([1000, 1001, 999], 0.05, 4)
     assert quiet([1000, 1001, 999, 1020], 0.05, 4)
+    # One slow spell: the fastest three agree, so the QPS (second best) is known.
+    assert quiet([1000, 990, 1010, 640], 0.05, 4)
     # Three slow windows in a row and one fast: not quiet, so the point keeps going.
     assert not quiet([600, 610, 605, 1000], 0.05, 4)
+    # The fast ones disagree: not quiet.
+    assert not quiet([1000, 800, 1010, 640], 0.05, 4)
     assert not quiet([1000, 1001, float("nan"), 1000], 0.05, 3)
     assert not quiet([0.0, 0.0, 0.0], 0.05, 3)
 

@@ -1,0 +1,60 @@
+"""Quiet the kernel before ``lab.diagnose`` measures: its running sessions wait meanwhile.
+
+The diagnosis runs in a child interpreter, out of reach of the kernel's GIL,
+threads and heap, but not of its CPU: a session training beside it on a
+2-core machine takes the cores the stages need, and every stage reads
+"cpu-bound: other processes held the cores". So the kernel's own running
+sessions are paused for the diagnosis (each holds its loop before the next
+batch; its loader fills its buffer and idles) and resume after it. Load from
+other processes is still named by ``Diagnosis.machine_load()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+
+from ..telemetry.cpu_rates import cpu_seconds
+from .session import live_sessions
+
+__all__ = ["IDLE_CORES", "sessions_paused"]
+
+#: CPU (in cores) of this process and its children below which the paused sessions count as idle.
+IDLE_CORES = 0.1
+_TICK_S = 0.2
+
+
+@contextmanager
+def sessions_paused(timeout_s: float = 5.0) -> Iterator[int]:
+    """Pause this interpreter's running sessions, wait (at most ``timeout_s``) until
+    their loaders idle, and resume them on exit. Yields how many were paused."""
+    paused = [s for s in live_sessions() if s.state == "running"]
+    try:
+        deadline = time.monotonic() + timeout_s
+        for session in paused:
+            session.pause(max(0.0, deadline - time.monotonic()))
+        if paused:
+            _wait_idle(deadline)
+        yield len(paused)
+    finally:
+        for session in paused:
+            session.resume()
+
+
+def _wait_idle(deadline: float) -> None:
+    """Until this process and its children use under IDLE_CORES, or ``deadline``."""
+    me = psutil.Process()
+    last = _cpu(me)
+    while time.monotonic() < deadline:
+        time.sleep(_TICK_S)
+        now = _cpu(me)
+        if now - last < IDLE_CORES * _TICK_S:
+            return
+        last = now
+
+
+def _cpu(me: psutil.Process) -> float:
+    return sum(cpu_seconds(p) or 0.0 for p in [me, *me.children(recursive=True)])
