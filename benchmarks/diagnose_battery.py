@@ -4,7 +4,7 @@ Twenty-one stage functions of known behaviour, three to a pipeline, each
 pipeline diagnosed once with the default concurrency and settings. Printed per
 function: the verdict expected on a 2-core machine, the verdict given and the
 best concurrency, then the evidence; per pipeline, the wall time (target: <= 60 s for
-three stages). The unit tests hold a smaller battery (``tests/experiments``);
+three stages). The unit tests hold a smaller battery (``tests/diagnose``);
 this one is for changes to the rules or the measurement, and takes about five
 minutes. Run it on a quiet machine: the evidence says when other processes
 held the cores.

@@ -5,17 +5,13 @@ models, watch what happens live, and find out where the time goes.
 """
 
 from . import workloads
-from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from .experiments import (
-    Comparison,
+from .diagnose import (
     Diagnosis,
-    Session,
     SweepSettings,
-    compare,
-    diagnose,
-    headspace,
-    run,
+    diagnose,  # the function (binds over the subpackage of the same name)
 )
+from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
+from .experiments import Comparison, Session, compare, headspace, run
 from .integrations import from_spdl
 from .integrations.torch_dataloader import from_dataloader
 from .loader import Loader

@@ -14,7 +14,6 @@ Every subcommand has ``--help`` with an example. Exit status:
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
@@ -24,8 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .errors import PipelineSpecError, SpdlLabError
-from .experiments._json_checks import FileFormatError
+from .cli_inputs import UsageError, load_pipeline, load_step, one_line, read_saved
+from .errors import FileFormatError, PipelineSpecError
 
 __all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -43,10 +42,6 @@ EXIT_CODES = """Exit status:
   3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
   130  interrupted (Ctrl-C)
 """
-
-
-class UsageError(SpdlLabError, ValueError):
-    """A command line named something that cannot be used; the message says what to do."""
 
 
 # -- the subcommands ---------------------------------------------------------------------------
@@ -73,7 +68,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     """The pipeline named by TARGET under each runner, in interleaved rounds."""
-    pipeline, step = _load_pipeline(args.target), _load_step(args.step)
+    pipeline, step = load_pipeline(args.target), load_step(args.step)
     stem = "compare-" + _stem(args.target)
     html, data = _output(args.report, f"{stem}.html"), _output(args.json, f"{stem}.json")
     shown = f"{args.step}" + (f" ({step!r})" if args.step.startswith("simulated:") else "")
@@ -101,10 +96,10 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
 
 def _diagnose(args: argparse.Namespace) -> int:
     """Diagnose the Pipeline named by module:attr; write the HTML and JSON reports."""
-    from spdl_lab.experiments.diagnose import diagnose
-    from spdl_lab.experiments.diagnostic_mode import write_reports
+    from spdl_lab.diagnose.env_mode import write_reports
+    from spdl_lab.diagnose.measure import diagnose
 
-    pipeline = _load_pipeline(args.target)
+    pipeline = load_pipeline(args.target)
     folder = _report_dir(args.report_dir)
     diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
                          processes=not args.no_processes, progress=_progress(args))
@@ -135,7 +130,7 @@ def _report(args: argparse.Namespace) -> int:
     if out.resolve() == source.resolve():
         raise UsageError(f"{out} would overwrite the JSON it is read from; name another file with -o")
     _output(str(out), None)
-    saved = _read_saved(source)
+    saved = read_saved(source)
     if isinstance(saved, Comparison):
         note = f"From {source.name}."
         path = write_comparison_report(saved, out, title=f"spdl_lab comparison: {source.stem}", note=note)
@@ -148,101 +143,10 @@ def _report(args: argparse.Namespace) -> int:
 
 # -- what the arguments name -------------------------------------------------------------------
 
-def _import_attr(target: str, what: str) -> Any:
-    """The object ``module:attr`` names (dotted attr paths work), imported, never evaluated."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise PipelineSpecError(
-            f"expected module:attr for the {what} (e.g. mypkg.data:pipeline), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to you are found
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PipelineSpecError(f"cannot import {module_name!r}: {exc}; run spdl-lab from the folder "
-                                "that holds it, or install it") from exc
-    except Exception as exc:  # the module itself raised while importing
-        raise PipelineSpecError(f"importing {module_name!r} raised {type(exc).__name__}: {_one_line(exc)}; "
-                                f"run python -c 'import {module_name}' to see the traceback") from exc
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise PipelineSpecError(f"{module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
-
-
-def _load_pipeline(target: str):
-    """``module:attr`` (attr a lab.Pipeline or a zero-argument factory returning one)."""
-    from spdl_lab.pipeline import Pipeline
-
-    obj = _import_attr(target, "pipeline")
-    if not isinstance(obj, Pipeline) and callable(obj):
-        try:
-            obj = obj()
-        except PipelineSpecError:
-            raise
-        except Exception as exc:
-            raise PipelineSpecError(f"calling {target}() raised {type(exc).__name__}: {_one_line(exc)}; "
-                                    "it must build a lab.Pipeline with no arguments") from exc
-    if not isinstance(obj, Pipeline):
-        raise PipelineSpecError(
-            f"{target} is {_a(obj)}; expected a lab.Pipeline or a zero-argument function returning one"
-        )
-    return obj
-
-
-def _load_step(spec: str) -> Any:
-    """``simulated:STEP_MS`` (a SimulatedDevice) or ``module:attr`` of a callable taking a batch."""
-    from spdl_lab.training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
-
-    kind, _, value = spec.partition(":")
-    if kind != "simulated":
-        step = _import_attr(spec, "step")
-        if not callable(step):
-            raise PipelineSpecError(f"--step {spec} is {_a(step)}; expected a callable taking "
-                                    "a batch, or simulated:STEP_MS")
-        return step
-    try:
-        step_ms = float(value)
-    except ValueError:
-        step_ms = float("nan")
-    if not 0 < step_ms <= 60_000:
-        raise PipelineSpecError(f"--step {spec}: expected simulated:STEP_MS with a step of 0 to 60000 ms, "
-                                "e.g. simulated:20")
-    # Kernels of about the default length, with the default launch/kernel ratio (see device.py).
-    kernels = max(1, round(step_ms * 1000 / DEFAULT_KERNEL_US))
-    kernel_us = step_ms * 1000 / kernels
-    return SimulatedDevice(kernels=kernels, kernel_us=kernel_us, name=f"simulated {step_ms:g} ms",
-                           launch_us=kernel_us * DEFAULT_LAUNCH_US / DEFAULT_KERNEL_US)
-
-
-def _read_saved(path: Path) -> Any:
-    """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
-    from spdl_lab.experiments import _comparison_io, _diagnosis_io
-    from spdl_lab.experiments._json_checks import Checker, load_document
-
-    formats = {_diagnosis_io.FORMAT: _diagnosis_io, _comparison_io.FORMAT: _comparison_io}
-
-    class Saved(Checker):
-        noun = "spdl_lab"
-        read_fix = "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)"
-
-    checker = Saved(path, writing=False)
-    try:
-        doc = load_document(path, checker, max(m.MAX_FILE_BYTES for m in formats.values()))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    module = formats.get(doc.get("format"))
-    if module is None:
-        raise checker.expected("format", " or ".join(map(repr, formats)), doc.get("format"))
-    return module.build(doc, path)
-
-
 def _report_dir(path: str | None) -> Path:
     """``path``, else $SPDL_LAB_REPORT_DIR, else ./spdl_lab_reports; made now, so that a run
     of minutes never ends unable to write its reports."""
-    from spdl_lab.experiments.diagnostic_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
+    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
 
     folder = Path(path or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
     try:
@@ -273,16 +177,6 @@ def _stem(target: str) -> str:
 def _progress(args: argparse.Namespace) -> bool:
     """Bars on a terminal, unless --quiet; none in logs and pipes (carriage returns would litter them)."""
     return not args.quiet and sys.stderr.isatty()
-
-
-def _a(obj: Any) -> str:
-    name = type(obj).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
-def _one_line(exc: BaseException, limit: int | None = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -316,13 +210,13 @@ EXAMPLE_TARGET = "mypkg.data:make_pipeline"
 
 
 def _writes(stem: str) -> str:
-    from spdl_lab.experiments.diagnostic_mode import DEFAULT_REPORT_DIR
+    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
 
     return f"\n  (writes {DEFAULT_REPORT_DIR}/{stem}.html and {DEFAULT_REPORT_DIR}/{stem}.json)"
 
 
 def _example_report() -> str:
-    from spdl_lab.experiments.diagnostic_mode import DEFAULT_REPORT_DIR
+    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
 
     return f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
@@ -487,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
         # What the command line named cannot be used: the message says what and what to do.
-        print(f"{prog}: error: {_one_line(exc, limit=None)}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return _interrupted(prog)
@@ -495,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         if _caused_by_interrupt(exc):
             return _interrupted(prog)
         traceback.print_exc()
-        print(f"{prog}: failed: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: failed: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
 
 

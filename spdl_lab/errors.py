@@ -11,6 +11,7 @@ __all__ = [
     "PipelineSpecError",
     "PipelineError",
     "RunnerError",
+    "FileFormatError",
 ]
 
 
@@ -42,3 +43,11 @@ class PipelineError(SpdlLabError, RuntimeError):
 
 class RunnerError(SpdlLabError, RuntimeError):
     """A runner could not start, or its machinery (a child process, a worker) failed."""
+
+
+class FileFormatError(SpdlLabError, ValueError):
+    """A saved file (or a result being saved) does not fit its format; ``field`` is its JSON path."""
+
+    def __init__(self, message: str, *, source: str, field: str) -> None:
+        super().__init__(message)
+        self.source, self.field = source, field

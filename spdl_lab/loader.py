@@ -9,102 +9,17 @@ from __future__ import annotations
 
 import inspect
 import threading
-import time
-import weakref
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-import pandas as pd
-
-from .engine.engine import EngineReading
-from .engine.queues import END, TIMEOUT
 from .errors import PipelineSpecError, SpdlLabError
 from .pipeline import Pipeline, validate_concurrency
 from .runners import runner_class
-from .runners.base import Runner
-from .telemetry.frames import FrameChunk, chunk_since, queue_rows, stage_rows, to_frame
-from .telemetry.ring import Ring
-from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS, Sampler, Source
-from .telemetry.snapshot import QueueStats, Snapshot, StageStats
+from .runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate
+from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
+from .telemetry.snapshot import Snapshot
 
-__all__ = ["Loader"]
-
-#: How often a consumer blocked on the next item re-checks for stop and errors.
-_POLL_S = 0.1
-
-
-_Owner = TypeVar("_Owner", bound="RunOwner")
-
-
-class RunOwner:
-    """What every owner of runs shares (``Loader``, and the SPDL monitor):
-    extra sampler sources, reading the current or last run, and closing.
-
-    Subclasses call ``__init__`` with their sampling and closing settings, and
-    say what ``stats()`` is before any run (``_empty_stats``).
-    """
-
-    def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
-        self._sample_hz = float(sample_hz)
-        self._sample_ticks = sample_ticks
-        self._close_timeout = close_timeout
-        self._sources: list[Source] = []
-        self._state = _State()
-        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
-
-    def add_source(self, source: Source) -> None:
-        """Sample ``source`` with these meters, in this run and every later one.
-
-        A source is a callable taking the seconds since the last tick and
-        returning ``(series, stage, value)`` rows; sessions add the training
-        step and the probes this way, so one ring holds everything.
-        """
-        self._sources.append(source)
-        run = self._state.run
-        if run is not None and run.sampler is not None and not run.finished:
-            run.sampler.add_source(source)
-
-    # -- reading -----------------------------------------------------------------
-    def stats(self) -> Snapshot:
-        run = self._state.run
-        if run is None:
-            return self._empty_stats()
-        return run.snapshot()
-
-    def _empty_stats(self) -> Snapshot:
-        raise NotImplementedError
-
-    def frames(self) -> pd.DataFrame:
-        """The sampler's rows for the current or last run (see ``spdl_lab.telemetry.frames``)."""
-        run = self._state.run
-        if run is None or run.sampler is None:
-            return to_frame(Ring(2))
-        return run.sampler.frames()
-
-    def frames_since(self, cursor: int = 0) -> FrameChunk:
-        """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
-        run = self._state.run
-        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
-
-    # -- closing -----------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the current run and everything it started. Safe to call twice."""
-        self._state.close(self._close_timeout)
-
-    def __enter__(self: _Owner) -> _Owner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _state_text(self) -> str:
-        run = self._state.run
-        return "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
-
-
-#: How long ``close()`` waits for work in flight by default. A stage stuck for
-#: good costs this much, and the whole close stays under 5 s.
-CLOSE_TIMEOUT_S = 3.0
+__all__ = ["CLOSE_TIMEOUT_S", "Loader", "RunOwner"]
 
 
 class Loader(RunOwner):
@@ -166,7 +81,7 @@ class Loader(RunOwner):
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this Loader is closed; create a new one to iterate again")
-        from .experiments import diagnostic_mode
+        from .diagnose import env_mode as diagnostic_mode
 
         if diagnostic_mode.enabled():
             diagnostic_mode.run_diagnostic_mode(self.pipeline)
@@ -177,7 +92,7 @@ class Loader(RunOwner):
             pipeline = self.pipeline
             for name, n in self._overrides.items():
                 pipeline = pipeline.with_concurrency(name, n)
-            run = _Run(
+            run = Run(
                 self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks, self._sources
             )
             self._state.run = run
@@ -187,7 +102,7 @@ class Loader(RunOwner):
                 run.finish(self._close_timeout)
                 raise
         # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
-        return _iterate(self, run, self._close_timeout)
+        return iterate(self, run, self._close_timeout)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -242,176 +157,11 @@ class Loader(RunOwner):
         return controls
 
     def _empty_stats(self) -> Snapshot:
-        return _empty_snapshot(self.runner, self.pipeline, self._overrides)
+        return empty_snapshot(self.runner, self.pipeline, self._overrides)
 
     def __repr__(self) -> str:
         stages = ", ".join(s.name for s in self.pipeline.stages)
         return f"Loader(runner={self.runner!r}, stages=[{stages}], {self._state_text()})"
-
-
-class _Run:
-    """One pass over the pipeline: a runner, its sampler and counters."""
-
-    def __init__(
-        self, runner: Runner, sample_hz: float, sample_ticks: int, extra: list[Source] | None = None
-    ) -> None:
-        self.runner = runner
-        self.items_out = 0
-        self.finished = False
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._lifecycle = threading.Lock()
-        self._t0 = 0.0
-        self._t_end: float | None = None
-        self._previous: EngineReading | None = None
-        sources: list[Source] = [self._rows, *(extra or [])]
-        self.sampler = Sampler(sources, hz=sample_hz, ticks=sample_ticks) if sample_hz else None
-
-    def start(self) -> None:
-        # finish() from another thread (Session.stop) waits for a start in progress,
-        # so the runner is never closed half-started.
-        with self._lifecycle:
-            self._t0 = time.perf_counter()
-            self.runner.start()
-            if self.sampler is not None:
-                self.sampler.start()
-
-    def _rows(self, dt_s: float) -> list:
-        now = self.runner.read()
-        before = self._previous
-        self._previous = now
-        rows = stage_rows(now.source, before.source if before else None, dt_s)
-        for i, stage in enumerate(now.stages):
-            rows += stage_rows(stage, before.stages[i] if before else None, dt_s)
-        threads = _queue_threads(now)
-        for i, queue in enumerate(now.queues):
-            producers, consumers = threads[i] if i < len(threads) else (1, 1)
-            rows += queue_rows(queue, before.queues[i] if before else None, dt_s, producers, consumers)
-        return rows
-
-    def finish(self, timeout: float) -> None:
-        """Close the runner and stop the sampler; returns once that is done.
-
-        A second caller (``close()`` from another thread while the loop's own
-        ``finally`` closes) waits for the first rather than returning early:
-        otherwise a process could exit while the first is still removing the
-        runner's shared memory.
-        """
-        with self._lock:
-            first = not self.finished
-            self.finished = True
-            if first:
-                self._t_end = time.perf_counter()
-        if not first:
-            self._closed.wait(timeout + 5.0)
-            return
-        try:
-            with self._lifecycle:
-                self.runner.close(timeout)
-        finally:
-            if self.sampler is not None:
-                self.sampler.stop()
-            self._closed.set()
-
-    @property
-    def elapsed_s(self) -> float:
-        end = self._t_end if self._t_end is not None else time.perf_counter()
-        return max(0.0, end - self._t0)
-
-    def snapshot(self) -> Snapshot:
-        reading = self.runner.read()
-        elapsed = self.elapsed_s
-        live = not self.finished
-
-        def stats(r, queue) -> StageStats:
-            avg = r.tasks / elapsed if elapsed > 0 else 0.0
-            recent = self.sampler.recent_rate("tasks", r.name) if (live and self.sampler) else None
-            return StageStats(
-                name=r.name,
-                kind=r.kind,
-                tasks=r.tasks,
-                failures=r.failures,
-                qps=avg if recent is None else recent,
-                qps_avg=avg,
-                mean_ms=r.mean_ms,
-                p50_ms=r.quantile_ms(0.5),
-                p99_ms=r.quantile_ms(0.99),
-                concurrency=r.concurrency,
-                in_flight=r.in_flight,
-                busy_frac=(r.busy_ns / 1e9 / elapsed / max(1, r.concurrency)) if elapsed > 0 else 0.0,
-                queue_depth=queue.depth if queue else 0,
-                queue_capacity=queue.capacity if queue else 0,
-            )
-
-        return Snapshot(
-            runner=self.runner.name,
-            running=live,
-            elapsed_s=elapsed,
-            items_out=self.items_out,
-            stages={r.name: stats(r, reading.inputs.get(r.name)) for r in reading.stages},
-            source=stats(reading.source, None),
-            queues={
-                q.name: QueueStats(q.name, q.depth, q.capacity, q.put_blocked_ns / 1e9, q.get_blocked_ns / 1e9)
-                for q in reading.queues
-            },
-        )
-
-
-class _State:
-    """What the Loader's finalizer needs, without a reference to the Loader."""
-
-    def __init__(self) -> None:
-        self.run: _Run | None = None
-        self.closed = False
-
-    def end_run(self, timeout: float) -> None:
-        run = self.run
-        if run is not None:
-            run.finish(timeout)
-
-    def close(self, timeout: float) -> None:
-        self.closed = True
-        self.end_run(timeout)
-
-
-def _iterate(owner: Loader, run: _Run, close_timeout: float) -> Iterator[Any]:
-    get = run.runner.get
-    try:
-        while True:
-            record = get(_POLL_S)
-            if record is TIMEOUT:
-                continue
-            if record is END:
-                return
-            run.items_out += 1
-            # Hand the item over without keeping it in this frame: a suspended generator
-            # would hold the last item (and, under subprocess-threads, its shared-memory
-            # slot) until the iterator itself is dropped.
-            box = [record[2]]
-            record = None
-            yield box.pop()
-    finally:
-        run.finish(close_timeout)
-
-
-def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
-    """(threads that put, threads that get) per queue, so the blocked shares are per thread.
-
-    The queues sit before each map stage and before the output: a queue is read by its map
-    stage's threads (one consumer for the output) and written by the map stage before it
-    (the source's one thread for the first), or by one thread at a time when a batch stage
-    lies between (a Batcher puts under its lock).
-    """
-    out: list[tuple[int, int]] = []
-    producers, batched = 1, False
-    for stage in reading.stages:
-        if stage.kind == "batch":
-            batched = True
-            continue
-        out.append((1 if batched else producers, max(1, stage.concurrency)))
-        producers, batched = max(1, stage.concurrency), False
-    out.append((1 if batched else producers, 1))
-    return out
 
 
 def _check_int(field: str, value: object, *, minimum: int) -> None:
@@ -419,13 +169,3 @@ def _check_int(field: str, value: object, *, minimum: int) -> None:
         raise PipelineSpecError(f"Loader: {field} must be an int >= {minimum}, got {value!r}")
 
 
-def _empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -> Snapshot:
-    nan = float("nan")
-    stages = {
-        s.name: StageStats(
-            s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan,
-            overrides.get(s.name, s.concurrency), 0, 0.0, 0, 0,
-        )
-        for s in pipeline.stages
-    }
-    return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import spdl_lab as lab
-from spdl_lab import cli
+from spdl_lab import cli, cli_inputs
 from spdl_lab.cli import main
-from spdl_lab.experiments.diagnosis import Diagnosis, Point, StageDiagnosis
-from spdl_lab.experiments.diagnostic_mode import ENV, ENV_REPORT_DIR, EXIT_STATUS
+from spdl_lab.diagnose.env_mode import ENV, ENV_REPORT_DIR, EXIT_STATUS
+from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
 
 COMMANDS = ["info", "demo", "compare", "diagnose", "report"]
 MODULE = "spdl_cli_tiny"  # a name no other test imports, so sys.modules holds only ours
@@ -253,11 +253,11 @@ def test_a_failing_pipeline_exits_3_with_its_traceback(tiny, tmp_path, capsys):
 
 
 def test_simulated_step_lasts_what_it_says():
-    device = cli._load_step("simulated:2")
+    device = cli_inputs.load_step("simulated:2")
     assert isinstance(device, lab.SimulatedDevice)
     assert device.kernels * device.kernel_us == pytest.approx(2000.0)
     assert device.launch_us < device.kernel_us  # the default ratio: the stream stays fed
-    default = cli._load_step(cli.DEFAULT_STEP)
+    default = cli_inputs.load_step(cli.DEFAULT_STEP)
     assert default.kernels * default.kernel_us == pytest.approx(20_000)
 
 

@@ -436,7 +436,7 @@ import threading
 import time
 
 import spdl_lab as lab
-from spdl_lab.experiments._thread_sweep import SweepSettings
+from spdl_lab.diagnose.settings import SweepSettings
 
 def parse(i):
     total = 0                          # pure Python: holds the GIL
@@ -610,7 +610,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import spdl_lab as lab
-from spdl_lab.experiments._thread_sweep import SweepSettings
+from spdl_lab.diagnose.settings import SweepSettings
 
 N, BATCH = 480, 8              # small, for CI; a larger N gives steadier numbers
 BASE = np.random.default_rng(0).standard_normal(100_000)

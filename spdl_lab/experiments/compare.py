@@ -22,11 +22,11 @@ import pandas as pd
 
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
+from ..progress import progress_bar
 from ..runners import RUNNERS
 from ..telemetry.probes import GilProbe
 from ..training import SimulatedDevice
 from ._contender import Contender, MachineClock, Window
-from ._progress import progress_bar
 from ._spread import beats_headspace, coverage, ratios, runner_row, warnings_for
 
 __all__ = ["Comparison", "compare", "DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "TABLE_COLUMNS"]
@@ -95,14 +95,14 @@ class Comparison:
 
     def to_json(self, path: str | Path) -> Path:
         """Write the table, warnings, rounds and every runner's frames as plain JSON; return the path."""
-        from ._comparison_io import write_json
+        from .comparison_file import write_json
 
         return write_json(self, path)
 
     @classmethod
     def from_json(cls, path: str | Path) -> Comparison:
         """Read a Comparison written by ``to_json``; plain JSON, validated, never executed."""
-        from ._comparison_io import read_json
+        from .comparison_file import read_json
 
         return read_json(path)
 

@@ -62,7 +62,7 @@ def run(
         session.wait(timeout=60)
         session.summary()
     """
-    from . import diagnostic_mode
+    from ..diagnose import env_mode as diagnostic_mode
 
     if diagnostic_mode.enabled() and isinstance(pipeline_or_iterable, (Pipeline, Loader)):
         pipeline = pipeline_or_iterable

@@ -17,8 +17,8 @@ from typing import Any
 from ..engine.engine import EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from ..loader import CLOSE_TIMEOUT_S, RunOwner, _empty_snapshot, _iterate, _Run
 from ..runners.base import Runner
+from ..runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate
 from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ..telemetry.snapshot import Snapshot
 from ._spdl_config import SpdlSpec, config_of, describe, op_kind, pipe_fields
@@ -88,14 +88,14 @@ class SpdlMonitor(RunOwner):
         diagnostic_mode_check(self.pipeline.config)  # when used directly; lab.run checked already
         self._state.end_run(self._close_timeout)
         runner = SpdlRunner(self.pipeline, self._build_options, self._start_timeout)
-        run = _Run(runner, self._sample_hz, self._sample_ticks, self._sources)
+        run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
         self._state.run = run
         try:
             run.start()
         except BaseException:
             run.finish(self._close_timeout)
             raise
-        return _iterate(self, run, self._close_timeout)  # type: ignore[arg-type]
+        return iterate(self, run, self._close_timeout)  # type: ignore[arg-type]
 
     @property
     def options(self) -> dict[str, Any]:
@@ -116,7 +116,7 @@ class SpdlMonitor(RunOwner):
         return {}
 
     def _empty_stats(self) -> Snapshot:
-        return _empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
+        return empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Stop the SPDL pipeline (its event loop, source and executor threads). Safe twice."""
@@ -234,7 +234,7 @@ def diagnostic_mode_check(source: Any) -> None:
     ``source`` is an SPDL builder or config (diagnosed through ``lab.from_spdl``)
     or the ``lab.Pipeline`` already made from one.
     """
-    from ..experiments import diagnostic_mode
+    from ..diagnose import env_mode as diagnostic_mode
     from ..pipeline import Pipeline
 
     if not diagnostic_mode.enabled():

@@ -18,9 +18,9 @@ import ipywidgets as widgets
 from jupyter_bokeh.widgets import BokehModel
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ..experiments.verdict import Window, live_verdict
 from ..interpreter import describe
 from ..runners import RUNNERS
+from ..telemetry.live_verdict import Window, live_verdict
 from .live_plots import DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 __all__ = ["Dashboard"]

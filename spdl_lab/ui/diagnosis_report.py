@@ -20,7 +20,7 @@ from bokeh.plotting import figure
 from bokeh.resources import INLINE
 
 if TYPE_CHECKING:
-    from ..experiments.diagnosis import Diagnosis, Point, StageDiagnosis
+    from ..diagnose.result import Diagnosis, Point, StageDiagnosis
 
 __all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
 

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..experiments.diagnosis import Diagnosis, Point, StageDiagnosis
+    from ..diagnose.result import Diagnosis, Point, StageDiagnosis
 
 __all__ = ["qps_charts"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import sys
 
-from spdl_lab.experiments._progress import bar_kind, progress_bar
+from spdl_lab.progress import bar_kind, progress_bar
 
 
 class _Tty(io.StringIO):

@@ -1,7 +1,7 @@
 """Reports are data: saved files are read as plain data, and nothing spdl_lab writes runs.
 
 1. Every public ``from_json`` refuses hostile files cleanly (its own error, naming the
-   file and the JSON path) and executes nothing; tests/experiments/test_diagnosis_io.py
+   file and the JSON path) and executes nothing; tests/diagnose/test_file_format.py
    has the spot checks, this file the exhaustive ones (every field, every object).
 2. An audit of spdl_lab/'s source (ast): each place that unpickles, evaluates, imports
    by name, parses JSON or could listen is in ``ALLOWED`` with a one-line reason.
@@ -30,8 +30,8 @@ import pandas as pd
 import pytest
 
 import spdl_lab as lab
+from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
 from spdl_lab.errors import SpdlLabError
-from spdl_lab.experiments.diagnosis import Diagnosis, Point, StageDiagnosis
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "spdl_lab"
@@ -355,31 +355,31 @@ _UNPICKLERS = {"pickle.Unpickler", "_pickle.Unpickler"}
 ALLOWED = {
     "spdl_lab/runners/__init__.py::runner_class::importlib.import_module":
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
-    "spdl_lab/cli.py::_import_attr::importlib.import_module":
+    "spdl_lab/cli_inputs.py::import_attr::importlib.import_module":
         "imports the module the user named on the spdl-lab command line, as `python -m` would",
-    "spdl_lab/experiments/_json_checks.py::load_document::json.loads":
+    "spdl_lab/file_checks.py::load_document::json.loads":
         "the one strict JSON reader: no NaN, no duplicate keys, depth and size capped; every field checked after",
-    "spdl_lab/experiments/_isolated.py::diagnose_in_child::multiprocessing.connection.Connection":
+    "spdl_lab/diagnose/_isolated.py::diagnose_in_child::multiprocessing.connection.Connection":
         "wraps pipes to the diagnose child this process just spawned; no one else holds them",
-    "spdl_lab/experiments/_isolated.py::_next::.recv()":
+    "spdl_lab/diagnose/_isolated.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
-    "spdl_lab/experiments/_isolated.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/diagnose/_isolated.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the diagnose child inherited from the parent that spawned it",
-    "spdl_lab/experiments/_isolated.py::_serve::.recv()":
+    "spdl_lab/diagnose/_isolated.py::_serve::.recv()":
         "the diagnose child's first message, from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/experiments/_isolated.py::_serve::cloudpickle.loads":
+    "spdl_lab/diagnose/_isolated.py::_serve::cloudpickle.loads":
         "the pipeline the parent pickled for this child to diagnose; user code by design",
-    "spdl_lab/experiments/_sweep_child.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/diagnose/_sweep_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the sweep child inherited from the parent that spawned it",
-    "spdl_lab/experiments/_sweep_child.py::main::.recv()":
+    "spdl_lab/diagnose/_sweep_child.py::main::.recv()":
         "the sweep child's first message, from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/experiments/_sweep_child.py::main::cloudpickle.loads":
+    "spdl_lab/diagnose/_sweep_child.py::main::cloudpickle.loads":
         "the stage function and inputs the parent pickled for this child; user code by design",
-    "spdl_lab/experiments/_sweep_child.py::_Worker.obey::.recv()":
+    "spdl_lab/diagnose/_sweep_child.py::_Worker.obey::.recv()":
         "control messages from the parent that spawned this sweep child, over its inherited pipe",
-    "spdl_lab/experiments/_sweep_worker.py::WorkerPool.start::multiprocessing.connection.Connection":
+    "spdl_lab/diagnose/_sweep_worker.py::WorkerPool.start::multiprocessing.connection.Connection":
         "wraps pipes to sweep children this process just spawned; no one else holds them",
-    "spdl_lab/experiments/_sweep_worker.py::WorkerPool._recv::.recv()":
+    "spdl_lab/diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
         "unpickles only messages from sweep children this process started, over pipes only they hold",
     "spdl_lab/runners/_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",

@@ -8,7 +8,7 @@ import re
 from bokeh.models import LayoutDOM
 from bokeh.plotting import figure
 
-from spdl_lab.experiments.diagnosis import Diagnosis, Point, StageDiagnosis
+from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
 from spdl_lab.ui.diagnosis_report import diagnosis_plot
 
 NAN = math.nan

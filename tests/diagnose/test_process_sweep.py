@@ -6,16 +6,32 @@ import math
 import os
 import threading
 import time
+import warnings
 
 import pytest
 
+from spdl_lab.diagnose._process_sweep import ProcessSweeper
+from spdl_lab.diagnose._thread_sweep import StageFeed
+from spdl_lab.diagnose.settings import SweepSettings
 from spdl_lab.errors import PipelineSpecError
-from spdl_lab.experiments._process_sweep import _process_qps, measure_processes
 
 pytestmark = pytest.mark.usefixtures("no_child_leak", "no_thread_leak")
 
 #: Short windows: these tests check behaviour, not timings.
 QUICK = dict(warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=6)
+
+
+def measure_processes(stage, fn, inputs, concurrency, **settings):
+    """One stage's process points, as lab.diagnose takes them; why a point failed as a warning."""
+    with ProcessSweeper(concurrency, SweepSettings(**settings)) as sweeper:
+        sweeper.add([StageFeed(stage, fn, inputs)])
+        sweeper.finish()
+    sweep = sweeper.results()[stage]
+    if sweep.error is not None:
+        raise sweep.error
+    for note in sweep.notes:
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
+    return sweep.points
 
 
 def spin(n):
@@ -127,20 +143,11 @@ def test_an_unpicklable_function_names_the_stage():
         measure_processes("guarded", locked, [1], (1,))
 
 
-def test_two_workers_are_each_read_at_their_own_speed(monkeypatch):
-    # Each core has slow spells (0.6x) of its own; the point's windows mix both-fast,
-    # one-slow and both-slow. Only one window had both fast at once.
-    a = [1000, 600, 1000, 600, 600, 1000]
-    b = [600, 1000, 1000, 600, 1000, 600]
-    together = [x + y for x, y in zip(a, b)]
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert sorted(together, reverse=True)[1] == 1600  # the point's second-best window: one core slow
-    assert _process_qps(together, [a, b]) == 2000  # each worker's second best: both at their own speed
-
-
-def test_more_workers_than_cores_are_read_from_the_point_s_windows(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    per_worker = [[500, 300, 500], [300, 500, 500], [500, 500, 300]]
-    together = [sum(w) for w in zip(*per_worker)]
-    assert _process_qps(together, per_worker) == sorted(together, reverse=True)[1]
-    assert _process_qps([700, 900, 800], [[700, 900, 800]]) == 800  # one worker: the same rule
+def test_a_process_point_reads_its_second_best_window_as_a_thread_point_does(tmp_path):
+    # Like with like: a rate seen at one moment (not a sum of each worker's best moments).
+    plan = dict(QUICK, min_windows=4, max_windows=4)
+    points = measure_processes("s", one_slow_worker(str(tmp_path / "slow")), list(range(8)), (2,), **plan)
+    (two,) = points
+    assert two.repeats == 4 and two.qps > 0
+    # 2 workers, one at ~330/s and one at ~1000/s: together ~1330/s, never 2000.
+    assert two.qps < 1600

@@ -19,20 +19,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
+from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
 from ._bottleneck import FAR_FASTER, limiting
 from ._pausing import sessions_paused
-from ._progress import progress_bar
-from ._thread_sweep import (
-    StageFeed,
-    StageRun,
-    SweepSettings,
-    ThreadSweep,
-    measure_threads,
-    run_once,
-)
-from .diagnosis import Diagnosis, Point, StageDiagnosis
-from .verdict_rules import judge, rises
+from ._thread_sweep import StageFeed, StageRun, ThreadSweep, measure_threads, run_once
+from .result import Diagnosis, Point, StageDiagnosis
+from .rules import judge, rises
+from .settings import SweepSettings
 
 if TYPE_CHECKING:
     from ._process_sweep import ProcessSweep, ProcessSweeper
@@ -295,12 +289,9 @@ class _ProcessSide:
         self.max_windows = settings.max_windows
         self.sweeper: ProcessSweeper | None = None
         if feeds and levels:
-            from ._process_sweep import ProcessPlan, ProcessSweeper
+            from ._process_sweep import ProcessSweeper
 
-            plan = ProcessPlan(warmup_s=settings.warmup_s, window_s=settings.window_s,
-                               min_windows=settings.min_windows, max_windows=settings.max_windows,
-                               stable_within=settings.stable_within, point_timeout_s=settings.point_timeout_s)
-            self.sweeper = ProcessSweeper(levels, plan, on_window=bar.update, deadline=deadline)
+            self.sweeper = ProcessSweeper(levels, settings, on_window=bar.update, deadline=deadline)
 
     def after_round(self, points: dict[str, list[Point]]) -> None:
         if self.sweeper is not None:

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import psutil
 
+from ..experiments.session import live_sessions
 from ..telemetry.cpu_rates import cpu_seconds
-from .session import live_sessions
 
 __all__ = ["IDLE_CORES", "sessions_paused"]
 

@@ -13,11 +13,10 @@ import pytest
 from pandas.testing import assert_frame_equal
 
 import spdl_lab as lab
-from spdl_lab.errors import SpdlLabError
-from spdl_lab.experiments import _comparison_io as io
-from spdl_lab.experiments._comparison_io import ComparisonFormatError, read_json
-from spdl_lab.experiments._json_checks import FileFormatError
+from spdl_lab.errors import FileFormatError, SpdlLabError
+from spdl_lab.experiments import comparison_file as io
 from spdl_lab.experiments.compare import ROUND_COLUMNS, TABLE_COLUMNS
+from spdl_lab.experiments.comparison_file import ComparisonFormatError, read_json
 from spdl_lab.telemetry.frames import FRAME_COLUMNS
 
 

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .diagnosis import Point
+from .result import Point
 
 __all__ = [
     "BEST_NOISE_CAP",

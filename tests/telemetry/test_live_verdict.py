@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from spdl_lab.experiments import verdict as v
-from spdl_lab.experiments.verdict import Window, verdict_from_frames
+from spdl_lab.telemetry import live_verdict as v
 from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
+from spdl_lab.telemetry.live_verdict import Window, verdict_from_frames
 
 CONTROLS = {"read": 8, "decode": 2, "collate": 1}
 

@@ -12,8 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..pipeline import MAX_CONCURRENCY
-from ._json_checks import (
+from ..file_checks import (
     MAX_COUNT,
     MAX_NAME,
     MAX_TEXT,
@@ -26,10 +25,11 @@ from ._json_checks import (
     plain,
     short,
 )
-from ._json_checks import int_field as _int
-from ._json_checks import num_field as _num
-from ._json_checks import text_field as _text
-from .diagnosis import VERDICTS, Diagnosis, Point, StageDiagnosis
+from ..file_checks import int_field as _int
+from ..file_checks import num_field as _num
+from ..file_checks import text_field as _text
+from ..pipeline import MAX_CONCURRENCY
+from .result import VERDICTS, Diagnosis, Point, StageDiagnosis
 
 __all__ = ["DiagnosisFormatError", "build", "read_json", "summary_text", "write_json"]
 

@@ -33,9 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..runners import RUNNERS
-from ..telemetry.frames import FRAME_COLUMNS
-from ._json_checks import (
+from ..file_checks import (
     MAX_COUNT,
     Checker,
     FileFormatError,
@@ -49,6 +47,8 @@ from ._json_checks import (
     short,
     text_field,
 )
+from ..runners import RUNNERS
+from ..telemetry.frames import FRAME_COLUMNS
 from .compare import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 
 __all__ = ["ComparisonFormatError", "FORMAT", "build", "read_json", "write_json"]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from spdl_lab.diagnose import file_format as io
+from spdl_lab.diagnose.file_format import DiagnosisFormatError, read_json, summary_text
+from spdl_lab.diagnose.result import VERDICTS, Diagnosis, Point, StageDiagnosis
 from spdl_lab.errors import SpdlLabError
-from spdl_lab.experiments import _diagnosis_io as io
-from spdl_lab.experiments._diagnosis_io import DiagnosisFormatError, read_json, summary_text
-from spdl_lab.experiments.diagnosis import VERDICTS, Diagnosis, Point, StageDiagnosis
 
 NAN = math.nan
 TRACEBACK = (
@@ -240,7 +240,7 @@ def test_missing_file_is_an_os_error(tmp_path):
 
 
 def test_a_version_1_file_is_still_read(tmp_path):
-    from spdl_lab.experiments._diagnosis_io import _NEW_IN_2
+    from spdl_lab.diagnose.file_format import _NEW_IN_2
 
     doc = good_doc()
     doc["version"] = 1

@@ -139,7 +139,7 @@ class Diagnosis:
 
     def summary(self) -> str:
         """A plain-text table for terminals: stage, verdict, best concurrency, peak QPS."""
-        from ._diagnosis_io import summary_text
+        from .file_format import summary_text
 
         return summary_text(self)
 
@@ -156,14 +156,14 @@ class Diagnosis:
         return write_diagnosis_report(self, path)
 
     def to_json(self, path: str | Path) -> Path:
-        from ._diagnosis_io import write_json
+        from .file_format import write_json
 
         return write_json(self, path)
 
     @classmethod
     def from_json(cls, path: str | Path) -> Diagnosis:
         """Read a Diagnosis written by ``to_json``; plain JSON, validated, never executed."""
-        from ._diagnosis_io import read_json
+        from .file_format import read_json
 
         return read_json(path)
 

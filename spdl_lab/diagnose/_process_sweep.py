@@ -17,15 +17,15 @@ over the whole sweep.
 #   no call spills into the next point's window). QPS = ``window_qps`` of the
 #   completion times the workers report (the median rate over short slices; for
 #   slow functions, the completions up to the last one). CPU is read with each
-#   reading's time stamp. A window lasts at least 8 warm-up task times (up to
-#   MAX_WINDOW_S), so slow functions are not counted in fractions of a task.
+#   reading's time stamp. A window is ``settings.window_for`` (as in the thread
+#   half): a few tasks per worker at the warm-up's task time, up to MAX_WINDOW_S.
 # - A point is done when it has ``min_windows`` windows and its fastest three
 #   agree within +-``stable_within`` (``_slices.quiet``) -> "ok";
 #   ``max_windows`` reached first, or the diagnosis's budget spent
-#   (``_thread_sweep.budget_cut``) -> "unstable". Its QPS is its second-best
-#   window (``_slices.point_qps``); with 2..cores workers, the sum of each
-#   worker's second-best window (``_process_qps``). CPU and task times come
-#   from every window.
+#   (``settings.budget_cut``) -> "unstable". Its QPS is its second-best window
+#   (``_slices.point_qps``), as a thread point's: a rate seen at one moment, so
+#   threads and processes compare like with like. CPU and task times come from
+#   every window.
 # - Every call raised during the windows -> "error" with qps 0 and ``failures``
 #   counted: the number says nothing about the function's speed.
 # - A worker that dies -> "error" (qps NaN).
@@ -33,8 +33,7 @@ over the whole sweep.
 #   alike (their points are dropped). After a timeout the workers are killed (a call
 #   stuck in the function cannot be interrupted); otherwise they get a stop
 #   message, then terminate, then kill.
-# - Why a point failed goes into the stage's ``notes``; ``measure_processes``
-#   turns them into RuntimeWarnings.
+# - Why a point failed goes into the stage's ``notes``.
 
 from __future__ import annotations
 
@@ -44,7 +43,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -54,28 +52,13 @@ import cloudpickle
 from ..errors import PipelineSpecError, SpdlLabError
 from ._slices import point_qps, quiet, window_qps
 from ._sweep_worker import Reading, WorkerDied, WorkerPool
-from ._thread_sweep import StageFeed, budget_cut
-from .diagnosis import Point
+from ._thread_sweep import StageFeed
+from .result import Point
+from .settings import SweepSettings, budget_cut, window_for
 
-__all__ = ["ProcessPlan", "ProcessSweep", "ProcessSweeper", "measure_process_stages", "measure_processes"]
+__all__ = ["ProcessSweep", "ProcessSweeper"]
 
 NAN = math.nan
-#: Longest measurement window, however slow the function (as in the thread half).
-MAX_WINDOW_S = 5.0
-
-
-@dataclass(frozen=True)
-class ProcessPlan:
-    warmup_s: float = 0.3  # the defaults are SweepSettings' (lab.diagnose passes its own)
-    window_s: float = 0.3
-    min_windows: int = 4
-    max_windows: int = 10
-    stable_within: float = 0.10
-    point_timeout_s: float = 10.0
-    max_inputs: int = 64  # inputs sent to each worker
-    start_timeout_s: float = 30.0
-
-
 @dataclass
 class ProcessSweep:
     """One stage's process points (ascending), why any failed, or why none could be measured."""
@@ -83,42 +66,6 @@ class ProcessSweep:
     points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: SpdlLabError | None = None  # the function or inputs cannot be pickled, or no worker started
-
-
-def measure_processes(
-    stage: str, fn: Callable[[Any], Any], inputs: Sequence[Any], concurrency: Sequence[int], **plan: Any,
-) -> list[Point]:
-    """Points (executor "process") at each concurrency, ascending, from ``max(concurrency)`` workers.
-
-    ``plan``: the fields of ``ProcessPlan``. Raises PipelineSpecError if ``fn`` or
-    the inputs cannot be pickled, RunnerError if a worker cannot start; warns
-    (RuntimeWarning) why a point failed. Example::
-
-        points = measure_processes("decode", decode, files, (1, 2, 4))
-        [(p.concurrency, round(p.qps)) for p in points]
-    """
-    sweep = measure_process_stages([StageFeed(stage, fn, inputs)], concurrency, ProcessPlan(**plan))[stage]
-    if sweep.error is not None:
-        raise sweep.error
-    for note in sweep.notes:
-        warnings.warn(note, RuntimeWarning, stacklevel=2)
-    return sweep.points
-
-
-def measure_process_stages(
-    feeds: Sequence[StageFeed], concurrency: Sequence[int], plan: ProcessPlan = ProcessPlan(), *,
-    on_window: Callable[[int], None] | None = None, deadline: float = math.inf,
-) -> dict[str, ProcessSweep]:
-    """Every stage of ``feeds`` at each concurrency, in worker processes, the points taking turns.
-
-    Past ``deadline`` (``time.monotonic()``) points take only the windows
-    ``budget_cut`` allows. ``on_window(n)`` reports progress in windows, out of
-    ``max_windows`` per point.
-    """
-    with ProcessSweeper(concurrency, plan, on_window=on_window, deadline=deadline) as sweeper:
-        sweeper.add(feeds)
-        sweeper.finish()
-    return sweeper.results()
 
 
 class ProcessSweeper:
@@ -132,12 +79,13 @@ class ProcessSweeper:
     (or leaving the ``with`` block) stops every worker.
     """
 
-    def __init__(self, concurrency: Sequence[int], plan: ProcessPlan = ProcessPlan(), *,
+    def __init__(self, concurrency: Sequence[int], plan: SweepSettings | None = None, *,
                  on_window: Callable[[int], None] | None = None, deadline: float = math.inf) -> None:
         self.levels = sorted(set(concurrency))
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.levels):
             raise PipelineSpecError(
                 f"lab.diagnose: process concurrency must be integers >= 1, got {list(concurrency)}")
+        plan = plan or SweepSettings()
         self.plan = replace(plan, max_windows=max(plan.min_windows, plan.max_windows))
         self.deadline = deadline
         self._report = on_window or (lambda n: None)
@@ -212,7 +160,7 @@ class ProcessSweeper:
         return out
 
 
-def _start(feed: StageFeed, workers: int, plan: ProcessPlan) -> WorkerPool:
+def _start(feed: StageFeed, workers: int, plan: SweepSettings) -> WorkerPool:
     sample = list(itertools.islice(feed.inputs, plan.max_inputs))
     if not sample:
         raise PipelineSpecError(f"lab.diagnose: stage {feed.name!r} has no inputs to measure processes with")
@@ -233,11 +181,10 @@ def _start(feed: StageFeed, workers: int, plan: ProcessPlan) -> WorkerPool:
 class _Point:
     """One (stage, concurrency): its warm-up, its windows, and how it ended."""
 
-    def __init__(self, stage: str, c: int, pool: WorkerPool, plan: ProcessPlan) -> None:
+    def __init__(self, stage: str, c: int, pool: WorkerPool, plan: SweepSettings) -> None:
         self.stage, self.c, self.pool, self.plan = stage, c, pool, plan
         self.windows: list[Reading] = []  # per window: wall time in ``at``, the rest as differences
         self.qps: list[float] = []
-        self.worker_qps: list[list[float]] = [[] for _ in range(c)]  # each worker's own window rates
         self.status = "unstable"
         self.done = False
         self.notes: list[str] = []
@@ -266,7 +213,7 @@ class _Point:
                 check_at = min(now.at + 0.05, end)
             self.failures = now.failures - base.failures
             task_s = statistics.median(now.times_ns) / 1e9 if now.times_ns else 0.0
-            self.window_s = min(max(plan.window_s, 8 * task_s), MAX_WINDOW_S)
+            self.window_s = window_for(plan.window_s, c, c / task_s) if task_s > 0 else plan.window_s
             return self._pause()
         except WorkerDied as died:
             return self._fail("error", f"a {died}")
@@ -294,8 +241,6 @@ class _Point:
                                         now.cpu_s - before.cpu_s, now.times_ns))
             span = round(start * 1e9), round(now.at * 1e9)
             self.qps.append(window_qps(now.ends_ns, *span))
-            for mine, ends in zip(self.worker_qps, now.worker_ends_ns):
-                mine.append(window_qps(ends, *span))
             if not self._pause():
                 return
         except WorkerDied as died:
@@ -336,7 +281,7 @@ class _Point:
         if self.status in ("timeout", "error") or not windows:
             return _failed(self.stage, self.c, self.status if self.status != "unstable" else "error",
                            len(self.windows), failures)
-        mid = _process_qps(qps, self.worker_qps)
+        mid = point_qps(qps)
         wall = sum(w.at for w in windows)
         times = [t for w in windows for t in w.times_ns]
         status = self.status
@@ -352,22 +297,6 @@ class _Point:
             p50_ms=statistics.median(times) / 1e6 if times else NAN,
             repeats=len(self.windows), status=status, failures=failures,
         )
-
-
-def _process_qps(windows: list[float], per_worker: list[list[float]]) -> float:
-    """A process point's QPS: with no more workers than cores, the sum of each worker's own
-    ``point_qps``; otherwise ``point_qps`` of the point's windows.
-
-    Workers are separate processes on separate cores, and a slow spell slows one
-    core at a time: at 2 workers the windows read both fast, one slow, or both
-    slow, and the second-best window needs both fast at once, twice. Each
-    worker's second-best window needs only its own core. With more workers
-    than cores they share cores, a worker's rate depends on how the others were
-    scheduled, and only the point's own windows mean anything.
-    """
-    if not 1 < len(per_worker) <= (os.cpu_count() or 1) or any(len(w) != len(windows) for w in per_worker):
-        return point_qps(windows)
-    return sum(point_qps(w) for w in per_worker)
 
 
 def _failed(stage: str, c: int, status: str, repeats: int, failures: int) -> Point:

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from spdl_lab.experiments._slices import point_qps, quiet, window_qps
-from spdl_lab.experiments._thread_sweep import SweepSettings
+from spdl_lab.diagnose._slices import point_qps, quiet, window_qps
+from spdl_lab.diagnose.settings import SweepSettings
 
 MS = 1_000_000
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .diagnosis import Diagnosis, StageDiagnosis
+    from .result import Diagnosis, StageDiagnosis
 
 __all__ = ["FAR_FASTER", "BUSY_MACHINE", "rate_at", "limiting", "headline", "machine_load"]
 

@@ -26,21 +26,21 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunnerError, SpdlLabError
+from ..progress import progress_bar
 from ..runners.stopping import stop_process
-from ._progress import progress_bar
 
 __all__ = ["diagnose_in_child"]
 
 def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Any:
     """Run ``diagnose_here`` in a fresh interpreter on the shipped pipeline; return its Diagnosis."""
-    from ._diagnosis_io import read_json
+    from .file_format import read_json
 
     folder = Path(tempfile.mkdtemp(prefix="spdl_lab_diagnose_"))
     data_r, data_w = os.pipe()
     ctrl_r, ctrl_w = os.pipe()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "spdl_lab.experiments._isolated", str(data_w), str(ctrl_r)],
+            [sys.executable, "-m", "spdl_lab.diagnose._isolated", str(data_w), str(ctrl_r)],
             pass_fds=(data_w, ctrl_r),
             start_new_session=True,  # Ctrl-C reaches the notebook or the CLI, which stops the child
         )
@@ -150,7 +150,7 @@ def _serve(data: Connection, ctrl: Connection) -> int:
         pass
     import cloudpickle
 
-    from .diagnose import diagnose_here
+    from .measure import diagnose_here
 
     try:
         pipeline = cloudpickle.loads(init["pipeline"])

@@ -1,7 +1,7 @@
 """What every spdl_lab JSON file shares: a strict checker, a safe reader, an atomic writer.
 
 Reading executes nothing: a file becomes dicts, lists, numbers and strings only, and
-the format modules (``_diagnosis_io``, ``_comparison_io``) check every field with a
+the format modules (``diagnose.file_format``, ``experiments.comparison_file``) check every field with a
 ``Checker`` whose errors name the file, the JSON path and what was expected.
 """
 
@@ -15,21 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import SpdlLabError
+from .errors import FileFormatError
 
-__all__ = ["Checker", "FileFormatError", "dump_document", "load_document"]
+__all__ = ["Checker", "dump_document", "load_document"]
 
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
 MAX_META_KEYS, MAX_META_LIST = 200, 10_000
 MAX_COUNT = 10**15
-
-
-class FileFormatError(SpdlLabError, ValueError):
-    """A saved file (or a result being saved) does not fit its format; ``field`` is its JSON path."""
-
-    def __init__(self, message: str, *, source: str, field: str) -> None:
-        super().__init__(message)
-        self.source, self.field = source, field
 
 
 class Checker:

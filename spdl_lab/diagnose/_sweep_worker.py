@@ -43,7 +43,6 @@ class Reading:
     times_ns: list[int] = field(default_factory=list)
     ends_ns: list[int] = field(default_factory=list)  # completion times of those calls
     busy: int = 0  # workers inside the function when asked
-    worker_ends_ns: list[list[int]] = field(default_factory=list)  # ends_ns, worker by worker
 
 
 class WorkerDied(Exception):
@@ -122,7 +121,6 @@ class WorkerPool:
             reading.failures += failures
             reading.times_ns += times_ns
             reading.ends_ns += ends_ns
-            reading.worker_ends_ns.append(ends_ns)
             self.first_error = self.first_error or first_error
         if math.isnan(cpu_s):
             raise WorkerDied("a worker process vanished")

@@ -27,54 +27,10 @@ import psutil
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ..telemetry.probes import GilProbe
 from ._slices import point_qps, quiet, window_qps
-from .diagnosis import Point
+from .result import Point
+from .settings import SweepSettings, budget_cut, window_for
 
-__all__ = ["StageFeed", "StageRun", "SweepSettings", "ThreadSweep", "measure_threads", "run_once"]
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """How ``lab.diagnose`` measures each point (a stage at one concurrency).
-
-    Shorter settings for a quick look, e.g. in a notebook::
-
-        quick = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
-        lab.diagnose(p, (1, 2, 4), settings=quick)
-    """
-
-    warmup_s: float = 0.3
-    window_s: float = 0.3  # lengthened for slow functions: see window_for
-    # A point stops once it has min_windows windows and its fastest three agree
-    # (_slices.quiet); one whose fast windows disagree keeps going, so that its
-    # second-best window (its QPS) comes from the machine at its own speed.
-    min_windows: int = 4
-    max_windows: int = 10
-    # The fastest windows within +-10% of the QPS: no more needed. On a 2-core VM
-    # the same point's windows differ by 10-25% (whatever else runs takes a share
-    # of the cores), so a tighter rule leaves most points at the cap.
-    stable_within: float = 0.10
-    point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
-    # Seconds per map stage, threads and processes together. Once a diagnosis has
-    # run this long per stage, points take no window beyond min_windows, and a
-    # point still short of it stops at BUDGET_FLOOR (see budget_cut). The
-    # defaults keep a 3-stage pipeline under a minute on 2 cores.
-    stage_budget_s: float = 16.0
-
-    def __post_init__(self) -> None:
-        for name in ("warmup_s", "window_s", "point_timeout_s", "stage_budget_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"SweepSettings: {name} must be a number of seconds > 0, got {value!r}")
-        for name in ("min_windows", "max_windows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SweepSettings: {name} must be an int >= 1, got {value!r}")
-        if self.min_windows > self.max_windows:
-            raise ValueError(f"SweepSettings: min_windows ({self.min_windows}) is more than max_windows "
-                             f"({self.max_windows}); lower min_windows or raise max_windows")
-        if isinstance(self.stable_within, bool) or not isinstance(self.stable_within, (int, float)) \
-                or not 0 <= self.stable_within < 1:
-            raise ValueError(f"SweepSettings: stable_within must be a share in [0, 1), got {self.stable_within!r}")
+__all__ = ["StageFeed", "StageRun", "ThreadSweep", "measure_threads", "run_once"]
 
 
 @dataclass
@@ -160,7 +116,7 @@ def measure_threads(
     concurrency: Sequence[int],
     *,
     probe: GilProbe,
-    settings: SweepSettings = SweepSettings(),
+    settings: SweepSettings | None = None,
     on_window: Callable[[int], None] | None = None,
     deadline: float = math.inf,
     after_round: Callable[[dict[str, list[Point]]], None] | None = None,
@@ -181,6 +137,7 @@ def measure_threads(
     ``after_round(points)`` is called after every round, every pool paused, with
     each stage's points so far (``lab.diagnose`` measures processes there).
     """
+    settings = settings or SweepSettings()
     levels = sorted(set(concurrency))
     pools: dict[tuple[str, int], _Pool] = {}
     results: dict[tuple[str, int], _Windows] = {}
@@ -380,34 +337,6 @@ class _Windows:
             repeats=len(self.qps), status=self.status, failures=sum(pool.fails),
             machine_cpu_util=_median(self.machine),
         )
-
-
-#: Longest measurement window, however slow the function.
-MAX_WINDOW_S = 2.0
-#: A window lasts long enough for each worker to finish about this many tasks.
-#: Workers start a window together, so slow tasks finish in step, and a window
-#: of one or two rounds of them reads up to 25% off (``_slices``).
-TASKS_PER_WORKER = 4
-#: Past the budget's deadline a point still short of ``min_windows`` stops at this many.
-BUDGET_FLOOR = 2
-
-
-def window_for(window_s: float, workers: int, rate: float) -> float:
-    """A point's window: ``window_s``, or longer, up to ``MAX_WINDOW_S``, for about
-    ``TASKS_PER_WORKER`` tasks per worker at ``rate`` tasks per second."""
-    return min(max(window_s, TASKS_PER_WORKER * workers / rate), MAX_WINDOW_S)
-
-
-def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -> bool:
-    """Whether a point that has ``taken`` windows stops for the budget: it has
-    ``min_windows`` and another window of ``window_s`` would end past ``deadline``
-    (``time.monotonic()``), or it has ``BUDGET_FLOOR`` and the deadline has passed."""
-    if taken < min(min_windows, BUDGET_FLOOR):
-        return False
-    now = time.monotonic()
-    if taken >= min_windows:
-        return now + window_s > deadline
-    return now > deadline
 
 
 def _median(values: list[float]) -> float:

@@ -7,11 +7,11 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.experiments._process_sweep import ProcessPlan, measure_process_stages
-from spdl_lab.experiments._thread_sweep import (
+from spdl_lab.diagnose._process_sweep import ProcessSweeper
+from spdl_lab.diagnose._thread_sweep import StageFeed
+from spdl_lab.diagnose.settings import (
     BUDGET_FLOOR,
     MAX_WINDOW_S,
-    StageFeed,
     SweepSettings,
     budget_cut,
     window_for,
@@ -53,7 +53,7 @@ def _diagnose(budget: float) -> lab.Diagnosis:
 
 @pytest.mark.timeout(60)
 def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(monkeypatch) -> None:
-    from spdl_lab.experiments import _thread_sweep
+    from spdl_lab.diagnose import _thread_sweep
 
     monkeypatch.setattr(_thread_sweep, "quiet", lambda windows, within, at_least: False)
     free = _diagnose(budget=60.0).stages["wavers"].points
@@ -65,7 +65,9 @@ def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(mon
 
 @pytest.mark.timeout(60)
 def test_process_points_stop_at_the_budget_too() -> None:
-    plan = ProcessPlan(warmup_s=0.05, window_s=0.1, min_windows=3, max_windows=8)
-    feed = StageFeed("wavers", wavers, list(range(8)))
-    sweep = measure_process_stages([feed], (1,), plan, deadline=time.monotonic())["wavers"]
+    plan = SweepSettings(warmup_s=0.05, window_s=0.1, min_windows=3, max_windows=8)
+    with ProcessSweeper((1,), plan, deadline=time.monotonic()) as sweeper:
+        sweeper.add([StageFeed("wavers", wavers, list(range(8)))])
+        sweeper.finish()
+    sweep = sweeper.results()["wavers"]
     assert [(p.repeats, p.status) for p in sweep.points] == [(BUDGET_FLOOR, "unstable")]

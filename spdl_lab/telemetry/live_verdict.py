@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..telemetry.frames import FrameChunk
+from .frames import FrameChunk
 
 __all__ = [
     "BUSY_SATURATED",

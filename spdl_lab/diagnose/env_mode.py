@@ -38,7 +38,7 @@ def enabled() -> bool:
 
 
 def num_items() -> int:
-    from .diagnose import DEFAULT_NUM_ITEMS
+    from .measure import DEFAULT_NUM_ITEMS
 
     raw = os.environ.get(ENV_NUM_ITEMS, "").strip()
     if not raw:
@@ -49,7 +49,7 @@ def num_items() -> int:
 
 
 def concurrency() -> tuple[int, ...]:
-    from .diagnose import DEFAULT_CONCURRENCY
+    from .measure import DEFAULT_CONCURRENCY
 
     raw = os.environ.get(ENV_CONCURRENCY, "").strip()
     if not raw:
@@ -72,7 +72,7 @@ def write_reports(diagnosis, directory: str | os.PathLike | None = None, stem: s
 
 def run_diagnostic_mode(pipeline: Pipeline) -> NoReturn:
     """Diagnose ``pipeline``, write the reports, print where, and ``sys.exit(1)``."""
-    from .diagnose import diagnose
+    from .measure import diagnose
 
     count, levels = num_items(), concurrency()
     print(f"spdl_lab: {ENV}=1: diagnosing the pipeline instead of running it "

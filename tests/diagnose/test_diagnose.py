@@ -15,9 +15,10 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab.cli import main as cli_main
-from spdl_lab.experiments._thread_sweep import StageFeed, StageRun, SweepSettings, ThreadSweep
-from spdl_lab.experiments.diagnose import _judge, _Pass
-from spdl_lab.experiments.diagnosis import Point
+from spdl_lab.diagnose._thread_sweep import StageFeed, StageRun, ThreadSweep
+from spdl_lab.diagnose.measure import _judge, _Pass
+from spdl_lab.diagnose.result import Point
+from spdl_lab.diagnose.settings import SweepSettings
 from spdl_lab.pipeline import Stage
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,124 @@
+"""What the ``spdl-lab`` command reads: ``module:attr`` targets, ``--step`` specs, saved files.
+
+Each function raises ``PipelineSpecError`` or ``UsageError`` with one line that
+says what was wrong and what to do (exit status 2).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import PipelineSpecError, SpdlLabError
+
+__all__ = ["UsageError", "a_noun", "import_attr", "load_pipeline", "load_step", "one_line", "read_saved"]
+
+
+class UsageError(SpdlLabError, ValueError):
+    """A command line named something that cannot be used; the message says what to do."""
+
+
+
+def import_attr(target: str, what: str) -> Any:
+    """The object ``module:attr`` names (dotted attr paths work), imported, never evaluated."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise PipelineSpecError(
+            f"expected module:attr for the {what} (e.g. mypkg.data:pipeline), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to you are found
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineSpecError(f"cannot import {module_name!r}: {exc}; run spdl-lab from the folder "
+                                "that holds it, or install it") from exc
+    except Exception as exc:  # the module itself raised while importing
+        raise PipelineSpecError(f"importing {module_name!r} raised {type(exc).__name__}: {one_line(exc)}; "
+                                f"run python -c 'import {module_name}' to see the traceback") from exc
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PipelineSpecError(f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_pipeline(target: str):
+    """``module:attr`` (attr a lab.Pipeline or a zero-argument factory returning one)."""
+    from .pipeline import Pipeline
+
+    obj = import_attr(target, "pipeline")
+    if not isinstance(obj, Pipeline) and callable(obj):
+        try:
+            obj = obj()
+        except PipelineSpecError:
+            raise
+        except Exception as exc:
+            raise PipelineSpecError(f"calling {target}() raised {type(exc).__name__}: {one_line(exc)}; "
+                                    "it must build a lab.Pipeline with no arguments") from exc
+    if not isinstance(obj, Pipeline):
+        raise PipelineSpecError(
+            f"{target} is {a_noun(obj)}; expected a lab.Pipeline or a zero-argument function returning one"
+        )
+    return obj
+
+
+def load_step(spec: str) -> Any:
+    """``simulated:STEP_MS`` (a SimulatedDevice) or ``module:attr`` of a callable taking a batch."""
+    from .training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
+
+    kind, _, value = spec.partition(":")
+    if kind != "simulated":
+        step = import_attr(spec, "step")
+        if not callable(step):
+            raise PipelineSpecError(f"--step {spec} is {a_noun(step)}; expected a callable taking "
+                                    "a batch, or simulated:STEP_MS")
+        return step
+    try:
+        step_ms = float(value)
+    except ValueError:
+        step_ms = float("nan")
+    if not 0 < step_ms <= 60_000:
+        raise PipelineSpecError(f"--step {spec}: expected simulated:STEP_MS with a step of 0 to 60000 ms, "
+                                "e.g. simulated:20")
+    # Kernels of about the default length, with the default launch/kernel ratio (see device.py).
+    kernels = max(1, round(step_ms * 1000 / DEFAULT_KERNEL_US))
+    kernel_us = step_ms * 1000 / kernels
+    return SimulatedDevice(kernels=kernels, kernel_us=kernel_us, name=f"simulated {step_ms:g} ms",
+                           launch_us=kernel_us * DEFAULT_LAUNCH_US / DEFAULT_KERNEL_US)
+
+
+def read_saved(path: Path) -> Any:
+    """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
+    from .diagnose import file_format as diagnosis_file
+    from .experiments import comparison_file
+    from .file_checks import Checker, load_document
+
+    formats = {diagnosis_file.FORMAT: diagnosis_file, comparison_file.FORMAT: comparison_file}
+
+    class Saved(Checker):
+        noun = "spdl_lab"
+        read_fix = "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)"
+
+    checker = Saved(path, writing=False)
+    try:
+        doc = load_document(path, checker, max(m.MAX_FILE_BYTES for m in formats.values()))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    module = formats.get(doc.get("format"))
+    if module is None:
+        raise checker.expected("format", " or ".join(map(repr, formats)), doc.get("format"))
+    return module.build(doc, path)
+
+
+def a_noun(obj: Any) -> str:
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def one_line(exc: BaseException, limit: int | None = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
