@@ -45,6 +45,7 @@ def series(rows: list[tuple[str, str, float]]) -> dict[str, float]:
 # -- StepClock ---------------------------------------------------------------
 
 
+@pytest.mark.measurement
 def test_clock_times_known_waits(no_thread_leak):
     clock = StepClock(cuda=False)
     for _ in clock.iterate(slow_items(8, 0.020)):
@@ -385,6 +386,7 @@ def calibrated_steps(device: SimulatedDevice) -> tuple[SimulatedDevice, list[Dev
     return device, steps
 
 
+@pytest.mark.measurement
 def test_uncontended_step_is_device_bound(device, no_thread_leak):
     assert 0.06 <= kernels_s(device) <= 0.12  # the defaults aim at a realistic step
     device, steps = calibrated_steps(device)
@@ -403,6 +405,7 @@ def test_uncontended_step_is_device_bound(device, no_thread_leak):
     assert best.device_util > 0.7
 
 
+@pytest.mark.measurement
 def test_gil_hog_thread_stretches_the_step(device, no_thread_leak):
     # Every step, not quiet ones only: other processes can only add to the hog's effect.
     alone = min((device(None) for _ in range(5)), key=lambda step: step.wall_s)
@@ -428,6 +431,7 @@ def test_gil_hog_thread_stretches_the_step(device, no_thread_leak):
     assert median(steps, "wall_s") > alone.wall_s
 
 
+@pytest.mark.measurement
 def test_sleeping_thread_does_not(device, no_thread_leak):
     ran, quiet = alongside(sleeper, lambda: run_steps(device))
     # Its wakes take the GIL for microseconds: launches hardly wait for it...

@@ -47,6 +47,7 @@ def _battery(names):
     return lab.diagnose(p, (1, 2, 4), num_items=32, processes=False, settings=FAST, progress=False)
 
 
+@pytest.mark.measurement
 @pytest.mark.timeout(300)
 def test_battery_verdicts():
     diag = _battery(list(BATTERY))

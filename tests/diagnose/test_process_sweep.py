@@ -50,6 +50,7 @@ def hangs(x):
     time.sleep(3600)
 
 
+@pytest.mark.measurement
 @pytest.mark.timeout(120)
 def test_two_processes_outrun_one_because_they_share_no_gil():
     # The machine is shared: another tenant can hold the second core for a whole
@@ -102,6 +103,7 @@ def one_slow_worker(marker: str):
     return work
 
 
+@pytest.mark.measurement
 @pytest.mark.timeout(60)
 def test_one_process_takes_its_windows_on_each_worker_in_turn(tmp_path):
     # Cores do not always run at one speed; a single worker stays on its core.
@@ -143,6 +145,7 @@ def test_an_unpicklable_function_names_the_stage():
         measure_processes("guarded", locked, [1], (1,))
 
 
+@pytest.mark.measurement
 def test_a_process_point_reads_its_second_best_window_as_a_thread_point_does(tmp_path):
     # Like with like: a rate seen at one moment (not a sum of each worker's best moments).
     plan = dict(QUICK, min_windows=4, max_windows=4)

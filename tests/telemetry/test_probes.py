@@ -77,6 +77,7 @@ def test_idle_process_shows_little_gil_wait(probe, wait_until):
     assert rows["gil_wait_max_ms"] >= rows["gil_wait_ms"] >= 0.0
 
 
+@pytest.mark.measurement
 def test_python_hog_thread_shows_as_gil_wait_not_cpu_wait(probe, wait_until):
     if not probe.schedstat:
         pytest.skip("no per-thread schedstat here: the split is unavailable")
@@ -104,6 +105,7 @@ def test_python_hog_thread_shows_as_gil_wait_not_cpu_wait(probe, wait_until):
     assert busy["gil_wait_max_ms"] >= busy["gil_wait_ms"]
 
 
+@pytest.mark.measurement
 def test_busy_child_processes_show_as_cpu_wait_not_gil_wait(probe, wait_until):
     if not probe.schedstat:
         pytest.skip("no per-thread schedstat here: the split is unavailable")
