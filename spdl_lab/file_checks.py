@@ -1,8 +1,9 @@
-"""What every spdl_lab JSON file shares: a strict checker, a safe reader, an atomic writer.
+"""What both report files (a Diagnosis, a Comparison) share: a strict JSON reader, an atomic
+writer, the field types of their pydantic schemas, and errors that name the file, the JSON path,
+what was expected and what to do.
 
-Reading executes nothing: a file becomes dicts, lists, numbers and strings only, and
-the format modules (``diagnose.file_format``, ``experiments.comparison_file``) check every field with a
-``Checker`` whose errors name the file, the JSON path and what was expected.
+Reading executes nothing: ``load_document`` turns a file into dicts, lists, numbers and strings
+only, and a format's ``Record`` schema checks every field of them before its dataclass is built.
 """
 
 from __future__ import annotations
@@ -13,22 +14,133 @@ import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, NoReturn, TypeVar, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
+)
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from .errors import FileFormatError
 
-__all__ = ["Checker", "dump_document", "load_document"]
+__all__ = ["Checker", "Meta", "Record", "at_most", "choice", "describe", "dump_document", "expects", "integer",
+           "load_document", "number", "plain", "refuse", "short", "string"]
 
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
 MAX_META_KEYS, MAX_META_LIST = 200, 10_000
 MAX_COUNT = 10**15
 
 
-class Checker:
-    """Type and range checks that name the file, the JSON path and what was expected.
+class Record(BaseModel):
+    """An object of a report file: exactly its keys, each of exactly its type (no "3" for 3, no true for 1)."""
 
-    A format subclasses it to set ``noun`` ("diagnosis"), the advice its
-    messages end with, and the exception class it raises.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+R = TypeVar("R", bound=Record)
+
+
+# -- field types: each says once what it expects, and its errors say that ---------------------
+def expects(what: str) -> WrapValidator:
+    """Whatever the wrapped type refuses reads "expected <what>, got <the value>"."""
+    def check(value: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("expected", "expected {what}, got {got}",
+                                      {"what": what, "got": describe(value)}) from None
+    return WrapValidator(check)
+
+
+def _fits(limit: int) -> AfterValidator:
+    def check(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if len(value) > limit:
+            raise PydanticCustomError("too_long", "string of {n} characters is longer than the limit of {limit}",
+                                      {"n": len(value), "limit": limit})
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: it would break every writer downstream
+            raise PydanticCustomError("surrogate", "string holds an unpaired surrogate (not valid Unicode)") from None
+        return value
+    return AfterValidator(check)
+
+
+def string(limit: int, null: bool = False) -> Any:
+    return Annotated[str | None if null else str, expects("a string" + " or null" * null), _fits(limit)]
+
+
+def choice(*values: str, null: bool = False) -> Any:
+    kind = Literal[values]
+    return Annotated[kind | None if null else kind,
+                     expects("one of " + ", ".join(map(repr, values)) + " or null" * null)]
+
+
+def integer(lo: int, hi: int, null: bool = False) -> Any:
+    kind = Annotated[int, Field(ge=lo, le=hi)]
+    return Annotated[kind | None if null else kind, expects(f"an integer in {lo}..{hi}" + " or null" * null)]
+
+
+def number(lo: float, hi: float = math.inf) -> Any:
+    """A finite number in lo..hi, or null for NaN: JSON has no NaN, and the writers write NaN and inf as null."""
+    what = f"a number in {lo:g}..{hi:g}" if hi < math.inf else f"a number >= {lo:g}"
+    finite = Annotated[float, Field(ge=lo, le=hi, allow_inf_nan=False)]
+    return Annotated[finite | None, expects(f"{what} or null"), AfterValidator(_nan_for_null)]
+
+
+def _nan_for_null(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def at_most(limit: int | Callable[[], int], what: str) -> BeforeValidator:
+    """An array's or object's length, checked before its items are. A function ``limit`` is
+    called at each check, so a format's MAX_ constant can be changed after its schema is built."""
+    def check(value: Any) -> Any:
+        most = limit() if callable(limit) else limit
+        if isinstance(value, (list, dict)) and len(value) > most:
+            raise PydanticCustomError("too_many", "{n} {what}, more than the limit of {limit}",
+                                      {"n": len(value), "what": what, "limit": most})
+        return value
+    return BeforeValidator(check)
+
+
+def refuse(loc: tuple[int | str, ...], problem: str) -> NoReturn:
+    """From a validator: refuse what ``loc`` (relative to the value validated) names, with ``problem``."""
+    error = PydanticCustomError("refused", "{problem}", {"problem": problem})
+    raise ValidationError.from_exception_data("refused", [InitErrorDetails(type=error, loc=loc, input=None)])
+
+
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Scalar = Annotated[bool | Int64 | Annotated[float, Field(allow_inf_nan=False)] | str | None,
+                   expects("a string, number, bool, null or a flat list of those"), _fits(MAX_TEXT)]
+_SCALAR = TypeAdapter(Scalar, config=ConfigDict(strict=True))
+
+
+def _one_or_list(value: Any, handler: Callable[[Any], Any]) -> Any:
+    # Not a union of the two: its errors would name both, and the failing item of neither.
+    return handler(value) if isinstance(value, list) else _SCALAR.validate_python(value)
+
+
+#: settings / machine: a flat object of str to a scalar or a flat list of scalars.
+Meta = Annotated[dict[string(MAX_NAME), Annotated[list[Scalar], at_most(MAX_META_LIST, "items"),
+                                                WrapValidator(_one_or_list)]],
+                 at_most(MAX_META_KEYS, "keys")]
+
+
+# -- errors ----------------------------------------------------------------------------------
+class Checker:
+    """A file being read or written, and how its errors read.
+
+    A format subclasses it to set ``noun`` ("diagnosis"), the advice its messages end
+    with, and the exception class it raises.
     """
 
     noun: ClassVar[str] = "spdl_lab"
@@ -36,7 +148,7 @@ class Checker:
     write_fix: ClassVar[str] = "Correct that field"
     error: ClassVar[type[FileFormatError]] = FileFormatError
 
-    def __init__(self, source: Path | str, writing: bool) -> None:
+    def __init__(self, source: Path | str, writing: bool = False) -> None:
         self.source, self.writing = str(source), writing
 
     def fail(self, where: str, problem: str, fix: str | None = None) -> FileFormatError:
@@ -45,97 +157,61 @@ class Checker:
         at = f" {where}:" if where else ""
         return self.error(f"{head}:{at} {problem}. {fix}.", source=self.source, field=where)
 
-    def expected(self, where: str, what: str, value: Any) -> FileFormatError:
-        return self.fail(where, f"expected {what}, got {describe(value)}")
+    def check_header(self, doc: dict[str, Any], fmt: str, version: int, older: tuple[int, ...] = ()) -> int:
+        """``format`` first, then ``version`` (``version`` or one of the ``older`` ones still
+        read), each with its own message; returns the version found."""
+        if doc.get("format") != fmt:
+            raise self.fail("format", f"expected {fmt!r}, got {describe(doc.get('format'))}")
+        found, accepted = doc.get("version"), (*older, version)
+        if type(found) is not int or found not in accepted:  # True == 1 and 1.0 == 1 must not pass
+            fix = "Upgrade spdl_lab to read it" if type(found) is int and found > version else None
+            raise self.fail("version", f"expected {' or '.join(map(str, accepted))}, got {describe(found)}", fix)
+        return found
 
-    def record(self, value: Any, where: str, spec: dict[str, Callable]) -> dict[str, Any]:
-        """An object with exactly the keys of ``spec``, each checked by its function."""
-        if not isinstance(value, dict):
-            raise self.expected(where, "an object", value)
-        extra = [k for k in value if k not in spec]
-        if extra:
-            raise self.fail(f"{where}.{key_path(extra[0])}".lstrip("."), f"unknown key (allowed: {', '.join(spec)})")
-        missing = [k for k in spec if k not in value]
-        if missing:
-            raise self.fail(f"{where}.{missing[0]}".lstrip("."), "key is missing")
-        return {k: check(self, value[k], f"{where}.{k}".lstrip(".")) for k, check in spec.items()}
-
-    def array(self, value: Any, where: str, limit: int, what: str = "items") -> list:
-        if not isinstance(value, list):
-            raise self.expected(where, "an array", value)
-        if len(value) > limit:
-            raise self.fail(where, f"{len(value)} {what}, more than the limit of {limit}")
-        return value
-
-    def integer(self, value: Any, where: str, lo: int, hi: int, null: bool = False) -> int | None:
-        if value is None and null:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise self.expected(where, f"an integer in {lo}..{hi}" + (" or null" if null else ""), value)
-        return value
-
-    def number(self, value: Any, where: str, lo: float, hi: float) -> float:
-        # null stands for NaN: JSON has no NaN, and the writers write NaN and inf as null.
-        if value is None:
-            return math.nan
-        what = f"a number >= {lo:g} or null" if hi == math.inf else f"a number in {lo:g}..{hi:g} or null"
-        if lo == -math.inf and hi == math.inf:
-            what = "a finite number or null"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.expected(where, what, value)
-        if isinstance(value, int) and not -1e300 < value < 1e300:  # float() of 10**400 overflows
-            raise self.expected(where, what, value)
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise self.expected(where, what, value)
-        return float(value)
-
-    def text(self, value: Any, where: str, limit: int, choices: tuple | None = None,
-             null: bool = False) -> str | None:
-        if value is None and null:
-            return None
-        if not isinstance(value, str):
-            raise self.expected(where, "a string" + (" or null" if null else ""), value)
-        if choices is not None and value not in choices:
-            raise self.expected(where, "one of " + ", ".join(map(repr, choices)), value)
-        if len(value) > limit:
-            raise self.fail(where, f"string of {len(value)} characters is longer than the limit of {limit}")
+    def validate(self, schema: type[R], doc: dict[str, Any]) -> R:
+        """``doc`` as ``schema``; its first error raised as this format's, by its JSON path."""
         try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: it would break every writer downstream
-            raise self.fail(where, "string holds an unpaired surrogate (not valid Unicode)") from None
-        return value
+            return schema.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where, record = _json_path(schema, first["loc"])
+            raise self.fail(where, _problem(first, record)) from None
 
-    def meta(self, value: Any, where: str) -> dict[str, Any]:
-        """settings / machine: a flat dict of str to a scalar or a flat list of scalars."""
-        if not isinstance(value, dict):
-            raise self.expected(where, "an object", value)
-        if len(value) > MAX_META_KEYS:
-            raise self.fail(where, f"{len(value)} keys, more than the limit of {MAX_META_KEYS}")
-        out = {}
-        for key, item in value.items():
-            self.text(key, f"{where} key", MAX_NAME)
-            at = f"{where}[{short(key)}]"
-            if isinstance(item, (list, tuple)):
-                if len(item) > MAX_META_LIST:
-                    raise self.fail(at, f"list of {len(item)} items, more than the limit of {MAX_META_LIST}")
-                out[key] = [self._scalar(x, f"{at}[{i}]") for i, x in enumerate(item)]
-            else:
-                out[key] = self._scalar(item, at)
-        return out
 
-    def _scalar(self, value: Any, where: str) -> Any:
-        if value is None or isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            return self.text(value, where, MAX_TEXT)
-        if isinstance(value, numbers.Integral):
-            return self.integer(int(value), where, -(2**63), 2**63 - 1)
-        if isinstance(value, numbers.Real):
-            value = float(value)
-            if self.writing and not math.isfinite(value):
-                return None
-            return self.number(value, where, -math.inf, math.inf)
-        raise self.expected(where, "a string, number, bool, null or a flat list of those", value)
+#: What pydantic's own errors (those no ``expects`` rewrote) expected.
+_EXPECTED = {"model_type": "an object", "dict_type": "an object", "list_type": "an array",
+             # the long arrays of frames use pydantic's float without a wrapper: no call per value
+             "float_type": "a finite number or null", "finite_number": "a finite number or null"}
+
+
+def _problem(error: ErrorDetails, record: type[Record] | None) -> str:
+    if error["type"] == "missing":
+        return "key is missing"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key (allowed: {', '.join(record.model_fields if record else ())})"
+    if error["type"] in _EXPECTED:
+        return f"expected {_EXPECTED[error['type']]}, got {describe(error['input'])}"
+    return error["msg"]  # ours: they say what was expected and what came
+
+
+def _json_path(schema: Any, loc: tuple[int | str, ...]) -> tuple[str, type[Record] | None]:
+    """``loc`` as messages write it (``stages[1].points[0].qps``, ``settings['note']``), and the
+    record whose key it ends with."""
+    path, record = "", None
+    for part in loc:
+        while get_origin(schema) is Annotated:
+            schema = get_args(schema)[0]
+        inner = get_args(schema) or (None,)  # list[X]: (X,); dict[K, V]: (K, V)
+        if isinstance(part, int):
+            path, schema = f"{path}[{part}]", inner[0]
+        elif isinstance(schema, type) and issubclass(schema, Record):
+            field = schema.model_fields.get(part)
+            path, record, schema = f"{path}.{key_path(part)}", schema, field and field.annotation
+        elif part == "[key]":  # pydantic's mark for the key itself, not its value
+            path += " key"
+        else:
+            path, schema = f"{path}[{short(part)}]", inner[-1]
+    return path.lstrip("."), record
 
 
 def describe(value: Any) -> str:
@@ -144,58 +220,31 @@ def describe(value: Any) -> str:
         return f"an int of {value.bit_length()} bits"
     kind = {dict: "object", list: "array", str: "string", bool: "bool", type(None): "null"}.get(
         type(value), type(value).__name__)
-    return f"{kind} {short(value)}" if kind not in ("object", "array") else kind
+    return kind if kind in ("object", "array", "null") else f"{kind} {short(value)}"
 
 
 def short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def key_path(key: str) -> str:
     return key if key.isidentifier() and len(key) <= 60 else f"[{short(key)}]"
 
 
-# Field checks for Checker.record specs: each takes (checker, value, where).
-def text_field(limit: int, choices: tuple | None = None, null: bool = False) -> Callable:
-    return lambda c, v, w: c.text(v, w, limit, choices, null)
-
-
-def int_field(lo: int, hi: int, null: bool = False) -> Callable:
-    return lambda c, v, w: c.integer(v, w, lo, hi, null)
-
-
-def num_field(lo: float, hi: float = math.inf) -> Callable:
-    return lambda c, v, w: c.number(v, w, lo, hi)
-
-
-def later(checker: Checker, value: Any, where: str) -> Any:
-    """A field checked after the record, by code that needs the record's other fields."""
-    return value
-
-
+# -- reading and writing ---------------------------------------------------------------------
 def plain(value: Any) -> Any:
-    """A value as JSON takes it: NaN and inf become null (JSON has neither), numpy numbers plain."""
+    """``value`` as JSON takes it: tuples as lists, NaN and inf as null (JSON has neither),
+    numpy numbers as Python's; anything else as it is, for the schema to refuse."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return value
     if isinstance(value, numbers.Integral):
         return int(value)
     return float(value) if math.isfinite(value) else None
-
-
-def check_header(doc: dict[str, Any], checker: Checker, fmt: str, version: int,
-                 older: tuple[int, ...] = ()) -> int:
-    """``format`` first, then ``version`` (``version`` or one of the ``older`` ones still
-    read), each with its own message; returns the version found."""
-    if doc.get("format") != fmt:
-        raise checker.expected("format", repr(fmt), doc.get("format"))
-    found = doc.get("version")
-    accepted = (*older, version)
-    if type(found) is not int or found not in accepted:  # True == 1 and 1.0 == 1 must not pass
-        fix = "Upgrade spdl_lab to read it" if type(found) is int and found > version else None
-        expected = " or ".join(map(str, accepted))
-        raise checker.fail("version", f"expected {expected}, got {describe(found)}", fix)
-    return found
 
 
 def dump_document(doc: dict[str, Any], path: Path, *, compact: bool = False) -> Path:
@@ -206,11 +255,9 @@ def dump_document(doc: dict[str, Any], path: Path, *, compact: bool = False) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
+        spacing: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 1}
         with open(tmp, "w", encoding="utf-8") as f:
-            if compact:
-                json.dump(doc, f, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-            else:
-                json.dump(doc, f, allow_nan=False, ensure_ascii=False, indent=1)
+            json.dump(doc, f, allow_nan=False, ensure_ascii=False, **spacing)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -251,5 +298,5 @@ def load_document(path: Path, checker: Checker, max_bytes: int) -> dict[str, Any
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, digit limit, our hooks
         raise checker.fail("", f"not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(doc, dict):
-        raise checker.expected("top level", "an object", doc)
+        raise checker.fail("top level", f"expected an object, got {describe(doc)}")
     return doc

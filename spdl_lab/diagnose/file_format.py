@@ -1,33 +1,39 @@
 """A Diagnosis to and from plain JSON, and as a fixed-width table for terminals.
 
-Reading is strict and executes nothing: the file becomes dicts, lists, numbers and
-strings only, and every field is checked for type and range before a Diagnosis is built.
+Reading is strict and executes nothing: the file becomes dicts, lists, numbers and strings
+only, and the schema below (``DiagnosisFile``) checks every field before a Diagnosis is built.
 """
 
 from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import model_validator
+
+from ..errors import FileFormatError
 from ..file_checks import (
     MAX_COUNT,
     MAX_NAME,
     MAX_TEXT,
     Checker,
-    FileFormatError,
-    check_header,
+    Meta,
+    Record,
+    at_most,
+    choice,
+    describe,
     dump_document,
-    later,
+    integer,
     load_document,
+    number,
     plain,
+    refuse,
     short,
+    string,
 )
-from ..file_checks import int_field as _int
-from ..file_checks import num_field as _num
-from ..file_checks import text_field as _text
 from ..pipeline import MAX_CONCURRENCY
 from .result import VERDICTS, Diagnosis, Point, StageDiagnosis
 
@@ -36,7 +42,7 @@ __all__ = ["DiagnosisFormatError", "build", "read_json", "summary_text", "write_
 FORMAT, VERSION = "spdl_lab.diagnosis", 2
 MAX_FILE_BYTES = 50 * 2**20
 MAX_STAGES, MAX_POINTS = 1000, 10_000  # points: per stage and over the whole file
-MAX_REPEATS = 10**6
+MAX_REPEATS, MAX_NOTES = 10**6, 100
 
 
 class DiagnosisFormatError(FileFormatError):
@@ -52,115 +58,138 @@ class _Checker(Checker):
     error = DiagnosisFormatError
 
 
-_POINT = {
-    "stage": _text(MAX_NAME), "executor": _text(MAX_NAME, ("thread", "process")),
-    "concurrency": _int(1, MAX_CONCURRENCY), "qps": _num(0), "qps_spread": _num(0),
-    "cpu_util": _num(0, 1.5), "gil_wait_frac": _num(0, 1.5), "runqueue_wait_frac": _num(0, 1.5),
-    "p50_ms": _num(0), "repeats": _int(0, MAX_REPEATS),
-    "status": _text(MAX_NAME, ("ok", "unstable", "timeout", "error")), "failures": _int(0, MAX_COUNT),
-    "machine_cpu_util": _num(0, 1.5),
-}
-_STAGE = {
-    "name": _text(MAX_NAME), "kind": _text(MAX_NAME, ("map", "batch")),
-    "verdict": _text(MAX_NAME, VERDICTS, null=True), "best_concurrency": _int(1, MAX_CONCURRENCY, null=True),
-    "evidence": _text(MAX_TEXT), "recommendation": _text(MAX_TEXT),
-    "points": later,  # checked by _points, which needs the stage's name
-    "inputs": _int(0, MAX_COUNT), "outputs": _int(0, MAX_COUNT), "error": _text(MAX_TEXT, null=True),
-    "status": _text(MAX_NAME, ("measured", "unstable", "failed", "not measured", "batch")),
-    "notes": lambda c, v, w: _notes(c, v, w),
-    "concurrency": _int(1, MAX_CONCURRENCY, null=True), "items_per_input": _int(1, MAX_COUNT),
-}
-#: Fields version 1 files do not have, and what they read as.
+Name, Text, TextOrNone = string(MAX_NAME), string(MAX_TEXT), string(MAX_TEXT, null=True)
+Rate, Count, Positive, Repeats = number(0), integer(0, MAX_COUNT), integer(1, MAX_COUNT), integer(0, MAX_REPEATS)
+Share = number(0, 1.5)  # of time or of cores; timer skew takes it a little over 1
+Concurrency, ConcurrencyOrNone = integer(1, MAX_CONCURRENCY), integer(1, MAX_CONCURRENCY, null=True)
+Executor, PointStatus = choice("thread", "process"), choice("ok", "unstable", "timeout", "error")
+Kind, Verdict = choice("map", "batch"), choice(*VERDICTS, null=True)
+StageStatus = choice("measured", "unstable", "failed", "not measured", "batch")
+
+
+class PointRecord(Record):
+    stage: Name
+    executor: Executor
+    concurrency: Concurrency
+    qps: Rate
+    qps_spread: Rate
+    cpu_util: Share
+    gil_wait_frac: Share
+    runqueue_wait_frac: Share
+    p50_ms: Rate
+    repeats: Repeats
+    status: PointStatus
+    failures: Count
+    machine_cpu_util: Share
+
+
+class StageRecordV1(Record):
+    name: Name
+    kind: Kind
+    verdict: Verdict
+    best_concurrency: ConcurrencyOrNone
+    evidence: Text
+    recommendation: Text
+    points: Annotated[list[PointRecord], at_most(lambda: MAX_POINTS, "points")]
+    inputs: Count
+    outputs: Count
+    error: TextOrNone
+
+
+class StageRecord(StageRecordV1):
+    status: StageStatus
+    notes: Annotated[list[Text], at_most(MAX_NOTES, "notes")]
+    concurrency: ConcurrencyOrNone
+    items_per_input: Positive
+
+
+class DiagnosisFileV1(Record):
+    format: Literal[FORMAT]
+    version: Literal[1]
+    pipeline: Text
+    created: Name
+    elapsed_s: Rate
+    settings: Meta
+    machine: Meta
+    stages: Annotated[list[StageRecordV1], at_most(lambda: MAX_STAGES, "stages")]
+
+    @model_validator(mode="after")
+    def _each_stage_once_with_its_points(self) -> DiagnosisFileV1:
+        names, points = set(), 0
+        for i, stage in enumerate(self.stages):
+            if stage.name in names:
+                refuse(("stages", i, "name"), f"stage {short(stage.name)} appears twice")
+            names.add(stage.name)
+            for j, point in enumerate(stage.points):
+                if point.stage != stage.name:
+                    refuse(("stages", i, "points", j, "stage"), f"expected {short(stage.name)} "
+                                                                f"(the enclosing stage), got {describe(point.stage)}")
+            points += len(stage.points)
+            if points > MAX_POINTS:
+                refuse(("stages", i, "points"), f"more than the limit of {MAX_POINTS} points in all")
+        return self
+
+
+class DiagnosisFile(DiagnosisFileV1):
+    version: Literal[2]
+    stages: Annotated[list[StageRecord], at_most(lambda: MAX_STAGES, "stages")]
+
+
+#: Fields version 1 files do not have, and what they read as (``status`` from the others).
 _NEW_IN_2 = {"status": None, "notes": (), "concurrency": None, "items_per_input": 1}
-_STAGE_1 = {k: v for k, v in _STAGE.items() if k not in _NEW_IN_2}
-MAX_NOTES = 100
-_TOP = {
-    "format": _text(MAX_NAME), "version": later,  # checked first, with their own messages
-    "pipeline": _text(MAX_TEXT), "created": _text(MAX_NAME), "elapsed_s": _num(0),
-    "settings": lambda c, v, w: c.meta(v, w), "machine": lambda c, v, w: c.meta(v, w),
-    "stages": later,
-}
-assert list(_POINT) == [f.name for f in fields(Point)]
-assert set(_STAGE) == {f.name for f in fields(StageDiagnosis)}
+assert list(PointRecord.model_fields) == [f.name for f in fields(Point)]
+assert set(StageRecord.model_fields) == {f.name for f in fields(StageDiagnosis)}
 
 
-def _notes(checker: _Checker, value: Any, where: str) -> tuple[str, ...]:
-    items = checker.array(value, where, MAX_NOTES, "notes")
-    return tuple(checker.text(v, f"{where}[{i}]", MAX_TEXT) for i, v in enumerate(items))
+def _read(doc: dict[str, Any], checker: _Checker) -> Diagnosis:
+    version = checker.check_header(doc, FORMAT, VERSION, older=(1,))
+    file = checker.validate(DiagnosisFile if version == VERSION else DiagnosisFileV1, doc)
+    return Diagnosis(pipeline=file.pipeline, stages={s.name: _stage(s) for s in file.stages},
+                     settings=file.settings, machine=file.machine, created=file.created, elapsed_s=file.elapsed_s)
 
 
-def _v1_status(values: dict[str, Any]) -> str:
-    if values["kind"] == "batch":
+def _stage(record: StageRecordV1) -> StageDiagnosis:
+    values = dict(record)
+    if not isinstance(record, StageRecord):
+        values = {**_NEW_IN_2, **values, "status": _v1_status(record)}
+    return StageDiagnosis(**{**values, "notes": tuple(values["notes"]),
+                             "points": tuple(Point(**dict(p)) for p in record.points)})
+
+
+def _v1_status(stage: StageRecordV1) -> str:
+    if stage.kind == "batch":
         return "batch"
-    if values["verdict"] is not None:
+    if stage.verdict is not None:
         return "measured"
-    return "not measured" if values["evidence"].startswith("not measured") else "failed"
+    return "not measured" if stage.evidence.startswith("not measured") else "failed"
 
 
-def _build(doc: dict[str, Any], checker: _Checker) -> Diagnosis:
-    version = check_header(doc, checker, FORMAT, VERSION, older=(1,))
-    top = checker.record(doc, "", _TOP)
-    stages_in = checker.array(top["stages"], "stages", MAX_STAGES, "stages")
-    stages: dict[str, StageDiagnosis] = {}
-    total = 0
-    for i, raw in enumerate(stages_in):
-        values = checker.record(raw, f"stages[{i}]", _STAGE if version == VERSION else _STAGE_1)
-        if version == 1:
-            values = {**_NEW_IN_2, **values, "status": _v1_status(values)}
-        if values["name"] in stages:
-            raise checker.fail(f"stages[{i}].name", f"stage {short(values['name'])} appears twice")
-        values["points"] = _points(checker, values["points"], f"stages[{i}].points", values["name"])
-        total += len(values["points"])
-        if total > MAX_POINTS:
-            raise checker.fail(f"stages[{i}].points", f"more than the limit of {MAX_POINTS} points in all")
-        stages[values["name"]] = StageDiagnosis(**values)
-    return Diagnosis(pipeline=top["pipeline"], stages=stages, settings=top["settings"],
-                     machine=top["machine"], created=top["created"], elapsed_s=top["elapsed_s"])
-
-
-def _points(checker: _Checker, raw: Any, where: str, stage: str) -> tuple[Point, ...]:
-    points = []
-    for j, item in enumerate(checker.array(raw, where, MAX_POINTS, "points")):
-        values = checker.record(item, f"{where}[{j}]", _POINT)
-        if values["stage"] != stage:
-            raise checker.expected(f"{where}[{j}].stage", f"{short(stage)} (the enclosing stage)", values["stage"])
-        points.append(Point(**values))
-    return tuple(points)
-
-
-def _encode(diag: Diagnosis, checker: _Checker) -> dict[str, Any]:
-    stages = []
-    for s in diag.stages.values():
-        out = {f.name: plain(getattr(s, f.name)) for f in fields(StageDiagnosis) if f.name != "points"}
-        out["notes"] = list(s.notes)
-        out["points"] = [{f.name: plain(getattr(p, f.name)) for f in fields(Point)} for p in s.points]
-        stages.append(out)
-    return {
-        "format": FORMAT, "version": VERSION, "pipeline": diag.pipeline, "created": diag.created,
-        "elapsed_s": plain(diag.elapsed_s), "settings": checker.meta(diag.settings, "settings"),
-        "machine": checker.meta(diag.machine, "machine"), "stages": stages,
-    }
+def _encode(diag: Diagnosis) -> dict[str, Any]:
+    stages = [asdict(s) for s in diag.stages.values()]
+    for stage in stages:
+        stage["points"] = stage.pop("points")  # last: after the short fields a reader looks for
+    return plain({"format": FORMAT, "version": VERSION, "pipeline": diag.pipeline, "created": diag.created,
+                  "elapsed_s": diag.elapsed_s, "settings": diag.settings, "machine": diag.machine,
+                  "stages": stages})
 
 
 def write_json(diag: Diagnosis, path: str | Path) -> Path:
     """Write ``diag`` as plain JSON (checked against the reader's rules first); return the path."""
     path = Path(path)
-    checker = _Checker(path, writing=True)
-    doc = _encode(diag, checker)
-    _build(doc, checker)  # refuse now what read_json would refuse later
+    doc = _encode(diag)
+    _read(doc, _Checker(path, writing=True))  # refuse now what read_json would refuse later
     return dump_document(doc, path)
 
 
 def read_json(path: str | Path) -> Diagnosis:
     """Read and validate a file written by ``write_json``; raise DiagnosisFormatError if it does not fit."""
     path = Path(path)
-    checker = _Checker(path, writing=False)
-    return build(load_document(path, checker, MAX_FILE_BYTES), path)
+    return build(load_document(path, _Checker(path), MAX_FILE_BYTES), path)
 
 
 def build(doc: dict[str, Any], source: str | Path) -> Diagnosis:
     """A Diagnosis from an already parsed document (``load_document``), checked field by field."""
-    return _build(doc, _Checker(source, writing=False))
+    return _read(doc, _Checker(source))
 
 
 def summary_text(diag: Diagnosis, width: int = 100) -> str:

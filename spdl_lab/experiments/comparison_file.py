@@ -1,7 +1,8 @@
 """A Comparison to and from plain JSON (``Comparison.to_json`` / ``Comparison.from_json``).
 
-Reading is strict and executes nothing, as for a Diagnosis: the file becomes dicts,
-lists, numbers and strings only, and every field is checked before a Comparison is built.
+Reading is strict and executes nothing, as for a Diagnosis: the file becomes dicts, lists,
+numbers and strings only, and the schema below (``ComparisonFile``) checks every field
+before a Comparison is built.
 
 The format (version 2)::
 
@@ -26,26 +27,30 @@ as ``Session.frames()`` itself drops them.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, create_model, model_validator
 
+from ..errors import FileFormatError
 from ..file_checks import (
     MAX_COUNT,
     Checker,
-    FileFormatError,
-    check_header,
+    Record,
+    at_most,
+    choice,
+    describe,
     dump_document,
-    int_field,
-    later,
+    expects,
+    integer,
     load_document,
-    num_field,
+    number,
     plain,
+    refuse,
     short,
-    text_field,
+    string,
 )
 from ..runners import RUNNERS
 from ..telemetry.frames import FRAME_COLUMNS
@@ -79,165 +84,161 @@ class _Checker(Checker):
     error = ComparisonFormatError
 
 
-_FRAC = num_field(0, 1.5)  # shares of time; a little over 1 from timer skew is not an error
-_ROW = {
-    "runner": text_field(100, RUNNERS),
-    "batches_per_s": num_field(0), "batches_per_s_lo": num_field(0), "batches_per_s_hi": num_field(0),
-    "vs_cache": num_field(0), "vs_cache_lo": num_field(0), "vs_cache_hi": num_field(0),
-    "step_p50_ms": num_field(0), "step_p90_ms": num_field(0),
-    "data_wait_frac": _FRAC, "device_util": _FRAC, "cpu_percent": num_field(0),
-    "others_cpu_percent": num_field(0),
-    "train_gil_wait_frac": _FRAC, "train_runqueue_wait_frac": _FRAC,
-    "gil_wait_frac": _FRAC, "runqueue_wait_frac": _FRAC,
-    "steps": int_field(0, MAX_COUNT), "elapsed_s": num_field(0),
-}
-_TOP = {
-    "format": later, "version": later,  # checked first, with their own messages
-    "steps": int_field(0, MAX_COUNT), "warmup": int_field(0, MAX_COUNT), "repeats": int_field(1, MAX_ROUNDS),
-    "warnings": later, "rounds": later, "table": later, "frames": later,
-}
-_TOP_1 = {k: v for k, v in _TOP.items() if k not in ("repeats", "warnings", "rounds")}
-_ROW_1 = {k: v for k, v in _ROW.items() if k not in _NEW_IN_2}
-_ROUND = {"runner": text_field(100, RUNNERS), "round": int_field(0, MAX_ROUNDS),
-          "started_s": num_field(0), "batches_per_s": num_field(0)}
-_FRAMES = {"time_s": later, "series": later}
-_SERIES = {"series": text_field(MAX_LABEL), "stage": text_field(MAX_LABEL), "values": later}
-assert list(_ROW)[1:] == TABLE_COLUMNS
+Runner, Rate, Count, Label = choice(*RUNNERS), number(0), integer(0, MAX_COUNT), string(MAX_LABEL)
+Share = number(0, 1.5)  # of time; timer skew takes it a little over 1
+Repeats, RoundNumber, Sentence = integer(1, MAX_ROUNDS), integer(0, MAX_ROUNDS), string(MAX_WARNING)
+TickTime = Annotated[float, Field(ge=0, allow_inf_nan=False), expects("a number >= 0 (a tick time is never null)")]
+#: null: the series had no value in that tick. Plain pydantic floats, no wrapper: one call per value.
+Value = Annotated[float, Field(allow_inf_nan=False)] | None
 
 
-def _build(doc: dict[str, Any], checker: _Checker) -> Comparison:
-    version = check_header(doc, checker, FORMAT, VERSION, older=(1,))
-    top = checker.record(doc, "", _TOP if version == VERSION else _TOP_1)
-    rows_in = checker.array(top["table"], "table", len(RUNNERS), "rows")
-    if not rows_in:
-        raise checker.fail("table", "no runner: a comparison has at least one row")
-    rows: dict[str, dict[str, Any]] = {}
-    for i, raw in enumerate(rows_in):
-        values = checker.record(raw, f"table[{i}]", _ROW if version == VERSION else _ROW_1)
-        runner = values.pop("runner")
-        if runner in rows:
-            raise checker.fail(f"table[{i}].runner", f"runner {runner!r} appears twice")
-        rows[runner] = values
-    table = pd.DataFrame([rows[r] for r in rows], index=pd.Index(list(rows), name="runner"),
-                         columns=TABLE_COLUMNS)
-    frames_in = top["frames"]
-    if not isinstance(frames_in, dict):
-        raise checker.expected("frames", "an object (runner -> frames)", frames_in)
-    frames, budget = {}, MAX_VALUES
-    for runner, raw in frames_in.items():
-        where = f"frames[{short(runner)}]"
-        if runner not in rows:
-            raise checker.fail(where, f"no row for this runner in the table (runners: {', '.join(rows)})")
-        frames[runner], used = _frame(checker, raw, where, budget)
-        budget -= used
-    if version == 1:
-        return Comparison(table=table, frames=frames, steps=top["steps"], warmup=top["warmup"])
-    return Comparison(table=table, frames=frames, steps=top["steps"], warmup=top["warmup"],
-                      repeats=top["repeats"], warnings=_warnings(checker, top["warnings"]),
-                      rounds=_rounds(checker, top["rounds"], rows))
+def _row(name: str, columns: list[str]) -> type[Record]:
+    """A row of the table: its runner, then each column a count, a share of time or a rate."""
+    def kind(column: str) -> Any:
+        return Count if column == "steps" else Share if column.endswith("_frac") or column == "device_util" else Rate
+    return create_model(name, __base__=Record, runner=(Runner, ...), **{c: (kind(c), ...) for c in columns})
 
 
-def _warnings(checker: _Checker, raw: Any) -> list[str]:
-    items = checker.array(raw, "warnings", MAX_WARNINGS, "warnings")
-    return [checker.text(v, f"warnings[{i}]", MAX_WARNING, None, False) for i, v in enumerate(items)]
+RowV1, Row = _row("RowV1", [c for c in TABLE_COLUMNS if c not in _NEW_IN_2]), _row("Row", TABLE_COLUMNS)
 
 
-def _rounds(checker: _Checker, raw: Any, rows: dict[str, Any]) -> pd.DataFrame:
-    items = checker.array(raw, "rounds", MAX_ROUNDS, "rounds")
-    out = []
-    for i, item in enumerate(items):
-        one = checker.record(item, f"rounds[{i}]", _ROUND)
-        if one["runner"] not in rows:
-            raise checker.fail(f"rounds[{i}].runner", f"no row for this runner in the table (runners: {', '.join(rows)})")
-        out.append([one[c] for c in ROUND_COLUMNS])
-    return pd.DataFrame(out, columns=ROUND_COLUMNS)
+class Round(Record):
+    runner: Runner
+    round: RoundNumber
+    started_s: Rate
+    batches_per_s: Rate
 
 
-def _frame(checker: _Checker, raw: Any, where: str, budget: int) -> tuple[pd.DataFrame, int]:
-    """One runner's frames, back to the long form ``Session.frames()`` gives; and the cells used."""
-    fields = checker.record(raw, where, _FRAMES)
-    times = _times(checker, fields["time_s"], f"{where}.time_s")
-    series = checker.array(fields["series"], f"{where}.series", MAX_SERIES, "series")
-    if len(times) * len(series) > budget:
-        raise checker.fail(f"{where}.series", f"{len(series)} series of {len(times)} ticks: more than "
-                                              f"the limit of {MAX_VALUES} values in the file")
-    parts, seen = [], set()
-    for j, item in enumerate(series):
-        at = f"{where}.series[{j}]"
-        one = checker.record(item, at, _SERIES)
-        key = (one["series"], one["stage"])
-        if key in seen:
-            raise checker.fail(f"{at}", f"series {short(key[0])} of stage {short(key[1])} appears twice")
-        seen.add(key)
-        values = _values(checker, one["values"], f"{at}.values", len(times))
+class Series(Record):
+    series: Label
+    stage: Label
+    values: list[Value]
+
+
+class Frames(Record):
+    time_s: Annotated[list[TickTime], at_most(lambda: MAX_TICKS, "ticks")]
+    series: Annotated[list[Series], at_most(lambda: MAX_SERIES, "series")]
+
+    @model_validator(mode="after")
+    def _lined_up(self) -> Frames:
+        times = self.time_s
+        late = next((i for i in range(1, len(times)) if times[i] <= times[i - 1]), None)
+        if late is not None:
+            refuse(("time_s", late), f"tick time {times[late]!r} is not after the one before "
+                                     f"({times[late - 1]!r}); tick times are strictly increasing")
+        seen = set()
+        for j, one in enumerate(self.series):
+            if (one.series, one.stage) in seen:
+                refuse(("series", j), f"series {short(one.series)} of stage {short(one.stage)} appears twice")
+            seen.add((one.series, one.stage))
+            if len(one.values) != len(times):
+                refuse(("series", j, "values"), f"{len(one.values)} values for {len(times)} ticks; "
+                                                "there is one value (or null) per tick")
+        return self
+
+
+class ComparisonFileV1(Record):
+    format: Literal[FORMAT]
+    version: Literal[1]
+    steps: Count
+    warmup: Count
+    table: Annotated[list[RowV1], at_most(len(RUNNERS), "rows")]
+    frames: dict[str, Frames]
+
+    @model_validator(mode="after")
+    def _runners_agree(self) -> ComparisonFileV1:
+        if not self.table:
+            refuse(("table",), "no runner: a comparison has at least one row")
+        runners: list[str] = []
+        for i, row in enumerate(self.table):
+            if row.runner in runners:
+                refuse(("table", i, "runner"), f"runner {row.runner!r} appears twice")
+            runners.append(row.runner)
+        values = 0
+        for runner, frames in self.frames.items():
+            if runner not in runners:
+                refuse(("frames", runner), _no_row(runners))
+            values += len(frames.time_s) * len(frames.series)
+            if values > MAX_VALUES:
+                refuse(("frames", runner, "series"), f"{len(frames.series)} series of {len(frames.time_s)} "
+                                                     f"ticks: more than the limit of {MAX_VALUES} values in the file")
+        return self
+
+
+class ComparisonFile(ComparisonFileV1):
+    version: Literal[2]
+    repeats: Repeats
+    warnings: Annotated[list[Sentence], at_most(MAX_WARNINGS, "warnings")]
+    rounds: Annotated[list[Round], at_most(MAX_ROUNDS, "rounds")]
+    table: Annotated[list[Row], at_most(len(RUNNERS), "rows")]
+
+    @model_validator(mode="after")
+    def _rounds_of_runners(self) -> ComparisonFile:
+        runners = [row.runner for row in self.table]
+        for i, one in enumerate(self.rounds):
+            if one.runner not in runners:
+                refuse(("rounds", i, "runner"), _no_row(runners))
+        return self
+
+
+def _no_row(runners: list[str]) -> str:
+    return f"no row for this runner in the table (runners: {', '.join(runners)})"
+
+
+def _read(doc: dict[str, Any], checker: _Checker) -> Comparison:
+    version = checker.check_header(doc, FORMAT, VERSION, older=(1,))
+    file = checker.validate(ComparisonFile if version == VERSION else ComparisonFileV1, doc)
+    table = pd.DataFrame([dict(row) for row in file.table], columns=TABLE_COLUMNS,
+                         index=pd.Index([row.runner for row in file.table], name="runner"))
+    frames = {runner: _long(one) for runner, one in file.frames.items()}
+    if version == 1:  # one run per runner: no spread, no warnings, no rounds
+        return Comparison(table=table, frames=frames, steps=file.steps, warmup=file.warmup)
+    rounds = pd.DataFrame([dict(one) for one in file.rounds], columns=ROUND_COLUMNS)
+    return Comparison(table=table, frames=frames, steps=file.steps, warmup=file.warmup, repeats=file.repeats,
+                      warnings=file.warnings, rounds=rounds)
+
+
+def _long(frames: Frames) -> pd.DataFrame:
+    """One runner's frames, back to the long form ``Session.frames()`` gives."""
+    times, parts = np.array(frames.time_s, dtype=float), []
+    for one in frames.series:
+        values = np.array(one.values, dtype=float)  # null becomes NaN
         keep = ~np.isnan(values)
         if keep.any():
             # As telemetry.frames.to_frame builds it from the ring, so a round trip is exact.
-            parts.append(pd.DataFrame({"time_s": times[keep], "series": key[0], "stage": key[1],
+            parts.append(pd.DataFrame({"time_s": times[keep], "series": one.series, "stage": one.stage,
                                        "value": values[keep]}))
     if not parts:
-        empty = {c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, ["float64", "object", "object", "float64"])}
-        return pd.DataFrame(empty), len(times) * len(series)
+        dtypes = ["float64", "object", "object", "float64"]
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, dtypes)})
     frame = pd.concat(parts, ignore_index=True)
-    frame = frame.sort_values(["time_s", "series", "stage"], kind="stable", ignore_index=True)
-    return frame, len(times) * len(series)
-
-
-def _times(checker: _Checker, raw: Any, where: str) -> np.ndarray:
-    raw = checker.array(raw, where, MAX_TICKS, "ticks")
-    out = np.empty(len(raw))
-    last = -math.inf
-    for i, v in enumerate(raw):
-        if not (type(v) is float and math.isfinite(v) and v >= 0):  # the common case, checked fast
-            if v is None:
-                raise checker.expected(f"{where}[{i}]", "a number >= 0 (a tick time is never null)", v)
-            v = checker.number(v, f"{where}[{i}]", 0, math.inf)
-        if v <= last:
-            raise checker.fail(f"{where}[{i}]", f"tick time {v!r} is not after the one before ({last!r}); "
-                                                "tick times are strictly increasing")
-        out[i] = last = v
-    return out
-
-
-def _values(checker: _Checker, raw: Any, where: str, ticks: int) -> np.ndarray:
-    if not isinstance(raw, list):
-        raise checker.expected(where, "an array", raw)
-    if len(raw) != ticks:
-        raise checker.fail(where, f"{len(raw)} values for {ticks} ticks; there is one value (or null) per tick")
-    out = np.empty(ticks)
-    for i, v in enumerate(raw):
-        if not (type(v) is float and math.isfinite(v)):
-            v = checker.number(v, f"{where}[{i}]", -math.inf, math.inf)
-        out[i] = v
-    return out
+    return frame.sort_values(["time_s", "series", "stage"], kind="stable", ignore_index=True)
 
 
 def _encode(cmp: Comparison, checker: _Checker) -> dict[str, Any]:
     table = cmp.table
     if not isinstance(table, pd.DataFrame):
-        raise checker.expected("table", "a pandas DataFrame", table)
+        raise checker.fail("table", f"expected a pandas DataFrame, got {describe(table)}")
     extra = [c for c in table.columns if c not in TABLE_COLUMNS]
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if extra or missing:
-        col = (extra or missing)[0]
-        raise checker.fail(f"table.{col}", "column is not part of the format (drop it first)" if extra
-                           else "column is missing")
-    rows = [{"runner": runner, **{c: plain(table.at[runner, c]) for c in TABLE_COLUMNS}}
-            for runner in table.index]
+        raise checker.fail(f"table.{(extra or missing)[0]}", "column is not part of the format (drop it first)"
+                           if extra else "column is missing")
     if not isinstance(cmp.frames, dict):
-        raise checker.expected("frames", "a dict of runner -> DataFrame", cmp.frames)
-    frames = {runner: _wide(checker, frame, f"frames[{short(runner)}]") for runner, frame in cmp.frames.items()}
-    rounds = [{c: plain(v) for c, v in zip(ROUND_COLUMNS, row)}
-              for row in cmp.rounds[ROUND_COLUMNS].itertuples(index=False)]
-    return {"format": FORMAT, "version": VERSION, "steps": plain(cmp.steps), "warmup": plain(cmp.warmup),
-            "repeats": plain(cmp.repeats), "warnings": list(cmp.warnings), "rounds": rounds,
-            "table": rows, "frames": frames}
+        raise checker.fail("frames", f"expected a dict of runner -> DataFrame, got {describe(cmp.frames)}")
+    return plain({
+        "format": FORMAT, "version": VERSION, "steps": cmp.steps, "warmup": cmp.warmup, "repeats": cmp.repeats,
+        "warnings": cmp.warnings, "rounds": [dict(zip(ROUND_COLUMNS, row)) for row in
+                                             cmp.rounds[ROUND_COLUMNS].itertuples(index=False)],
+        "table": [{"runner": r, **{c: table.at[r, c] for c in TABLE_COLUMNS}} for r in table.index],
+        "frames": {runner: _wide(checker, frame, f"frames[{short(runner)}]") for runner, frame in cmp.frames.items()},
+    })
 
 
 def _wide(checker: _Checker, frame: Any, where: str) -> dict[str, Any]:
     """A long-form frame (time_s, series, stage, value) as tick times and one array per series."""
     if not isinstance(frame, pd.DataFrame) or list(frame.columns) != FRAME_COLUMNS:
-        raise checker.expected(where, f"a DataFrame with columns {FRAME_COLUMNS}", frame)
+        raise checker.fail(where, f"expected a DataFrame with columns {FRAME_COLUMNS}, got {describe(frame)}")
     try:
         value = frame["value"].to_numpy(dtype=float)
         time_s = frame["time_s"].to_numpy(dtype=float)
@@ -255,7 +256,7 @@ def _wide(checker: _Checker, frame: Any, where: str) -> dict[str, Any]:
             raise checker.fail(where, f"series {short(name)} of stage {short(stage)} has two values in one tick")
         values = np.full(len(times), np.nan)
         values[tick[rows]] = value[rows]
-        series.append({"series": name, "stage": stage, "values": [plain(v) for v in values.tolist()]})
+        series.append({"series": name, "stage": stage, "values": values.tolist()})
     return {"time_s": times.tolist(), "series": series}
 
 
@@ -264,17 +265,16 @@ def write_json(cmp: Comparison, path: str | Path) -> Path:
     path = Path(path)
     checker = _Checker(path, writing=True)
     doc = _encode(cmp, checker)
-    _build(doc, checker)  # refuse now what read_json would refuse later
+    _read(doc, checker)  # refuse now what read_json would refuse later
     return dump_document(doc, path, compact=True)  # frames are long arrays of numbers
 
 
 def read_json(path: str | Path) -> Comparison:
     """Read and validate a file written by ``write_json``; raise ComparisonFormatError if it does not fit."""
     path = Path(path)
-    checker = _Checker(path, writing=False)
-    return _build(load_document(path, checker, MAX_FILE_BYTES), checker)
+    return build(load_document(path, _Checker(path), MAX_FILE_BYTES), path)
 
 
 def build(doc: dict[str, Any], source: str | Path) -> Comparison:
     """A Comparison from an already parsed document (``load_document``), checked field by field."""
-    return _build(doc, _Checker(source, writing=False))
+    return _read(doc, _Checker(source))

@@ -105,7 +105,7 @@ def test_summary_names_every_stage_and_verdict():
 
 
 def good_doc() -> dict:
-    return io._encode(sample_diagnosis(), io._Checker(Path("x"), writing=True))
+    return io._encode(sample_diagnosis())
 
 
 def write(tmp_path: Path, doc) -> Path:
