@@ -73,9 +73,8 @@ class ProcessSweeper:
 
     ``lab.diagnose`` adds stages while its thread sweep runs and takes a round
     between the thread rounds, so a process point's windows are spread over the
-    sweep as a thread point's are; measured in one go at the end, its few
-    windows fell in a few seconds, and a slow spell there moved the whole point
-    (14% between diagnoses). ``finish`` takes the rounds still needed; ``close``
+    sweep as a thread point's are, and a slow spell of the machine cannot move
+    a whole point (docs/measurement-noise.md). ``finish`` takes the rounds still needed; ``close``
     (or leaving the ``with`` block) stops every worker.
     """
 
@@ -221,8 +220,7 @@ class _Point:
     def window(self) -> None:
         pool, c, plan = self.pool, self.c, self.plan
         # With fewer workers than the pool has, take the windows on each in turn: the
-        # two vCPUs do not always run at one speed (one worker read 1,260-1,333/s while
-        # the other read 1,354-1,450 in the same windows), and a worker tends to stay on its core.
+        # cores do not always run at one speed, and a worker tends to stay on its core.
         self.first = len(self.qps) % (len(pool.procs) - c + 1)
         try:
             before = self._read()

@@ -1,23 +1,19 @@
 """QPS that a noisy shared machine moves as little as possible: per window, and per point.
 
-On a shared VM a core does not run at one speed. Plain Python drops to about
-0.6x of its usual rate for a second to a minute at a time, and on some
-minutes most of the time; hashing and sleeping are not touched. It happens
-pinned to one core, in threads and in processes alike, with no steal time
-and with the GIL probe off (docs/measurement-noise.md has the traces). The
-same point's windows read either ~660 or ~1,100 items/s, and a median of its
-windows landed on either, so whole diagnoses moved by 40%. Two rules:
+On a shared VM a core does not always run at one speed: plain Python slows
+down for seconds at a time, in threads and processes alike, while other work
+(hashing, sleeping) is not touched. A window that falls in such a spell reads
+low, and a median over a point's windows lands on either speed. The traces
+and numbers behind the rules are in docs/measurement-noise.md. Two rules:
 
 * ``window_qps``: a window is cut into slices that each expect at least
   ``MIN_TASKS_PER_SLICE`` completions, and its QPS is the median slice rate, so
   moments shorter than half the window do not count. With fewer than
   ``MIN_SLICES`` such slices (slow functions), it is the completions over the
-  span up to the last of them. A window starts with every worker idle, so slow
-  tasks finish in step: counted over the whole window, the tasks still running
-  at its end were time with nothing to show: in 0.3 s windows a 30 ms sleep read
-  0.91x its long-run rate and bz2 compression at 8 threads on 2 cores 0.77x; up
-  to the last completion, 1.00x and 0.87x. The sweeps also make a slow point's
-  window long enough for a few tasks per worker (0.95x there).
+  span up to the last of them: a window starts with every worker idle, so slow
+  tasks finish in step, and the tasks still running at its end would count as
+  time with nothing to show. The sweeps also make a slow point's window long
+  enough for a few tasks per worker (``settings.window_for``).
 * ``point_qps``: a point's QPS is its second-best window. Interference only
   ever slows a function down (the reason ``timeit`` reports the best of its
   repeats), so the fast windows are the function's own speed and the slow
@@ -25,8 +21,8 @@ windows landed on either, so whole diagnoses moved by 40%. Two rules:
   window that caught the machine at an odd moment cannot set the number.
   ``quiet`` says when a point needs no more windows: its fastest three
   windows agree with its QPS. A point whose fast windows disagree runs to the
-  cap, for more chances of windows at the machine's own speed. A point's spread ((max - min) / QPS)
-  shows how much the slow windows lost.
+  cap, for more chances of windows at the machine's own speed. A point's
+  spread ((max - min) / QPS) shows how much the slow windows lost.
 
 When a slow spell covers every window of a point, no rule inside the run can
 tell; the point is then low by the machine's factor.

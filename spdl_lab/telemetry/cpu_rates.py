@@ -4,7 +4,7 @@ Reading several processes' CPU times takes a while (a /proc read each, and the
 GIL between them, which a busy pipeline holds for milliseconds). A tick that
 stamps the time once and then reads them all divides each process's CPU by a
 span that is not its own, and a tick whose reads were slow followed by a fast
-one reads high: 250-700% "of one core" on 2 cores was seen. Here each process
+one reads high, above what the cores can give (docs/measurement-noise.md). Here each process
 is stamped at the moment it is read (the middle of its read), and its percent
 is its own CPU over its own span. A span shorter than MIN_SPAN_S keeps the
 previous reading as the baseline (10 ms CPU ticks over a 1 ms span read as
