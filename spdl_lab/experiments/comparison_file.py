@@ -34,24 +34,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, create_model, model_validator
 
+from .. import file_checks as fc
 from ..errors import FileFormatError
-from ..file_checks import (
-    MAX_COUNT,
-    Checker,
-    Record,
-    at_most,
-    choice,
-    describe,
-    dump_document,
-    expects,
-    integer,
-    load_document,
-    number,
-    plain,
-    refuse,
-    short,
-    string,
-)
 from ..runners import RUNNERS
 from ..telemetry.frames import FRAME_COLUMNS
 from .compare import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
@@ -75,7 +59,7 @@ class ComparisonFormatError(FileFormatError):
     """A comparison file (or a Comparison being written) does not fit the format; ``field`` is its JSON path."""
 
 
-class _Checker(Checker):
+class _Checker(fc.Checker):
     noun = "comparison"
     read_fix = ("Only files written by Comparison.to_json (or spdl-lab compare --json) can be read; "
                 "run lab.compare again and save it with .to_json(path)")
@@ -84,83 +68,83 @@ class _Checker(Checker):
     error = ComparisonFormatError
 
 
-Runner, Rate, Count, Label = choice(*RUNNERS), number(0), integer(0, MAX_COUNT), string(MAX_LABEL)
-Share = number(0, 1.5)  # of time; timer skew takes it a little over 1
-Repeats, RoundNumber, Sentence = integer(1, MAX_ROUNDS), integer(0, MAX_ROUNDS), string(MAX_WARNING)
-TickTime = Annotated[float, Field(ge=0, allow_inf_nan=False), expects("a number >= 0 (a tick time is never null)")]
+Runner, Rate, Count, Label = fc.choice(*RUNNERS), fc.number(0), fc.integer(0, fc.MAX_COUNT), fc.string(MAX_LABEL)
+Share = fc.number(0, 1.5)  # of time; timer skew takes it a little over 1
+Repeats, RoundNumber, Sentence = fc.integer(1, MAX_ROUNDS), fc.integer(0, MAX_ROUNDS), fc.string(MAX_WARNING)
+TickTime = Annotated[float, Field(ge=0, allow_inf_nan=False), fc.expects("a number >= 0 (a tick time is never null)")]
 #: null: the series had no value in that tick. Plain pydantic floats, no wrapper: one call per value.
 Value = Annotated[float, Field(allow_inf_nan=False)] | None
 
 
-def _row(name: str, columns: list[str]) -> type[Record]:
+def _row(name: str, columns: list[str]) -> type[fc.Record]:
     """A row of the table: its runner, then each column a count, a share of time or a rate."""
     def kind(column: str) -> Any:
         return Count if column == "steps" else Share if column.endswith("_frac") or column == "device_util" else Rate
-    return create_model(name, __base__=Record, runner=(Runner, ...), **{c: (kind(c), ...) for c in columns})
+    return create_model(name, __base__=fc.Record, runner=(Runner, ...), **{c: (kind(c), ...) for c in columns})
 
 
 RowV1, Row = _row("RowV1", [c for c in TABLE_COLUMNS if c not in _NEW_IN_2]), _row("Row", TABLE_COLUMNS)
 
 
-class Round(Record):
+class Round(fc.Record):
     runner: Runner
     round: RoundNumber
     started_s: Rate
     batches_per_s: Rate
 
 
-class Series(Record):
+class Series(fc.Record):
     series: Label
     stage: Label
     values: list[Value]
 
 
-class Frames(Record):
-    time_s: Annotated[list[TickTime], at_most(lambda: MAX_TICKS, "ticks")]
-    series: Annotated[list[Series], at_most(lambda: MAX_SERIES, "series")]
+class Frames(fc.Record):
+    time_s: Annotated[list[TickTime], fc.at_most(lambda: MAX_TICKS, "ticks")]
+    series: Annotated[list[Series], fc.at_most(lambda: MAX_SERIES, "series")]
 
     @model_validator(mode="after")
     def _lined_up(self) -> Frames:
         times = self.time_s
         late = next((i for i in range(1, len(times)) if times[i] <= times[i - 1]), None)
         if late is not None:
-            refuse(("time_s", late), f"tick time {times[late]!r} is not after the one before "
+            fc.refuse(("time_s", late), f"tick time {times[late]!r} is not after the one before "
                                      f"({times[late - 1]!r}); tick times are strictly increasing")
         seen = set()
         for j, one in enumerate(self.series):
             if (one.series, one.stage) in seen:
-                refuse(("series", j), f"series {short(one.series)} of stage {short(one.stage)} appears twice")
+                fc.refuse(("series", j), f"series {fc.short(one.series)} of stage {fc.short(one.stage)} appears twice")
             seen.add((one.series, one.stage))
             if len(one.values) != len(times):
-                refuse(("series", j, "values"), f"{len(one.values)} values for {len(times)} ticks; "
+                fc.refuse(("series", j, "values"), f"{len(one.values)} values for {len(times)} ticks; "
                                                 "there is one value (or null) per tick")
         return self
 
 
-class ComparisonFileV1(Record):
+class ComparisonFileV1(fc.Record):
     format: Literal[FORMAT]
     version: Literal[1]
     steps: Count
     warmup: Count
-    table: Annotated[list[RowV1], at_most(len(RUNNERS), "rows")]
+    table: Annotated[list[RowV1], fc.at_most(len(RUNNERS), "rows")]
     frames: dict[str, Frames]
 
     @model_validator(mode="after")
     def _runners_agree(self) -> ComparisonFileV1:
         if not self.table:
-            refuse(("table",), "no runner: a comparison has at least one row")
+            fc.refuse(("table",), "no runner: a comparison has at least one row")
         runners: list[str] = []
         for i, row in enumerate(self.table):
             if row.runner in runners:
-                refuse(("table", i, "runner"), f"runner {row.runner!r} appears twice")
+                fc.refuse(("table", i, "runner"), f"runner {row.runner!r} appears twice")
             runners.append(row.runner)
         values = 0
         for runner, frames in self.frames.items():
             if runner not in runners:
-                refuse(("frames", runner), _no_row(runners))
+                fc.refuse(("frames", runner), _no_row(runners))
             values += len(frames.time_s) * len(frames.series)
             if values > MAX_VALUES:
-                refuse(("frames", runner, "series"), f"{len(frames.series)} series of {len(frames.time_s)} "
+                fc.refuse(("frames", runner, "series"), f"{len(frames.series)} series of {len(frames.time_s)} "
                                                      f"ticks: more than the limit of {MAX_VALUES} values in the file")
         return self
 
@@ -168,16 +152,16 @@ class ComparisonFileV1(Record):
 class ComparisonFile(ComparisonFileV1):
     version: Literal[2]
     repeats: Repeats
-    warnings: Annotated[list[Sentence], at_most(MAX_WARNINGS, "warnings")]
-    rounds: Annotated[list[Round], at_most(MAX_ROUNDS, "rounds")]
-    table: Annotated[list[Row], at_most(len(RUNNERS), "rows")]
+    warnings: Annotated[list[Sentence], fc.at_most(MAX_WARNINGS, "warnings")]
+    rounds: Annotated[list[Round], fc.at_most(MAX_ROUNDS, "rounds")]
+    table: Annotated[list[Row], fc.at_most(len(RUNNERS), "rows")]
 
     @model_validator(mode="after")
     def _rounds_of_runners(self) -> ComparisonFile:
         runners = [row.runner for row in self.table]
         for i, one in enumerate(self.rounds):
             if one.runner not in runners:
-                refuse(("rounds", i, "runner"), _no_row(runners))
+                fc.refuse(("rounds", i, "runner"), _no_row(runners))
         return self
 
 
@@ -218,27 +202,27 @@ def _long(frames: Frames) -> pd.DataFrame:
 def _encode(cmp: Comparison, checker: _Checker) -> dict[str, Any]:
     table = cmp.table
     if not isinstance(table, pd.DataFrame):
-        raise checker.fail("table", f"expected a pandas DataFrame, got {describe(table)}")
+        raise checker.fail("table", f"expected a pandas DataFrame, got {fc.describe(table)}")
     extra = [c for c in table.columns if c not in TABLE_COLUMNS]
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if extra or missing:
         raise checker.fail(f"table.{(extra or missing)[0]}", "column is not part of the format (drop it first)"
                            if extra else "column is missing")
     if not isinstance(cmp.frames, dict):
-        raise checker.fail("frames", f"expected a dict of runner -> DataFrame, got {describe(cmp.frames)}")
-    return plain({
+        raise checker.fail("frames", f"expected a dict of runner -> DataFrame, got {fc.describe(cmp.frames)}")
+    return fc.plain({
         "format": FORMAT, "version": VERSION, "steps": cmp.steps, "warmup": cmp.warmup, "repeats": cmp.repeats,
         "warnings": cmp.warnings, "rounds": [dict(zip(ROUND_COLUMNS, row)) for row in
                                              cmp.rounds[ROUND_COLUMNS].itertuples(index=False)],
         "table": [{"runner": r, **{c: table.at[r, c] for c in TABLE_COLUMNS}} for r in table.index],
-        "frames": {runner: _wide(checker, frame, f"frames[{short(runner)}]") for runner, frame in cmp.frames.items()},
+        "frames": {runner: _wide(checker, frame, f"frames[{fc.short(runner)}]") for runner, frame in cmp.frames.items()},
     })
 
 
 def _wide(checker: _Checker, frame: Any, where: str) -> dict[str, Any]:
     """A long-form frame (time_s, series, stage, value) as tick times and one array per series."""
     if not isinstance(frame, pd.DataFrame) or list(frame.columns) != FRAME_COLUMNS:
-        raise checker.fail(where, f"expected a DataFrame with columns {FRAME_COLUMNS}, got {describe(frame)}")
+        raise checker.fail(where, f"expected a DataFrame with columns {FRAME_COLUMNS}, got {fc.describe(frame)}")
     try:
         value = frame["value"].to_numpy(dtype=float)
         time_s = frame["time_s"].to_numpy(dtype=float)
@@ -253,7 +237,7 @@ def _wide(checker: _Checker, frame: Any, where: str) -> dict[str, Any]:
     series = []
     for (name, stage), rows in frame.groupby(["series", "stage"], sort=False).indices.items():
         if len(np.unique(tick[rows])) != len(rows):
-            raise checker.fail(where, f"series {short(name)} of stage {short(stage)} has two values in one tick")
+            raise checker.fail(where, f"series {fc.short(name)} of stage {fc.short(stage)} has two values in one tick")
         values = np.full(len(times), np.nan)
         values[tick[rows]] = value[rows]
         series.append({"series": name, "stage": stage, "values": values.tolist()})
@@ -266,15 +250,15 @@ def write_json(cmp: Comparison, path: str | Path) -> Path:
     checker = _Checker(path, writing=True)
     doc = _encode(cmp, checker)
     _read(doc, checker)  # refuse now what read_json would refuse later
-    return dump_document(doc, path, compact=True)  # frames are long arrays of numbers
+    return fc.dump_document(doc, path, compact=True)  # frames are long arrays of numbers
 
 
 def read_json(path: str | Path) -> Comparison:
     """Read and validate a file written by ``write_json``; raise ComparisonFormatError if it does not fit."""
     path = Path(path)
-    return build(load_document(path, _Checker(path), MAX_FILE_BYTES), path)
+    return build(fc.load_document(path, _Checker(path), MAX_FILE_BYTES), path)
 
 
 def build(doc: dict[str, Any], source: str | Path) -> Comparison:
-    """A Comparison from an already parsed document (``load_document``), checked field by field."""
+    """A Comparison from an already parsed document (``file_checks.load_document``), checked field by field."""
     return _read(doc, _Checker(source))
