@@ -7,7 +7,8 @@ Where things are:
   the thread and process sweeps, the verdicts;
 * ``settings``  — ``SweepSettings`` (windows, stop rule, budget) and the window and budget rules;
 * ``_thread_sweep`` / ``_process_sweep`` (with ``_sweep_worker`` and ``_sweep_child``) —
-  the two halves of the sweep; ``_slices`` — a window's and a point's QPS;
+  the two halves of the sweep; ``_point`` — the stop rule and progress count they share;
+  ``_slices`` — a window's and a point's QPS;
 * ``rules``     — from a stage's points to a verdict, with the numbers;
 * ``result``    — ``Diagnosis``, ``StageDiagnosis``, ``Point``; ``_bottleneck`` — which stage limits;
 * ``file_format`` — the JSON file; ``_isolated`` — the clean child interpreter it runs in;

@@ -19,11 +19,9 @@ over the whole sweep.
 #   slow functions, the completions up to the last one). CPU is read with each
 #   reading's time stamp. A window is ``settings.window_for`` (as in the thread
 #   half): a few tasks per worker at the warm-up's task time, up to MAX_WINDOW_S.
-# - A point is done when it has ``min_windows`` windows and its fastest three
-#   agree within +-``stable_within`` (``_slices.quiet``) -> "ok";
-#   ``max_windows`` reached first, or the diagnosis's budget spent
-#   (``settings.budget_cut``) -> "unstable". Its QPS is its second-best window
-#   (``_slices.point_qps``), as a thread point's: a rate seen at one moment, so
+# - When a point is done, and its QPS, is ``_point.PointWindows``'s rule, the
+#   thread half's too: settled -> "ok"; ``max_windows`` or the budget first ->
+#   "unstable"; its QPS is its second-best window, a rate seen at one moment, so
 #   threads and processes compare like with like. CPU and task times come from
 #   every window.
 # - Every call raised during the windows -> "error" with qps 0 and ``failures``
@@ -50,11 +48,12 @@ from typing import Any
 import cloudpickle
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ._slices import point_qps, quiet, window_qps
+from ._point import PointWindows
+from ._slices import window_qps
 from ._sweep_worker import Reading, WorkerDied, WorkerPool
 from ._thread_sweep import StageFeed
 from .result import Point
-from .settings import SweepSettings, budget_cut, window_for
+from .settings import SweepSettings, window_for
 
 __all__ = ["ProcessSweep", "ProcessSweeper"]
 
@@ -111,25 +110,17 @@ class ProcessSweeper:
                 self.sweeps[feed.name].error = exc
                 self._report(plan.max_windows * len(levels))
                 continue
-            warmed = 0
-            for c in levels:  # a failure ends the stage
-                point = self._points[feed.name, c] = _Point(feed.name, c, pool, plan)
-                warmed += 1
+            for i, c in enumerate(levels):  # a failure ends the stage
+                point = self._points[feed.name, c] = _Point(feed.name, c, pool, plan, self._report)
                 if not point.warm_up():
+                    self._report(plan.max_windows * (len(levels) - 1 - i))  # not tried
                     break
-            ended = [p for (name, _), p in self._points.items() if name == feed.name and p.done]
-            self._report(plan.max_windows * (len(levels) - warmed + len(ended)))
 
     def round(self) -> bool:
         """One window for every point that needs one; True once none does."""
-        plan = self.plan
         for point in [p for p in self._points.values() if not p.done]:
-            if budget_cut(len(point.qps), point.window_s, self.deadline, plan.min_windows):
-                point.done = True  # still "unstable": its windows did not agree in time
-                self._report(plan.max_windows - len(point.qps))
-                continue
-            point.window()
-            self._report(1 + (plan.max_windows - len(point.qps) if point.done else 0))
+            if point.wants_window(point.window_s, self.deadline):
+                point.window()
         return all(p.done for p in self._points.values())
 
     def finish(self) -> None:
@@ -177,15 +168,14 @@ def _start(feed: StageFeed, workers: int, plan: SweepSettings) -> WorkerPool:
     return pool
 
 
-class _Point:
-    """One (stage, concurrency): its warm-up, its windows, and how it ended."""
+class _Point(PointWindows):
+    """One (stage, concurrency) in worker processes: its warm-up, its windows, and how it ended."""
 
-    def __init__(self, stage: str, c: int, pool: WorkerPool, plan: SweepSettings) -> None:
+    def __init__(self, stage: str, c: int, pool: WorkerPool, plan: SweepSettings,
+                 report: Callable[[int], None]) -> None:
+        super().__init__(plan, report)
         self.stage, self.c, self.pool, self.plan = stage, c, pool, plan
         self.windows: list[Reading] = []  # per window: wall time in ``at``, the rest as differences
-        self.qps: list[float] = []
-        self.status = "unstable"
-        self.done = False
         self.notes: list[str] = []
         self.window_s = plan.window_s
         self.failures = 0  # calls that raised in its warm-up and windows
@@ -218,7 +208,7 @@ class _Point:
             return self._fail("error", f"a {died}")
 
     def window(self) -> None:
-        pool, c, plan = self.pool, self.c, self.plan
+        pool, c = self.pool, self.c
         # With fewer workers than the pool has, take the windows on each in turn: the
         # cores do not always run at one speed, and a worker tends to stay on its core.
         self.first = len(self.qps) % (len(pool.procs) - c + 1)
@@ -237,17 +227,13 @@ class _Point:
             self.failures += now.failures - before.failures
             self.windows.append(Reading(now.at - start, now.done - before.done, now.failures - before.failures,
                                         now.cpu_s - before.cpu_s, now.times_ns))
-            span = round(start * 1e9), round(now.at * 1e9)
-            self.qps.append(window_qps(now.ends_ns, *span))
+            qps = window_qps(now.ends_ns, round(start * 1e9), round(now.at * 1e9))
             if not self._pause():
                 return
         except WorkerDied as died:
             self._fail("error", f"a {died}")
             return
-        if quiet(self.qps, plan.stable_within, plan.min_windows):
-            self.status, self.done = "ok", True
-        elif len(self.qps) >= plan.max_windows:
-            self.done = True
+        self.add(qps)
 
     def _read(self) -> Reading | None:
         return self.pool.read(self.c, self.plan.point_timeout_s, self.first)
@@ -269,17 +255,17 @@ class _Point:
             time.sleep(0.001)
 
     def _fail(self, status: str, why: str) -> bool:
-        self.status, self.done = status, True
+        self.end(status)
         self.notes.append(_note(self.stage, self.c, why))
         return False
 
     def summary(self) -> Point:
-        windows, qps = self.windows, self.qps
+        windows = self.windows
         failures = self.failures
-        if self.status in ("timeout", "error") or not windows:
+        if self.status in ("timeout", "error") or not self.qps:
             return _failed(self.stage, self.c, self.status if self.status != "unstable" else "error",
                            len(self.windows), failures)
-        mid = point_qps(qps)
+        mid = self.value
         wall = sum(w.at for w in windows)
         times = [t for w in windows for t in w.times_ns]
         status = self.status
@@ -289,7 +275,7 @@ class _Point:
                                     f"one:\n{self.pool.first_error or ''}"))
         return Point(
             stage=self.stage, executor="process", concurrency=self.c, qps=mid,
-            qps_spread=(max(qps) - min(qps)) / mid if len(qps) >= 2 and mid > 0 else NAN,
+            qps_spread=self.spread if mid > 0 else NAN,
             cpu_util=sum(w.cpu_s for w in windows) / (wall * (os.cpu_count() or 1)),
             gil_wait_frac=NAN, runqueue_wait_frac=NAN,
             p50_ms=statistics.median(times) / 1e6 if times else NAN,

@@ -3,9 +3,9 @@
 Workers loop over the stage's cached inputs. Every (stage, concurrency) gets
 its own pool, warmed up first (start-up never counts); then the pools of every
 stage take turns, one measurement window each per round (long enough for a few
-tasks per worker), until each point's windows agree, or a cap, or the budget
-(``budget_cut``). A window's QPS is the median rate over short slices, a point's
-its second-best window (``_slices``). Threads stuck in the function cannot be
+tasks per worker), until each point ends by the rule both halves share
+(``_point.PointWindows``). A window's QPS is the median rate over short slices
+(``_slices``). Threads stuck in the function cannot be
 stopped; they are daemons, left behind and counted.
 """
 
@@ -26,9 +26,10 @@ import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ..telemetry.probes import GilProbe
-from ._slices import point_qps, quiet, window_qps
+from ._point import PointWindows
+from ._slices import window_qps
 from .result import Point
-from .settings import SweepSettings, budget_cut, window_for
+from .settings import SweepSettings, window_for
 
 __all__ = ["StageFeed", "StageRun", "ThreadSweep", "measure_threads", "run_once"]
 
@@ -149,37 +150,26 @@ def measure_threads(
             for c in levels:
                 key = (feed.name, c)
                 pool = pools[key] = _Pool(feed.name, feed.fn, feed.inputs, c, counter)
-                results[key] = _Windows()
+                results[key] = _Windows(settings, report)
                 rate = pool.warm_up(settings)
                 if not rate or not pool.pause(settings.point_timeout_s):
-                    results[key].status, results[key].done = "timeout", True
+                    results[key].end("timeout")
+                    report(settings.max_windows * (len(levels) - 1 - levels.index(c)))  # not tried
                     break
                 windows[key] = window_for(settings.window_s, c, rate)
-        skipped = len(feeds) * len(levels) - len(pools)
-        report(settings.max_windows * (skipped + sum(r.done for r in results.values())))
-        for _ in range(settings.max_windows):
+        while not all(r.done for r in results.values()):
             for key in [k for k, r in results.items() if not r.done]:
-                result = results[key]
-                if budget_cut(len(result.qps), windows[key], deadline, settings.min_windows):
-                    result.status, result.done = "unstable", True
-                    report(settings.max_windows - len(result.qps))
+                if not results[key].wants_window(windows[key], deadline):
                     continue
                 stats = pools[key].window(windows[key], probe)
                 if not pools[key].pause(settings.point_timeout_s):
-                    result.status, result.done = "timeout", True
-                    report(settings.max_windows - len(result.qps))
+                    results[key].end("timeout")
                     continue
-                result.add(stats, settings)
-                report(1 + (settings.max_windows - len(result.qps) if result.done else 0))
+                results[key].add_window(stats)
             if after_round is not None:
                 after_round({feed.name: [results[k].point(*k, pools[k]) for k in results if k[0] == feed.name
                                          and (results[k].qps or results[k].status == "timeout")]
                              for feed in feeds})
-            if all(r.done for r in results.values()):
-                break
-        for result in results.values():
-            if not result.done:
-                result.status = "unstable"
     finally:
         abandoned = _close_all(pools, settings.point_timeout_s)
     sweeps = {}
@@ -302,35 +292,29 @@ def _close_all(pools: dict[tuple[str, int], _Pool], timeout: float) -> dict[tupl
     return {key: sum(t.is_alive() for t in pool.threads) for key, pool in pools.items()}
 
 
-class _Windows:
-    """The windows measured for one concurrency."""
+class _Windows(PointWindows):
+    """A thread point's windows: QPS (the stop rule's), and CPU, GIL and machine readings."""
 
-    def __init__(self) -> None:
-        self.qps: list[float] = []
+    def __init__(self, settings: SweepSettings, report: Callable[[int], None]) -> None:
+        super().__init__(settings, report)
         self.cpu: list[float] = []
         self.gil: list[float] = []
         self.runq: list[float] = []
         self.machine: list[float] = []
         self.others: list[float] = []
-        self.status = "ok"
-        self.done = False
 
-    def add(self, stats: dict[str, float], settings: SweepSettings) -> None:
-        self.qps.append(stats["qps"])
+    def add_window(self, stats: dict[str, float]) -> None:
         self.cpu.append(stats["cpu"])
         self.gil.append(stats["gil"])
         self.runq.append(stats["runq"])
         self.machine.append(stats["machine"])
         self.others.append(stats["others"])
-        self.done = quiet(self.qps, settings.stable_within, settings.min_windows)
+        self.add(stats["qps"])
 
     def point(self, stage: str, c: int, pool: _Pool) -> Point:
-        qps = point_qps(self.qps) if self.qps else (0.0 if self.status == "timeout" else math.nan)
-        spread = ((max(self.qps) - min(self.qps)) / qps
-                  if len(self.qps) >= 2 and qps > 0 else math.nan)
         hist = pool.hist
         return Point(
-            stage=stage, executor="thread", concurrency=c, qps=qps, qps_spread=spread,
+            stage=stage, executor="thread", concurrency=c, qps=self.value, qps_spread=self.spread,
             cpu_util=_median(self.cpu), gil_wait_frac=_median(self.gil),
             runqueue_wait_frac=_median(self.runq),
             p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
