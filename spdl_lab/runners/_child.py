@@ -8,6 +8,7 @@ slots, publishes its meters to a shared block, and obeys the control channel.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import threading
@@ -43,13 +44,15 @@ class _ChildRun:
 
         from ..engine.engine import Engine
         from ._shm import SeqlockBlock, ShmFile
-        from ._transport import SlotWriter
+        from ._transport import Copier, SlotWriter
 
         self.data = data
         self.ctrl = ctrl
         pipeline = cloudpickle.loads(init["pipeline"])
         self.engine = Engine(pipeline, **init["engine_options"])
         self.slots = SlotWriter(init["prefix"], init["slots"])
+        cores = os.cpu_count() or 1
+        self.copier = Copier(cores - 1) if cores > 1 else None
         self.meters = SeqlockBlock(ShmFile(init["meters"], init["meters_size"], create=False))
         self.stop = threading.Event()
         self._send_lock = threading.Lock()
@@ -102,7 +105,7 @@ class _ChildRun:
                 except RunnerError as err:  # no shared memory left for this output
                     self._send(("runner-error", str(err)))
                     return
-                write_arrays(encoded, shm)
+                write_arrays(encoded, shm, self.copier)
                 self._send(("out", seq, index, encoded.meta, slot_id, shm.name, shm.size))
             else:
                 self._send(("out", seq, index, encoded.meta, -1, "", 0))
@@ -138,6 +141,8 @@ class _ChildRun:
             self.data.send(message)
 
     def cleanup(self) -> None:
+        if self.copier is not None:
+            self.copier.close()
         self.slots.close()
         self.meters.shm.close()
 

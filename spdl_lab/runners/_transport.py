@@ -29,6 +29,7 @@ import queue
 import sys
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
 from ._shm import ShmFile
 
-__all__ = ["Encoded", "Leases", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
+__all__ = ["Copier", "Encoded", "Leases", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
 
 _ALIGN = 64
 #: Slots grow to fit the largest output seen, with headroom so that batches
@@ -96,20 +97,86 @@ def encode(obj: Any) -> Encoded:
     return Encoded(buffer.getvalue(), encoder.arrays, encoder.nbytes)
 
 
-def write_arrays(encoded: Encoded, shm: ShmFile) -> None:
-    """Copy each array's bytes into the slot at its offset (one copy, strides honoured)."""
-    for offset, obj in encoded.arrays:
-        if isinstance(obj, np.ndarray):
-            if obj.size:
-                dest = np.frombuffer(shm.map, dtype=obj.dtype, count=obj.size, offset=offset)
-                np.copyto(dest.reshape(obj.shape), obj, casting="no")
-                del dest
+def write_arrays(encoded: Encoded, shm: ShmFile, copier: Copier | None = None) -> None:
+    """Copy each array's bytes into the slot at its offset (one copy, strides honoured).
+
+    With a ``copier`` a large output is copied by several threads at once: one
+    thread copies about 3 GB/s here, and at a 154 MB batch every 50 ms that one
+    thread was the pipeline's limit while the cores had time to spare.
+    """
+    pieces = [piece for offset, obj in encoded.arrays for piece in _pieces(offset, obj, shm)]
+    if copier is None or encoded.nbytes < SPLIT_BYTES or len(pieces) < 2:
+        _copy_all(pieces)
+    else:
+        copier.run(pieces)
+
+
+#: Outputs smaller than this are copied by one thread: handing off costs more than it saves.
+SPLIT_BYTES = 8 << 20
+#: Arrays are cut along their first axis into pieces of about this size, so that
+#: one large array (a stacked batch) is shared out too.
+_PIECE_BYTES = 4 << 20
+
+
+def _pieces(offset: int, obj: Any, shm: ShmFile) -> list[tuple[Any, Any]]:
+    """(destination view in the slot, source) pairs that together copy ``obj``."""
+    if isinstance(obj, np.ndarray):
+        if not obj.size:
+            return []
+        dest = np.frombuffer(shm.map, dtype=obj.dtype, count=obj.size, offset=offset).reshape(obj.shape)
+        nbytes = obj.nbytes
+    else:
+        if not obj.numel():
+            return []
+        torch = sys.modules["torch"]
+        dest = torch.frombuffer(shm.map, dtype=obj.dtype, count=obj.numel(), offset=offset).view(obj.shape)
+        nbytes = obj.numel() * obj.element_size()
+    rows = obj.shape[0] if obj.ndim else 1
+    parts = min(rows, max(1, nbytes // _PIECE_BYTES))
+    if parts <= 1:
+        return [(dest, obj)]
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    return [(dest[a:b], obj[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def _copy_all(pieces: list[tuple[Any, Any]]) -> None:
+    for dest, src in pieces:
+        if isinstance(dest, np.ndarray):
+            np.copyto(dest, src, casting="no")  # releases the GIL for large arrays
         else:
-            torch = sys.modules["torch"]
-            if obj.numel():
-                dest = torch.frombuffer(shm.map, dtype=obj.dtype, count=obj.numel(), offset=offset)
-                dest.view(obj.shape).copy_(obj)
-                del dest
+            dest.copy_(src)
+
+
+class Copier:
+    """Helper threads that copy pieces of an output beside the calling thread.
+
+    ``run`` shares the pieces out by bytes, copies its own share, and waits for
+    the rest; the copies release the GIL, so they run on separate cores.
+    ``close`` stops the threads.
+    """
+
+    def __init__(self, helpers: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="spdl_lab:copy")
+        self._helpers = helpers
+
+    def run(self, pieces: list[tuple[Any, Any]]) -> None:
+        shares: list[list[tuple[Any, Any]]] = [[] for _ in range(self._helpers + 1)]
+        loads = [0] * len(shares)
+        for piece in sorted(pieces, key=lambda p: -_nbytes(p[1])):
+            i = loads.index(min(loads))
+            shares[i].append(piece)
+            loads[i] += _nbytes(piece[1])
+        futures = [self._pool.submit(_copy_all, share) for share in shares[1:] if share]
+        _copy_all(shares[0])
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _nbytes(obj: Any) -> int:
+    return obj.nbytes if isinstance(obj, np.ndarray) else obj.numel() * obj.element_size()
 
 
 def decode(meta: bytes, shm: ShmFile | None, lease: Any = None) -> Any:

@@ -8,6 +8,7 @@ child when the last view is garbage. Beyond that, outputs are copied.
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -78,3 +79,31 @@ def test_views_outlive_the_loader():
     arr += 1  # still mapped and writable after close
     del kept, arr, t
     gc.collect()
+
+
+def test_a_large_output_is_copied_by_several_threads_byte_for_byte():
+    import threading
+
+    from spdl_lab.runners._shm import ShmFile
+    from spdl_lab.runners._transport import SPLIT_BYTES, Copier, decode, encode, write_arrays
+
+    rng = np.random.default_rng(0)
+    stacked = rng.random((64, 64, 300))  # one array larger than SPLIT_BYTES: cut into pieces
+    output = {"batch": stacked, "items": [rng.random((100, 150)) for _ in range(20)],
+              "labels": torch.arange(1000), "strided": stacked[:, ::2, 1], "empty": np.empty((0, 3))}
+    encoded = encode(output)
+    assert encoded.nbytes > SPLIT_BYTES
+    before = {t.name for t in threading.enumerate()}
+    copier = Copier(helpers=2)
+    shm = ShmFile(f"spdl_lab_test_copier_{os.getpid()}", encoded.nbytes, create=True)
+    try:
+        write_arrays(encoded, shm, copier)
+        got = decode(encoded.meta, shm)  # copies out
+    finally:
+        copier.close()
+        shm.close()
+        shm.unlink()
+    assert np.array_equal(got["batch"], stacked) and np.array_equal(got["strided"], stacked[:, ::2, 1])
+    assert all(np.array_equal(a, b) for a, b in zip(got["items"], output["items"]))
+    assert torch.equal(got["labels"], output["labels"]) and got["empty"].shape == (0, 3)
+    assert {t.name for t in threading.enumerate()} == before  # the copier's threads are gone
