@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import RunnerError, SpdlLabError
 from ..progress import progress_bar
-from ..runners.stopping import stop_process
+from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
 
 __all__ = ["diagnose_in_child"]
 
@@ -36,18 +36,8 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
     from .file_format import read_json
 
     folder = Path(tempfile.mkdtemp(prefix="spdl_lab_diagnose_"))
-    data_r, data_w = os.pipe()
-    ctrl_r, ctrl_w = os.pipe()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "spdl_lab.diagnose._isolated", str(data_w), str(ctrl_r)],
-            pass_fds=(data_w, ctrl_r),
-            start_new_session=True,  # Ctrl-C reaches the notebook or the CLI, which stops the child
-        )
-    finally:
-        os.close(data_w)
-        os.close(ctrl_r)
-    data, ctrl = Connection(data_r, writable=False), Connection(ctrl_w, readable=False)
+    child = spawn(["-m", "spdl_lab.diagnose._isolated"])
+    proc, data, ctrl = child.proc, child.data, child.ctrl
     bar = None
     try:
         ctrl.send({"pipeline": payload, "options": options, "sys_path": list(sys.path),
@@ -82,9 +72,8 @@ def _next(data: Connection, proc: subprocess.Popen) -> tuple:
             break
         if proc.poll() is not None and not data.poll(0):
             break
-    code = proc.wait(5.0)
-    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
-    raise RunnerError(f"diagnose: the child interpreter measuring the stages {how} before it finished; "
+    raise RunnerError(f"diagnose: the child interpreter measuring the stages {exit_reason(proc, 5.0)} "
+                      f"before it finished; "
                       f"if it ran out of memory, pass a smaller num_items=")
 
 
@@ -106,12 +95,8 @@ def _child_error(kind: str, message: str, text: str, stage: str | None, index: i
         error = PipelineSpecError(message)
     else:
         error = SpdlLabError(f"diagnose failed in its child interpreter: {kind}: {message}")
-    error.__cause__ = _ChildTraceback(text)
+    error.__cause__ = ChildTraceback(text)
     return error
-
-
-class _ChildTraceback(Exception):
-    """The child's traceback, chained under the error raised here."""
 
 
 # -- the child -----------------------------------------------------------------------------

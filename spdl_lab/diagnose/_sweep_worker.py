@@ -8,10 +8,7 @@ with two pipes: control (parent -> child: run, pause, read, stop) and data
 from __future__ import annotations
 
 import math
-import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -21,8 +18,7 @@ from typing import Any
 import psutil
 
 from ..errors import RunnerError
-from ..runners.stopping import stop_process
-from ..runners.subprocess_threads import ChildTraceback
+from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
 
 __all__ = ["Reading", "WorkerDied", "WorkerPool"]
 
@@ -62,21 +58,10 @@ class WorkerPool:
 
     def start(self, n: int, init: dict[str, Any], timeout_s: float) -> None:
         for _ in range(n):  # all start before any is waited on: imports overlap
-            data_r, data_w = os.pipe()
-            ctrl_r, ctrl_w = os.pipe()
-            try:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-I", str(CHILD), str(data_w), str(ctrl_r)],
-                    pass_fds=(data_w, ctrl_r), start_new_session=True))  # Ctrl-C reaches only the parent
-            except BaseException:
-                for fd in (data_r, ctrl_w):
-                    os.close(fd)
-                raise
-            finally:
-                os.close(data_w)
-                os.close(ctrl_r)
-            self.datas.append(Connection(data_r, writable=False))
-            self.ctrls.append(Connection(ctrl_w, readable=False))
+            child = spawn(["-I", str(CHILD)])
+            self.procs.append(child.proc)
+            self.datas.append(child.data)
+            self.ctrls.append(child.ctrl)
             self.ps.append(psutil.Process(self.procs[-1].pid))
         self.send(n, init)
         deadline = time.monotonic() + timeout_s
@@ -155,14 +140,4 @@ class WorkerPool:
 
 
 def _exit_reason(proc: subprocess.Popen) -> str:
-    try:
-        code = proc.wait(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        return f"worker process (pid {proc.pid}) closed its pipe"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = str(-code)
-        return f"worker process (pid {proc.pid}) was killed by signal {name}"
-    return f"worker process (pid {proc.pid}) exited with status {code}"
+    return f"worker process (pid {proc.pid}) {exit_reason(proc)}"

@@ -9,9 +9,7 @@ look the same as for ``thread``.
 
 from __future__ import annotations
 
-import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +24,7 @@ from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
 from ._transport import Leases, SlotReader, decode
 from .base import Runner
-from .stopping import stop_process
+from .children import ChildTraceback, exit_reason, spawn, stop_process
 
 __all__ = ["SubprocessThreadsRunner"]
 
@@ -36,10 +34,6 @@ SLOTS = 4
 _METERS_SIZE = 4 << 20
 #: How long start() waits for the child to import and build its engine.
 START_TIMEOUT_S = 60.0
-
-
-class ChildTraceback(Exception):
-    """The child's traceback, chained under errors raised in the parent."""
 
 
 class SubprocessThreadsRunner(Runner):
@@ -82,19 +76,8 @@ class SubprocessThreadsRunner(Runner):
             f"{self._prefix}meters", _METERS_SIZE, create=True, purpose="the subprocess-threads runner's meters"
         )
         self._meters = SeqlockBlock(meters)
-        data_r, data_w = os.pipe()
-        ctrl_r, ctrl_w = os.pipe()
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "spdl_lab.runners._child", str(data_w), str(ctrl_r)],
-                pass_fds=(data_w, ctrl_r),
-                start_new_session=True,  # Ctrl-C reaches the parent, which stops the child
-            )
-        finally:
-            os.close(data_w)
-            os.close(ctrl_r)
-        self._data = Connection(data_r, writable=False)
-        self._ctrl = Connection(ctrl_w, readable=False)
+        child = spawn(["-m", "spdl_lab.runners._child"])
+        self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
         self._send(
 
                 {
@@ -187,20 +170,8 @@ class SubprocessThreadsRunner(Runner):
 
     def _died(self, child_traceback: str | None) -> RunnerError:
         assert self._proc is not None
-        try:
-            code = self._proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            code = None
+        how = exit_reason(self._proc)
         self._ended = True
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        elif code is not None:
-            how = f"exited with status {code}"
-        else:
-            how = "closed its channel"
         hint = (
             " The child's traceback follows." if child_traceback
             else " If it ran out of memory, make batches or concurrency smaller."

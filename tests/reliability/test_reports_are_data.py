@@ -359,8 +359,6 @@ ALLOWED = {
         "imports the module the user named on the spdl-lab command line, as `python -m` would",
     "spdl_lab/file_checks.py::load_document::json.loads":
         "the one strict JSON reader: no NaN, no duplicate keys, depth and size capped; every field checked after",
-    "spdl_lab/diagnose/_isolated.py::diagnose_in_child::multiprocessing.connection.Connection":
-        "wraps pipes to the diagnose child this process just spawned; no one else holds them",
     "spdl_lab/diagnose/_isolated.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
     "spdl_lab/diagnose/_isolated.py::main::multiprocessing.connection.Connection":
@@ -377,10 +375,10 @@ ALLOWED = {
         "the stage function and inputs the parent pickled for this child; user code by design",
     "spdl_lab/diagnose/_sweep_child.py::_Worker.obey::.recv()":
         "control messages from the parent that spawned this sweep child, over its inherited pipe",
-    "spdl_lab/diagnose/_sweep_worker.py::WorkerPool.start::multiprocessing.connection.Connection":
-        "wraps pipes to sweep children this process just spawned; no one else holds them",
     "spdl_lab/diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
         "unpickles only messages from sweep children this process started, over pipes only they hold",
+    "spdl_lab/runners/children.py::spawn::multiprocessing.connection.Connection":
+        "wraps pipes to a child this process just spawned (its only other holder); no one else holds them",
     "spdl_lab/runners/_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
     "spdl_lab/runners/_child.py::main::.recv()":
@@ -399,8 +397,6 @@ ALLOWED = {
         "decodes outputs of our own subprocess-threads child; array ids only point into slots the parent made",
     "spdl_lab/runners/process.py::ProcessRunner._new_dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
-    "spdl_lab/runners/subprocess_threads.py::SubprocessThreadsRunner.start::multiprocessing.connection.Connection":
-        "wraps pipes to the child this runner just spawned; no one else holds them",
     "spdl_lab/runners/subprocess_threads.py::SubprocessThreadsRunner._recv::.recv()":
         "unpickles only messages from the child this runner started, over a pipe only it holds",
     "spdl_lab/runners/subprocess_threads.py::SubprocessThreadsRunner.read::pickle.loads":
