@@ -378,7 +378,7 @@ ALLOWED = {
     "spdl_lab/diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
         "unpickles only messages from sweep children this process started, over pipes only they hold",
     "spdl_lab/runners/children.py::spawn::multiprocessing.connection.Connection":
-        "wraps pipes to a child this process just spawned (its only other holder); no one else holds them",
+        "wraps pipes to a child this process just spawned; no one else holds them",
     "spdl_lab/runners/_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
     "spdl_lab/runners/_child.py::main::.recv()":
