@@ -1,0 +1,363 @@
+"""Record files: a published run writes its telemetry frames to an SQLite file as it goes.
+
+The file is SQLite in WAL mode, so a viewer reads while the script writes, and pandas
+reads it directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``.
+
+Tables
+    ``frames(time_s REAL, series TEXT, stage TEXT, value REAL)``: long format
+    (``FRAME_COLUMNS``), indexed on ``time_s``; NaN values are not stored.
+    ``meta(key TEXT PRIMARY KEY, value TEXT)``: facts about the run (``name``, ``pid``,
+    ``started``, ``runner``, ``state``, ``dropped_ticks``, ...).
+
+State
+    The writer sets ``state`` to ``"running"`` when it opens the file and to ``"finished"``
+    or ``"failed"`` on ``close``. A reader that finds ``"running"`` while the ``pid`` is gone
+    reports ``"killed"`` (``record_meta``): the process died without closing, and the
+    record holds everything up to its last flush.
+
+Never blocking the training loop
+    ``RecordWriter.add`` only appends the chunk to an in-memory buffer. A thread named
+    ``spdl_lab:record`` writes the buffer in one transaction at least every
+    ``flush_every_s``. If the disk is slower than the frames, the buffer keeps at most
+    ``max_buffered_ticks`` ticks: the oldest are dropped and counted in meta
+    ``dropped_ticks``.
+
+Bounded growth
+    Each flush keeps full rate for the latest ``FULL_RATE_S`` (10 minutes of record time)
+    and thins older ticks to one per ``THIN_EVERY_S`` (10 s): in each 10-s bucket every
+    (series, stage) keeps its last value. A row costs 63 to 68 bytes on disk (row plus the
+    ``time_s`` index, measured with real series and stage names). For a 24-hour run at
+    10 Hz with 60 series: full-rate window 600 s x 10 x 60 = 360,000 rows (23-25 MB);
+    thinned past 86,400 s / 10 s x 60 = 518,400 rows (33-35 MB); 55-60 MB in all. After
+    the first ten minutes it grows by 360 x 60 rows, about 1.4 MB, per hour, so the
+    200 MB limit is reached after about four days. Deleted rows leave free pages that later inserts
+    reuse, and ``journal_size_limit`` keeps the WAL file small after each checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from spdl_lab.errors import FileFormatError, SpdlLabError
+from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
+
+__all__ = [
+    "RecordWriter",
+    "default_record_path",
+    "read_record",
+    "record_meta",
+    "FULL_RATE_S",
+    "THIN_EVERY_S",
+]
+
+FULL_RATE_S = 600.0
+THIN_EVERY_S = 10.0
+RECORD_ENV = "SPDL_LAB_RECORD"
+THREAD_NAME = "spdl_lab:record"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
+CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+# Rows of [lo, hi) except the last one of each (series, stage) in each bucket.
+# Rows are inserted in time order, so the largest rowid is the latest tick.
+_THIN = """
+DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
+    SELECT max(rowid) FROM frames WHERE time_s >= ? AND time_s < ?
+    GROUP BY series, stage, CAST(time_s / ? AS INTEGER))
+"""
+
+
+def default_record_path(name: str, pid: int) -> Path:
+    """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe).
+
+    >>> default_record_path("train.py:42 loader", 1234).name  # doctest: +SKIP
+    'train.py_42_loader-1234.sqlite'
+    """
+    override = os.environ.get(RECORD_ENV)
+    if override:
+        return Path(override)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:100] or "run"
+    return Path("spdl_lab_runs") / f"{safe}-{pid}.sqlite"
+
+
+class RecordWriter:
+    """Writes frame chunks to an SQLite record from a background thread.
+
+    ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
+    and ``state="running"`` are filled in when missing. The file must not exist yet.
+    ``clock`` times the flushes (tests may pass their own).
+
+    >>> writer = RecordWriter("run.sqlite", meta={"name": "demo"})  # doctest: +SKIP
+    >>> cursor = 0
+    >>> while training:
+    ...     chunk = loader.frames_since(cursor); cursor = chunk.cursor
+    ...     writer.add(chunk)
+    >>> writer.close()  # or close("failed")
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        meta: dict[str, str],
+        flush_every_s: float = 2.0,
+        max_buffered_ticks: int = 6000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if flush_every_s <= 0:
+            raise SpdlLabError(f"flush_every_s must be > 0 seconds, got {flush_every_s!r}")
+        self.path = Path(path)
+        self.flush_every_s = flush_every_s
+        self.max_buffered_ticks = max_buffered_ticks
+        self.dropped_ticks = 0
+        self.error: BaseException | None = None
+        self._clock = clock
+        self._buffer: deque[FrameChunk] = deque()
+        self._buffered_ticks = 0
+        self._buffer_lock = threading.Lock()
+        self._db_lock = threading.Lock()
+        self._thinned_until = -math.inf
+        self._newest_s = -math.inf
+        self._closed = False
+        self._stop = threading.Event()
+        self._db = self._open(meta)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def _open(self, meta: dict[str, str]) -> sqlite3.Connection:
+        if self.path.exists():
+            raise SpdlLabError(
+                f"record file {self.path} already exists; choose another path "
+                f"(--record or ${RECORD_ENV}) or delete the old record"
+            )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode loses nothing when the process dies, only on power loss.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA journal_size_limit=8388608")
+            db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as e:
+            raise SpdlLabError(
+                f"cannot create record file {self.path}: {e}; pick a writable path "
+                f"(--record or ${RECORD_ENV})"
+            ) from e
+        facts = {"pid": str(os.getpid()), "started": _now_iso(), **meta}
+        facts.update(state="running", dropped_ticks="0")
+        with db:
+            db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [(str(k), str(v)) for k, v in facts.items()],
+            )
+        return db
+
+    def add(self, chunk: FrameChunk) -> None:
+        """Queue a chunk for the next flush; never waits on the disk.
+
+        Past ``max_buffered_ticks`` the oldest buffered ticks are dropped and counted.
+        """
+        if self._closed:
+            raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
+        if len(chunk) == 0:
+            return
+        with self._buffer_lock:
+            self._buffer.append(chunk)
+            self._buffered_ticks += len(chunk)
+            while self._buffered_ticks > self.max_buffered_ticks:
+                excess = self._buffered_ticks - self.max_buffered_ticks
+                oldest = self._buffer[0]
+                if len(oldest) <= excess:
+                    self._buffer.popleft()
+                    dropped = len(oldest)
+                else:
+                    self._buffer[0] = FrameChunk(
+                        oldest.cursor,
+                        oldest.times[excess:],
+                        {k: v[excess:] for k, v in oldest.columns.items()},
+                    )
+                    dropped = excess
+                self._buffered_ticks -= dropped
+                self.dropped_ticks += dropped
+
+    def flush(self) -> None:
+        """Write the buffered ticks now, in one transaction, then thin old ticks."""
+        with self._buffer_lock:
+            chunks = list(self._buffer)
+            self._buffer.clear()
+            self._buffered_ticks = 0
+            dropped = self.dropped_ticks
+        with self._db_lock:
+            if self._db is None:
+                return
+            with self._db:
+                self._db.execute("BEGIN")
+                for chunk in chunks:
+                    self._insert(chunk)
+                self._thin()
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('dropped_ticks', ?)", (str(dropped),)
+                )
+
+    def _insert(self, chunk: FrameChunk) -> None:
+        times = np.asarray(chunk.times, dtype=float)
+        for (series, stage), values in chunk.columns.items():
+            values = np.asarray(values, dtype=float)
+            keep = ~np.isnan(values)
+            if not keep.any():
+                continue
+            self._db.executemany(
+                "INSERT INTO frames VALUES (?, ?, ?, ?)",
+                zip(times[keep].tolist(), repeat(series), repeat(stage), values[keep].tolist()),
+            )
+        if len(times):
+            self._newest_s = max(self._newest_s, float(times.max()))
+
+    def _thin(self) -> None:
+        # Whole buckets only, so a bucket is thinned once, when it is complete.
+        if self._newest_s - FULL_RATE_S <= self._thinned_until:
+            return
+        until = math.floor((self._newest_s - FULL_RATE_S) / THIN_EVERY_S) * THIN_EVERY_S
+        if not until > self._thinned_until:
+            return
+        lo = self._thinned_until
+        self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
+        self._thinned_until = until
+
+    def _run(self) -> None:
+        deadline = self._clock() + self.flush_every_s
+        while not self._stop.wait(max(0.0, deadline - self._clock())):
+            deadline = self._clock() + self.flush_every_s
+            try:
+                self.flush()
+            except Exception as e:
+                # Keep training going; the buffer stays bounded and close() reports it.
+                self.error = e
+
+    def close(self, state: str = "finished") -> None:
+        """Flush, set meta ``state`` (``"finished"`` or ``"failed"``) and close the file.
+
+        Safe to call twice; the background thread is gone when it returns.
+        """
+        if state not in ("finished", "failed"):
+            raise SpdlLabError(f"close(state={state!r}): state must be 'finished' or 'failed'")
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.flush()
+            with self._db_lock, self._db:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (state,))
+        except sqlite3.Error as e:
+            raise SpdlLabError(f"could not finish record {self.path}: {e}") from e
+        finally:
+            self._finish()
+        if self.error is not None:
+            raise SpdlLabError(
+                f"some flushes of record {self.path} failed ({self.error}); "
+                "the record may miss ticks: check the disk"
+            ) from self.error
+
+    def _finish(self) -> None:
+        with self._db_lock:
+            db, self._db = self._db, None
+        if db is None:
+            return
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # A finished record becomes one plain file, which readers open without side files.
+            # A viewer still reading keeps it in WAL mode, which is fine too.
+            db.execute("PRAGMA journal_mode=DELETE")
+        except sqlite3.Error:
+            pass
+        finally:
+            db.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close("failed" if exc_type is not None else "finished")
+
+
+def read_record(path: str | os.PathLike) -> pd.DataFrame:
+    """The record's frames (``FRAME_COLUMNS``), sorted by time; the file is opened read-only."""
+    with _open_read_only(path) as db:
+        try:
+            frame = pd.read_sql(
+                "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid", db
+            )
+        except (sqlite3.Error, pd.errors.DatabaseError) as e:
+            raise _not_a_record(path, e) from e
+    return frame[FRAME_COLUMNS]
+
+
+def record_meta(path: str | os.PathLike) -> dict[str, str]:
+    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is gone."""
+    with _open_read_only(path) as db:
+        try:
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as e:
+            raise _not_a_record(path, e) from e
+    if meta.get("state") == "running" and not _pid_alive(meta.get("pid", "")):
+        meta["state"] = "killed"
+    return meta
+
+
+@contextlib.contextmanager
+def _open_read_only(path: str | os.PathLike):
+    path = Path(path)
+    if not path.is_file():
+        raise SpdlLabError(
+            f"record {path} does not exist; pass the path of a .sqlite record "
+            "(see the runs in ./spdl_lab_runs)"
+        )
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as e:
+        raise _not_a_record(path, e) from e
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+def _not_a_record(path: str | os.PathLike, error: BaseException) -> FileFormatError:
+    return FileFormatError(
+        f"{path} is not a readable spdl_lab record ({error}); pass a file written by RecordWriter",
+        source=str(path),
+        field="",
+    )
+
+
+def _pid_alive(pid: str) -> bool:
+    import psutil
+
+    try:
+        process = psutil.Process(int(pid))
+        return process.status() != psutil.STATUS_ZOMBIE
+    except (ValueError, psutil.Error):
+        return False
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
