@@ -1,0 +1,583 @@
+"""The local endpoint of a published run: a Unix socket that viewers on this host ask
+for frames, stats and state, and through which they send ``set_concurrency``.
+
+Rules, so that a viewer can never hurt training:
+
+- It listens only on a Unix domain socket in a per-user 0700 directory
+  (``runtime_dir``); the discovery file beside it lets ``list_endpoints`` find it.
+- An accept thread and one thread per viewer, all named ``spdl_lab:endpoint``; the
+  training loop never waits on them. The handlers are called on those threads, so
+  they must be thread-safe and quick (read a ring, set a value).
+- Every wait has a timeout: a message, once its first byte arrived, must be complete
+  within ``request_timeout`` seconds, or the viewer is dropped.
+- Bad requests (unknown op, wrong fields) get ``{"ok": false, "error": ...}`` and
+  the connection stays usable; broken framing closes that connection. Both are
+  counted in ``rejected``, as are viewers refused over ``max_viewers``.
+- ``close()`` (also run at exit) stops the threads and removes both files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import json
+import os
+import re
+import selectors
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpdlLabError
+from ..telemetry.frames import FrameChunk
+from .protocol import (
+    MAX_REPLY_BYTES,
+    MAX_REQUEST_BYTES,
+    MessageTimeout,
+    PeerClosed,
+    ProtocolError,
+    chunk_to_json,
+    recv_message,
+    send_message,
+)
+
+__all__ = ["Handlers", "Endpoint", "EndpointClient", "runtime_dir", "list_endpoints"]
+
+VERSION = 1
+THREAD_NAME = "spdl_lab:endpoint"
+MAX_CONCURRENCY = 1024
+# sun_path is 108 bytes on Linux and 104 on macOS; stay clear of both.
+_MAX_SOCKET_PATH = 99
+_CLOSE_WAIT_S = 4.0
+_POLL_S = 0.25
+
+
+def runtime_dir() -> Path:
+    """The per-user directory for sockets and discovery files, created with mode 0700.
+
+    ``$SPDL_LAB_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/spdl_lab`` when that is a
+    writable directory, else ``<tempdir>/spdl_lab-<uid>``.
+    """
+    override = os.environ.get("SPDL_LAB_RUNTIME_DIR")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if override:
+        path = Path(override)
+    elif xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
+        path = Path(xdg) / "spdl_lab"
+    else:
+        path = Path(tempfile.gettempdir()) / f"spdl_lab-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        os.chmod(path, 0o700)  # mkdir's mode is reduced by the umask
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SpdlLabError(
+            f"cannot create the runtime directory {path}: {exc.strerror}; "
+            "set SPDL_LAB_RUNTIME_DIR to a directory you can write"
+        ) from None
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}, not you (uid {os.getuid()})"
+    elif stat.S_IMODE(info.st_mode) != 0o700:
+        problem = f"has mode {stat.S_IMODE(info.st_mode):o}, not 700"
+    else:
+        return path
+    raise SpdlLabError(
+        f"the runtime directory {path} {problem}, so other users could reach the published "
+        f"runs in it; remove it, or if it is yours run `chmod 700 {path}`"
+    )
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """What the publisher answers with; called on the endpoint's threads.
+
+    ``set_concurrency`` may raise SpdlLabError (or any exception): the viewer gets
+    ``"<ExcType>: <message>"``.
+    """
+
+    frames_since: Callable[[int], FrameChunk]
+    stats: Callable[[], dict]
+    state: Callable[[], str]
+    set_concurrency: Callable[[str, int], None]
+    controls: Callable[[], dict[str, int]]
+
+
+def _safe_name(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
+    return safe[:64] or "run"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _BadRequest(Exception):
+    """A request that parsed but does not say something we can do."""
+
+
+def _int_field(request: dict, key: str, low: int, high: int | None, what: str) -> int:
+    value = request.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"{key!r} must be an integer ({what}), not {value!r}")
+    if value < low or (high is not None and value > high):
+        raise _BadRequest(f"{key!r} is {value}; send {what}")
+    return value
+
+
+_FIELDS = {
+    "hello": set(),
+    "frames_since": {"cursor"},
+    "stats": set(),
+    "state": set(),
+    "controls": set(),
+    "set_concurrency": {"stage", "n"},
+}
+
+
+class Endpoint:
+    """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed.
+
+    >>> endpoint = Endpoint("train", handlers)          # doctest: +SKIP
+    >>> EndpointClient(endpoint.socket_path).request("state")  # doctest: +SKIP
+    {'ok': True, 'state': 'running'}
+    """
+
+    def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
+                 runner: str | None = None, max_viewers: int = 16,
+                 request_timeout: float = 5.0) -> None:
+        self.name = name
+        self.handlers = handlers
+        self.record = record
+        self.runner = runner
+        self.max_viewers = max_viewers
+        self.request_timeout = request_timeout
+        self.pid = os.getpid()
+        self.started = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._closed = False
+        self._rejected = 0
+        self._handler_errors = 0
+        self._viewers: dict[socket.socket, threading.Thread] = {}
+
+        directory = runtime_dir()
+        stem = self._stem(directory, _safe_name(name))
+        self.socket_path = directory / f"{stem}.sock"
+        self.discovery_path = directory / f"{stem}.json"
+        self._listener = self._listen()
+        try:
+            self._write_discovery()
+        except BaseException:
+            self._listener.close()
+            self.socket_path.unlink(missing_ok=True)
+            raise
+        self._accept_thread = threading.Thread(target=self._accept_loop, name=THREAD_NAME,
+                                               daemon=True)
+        self._accept_thread.start()
+        atexit.register(self.close)
+
+    # -- setting up -------------------------------------------------------------------
+
+    def _stem(self, directory: Path, safe: str) -> str:
+        room = _MAX_SOCKET_PATH - len(os.fsencode(str(directory / f"-{self.pid}.sock")))
+        if room < 1:
+            raise SpdlLabError(
+                f"the runtime directory {directory} is too long a path for a Unix socket "
+                f"(at most {_MAX_SOCKET_PATH} bytes in all); set SPDL_LAB_RUNTIME_DIR to a "
+                "shorter directory"
+            )
+        return f"{safe[:room]}-{self.pid}"
+
+    def _listen(self) -> socket.socket:
+        path = self.socket_path
+        if path.exists() or path.is_symlink():
+            if self._answers(path):
+                raise SpdlLabError(
+                    f"an endpoint at {path} is already open in this process; close it or "
+                    "publish under another name"
+                )
+            path.unlink()  # left by an earlier process with this pid
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(path))
+            os.chmod(path, 0o600)
+            listener.listen(self.max_viewers)
+            listener.settimeout(_POLL_S)
+        except OSError as exc:
+            listener.close()
+            path.unlink(missing_ok=True)
+            raise SpdlLabError(f"cannot listen on {path}: {exc}") from None
+        return listener
+
+    @staticmethod
+    def _answers(path: Path) -> bool:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+
+    def _write_discovery(self) -> None:
+        info = {
+            "name": self.name,
+            "pid": self.pid,
+            "started": self.started,
+            "socket": str(self.socket_path),
+            "record": self.record,
+            "runner": self.runner,
+            "version": VERSION,
+        }
+        fd, tmp = tempfile.mkstemp(dir=self.discovery_path.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(info, f)
+            os.replace(tmp, self.discovery_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    # -- counters ---------------------------------------------------------------------
+
+    @property
+    def rejected(self) -> int:
+        """Messages rejected (malformed, unknown op, bad fields) and viewers refused."""
+        with self._lock:
+            return self._rejected
+
+    @property
+    def handler_errors(self) -> int:
+        """Requests whose handler raised (answered with the error, not counted as rejected)."""
+        with self._lock:
+            return self._handler_errors
+
+    def _count(self, attribute: str) -> None:
+        with self._lock:
+            setattr(self, attribute, getattr(self, attribute) + 1)
+
+    # -- serving ----------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self._stop.is_set():
+                        return
+                    time.sleep(_POLL_S)  # e.g. out of file descriptors: try again later
+                    continue
+                self._admit(conn)
+        finally:
+            self._listener.close()
+
+    def _admit(self, conn: socket.socket) -> None:
+        with self._lock:
+            full = len(self._viewers) >= self.max_viewers or self._stop.is_set()
+            if not full:
+                thread = threading.Thread(target=self._serve, args=(conn,), name=THREAD_NAME,
+                                          daemon=True)
+                self._viewers[conn] = thread
+                thread.start()  # under the lock, so close() never joins an unstarted thread
+        if full:
+            self._count("_rejected")
+            with contextlib.suppress(OSError, ProtocolError):
+                send_message(conn, {"ok": False, "error": (
+                    f"the published run {self.name!r} already has {self.max_viewers} viewers; "
+                    "close another viewer and attach again")}, timeout=1.0)
+            conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(conn, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                if not selector.select(_POLL_S):
+                    continue
+                try:
+                    request = recv_message(conn, MAX_REQUEST_BYTES, self.request_timeout)
+                except PeerClosed:
+                    return
+                except ProtocolError as exc:
+                    if self._stop.is_set():
+                        return
+                    self._count("_rejected")
+                    with contextlib.suppress(OSError, ProtocolError):
+                        send_message(conn, {"ok": False, "error": f"{exc}; closing the connection"},
+                                     timeout=1.0)
+                    return
+                reply = self._answer(request)
+                try:
+                    send_message(conn, reply, timeout=self.request_timeout, limit=MAX_REPLY_BYTES)
+                except ProtocolError as exc:
+                    if isinstance(exc, MessageTimeout):
+                        return  # the viewer stopped reading: drop it
+                    send_message(conn, self._failure(request, exc), timeout=self.request_timeout)
+        except (OSError, ProtocolError):
+            return
+        finally:
+            selector.close()
+            with self._lock:
+                self._viewers.pop(conn, None)
+            conn.close()
+
+    def _failure(self, request: dict, exc: BaseException) -> dict:
+        self._count("_handler_errors")
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    def _answer(self, request: dict) -> dict:
+        try:
+            op, fields = self._check(request)
+        except _BadRequest as exc:
+            self._count("_rejected")
+            return {"ok": False, "error": str(exc)}
+        try:
+            return {"ok": True, **self._call(op, fields)}
+        except Exception as exc:  # a handler's failure is the viewer's answer, not ours
+            return self._failure(request, exc)
+
+    def _check(self, request: dict) -> tuple[str, dict]:
+        op = request.get("op")
+        if not isinstance(op, str) or op not in _FIELDS:
+            raise _BadRequest(
+                f"unknown op {op!r}; send one of {sorted(_FIELDS)} as "
+                '{"op": "...", ...fields}'
+            )
+        expected = _FIELDS[op]
+        given = set(request) - {"op"}
+        if given != expected:
+            missing, extra = sorted(expected - given), sorted(given - expected)
+            raise _BadRequest(
+                f"op {op!r} takes the fields {sorted(expected)}; "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"unexpected {extra}" if extra else "")
+            )
+        fields: dict[str, Any] = {}
+        if op == "frames_since":
+            fields["cursor"] = _int_field(request, "cursor", 0, None, "a cursor >= 0")
+        elif op == "set_concurrency":
+            stage = request["stage"]
+            if not isinstance(stage, str) or not stage:
+                raise _BadRequest(f"'stage' must be a stage name (a non-empty string), not {stage!r}")
+            fields["stage"] = stage
+            fields["n"] = _int_field(request, "n", 1, MAX_CONCURRENCY,
+                                     f"a concurrency from 1 to {MAX_CONCURRENCY}")
+        return op, fields
+
+    def _call(self, op: str, fields: dict) -> dict:
+        handlers = self.handlers
+        if op == "hello":
+            return {"name": self.name, "pid": self.pid, "runner": self.runner,
+                    "version": VERSION}
+        if op == "frames_since":
+            chunk = handlers.frames_since(fields["cursor"])
+            if not isinstance(chunk, FrameChunk):
+                raise TypeError(f"frames_since returned a {type(chunk).__name__}, not a FrameChunk")
+            return {"chunk": chunk_to_json(chunk)}
+        if op == "stats":
+            return {"stats": handlers.stats()}
+        if op == "state":
+            return {"state": str(handlers.state())}
+        if op == "controls":
+            return {"controls": {str(k): int(v) for k, v in handlers.controls().items()}}
+        handlers.set_concurrency(fields["stage"], fields["n"])
+        return {}
+
+    # -- closing ----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop serving, drop the viewers, remove the socket and discovery files (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop.set()
+            viewers = dict(self._viewers)
+        atexit.unregister(self.close)
+        # Gone from the directory first, so no new viewer finds it.
+        self.discovery_path.unlink(missing_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        for conn in viewers:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        for thread in [self._accept_thread, *viewers.values()]:
+            if thread is not threading.current_thread():
+                # A handler stuck forever keeps its daemon thread; we do not wait past this.
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Endpoint({self.name!r}, {str(self.socket_path)!r}, {state})"
+
+
+_DISCOVERY_TYPES = {
+    "name": (str,),
+    "pid": (int,),
+    "started": (str,),
+    "socket": (str,),
+    "record": (str, type(None)),
+    "runner": (str, type(None)),
+    "version": (int,),
+}
+
+
+def _refuse_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _read_discovery(path: Path) -> dict | None:
+    """The discovery file's fields, or None if it is not one we wrote."""
+    try:
+        if path.stat().st_size > 64 * 1024:
+            return None
+        info = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(info, dict) or set(info) != set(_DISCOVERY_TYPES):
+        return None
+    for key, types in _DISCOVERY_TYPES.items():
+        if isinstance(info[key], bool) or not isinstance(info[key], types):
+            return None
+    if info["version"] != VERSION or info["pid"] <= 0:
+        return None
+    return info
+
+
+def list_endpoints() -> list[dict]:
+    """The published runs on this host whose process is alive, oldest first.
+
+    Discovery files of dead processes are removed with their socket; files that do
+    not parse are skipped (and removed only when the pid in their name is dead).
+    """
+    directory = runtime_dir()
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        info = _read_discovery(path)
+        if info is None:
+            match = re.search(r"-(\d+)\.json$", path.name)
+            pid = int(match.group(1)) if match else None
+        else:
+            pid = info["pid"]
+        if pid is not None and not _pid_alive(pid):
+            # Only the socket beside it, never a path the file names: the file is data.
+            path.with_suffix(".sock").unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            continue
+        if info is not None:
+            found.append(info)
+    return sorted(found, key=lambda info: info["started"])
+
+
+class EndpointClient:
+    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure.
+
+    >>> client = EndpointClient(list_endpoints()[0]["socket"])   # doctest: +SKIP
+    >>> client.request("set_concurrency", stage="decode", n=4)   # doctest: +SKIP
+    {'ok': True}
+    """
+
+    def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
+        self.socket_path = str(socket_path)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._connect()
+
+    def _gone(self) -> SpdlLabError:
+        return SpdlLabError(
+            f"the published run {self.socket_path} is gone (the script ended or was killed)"
+        )
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise self._gone() from None
+        except OSError as exc:
+            sock.close()
+            raise SpdlLabError(f"cannot connect to the published run {self.socket_path}: {exc}") from None
+        self._sock = sock
+        return sock
+
+    def request(self, op: str, **fields: Any) -> dict:
+        """Send ``{"op": op, **fields}`` and return the reply (which has ``"ok": True``)."""
+        message = {"op": op, **fields}
+        with self._lock:
+            sock = self._sock or self._connect()
+            try:
+                send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
+                reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
+            except MessageTimeout:
+                self._drop()  # a late reply would be read as the next one's
+                raise SpdlLabError(
+                    f"no reply from the published run {self.socket_path} to {op!r} within "
+                    f"{self.timeout} s; it may be busy: try again, or use a longer timeout"
+                ) from None
+            except (PeerClosed, ConnectionError):
+                self._drop()
+                raise self._gone() from None
+            except ProtocolError as exc:
+                self._drop()
+                raise SpdlLabError(f"request {op!r} to {self.socket_path} failed: {exc}") from None
+            except OSError as exc:
+                self._drop()
+                raise SpdlLabError(f"talking to {self.socket_path} failed: {exc}") from None
+        if reply.get("ok") is not True:
+            error = reply.get("error")
+            raise SpdlLabError(error if isinstance(error, str) else f"{op!r} failed: {reply!r}")
+        return reply
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def __enter__(self) -> EndpointClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
