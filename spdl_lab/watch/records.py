@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 
 from spdl_lab.errors import FileFormatError, SpdlLabError
 from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
@@ -102,7 +103,9 @@ class RecordWriter:
 
     ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
     and ``state="running"`` are filled in when missing. The file must not exist yet.
-    ``clock`` times the flushes (tests may pass their own).
+    At most ``max_buffered_ticks`` ticks wait for a flush (the oldest are dropped and
+    counted beyond that). ``clock`` times the flushes. A flush that fails in the thread
+    is kept in ``error`` and raised by ``close``.
 
     >>> writer = RecordWriter("run.sqlite", meta={"name": "demo"})  # doctest: +SKIP
     >>> cursor = 0
@@ -199,12 +202,14 @@ class RecordWriter:
 
     def flush(self) -> None:
         """Write the buffered ticks now, in one transaction, then thin old ticks."""
-        with self._buffer_lock:
-            chunks = list(self._buffer)
-            self._buffer.clear()
-            self._buffered_ticks = 0
-            dropped = self.dropped_ticks
+        # The disk lock is taken first so that two flushes write their chunks in time order;
+        # add() takes only the buffer lock, held for a moment here.
         with self._db_lock:
+            with self._buffer_lock:
+                chunks = list(self._buffer)
+                self._buffer.clear()
+                self._buffered_ticks = 0
+                dropped = self.dropped_ticks
             if self._db is None:
                 return
             with self._db:
@@ -350,8 +355,7 @@ def _not_a_record(path: str | os.PathLike, error: BaseException) -> FileFormatEr
 
 
 def _pid_alive(pid: str) -> bool:
-    import psutil
-
+    # A killed child that its parent has not reaped yet is a zombie: gone, for a reader.
     try:
         process = psutil.Process(int(pid))
         return process.status() != psutil.STATUS_ZOMBIE
