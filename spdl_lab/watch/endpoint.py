@@ -422,6 +422,10 @@ class Endpoint:
             self._stop.set()
             viewers = dict(self._viewers)
         atexit.unregister(self.close)
+        if os.getpid() != self.pid:
+            # A forked child (a DataLoader worker) shares the sockets and the files with the
+            # script: shutting them down here would end the script's endpoint.
+            return
         # Gone from the directory first, so no new viewer finds it.
         self.discovery_path.unlink(missing_ok=True)
         self.socket_path.unlink(missing_ok=True)
@@ -545,8 +549,15 @@ class EndpointClient:
         with self._lock:
             sock = self._sock or self._connect()
             try:
-                send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
-                reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
+                try:
+                    send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
+                except ConnectionError:
+                    # The endpoint may have closed after saying why (too many viewers):
+                    # that reply is still ours to read.
+                    reply = recv_message(sock, MAX_REPLY_BYTES, min(self.timeout, 1.0))
+                    self._drop()
+                else:
+                    reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
             except MessageTimeout:
                 self._drop()  # a late reply would be read as the next one's
                 raise SpdlLabError(

@@ -303,11 +303,13 @@ def test_two_clients_at_once(endpoint):
     assert errors == []
 
 
-def test_viewers_over_the_limit_are_refused(rt, no_thread_leak):
+def test_viewers_over_the_limit_are_refused(rt, no_thread_leak, wait_until):
     with Endpoint("small", FakePublisher().handlers(), max_viewers=1) as ep:
         with EndpointClient(ep.socket_path) as first:
             assert first.request("state")["ok"]
             with EndpointClient(ep.socket_path) as second:
+                # Refused and closed before the request is sent: the reason is still read.
+                assert wait_until(lambda: ep.rejected == 1, 5.0)
                 with pytest.raises(SpdlLabError, match="already has 1 viewers"):
                     second.request("state")
             assert first.request("state")["ok"]
@@ -338,6 +340,21 @@ def test_close_removes_files_and_threads(rt, no_thread_leak, wait_until):
     client.close()
     stalled.close()
     assert list_endpoints() == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_close_in_a_forked_child_leaves_the_parents_endpoint(endpoint):
+    with EndpointClient(endpoint.socket_path) as client:
+        assert client.request("state")["ok"]
+        pid = os.fork()
+        if pid == 0:  # the child, as in a DataLoader worker that runs atexit
+            try:
+                endpoint.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert endpoint.socket_path.exists() and endpoint.discovery_path.exists()
+        assert client.request("state")["state"] == "running"
 
 
 def test_list_endpoints_cleans_dead_pids(rt, no_thread_leak):
