@@ -23,10 +23,8 @@ import contextlib
 import datetime
 import json
 import os
-import re
 import selectors
 import socket
-import stat
 import tempfile
 import threading
 import time
@@ -37,6 +35,7 @@ from typing import Any
 
 from ..errors import SpdlLabError
 from ..telemetry.frames import FrameChunk
+from .discovery import VERSION, runtime_dir, safe_name
 from .protocol import (
     MAX_REPLY_BYTES,
     MAX_REQUEST_BYTES,
@@ -48,54 +47,14 @@ from .protocol import (
     send_message,
 )
 
-__all__ = ["Handlers", "Endpoint", "EndpointClient", "runtime_dir", "list_endpoints"]
+__all__ = ["Endpoint", "Handlers"]
 
-VERSION = 1
 THREAD_NAME = "spdl_lab:endpoint"
 MAX_CONCURRENCY = 1024
 # sun_path is 108 bytes on Linux and 104 on macOS; stay clear of both.
 _MAX_SOCKET_PATH = 99
 _CLOSE_WAIT_S = 4.0
 _POLL_S = 0.25
-
-
-def runtime_dir() -> Path:
-    """The per-user directory for sockets and discovery files, created with mode 0700.
-
-    ``$SPDL_LAB_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/spdl_lab`` when that is a
-    writable directory, else ``<tempdir>/spdl_lab-<uid>``.
-    """
-    override = os.environ.get("SPDL_LAB_RUNTIME_DIR")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if override:
-        path = Path(override)
-    elif xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
-        path = Path(xdg) / "spdl_lab"
-    else:
-        path = Path(tempfile.gettempdir()) / f"spdl_lab-{os.getuid()}"
-    try:
-        path.mkdir(mode=0o700, parents=True)
-        os.chmod(path, 0o700)  # mkdir's mode is reduced by the umask
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise SpdlLabError(
-            f"cannot create the runtime directory {path}: {exc.strerror}; "
-            "set SPDL_LAB_RUNTIME_DIR to a directory you can write"
-        ) from None
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        problem = "is not a directory"
-    elif info.st_uid != os.getuid():
-        problem = f"belongs to uid {info.st_uid}, not you (uid {os.getuid()})"
-    elif stat.S_IMODE(info.st_mode) != 0o700:
-        problem = f"has mode {stat.S_IMODE(info.st_mode):o}, not 700"
-    else:
-        return path
-    raise SpdlLabError(
-        f"the runtime directory {path} {problem}, so other users could reach the published "
-        f"runs in it; remove it, or if it is yours run `chmod 700 {path}`"
-    )
 
 
 @dataclass(frozen=True)
@@ -111,21 +70,6 @@ class Handlers:
     state: Callable[[], str]
     set_concurrency: Callable[[str, int], None]
     controls: Callable[[], dict[str, int]]
-
-
-def _safe_name(name: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
-    return safe[:64] or "run"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _BadRequest(Exception):
@@ -178,7 +122,7 @@ class Endpoint:
         self._viewers: dict[socket.socket, threading.Thread] = {}
 
         directory = runtime_dir()
-        stem = self._stem(directory, _safe_name(name))
+        stem = self._stem(directory, safe_name(name))
         self.socket_path = directory / f"{stem}.sock"
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
@@ -447,148 +391,3 @@ class Endpoint:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"Endpoint({self.name!r}, {str(self.socket_path)!r}, {state})"
-
-
-_DISCOVERY_TYPES = {
-    "name": (str,),
-    "pid": (int,),
-    "started": (str,),
-    "socket": (str,),
-    "record": (str, type(None)),
-    "runner": (str, type(None)),
-    "version": (int,),
-}
-
-
-def _refuse_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
-
-
-def _read_discovery(path: Path) -> dict | None:
-    """The discovery file's fields, or None if it is not one we wrote."""
-    try:
-        if path.stat().st_size > 64 * 1024:
-            return None
-        info = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, ValueError, RecursionError):
-        return None
-    if not isinstance(info, dict) or set(info) != set(_DISCOVERY_TYPES):
-        return None
-    for key, types in _DISCOVERY_TYPES.items():
-        if isinstance(info[key], bool) or not isinstance(info[key], types):
-            return None
-    if info["version"] != VERSION or info["pid"] <= 0:
-        return None
-    return info
-
-
-def list_endpoints() -> list[dict]:
-    """The published runs on this host whose process is alive, oldest first.
-
-    Discovery files of dead processes are removed with their socket; files that do
-    not parse are skipped (and removed only when the pid in their name is dead).
-    """
-    directory = runtime_dir()
-    found = []
-    for path in sorted(directory.glob("*.json")):
-        if path.name.startswith("."):
-            continue
-        info = _read_discovery(path)
-        if info is None:
-            match = re.search(r"-(\d+)\.json$", path.name)
-            pid = int(match.group(1)) if match else None
-        else:
-            pid = info["pid"]
-        if pid is not None and not _pid_alive(pid):
-            # Only the socket beside it, never a path the file names: the file is data.
-            path.with_suffix(".sock").unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
-            continue
-        if info is not None:
-            found.append(info)
-    return sorted(found, key=lambda info: info["started"])
-
-
-class EndpointClient:
-    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure.
-
-    >>> client = EndpointClient(list_endpoints()[0]["socket"])   # doctest: +SKIP
-    >>> client.request("set_concurrency", stage="decode", n=4)   # doctest: +SKIP
-    {'ok': True}
-    """
-
-    def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
-        self.socket_path = str(socket_path)
-        self.timeout = timeout
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._connect()
-
-    def _gone(self) -> SpdlLabError:
-        return SpdlLabError(
-            f"the published run {self.socket_path} is gone (the script ended or was killed)"
-        )
-
-    def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            raise self._gone() from None
-        except OSError as exc:
-            sock.close()
-            raise SpdlLabError(f"cannot connect to the published run {self.socket_path}: {exc}") from None
-        self._sock = sock
-        return sock
-
-    def request(self, op: str, **fields: Any) -> dict:
-        """Send ``{"op": op, **fields}`` and return the reply (which has ``"ok": True``)."""
-        message = {"op": op, **fields}
-        with self._lock:
-            sock = self._sock or self._connect()
-            try:
-                try:
-                    send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
-                except ConnectionError:
-                    # The endpoint may have closed after saying why (too many viewers):
-                    # that reply is still ours to read.
-                    reply = recv_message(sock, MAX_REPLY_BYTES, min(self.timeout, 1.0))
-                    self._drop()
-                else:
-                    reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
-            except MessageTimeout:
-                self._drop()  # a late reply would be read as the next one's
-                raise SpdlLabError(
-                    f"no reply from the published run {self.socket_path} to {op!r} within "
-                    f"{self.timeout} s; it may be busy: try again, or use a longer timeout"
-                ) from None
-            except (PeerClosed, ConnectionError):
-                self._drop()
-                raise self._gone() from None
-            except ProtocolError as exc:
-                self._drop()
-                raise SpdlLabError(f"request {op!r} to {self.socket_path} failed: {exc}") from None
-            except OSError as exc:
-                self._drop()
-                raise SpdlLabError(f"talking to {self.socket_path} failed: {exc}") from None
-        if reply.get("ok") is not True:
-            error = reply.get("error")
-            raise SpdlLabError(error if isinstance(error, str) else f"{op!r} failed: {reply!r}")
-        return reply
-
-    def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def close(self) -> None:
-        with self._lock:
-            self._drop()
-
-    def __enter__(self) -> EndpointClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -17,14 +17,9 @@ import pytest
 
 from spdl_lab.errors import PipelineSpecError, SpdlLabError
 from spdl_lab.telemetry.frames import FrameChunk
-from spdl_lab.watch.endpoint import (
-    THREAD_NAME,
-    Endpoint,
-    EndpointClient,
-    Handlers,
-    list_endpoints,
-    runtime_dir,
-)
+from spdl_lab.watch.client import EndpointClient
+from spdl_lab.watch.discovery import list_endpoints, runtime_dir
+from spdl_lab.watch.endpoint import THREAD_NAME, Endpoint, Handlers
 from spdl_lab.watch.protocol import (
     MAX_REQUEST_BYTES,
     ProtocolError,

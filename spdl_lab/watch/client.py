@@ -1,0 +1,106 @@
+"""A viewer's side of a published run's endpoint."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+from ..errors import SpdlLabError
+from .protocol import (
+    MAX_REPLY_BYTES,
+    MAX_REQUEST_BYTES,
+    MessageTimeout,
+    PeerClosed,
+    ProtocolError,
+    recv_message,
+    send_message,
+)
+
+__all__ = ["EndpointClient"]
+
+
+class EndpointClient:
+    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure.
+
+    >>> client = EndpointClient(list_endpoints()[0]["socket"])   # doctest: +SKIP
+    >>> client.request("set_concurrency", stage="decode", n=4)   # doctest: +SKIP
+    {'ok': True}
+    """
+
+    def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
+        self.socket_path = str(socket_path)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._connect()
+
+    def _gone(self) -> SpdlLabError:
+        return SpdlLabError(
+            f"the published run {self.socket_path} is gone (the script ended or was killed)"
+        )
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise self._gone() from None
+        except OSError as exc:
+            sock.close()
+            raise SpdlLabError(f"cannot connect to the published run {self.socket_path}: {exc}") from None
+        self._sock = sock
+        return sock
+
+    def request(self, op: str, **fields: Any) -> dict:
+        """Send ``{"op": op, **fields}`` and return the reply (which has ``"ok": True``)."""
+        message = {"op": op, **fields}
+        with self._lock:
+            sock = self._sock or self._connect()
+            try:
+                try:
+                    send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
+                except ConnectionError:
+                    # The endpoint may have closed after saying why (too many viewers):
+                    # that reply is still ours to read.
+                    reply = recv_message(sock, MAX_REPLY_BYTES, min(self.timeout, 1.0))
+                    self._drop()
+                else:
+                    reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
+            except MessageTimeout:
+                self._drop()  # a late reply would be read as the next one's
+                raise SpdlLabError(
+                    f"no reply from the published run {self.socket_path} to {op!r} within "
+                    f"{self.timeout} s; it may be busy: try again, or use a longer timeout"
+                ) from None
+            except (PeerClosed, ConnectionError):
+                self._drop()
+                raise self._gone() from None
+            except ProtocolError as exc:
+                self._drop()
+                raise SpdlLabError(f"request {op!r} to {self.socket_path} failed: {exc}") from None
+            except OSError as exc:
+                self._drop()
+                raise SpdlLabError(f"talking to {self.socket_path} failed: {exc}") from None
+        if reply.get("ok") is not True:
+            error = reply.get("error")
+            raise SpdlLabError(error if isinstance(error, str) else f"{op!r} failed: {reply!r}")
+        return reply
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def __enter__(self) -> EndpointClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,137 @@
+"""Where published runs are found: the per-user runtime directory and its discovery files.
+
+Each published run has a Unix socket and a discovery file (JSON: name, pid,
+started, socket, record, runner, version) in ``runtime_dir()``, a directory
+of this user's with mode 0700. ``list_endpoints`` reads the files strictly
+(data only) and removes those of processes that are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpdlLabError
+
+__all__ = ["VERSION", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
+
+VERSION = 1
+
+
+def runtime_dir() -> Path:
+    """The per-user directory for sockets and discovery files, created with mode 0700.
+
+    ``$SPDL_LAB_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/spdl_lab`` when that is a
+    writable directory, else ``<tempdir>/spdl_lab-<uid>``.
+    """
+    override = os.environ.get("SPDL_LAB_RUNTIME_DIR")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if override:
+        path = Path(override)
+    elif xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
+        path = Path(xdg) / "spdl_lab"
+    else:
+        path = Path(tempfile.gettempdir()) / f"spdl_lab-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        os.chmod(path, 0o700)  # mkdir's mode is reduced by the umask
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SpdlLabError(
+            f"cannot create the runtime directory {path}: {exc.strerror}; "
+            "set SPDL_LAB_RUNTIME_DIR to a directory you can write"
+        ) from None
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}, not you (uid {os.getuid()})"
+    elif stat.S_IMODE(info.st_mode) != 0o700:
+        problem = f"has mode {stat.S_IMODE(info.st_mode):o}, not 700"
+    else:
+        return path
+    raise SpdlLabError(
+        f"the runtime directory {path} {problem}, so other users could reach the published "
+        f"runs in it; remove it, or if it is yours run `chmod 700 {path}`"
+    )
+
+
+def safe_name(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
+    return safe[:64] or "run"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_DISCOVERY_TYPES = {
+    "name": (str,),
+    "pid": (int,),
+    "started": (str,),
+    "socket": (str,),
+    "record": (str, type(None)),
+    "runner": (str, type(None)),
+    "version": (int,),
+}
+
+
+def _refuse_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _read_discovery(path: Path) -> dict | None:
+    """The discovery file's fields, or None if it is not one we wrote."""
+    try:
+        if path.stat().st_size > 64 * 1024:
+            return None
+        info = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(info, dict) or set(info) != set(_DISCOVERY_TYPES):
+        return None
+    for key, types in _DISCOVERY_TYPES.items():
+        if isinstance(info[key], bool) or not isinstance(info[key], types):
+            return None
+    if info["version"] != VERSION or info["pid"] <= 0:
+        return None
+    return info
+
+
+def list_endpoints() -> list[dict]:
+    """The published runs on this host whose process is alive, oldest first.
+
+    Discovery files of dead processes are removed with their socket; files that do
+    not parse are skipped (and removed only when the pid in their name is dead).
+    """
+    directory = runtime_dir()
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        info = _read_discovery(path)
+        if info is None:
+            match = re.search(r"-(\d+)\.json$", path.name)
+            pid = int(match.group(1)) if match else None
+        else:
+            pid = info["pid"]
+        if pid is not None and not pid_alive(pid):
+            # Only the socket beside it, never a path the file names: the file is data.
+            path.with_suffix(".sock").unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            continue
+        if info is not None:
+            found.append(info)
+    return sorted(found, key=lambda info: info["started"])
