@@ -25,12 +25,11 @@ Never blocking the training loop
 Bounded growth
     Each flush keeps full rate for the latest ``FULL_RATE_S`` (10 minutes of record time)
     and thins older ticks to one per ``THIN_EVERY_S`` (10 s): in each 10-s bucket every
-    (series, stage) keeps its last value. A row costs 63 to 68 bytes on disk (row plus the
-    ``time_s`` index, measured with real series and stage names). For a 24-hour run at
-    10 Hz with 60 series: full-rate window 600 s x 10 x 60 = 360,000 rows (23-25 MB);
-    thinned past 86,400 s / 10 s x 60 = 518,400 rows (33-35 MB); 55-60 MB in all. After
-    the first ten minutes it grows by 360 x 60 rows, about 1.4 MB, per hour, so the
-    200 MB limit is reached after about four days. Deleted rows leave free pages that later inserts
+    (series, stage) keeps its last value. A 24-hour run at 10 Hz with 60 series then holds
+    600 s x 10 x 60 = 360,000 full-rate rows plus 86,400 s / 10 s x 60 = 518,400 thinned
+    rows. Simulated in full (tests/watch, ``SPDL_LAB_SOAK=full``): 69.8 MB, 79 bytes per
+    kept row (row, ``time_s`` index and the half-empty pages that thinning leaves), so
+    about 2 MB per hour after the first ten minutes: 200 MB is reached after ~3 days. Deleted rows leave free pages that later inserts
     reuse, and ``journal_size_limit`` keeps the WAL file small after each checkpoint.
 """
 

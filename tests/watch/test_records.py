@@ -173,7 +173,9 @@ def test_24_hours_at_10_hz_with_60_series_stays_under_200_mb(tmp_path, no_thread
     """Short: 30 simulated minutes, then the 24-h size from the measured bytes per row.
 
     The rule fixes the rows a 24-h record holds; only the bytes per row are measured
-    here. ``SPDL_LAB_SOAK=full`` simulates the whole 24 hours (a few minutes).
+    here. ``SPDL_LAB_SOAK=full`` simulates the whole 24 hours (about 4 minutes): it
+    measured 69.8 MB, 79 B/row, where 30 minutes measure 63 B/row (thinning leaves
+    half-empty pages), hence the 1.5 margin on the short run's estimate.
     """
     full = SOAK_FULL
     seconds = 24 * 3600 if full else 30 * 60
@@ -193,7 +195,7 @@ def test_24_hours_at_10_hz_with_60_series_stays_under_200_mb(tmp_path, no_thread
         (rows,) = db.execute("select count(*) from frames").fetchone()
     assert abs(rows - rows_kept(seconds)) <= series * (THIN_EVERY_S * HZ + 1)
     size = file_bytes(path)
-    day_bytes = size / rows * rows_kept(24 * 3600) if not full else size
+    day_bytes = 1.5 * size / rows * rows_kept(24 * 3600) if not full else size
     print(f"\n{seconds / 3600:g} h simulated: {size / 1e6:.1f} MB, {size / rows:.1f} B/row; "
           f"24 h: {day_bytes / 1e6:.1f} MB")
     assert day_bytes < LIMIT_24H
