@@ -19,6 +19,8 @@ from .pipeline import Pipeline, Stage
 from .runners import RUNNERS
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .training import SimulatedDevice, StepClock
+from .watch.attach import RemoteSession, attach
+from .watch.publish import publish
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,7 @@ __all__ = [
     "PipelineSpecError",
     "QueueStats",
     "RUNNERS",
+    "RemoteSession",
     "RunnerError",
     "Session",
     "SimulatedDevice",
@@ -41,11 +44,13 @@ __all__ = [
     "StageStats",
     "StepClock",
     "SweepSettings",
+    "attach",
     "compare",
     "diagnose",
     "from_dataloader",
     "from_spdl",
     "headspace",
+    "publish",
     "run",
     "workloads",
 ]

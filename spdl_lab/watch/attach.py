@@ -1,0 +1,216 @@
+"""``lab.attach``: a notebook watches a published run (``lab.publish``) on this host.
+
+``attach()`` lists the published runs; ``attach(name_or_pid)`` returns a
+``RemoteSession``, which a ``Dashboard`` reads as it reads a local Session.
+A poller thread asks the run's endpoint for new frames and its state every
+``POLL_S`` and keeps the ticks in a local ring, so the frames stay readable
+after the script has ended. When the endpoint goes away (the script ended,
+or was killed), the state comes from the run's record: "finished",
+"failed", or "killed" when its process is gone without closing it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import PipelineSpecError, SpdlLabError
+from ..telemetry.frames import FrameChunk, chunk_since, to_frame
+from ..telemetry.ring import Ring
+from ..telemetry.sampler import DEFAULT_TICKS
+
+__all__ = ["POLL_S", "RemoteSession", "attach"]
+
+#: How often a RemoteSession asks its run for new frames and its state.
+POLL_S = 0.25
+_COLUMNS = ["name", "pid", "started", "state", "runner", "record"]
+
+
+def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
+    """The published runs on this host (a DataFrame), or a ``RemoteSession`` watching one.
+
+    ``name_or_pid`` is a run's name (as given to ``lab.publish``) or its process id; the
+    call waits up to ``timeout`` seconds for such a run to appear. Example::
+
+        lab.attach()                      # name, pid, started, state, runner, record
+        remote = lab.attach("resnet")
+        remote.dashboard()
+    """
+    if name_or_pid is None:
+        return pd.DataFrame([_row(entry) for entry in _endpoints()], columns=_COLUMNS)
+    if isinstance(name_or_pid, bool) or not isinstance(name_or_pid, (str, int)):
+        raise PipelineSpecError(f"lab.attach takes a run's name or pid, got {name_or_pid!r}")
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in _endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
+        if len(found) > 1:
+            pids = ", ".join(str(e["pid"]) for e in found)
+            raise SpdlLabError(f"lab.attach: {len(found)} published runs are named {name_or_pid!r} "
+                               f"(pids {pids}); attach by pid")
+        if found:
+            return RemoteSession(found[0])
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in _endpoints()) or "none"
+            raise SpdlLabError(f"lab.attach: no published run {name_or_pid!r} appeared within {timeout:g} s "
+                               f"(published now: {names}); start the script with lab.publish(...) or "
+                               f"spdl-lab watch, or pass a longer timeout=")
+        time.sleep(0.1)
+
+
+def _endpoints() -> list[dict[str, Any]]:
+    from .discovery import list_endpoints
+
+    return list_endpoints()
+
+
+def _row(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"name": entry["name"], "pid": entry["pid"], "started": entry["started"],
+            "state": _record_state(entry.get("record"), "running"), "runner": entry.get("runner"),
+            "record": entry.get("record")}
+
+
+def _record_state(record: str | None, default: str) -> str:
+    from .records import record_meta
+
+    if not record:
+        return default
+    try:
+        return record_meta(record).get("state", default)
+    except SpdlLabError:
+        return default
+
+
+class RemoteSession:
+    """A published run seen from here: the read API of a Session, plus ``set_concurrency``.
+
+    ``stats()``, ``frames()``, ``frames_since(cursor)``, ``summary()``, ``dashboard()``,
+    ``state`` ("running" | "finished" | "failed" | "killed"), ``close()``. Closing
+    stops watching; the script goes on.
+    """
+
+    pipeline = None  # the Pipeline object lives in the script: no runner switch from here
+    steps = None
+    error = None
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        from .client import EndpointClient
+
+        self.name, self.pid = entry["name"], entry["pid"]
+        self.runner = entry.get("runner") or "?"
+        self.record = entry.get("record")
+        self._client = EndpointClient(entry["socket"])
+        self._ring = Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
+        self._remote_cursor = 0
+        self._state = "running"
+        self._stats: dict[str, Any] = {}
+        self._controls: dict[str, int] = {}
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()  # one request at a time on the client
+        self._stop = threading.Event()
+        self._poll()  # the first frames before the call returns
+        self._thread = threading.Thread(target=self._loop, name="spdl_lab:attach", daemon=True)
+        self._thread.start()
+
+    # -- polling -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            if not self._poll():
+                return
+
+    def _poll(self) -> bool:
+        """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""
+        from .protocol import chunk_from_json
+
+        try:
+            with self._lock:
+                reply = self._client.request("frames_since", cursor=self._remote_cursor)
+                state = self._client.request("state")["state"]
+                controls = self._client.request("controls")["controls"]
+        except SpdlLabError:
+            self._state = _record_state(self.record, "killed")
+            if self._state == "running":
+                self._state = "killed"  # no endpoint and no record that says otherwise
+            return False
+        chunk = chunk_from_json(reply["chunk"])
+        self._remote_cursor = chunk.cursor
+        for i, t in enumerate(chunk.times):
+            self._ring.append(float(t), [(s, g, float(v[i])) for (s, g), v in chunk.columns.items()
+                                         if not math.isnan(v[i])])
+        self._state, self._controls = state, dict(controls)
+        return True
+
+    # -- the read API of a Session -------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def elapsed_s(self) -> float:
+        times, _ = self._ring.view()
+        finite = times[~np.isnan(times)]
+        return float(finite.max()) if finite.size else time.monotonic() - self._t0
+
+    def frames(self) -> pd.DataFrame:
+        """Every tick received so far, long format (FRAME_COLUMNS)."""
+        return to_frame(self._ring)
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        return chunk_since(self._ring, cursor)
+
+    def stats(self) -> dict[str, Any]:
+        """The run's own summary (runner, running, elapsed_s, items_out, a row per stage)."""
+        if self.running:
+            try:
+                with self._lock:
+                    self._stats = self._client.request("stats")["stats"]
+            except SpdlLabError:
+                pass
+        return dict(self._stats)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per stage, from ``stats()``."""
+        rows = self.stats().get("stages", [])
+        frame = pd.DataFrame(rows)
+        return frame.set_index("name") if "name" in frame else frame
+
+    def controls(self) -> dict[str, int]:
+        return dict(self._controls)
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        """Sent to the script, which applies it where its runner can change live."""
+        if not self.running:
+            raise SpdlLabError(f"the published run {self.name!r} is {self._state}: nothing to change")
+        with self._lock:
+            self._client.request("set_concurrency", stage=stage, n=n)
+        self._controls[stage] = n
+
+    def dashboard(self, **options: Any) -> Any:
+        from ..ui.dashboard import Dashboard
+
+        return Dashboard(self, **options)
+
+    def restart(self, runner: str | None = None, **_: Any) -> Any:
+        raise SpdlLabError("a RemoteSession cannot restart the script's run; restart the script")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop watching (the script goes on); the frames received stay readable."""
+        self.close(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        with self._lock:
+            self._client.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"

@@ -1,0 +1,115 @@
+"""A script publishes its run (lab.publish); a viewer here attaches, reads, steers, and sees it end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import spdl_lab as lab
+from spdl_lab.watch.records import read_record
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
+SCRIPT = textwrap.dedent('''
+    import sys, time
+    import spdl_lab as lab
+
+    def slow(x):
+        time.sleep(0.002)
+        return x
+
+    pipeline = lab.Pipeline(range(10**7)).map(slow, concurrency=2, name="slow").batch(4)
+    loader = lab.publish(lab.Loader(pipeline, runner="thread"), name=sys.argv[1])
+    print("published", flush=True)
+    for i, batch in enumerate(loader):
+        time.sleep(0.01)
+        if len(sys.argv) > 2 and i >= int(sys.argv[2]):
+            break
+    loader.close()
+''')
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    runtime = tmp_path / "rt"
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(runtime))
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    started = []
+
+    def start(name: str, *args: str) -> subprocess.Popen:
+        env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(runtime),
+               "SPDL_LAB_RECORD": str(tmp_path / f"{name}.sqlite")}
+        proc = subprocess.Popen([sys.executable, str(path), name, *args], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        assert proc.stdout.readline().strip() == "published"
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(90)
+def test_attach_reads_steers_and_sees_a_kill(script, wait_until):
+    proc = script("trainer")
+    runs = lab.attach()
+    assert list(runs["name"]) == ["trainer"] and runs["pid"].iloc[0] == proc.pid
+    assert runs["state"].iloc[0] == "running" and runs["runner"].iloc[0] == "thread"
+    remote = lab.attach("trainer", timeout=10)
+    try:
+        wait_until(lambda: "qps" in set(remote.frames()["series"]), timeout=10)  # a tick after the first
+        assert "concurrency" in set(remote.frames()["series"])
+        assert remote.controls() == {"slow": 2}
+        remote.set_concurrency("slow", 3)
+        wait_until(lambda: remote.controls().get("slow") == 3, timeout=10)
+        with pytest.raises(lab.SpdlLabError, match="must be|concurrency|1024"):
+            remote.set_concurrency("slow", 0)
+        with pytest.raises(lab.SpdlLabError, match="nope"):
+            remote.set_concurrency("nope", 2)
+        assert remote.stats()["runner"] == "thread"
+        record = runs["record"].iloc[0]
+        wait_until(lambda: len(read_record(record)) > 0, timeout=10)  # flushed at least every 2 s
+        proc.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_until(lambda: remote.state == "killed", timeout=5)
+        assert time.monotonic() - t0 < 5
+        assert len(remote.frames()) > 0  # what was received stays readable
+    finally:
+        remote.close()
+    assert len(read_record(record)) > 0  # the record, up to its last flush
+    proc.wait(10)  # reaped, as a shell reaps its jobs (a zombie's pid is still alive)
+    assert lab.attach().empty  # the dead run's discovery file was cleaned
+
+
+@pytest.mark.timeout(90)
+def test_a_script_that_ends_is_finished_and_leaves_nothing_in_the_runtime_dir(script, tmp_path, wait_until):
+    proc = script("short", "30")
+    remote = lab.attach(proc.pid, timeout=10)
+    try:
+        wait_until(lambda: remote.state == "finished", timeout=30)
+    finally:
+        remote.close()
+    assert proc.wait(10) == 0
+    assert list((tmp_path / "rt").iterdir()) == []
+    assert lab.attach().empty
+
+
+def test_attach_names_what_is_published_when_nothing_matches(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    with pytest.raises(lab.SpdlLabError, match="no published run 'ghost' appeared within 0.2 s"):
+        lab.attach("ghost", timeout=0.2)
+    with pytest.raises(lab.PipelineSpecError, match="name or pid"):
+        lab.attach(3.5)
+    with pytest.raises(lab.PipelineSpecError, match="lab.Loader or a lab.Session"):
+        lab.publish([1, 2, 3])
