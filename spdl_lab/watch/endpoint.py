@@ -359,6 +359,11 @@ class Endpoint:
 
     def close(self) -> None:
         """Stop serving, drop the viewers, remove the socket and discovery files (idempotent)."""
+        if os.getpid() != self.pid:
+            # A forked child (a DataLoader worker) shares the sockets and the files with the
+            # script: shutting them down here would end the script's endpoint. Checked before
+            # the lock: a fork can copy it held by a viewer thread, which the child does not have.
+            return
         with self._lock:
             if self._closed:
                 return
@@ -366,10 +371,6 @@ class Endpoint:
             self._stop.set()
             viewers = dict(self._viewers)
         atexit.unregister(self.close)
-        if os.getpid() != self.pid:
-            # A forked child (a DataLoader worker) shares the sockets and the files with the
-            # script: shutting them down here would end the script's endpoint.
-            return
         # Gone from the directory first, so no new viewer finds it.
         self.discovery_path.unlink(missing_ok=True)
         self.socket_path.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import stat
 import struct
@@ -343,6 +344,7 @@ def test_close_in_a_forked_child_leaves_the_parents_endpoint(endpoint):
         assert client.request("state")["ok"]
         pid = os.fork()
         if pid == 0:  # the child, as in a DataLoader worker that runs atexit
+            signal.alarm(10)  # a child that hangs in close() must not outlive the test
             try:
                 endpoint.close()
             finally:
