@@ -1,4 +1,4 @@
-"""The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, report.
+"""The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, watch, report.
 
 Every subcommand has ``--help`` with an example. Exit status:
 
@@ -335,10 +335,29 @@ def build_parser() -> argparse.ArgumentParser:
         "and never executed.",
         f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
         "wrote in the example above; writes diagnosis.html)")
+    watch = _subcommand(
+        sub, "watch", _watch, "run a training script with its runs published for lab.attach",
+        "Run COMMAND (a training script, unchanged) with SPDL_LAB_WATCH=1: every lab.run\n"
+        "session and lab.Loader it iterates is published (a record file and a local endpoint)\n"
+        "for lab.attach() in a notebook. Exits with the script's status.",
+        "spdl-lab watch --name resnet -- python train.py --epochs 3\n"
+        "  (writes spdl_lab_runs/resnet-PID.sqlite; in a notebook: lab.attach(\"resnet\"))")
+    watch.add_argument("--name", default=None, metavar="NAME",
+                       help="the published runs' name (default: the script and line that started each)")
+    watch.add_argument("--record", default=None, metavar="PATH.sqlite",
+                       help="the record file (default: ./spdl_lab_runs/NAME-PID.sqlite)")
+    watch.add_argument("script", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                       help="the command to run, after --")
     report.add_argument("file", metavar="FILE.json", help="a saved diagnosis or comparison")
     report.add_argument("-o", "--output", default=None, metavar="OUT.html",
                         help="where the HTML goes (default: FILE with .html in place of .json)")
     return parser
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from .watch.command import run_watched
+
+    return run_watched(args.script, name=args.name, record=args.record)
 
 
 def _interrupted(prog: str) -> int:

@@ -76,6 +76,8 @@ class Loader(RunOwner):
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._overrides: dict[str, int] = {}
         self._config = threading.Lock()  # overrides vs a run starting: see __iter__
+        #: True when a Session runs it: SPDL_LAB_WATCH=1 then publishes the Session, not this
+        self.managed = False
 
     # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -85,6 +87,10 @@ class Loader(RunOwner):
 
         if diagnostic_mode.enabled():
             diagnostic_mode.run_diagnostic_mode(self.pipeline)
+        from .watch import auto
+
+        if auto.enabled() and not self.managed:
+            auto.publish_once(self)
         self._state.end_run(self._close_timeout)
         # Held until the run has started: a set_concurrency from another thread
         # (a dashboard slider) lands either in the spec or in the running runner.
@@ -161,7 +167,7 @@ class Loader(RunOwner):
 
     def __repr__(self) -> str:
         stages = ", ".join(s.name for s in self.pipeline.stages)
-        return f"Loader(runner={self.runner!r}, stages=[{stages}], {self._state_text()})"
+        return f"Loader(runner={self.runner!r}, stages=[{stages}], {self.state})"
 
 
 def _check_int(field: str, value: object, *, minimum: int) -> None:

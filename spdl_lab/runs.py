@@ -100,7 +100,9 @@ class RunOwner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _state_text(self) -> str:
+    @property
+    def state(self) -> str:
+        """"running" (a run in progress), "idle" (none yet, or the last one ended) or "closed"."""
         run = self._state.run
         return "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
 

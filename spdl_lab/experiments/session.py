@@ -118,6 +118,8 @@ class Session:
         self._ran_out = False
         self._error_reported = False
         self.loader, self._iterable, self.runner = _open(source, runner, sample_hz, loader_options)
+        if self.loader is not None:
+            self.loader.managed = True
         self._check_length()
         #: the SimulatedDevice when the step is one (its totals say where the training thread waited)
         self.device = step if isinstance(step, SimulatedDevice) else None
@@ -146,6 +148,10 @@ class Session:
         self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
         self._thread.start()
         _LIVE.add(self)
+        from ..watch import auto
+
+        if auto.enabled():
+            auto.publish_once(self, depth=3)
 
     # -- the loop ----------------------------------------------------------------
     def _main(self) -> None:

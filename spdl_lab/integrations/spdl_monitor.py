@@ -123,7 +123,7 @@ class SpdlMonitor(RunOwner):
         super().close()
 
     def __repr__(self) -> str:
-        return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {self._state_text()})"
+        return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {self.state})"
 
 
 class SpdlRunner(Runner):

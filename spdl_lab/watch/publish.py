@@ -58,6 +58,7 @@ class Publisher:
     """The record and the endpoint of one published run; ``close()`` ends both."""
 
     def __init__(self, obj: Any, name: str) -> None:
+        from .discovery import safe_name
         from .endpoint import Endpoint, Handlers
         from .records import RecordWriter, default_record_path
 
@@ -65,8 +66,9 @@ class Publisher:
         self.name = name
         pid = os.getpid()
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        path = Path(os.environ["SPDL_LAB_RECORD"]) if os.environ.get("SPDL_LAB_RECORD") \
-            else default_record_path(name, pid)
+        path = default_record_path(name, pid)
+        if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
+            path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.record_path = path
         self.writer = RecordWriter(path, meta={"name": name, "pid": str(pid), "started": started,
                                                "runner": self.source.runner, "state": "running"})
@@ -144,10 +146,11 @@ class _Source:
                 "items_out": snap.items_out, "stages": rows}
 
     def state(self) -> str:
-        state = getattr(self.obj, "state", None)
-        if isinstance(state, str):
-            return state
-        return "running" if self.obj.stats().running else "idle"
+        """A Session's state; a Loader is "running" until closed (between epochs too), then "finished"."""
+        state = self.obj.state
+        if isinstance(self.obj, Loader):
+            return "finished" if state == "closed" else "running"
+        return state
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self.obj.set_concurrency(stage, n)

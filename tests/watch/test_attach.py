@@ -113,3 +113,58 @@ def test_attach_names_what_is_published_when_nothing_matches(monkeypatch, tmp_pa
         lab.attach(3.5)
     with pytest.raises(lab.PipelineSpecError, match="lab.Loader or a lab.Session"):
         lab.publish([1, 2, 3])
+
+
+UNCHANGED = textwrap.dedent('''
+    import sys, time
+    import spdl_lab as lab
+
+    def slow(x):
+        time.sleep(0.002)
+        return x
+
+    loader = lab.Loader(lab.Pipeline(range(10**7)).map(slow, concurrency=2, name="slow").batch(4))
+    for i, batch in enumerate(loader):   # no lab.publish: spdl-lab watch publishes it
+        if i == 0:
+            print("training", flush=True)
+        time.sleep(0.01)
+        if i >= int(sys.argv[1]):
+            break
+    loader.close()
+    sys.exit(3)
+''')
+
+
+@pytest.mark.timeout(90)
+def test_spdl_lab_watch_publishes_an_unchanged_script_and_exits_with_its_status(tmp_path, monkeypatch,
+                                                                               wait_until):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    (tmp_path / "train.py").write_text(UNCHANGED)
+    record = tmp_path / "runs" / "w.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "w", "--record", str(record),
+                             "--", sys.executable, "train.py", "150"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt")})
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        remote = lab.attach("w", timeout=10)
+        try:
+            wait_until(lambda: len(remote.frames()) > 0, timeout=10)
+            assert remote.runner == "thread" and remote.controls() == {"slow": 2}
+            wait_until(lambda: remote.state != "running", timeout=60)
+            assert remote.state == "finished"
+        finally:
+            remote.close()
+        assert proc.wait(30) == 3  # the script's own status
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+    assert len(read_record(record)) > 0 and not list((tmp_path / "rt").iterdir())
+
+
+def test_watch_without_a_command_is_a_usage_error(capsys):
+    from spdl_lab.cli import main
+
+    assert main(["watch", "--name", "x"]) == 2
+    assert "give the command to run after --" in capsys.readouterr().err

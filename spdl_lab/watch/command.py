@@ -1,0 +1,43 @@
+"""``spdl-lab watch [--name NAME] [--record PATH] -- COMMAND...``: run a training script,
+unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``auto``), and exit
+with the script's status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from .auto import ENV, ENV_NAME
+
+__all__ = ["run_watched"]
+
+
+def run_watched(command: list[str], name: str | None = None, record: str | None = None) -> int:
+    """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it)."""
+    from ..cli_inputs import UsageError
+
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the command to run after --, e.g. spdl-lab watch -- python train.py")
+    env = {**os.environ, ENV: "1"}
+    if name:
+        env[ENV_NAME] = name
+    if record:
+        env["SPDL_LAB_RECORD"] = str(Path(record).resolve())
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # The script is in our process group and got the same Ctrl-C: let it finish.
+        try:
+            code = proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    return 128 + signal.Signals(-code).value if code < 0 else code
