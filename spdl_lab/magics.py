@@ -1,5 +1,5 @@
-"""IPython magics: ``%load_ext spdl_lab`` adds ``%spdl_info``, ``%spdl_run``, ``%spdl_compare``
-and ``%spdl_diagnose``.
+"""IPython magics: ``%load_ext spdl_lab`` adds ``%spdl_info``, ``%spdl_run``, ``%spdl_compare``,
+``%spdl_diagnose`` and ``%spdl_attach``.
 
 Names on a magic's line are looked up in the notebook's namespace (``pipe``,
 ``wl.pipeline``), never evaluated, so a line cannot run arbitrary code.
@@ -18,7 +18,7 @@ import spdl_lab as lab
 
 __all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
 
-MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare", "spdl_diagnose")
+MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare", "spdl_diagnose", "spdl_attach")
 
 _ANY_PIPELINE = "a lab.Pipeline, a lab.Loader or any iterable"
 _STEP = "a function that takes a batch, or a lab.SimulatedDevice"
@@ -117,6 +117,30 @@ class SpdlMagics(Magics):
                                  **{k: v for k, v in given.items() if v is not None})
         self.shell.user_ns[args.name] = diagnosis
         return diagnosis
+
+    @magic_arguments()
+    @argument("run", help="the published run's name or pid (lab.attach() lists them)")
+    @argument("--timeout", type=float, default=10.0, help="seconds to wait for the run to appear")
+    @argument("--name", default="spdl_remote", help="the variable that receives the RemoteSession")
+    @line_magic
+    def spdl_attach(self, line: str) -> Any:
+        """Attach to a run a script published (lab.publish, spdl-lab watch); show its dashboard.
+
+        The RemoteSession is stored in the notebook as ``--name`` (default ``spdl_remote``).
+        """
+        args = parse_argstring(self.spdl_attach, line)
+        _check_name("spdl_attach", args.name)
+        run: str | int = int(args.run) if args.run.isdigit() else args.run
+        try:
+            remote = lab.attach(run, timeout=args.timeout)
+        except lab.SpdlLabError as exc:
+            raise UsageError(f"%spdl_attach: {exc}") from None
+        self.shell.user_ns[args.name] = remote
+        try:
+            return remote.dashboard()
+        except lab.SpdlLabError as exc:
+            print(f"%spdl_attach: no dashboard ({exc}); the RemoteSession is in {args.name!r}")
+            return remote
 
     def _lookup(self, magic: str, path: str, what: str) -> Any:
         """The object named by ``path`` (``x`` or ``x.attr.attr``) in the user's namespace."""

@@ -147,3 +147,24 @@ def test_spdl_compare_returns_and_stores_the_comparison(ip):
     assert list(cmp.table.index) == ["thread", "cache"]
     assert (cmp.table["steps"] == 3).all()
     assert "<table" in cmp._repr_html_()
+
+
+def test_spdl_attach_shows_a_published_runs_dashboard(ip, monkeypatch, tmp_path):
+    from spdl_lab.watch.attach import RemoteSession
+    from spdl_lab.watch.publish import unpublish
+
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    monkeypatch.setenv("SPDL_LAB_RECORD", str(tmp_path / "run.sqlite"))
+    monkeypatch.setattr(RemoteSession, "dashboard", lambda self: DASHBOARD)
+    session = lab.publish(lab.run(lab.Pipeline(range(10**6)).batch(4), step=lambda b: None, duration=30),
+                          name="inproc")
+    try:
+        assert ip.run_line_magic("spdl_attach", "inproc --name mine") is DASHBOARD
+        remote = ip.user_ns["mine"]
+        assert isinstance(remote, RemoteSession) and remote.name == "inproc"
+        remote.close()
+        with pytest.raises(UsageError, match="no published run 'ghost'"):
+            ip.run_line_magic("spdl_attach", "ghost --timeout 0.1")
+    finally:
+        session.stop()
+        unpublish(session)

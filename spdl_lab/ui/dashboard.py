@@ -126,7 +126,9 @@ class Dashboard(widgets.VBox):
         self.runner.disabled = not switchable
         self.sliders = {name: self._slider(name, n) for name, n in self._applied.items()}
         self._slider_box.children = list(self.sliders.values())
-        self._stages = ["source", *(s.name for s in pipeline.stages)] if pipeline is not None else []
+        # A RemoteSession has no Pipeline object here, but knows the names of the run's stages.
+        self._stages = (["source", *(s.name for s in pipeline.stages)] if pipeline is not None
+                        else list(getattr(session, "stage_names", ())))
         self.plots = None  # drawn by the first publish, again when new queues appear
         self._publish_locked()
         if self._publisher is None and not self._closed.is_set():

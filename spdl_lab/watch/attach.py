@@ -182,6 +182,11 @@ class RemoteSession:
         frame = pd.DataFrame(rows)
         return frame.set_index("name") if "name" in frame else frame
 
+    @property
+    def stage_names(self) -> list[str]:
+        """The run's stages in order, the source first (what the dashboard plots)."""
+        return [str(row["name"]) for row in self.stats().get("stages", []) if "name" in row]
+
     def controls(self) -> dict[str, int]:
         return dict(self._controls)
 

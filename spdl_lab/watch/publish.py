@@ -31,10 +31,12 @@ from ..errors import PipelineSpecError
 from ..loader import Loader
 from ..telemetry.frames import FrameChunk
 
-__all__ = ["PUMP_EVERY_S", "Publisher", "publish"]
+__all__ = ["PUMP_EVERY_S", "Publisher", "publish", "unpublish"]
 
 #: How often new frames go from the run's ring to the record's buffer.
 PUMP_EVERY_S = 0.5
+#: The open publishers, by id of what they publish.
+_PUBLISHED: dict[int, Publisher] = {}
 #: States after which a run produces no more frames.
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 
@@ -52,6 +54,13 @@ def publish(obj: Any, name: str | None = None) -> Any:
     """
     Publisher(obj, name or _caller_name())
     return obj
+
+
+def unpublish(obj: Any) -> None:
+    """Stop publishing ``obj`` now (otherwise it ends when the interpreter exits)."""
+    publisher = _PUBLISHED.pop(id(obj), None)
+    if publisher is not None:
+        publisher.close()
 
 
 class Publisher:
@@ -87,6 +96,7 @@ class Publisher:
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
+        _PUBLISHED[id(obj)] = self
 
     def _run(self) -> None:
         while not self._stop.wait(PUMP_EVERY_S):
@@ -116,6 +126,8 @@ class Publisher:
         self.writer.close(state="failed" if state == "failed" else "finished")
         self.endpoint.close()
         atexit.unregister(self.close)
+        if _PUBLISHED.get(id(self.source.obj)) is self:
+            del _PUBLISHED[id(self.source.obj)]
 
 
 class _Source:

@@ -168,3 +168,19 @@ def test_watch_without_a_command_is_a_usage_error(capsys):
 
     assert main(["watch", "--name", "x"]) == 2
     assert "give the command to run after --" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(90)
+def test_the_dashboard_draws_a_remote_run_and_its_slider_steers_it(script, wait_until):
+    script("dash")
+    remote = lab.attach("dash", timeout=10)
+    dash = remote.dashboard()
+    try:
+        wait_until(lambda: dash.plots is not None and len(dash.plots.source.data["time_s"]) > 5, timeout=20)
+        assert "qps:slow" in dash.plots.source.data, sorted(dash.plots.source.data)
+        assert wait_until(lambda: "runner <b>thread</b>" in dash.header.value, 10)
+        dash.sliders["slow"].value = 3  # as a user moving the slider
+        wait_until(lambda: remote.controls().get("slow") == 3, timeout=10)
+    finally:
+        dash.close()
+        remote.close()
