@@ -20,6 +20,7 @@ from .runners import RUNNERS
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .training import SimulatedDevice, StepClock
 from .watch.attach import RemoteSession, attach
+from .watch.attach import open_record as open  # noqa: A001 (lab.open(record), as DESIGN.md names it)
 from .watch.publish import publish
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "from_dataloader",
     "from_spdl",
     "headspace",
+    "open",
     "publish",
     "run",
     "workloads",

@@ -12,6 +12,7 @@ or was killed), the state comes from the run's record: "finished",
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from typing import Any
@@ -24,7 +25,7 @@ from ..telemetry.frames import FrameChunk, chunk_since, to_frame
 from ..telemetry.ring import Ring
 from ..telemetry.sampler import DEFAULT_TICKS
 
-__all__ = ["POLL_S", "RemoteSession", "attach"]
+__all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
@@ -60,6 +61,15 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
                                f"(published now: {names}); start the script with lab.publish(...) or "
                                f"spdl-lab watch, or pass a longer timeout=")
         time.sleep(0.1)
+
+
+def open_record(path: str | os.PathLike) -> RemoteSession:
+    """A published run's record file as a RemoteSession (read only), live or ended. Example::
+
+        run = lab.open("spdl_lab_runs/resnet-4242.sqlite")
+        run.state; run.frames(); run.dashboard()
+    """
+    return RemoteSession.from_record(path)
 
 
 def _endpoints() -> list[dict[str, Any]]:
@@ -116,6 +126,26 @@ class RemoteSession:
         self._thread = threading.Thread(target=self._loop, name="spdl_lab:attach", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def from_record(cls, path: str | os.PathLike) -> RemoteSession:
+        """The run a record file holds, its frames and its state; nothing to poll or steer."""
+        from .records import read_record, record_meta
+
+        meta = record_meta(path)
+        frames = read_record(path)
+        self = cls.__new__(cls)
+        self.name, self.runner, self.record = meta.get("name", "?"), meta.get("runner", "?"), str(path)
+        self.pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
+        self._client, self._thread, self._stop = None, None, threading.Event()
+        self._stop.set()
+        self._lock = threading.Lock()
+        self._state, self._stats, self._controls, self._t0 = meta.get("state", "?"), {}, {}, time.monotonic()
+        ticks = frames.groupby("time_s", sort=True)
+        self._ring = Ring(max(2, ticks.ngroups))
+        for t, rows in ticks:
+            self._ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
+        return self
+
     # -- polling -----------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -168,7 +198,7 @@ class RemoteSession:
 
     def stats(self) -> dict[str, Any]:
         """The run's own summary (runner, running, elapsed_s, items_out, a row per stage)."""
-        if self.running:
+        if self.running and self._client is not None:
             try:
                 with self._lock:
                     self._stats = self._client.request("stats")["stats"]
@@ -192,7 +222,7 @@ class RemoteSession:
 
     def set_concurrency(self, stage: str, n: int) -> None:
         """Sent to the script, which applies it where its runner can change live."""
-        if not self.running:
+        if not self.running or self._client is None:
             raise SpdlLabError(f"the published run {self.name!r} is {self._state}: nothing to change")
         with self._lock:
             self._client.request("set_concurrency", stage=stage, n=n)
@@ -212,10 +242,11 @@ class RemoteSession:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         with self._lock:
-            self._client.close()
+            if self._client is not None:
+                self._client.close()
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"

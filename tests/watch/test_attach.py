@@ -103,6 +103,12 @@ def test_a_script_that_ends_is_finished_and_leaves_nothing_in_the_runtime_dir(sc
     assert proc.wait(10) == 0
     assert list((tmp_path / "rt").iterdir()) == []
     assert lab.attach().empty
+    run = lab.open(tmp_path / "short.sqlite")  # the record, after the script
+    assert run.state == "finished" and run.pid == proc.pid and run.runner == "thread"
+    assert {"qps", "concurrency"} <= set(run.frames()["series"])
+    with pytest.raises(lab.SpdlLabError, match="finished: nothing to change"):
+        run.set_concurrency("slow", 2)
+    run.close()
 
 
 def test_attach_names_what_is_published_when_nothing_matches(monkeypatch, tmp_path):
