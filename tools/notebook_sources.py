@@ -422,7 +422,8 @@ does that for every map stage and gives each a verdict:
 
 * `scales`: throughput keeps rising with threads (sleeps, I/O);
 * `cpu-bound`: it releases the GIL and rises until the cores are busy;
-* `gil-bound`: it does not rise, and the GIL probe shows the GIL is the wait;
+* `gil-bound`: it does not rise, and the GIL probe shows the GIL is the wait
+  (or, part I/O and part Python, it rises until its Python parts queue for the GIL);
 * `contended`: it does not rise, yet neither the GIL nor the cores are full;
   a lock or another shared resource serializes it.
 
@@ -436,7 +437,6 @@ import threading
 import time
 
 import spdl_lab as lab
-from spdl_lab.diagnose.settings import SweepSettings
 
 def parse(i):
     total = 0                          # pure Python: holds the GIL
@@ -462,12 +462,12 @@ pipeline = (lab.Pipeline(range(1_000))
               .map(shared, concurrency=4, name="shared"))
 """),
     ("md", """
-The defaults (`concurrency=(1, 2, 4, 8, 16)`, 100 inputs, windows repeated
-until three agree within 8%) take a second or two per point. CI runs this
-notebook on two cores, so the sweep here is shorter.
+The defaults (`concurrency=(1, 2, 4, 8, 16)`, 100 inputs, 0.3 s windows until
+four or more agree within 5%, else ten) take one to four seconds per point.
+CI runs this notebook on two cores, so the sweep here is shorter.
 """),
     ("code", """
-QUICK = SweepSettings(warmup_s=0.1, window_s=0.2, max_windows=4)
+QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
 diag = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=32, settings=QUICK)
 diag
 """),
@@ -610,7 +610,6 @@ import numpy as np
 import pandas as pd
 import psutil
 import spdl_lab as lab
-from spdl_lab.diagnose.settings import SweepSettings
 
 N, BATCH = 480, 8              # small, for CI; a larger N gives steadier numbers
 BASE = np.random.default_rng(0).standard_normal(100_000)
@@ -640,7 +639,7 @@ holding = lab.Pipeline(range(N)).map(parse, concurrency=2, name="parse").batch(B
 A short sweep; the defaults go up to 16 threads and take longer.
 """),
     ("code", """
-QUICK = SweepSettings(warmup_s=0.1, window_s=0.2, max_windows=4)
+QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
 diagnoses = {
     name: lab.diagnose(p, concurrency=(1, 2, 4), num_items=32, settings=QUICK, progress=False)
     for name, p in {"GIL-releasing": releasing, "GIL-holding": holding}.items()
@@ -745,6 +744,102 @@ and the verdicts do not.
 """),
 ]
 
+WATCH_A_SCRIPT = [
+    ("md", """
+# Watch and steer a training script from the notebook
+
+Real training runs as a script (`python train.py`, `torchrun ...`), not in a
+notebook kernel. `spdl-lab watch -- python train.py` runs the script unchanged
+and publishes every `lab.Loader` and `lab.run` session in it: a record file,
+written as it goes, and a local endpoint (a Unix socket in a folder only you
+can read). Here we start a small script in the background, attach to it,
+watch its dashboard, move a slider in it, and read its record once it ends.
+"""),
+    ("code", """
+import subprocess, sys, tempfile, time
+from pathlib import Path
+
+import spdl_lab as lab
+from bokeh.io import output_notebook
+from bokeh.resources import INLINE
+
+output_notebook(INLINE, hide_banner=True)
+
+SCRIPT = '''
+import time
+import numpy as np
+import spdl_lab as lab
+
+def decode(i):
+    return np.sort(np.random.default_rng(i).standard_normal(20_000))
+
+def main():
+    pipeline = lab.Pipeline(range(6_000)).map(decode, concurrency=1, name="decode").batch(16)
+    for batch in lab.Loader(pipeline, runner="thread"):   # no lab.publish: spdl-lab watch does it
+        time.sleep(0.02)                                    # the training step
+    print("trained")
+
+if __name__ == "__main__":
+    main()
+'''
+
+workdir = Path(tempfile.mkdtemp(prefix="spdl_lab_watch_"))
+(workdir / "train.py").write_text(SCRIPT)
+record = workdir / "tutorial.sqlite"
+job = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "tutorial",
+                        "--record", str(record), "--", sys.executable, "train.py"], cwd=workdir)
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+"""),
+    ("md", """
+`lab.attach()` lists the published runs on this host; `lab.attach(name)` (or a pid)
+returns a `RemoteSession` with the read API of a local Session. Its dashboard is the
+same one `lab.run` gives.
+"""),
+    ("code", """
+remote = lab.attach("tutorial", timeout=60)
+wait_for(lambda: "qps" in set(remote.frames()["series"]))
+lab.attach()[["name", "pid", "state", "runner"]]
+"""),
+    ("code", """
+dashboard = remote.dashboard()
+dashboard
+"""),
+    ("md", """
+Moving a slider sends `set_concurrency` to the script, which applies it live
+(the thread and subprocess-threads runners can). Here the code moves it, as a
+user would.
+"""),
+    ("code", """
+moved_at = remote.elapsed_s
+dashboard.sliders["decode"].value = 2
+wait_for(lambda: remote.controls()["decode"] == 2)
+print(f"decode concurrency is now {remote.controls()['decode']} in pid {remote.pid}, {moved_at:.1f} s into the run")
+"""),
+    ("md", """
+When the script ends, the RemoteSession says so, and the record stays: `lab.open`
+reads it as a read-only RemoteSession (pandas could read it too: it is SQLite).
+"""),
+    ("code", """
+assert job.wait(180) == 0
+wait_for(lambda: remote.state != "running")
+remote.close()
+dashboard.close()
+run = lab.open(record)
+frames = run.frames()
+qps = frames[(frames["series"] == "qps") & (frames["stage"] == "decode")]
+before = qps[qps["time_s"] < moved_at]["value"].median()
+after = qps[qps["time_s"] > moved_at + 1.0]["value"].median()
+print(f"the script ended: {run.state}; the record holds {len(frames):,} values over {frames['time_s'].max():.1f} s")
+print(f"decode: {before:,.0f} items/s at concurrency 1, {after:,.0f} at 2 ({after / before:.2f}x)")
+"""),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ipc_overhead.ipynb": IPC_OVERHEAD,
@@ -752,4 +847,5 @@ NOTEBOOKS = {
     "04_noisy_neighbour.ipynb": NOISY_NEIGHBOUR,
     "05_diagnostic_mode.ipynb": DIAGNOSTIC_MODE,
     "06_threads_or_processes.ipynb": THREADS_OR_PROCESSES,
+    "07_watch_a_script.ipynb": WATCH_A_SCRIPT,
 }
