@@ -59,13 +59,7 @@ class SpdlMagics(Magics):
             _check_runners("spdl_run", [args.runner])
         _check_name("spdl_run", args.name)
         session = lab.run(pipeline, step, runner=args.runner, steps=args.steps, duration=args.duration)
-        self.shell.user_ns[args.name] = session
-        try:
-            return session.dashboard()
-        except lab.SpdlLabError as exc:
-            # The run is fine without a display; say why there is none and show the Session.
-            print(f"%spdl_run: no dashboard ({exc}); the session is in {args.name!r}")
-            return session
+        return self._store_and_show("spdl_run", args.name, session, "the session")
 
     @magic_arguments()
     @argument("pipeline", help="the lab.Pipeline: a variable name or dotted path")
@@ -135,12 +129,17 @@ class SpdlMagics(Magics):
             remote = lab.attach(run, timeout=args.timeout)
         except lab.SpdlLabError as exc:
             raise UsageError(f"%spdl_attach: {exc}") from None
-        self.shell.user_ns[args.name] = remote
+        return self._store_and_show("spdl_attach", args.name, remote, "the RemoteSession")
+
+    def _store_and_show(self, magic: str, name: str, session: Any, what: str) -> Any:
+        """Store ``session`` as ``name`` in the notebook; return its dashboard, or itself when
+        there can be none (the run is fine without a display: say why)."""
+        self.shell.user_ns[name] = session
         try:
-            return remote.dashboard()
+            return session.dashboard()
         except lab.SpdlLabError as exc:
-            print(f"%spdl_attach: no dashboard ({exc}); the RemoteSession is in {args.name!r}")
-            return remote
+            print(f"%{magic}: no dashboard ({exc}); {what} is in {name!r}")
+            return session
 
     def _lookup(self, magic: str, path: str, what: str) -> Any:
         """The object named by ``path`` (``x`` or ``x.attr.attr``) in the user's namespace."""
