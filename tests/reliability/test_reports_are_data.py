@@ -4,7 +4,8 @@
    file and the JSON path) and executes nothing; tests/diagnose/test_file_format.py
    has the spot checks, this file the exhaustive ones (every field, every object).
 2. An audit of spdl_lab/'s source (ast): each place that unpickles, evaluates, imports
-   by name, parses JSON or could listen is in ``ALLOWED`` with a one-line reason.
+   by name, parses JSON or could listen is in ``ALLOWED`` with a one-line reason; the
+   one place spdl_lab listens is a published run's endpoint, on an AF_UNIX socket.
 3. Whatever listens while developing (the JupyterLab of the browser test, ``make lab``)
    binds 127.0.0.1 only.
 4. Reports built from hostile names (to_html, _repr_html_, to_json, the terminal
@@ -377,6 +378,22 @@ ALLOWED = {
         "control messages from the parent that spawned this sweep child, over its inherited pipe",
     "spdl_lab/diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
         "unpickles only messages from sweep children this process started, over pipes only they hold",
+    "spdl_lab/watch/client.py::EndpointClient._connect::socket.socket":
+        "an AF_UNIX socket a viewer connects with, to a run's socket in the user's 0700 runtime dir",
+    "spdl_lab/watch/discovery.py::_read_discovery::json.loads":
+        "a discovery file in the user's 0700 dir; size capped, no NaN, every field type-checked",
+    "spdl_lab/watch/endpoint.py::Endpoint._accept_loop::.accept()":
+        "viewers of the AF_UNIX endpoint in the user's 0700 runtime dir; at most max_viewers at once",
+    "spdl_lab/watch/endpoint.py::Endpoint._answers::socket.socket":
+        "an AF_UNIX probe: is this process's own endpoint at that path already answering?",
+    "spdl_lab/watch/endpoint.py::Endpoint._listen::.bind()":
+        "binds an AF_UNIX path in the user's 0700 runtime dir (mode 0600): nothing off this host",
+    "spdl_lab/watch/endpoint.py::Endpoint._listen::.listen()":
+        "the published run's AF_UNIX endpoint; JSON messages only, size-capped, refused if malformed",
+    "spdl_lab/watch/endpoint.py::Endpoint._listen::socket.socket":
+        "the published run's listener: AF_UNIX (tests/watch/test_endpoint.py checks the dir is 0700)",
+    "spdl_lab/watch/protocol.py::decode_message::json.loads":
+        "endpoint messages: length-capped, strict JSON objects (no NaN, no repeated keys); never pickle",
     "spdl_lab/runners/children.py::spawn::multiprocessing.connection.Connection":
         "wraps pipes to a child this process just spawned; no one else holds them",
     "spdl_lab/runners/_child.py::main::multiprocessing.connection.Connection":
@@ -511,10 +528,29 @@ def test_every_unpickle_eval_and_server_site_is_justified():
         assert why.strip() and "\n" not in why and len(why) <= 120, f"{key}: one line of justification"
 
 
-def test_spdl_lab_listens_on_nothing():
+#: The one place spdl_lab serves: a published run's endpoint (issue 17), on an AF_UNIX socket.
+ENDPOINT_SITES = {
+    "spdl_lab/watch/endpoint.py::Endpoint._listen::socket.socket",
+    "spdl_lab/watch/endpoint.py::Endpoint._listen::.bind()",
+    "spdl_lab/watch/endpoint.py::Endpoint._listen::.listen()",
+    "spdl_lab/watch/endpoint.py::Endpoint._accept_loop::.accept()",
+    "spdl_lab/watch/endpoint.py::Endpoint._answers::socket.socket",
+    "spdl_lab/watch/client.py::EndpointClient._connect::socket.socket",
+}
+
+
+def test_spdl_lab_listens_only_on_its_unix_socket():
     serving = {key: where for key, where in risky_sites(PACKAGE).items()
                if key.rsplit("::", 1)[1].strip(".()") in SERVING or key.rsplit("::", 1)[1].startswith(RISKY_PREFIXES)}
-    assert not serving, f"spdl_lab opens a server or binds a socket: {serving}"
+    assert set(serving) == ENDPOINT_SITES, f"spdl_lab opens a server or binds a socket elsewhere: {serving}"
+    # Every socket spdl_lab makes is AF_UNIX: nothing can be reached from another host.
+    for source, tree in _python_sources():
+        if not source.startswith("spdl_lab/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "socket.socket":
+                family = ast.unparse(node.args[0]) if node.args else ""
+                assert family == "socket.AF_UNIX", f"{source}:{node.lineno}: {ast.unparse(node)} is not AF_UNIX"
 
 
 # -- what listens during development binds 127.0.0.1 ------------------------------------
@@ -558,6 +594,8 @@ def test_jupyter_servers_bind_loopback_only():
 def test_sockets_bound_in_tests_and_tools_are_loopback():
     binds = 0
     for source, tree in _python_sources():
+        if source == "spdl_lab/watch/endpoint.py":
+            continue  # its AF_UNIX bind: test_spdl_lab_listens_only_on_its_unix_socket
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "bind":
                 address = node.args[0] if node.args else None
