@@ -837,6 +837,11 @@ after = qps[qps["time_s"] > moved_at + 1.0]["value"].median()
 print(f"the script ended: {run.state}; the record holds {len(frames):,} values over {frames['time_s'].max():.1f} s")
 print(f"decode: {before:,.0f} items/s at concurrency 1, {after:,.0f} at 2 ({after / before:.2f}x)")
 """),
+    ("code", """
+import shutil
+run.close()
+shutil.rmtree(workdir)  # the script and its record: this tutorial leaves nothing behind
+"""),
 ]
 
 
