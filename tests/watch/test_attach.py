@@ -190,3 +190,17 @@ def test_the_dashboard_draws_a_remote_run_and_its_slider_steers_it(script, wait_
     finally:
         dash.close()
         remote.close()
+
+
+@pytest.mark.timeout(90)
+def test_two_viewers_at_once_and_one_going_away_changes_nothing(script, wait_until):
+    proc = script("shared")
+    first, second = lab.attach("shared", timeout=10), lab.attach(proc.pid, timeout=10)
+    try:
+        wait_until(lambda: len(first.frames()) > 0 and len(second.frames()) > 0, timeout=10)
+        first.close()  # one viewer goes away...
+        seen = len(second.frames())
+        wait_until(lambda: len(second.frames()) > seen, timeout=10)  # ...the other still reads
+        assert second.state == "running" and proc.poll() is None  # and the script trains on
+    finally:
+        second.close()
