@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "ENV_NAME", "enabled", "publish_once"]
+__all__ = ["ENV", "ENV_NAME", "caller_line", "enabled", "publish_once"]
 
 ENV = "SPDL_LAB_WATCH"
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
@@ -44,14 +44,16 @@ def publish_once(obj: Any, depth: int = 2) -> None:
     Publisher(obj, name)
 
 
+def caller_line(depth: int) -> str:
+    """``SCRIPT-LINE`` of the code that called the function calling this (``depth`` frames further up)."""
+    frame = inspect.currentframe()
+    for _ in range(depth + 2):
+        frame = frame.f_back if frame is not None else None
+    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"
+
+
 def _base_name(depth: int) -> str:
-    name = os.environ.get(ENV_NAME, "")
-    if not name:
-        frame = inspect.currentframe()
-        frame = frame.f_back if frame is not None else None  # publish_once
-        for _ in range(depth):
-            frame = frame.f_back if frame is not None else None
-        name = f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"
+    name = os.environ.get(ENV_NAME, "") or caller_line(depth)
     rank = os.environ.get("RANK", "")
     return f"{name}-rank{rank}" if rank.isdigit() else name
 

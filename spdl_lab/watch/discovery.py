@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..errors import SpdlLabError
 
 __all__ = ["VERSION", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
@@ -67,14 +69,12 @@ def safe_name(name: str) -> str:
     return safe[:64] or "run"
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | str) -> bool:
+    """Whether process ``pid`` runs; a zombie (killed, not yet reaped) counts as gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except (ValueError, psutil.Error):
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 _DISCOVERY_TYPES = {

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
-import inspect
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from ..errors import PipelineSpecError
@@ -52,7 +50,9 @@ def publish(obj: Any, name: str | None = None) -> Any:
 
     and in a notebook: ``lab.attach()`` lists it, ``lab.attach("resnet")`` watches it.
     """
-    Publisher(obj, name or _caller_name())
+    from .auto import caller_line
+
+    Publisher(obj, name or caller_line(0))
     return obj
 
 
@@ -169,12 +169,3 @@ class _Source:
 
     def controls(self) -> dict[str, int]:
         return dict(self.obj.controls())
-
-
-def _caller_name() -> str:
-    """``script.py:LINE`` of the code that called ``lab.publish``."""
-    frame = inspect.currentframe()
-    outer = frame.f_back.f_back if frame and frame.f_back else None
-    if outer is None:
-        return "run"
-    return f"{Path(outer.f_code.co_filename).stem}-{outer.f_lineno}"

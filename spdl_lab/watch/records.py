@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -50,10 +49,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import psutil
 
 from spdl_lab.errors import FileFormatError, SpdlLabError
 from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
+from spdl_lab.watch.discovery import pid_alive, safe_name
 
 __all__ = [
     "RecordWriter",
@@ -93,8 +92,7 @@ def default_record_path(name: str, pid: int) -> Path:
     override = os.environ.get(RECORD_ENV)
     if override:
         return Path(override)
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:100] or "run"
-    return Path("spdl_lab_runs") / f"{safe}-{pid}.sqlite"
+    return Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
 
 
 class RecordWriter:
@@ -322,7 +320,7 @@ def record_meta(path: str | os.PathLike) -> dict[str, str]:
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.Error as e:
             raise _not_a_record(path, e) from e
-    if meta.get("state") == "running" and not _pid_alive(meta.get("pid", "")):
+    if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
     return meta
 
@@ -351,15 +349,6 @@ def _not_a_record(path: str | os.PathLike, error: BaseException) -> FileFormatEr
         source=str(path),
         field="",
     )
-
-
-def _pid_alive(pid: str) -> bool:
-    # A killed child that its parent has not reaped yet is a zombie: gone, for a reader.
-    try:
-        process = psutil.Process(int(pid))
-        return process.status() != psutil.STATUS_ZOMBIE
-    except (ValueError, psutil.Error):
-        return False
 
 
 def _now_iso() -> str:
