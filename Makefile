@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -c "import shutil, sysconfig; shutil.copy('spdl_lab_watch.pth', sysconfig.get_path('purelib'))"
 	touch $(STAMP)
 
 # Unit tests first, then the `measurement` set (real timing; exit 5, none selected, is fine).

@@ -21,7 +21,7 @@ from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .training import SimulatedDevice, StepClock
 from .watch.attach import RemoteSession, attach
 from .watch.attach import open_record as open  # noqa: A001 (lab.open(record), as DESIGN.md names it)
-from .watch.publish import publish
+from .watch.publish import publish, unpublish
 
 __version__ = "0.1.0"
 
@@ -53,6 +53,7 @@ __all__ = [
     "headspace",
     "open",
     "publish",
+    "unpublish",
     "run",
     "workloads",
 ]

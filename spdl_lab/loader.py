@@ -108,7 +108,7 @@ class Loader(RunOwner):
                 run.finish(self._close_timeout)
                 raise
         # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
-        return iterate(self, run, self._close_timeout)
+        return self._consumed(iterate(self, run, self._close_timeout))
 
     @property
     def options(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -52,6 +52,8 @@ class RunOwner:
         self._sample_ticks = sample_ticks
         self._close_timeout = close_timeout
         self._sources: list[Source] = []
+        #: set by ``lab.publish``: wraps each run's iterator to time the loop's steps
+        self.consumer: Callable[[Iterator[Any]], Iterator[Any]] | None = None
         self._state = _State()
         self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
@@ -83,6 +85,15 @@ class RunOwner:
         if run is None or run.sampler is None:
             return to_frame(Ring(2))
         return run.sampler.frames()
+
+    @property
+    def sampler(self) -> Sampler | None:
+        """The current or last run's sampler (each run, e.g. each epoch, has its own)."""
+        run = self._state.run
+        return run.sampler if run is not None else None
+
+    def _consumed(self, items: Iterator[Any]) -> Iterator[Any]:
+        return items if self.consumer is None else self.consumer(items)
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""

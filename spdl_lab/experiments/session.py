@@ -337,6 +337,11 @@ class Session:
             return self._sampler.frames()
         return Sampler([]).frames()
 
+    @property
+    def sampler(self) -> Sampler | None:
+        """The sampler whose ring holds this session's ticks."""
+        return self.loader.sampler if self.loader is not None else self._sampler
+
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The ticks after ``cursor``, wide format: how live readers follow a session."""
         if self.loader is not None:

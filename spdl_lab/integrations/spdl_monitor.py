@@ -95,7 +95,7 @@ class SpdlMonitor(RunOwner):
         except BaseException:
             run.finish(self._close_timeout)
             raise
-        return iterate(self, run, self._close_timeout)  # type: ignore[arg-type]
+        return self._consumed(iterate(self, run, self._close_timeout))  # type: ignore[arg-type]
 
     @property
     def options(self) -> dict[str, Any]:

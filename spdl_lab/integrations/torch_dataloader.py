@@ -127,7 +127,10 @@ class WatchedDataLoader:
         self._rates = ProcessRates()
 
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.dataloader)
+        return self.follow(iter(self.dataloader))
+
+    def follow(self, it: Iterator[Any]) -> Iterator[Any]:
+        """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
         # torch keeps its worker processes on the iterator (``_workers``); a
         # single-process DataLoader has none.
         procs = []

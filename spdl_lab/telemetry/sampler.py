@@ -101,6 +101,11 @@ class Sampler:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self._t0
 
+    @property
+    def started_at(self) -> float:
+        """``time.perf_counter()`` at the first tick: the ring's times count from here."""
+        return self._t0
+
     def frames(self) -> pd.DataFrame:
         return to_frame(self.ring)
 

@@ -206,6 +206,14 @@ class StepClock:
             self._waited = True
             yield item
 
+    def iterate_steps(self, iterable: Iterable[T]) -> Generator[T, None, None]:
+        """Yield from ``iterable`` to a loop that is not the clock's (``lab.publish``): each
+        ``next()`` is data wait, and the time the loop holds a batch, until it asks for the
+        next, is that batch's step. A step the loop leaves (``break``, an error) is not one."""
+        for batch in self.iterate(iterable):
+            with self._scope:
+                yield batch
+
     def step(self) -> _StepScope:
         """A context manager timing one training step."""
         return self._scope

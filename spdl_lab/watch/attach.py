@@ -207,10 +207,18 @@ class RemoteSession:
         return dict(self._stats)
 
     def summary(self) -> pd.DataFrame:
-        """One row per stage, from ``stats()``."""
-        rows = self.stats().get("stages", [])
-        frame = pd.DataFrame(rows)
-        return frame.set_index("name") if "name" in frame else frame
+        """One row per stage and one for the training step (as ``Session.summary``), from ``stats()``."""
+        stats = self.stats()
+        frame = pd.DataFrame(stats.get("stages", []))
+        frame = frame.set_index("name") if "name" in frame else frame
+        step = stats.get("step")
+        if not step:
+            return frame
+        row = {"kind": "step", "tasks": step.get("steps"), "qps": step.get("batches_per_s"),
+               "p50_ms": step.get("step_p50_ms"), "p99_ms": step.get("step_p99_ms"),
+               "data_wait_frac": step.get("data_wait_frac"), "device_util": step.get("device_util")}
+        step_frame = pd.DataFrame([row], index=pd.Index(["step"], name="name")).astype(float, errors="ignore")
+        return pd.concat([frame, step_frame]) if not frame.empty else step_frame
 
     @property
     def stage_names(self) -> list[str]:

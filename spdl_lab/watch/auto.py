@@ -1,7 +1,9 @@
 """Publishing with no code change: ``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``).
 
 With it in the environment, every ``lab.run`` session and every ``lab.Loader``
-that a script iterates (and that no session owns) is published on first use,
+that a script iterates (and that no session owns) is published on first use, and
+so is every torch DataLoader and built SPDL pipeline the script iterates, even in a
+script that never imports spdl_lab (``hook``, installed at interpreter start). Each is
 named ``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or after the line that
 started it, with the rank of a ``torchrun`` job (``$RANK``) appended. A second
 run of the same name in one script gets ``-2``, ``-3``...
@@ -13,16 +15,14 @@ import inspect
 import itertools
 import os
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "ENV_NAME", "caller_line", "enabled", "publish_once"]
+__all__ = ["ENV", "ENV_NAME", "caller_line", "enabled", "published_epoch", "publish_once"]
 
 ENV = "SPDL_LAB_WATCH"
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
 
-_published: weakref.WeakSet[Any] = weakref.WeakSet()
 _taken: set[str] = set()
 _lock = threading.Lock()
 
@@ -31,17 +31,22 @@ def enabled() -> bool:
     return os.environ.get(ENV, "") == "1"
 
 
-def publish_once(obj: Any, depth: int = 2) -> None:
-    """Publish ``obj`` unless it already is; named as the module docstring says, the line
-    ``depth`` frames above this call's caller."""
-    from .publish import Publisher
+def publish_once(obj: Any, depth: int = 2) -> Any:
+    """Publish ``obj`` unless it already is, and return its Publisher; named as the module
+    docstring says, the line ``depth`` frames above this call's caller."""
+    from .publish import Publisher, published_by
 
     with _lock:
-        if obj in _published:
-            return
-        _published.add(obj)
-        name = _unique(_base_name(depth))
-    Publisher(obj, name)
+        publisher = published_by(obj)
+        if publisher is None:
+            publisher = Publisher(obj, _unique(_base_name(depth)))
+    return publisher
+
+
+def published_epoch(obj: Any, items: Any) -> Any:
+    """``items``, an iterator of ``obj`` (a DataLoader, an SPDL pipeline) that the script
+    just made, timed for ``obj``'s published run (published now if it is not yet)."""
+    return publish_once(obj, depth=3).source.epoch(items)
 
 
 def caller_line(depth: int) -> str:

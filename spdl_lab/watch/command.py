@@ -1,6 +1,6 @@
 """``spdl-lab watch [--name NAME] [--record PATH] -- COMMAND...``: run a training script,
-unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``auto``), and exit
-with the script's status."""
+unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``auto`` and ``hook``), and
+exit with the script's status."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
     if not command:
         raise UsageError("give the command to run after --, e.g. spdl-lab watch -- python train.py")
     env = {**os.environ, ENV: "1"}
+    # The hook that publishes DataLoaders in scripts that never import spdl_lab: installed
+    # by spdl_lab_watch.pth when that is in site-packages, and by this sitecustomize anyway.
+    boot = str(Path(__file__).resolve().parent / "boot")
+    env["PYTHONPATH"] = os.pathsep.join([boot, *filter(None, [os.environ.get("PYTHONPATH")])])
     if name:
         env[ENV_NAME] = name
     if record:

@@ -1,7 +1,9 @@
 """``lab.publish``: a training script makes its run visible to notebooks on this host.
 
-``publish(loader_or_session, name=None)`` returns what it was given, to use as
-before, and starts two things beside the training loop:
+``publish(obj, name=None)`` takes what the training loop iterates -- a ``lab.Loader``,
+a ``lab.run`` Session, a plain torch DataLoader, an SPDL pipeline -- and returns the
+iterable to use in the loop (``sources``: for a DataLoader, one that times the wait for
+each batch, the time between batches as the step, and its workers' CPU). It starts:
 
 * a record file (``records.RecordWriter``): the run's frames, written as they
   come, flushed at least every 2 s, so a killed script leaves a record up to
@@ -10,11 +12,12 @@ before, and starts two things beside the training loop:
   that viewers (``lab.attach``) ask for frames, stats and state, and through
   which they set a stage's concurrency where the runner can change it live.
 
-Publishing never blocks training: a pump thread copies new frames from the
-run's sampler ring into the record's buffer every ``PUMP_EVERY_S``; the
-endpoint's threads answer viewers from the same ring. When the run ends the
-record is closed with the run's state; the endpoint stays until ``close()``
-or the interpreter exits, answering with the final state.
+Publishing never blocks training: a pump thread copies new ticks from the run's
+sampler into one continuous ``Timeline`` (a Loader samples each epoch afresh) and
+the record's buffer every ``PUMP_EVERY_S``; the endpoint's threads answer viewers
+from the timeline. When the run ends the record is closed with the run's state
+("failed" when an uncaught exception ended the script); the endpoint stays until
+``close()`` or the interpreter exits, answering with the final state.
 """
 
 from __future__ import annotations
@@ -22,17 +25,17 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import os
+import sys
 import threading
 from typing import Any
 
-from ..errors import PipelineSpecError
-from ..loader import Loader
-from ..telemetry.frames import FrameChunk
+from .sources import source_of
+from .timeline import Timeline
 
-__all__ = ["PUMP_EVERY_S", "Publisher", "publish", "unpublish"]
+__all__ = ["PUMP_EVERY_S", "Publisher", "publish", "published_by", "unpublish"]
 
 #: How often new frames go from the run's ring to the record's buffer.
-PUMP_EVERY_S = 0.5
+PUMP_EVERY_S = 0.25
 #: The open publishers, by id of what they publish.
 _PUBLISHED: dict[int, Publisher] = {}
 #: States after which a run produces no more frames.
@@ -40,27 +43,38 @@ _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
-    """Publish a ``lab.Loader`` or a ``lab.Session`` (``lab.run``); returns ``obj`` to use as before.
+    """Publish what the training loop iterates; returns the iterable to use in the loop.
 
-    Example, in a training script::
+    ``obj``: a ``lab.Loader`` or a ``lab.run`` Session (returned as they are), a torch
+    DataLoader or another iterable of batches (returned wrapped: iterate it as the
+    original), or an SPDL ``PipelineBuilder``/``PipelineConfig`` (returned as a monitor to
+    iterate). ``name`` defaults to ``SCRIPT-LINE`` of the call. Example::
 
-        loader = lab.publish(lab.Loader(pipeline, runner="thread"), name="resnet")
-        for batch in loader:
-            train(batch)
+        loader = lab.publish(torch.utils.data.DataLoader(ds, batch_size=32, num_workers=4), "resnet")
+        for epoch in range(epochs):
+            for batch in loader:
+                train(batch)
 
     and in a notebook: ``lab.attach()`` lists it, ``lab.attach("resnet")`` watches it.
     """
     from .auto import caller_line
 
-    Publisher(obj, name or caller_line(0))
-    return obj
+    if id(obj) in _PUBLISHED:
+        return _PUBLISHED[id(obj)].source.published
+    return Publisher(obj, name or caller_line(0)).source.published
+
+
+def published_by(obj: Any) -> Publisher | None:
+    """The open Publisher of ``obj``, if it is published."""
+    return _PUBLISHED.get(id(obj))
 
 
 def unpublish(obj: Any) -> None:
-    """Stop publishing ``obj`` now (otherwise it ends when the interpreter exits)."""
-    publisher = _PUBLISHED.pop(id(obj), None)
-    if publisher is not None:
-        publisher.close()
+    """Stop publishing ``obj`` (what was published, or what ``publish`` returned) now;
+    otherwise it ends when the interpreter exits."""
+    for publisher in list(_PUBLISHED.values()):
+        if obj is publisher.obj or obj is publisher.source.published:
+            publisher.close()
 
 
 class Publisher:
@@ -71,7 +85,9 @@ class Publisher:
         from .endpoint import Endpoint, Handlers
         from .records import RecordWriter, default_record_path
 
-        self.source = _Source.of(obj)
+        self.timeline = Timeline()  # first: every tick of the source counts from here, none before
+        self.source = source_of(obj)
+        self.obj = obj
         self.name = name
         pid = os.getpid()
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -79,20 +95,27 @@ class Publisher:
         if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.record_path = path
-        self.writer = RecordWriter(path, meta={"name": name, "pid": str(pid), "started": started,
-                                               "runner": self.source.runner, "state": "running"})
-        self._cursor = 0
+        try:
+            self.writer = RecordWriter(path, meta={"name": name, "pid": str(pid), "started": started,
+                                                   "runner": self.source.runner, "state": "running"})
+        except BaseException:
+            self.source.close()
+            raise
+        #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
+        self.failed = False
         self._stop = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
-        handlers = Handlers(frames_since=self.source.frames_since, stats=self.source.stats,
-                            state=self.source.state, set_concurrency=self.source.set_concurrency,
+        handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.source.stats,
+                            state=self.state, set_concurrency=self.source.set_concurrency,
                             controls=self.source.controls)
         try:
             self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
         except BaseException:
             self.writer.close(state="failed")
+            self.source.close()
             raise
+        _watch_uncaught_exceptions()
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
@@ -101,17 +124,22 @@ class Publisher:
     def _run(self) -> None:
         while not self._stop.wait(PUMP_EVERY_S):
             self._copy()
-            state = self.source.state()
-            if state in _ENDED:
+            if self.source.state() in _ENDED:
                 self._copy()
-                self.writer.close(state="failed" if state == "failed" else "finished")
+                self.writer.close(state=self._final_state())
                 return
 
     def _copy(self) -> None:
-        chunk: FrameChunk = self.source.frames_since(self._cursor)
-        self._cursor = chunk.cursor
+        chunk = self.timeline.pull(self.source.sampler())
         if len(chunk):
             self.writer.add(chunk)
+
+    def _final_state(self) -> str:
+        return "failed" if self.failed or self.source.state() == "failed" else "finished"
+
+    def state(self) -> str:
+        """The run's state as viewers see it."""
+        return "failed" if self.failed else self.source.state()
 
     def close(self) -> None:
         """Stop publishing: the record gets the run's last frames and state, the endpoint goes."""
@@ -121,51 +149,33 @@ class Publisher:
             self._closed = True
         self._stop.set()
         self._pump.join(5.0)
+        state = self._final_state()
+        self.source.close()  # a source's sampler takes its last tick as it stops
         self._copy()
-        state = self.source.state()
-        self.writer.close(state="failed" if state == "failed" else "finished")
+        self.writer.close(state=state)
         self.endpoint.close()
         atexit.unregister(self.close)
-        if _PUBLISHED.get(id(self.source.obj)) is self:
-            del _PUBLISHED[id(self.source.obj)]
+        if _PUBLISHED.get(id(self.obj)) is self:
+            del _PUBLISHED[id(self.obj)]
 
 
-class _Source:
-    """What a publisher reads from a Loader or a Session, with one set of names."""
+_hook_lock = threading.Lock()
+_previous_hook: Any = None
 
-    def __init__(self, obj: Any, runner: str) -> None:
-        self.obj = obj
-        self.runner = runner
 
-    @classmethod
-    def of(cls, obj: Any) -> _Source:
-        from ..experiments.session import Session
+def _watch_uncaught_exceptions() -> None:
+    """Once: an uncaught exception marks every published run "failed" before atexit closes them."""
+    global _previous_hook
+    with _hook_lock:
+        if _previous_hook is not None:
+            return
+        _previous_hook = sys.excepthook
 
-        if isinstance(obj, (Loader, Session)):
-            return cls(obj, obj.runner or "iterable")
-        raise PipelineSpecError(
-            f"lab.publish takes a lab.Loader or a lab.Session (lab.run), got {type(obj).__name__}; "
-            f"for a torch DataLoader, publish lab.run(dataloader, step=...)")
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            if not issubclass(kind, KeyboardInterrupt):
+                for publisher in list(_PUBLISHED.values()):
+                    if publisher.source.state() not in _ENDED:  # a run that ended before is not
+                        publisher.failed = True
+            _previous_hook(kind, value, tb)
 
-    def frames_since(self, cursor: int) -> FrameChunk:
-        return self.obj.frames_since(cursor)
-
-    def stats(self) -> dict[str, Any]:
-        snap = self.obj.stats()
-        table = snap.table()
-        rows = table.reset_index().to_dict(orient="records") if not table.empty else []
-        return {"runner": snap.runner, "running": snap.running, "elapsed_s": snap.elapsed_s,
-                "items_out": snap.items_out, "stages": rows}
-
-    def state(self) -> str:
-        """A Session's state; a Loader is "running" until closed (between epochs too), then "finished"."""
-        state = self.obj.state
-        if isinstance(self.obj, Loader):
-            return "finished" if state == "closed" else "running"
-        return state
-
-    def set_concurrency(self, stage: str, n: int) -> None:
-        self.obj.set_concurrency(stage, n)
-
-    def controls(self) -> dict[str, int]:
-        return dict(self.obj.controls())
+        sys.excepthook = hook

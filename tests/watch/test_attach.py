@@ -117,8 +117,10 @@ def test_attach_names_what_is_published_when_nothing_matches(monkeypatch, tmp_pa
         lab.attach("ghost", timeout=0.2)
     with pytest.raises(lab.PipelineSpecError, match="name or pid"):
         lab.attach(3.5)
-    with pytest.raises(lab.PipelineSpecError, match="lab.Loader or a lab.Session"):
-        lab.publish([1, 2, 3])
+    with pytest.raises(lab.PipelineSpecError, match="a torch DataLoader, an SPDL pipeline"):
+        lab.publish(42)
+    with pytest.raises(lab.PipelineSpecError, match=r"publish lab.Loader\(pipeline"):
+        lab.publish(lab.Pipeline(range(3)))
 
 
 UNCHANGED = textwrap.dedent('''

@@ -1,0 +1,254 @@
+"""What a publisher reads from the thing it publishes, with one set of names.
+
+Three kinds, one interface (``sampler()``, ``stats()``, ``state()``,
+``set_concurrency``, ``controls()``, ``close()``, and ``published``: what
+``lab.publish`` hands back to the training loop):
+
+* ``SessionSource`` -- a ``lab.run`` Session: it has its own step clock and probes.
+* ``OwnerSource`` -- a ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs
+  it): stage meters come from its runs; the training loop's steps are timed by
+  wrapping each run's iterator (``RunOwner.consumer``), and the step clock and the
+  probes join its sampler.
+* ``LoopSource`` -- any other iterable, above all a plain torch DataLoader: each
+  ``next()`` is data wait, the time the loop holds a batch is the step, and a
+  DataLoader's worker processes are read for CPU. It has its own sampler.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import PipelineSpecError
+from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
+from ..telemetry.probes import CpuProbe, GilProbe
+from ..telemetry.sampler import DEFAULT_HZ, Sampler
+from ..training import StepClock
+
+__all__ = ["LoopSource", "OwnerSource", "SessionSource", "source_of"]
+
+
+def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
+    """The source for ``obj``: a Session, a Loader, an SPDL pipeline, a DataLoader or an iterable."""
+    from ..experiments.session import Session
+    from ..integrations import is_spdl_spec, open_spdl
+    from ..pipeline import Pipeline
+    from ..runs import RunOwner
+
+    if isinstance(obj, Session):
+        return SessionSource(obj)
+    if isinstance(obj, RunOwner):
+        return OwnerSource(obj)
+    if is_spdl_spec(obj):
+        monitor, _, _ = open_spdl(obj, None, DEFAULT_HZ, {})
+        return OwnerSource(monitor)
+    if isinstance(obj, Pipeline):
+        raise PipelineSpecError(
+            "lab.publish takes what the training loop iterates; a lab.Pipeline runs nothing by "
+            "itself: publish lab.Loader(pipeline, runner=...) instead")
+    if isinstance(obj, (str, bytes)) or not hasattr(obj, "__iter__"):
+        raise PipelineSpecError(
+            f"lab.publish takes a lab.Loader, a lab.run Session, a torch DataLoader, an SPDL "
+            f"pipeline or another iterable of batches, got {type(obj).__name__}")
+    return LoopSource(obj)
+
+
+class _Epoch:
+    """One pass of the training loop over a published iterable: the iterator it was given,
+    timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's."""
+
+    def __init__(self, items: Iterator[Any], clock: StepClock) -> None:
+        self._items = items
+        self._timed = clock.iterate_steps(items)
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._timed)
+
+    def __len__(self) -> int:
+        return len(self._items)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_items", "_timed"):
+            raise AttributeError(name)
+        return getattr(self._items, name)
+
+    def close(self) -> None:
+        self._timed.close()  # a step left open (the loop broke out) is not counted
+
+
+class _TimedLoop:
+    """The step clock and probes of a loop ``lab.publish`` times; one epoch at a time."""
+
+    def __init__(self) -> None:
+        self.clock = StepClock()
+        self.probes: list[Any] = [GilProbe(), CpuProbe()]
+        self._epoch: _Epoch | None = None
+        self._lock = threading.Lock()
+
+    def epoch(self, items: Iterator[Any]) -> _Epoch:
+        """Time the loop over ``items``; an epoch still open (left by a ``break``) ends first."""
+        with self._lock:
+            previous, self._epoch = self._epoch, _Epoch(items, self.clock)
+            epoch = self._epoch
+        if previous is not None:
+            previous.close()
+        return epoch
+
+    def start(self) -> None:
+        for probe in self.probes:
+            if hasattr(probe, "start"):
+                probe.start()
+
+    def stop(self) -> None:
+        for probe in self.probes:
+            if hasattr(probe, "stop"):
+                probe.stop()
+
+    def step_stats(self) -> dict[str, Any]:
+        return self.clock.summary().to_dict()
+
+
+class SessionSource:
+    def __init__(self, session: Any) -> None:
+        self.published = self.obj = session
+        self.runner = session.runner
+
+    def sampler(self) -> Sampler | None:
+        return self.obj.sampler
+
+    def stats(self) -> dict[str, Any]:
+        return _snapshot_dict(self.obj.stats())
+
+    def state(self) -> str:
+        return self.obj.state
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        self.obj.set_concurrency(stage, n)
+
+    def controls(self) -> dict[str, int]:
+        return dict(self.obj.controls())
+
+    def close(self) -> None:
+        pass  # the session's own stop() or end closes what it started
+
+
+class OwnerSource:
+    def __init__(self, owner: Any) -> None:
+        self.published = self.obj = owner
+        self.runner = owner.runner or "iterable"
+        self.loop = _TimedLoop()
+        for source in (self.loop.clock.rows, *self.loop.probes):
+            owner.add_source(source)
+        owner.consumer = self.loop.epoch
+        self.loop.start()
+
+    def sampler(self) -> Sampler | None:
+        return self.obj.sampler
+
+    def stats(self) -> dict[str, Any]:
+        return {**_snapshot_dict(self.obj.stats()), "step": self.loop.step_stats()}
+
+    def state(self) -> str:
+        """"running" until the Loader is closed (between epochs too), then "finished"."""
+        return "finished" if self.obj.state == "closed" else "running"
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        self.obj.set_concurrency(stage, n)
+
+    def controls(self) -> dict[str, int]:
+        return dict(self.obj.controls())
+
+    def close(self) -> None:
+        self.obj.consumer = None
+        self.loop.stop()
+
+
+class LoopSource:
+    def __init__(self, iterable: Any) -> None:
+        self.obj = iterable
+        self.loop = _TimedLoop()
+        self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
+        if self.workers is not None:
+            self.runner = "DataLoader"
+        elif type(iterable).__module__.split(".")[0] == "spdl":
+            self.runner = "spdl"
+        else:
+            self.runner = type(iterable).__name__
+        sources = [self.loop.clock.rows, *self.loop.probes, *([self.workers] if self.workers else [])]
+        self._sampler = Sampler(sources, hz=DEFAULT_HZ)
+        self._closed = False
+        self.published = PublishedLoop(self)
+        self.loop.start()
+        self._sampler.start()
+
+    def epoch(self, items: Iterator[Any]) -> _Epoch:
+        """Time one pass over ``items`` (an iterator of the published iterable)."""
+        if self.workers is not None:
+            self.workers.follow(items)
+        return self.loop.epoch(items)
+
+    def sampler(self) -> Sampler | None:
+        return self._sampler
+
+    def stats(self) -> dict[str, Any]:
+        step = self.loop.step_stats()
+        return {"runner": self.runner, "running": not self._closed, "elapsed_s": self._sampler.elapsed_s,
+                "items_out": step["steps"], "stages": [], "step": step}
+
+    def state(self) -> str:
+        return "finished" if self._closed else "running"
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        if self.workers is not None:
+            raise PipelineSpecError(
+                "a torch DataLoader cannot change its workers while it runs: num_workers is fixed "
+                "when an epoch starts. Set num_workers=N where the script builds the DataLoader and "
+                "restart it, or bring the dataset to the lab (lab.from_dataloader(dl) under the "
+                "thread or subprocess-threads runner), whose concurrency changes live")
+        raise PipelineSpecError(
+            f"this run iterates a {self.runner}: it has no stage whose concurrency the lab can set; "
+            f"publish a lab.Loader to steer it")
+
+    def controls(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        self._closed = True
+        self._sampler.stop()
+        self.loop.stop()
+
+
+class PublishedLoop:
+    """What ``lab.publish`` returns for a DataLoader or another iterable: iterate it as the
+    original (every ``for`` is an epoch, timed); ``len()`` and attributes are the original's."""
+
+    def __init__(self, source: LoopSource) -> None:
+        self._source = source
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._source.epoch(iter(self._source.obj))
+
+    def __len__(self) -> int:
+        return len(self._source.obj)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_source":
+            raise AttributeError(name)
+        return getattr(self._source.obj, name)
+
+    def __repr__(self) -> str:
+        return f"published({self._source.obj!r})"
+
+
+def _snapshot_dict(snap: Any) -> dict[str, Any]:
+    table = snap.table()
+    rows = table.reset_index().to_dict(orient="records") if not table.empty else []
+    out = {"runner": snap.runner, "running": snap.running, "elapsed_s": snap.elapsed_s,
+           "items_out": snap.items_out, "stages": rows}
+    if getattr(snap, "step", None) is not None:
+        out["step"] = snap.step.to_dict()
+    return out

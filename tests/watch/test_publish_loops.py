@@ -1,0 +1,186 @@
+"""Publishing what a training loop iterates: a plain torch DataLoader (by lab.publish, and
+with no code change under spdl-lab watch), a Loader over several epochs, a built SPDL
+pipeline; the steps are timed, the timeline is one run, the state says how it ended."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import spdl_lab as lab
+from spdl_lab.watch.publish import published_by
+from spdl_lab.watch.records import read_record, record_meta
+
+
+class Squares(Dataset):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((4,), float(i * i))
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    monkeypatch.setenv("SPDL_LAB_RECORD", str(tmp_path / "run.sqlite"))
+    return tmp_path
+
+
+def _series(frames, series: str, stage: str):
+    return frames[(frames.series == series) & (frames.stage == stage)].value
+
+
+def test_a_published_dataloader_times_each_epoch_and_refuses_set_concurrency(runtime, no_thread_leak,
+                                                                             wait_until):
+    dl = DataLoader(Squares(), batch_size=4)
+    loop = lab.publish(dl, name="squares")
+    assert len(loop) == 6 and loop.batch_size == 4 and lab.publish(dl) is loop  # the DataLoader's own
+    publisher = published_by(dl)
+    seen = []
+    for _ in range(2):
+        for batch in loop:
+            seen.append(batch)
+    for i, _ in enumerate(loop):  # a loop that breaks: the held step is not counted
+        if i == 2:
+            break
+    assert len(seen) == 12 and torch.equal(seen[6][1], torch.full((4,), 1.0))
+    assert publisher.source.loop.clock.steps == 12 + 2
+    remote = lab.attach("squares", timeout=5)
+    try:
+        assert remote.runner == "DataLoader" and remote.controls() == {}
+        with pytest.raises(lab.SpdlLabError, match="num_workers is fixed when an epoch starts"):
+            remote.set_concurrency("workers", 4)
+        wait_until(lambda: _series(remote.frames(), "steps", "step").max() == 14, timeout=5)
+        summary = remote.summary()
+        assert summary.loc["step", "tasks"] == 14 and 0 <= summary.loc["step", "data_wait_frac"] <= 1
+    finally:
+        remote.close()
+    lab.unpublish(loop)
+    assert published_by(dl) is None and record_meta(runtime / "run.sqlite")["state"] == "finished"
+    assert not list((runtime / "rt").iterdir())
+
+
+def test_a_loader_published_over_several_epochs_is_one_timeline(runtime, no_thread_leak, wait_until):
+    pipeline = lab.Pipeline(range(40)).map(lambda x: x + 1, concurrency=2, name="inc").batch(4)
+    loader = lab.publish(lab.Loader(pipeline, runner="thread", sample_hz=50), name="epochs")
+    publisher = published_by(loader)
+    with loader:
+        for _ in range(3):
+            for _ in loader:
+                pass
+            # each epoch is a new run of the Loader: the timeline must keep its ticks
+            wait_until(lambda: len(publisher.timeline.ring) > 0, timeout=5)
+        wait_until(lambda: _series(lab.open(runtime / "run.sqlite").frames(), "steps", "step").max() == 30,
+                   timeout=10)
+    lab.unpublish(loader)
+    frames = read_record(runtime / "run.sqlite")
+    times = np.sort(frames.time_s.unique())
+    assert (np.diff(times) > 0).all() and publisher.source.loop.clock.steps == 30
+    # the stage's tasks restart with each epoch's run; each run reaches 40
+    assert (_series(frames, "tasks", "inc") == 40).sum() >= 1
+
+
+def _run(tmp_path, code: str, *args: str, watch: bool = False) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt")}
+    command = [sys.executable, str(script), *args]
+    if watch:
+        command = [sys.executable, "-m", "spdl_lab", "watch", "--record", str(tmp_path / "run.sqlite"),
+                   "--", *command]
+    else:
+        env["SPDL_LAB_RECORD"] = str(tmp_path / "run.sqlite")
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+NO_SPDL_LAB = '''
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self): return 32
+        def __getitem__(self, i):
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.003: pass
+            return torch.full((8,), float(i))
+
+    if __name__ == "__main__":
+        dl = DataLoader(Slow(), batch_size=4, num_workers=2)
+        for epoch in range(3):
+            for batch in dl:
+                time.sleep(0.01)
+        assert "spdl_lab" in sys.modules  # imported by the hook, at the first epoch
+        print("trained", flush=True)
+'''
+
+
+@pytest.mark.timeout(150)
+def test_spdl_lab_watch_publishes_a_dataloader_in_a_script_that_never_imports_spdl_lab(tmp_path):
+    done = _run(tmp_path, NO_SPDL_LAB, watch=True)
+    assert done.returncode == 0, done.stderr
+    meta = record_meta(tmp_path / "run.sqlite")
+    assert meta["runner"] == "DataLoader" and meta["state"] == "finished"
+    assert meta["name"] == "train-16"  # the line that started the epoch
+    frames = read_record(tmp_path / "run.sqlite")
+    assert _series(frames, "steps", "step").max() == 24
+    workers = _series(frames, "cpu_percent", "workers")
+    assert len(workers) > 0 and workers.max() <= 100 * os.cpu_count()
+    assert _series(frames, "processes", "workers").max() == 2
+    assert not list((tmp_path / "rt").iterdir())
+
+
+LOADER_FAILS = '''
+    import spdl_lab as lab
+    import torch
+    from torch.utils.data import DataLoader
+
+    ds = [torch.zeros(2)] * 8
+    session = lab.run(DataLoader(ds, batch_size=2), step=lambda b: None, steps=3)
+    session.wait(30)
+    for i, batch in enumerate(lab.publish(DataLoader(ds, batch_size=2), name="dies")):
+        if i == 2:
+            raise RuntimeError("the step failed")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_an_uncaught_exception_marks_the_run_failed_and_spdl_labs_own_iterations_are_not_published(
+        tmp_path):
+    done = _run(tmp_path, LOADER_FAILS, watch=True)
+    assert done.returncode == 1 and "the step failed" in done.stderr
+    records = sorted((tmp_path).glob("run*.sqlite"))
+    metas = {record_meta(r)["name"]: record_meta(r) for r in records}
+    # the lab.run session (published by SPDL_LAB_WATCH) and the lab.publish call; the
+    # DataLoader lab.run iterates inside spdl_lab is not a third run
+    assert sorted(metas) == ["dies", "train-7"], metas
+    assert metas["dies"]["state"] == "failed" and metas["train-7"]["state"] == "finished"
+
+
+SPDL_SCRIPT = '''
+    from spdl.pipeline import PipelineBuilder
+
+    pipeline = (PipelineBuilder().add_source(range(40)).pipe(lambda x: x * 2, concurrency=2)
+                .aggregate(4).add_sink(3).build(num_threads=2))
+    with pipeline.auto_stop():
+        total = sum(len(batch) for batch in pipeline)
+    print(total, flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_built_spdl_pipeline_is_published_under_watch(tmp_path):
+    pytest.importorskip("spdl.pipeline")
+    done = _run(tmp_path, SPDL_SCRIPT, watch=True)
+    assert done.returncode == 0 and done.stdout.strip() == "40", done.stderr
+    meta = record_meta(tmp_path / "run.sqlite")
+    assert meta["runner"] == "spdl" and meta["state"] == "finished"
+    assert _series(read_record(tmp_path / "run.sqlite"), "steps", "step").max() == 10
