@@ -750,7 +750,8 @@ WATCH_A_SCRIPT = [
 
 Real training runs as a script (`python train.py`, `torchrun ...`), not in a
 notebook kernel. `spdl-lab watch -- python train.py` runs the script unchanged
-and publishes every `lab.Loader` and `lab.run` session in it: a record file,
+and publishes every torch DataLoader, `lab.Loader`, SPDL pipeline and `lab.run`
+session it iterates (the script need not import spdl_lab): a record file,
 written as it goes, and a local endpoint (a Unix socket in a folder only you
 can read). Here we start a small script in the background, attach to it,
 watch its dashboard, move a slider in it, and read its record once it ends.
@@ -837,10 +838,51 @@ after = qps[qps["time_s"] > moved_at + 1.0]["value"].median()
 print(f"the script ended: {run.state}; the record holds {len(frames):,} values over {frames['time_s'].max():.1f} s")
 print(f"decode: {before:,.0f} items/s at concurrency 1, {after:,.0f} at 2 ({after / before:.2f}x)")
 """),
+    ("md", """
+The same works for the loader most scripts have: a plain torch DataLoader, in a
+script that never imports spdl_lab. Each `next()` on it is timed as data wait,
+the time the loop holds a batch as the step, and its worker processes' CPU is read.
+A DataLoader cannot change its workers while it runs, so its run has no sliders:
+`set_concurrency` says why and what to do instead.
+"""),
+    ("code", """
+DATALOADER_SCRIPT = '''
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Decode(Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        return torch.sort(torch.randn(20_000, generator=torch.Generator().manual_seed(i))).values
+
+if __name__ == "__main__":
+    loader = DataLoader(Decode(), batch_size=16, num_workers=2)
+    for epoch in range(2):
+        for batch in loader:
+            time.sleep(0.02)   # the training step
+'''
+(workdir / "train_dl.py").write_text(DATALOADER_SCRIPT)
+dl_record = workdir / "dataloader.sqlite"
+done = subprocess.run([sys.executable, "-m", "spdl_lab", "watch", "--name", "dataloader", "--record",
+                       str(dl_record), "--", sys.executable, "train_dl.py"], cwd=workdir, timeout=180)
+assert done.returncode == 0
+dl_run = lab.open(dl_record)
+f = dl_run.frames()
+
+def median(series, stage):
+    return f[(f["series"] == series) & (f["stage"] == stage)]["value"].median()
+
+print(f"{dl_run.runner} run, {dl_run.state}: {int(f[f['series'] == 'steps']['value'].max())} steps, "
+      f"{median('batches_per_s', 'step'):.1f} batches/s, data wait {median('data_wait_frac', 'step'):.0%} "
+      f"of the loop, workers at {median('cpu_percent', 'workers'):.0f}% CPU")
+"""),
     ("code", """
 import shutil
 run.close()
-shutil.rmtree(workdir)  # the script and its record: this tutorial leaves nothing behind
+dl_run.close()
+shutil.rmtree(workdir)  # the scripts and their records: this tutorial leaves nothing behind
 """),
 ]
 

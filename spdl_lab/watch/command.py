@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from .auto import ENV, ENV_NAME
@@ -35,6 +36,7 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:
         raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
+    forwarded = _forward_signals(proc)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -44,4 +46,20 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)
     return 128 + signal.Signals(-code).value if code < 0 else code
+
+
+def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
+    """SIGTERM and SIGHUP to this command go to the script too (a job scheduler or a
+    notebook stopping ``spdl-lab watch`` must not leave the script running); returns the
+    handlers to put back."""
+    def forward(sig: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}

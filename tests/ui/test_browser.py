@@ -29,7 +29,9 @@ def _kernel_int(notebook: OpenNotebook, expr: str) -> int:
     return int(notebook.kernel_eval(expr))
 
 
-def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str) -> None:
+def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str,
+                    stop_expr: str = "(session.stop(), dash.close(), session.running)[-1]",
+                    stopped: str = "False") -> None:
     """Run the dashboard, see it render and stream, move the decode slider, stop it."""
     page = notebook.page
     run_all_above_last_cell(page)
@@ -69,10 +71,80 @@ def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str) -
         lambda: (bokeh_column_length(page, FRAMES, "time_s") or 0) > now,
         timeout=30, what="the dashboard to keep streaming after the notebook's last cell",
     )
-    assert notebook.kernel_eval("(session.stop(), dash.close(), session.running)[-1]") == "False"
+    assert notebook.kernel_eval(stop_expr, timeout=90) == stopped
 
 
 @pytest.mark.timeout(300)
 def test_dashboard_in_jupyterlab(open_notebook):
     notebook = open_notebook(DASHBOARD_NOTEBOOK)
     check_dashboard(notebook, "session.stats().stages['decode'].concurrency", "dashboard")
+
+
+ATTACHED_SCRIPT = '''
+import os, time
+import numpy as np
+import spdl_lab as lab
+
+def decode(i):
+    return np.sort(np.random.default_rng(i).standard_normal(20_000))
+
+pipeline = lab.Pipeline(range(10**9)).map(decode, concurrency=1, name="decode").batch(16)
+loader = lab.Loader(pipeline, runner="thread")
+started = time.monotonic()
+for batch in loader:                  # no lab.publish: spdl-lab watch publishes it
+    time.sleep(0.02)
+    if os.path.exists("stop") or time.monotonic() - started > 240:  # ends even if the test broke
+        break
+loader.close()
+'''
+
+ATTACHED_CELLS = [
+    f"""
+import os, subprocess, sys, tempfile, time
+from pathlib import Path
+import spdl_lab as lab
+from bokeh.io import output_notebook
+from bokeh.resources import INLINE
+
+output_notebook(INLINE, hide_banner=True)
+workdir = Path(tempfile.mkdtemp(prefix="spdl_lab_browser_"))
+(workdir / "train.py").write_text({ATTACHED_SCRIPT!r})
+job = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "browser-attached",
+                        "--record", str(workdir / "run.sqlite"), "--", sys.executable, "train.py"],
+                       cwd=workdir)
+
+def stop():
+    (workdir / "stop").touch()
+    code = job.wait(60)
+    deadline = time.monotonic() + 10
+    while session.state == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return code
+""",
+    """
+session = lab.attach("browser-attached", timeout=60)
+dash = session.dashboard()
+dash
+""",
+    """
+dash
+""",
+]
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_attached_to_a_script_in_another_process(open_notebook, tmp_path):
+    """The dashboard of a RemoteSession: drawn from frames the script publishes, and its
+    slider changes the stage's concurrency inside the script."""
+    import nbformat
+
+    tutorial = nbformat.read(DASHBOARD_NOTEBOOK, as_version=4)  # the same kernel, named the same way
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in ATTACHED_CELLS],
+                                        metadata=tutorial.metadata)
+    path = tmp_path / "attached_dashboard.ipynb"
+    nbformat.write(notebook, path)
+    opened = open_notebook(path)
+    concurrency = "[r['concurrency'] for r in session.stats()['stages'] if r['name'] == 'decode'][0]"
+    check_dashboard(opened, concurrency, "attached",
+                    stop_expr="(stop(), dash.close(), session.close(), session.state)[-1]",
+                    stopped="'finished'")

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -184,3 +185,23 @@ def test_a_built_spdl_pipeline_is_published_under_watch(tmp_path):
     meta = record_meta(tmp_path / "run.sqlite")
     assert meta["runner"] == "spdl" and meta["state"] == "finished"
     assert _series(read_record(tmp_path / "run.sqlite"), "steps", "step").max() == 10
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_spdl_lab_watch_reaches_the_script(tmp_path, wait_until):
+    (tmp_path / "train.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--", sys.executable, "train.py"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt")})
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        script = [c for c in psutil.Process(proc.pid).children() if "train.py" in " ".join(c.cmdline())]
+        assert len(script) == 1
+        proc.terminate()
+        assert proc.wait(20) == 128 + 15  # the script's end, as the shell would say it
+        wait_until(lambda: not script[0].is_running() or script[0].status() == psutil.STATUS_ZOMBIE, 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
