@@ -8,14 +8,13 @@ training loop whose step is ~20 ms of numpy work (calibrated at start):
   iterated by a plain ``for batch in loader: step(batch)`` loop on a thread; the Loader
   is what gets published;
 * torch ``DataLoader``: a map-style Dataset (a 1 ms read, numpy decode and augment per
-  item), ``batch_size=16``, ``num_workers=2``. ``lab.publish`` does not take a bare
-  DataLoader yet, so it runs as ``lab.run(dataloader, step=...)`` and that Session is
-  what gets published, as the error message of ``lab.publish`` advises.
+  item), ``batch_size=16``, ``num_workers=2``, published as it is: ``lab.publish(dataloader)``
+  times each ``next()`` and step and reads the workers' CPU.
 
-Design. One process, one long run per case, cut into ``--windows`` windows of
-``--seconds`` in the order off, on, on, off, off, on, ... so that a slow spell of the
-shared machine hits "off" and "on" alike. For an "on" window ``lab.publish`` starts
-over the running Loader or Session, with a fresh record file, and a viewer in a second process (spawned once per benchmark, as a notebook would be) calls
+Design. One process, one training thread per case (``Trainer``), cut into ``--windows``
+windows of ``--seconds`` in the order off, on, on, off, off, on, ... so that a slow spell
+of the shared machine hits "off" and "on" alike. Each window starts a fresh epoch; in an
+"on" window the loop iterates what ``lab.publish`` returned, with a fresh record file, and a viewer in a second process (spawned once per benchmark, as a notebook would be) calls
 ``lab.attach(name)``: its RemoteSession polls frames, state and controls every 0.25 s,
 and it asks for ``stats()`` once a second, as a dashboard does. At the end of the window
 the viewer detaches and ``unpublish`` (``spdl_lab.watch.publish``) closes the record and
@@ -29,9 +28,9 @@ Printed per case: steps/s off and on (median over windows, min-max), the ratio o
 medians (target >= 0.97), the publisher's CPU (the ``spdl_lab:publish``,
 ``spdl_lab:record`` and ``spdl_lab:endpoint`` threads, read per thread from their CPU
 clocks, as % of one core over the "on" windows), and the record's growth per hour at
-full rate (the slope of file size over recorded time between the first and the last
-"on" window's record; ticks older than 10 minutes are thinned, so a long run grows
-slower after that). ``SPDL_LAB_RUNTIME_DIR`` and ``SPDL_LAB_RECORD`` point into a
+full rate (each "on" window's record, less the size of an empty one, over the time it
+covers; the median over windows; ticks older than 10 minutes are thinned, so a long run
+grows slower after that). ``SPDL_LAB_RUNTIME_DIR`` and ``SPDL_LAB_RECORD`` point into a
 temporary directory, removed at the end.
 
     python benchmarks/watch_overhead.py [--seconds 5] [--windows 8] [--cases loader dataloader]
@@ -159,90 +158,119 @@ def _record_span_s(path: Path) -> float:
     return float(times.max() - times.min()) if len(times) else 0.0
 
 
-def measure(case: str, source, step: TrainStep, args, viewer, tmp: Path) -> CaseResult:
-    """Alternate off/on windows over ``source`` (a running Loader or Session)."""
+class Trainer:
+    """The training loop, on a thread: ``for batch in current: step(batch)``, where ``current``
+    is the loader as it is ("off") or what ``lab.publish`` returned ("on"). ``switch``
+    ends the epoch in progress and starts the next one over the new iterable, so "on"
+    windows time every step through the published loop, as a script publishing from its
+    start does, and both kinds of window begin with a fresh epoch (workers or threads
+    started anew)."""
+
+    def __init__(self, loader, step: TrainStep) -> None:
+        self.step = step
+        self._current = loader
+        self._switch = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="train", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._switch.clear()
+            for batch in self._current:
+                self.step(batch)
+                if self._switch.is_set() or self._stop.is_set():
+                    break
+
+    def switch(self, iterable) -> None:
+        self._current = iterable
+        self._switch.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def measure(case: str, loader, step: TrainStep, args, viewer, tmp: Path) -> CaseResult:
+    """Alternate off/on windows over ``loader`` (a lab.Loader or a torch DataLoader)."""
     import spdl_lab as lab
     from spdl_lab.watch.publish import unpublish
 
     commands, replies = viewer
     result = CaseResult(case)
-    for i in range(args.windows):
-        on = i % 4 in (1, 2)
-        if on:
-            record = tmp / f"{case}-{i}.sqlite"
-            os.environ["SPDL_LAB_RECORD"] = str(record)
-            name = f"bench-{case.split()[0]}-{i}"
-            lab.publish(source, name=name)
-            commands.put(name)
-            if replies.get(timeout=30) != "attached":
-                raise RuntimeError("the viewer did not attach")
-        time.sleep(SETTLE_S)
-        cpu0 = _publisher_cpu_s()
-        n0, t0 = step.steps, time.perf_counter()
-        time.sleep(args.seconds)
-        n1, t1 = step.steps, time.perf_counter()
-        cpu1 = _publisher_cpu_s()
-        rate = (n1 - n0) / (t1 - t0)
-        if on:
-            result.on.append(rate)
-            result.on_s += t1 - t0
-            result.publisher_cpu_s += sum(v - cpu0.get(k, 0.0) for k, v in cpu1.items())
-            commands.put("detach")
-            replies.get(timeout=30)
-            unpublish(source)
-            result.records.append((_record_span_s(record), record.stat().st_size))
-        else:
-            result.off.append(rate)
-        print(f"# {case} window {i + 1}/{args.windows} {'on ' if on else 'off'}: {rate:.2f} steps/s",
-              flush=True)
+    trainer = Trainer(loader, step)
+    try:
+        for i in range(args.windows):
+            on = i % 4 in (1, 2)
+            if on:
+                record = tmp / f"{case.split()[0]}-{i}.sqlite"
+                os.environ["SPDL_LAB_RECORD"] = str(record)
+                name = f"bench-{case.split()[0]}-{i}"
+                trainer.switch(lab.publish(loader, name=name))
+                commands.put(name)
+                if replies.get(timeout=30) != "attached":
+                    raise RuntimeError("the viewer did not attach")
+            else:
+                trainer.switch(loader)
+            time.sleep(SETTLE_S)
+            cpu0 = _publisher_cpu_s()
+            n0, t0 = step.steps, time.perf_counter()
+            time.sleep(args.seconds)
+            n1, t1 = step.steps, time.perf_counter()
+            cpu1 = _publisher_cpu_s()
+            rate = (n1 - n0) / (t1 - t0)
+            if on:
+                result.on.append(rate)
+                result.on_s += t1 - t0
+                result.publisher_cpu_s += sum(v - cpu0.get(k, 0.0) for k, v in cpu1.items())
+                commands.put("detach")
+                replies.get(timeout=30)
+                trainer.switch(loader)  # off the published loop before it closes
+                unpublish(loader)
+                result.records.append((_record_span_s(record), record.stat().st_size))
+            else:
+                result.off.append(rate)
+            print(f"# {case} window {i + 1}/{args.windows} {'on ' if on else 'off'}: {rate:.2f} steps/s",
+                  flush=True)
+    finally:
+        trainer.stop()
     return result
 
 
 def run_loader_case(args, viewer, tmp: Path) -> CaseResult:
     import spdl_lab as lab
 
-    step = TrainStep()
     pipeline, _ = lab.workloads.noisy_neighbour()
     loader = lab.Loader(pipeline, runner="thread")
-    stop = threading.Event()
-
-    def train() -> None:
-        for batch in loader:
-            step(batch)
-            if stop.is_set():
-                break
-
-    trainer = threading.Thread(target=train, name="train", daemon=True)
-    trainer.start()
     try:
-        return measure("lab.Loader", loader, step, args, viewer, tmp)
+        return measure("lab.Loader", loader, TrainStep(), args, viewer, tmp)
     finally:
-        stop.set()
-        trainer.join(10)
         loader.close()
 
 
 def run_dataloader_case(args, viewer, tmp: Path) -> CaseResult:
     import torch.utils.data
 
-    import spdl_lab as lab
-
-    step = TrainStep()
     dataloader = torch.utils.data.DataLoader(SyntheticImages(), batch_size=16, num_workers=2)
-    session = lab.run(dataloader, step=step)
-    try:
-        return measure("torch DataLoader (lab.run)", session, step, args, viewer, tmp)
-    finally:
-        session.stop()
+    return measure("torch DataLoader", dataloader, TrainStep(), args, viewer, tmp)
 
 
-def _report(results: list[CaseResult]) -> None:
+def _empty_record_bytes(tmp: Path) -> int:
+    """The size of a record with its meta and no frames: what every record starts with."""
+    from spdl_lab.watch.records import RecordWriter
+
+    path = tmp / "empty.sqlite"
+    RecordWriter(path, meta={"name": "empty", "pid": "0", "state": "running"}).close(state="finished")
+    return path.stat().st_size
+
+
+def _report(results: list[CaseResult], empty_bytes: int) -> None:
     rows = []
     for r in results:
         off, on = statistics.median(r.off), statistics.median(r.on)
         cpu = f"{100 * r.publisher_cpu_s / r.on_s:.1f}%" if r.on_s else "-"
-        (span0, size0), (span1, size1) = r.records[0], r.records[-1]
-        growth = (size1 - size0) / (span1 - span0) * 3600 / 1e6 if span1 > span0 else float("nan")
+        growth = statistics.median((size - empty_bytes) / span * 3600 / 1e6
+                                   for span, size in r.records if span > 0)
         rows.append([
             r.case,
             f"{off:.2f} [{min(r.off):.2f}-{max(r.off):.2f}]",
@@ -282,12 +310,13 @@ def main(argv: list[str] | None = None) -> None:
             replies.get(timeout=60)
             runs = {"loader": run_loader_case, "dataloader": run_dataloader_case}
             results = [runs[c](args, (commands, replies), Path(tmp)) for c in args.cases]
+            empty_bytes = _empty_record_bytes(Path(tmp))
         finally:
             commands.put(None)
             viewer.join(10)
             if viewer.is_alive():
                 viewer.kill()
-    _report(results)
+    _report(results, empty_bytes)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,13 @@ class RunOwner:
         if run is not None and run.sampler is not None and not run.finished:
             run.sampler.add_source(source)
 
+    def remove_source(self, source: Source) -> None:
+        """Stop sampling ``source``, in this run and later ones (``lab.unpublish``)."""
+        self._sources = [s for s in self._sources if s is not source]
+        run = self._state.run
+        if run is not None and run.sampler is not None:
+            run.sampler.remove_source(source)
+
     # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         run = self._state.run

@@ -59,6 +59,11 @@ class Sampler:
         with self._lock:
             self._sources.append(source)
 
+    def remove_source(self, source: Source) -> None:
+        """Stop sampling ``source`` (absent: nothing to do)."""
+        with self._lock:
+            self._sources = [s for s in self._sources if s is not source]
+
     def start(self) -> None:
         self._t0 = self._last = time.perf_counter()
         self.tick()

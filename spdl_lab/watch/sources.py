@@ -141,7 +141,8 @@ class OwnerSource:
         self.published = self.obj = owner
         self.runner = owner.runner or "iterable"
         self.loop = _TimedLoop()
-        for source in (self.loop.clock.rows, *self.loop.probes):
+        self._sources = [self.loop.clock.rows, *self.loop.probes]
+        for source in self._sources:
             owner.add_source(source)
         owner.consumer = self.loop.epoch
         self.loop.start()
@@ -164,6 +165,8 @@ class OwnerSource:
 
     def close(self) -> None:
         self.obj.consumer = None
+        for source in self._sources:
+            self.obj.remove_source(source)
         self.loop.stop()
 
 
