@@ -106,7 +106,7 @@ class Publisher:
         self._stop = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
-        handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.source.stats,
+        handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
                             state=self.state, set_concurrency=self.source.set_concurrency,
                             controls=self.source.controls)
         try:
@@ -136,6 +136,11 @@ class Publisher:
 
     def _final_state(self) -> str:
         return "failed" if self.failed or self.source.state() == "failed" else "finished"
+
+    def stats(self) -> dict[str, Any]:
+        """The source's stats, plus the ticks publishing dropped rather than make training wait."""
+        return {**self.source.stats(), "dropped_ticks": {"record": self.writer.dropped_ticks,
+                                                         "viewers": self.timeline.skipped_by_viewers}}
 
     def state(self) -> str:
         """The run's state as viewers see it."""

@@ -29,6 +29,8 @@ class Timeline:
         self.started_at = time.perf_counter()
         self._sampler: Sampler | None = None
         self._cursor = 0
+        #: ticks viewers asked for after the ring had moved past them (a stalled viewer skips ahead)
+        self.skipped_by_viewers = 0
 
     def pull(self, sampler: Sampler | None) -> FrameChunk:
         """The ticks ``sampler`` (the current one) added since the last pull, now in the ring too."""
@@ -43,6 +45,10 @@ class Timeline:
         return _joined(times, columns)
 
     def frames_since(self, cursor: int) -> FrameChunk:
+        """The ticks after ``cursor`` that the ring still holds (the oldest go first, counted)."""
+        oldest = self.ring.count - len(self.ring)
+        if cursor < oldest:
+            self.skipped_by_viewers += oldest - cursor
         return chunk_since(self.ring, cursor)
 
     def _take(self, sampler: Sampler, times: list[np.ndarray], columns: list[dict]) -> None:

@@ -108,7 +108,7 @@ NO_SPDL_LAB = '''
     from torch.utils.data import DataLoader, Dataset
 
     class Slow(Dataset):
-        def __len__(self): return 32
+        def __len__(self): return 64
         def __getitem__(self, i):
             t = time.perf_counter()
             while time.perf_counter() - t < 0.003: pass
@@ -118,7 +118,7 @@ NO_SPDL_LAB = '''
         dl = DataLoader(Slow(), batch_size=4, num_workers=2)
         for epoch in range(3):
             for batch in dl:
-                time.sleep(0.01)
+                time.sleep(0.03)  # epochs of ~0.5 s: the 10-Hz sampler reads the workers' CPU
         assert "spdl_lab" in sys.modules  # imported by the hook, at the first epoch
         print("trained", flush=True)
 '''
@@ -132,7 +132,7 @@ def test_spdl_lab_watch_publishes_a_dataloader_in_a_script_that_never_imports_sp
     assert meta["runner"] == "DataLoader" and meta["state"] == "finished"
     assert meta["name"] == "train-16"  # the line that started the epoch
     frames = read_record(tmp_path / "run.sqlite")
-    assert _series(frames, "steps", "step").max() == 24
+    assert _series(frames, "steps", "step").max() == 48
     workers = _series(frames, "cpu_percent", "workers")
     assert len(workers) > 0 and workers.max() <= 100 * os.cpu_count()
     assert _series(frames, "processes", "workers").max() == 2
@@ -205,3 +205,44 @@ def test_sigterm_to_spdl_lab_watch_reaches_the_script(tmp_path, wait_until):
             proc.kill()
             proc.wait(10)
         proc.stdout.close()
+
+
+def test_a_stalled_viewer_skips_ahead_and_the_ticks_it_missed_are_counted(runtime, no_thread_leak):
+    from spdl_lab.telemetry.sampler import Sampler
+    from spdl_lab.watch.timeline import Timeline
+
+    timeline, ticks = Timeline(capacity=4), iter(range(100))
+    sampler = Sampler([lambda dt: [("x", "s", float(next(ticks)))]], hz=1000)
+    for _ in range(10):
+        sampler.tick()
+    timeline.pull(sampler)
+    chunk = timeline.frames_since(0)  # a viewer that has seen nothing: 10 ticks, 4 kept
+    assert len(chunk) == 4 and chunk.cursor == 10 and timeline.skipped_by_viewers == 6
+    assert list(chunk.columns[("x", "s")]) == [6.0, 7.0, 8.0, 9.0]  # the newest, in order
+    batches = [1, 2, 3]
+    loop = lab.publish(batches, name="dropped")
+    assert list(loop) == [1, 2, 3]
+    stats = published_by(batches).stats()
+    assert stats["dropped_ticks"] == {"record": 0, "viewers": 0} and stats["step"]["steps"] == 3
+    lab.unpublish(loop)
+    assert published_by(batches) is None
+
+
+def _publishers():
+    from spdl_lab.watch.publish import _PUBLISHED
+
+    return list(_PUBLISHED.values())
+
+
+def test_an_spdl_pipeline_builder_is_published_as_a_monitor_with_its_stages(runtime, no_thread_leak,
+                                                                           wait_until):
+    spdl = pytest.importorskip("spdl.pipeline")
+    builder = spdl.PipelineBuilder().add_source(range(40)).pipe(lambda x: x * 2, concurrency=2)
+    monitor = lab.publish(builder.aggregate(4).add_sink(3), name="spdl-builder")
+    assert monitor.runner == "spdl"
+    with monitor:
+        assert sum(len(b) for b in monitor) == 40
+    stats = next(p for p in _publishers() if p.name == "spdl-builder").stats()
+    assert stats["step"]["steps"] == 10 and len(stats["stages"]) >= 2
+    lab.unpublish(monitor)
+    assert record_meta(runtime / "run.sqlite")["runner"] == "spdl"
