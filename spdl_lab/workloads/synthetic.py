@@ -1,4 +1,4 @@
-"""Workloads that reproduce the field notes, small enough for CI and notebooks.
+"""Synthetic workloads that reproduce the field notes, small enough for CI and notebooks.
 
 Functions are module-level so every runner (threads, a child process,
 DataLoader workers) can import them by reference.
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .pipeline import Pipeline
-from .training import SimulatedDevice
+from ..pipeline import Pipeline
+from ..training import SimulatedDevice
 
 __all__ = [
     "ipc_overhead",

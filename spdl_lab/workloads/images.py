@@ -1,0 +1,322 @@
+"""The image workload: JPEG files made on this machine, decoded and augmented as training does.
+
+``images()`` returns ``(pipeline, step)``: list files -> read bytes (file I/O) -> decode
+(PIL, or torchvision's ``decode_jpeg`` where a torchvision built for the installed torch
+loads) -> random-resized-crop + horizontal flip -> float tensor, normalized -> batch ->
+stack. ``image_dataloader()`` is the same work as a user writes it: a map-style Dataset
+and a torch DataLoader. The step is a small real model (three convolutions and a linear
+layer, forward, backward and SGD on CPU), or a ``SimulatedDevice`` when asked for.
+
+The files are photo-like (smooth colour fields, shapes, sensor noise; 256-512 px a side,
+about 20-80 KB at quality 90), written once into a cache folder and reused.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipelineSpecError
+from ..pipeline import Pipeline
+from ..training import SimulatedDevice
+from ._cache import cache_dir, write_atomically
+
+__all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
+
+DECODERS = ("pil", "torchvision")
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+# -- the files ---------------------------------------------------------------------------
+def make_jpeg(index: int, size: tuple[int, int]) -> bytes:
+    """One photo-like JPEG, the same bytes for the same ``index`` and ``size`` range."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    rng = np.random.default_rng(index)
+    lo, hi = size
+    w, h = (int(x) for x in rng.integers(lo, hi + 1, size=2))
+    colours = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+    image = Image.fromarray(colours).resize((w, h), Image.BICUBIC)  # smooth colour fields
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(3, 9))):  # objects
+        x, y = int(rng.integers(0, w)), int(rng.integers(0, h))
+        r = int(rng.integers(min(w, h) // 12, min(w, h) // 3))
+        fill = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x - r, y - r, x + r, y + r], fill=fill)
+    pixels = np.asarray(image.filter(ImageFilter.GaussianBlur(1.5)), dtype=np.int16)
+    pixels = pixels + rng.normal(0, 10, size=pixels.shape).astype(np.int16)  # sensor noise
+    out = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -> Path:
+    """The folder holding at least ``n`` images of ``size``; the missing ones are made now."""
+    folder = cache_dir(root, f"images-{size[0]}-{size[1]}")
+    missing = [i for i in range(n) if not (folder / _name(i)).exists()]
+    if missing:
+        def write(i: int) -> None:
+            write_atomically(folder / _name(i), make_jpeg(i, size))
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="spdl_lab:images") as pool:
+            list(pool.map(write, missing))
+    return folder
+
+
+def _name(index: int) -> str:
+    return f"img_{index:06d}.jpg"
+
+
+class ListFiles:
+    """The source: the first ``n`` JPEG files of ``folder``, listed afresh each epoch."""
+
+    def __init__(self, folder: Path, n: int) -> None:
+        self.folder, self.n = Path(folder), n
+
+    def __iter__(self):
+        names = sorted(e.name for e in os.scandir(self.folder) if e.name.endswith(".jpg"))
+        return iter([str(self.folder / name) for name in names[: self.n]])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"ListFiles({str(self.folder)!r}, n={self.n})"
+
+
+# -- the stages --------------------------------------------------------------------------
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def decode_pil(data: bytes) -> Any:
+    """JPEG bytes -> an RGB PIL image, decoded now (PIL decodes lazily otherwise)."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    image.draft("RGB", image.size)  # no DCT scaling: the full image, as training reads it
+    return image.convert("RGB")
+
+
+def decode_torchvision(data: bytes) -> Any:
+    """JPEG bytes -> a uint8 CHW tensor, with torchvision's ``decode_jpeg`` (libjpeg-turbo)."""
+    import torch
+    from torchvision.io import decode_jpeg
+
+    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+
+class RandomResizedCropFlip:
+    """torchvision's RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) then a horizontal flip
+    half the time, on a PIL image or a CHW tensor; ``crop`` x ``crop`` out."""
+
+    def __init__(self, crop: int) -> None:
+        self.crop = crop
+
+    def box(self, width: int, height: int) -> tuple[int, int, int, int]:
+        area = width * height
+        for _ in range(10):
+            target = area * random.uniform(0.08, 1.0)
+            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+            w, h = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
+            if 0 < w <= width and 0 < h <= height:
+                x, y = random.randint(0, width - w), random.randint(0, height - h)
+                return x, y, x + w, y + h
+        side = min(width, height)  # the fallback: the centre square
+        x, y = (width - side) // 2, (height - side) // 2
+        return x, y, x + side, y + side
+
+    def __call__(self, image: Any) -> Any:
+        from PIL import Image
+
+        if isinstance(image, Image.Image):
+            out = image.resize((self.crop, self.crop), Image.BILINEAR, box=self.box(*image.size))
+            return out.transpose(Image.FLIP_LEFT_RIGHT) if random.random() < 0.5 else out
+        import torch.nn.functional as F
+
+        x0, y0, x1, y1 = self.box(image.shape[2], image.shape[1])
+        patch = image[None, :, y0:y1, x0:x1].float()
+        out = F.interpolate(patch, size=(self.crop, self.crop), mode="bilinear", align_corners=False)[0]
+        return out.flip(-1) if random.random() < 0.5 else out
+
+    def __repr__(self) -> str:
+        return f"RandomResizedCropFlip({self.crop})"
+
+
+def to_normalized_tensor(image: Any) -> Any:
+    """A PIL image or a CHW tensor (0-255) -> float32 CHW, normalized by the ImageNet mean and std."""
+    import torch
+
+    if not isinstance(image, torch.Tensor):
+        image = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)  # a copy torch may own
+    image = image.float().div_(255.0)
+    mean = torch.tensor(MEAN).view(3, 1, 1)
+    std = torch.tensor(STD).view(3, 1, 1)
+    return image.sub_(mean).div_(std).contiguous()
+
+
+def stack(images: list[Any]) -> Any:
+    import torch
+
+    return torch.stack(images)
+
+
+# -- what users call ---------------------------------------------------------------------
+def images(
+    n: int = 256,
+    size: tuple[int, int] | int = (256, 512),
+    root: str | os.PathLike | None = None,
+    decoder: str = "pil",
+    *,
+    crop: int = 224,
+    batch_size: int = 16,
+    concurrency: dict[str, int] | None = None,
+    device: SimulatedDevice | str | None = None,
+) -> tuple[Pipeline, Any]:
+    """The image workload: ``(pipeline, step)``. Example::
+
+        pipeline, step = lab.workloads.images(n=512, decoder="pil")
+        lab.compare(pipeline, step=step)
+
+    ``n`` files of ``size`` px a side (an int, or a ``(lo, hi)`` range), made once in
+    ``root`` (default: ``$SPDL_LAB_CACHE_DIR`` or ``~/.cache/spdl_lab``). ``concurrency``
+    sets stages by name (read, decode, augment, normalize). ``device``: None for the
+    small conv net on CPU, ``"simulated"`` or a ``SimulatedDevice`` for a simulated GPU.
+    """
+    size = _check(n, size, crop, batch_size)
+    decode = _decoder(decoder)
+    folder = image_files(n, size, root)
+    threads = {"read": 4, "decode": 2, "augment": 2, "normalize": 2, **(concurrency or {})}
+    unknown = set(threads) - {"read", "decode", "augment", "normalize"}
+    if unknown:
+        raise PipelineSpecError(f"images: no stage {sorted(unknown)[0]!r}; the stages are read, "
+                                f"decode, augment and normalize")
+    pipeline = (
+        Pipeline(ListFiles(folder, n))
+        .map(read_bytes, concurrency=threads["read"], name="read")
+        .map(decode, concurrency=threads["decode"], name="decode")
+        .map(RandomResizedCropFlip(crop), concurrency=threads["augment"], name="augment")
+        .map(to_normalized_tensor, concurrency=threads["normalize"], name="normalize")
+        .batch(batch_size, drop_last=True)
+        .map(stack, name="collate")
+    )
+    return pipeline, image_step(device=device)
+
+
+class ImageFolder:
+    """The image workload as a map-style torch Dataset: ``dataset[i]`` reads, decodes,
+    crops, flips and normalizes image ``i``: what a user's own Dataset would do."""
+
+    def __init__(self, n: int = 256, size: tuple[int, int] | int = (256, 512),
+                 root: str | os.PathLike | None = None, decoder: str = "pil", crop: int = 224) -> None:
+        size = _check(n, size, crop, 1)
+        self.decoder = decoder
+        self._decode = _decoder(decoder)
+        self.files = list(ListFiles(image_files(n, size, root), n))
+        self._augment = RandomResizedCropFlip(crop)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Any:
+        image = self._decode(read_bytes(self.files[index]))
+        return to_normalized_tensor(self._augment(image))
+
+
+def image_dataloader(n: int = 256, batch_size: int = 16, num_workers: int = 2, *,
+                     size: tuple[int, int] | int = (256, 512), root: str | os.PathLike | None = None,
+                     decoder: str = "pil", crop: int = 224, **dataloader_options: Any) -> Any:
+    """The image workload as a plain ``torch.utils.data.DataLoader`` over ``ImageFolder``,
+    for ``lab.run(dl, step=...)`` and ``lab.from_dataloader(dl)``; other keyword arguments
+    go to the DataLoader (``shuffle``, ``prefetch_factor``, ...)."""
+    from torch.utils.data import DataLoader
+
+    dataset = ImageFolder(n, size, root, decoder, crop)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True,
+                      **dataloader_options)
+
+
+class ImageModelStep:
+    """A training step on CPU: a small conv net (3 stride-2 convolutions, pooling, a linear
+    layer), cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
+
+    def __init__(self, classes: int = 10, seed: int = 0) -> None:
+        import torch
+        from torch import nn
+
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        self.model = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes),
+        )
+        torch.random.set_rng_state(generator_state)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.classes = classes
+        self.steps = 0
+
+    def __call__(self, batch: Any) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        labels = torch.arange(len(batch)) % self.classes
+        loss = F.cross_entropy(self.model(batch), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return loss.item()
+
+    def __repr__(self) -> str:
+        return f"ImageModelStep(conv net, {sum(p.numel() for p in self.model.parameters()):,} parameters)"
+
+
+def image_step(device: SimulatedDevice | str | None = None) -> Any:
+    """The step for the image workload: the CPU conv net, or a SimulatedDevice."""
+    if device is None:
+        return ImageModelStep()
+    if device == "simulated":
+        return SimulatedDevice()
+    if isinstance(device, SimulatedDevice):
+        return device
+    raise PipelineSpecError(f"device must be None (a small conv net on CPU), 'simulated' or a "
+                            f"lab.SimulatedDevice, got {device!r}")
+
+
+def _check(n: Any, size: Any, crop: Any, batch_size: Any) -> tuple[int, int]:
+    for name, value in (("n", n), ("crop", crop), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PipelineSpecError(f"images: {name} must be an int >= 1, got {value!r}")
+    lo, hi = (size, size) if isinstance(size, int) and not isinstance(size, bool) else tuple(size)
+    if not (isinstance(lo, int) and isinstance(hi, int) and 16 <= lo <= hi <= 4096):
+        raise PipelineSpecError(f"images: size must be an int or a (lo, hi) pair of px between 16 "
+                                f"and 4096, lo <= hi; got {size!r}")
+    return lo, hi
+
+
+def _decoder(name: str) -> Any:
+    if name == "pil":
+        return decode_pil
+    if name != "torchvision":
+        raise PipelineSpecError(f"decoder must be one of {DECODERS}, got {name!r}")
+    try:
+        import torchvision.io  # noqa: F401
+    except Exception as exc:  # ImportError, or torchvision's ops failing to load against torch
+        import torch
+
+        raise PipelineSpecError(
+            f"decoder='torchvision' needs a torchvision built for torch {torch.__version__}; importing it "
+            f"failed ({type(exc).__name__}: {exc}). Use decoder='pil', or install the matching build"
+        ) from None
+    return decode_torchvision

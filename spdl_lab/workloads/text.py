@@ -1,0 +1,307 @@
+"""The text workload: generated documents, tokenized by a real tokenizer, padded, batched.
+
+``text()`` returns ``(pipeline, step)``: documents (a corpus of made-up words with a
+Zipf distribution, written once into a cache folder) -> tokenize -> pad/truncate ->
+batch -> stack. Two tokenizers with the same vocabulary and the same output:
+
+* ``"rust"``: Hugging Face ``tokenizers`` (Rust), a WordPiece model trained at first use
+  on the corpus and cached as ``tokenizer-VOCAB.json``;
+* ``"python"``: the same WordPiece algorithm (BERT's pre-tokenizer, greedy longest match
+  first, ``##`` continuations) in pure Python over that vocabulary.
+
+They differ in how they hold the GIL, which is what the lab shows with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipelineSpecError
+from ..pipeline import Pipeline
+from ..training import SimulatedDevice
+from ._cache import cache_dir, write_atomically
+
+__all__ = ["TOKENIZERS", "text", "text_step"]
+
+TOKENIZERS = ("rust", "python")
+PAD, UNK = "[PAD]", "[UNK]"
+SYLLABLES = ("ka", "lo", "mi", "ren", "sa", "tor", "vi", "ne", "dal", "qu", "is", "or", "an", "bel",
+             "cu", "fen", "go", "har", "ju", "lem", "mar", "nos", "pi", "ras", "sul", "tem", "ux", "zo")
+
+
+# -- the corpus and the tokenizer file ----------------------------------------------------
+def _words(count: int = 20_000, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words: dict[str, None] = {}
+    while len(words) < count:
+        parts = rng.integers(0, len(SYLLABLES), size=int(rng.integers(1, 5)))
+        words["".join(SYLLABLES[p] for p in parts)] = None
+    return list(words)
+
+
+def make_document(index: int, words: list[str]) -> str:
+    """Document ``index``: 50-400 words in sentences, commas and full stops; Zipf-distributed."""
+    rng = np.random.default_rng(1_000_003 + index)
+    ranks = np.minimum(rng.zipf(1.2, size=int(rng.integers(50, 401))), len(words)) - 1
+    out: list[str] = []
+    for i, rank in enumerate(ranks):
+        out.append(words[rank])
+        if rng.random() < 0.08:
+            out[-1] += ","
+        if rng.random() < 0.07 or i == len(ranks) - 1:
+            out[-1] += "."
+    return " ".join(out)
+
+
+def corpus(n: int, root: str | os.PathLike | None) -> Path:
+    """A file of at least ``n`` documents, one per line (made, or made longer, now)."""
+    folder = cache_dir(root, "text-v1")
+    path = folder / "documents.txt"
+    have = 0
+    if path.exists():
+        with open(path, encoding="utf-8") as f:
+            have = sum(1 for _ in f)
+    if have < n:
+        words = _words()
+        write_atomically(path, "".join(make_document(i, words) + "\n" for i in range(max(n, 1024)))
+                         .encode("utf-8"))
+    return path
+
+
+def tokenizer_file(root: str | os.PathLike | None, vocab_size: int) -> Path:
+    """The trained WordPiece tokenizer (``tokenizers`` JSON), trained now if it is not cached."""
+    folder = cache_dir(root, "text-v1")
+    path = folder / f"tokenizer-{vocab_size}.json"
+    if path.exists():
+        return path
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    except ImportError:
+        raise PipelineSpecError("text(): the 'tokenizers' package is missing; pip install tokenizers "
+                                "(it is in spdl_lab's dependencies)") from None
+    docs = corpus(2_000, root)
+    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=[PAD, UNK],
+                                        continuing_subword_prefix="##", show_progress=False)
+    with open(docs, encoding="utf-8") as f:
+        tokenizer.train_from_iterator((line for line in f), trainer)
+    write_atomically(path, tokenizer.to_str().encode("utf-8"))
+    return path
+
+
+class Documents:
+    """The source: the first ``n`` documents of the corpus file, read line by line each epoch."""
+
+    def __init__(self, path: Path, n: int) -> None:
+        self.path, self.n = Path(path), n
+
+    def __iter__(self):
+        with open(self.path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if i >= self.n:
+                    return
+                yield line.rstrip("\n")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"Documents({str(self.path)!r}, n={self.n})"
+
+
+# -- the two tokenizers -------------------------------------------------------------------
+class RustTokenize:
+    """``tokenizers.Tokenizer.encode(doc).ids``; loaded from its file once per process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self._tokenizer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "_tokenizer": None}  # each process loads its own
+
+    def __call__(self, document: str) -> list[int]:
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(self.path)
+        return self._tokenizer.encode(document, add_special_tokens=False).ids
+
+
+class PythonTokenize:
+    """The same WordPiece tokenizer in pure Python: BERT pre-tokenization (whitespace, then
+    each punctuation character alone), then greedy longest-match-first sub-words."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self._vocab: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "_vocab": None}
+
+    def __call__(self, document: str) -> list[int]:
+        if self._vocab is None:
+            with open(self.path, encoding="utf-8") as f:
+                self._vocab = json.load(f)["model"]["vocab"]
+        vocab, ids = self._vocab, []
+        for word in _pre_tokenize(document):
+            ids.extend(_wordpiece(word, vocab))
+        return ids
+
+
+def _is_punctuation(ch: str) -> bool:
+    code = ord(ch)
+    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+def _pre_tokenize(document: str) -> list[str]:
+    words: list[str] = []
+    for chunk in document.split():
+        current = ""
+        for ch in chunk:
+            if _is_punctuation(ch):
+                if current:
+                    words.append(current)
+                    current = ""
+                words.append(ch)
+            else:
+                current += ch
+        if current:
+            words.append(current)
+    return words
+
+
+def _wordpiece(word: str, vocab: dict[str, int], max_chars: int = 100) -> list[int]:
+    if len(word) > max_chars:
+        return [vocab[UNK]]
+    pieces, start = [], 0
+    while start < len(word):
+        end, found = len(word), None
+        while start < end:
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                found = vocab[piece]
+                break
+            end -= 1
+        if found is None:
+            return [vocab[UNK]]
+        pieces.append(found)
+        start = end
+    return pieces
+
+
+# -- padding, batching, the step ----------------------------------------------------------
+class PadTruncate:
+    """Token ids -> ``(ids, mask)``, int64 arrays of ``length`` (truncated, or padded with 0)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        out = np.zeros(self.length, dtype=np.int64)
+        kept = ids[: self.length]
+        out[: len(kept)] = kept
+        mask = np.zeros(self.length, dtype=np.int64)
+        mask[: len(kept)] = 1
+        return out, mask
+
+
+def stack_tokens(items: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    import torch
+
+    return {"input_ids": torch.from_numpy(np.stack([i for i, _ in items])),
+            "attention_mask": torch.from_numpy(np.stack([m for _, m in items]))}
+
+
+class TextModelStep:
+    """A training step on CPU: token embeddings, masked mean pooling, a two-layer classifier,
+    cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
+
+    def __init__(self, vocab_size: int, dim: int = 64, classes: int = 4, seed: int = 0) -> None:
+        import torch
+        from torch import nn
+
+        state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, classes))
+        torch.random.set_rng_state(state)
+        params = [*self.embed.parameters(), *self.head.parameters()]
+        self.optimizer = torch.optim.SGD(params, lr=0.05)
+        self.classes = classes
+        self.steps = 0
+
+    def __call__(self, batch: dict[str, Any]) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        ids, mask = batch["input_ids"], batch["attention_mask"].unsqueeze(-1).float()
+        pooled = (self.embed(ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        labels = torch.arange(len(ids)) % self.classes
+        loss = F.cross_entropy(self.head(pooled), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return loss.item()
+
+    def __repr__(self) -> str:
+        return f"TextModelStep(embedding {self.embed.num_embeddings} x {self.embed.embedding_dim})"
+
+
+def text_step(vocab_size: int = 8_000, device: SimulatedDevice | str | None = None) -> Any:
+    """The step for the text workload: the CPU model, or a SimulatedDevice."""
+    if device is None:
+        return TextModelStep(vocab_size)
+    if device == "simulated":
+        return SimulatedDevice()
+    if isinstance(device, SimulatedDevice):
+        return device
+    raise PipelineSpecError(f"device must be None (a small model on CPU), 'simulated' or a "
+                            f"lab.SimulatedDevice, got {device!r}")
+
+
+def text(
+    n: int = 2_048,
+    tokenizer: str = "rust",
+    root: str | os.PathLike | None = None,
+    *,
+    vocab_size: int = 8_000,
+    max_length: int = 256,
+    batch_size: int = 32,
+    concurrency: int = 2,
+    device: SimulatedDevice | str | None = None,
+) -> tuple[Pipeline, Any]:
+    """The text workload: ``(pipeline, step)``. Example::
+
+        pipeline, step = lab.workloads.text(n=4096, tokenizer="python")
+        lab.diagnose(pipeline)      # tokenize: gil-bound
+
+    ``tokenizer``: ``"rust"`` (Hugging Face tokenizers) or ``"python"`` (the same WordPiece
+    in pure Python); both give the same ids. ``concurrency``: the tokenize stage's threads.
+    """
+    for name, value, low in (("n", n, 1), ("vocab_size", vocab_size, 100), ("max_length", max_length, 1),
+                             ("batch_size", batch_size, 1), ("concurrency", concurrency, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PipelineSpecError(f"text: {name} must be an int >= {low}, got {value!r}")
+    if tokenizer not in TOKENIZERS:
+        raise PipelineSpecError(f"text: tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+    vocab = tokenizer_file(root, vocab_size)
+    tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
+    pipeline = (
+        Pipeline(Documents(corpus(n, root), n))
+        .map(tokenize, concurrency=concurrency, name="tokenize")
+        .map(PadTruncate(max_length), name="pad")
+        .batch(batch_size, drop_last=True)
+        .map(stack_tokens, name="collate")
+    )
+    return pipeline, text_step(vocab_size, device)
