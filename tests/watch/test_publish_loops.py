@@ -116,7 +116,7 @@ NO_SPDL_LAB = '''
 
     if __name__ == "__main__":
         dl = DataLoader(Slow(), batch_size=4, num_workers=2)
-        for epoch in range(3):
+        for epoch in range(4):
             for batch in dl:
                 time.sleep(0.03)  # epochs of ~0.5 s: the 10-Hz sampler reads the workers' CPU
         assert "spdl_lab" in sys.modules  # imported by the hook, at the first epoch
@@ -125,14 +125,33 @@ NO_SPDL_LAB = '''
 
 
 @pytest.mark.timeout(150)
-def test_spdl_lab_watch_publishes_a_dataloader_in_a_script_that_never_imports_spdl_lab(tmp_path):
-    done = _run(tmp_path, NO_SPDL_LAB, watch=True)
-    assert done.returncode == 0, done.stderr
+def test_spdl_lab_watch_publishes_a_dataloader_in_a_script_that_never_imports_spdl_lab(tmp_path, monkeypatch,
+                                                                                      wait_until):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    (tmp_path / "train.py").write_text(textwrap.dedent(NO_SPDL_LAB))
+    proc = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "plain", "--record",
+                             str(tmp_path / "run.sqlite"), "--", sys.executable, "train.py"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        remote = lab.attach("plain", timeout=60)  # attached while the script trains
+        try:
+            assert remote.runner == "DataLoader" and remote.controls() == {}
+            wait_until(lambda: len(_series(remote.frames(), "cpu_percent", "workers")) > 0, timeout=30)
+            with pytest.raises(lab.SpdlLabError, match="lab.from_dataloader"):
+                remote.set_concurrency("workers", 4)
+            wait_until(lambda: remote.state == "finished", timeout=60)
+        finally:
+            remote.close()
+        assert proc.wait(30) == 0 and proc.stdout.read().strip() == "trained"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
     meta = record_meta(tmp_path / "run.sqlite")
-    assert meta["runner"] == "DataLoader" and meta["state"] == "finished"
-    assert meta["name"] == "train-16"  # the line that started the epoch
+    assert meta["runner"] == "DataLoader" and meta["state"] == "finished" and meta["name"] == "plain"
     frames = read_record(tmp_path / "run.sqlite")
-    assert _series(frames, "steps", "step").max() == 48
+    assert _series(frames, "steps", "step").max() == 4 * 16
     workers = _series(frames, "cpu_percent", "workers")
     assert len(workers) > 0 and workers.max() <= 100 * os.cpu_count()
     assert _series(frames, "processes", "workers").max() == 2
@@ -147,6 +166,8 @@ LOADER_FAILS = '''
     ds = [torch.zeros(2)] * 8
     session = lab.run(DataLoader(ds, batch_size=2), step=lambda b: None, steps=3)
     session.wait(30)
+    for batch in DataLoader(ds, batch_size=2):  # published under watch, named after this line
+        pass
     for i, batch in enumerate(lab.publish(DataLoader(ds, batch_size=2), name="dies")):
         if i == 2:
             raise RuntimeError("the step failed")
@@ -160,10 +181,12 @@ def test_an_uncaught_exception_marks_the_run_failed_and_spdl_labs_own_iterations
     assert done.returncode == 1 and "the step failed" in done.stderr
     records = sorted((tmp_path).glob("run*.sqlite"))
     metas = {record_meta(r)["name"]: record_meta(r) for r in records}
-    # the lab.run session (published by SPDL_LAB_WATCH) and the lab.publish call; the
-    # DataLoader lab.run iterates inside spdl_lab is not a third run
-    assert sorted(metas) == ["dies", "train-7"], metas
+    # the lab.run session and the plain DataLoader (published by spdl-lab watch) and the
+    # lab.publish call; the DataLoader that lab.run iterates inside spdl_lab is not a fourth
+    assert sorted(metas) == ["dies", "train-7", "train-9"], metas
     assert metas["dies"]["state"] == "failed" and metas["train-7"]["state"] == "finished"
+    # a DataLoader's run lasts as long as the script: the script failed, so did the run
+    assert metas["train-9"]["runner"] == "DataLoader" and metas["train-9"]["state"] == "failed"
 
 
 SPDL_SCRIPT = '''
