@@ -3,7 +3,8 @@
 * synthetic ones from the field notes: ``noisy_neighbour()``, ``ipc_overhead()``;
 * real ones: ``images()`` (JPEG files -> read -> decode -> random-resized-crop + flip ->
   normalized tensors), ``image_dataloader()`` (the same as a plain torch DataLoader) and
-  ``text()`` (generated documents -> a real tokenizer, Rust or pure Python -> padded ids).
+  ``text()`` (generated documents -> a real tokenizer, Rust or pure Python -> padded ids)
+  and ``text_dataloader()``.
 
 Each pipeline comes with a matching training step. Functions are module-level so every
 runner (threads, a child process, DataLoader workers) imports them by reference.
@@ -20,7 +21,7 @@ from .synthetic import (
     noisy_neighbour,
     read_sample,
 )
-from .text import text, text_step
+from .text import DocumentTokens, text, text_dataloader, text_step
 
 __all__ = [
     "ImageFolder",
@@ -35,6 +36,8 @@ __all__ = [
     "ipc_overhead",
     "noisy_neighbour",
     "read_sample",
+    "DocumentTokens",
     "text",
+    "text_dataloader",
     "text_step",
 ]

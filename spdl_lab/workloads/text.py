@@ -27,7 +27,7 @@ from ..pipeline import Pipeline
 from ..training import SimulatedDevice
 from ._cache import cache_dir, write_atomically
 
-__all__ = ["TOKENIZERS", "text", "text_step"]
+__all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
 
 TOKENIZERS = ("rust", "python")
 PAD, UNK = "[PAD]", "[UNK]"
@@ -270,6 +270,48 @@ def text_step(vocab_size: int = 8_000, device: SimulatedDevice | str | None = No
                             f"lab.SimulatedDevice, got {device!r}")
 
 
+class DocumentTokens:
+    """The text workload as a map-style torch Dataset: ``dataset[i]`` tokenizes document
+    ``i`` and pads it, as a user's own Dataset would; the DataLoader's collate stacks them."""
+
+    def __init__(self, n: int = 2_048, tokenizer: str = "rust", root: str | os.PathLike | None = None,
+                 vocab_size: int = 8_000, max_length: int = 256) -> None:
+        _check_text(n, tokenizer, vocab_size, max_length, 1, 1)
+        vocab = tokenizer_file(root, vocab_size)
+        self.documents = list(Documents(corpus(n, root), n))
+        self._tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
+        self._pad = PadTruncate(max_length)
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        ids, mask = self._pad(self._tokenize(self.documents[index]))
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+def text_dataloader(n: int = 2_048, batch_size: int = 32, num_workers: int = 2, *, tokenizer: str = "rust",
+                    root: str | os.PathLike | None = None, vocab_size: int = 8_000, max_length: int = 256,
+                    **dataloader_options: Any) -> Any:
+    """The text workload as a plain ``torch.utils.data.DataLoader`` over ``DocumentTokens``
+    (its default collate stacks the ids and masks into int64 tensors)."""
+    from torch.utils.data import DataLoader
+
+    dataset = DocumentTokens(n, tokenizer, root, vocab_size, max_length)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True,
+                      **dataloader_options)
+
+
+def _check_text(n: Any, tokenizer: Any, vocab_size: Any, max_length: Any, batch_size: Any,
+                concurrency: Any) -> None:
+    for name, value, low in (("n", n, 1), ("vocab_size", vocab_size, 100), ("max_length", max_length, 1),
+                             ("batch_size", batch_size, 1), ("concurrency", concurrency, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PipelineSpecError(f"text: {name} must be an int >= {low}, got {value!r}")
+    if tokenizer not in TOKENIZERS:
+        raise PipelineSpecError(f"text: tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+
+
 def text(
     n: int = 2_048,
     tokenizer: str = "rust",
@@ -289,12 +331,7 @@ def text(
     ``tokenizer``: ``"rust"`` (Hugging Face tokenizers) or ``"python"`` (the same WordPiece
     in pure Python); both give the same ids. ``concurrency``: the tokenize stage's threads.
     """
-    for name, value, low in (("n", n, 1), ("vocab_size", vocab_size, 100), ("max_length", max_length, 1),
-                             ("batch_size", batch_size, 1), ("concurrency", concurrency, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise PipelineSpecError(f"text: {name} must be an int >= {low}, got {value!r}")
-    if tokenizer not in TOKENIZERS:
-        raise PipelineSpecError(f"text: tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+    _check_text(n, tokenizer, vocab_size, max_length, batch_size, concurrency)
     vocab = tokenizer_file(root, vocab_size)
     tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
     pipeline = (

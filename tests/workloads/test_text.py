@@ -66,3 +66,14 @@ def test_pad_truncate():
 def test_bad_arguments_say_what_to_do(kwargs, words):
     with pytest.raises(lab.PipelineSpecError, match=words):
         lab.workloads.text(**kwargs)
+
+
+def test_the_text_dataloader_gives_what_the_pipeline_gives():
+    dl = lab.workloads.text_dataloader(n=32, batch_size=8, num_workers=0, tokenizer="python",
+                                       vocab_size=2_000, max_length=16)
+    pipeline, _ = lab.workloads.text(n=32, tokenizer="rust", vocab_size=2_000, max_length=16, batch_size=8)
+    with lab.Loader(pipeline, runner="thread") as loader:  # stages keep input order by default
+        from_pipeline = list(loader)
+    from_dl = list(dl)
+    assert len(from_dl) == len(from_pipeline) == 4
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(from_dl, from_pipeline))
