@@ -77,3 +77,17 @@ def test_the_text_dataloader_gives_what_the_pipeline_gives():
     from_dl = list(dl)
     assert len(from_dl) == len(from_pipeline) == 4
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(from_dl, from_pipeline))
+
+
+def test_rust_batch_tokenizes_after_batching_and_gives_the_same_batches():
+    kwargs = dict(n=64, vocab_size=2_000, max_length=24, batch_size=16)
+    per_item, _ = lab.workloads.text(tokenizer="rust", **kwargs)
+    batched, _ = lab.workloads.text(tokenizer="rust-batch", **kwargs)
+    assert [s.name for s in batched.stages] == ["batch", "tokenize", "collate"]
+    with lab.Loader(per_item) as a, lab.Loader(batched) as b:
+        pairs = list(zip(a, b, strict=True))
+    assert len(pairs) == 4
+    for x, y in pairs:
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["attention_mask"], y["attention_mask"])
+    with pytest.raises(lab.PipelineSpecError, match="tokenizer='rust'"):
+        lab.workloads.text_dataloader(n=8, tokenizer="rust-batch")

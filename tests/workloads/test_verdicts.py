@@ -4,7 +4,7 @@
 * the Rust tokenizer's per-document ``Tokenizer.encode`` was measured to hold the GIL as
   well (flat QPS from 1 to 4 threads, the probe waiting about half the time, while two
   processes doubled it): the call converts its input and builds its ``Encoding`` under the
-  GIL. Tutorial 09 shows it and says so;
+  GIL. Tutorial 09 shows it and says so; ``encode_batch`` releases it for the whole batch;
 * reading a file and Pillow's JPEG decode release the GIL (``read()`` in the OS, Pillow's
   decoder inside ``ImagingSectionEnter``), so neither may be judged gil-bound; what limits
   them on a 2-core machine is the cores or nothing.
@@ -44,3 +44,13 @@ def test_file_reads_and_pil_decode_are_not_gil_bound():
     decode = diagnosis.stages["decode"]
     # Pillow decodes with the GIL released: two threads decode more than one, up to the cores.
     assert decode.verdict in ("scales", "cpu-bound"), decode.evidence
+
+
+def test_the_rust_tokenizers_batch_call_releases_the_gil():
+    from spdl_lab.workloads.text import RustTokenizeBatch
+
+    documents = Documents(corpus(1_600, None), 1_600)
+    pipeline = (lab.Pipeline(documents).batch(16)
+                .map(RustTokenizeBatch(tokenizer_file(None, 8_000)), name="tokenize"))
+    stage = _diagnose(pipeline).stages["tokenize"]
+    assert stage.verdict != "gil-bound", stage.evidence
