@@ -81,11 +81,17 @@ class _Epoch:
 
 
 class _TimedLoop:
-    """The step clock and probes of a loop ``lab.publish`` times; one epoch at a time."""
+    """The step clock and probes of a loop ``lab.publish`` times; one epoch at a time.
 
-    def __init__(self) -> None:
+    ``children``: whether the CPU probe scans for child processes. The scan lists every
+    process on the machine, ten times a second for hours: it is left out where the
+    children are known another way (a DataLoader's workers) or there are none (the
+    thread runner), which halves the sampler's cost beside a GIL-bound training loop.
+    """
+
+    def __init__(self, children: bool) -> None:
         self.clock = StepClock()
-        self.probes: list[Any] = [GilProbe(), CpuProbe()]
+        self.probes: list[Any] = [GilProbe(), CpuProbe(children=children)]
         self._epoch: _Epoch | None = None
         self._lock = threading.Lock()
 
@@ -140,7 +146,7 @@ class OwnerSource:
     def __init__(self, owner: Any) -> None:
         self.published = self.obj = owner
         self.runner = owner.runner or "iterable"
-        self.loop = _TimedLoop()
+        self.loop = _TimedLoop(children=self.runner != "thread")
         self._sources = [self.loop.clock.rows, *self.loop.probes]
         for source in self._sources:
             owner.add_source(source)
@@ -173,8 +179,8 @@ class OwnerSource:
 class LoopSource:
     def __init__(self, iterable: Any) -> None:
         self.obj = iterable
-        self.loop = _TimedLoop()
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
+        self.loop = _TimedLoop(children=self.workers is None)
         if self.workers is not None:
             self.runner = "DataLoader"
         elif type(iterable).__module__.split(".")[0] == "spdl":
