@@ -117,7 +117,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """A saved diagnosis or comparison (JSON) as one self-contained HTML file."""
+    """A saved diagnosis or comparison (JSON), or a run's record (SQLite), as one HTML file."""
     from spdl_lab.experiments.compare import Comparison
     from spdl_lab.ui.diagnosis_report import write_diagnosis_report
     from spdl_lab.ui.report import write_comparison_report
@@ -125,11 +125,13 @@ def _report(args: argparse.Namespace) -> int:
     source = Path(args.file)
     if not source.is_file():
         raise UsageError(f"{source}: no such file; give the .json that spdl-lab diagnose or "
-                         "spdl-lab compare --json wrote")
+                         "spdl-lab compare --json wrote, or a run's .sqlite record")
     out = Path(args.output) if args.output else source.with_suffix(".html")
     if out.resolve() == source.resolve():
-        raise UsageError(f"{out} would overwrite the JSON it is read from; name another file with -o")
+        raise UsageError(f"{out} would overwrite the file it is read from; name another file with -o")
     _output(str(out), None)
+    if _is_sqlite(source):
+        return _report_run(source, out)
     saved = read_saved(source)
     if isinstance(saved, Comparison):
         note = f"From {source.name}."
@@ -137,6 +139,26 @@ def _report(args: argparse.Namespace) -> int:
     else:
         path = write_diagnosis_report(saved, out, title=f"spdl_lab diagnosis: {source.stem}")
     print(saved if isinstance(saved, Comparison) else saved.summary())
+    print(f"\nreport: {path.resolve()}")
+    return EXIT_OK
+
+
+def _is_sqlite(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(16) == b"SQLite format 3\x00"
+
+
+def _report_run(source: Path, out: Path) -> int:
+    """A published run's record (``lab.publish``, ``spdl-lab watch``) as one HTML file."""
+    from spdl_lab.ui.run_report import read_run, run_summary, write_run_report
+
+    path = write_run_report(source, out)
+    meta, frames = read_run(source)
+    summary = run_summary(frames)
+    print(f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}): "
+          f"{meta.get('state', '?')}")
+    if not summary.empty:
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
     print(f"\nreport: {path.resolve()}")
     return EXIT_OK
 
@@ -328,18 +350,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where reports go (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports)")
 
     report = _subcommand(
-        sub, "report", _report, "render a saved diagnosis or comparison (JSON) as a self-contained HTML file",
+        sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
         "Render a diagnosis or comparison saved as JSON (by spdl-lab diagnose,\n"
-        "spdl-lab compare --json, Diagnosis.to_json or Comparison.to_json) as one HTML\n"
-        "file that opens without a network (Bokeh inline). The file is checked strictly\n"
-        "and never executed.",
+        "spdl-lab compare --json, Diagnosis.to_json or Comparison.to_json), or a run's\n"
+        "record (.sqlite, by lab.publish or spdl-lab watch), as one HTML file that opens\n"
+        "without a network (Bokeh inline). The file is checked strictly and never executed.",
         f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
         "wrote in the example above; writes diagnosis.html)")
     watch = _subcommand(
         sub, "watch", _watch, "run a training script with its runs published for lab.attach",
-        "Run COMMAND (a training script, unchanged) with SPDL_LAB_WATCH=1: every lab.run\n"
-        "session and lab.Loader it iterates is published (a record file and a local endpoint)\n"
-        "for lab.attach() in a notebook. Exits with the script's status.",
+        "Run COMMAND (a training script, unchanged) with SPDL_LAB_WATCH=1: every torch\n"
+        "DataLoader, SPDL pipeline and lab.Loader it iterates and every lab.run session is\n"
+        "published (a record file and a local endpoint) for lab.attach() in a notebook.\n"
+        "Exits with the script's status; SIGTERM and SIGHUP are passed on to it.",
         "spdl-lab watch --name resnet -- python train.py --epochs 3\n"
         "  (writes spdl_lab_runs/resnet-PID.sqlite; in a notebook: lab.attach(\"resnet\"))")
     watch.add_argument("--name", default=None, metavar="NAME",

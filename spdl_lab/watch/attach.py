@@ -241,6 +241,14 @@ class RemoteSession:
 
         return Dashboard(self, **options)
 
+    def to_html(self, path: str | os.PathLike) -> Any:
+        """The run's record as one self-contained HTML page (as ``spdl-lab report RECORD``)."""
+        from ..ui.run_report import write_run_report
+
+        if not self.record:
+            raise SpdlLabError(f"the published run {self.name!r} has no record file to report")
+        return write_run_report(self.record, path)
+
     def restart(self, runner: str | None = None, **_: Any) -> Any:
         raise SpdlLabError("a RemoteSession cannot restart the script's run; restart the script")
 
