@@ -37,6 +37,7 @@ lab: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m spdl_lab demo
+	$(PY) -m spdl_lab demo --workload images
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py

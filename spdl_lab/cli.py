@@ -14,6 +14,7 @@ Every subcommand has ``--help`` with an example. Exit status:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -57,9 +58,16 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """The parallelism study: compare every runner on the noisy-neighbour workload."""
+    """The parallelism study: compare every runner on the noisy-neighbour or the image workload."""
     import spdl_lab as lab
 
+    if args.workload == "images":
+        html, data = _output(args.report, "demo-images.html"), _output(args.json, None)
+        # Enough batches for every round: (warm-up x rounds + steps) x batch size, in passes over 512 files.
+        batches = (args.repeats or 5) * args.warmup + args.steps
+        pipeline, step = lab.workloads.images(n=512, crop=128, batch_size=16, epochs=math.ceil(batches * 16 / 512))
+        print(f"images: {pipeline!r}\nstep: {step!r}\n")
+        return _run_comparison(args, pipeline, step, html, data, "spdl_lab demo: JPEG images")
     html, data = _output(args.report, "demo.html"), _output(args.json, None)
     pipeline, device = lab.workloads.noisy_neighbour()
     print(f"noisy neighbour: {pipeline!r}\nstep: {device!r}\n")
@@ -297,11 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "and the runners this spdl_lab has.", "spdl-lab info")
 
     demo = _subcommand(
-        sub, "demo", _demo, "compare every runner on the noisy-neighbour workload; write an HTML report",
+        sub, "demo", _demo, "compare every runner on the noisy-neighbour or the image workload; write an HTML report",
         "The parallelism study from the field notes: the noisy-neighbour workload (a\n"
-        "GIL-holding decode stage beside a simulated GPU step) under every runner, a\n"
-        "table and ratios to cache (the headspace) in the terminal, and an HTML report.",
-        "spdl-lab demo --steps 60 --runners thread subprocess-threads cache", quiet=True)
+        "GIL-holding decode stage beside a simulated GPU step), or --workload images (JPEG\n"
+        "files made on this machine, PIL decode and augmentation, a small conv net step on\n"
+        "CPU), under every runner; a table and ratios to cache (the headspace) in the\n"
+        "terminal, and an HTML report.",
+        "spdl-lab demo --workload images --steps 60 --runners thread subprocess-threads cache", quiet=True)
+    demo.add_argument("--workload", choices=("noisy-neighbour", "images"), default="noisy-neighbour",
+                      help="which workload (default: noisy-neighbour)")
     _comparison_options(demo, steps=120, num_workers=2)
     demo.add_argument("--report", default=None, metavar="PATH.html",
                       help="where the HTML report goes "

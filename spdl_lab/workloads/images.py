@@ -76,20 +76,22 @@ def _name(index: int) -> str:
 
 
 class ListFiles:
-    """The source: the first ``n`` JPEG files of ``folder``, listed afresh each epoch."""
+    """The source: the first ``n`` JPEG files of ``folder``, listed afresh each pass, ``epochs``
+    passes in a row (a longer run without more files)."""
 
-    def __init__(self, folder: Path, n: int) -> None:
-        self.folder, self.n = Path(folder), n
+    def __init__(self, folder: Path, n: int, epochs: int = 1) -> None:
+        self.folder, self.n, self.epochs = Path(folder), n, epochs
 
     def __iter__(self):
         names = sorted(e.name for e in os.scandir(self.folder) if e.name.endswith(".jpg"))
-        return iter([str(self.folder / name) for name in names[: self.n]])
+        paths = [str(self.folder / name) for name in names[: self.n]]
+        return iter(paths * self.epochs)
 
     def __len__(self) -> int:
-        return self.n
+        return self.n * self.epochs
 
     def __repr__(self) -> str:
-        return f"ListFiles({str(self.folder)!r}, n={self.n})"
+        return f"ListFiles({str(self.folder)!r}, n={self.n}, epochs={self.epochs})"
 
 
 # -- the stages --------------------------------------------------------------------------
@@ -179,6 +181,7 @@ def images(
     *,
     crop: int = 224,
     batch_size: int = 16,
+    epochs: int = 1,
     concurrency: dict[str, int] | None = None,
     device: SimulatedDevice | str | None = None,
 ) -> tuple[Pipeline, Any]:
@@ -189,10 +192,13 @@ def images(
 
     ``n`` files of ``size`` px a side (an int, or a ``(lo, hi)`` range), made once in
     ``root`` (default: ``$SPDL_LAB_CACHE_DIR`` or ``~/.cache/spdl_lab``). ``concurrency``
-    sets stages by name (read, decode, augment, normalize). ``device``: None for the
-    small conv net on CPU, ``"simulated"`` or a ``SimulatedDevice`` for a simulated GPU.
+    sets stages by name (read, decode, augment, normalize). ``epochs``: passes over the
+    files in one run. ``device``: None for the small conv net on CPU, ``"simulated"`` or a
+    ``SimulatedDevice`` for a simulated GPU.
     """
     size = _check(n, size, crop, batch_size)
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise PipelineSpecError(f"images: epochs must be an int >= 1, got {epochs!r}")
     decode = _decoder(decoder)
     folder = image_files(n, size, root)
     threads = {"read": 4, "decode": 2, "augment": 2, "normalize": 2, **(concurrency or {})}
@@ -201,7 +207,7 @@ def images(
         raise PipelineSpecError(f"images: no stage {sorted(unknown)[0]!r}; the stages are read, "
                                 f"decode, augment and normalize")
     pipeline = (
-        Pipeline(ListFiles(folder, n))
+        Pipeline(ListFiles(folder, n, epochs))
         .map(read_bytes, concurrency=threads["read"], name="read")
         .map(decode, concurrency=threads["decode"], name="decode")
         .map(RandomResizedCropFlip(crop), concurrency=threads["augment"], name="augment")
