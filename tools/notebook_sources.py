@@ -886,6 +886,179 @@ shutil.rmtree(workdir)  # the scripts and their records: this tutorial leaves no
 """),
 ]
 
+REAL_IMAGES = [
+    ("md", """
+# A real image pipeline: from a plain DataLoader to the fastest configuration
+
+JPEG files (made on this machine by `lab.workloads`, photo-like, 20-80 KB each),
+read, decoded with PIL, randomly cropped and flipped, normalized, stacked: the
+input pipeline of an image classifier. The training step is a small real model
+(three convolutions and a linear layer, forward, backward, SGD) on the CPU. The
+journey: measure the loader as it is, find the stage that limits it, compare the
+runners, and take the fastest configuration away as code. Every number below is
+measured by the notebook as it runs; on another machine they will differ.
+"""),
+    ("code", """
+import spdl_lab as lab
+
+N, BATCH, CROP = 384, 16, 112   # small for CI; raise N and CROP=224 on a real machine
+
+dl = lab.workloads.image_dataloader(n=N, batch_size=BATCH, num_workers=2, crop=CROP)
+pipeline, step = lab.workloads.images(n=N, crop=CROP, batch_size=BATCH, epochs=6)
+print(step)
+"""),
+    ("md", """
+First the loader as a user has it: a map-style Dataset in a torch DataLoader with two
+workers. `lab.run` times the training loop: how long each step waits for its batch.
+"""),
+    ("code", """
+def steady_rate(session, skip=4):
+    # batches/s after the first steps, so the workers' start-up is not counted
+    done = session.clock.records()[skip:]
+    return (len(done) - 1) / (done[-1].end_s - done[0].end_s)
+
+session = lab.run(dl, step=step, steps=20)
+assert session.wait(timeout=180)
+plain = session.stats().step
+plain_rate = steady_rate(session)
+print(f"plain DataLoader, num_workers=2: {plain_rate:.1f} batches/s after start-up, "
+      f"the step waited for data {plain.data_wait_frac:.0%} of the loop "
+      f"(step p50 {plain.step_p50_ms:.0f} ms, wait p50 {plain.data_wait_p50_ms:.1f} ms)")
+"""),
+    ("md", """
+`lab.workloads.images` is the same work split into stages (read, decode, augment,
+normalize, collate), so `lab.diagnose` can measure each alone, in threads and in
+processes, and say what limits it. PIL releases the GIL while it decodes, so decode
+should not read gil-bound; what it reads on this machine is printed below.
+"""),
+    ("code", """
+QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=5)
+diag = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=96, settings=QUICK, progress=False)
+print(diag.headline())
+diag.verdicts()
+"""),
+    ("md", """
+Now the same pipeline and step under every runner, in interleaved rounds
+(`thread`; `subprocess-threads`, the thread engine in a child process; `process`, a
+torch DataLoader with worker processes; `cache`, the headspace where loading is free).
+"""),
+    ("code", """
+cmp = lab.compare(pipeline, step=step, steps=36, warmup=4, repeats=3, progress=False)
+cmp.table[["batches_per_s", "batches_per_s_lo", "batches_per_s_hi", "vs_cache", "data_wait_frac",
+           "step_p50_ms", "cpu_percent"]].round(3)
+"""),
+    ("code", """
+for warning in cmp.warnings:
+    print("-", warning)
+"""),
+    ("md", """
+The fastest runner that really loads (not `cache`), with each stage at the smallest
+concurrency diagnose found within 5% of its best, as code to paste into a training
+script. When the comparison could not tell runners apart (see the warnings), the
+choice among them is a coin toss, and the printout says so.
+"""),
+    ("code", """
+table = cmp.table.drop(index="cache")
+best = table["batches_per_s"].idxmax()
+concurrency = {name: s.best_concurrency for name, s in diag.stages.items() if s.best_concurrency}
+chain = "".join(f'.with_concurrency("{name}", {n})' for name, n in concurrency.items())
+print(f"loader = lab.Loader(pipeline{chain}, runner={best!r})")
+tied = [r for r in table.index if r != best and table.loc[r, "batches_per_s_hi"] >= table.loc[best, "batches_per_s_lo"]]
+ratio = table.loc[best, "batches_per_s"] / table.loc["process", "batches_per_s"]
+print(f"{best}: {table.loc[best, 'batches_per_s']:.1f} batches/s, {ratio:.2f}x the process runner "
+      f"(torch DataLoader workers running the same chain) in the same rounds; {table.loc[best, 'vs_cache']:.2f}x the headspace")
+print("within noise of it: " + (", ".join(tied) if tied else "none"))
+"""),
+    ("md", """
+Last, that configuration as a training loop, beside the plain DataLoader the notebook
+started with (two runs one after the other, so the machine's noise applies).
+"""),
+    ("code", """
+tuned_pipeline = pipeline
+for name, n in concurrency.items():
+    tuned_pipeline = tuned_pipeline.with_concurrency(name, n)
+tuned = lab.run(tuned_pipeline, step=step, runner=best, steps=20)
+assert tuned.wait(timeout=180)
+fast, fast_rate = tuned.stats().step, steady_rate(tuned)
+print(f"{best} with {concurrency}: {fast_rate:.1f} batches/s, data wait {fast.data_wait_frac:.0%}; "
+      f"the plain DataLoader: {plain_rate:.1f} batches/s, data wait {plain.data_wait_frac:.0%} "
+      f"({fast_rate / plain_rate:.2f}x)")
+"""),
+]
+
+TEXT_TOKENIZERS = [
+    ("md", """
+# Two tokenizers and the GIL
+
+Text pipelines tokenize. `lab.workloads.text` makes a corpus on this machine (made-up
+words, Zipf-distributed), trains a WordPiece tokenizer on it with Hugging Face
+`tokenizers` (Rust), and offers the same algorithm in pure Python over the same
+vocabulary. The Python one holds the GIL for every character it looks at. The Rust one
+is often assumed not to; this notebook measures it, one document per call
+(`tokenizer="rust"`) and a batch per call (`"rust-batch"`, `encode_batch`).
+"""),
+    ("code", """
+import spdl_lab as lab
+from spdl_lab.workloads.text import Documents, PythonTokenize, RustTokenize, corpus, tokenizer_file
+
+N = 1024
+vocab = tokenizer_file(None, 8_000)   # trained once, then cached beside the corpus
+documents = list(Documents(corpus(N, None), 200))
+same = sum(RustTokenize(vocab)(d) == PythonTokenize(vocab)(d) for d in documents)
+print(f"identical token ids on {same} of {len(documents)} documents; the first begins: {documents[0][:70]}...")
+"""),
+    ("md", """
+`lab.diagnose` runs each tokenizer alone in 1, 2 and 4 threads and in processes, with a
+probe that measures how long a thread waits for the GIL.
+"""),
+    ("code", """
+QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=5)
+rows = {}
+for name in ("python", "rust", "rust-batch"):
+    pipeline, _ = lab.workloads.text(n=N, tokenizer=name)
+    stage = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=256, settings=QUICK,
+                         progress=False).stages["tokenize"]
+    rows[name] = stage
+    print(f"{name:10s} {stage.verdict:10s} best concurrency {stage.best_concurrency}: {stage.evidence}")
+"""),
+    ("code", """
+held = [name for name, stage in rows.items() if stage.verdict == "gil-bound"]
+free = [name for name in rows if name not in held]
+print(f"hold the GIL (threads do not help): {', '.join(held) or 'none'}; "
+      f"do not: {', '.join(free) or 'none'}")
+"""),
+    ("md", """
+Why can a Rust tokenizer hold the GIL? A call from Python converts its input and builds
+its result (`Encoding` objects, offsets, ids) as Python objects, under the GIL, and a
+per-document call is short enough that this is most of it. `encode_batch` converts a
+batch once and tokenizes it with the GIL released, spread over all the cores by its own
+Rust threads (`TOKENIZERS_PARALLELISM`), which is why one Python thread of it can fill
+the machine. Whether your tokenizer does one or the other is an implementation detail:
+measure it, as above.
+
+What it means for training: beside a GPU stream whose kernel launches need the GIL
+(`device="simulated"`), a GIL-holding tokenizer under the `thread` runner delays the
+launches. `train_gil_wait_frac` is the training thread's wait for the GIL.
+"""),
+    ("code", """
+import pandas as pd
+
+tables = {}
+for name in ("python", "rust-batch"):
+    pipeline, device = lab.workloads.text(n=N, tokenizer=name, device="simulated")
+    cmp = lab.compare(pipeline, step=device, runners=("thread", "subprocess-threads"), steps=24,
+                      warmup=4, repeats=2, progress=False)
+    tables[name] = cmp.table[["batches_per_s", "train_gil_wait_frac", "data_wait_frac", "cpu_percent"]]
+pd.concat(tables, names=["tokenizer", "runner"]).round(3)
+"""),
+    ("code", """
+for name, table in tables.items():
+    wait = table["train_gil_wait_frac"]
+    print(f"{name}: the training thread waited for the GIL {wait['thread']:.0%} of its time under thread, "
+          f"{wait['subprocess-threads']:.0%} under subprocess-threads")
+"""),
+]
+
 
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
@@ -895,4 +1068,6 @@ NOTEBOOKS = {
     "05_diagnostic_mode.ipynb": DIAGNOSTIC_MODE,
     "06_threads_or_processes.ipynb": THREADS_OR_PROCESSES,
     "07_watch_a_script.ipynb": WATCH_A_SCRIPT,
+    "08_real_images.ipynb": REAL_IMAGES,
+    "09_text_tokenizers.ipynb": TEXT_TOKENIZERS,
 }
