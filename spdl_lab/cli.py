@@ -138,9 +138,15 @@ def _report(args: argparse.Namespace) -> int:
     if out.resolve() == source.resolve():
         raise UsageError(f"{out} would overwrite the file it is read from; name another file with -o")
     _output(str(out), None)
-    if _is_sqlite(source):
+    if _is_record(source):
         return _report_run(source, out)
-    saved = read_saved(source)
+    try:
+        saved = read_saved(source)
+    except FileFormatError as exc:
+        if exc.field:  # JSON of ours with a wrong field: the record hint would only distract
+            raise
+        raise FileFormatError(f"{exc} Or give a run's record (.sqlite, written by lab.publish or spdl-lab watch).",
+                              source=exc.source, field=exc.field) from None
     if isinstance(saved, Comparison):
         note = f"From {source.name}."
         path = write_comparison_report(saved, out, title=f"spdl_lab comparison: {source.stem}", note=note)
@@ -151,22 +157,28 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _is_sqlite(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(16) == b"SQLite format 3\x00"
+#: Suffixes of run records; a file with SQLite's header is read as a record whatever its name.
+RECORD_SUFFIXES = (".sqlite", ".db")
+
+
+def _is_record(path: Path) -> bool:
+    """A run's record (SQLite) rather than a saved JSON: by its suffix or its first 16 bytes."""
+    if path.suffix.lower() in RECORD_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _report_run(source: Path, out: Path) -> int:
     """A published run's record (``lab.publish``, ``spdl-lab watch``) as one HTML file."""
-    from spdl_lab.ui.run_report import read_run, run_summary, write_run_report
+    from spdl_lab.ui.run_report import read_run, run_text, write_run_page
 
-    path = write_run_report(source, out)
-    meta, frames = read_run(source)
-    summary = run_summary(frames)
-    print(f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}): "
-          f"{meta.get('state', '?')}")
-    if not summary.empty:
-        print(summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
+    meta, frames = read_run(source)  # read once: a running record grows between two reads
+    path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}")
+    print(run_text(meta, frames))
     print(f"\nreport: {path.resolve()}")
     return EXIT_OK
 
@@ -368,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
         "record (.sqlite, by lab.publish or spdl-lab watch), as one HTML file that opens\n"
         "without a network (Bokeh inline). The file is checked strictly and never executed.",
         f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
-        "wrote in the example above; writes diagnosis.html)")
+        "wrote in the example above; writes diagnosis.html)\n  "
+        "spdl-lab report spdl_lab_runs/resnet-4242.sqlite -o run.html\n  (a run spdl-lab watch recorded: "
+        "its state, medians of the step, stages, CPU and GIL wait, plots over time)")
     watch = _subcommand(
         sub, "watch", _watch, "run a training script with its runs published for lab.attach",
         "Run COMMAND (a training script, unchanged) with SPDL_LAB_WATCH=1: every torch\n"
@@ -383,9 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the record file (default: ./spdl_lab_runs/NAME-PID.sqlite)")
     watch.add_argument("script", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                        help="the command to run, after --")
-    report.add_argument("file", metavar="FILE.json", help="a saved diagnosis or comparison")
+    report.add_argument("file", metavar="FILE",
+                        help="a saved diagnosis or comparison (.json), or a run's record (.sqlite or .db)")
     report.add_argument("-o", "--output", default=None, metavar="OUT.html",
-                        help="where the HTML goes (default: FILE with .html in place of .json)")
+                        help="where the HTML goes (default: FILE with .html in place of its suffix)")
     return parser
 
 

@@ -22,7 +22,7 @@ from ..watch.records import read_record, record_meta
 from .figures import _colors
 from .report import _PAGE
 
-__all__ = ["read_run", "run_summary", "write_run_report"]
+__all__ = ["duration_s", "read_run", "run_summary", "run_text", "write_run_page", "write_run_report"]
 
 #: (series, stage or None for every stage, label) in the summary table, in this order.
 SUMMARY = [
@@ -92,11 +92,38 @@ def _plot(frames: pd.DataFrame, series: str, title: str, y_label: str):
     return fig
 
 
+def duration_s(frames: pd.DataFrame) -> float:
+    """Seconds between the record's first and last tick (0 when it holds none)."""
+    return float(frames["time_s"].max() - frames["time_s"].min()) if len(frames) else 0.0
+
+
+def run_text(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    """The run for a terminal: who and in what state, the median batches/s, the summary table."""
+    rate = frames.loc[(frames["series"] == "batches_per_s") & (frames["stage"] == "step"), "value"]
+    lines = [f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}): "
+             f"{meta.get('state', '?')}, {duration_s(frames):.1f} s recorded",
+             f"training: {rate.median():,.3g} batches/s (median over {len(rate)} ticks)" if len(rate)
+             else "training: no batches/s in the record (no training step was timed)"]
+    summary = run_summary(frames)
+    if not summary.empty:
+        lines.append(summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
+    return "\n".join(lines)
+
+
+def _facts(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    """The run's header as an HTML table; every value from the file is escaped by pandas."""
+    facts = [("name", meta.get("name", "?")), ("pid", meta.get("pid", "?")),
+             ("started", meta.get("started", "?")), ("runner", meta.get("runner", "?")),
+             ("state", meta.get("state", "?")), ("duration recorded", f"{duration_s(frames):.1f} s")]
+    if meta.get("dropped_ticks", "0") not in ("0", ""):
+        facts.append(("ticks dropped", meta["dropped_ticks"]))
+    return pd.DataFrame(facts, columns=["run", ""]).to_html(index=False, escape=True)
+
+
 def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
-    span = float(frames["time_s"].max() - frames["time_s"].min()) if len(frames) else 0.0
     state = meta.get("state", "?")
     parts = [f"{meta.get('name', '?')}: pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}, "
-             f"started {meta.get('started', '?')}, state {state}; {span:.1f} s recorded."]
+             f"started {meta.get('started', '?')}, state {state}; {duration_s(frames):.1f} s recorded."]
     if state == "killed":
         parts.append("The script was killed: the record holds what was written before, up to its "
                      "last flush (at most 2 s before the end).")
@@ -108,16 +135,24 @@ def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
 
 
 def write_run_report(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> Path:
-    """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path."""
+    """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path.
+
+    A file that is not a record raises ``FileFormatError`` naming it.
+    """
     meta, frames = read_run(record)
+    return write_run_page(meta, frames, out, title=title or f"spdl_lab run: {meta.get('name', Path(record).stem)}")
+
+
+def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.PathLike, *, title: str) -> Path:
+    """The page of a run already read (``read_run``): header, summary table, plots over time."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    title = title or f"spdl_lab run: {meta.get('name', Path(record).stem)}"
     figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None]
     if not figures:
         figures = [figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
-    table = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
+    summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
+    tables = f"{_facts(meta, frames)}<h2>each series over the ticks: median, 10th and 90th percentile</h2>{summary}"
     page = file_html(column(*figures), INLINE, title, template=_PAGE,
-                     template_variables={"note": _note(meta, frames), "table": table})
+                     template_variables={"note": _note(meta, frames), "table": tables})
     out.write_text(page, encoding="utf-8")
     return out
