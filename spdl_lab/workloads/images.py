@@ -27,6 +27,7 @@ from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..training import SimulatedDevice
 from ._cache import cache_dir, write_atomically
+from ._steps import ModelStep, seeded, step_for
 
 __all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
 
@@ -251,38 +252,23 @@ def image_dataloader(n: int = 256, batch_size: int = 16, num_workers: int = 2, *
                       **dataloader_options)
 
 
-class ImageModelStep:
+class ImageModelStep(ModelStep):
     """A training step on CPU: a small conv net (3 stride-2 convolutions, pooling, a linear
     layer), cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
 
     def __init__(self, classes: int = 10, seed: int = 0) -> None:
-        import torch
         from torch import nn
 
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        self.model = nn.Sequential(
+        self.model = seeded(seed, lambda: nn.Sequential(
             nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes),
-        )
-        torch.random.set_rng_state(generator_state)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
-        self.classes = classes
-        self.steps = 0
+        ))
+        super().__init__(list(self.model.parameters()), classes, lr=0.01)
 
-    def __call__(self, batch: Any) -> float:
-        import torch
-        import torch.nn.functional as F
-
-        labels = torch.arange(len(batch)) % self.classes
-        loss = F.cross_entropy(self.model(batch), labels)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.steps += 1
-        return loss.item()
+    def forward(self, batch: Any) -> Any:
+        return self.model(batch)
 
     def __repr__(self) -> str:
         return f"ImageModelStep(conv net, {sum(p.numel() for p in self.model.parameters()):,} parameters)"
@@ -290,14 +276,7 @@ class ImageModelStep:
 
 def image_step(device: SimulatedDevice | str | None = None) -> Any:
     """The step for the image workload: the CPU conv net, or a SimulatedDevice."""
-    if device is None:
-        return ImageModelStep()
-    if device == "simulated":
-        return SimulatedDevice()
-    if isinstance(device, SimulatedDevice):
-        return device
-    raise PipelineSpecError(f"device must be None (a small conv net on CPU), 'simulated' or a "
-                            f"lab.SimulatedDevice, got {device!r}")
+    return step_for(device, ImageModelStep)
 
 
 def _check(n: Any, size: Any, crop: Any, batch_size: Any) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..training import SimulatedDevice
 from ._cache import cache_dir, write_atomically
+from ._steps import ModelStep, seeded, step_for
 
 __all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
 
@@ -247,37 +248,20 @@ def stack_tokens(items: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
             "attention_mask": torch.from_numpy(np.stack([m for _, m in items]))}
 
 
-class TextModelStep:
+class TextModelStep(ModelStep):
     """A training step on CPU: token embeddings, masked mean pooling, a two-layer classifier,
     cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
 
     def __init__(self, vocab_size: int, dim: int = 64, classes: int = 4, seed: int = 0) -> None:
-        import torch
         from torch import nn
 
-        state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, classes))
-        torch.random.set_rng_state(state)
-        params = [*self.embed.parameters(), *self.head.parameters()]
-        self.optimizer = torch.optim.SGD(params, lr=0.05)
-        self.classes = classes
-        self.steps = 0
+        self.embed, self.head = seeded(seed, lambda: (
+            nn.Embedding(vocab_size, dim), nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, classes))))
+        super().__init__([*self.embed.parameters(), *self.head.parameters()], classes, lr=0.05)
 
-    def __call__(self, batch: dict[str, Any]) -> float:
-        import torch
-        import torch.nn.functional as F
-
+    def forward(self, batch: dict[str, Any]) -> Any:
         ids, mask = batch["input_ids"], batch["attention_mask"].unsqueeze(-1).float()
-        pooled = (self.embed(ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        labels = torch.arange(len(ids)) % self.classes
-        loss = F.cross_entropy(self.head(pooled), labels)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.steps += 1
-        return loss.item()
+        return self.head((self.embed(ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0))
 
     def __repr__(self) -> str:
         return f"TextModelStep(embedding {self.embed.num_embeddings} x {self.embed.embedding_dim})"
@@ -285,14 +269,7 @@ class TextModelStep:
 
 def text_step(vocab_size: int = 8_000, device: SimulatedDevice | str | None = None) -> Any:
     """The step for the text workload: the CPU model, or a SimulatedDevice."""
-    if device is None:
-        return TextModelStep(vocab_size)
-    if device == "simulated":
-        return SimulatedDevice()
-    if isinstance(device, SimulatedDevice):
-        return device
-    raise PipelineSpecError(f"device must be None (a small model on CPU), 'simulated' or a "
-                            f"lab.SimulatedDevice, got {device!r}")
+    return step_for(device, lambda: TextModelStep(vocab_size))
 
 
 class DocumentTokens:

@@ -1,0 +1,63 @@
+"""What the real workloads' training steps share: a small model trained on CPU with SGD on
+made-up labels, and the choice between it and a SimulatedDevice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import PipelineSpecError
+from ..training import SimulatedDevice
+
+__all__ = ["ModelStep", "seeded", "step_for"]
+
+
+class ModelStep:
+    """Subclasses make ``parameters`` and compute logits in ``forward(batch)``; a call is one
+    training step: cross-entropy on labels ``0, 1, ..`` (mod ``classes``), backward, SGD."""
+
+    def __init__(self, parameters: list[Any], classes: int, lr: float) -> None:
+        import torch
+
+        self.optimizer = torch.optim.SGD(parameters, lr=lr)
+        self.classes = classes
+        self.steps = 0
+
+    def forward(self, batch: Any) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, batch: Any) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        logits = self.forward(batch)
+        loss = F.cross_entropy(logits, torch.arange(len(logits)) % self.classes)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return loss.item()
+
+
+def step_for(device: SimulatedDevice | str | None, model: Callable[[], Any]) -> Any:
+    """``model()`` for ``device=None``; a SimulatedDevice for ``"simulated"`` or one given."""
+    if device is None:
+        return model()
+    if device == "simulated":
+        return SimulatedDevice()
+    if isinstance(device, SimulatedDevice):
+        return device
+    raise PipelineSpecError(f"device must be None (a small model on CPU), 'simulated' or a "
+                            f"lab.SimulatedDevice, got {device!r}")
+
+
+def seeded(seed: int, make: Callable[[], Any]) -> Any:
+    """``make()`` with torch's generator at ``seed``, the caller's generator state kept."""
+    import torch
+
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return make()
+    finally:
+        torch.random.set_rng_state(state)
