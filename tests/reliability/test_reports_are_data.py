@@ -420,6 +420,12 @@ ALLOWED = {
         "meters our own child wrote into a 0600 segment named with a random token this runner chose",
     "spdl_lab/runners/subprocess_threads.py::_pipeline_error::pickle.loads":
         "an exception our own child pickled and sent over the pipe only it holds",
+    "spdl_lab/workloads/images.py::image_dataloader::torch.utils.data.DataLoader":
+        "torch unpickles batches only from the worker processes it spawns for this DataLoader",
+    "spdl_lab/workloads/text.py::text_dataloader::torch.utils.data.DataLoader":
+        "torch unpickles batches only from the worker processes it spawns for this DataLoader",
+    "spdl_lab/workloads/text.py::PythonTokenize.__call__::json.load":
+        "the tokenizer file the lab trained into its own cache folder; parsed as JSON, only its vocab is read",
 }
 
 
