@@ -485,7 +485,9 @@ programs share the cores, while how far `checksum` rises depends on them.
 """),
     ("code", """
 assert diag.stages["parse"].verdict == "gil-bound"
-assert diag.stages["shared"].verdict == "contended"
+shared = diag.stages["shared"]
+# contended, unless other processes kept the cores busy: then it says so, and that is the limit
+assert shared.verdict == "contended" or "other processes" in shared.evidence, shared.evidence
 # checksum releases the GIL: cpu-bound on a quiet machine. Not asserted: on a busy
 # machine its verdict moves (see the evidence), and this notebook runs in CI.
 diag.stages["checksum"].verdict
