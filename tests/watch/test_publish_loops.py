@@ -269,3 +269,22 @@ def test_an_spdl_pipeline_builder_is_published_as_a_monitor_with_its_stages(runt
     assert stats["step"]["steps"] == 10 and len(stats["stages"]) >= 2
     lab.unpublish(monitor)
     assert record_meta(runtime / "run.sqlite")["runner"] == "spdl"
+
+
+@pytest.mark.timeout(120)
+def test_spdl_lab_watch_1_alone_publishes_through_the_pth_hook(tmp_path):
+    """torchrun's way: no spdl-lab watch, only SPDL_LAB_WATCH=1 (and RANK) in the environment."""
+    import sysconfig
+    from pathlib import Path
+
+    if not (Path(sysconfig.get_path("purelib")) / "spdl_lab_watch.pth").exists():
+        pytest.skip("spdl_lab_watch.pth is not in site-packages (make venv or a wheel install puts it there)")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(NO_SPDL_LAB))
+    env = {**os.environ, "SPDL_LAB_WATCH": "1", "RANK": "1", "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"),
+           "SPDL_LAB_RECORD": str(tmp_path / "run.sqlite")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0, done.stderr
+    meta = record_meta(tmp_path / "run.sqlite")
+    assert meta["runner"] == "DataLoader" and meta["name"] == "train-16-rank1" and meta["state"] == "finished"
