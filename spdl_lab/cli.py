@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 import threading
@@ -24,12 +23,23 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .cli_inputs import UsageError, load_pipeline, load_step, one_line, read_saved
+from .cli_inputs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    load_pipeline,
+    load_step,
+    one_line,
+    output_path,
+    report_dir,
+)
+from .cli_report import report as _report
 from .errors import FileFormatError, PipelineSpecError
 
 __all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
-EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 #: ``compare --step`` when none is given: a short simulated GPU step, so loading dominates.
 DEFAULT_STEP = "simulated:20"
 #: The exit codes as ``spdl-lab --help`` lists them; the module docstring says the same.
@@ -62,13 +72,13 @@ def _demo(args: argparse.Namespace) -> int:
     import spdl_lab as lab
 
     if args.workload == "images":
-        html, data = _output(args.report, "demo-images.html"), _output(args.json, None)
+        html, data = output_path(args.report, "demo-images.html"), output_path(args.json, None)
         # Enough batches for every round: (warm-up x rounds + steps) x batch size, in passes over 512 files.
         batches = (args.repeats or 5) * args.warmup + args.steps
         pipeline, step = lab.workloads.images(n=512, crop=128, batch_size=16, epochs=math.ceil(batches * 16 / 512))
         print(f"images: {pipeline!r}\nstep: {step!r}\n")
         return _run_comparison(args, pipeline, step, html, data, "spdl_lab demo: JPEG images")
-    html, data = _output(args.report, "demo.html"), _output(args.json, None)
+    html, data = output_path(args.report, "demo.html"), output_path(args.json, None)
     pipeline, device = lab.workloads.noisy_neighbour()
     print(f"noisy neighbour: {pipeline!r}\nstep: {device!r}\n")
     return _run_comparison(args, pipeline, device, html, data, "spdl_lab demo: the noisy neighbour")
@@ -78,7 +88,7 @@ def _compare(args: argparse.Namespace) -> int:
     """The pipeline named by TARGET under each runner, in interleaved rounds."""
     pipeline, step = load_pipeline(args.target), load_step(args.step)
     stem = "compare-" + _stem(args.target)
-    html, data = _output(args.report, f"{stem}.html"), _output(args.json, f"{stem}.json")
+    html, data = output_path(args.report, f"{stem}.html"), output_path(args.json, f"{stem}.json")
     shown = f"{args.step}" + (f" ({step!r})" if args.step.startswith("simulated:") else "")
     print(f"pipeline: {args.target}: {pipeline!r}\nstep: {shown}\n")
     return _run_comparison(args, pipeline, step, html, data, f"spdl_lab comparison: {args.target}")
@@ -108,7 +118,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     from spdl_lab.diagnose.measure import diagnose
 
     pipeline = load_pipeline(args.target)
-    folder = _report_dir(args.report_dir)
+    folder = report_dir(args.report_dir)
     diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
                          processes=not args.no_processes, progress=_progress(args))
     html, data = write_reports(diagnosis, folder, stem=_stem(args.target))
@@ -124,93 +134,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report(args: argparse.Namespace) -> int:
-    """A saved diagnosis or comparison (JSON), or a run's record (SQLite), as one HTML file."""
-    from spdl_lab.experiments.compare import Comparison
-    from spdl_lab.ui.diagnosis_report import write_diagnosis_report
-    from spdl_lab.ui.report import write_comparison_report
-
-    source = Path(args.file)
-    if not source.is_file():
-        raise UsageError(f"{source}: no such file; give the .json that spdl-lab diagnose or "
-                         "spdl-lab compare --json wrote, or a run's .sqlite record")
-    out = Path(args.output) if args.output else source.with_suffix(".html")
-    if out.resolve() == source.resolve():
-        raise UsageError(f"{out} would overwrite the file it is read from; name another file with -o")
-    _output(str(out), None)
-    if _is_record(source):
-        return _report_run(source, out)
-    try:
-        saved = read_saved(source)
-    except FileFormatError as exc:
-        if exc.field:  # JSON of ours with a wrong field: the record hint would only distract
-            raise
-        raise FileFormatError(f"{exc} Or give a run's record (.sqlite, written by lab.publish or spdl-lab watch).",
-                              source=exc.source, field=exc.field) from None
-    if isinstance(saved, Comparison):
-        note = f"From {source.name}."
-        path = write_comparison_report(saved, out, title=f"spdl_lab comparison: {source.stem}", note=note)
-    else:
-        path = write_diagnosis_report(saved, out, title=f"spdl_lab diagnosis: {source.stem}")
-    print(saved if isinstance(saved, Comparison) else saved.summary())
-    print(f"\nreport: {path.resolve()}")
-    return EXIT_OK
-
-
-#: Suffixes of run records; a file with SQLite's header is read as a record whatever its name.
-RECORD_SUFFIXES = (".sqlite", ".db")
-
-
-def _is_record(path: Path) -> bool:
-    """A run's record (SQLite) rather than a saved JSON: by its suffix or its first 16 bytes."""
-    if path.suffix.lower() in RECORD_SUFFIXES:
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(16) == b"SQLite format 3\x00"
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def _report_run(source: Path, out: Path) -> int:
-    """A published run's record (``lab.publish``, ``spdl-lab watch``) as one HTML file."""
-    from spdl_lab.ui.run_report import read_run, run_text, write_run_page
-
-    meta, frames = read_run(source)  # read once: a running record grows between two reads
-    path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}")
-    print(run_text(meta, frames))
-    print(f"\nreport: {path.resolve()}")
-    return EXIT_OK
-
-
 # -- what the arguments name -------------------------------------------------------------------
-
-def _report_dir(path: str | None) -> Path:
-    """``path``, else $SPDL_LAB_REPORT_DIR, else ./spdl_lab_reports; made now, so that a run
-    of minutes never ends unable to write its reports."""
-    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
-
-    folder = Path(path or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot create the folder {folder}: {exc.strerror or exc}; choose another path") from None
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write to {folder}: permission denied; choose another path")
-    return folder
-
-
-def _output(path: str | None, default_name: str | None) -> Path | None:
-    """Where a file goes: ``path``, else ``default_name`` in the report folder, else nowhere (None)."""
-    if path is None:
-        return None if default_name is None else _report_dir(None) / default_name
-    out = Path(path)
-    if out.is_dir():
-        raise UsageError(f"{out} is a folder; give a file name")
-    _report_dir(str(out.parent))
-    return out
-
 
 def _stem(target: str) -> str:
     return target.replace(":", "-").replace("/", "_")

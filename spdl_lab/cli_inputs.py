@@ -1,4 +1,5 @@
-"""What the ``spdl-lab`` command reads: ``module:attr`` targets, ``--step`` specs, saved files.
+"""What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs, saved files)
+and where it writes (the report folder, output paths).
 
 Each function raises ``PipelineSpecError`` or ``UsageError`` with one line that
 says what was wrong and what to do (exit status 2).
@@ -14,7 +15,12 @@ from typing import Any
 
 from .errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["UsageError", "a_noun", "import_attr", "load_pipeline", "load_step", "one_line", "read_saved"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "a_noun", "import_attr", "load_pipeline", "load_step", "one_line", "output_path",
+           "read_saved", "report_dir"]
+
+
+#: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
+EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 
 
 class UsageError(SpdlLabError, ValueError):
@@ -121,3 +127,30 @@ def a_noun(obj: Any) -> str:
 def one_line(exc: BaseException, limit: int | None = 300) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
+def report_dir(path: str | None) -> Path:
+    """``path``, else $SPDL_LAB_REPORT_DIR, else ./spdl_lab_reports; made now, so that a run
+    of minutes never ends unable to write its reports."""
+    from .diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
+
+    folder = Path(path or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the folder {folder}: {exc.strerror or exc}; choose another path") from None
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write to {folder}: permission denied; choose another path")
+    return folder
+
+
+def output_path(path: str | None, default_name: str | None) -> Path | None:
+    """Where a file goes: ``path``, else ``default_name`` in the report folder, else nowhere (None)."""
+    if path is None:
+        return None if default_name is None else report_dir(None) / default_name
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{out} is a folder; give a file name")
+    report_dir(str(out.parent))
+    return out

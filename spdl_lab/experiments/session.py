@@ -26,6 +26,7 @@ from ..telemetry.probes import CpuProbe, GilProbe
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..telemetry.snapshot import Snapshot
 from ..training import SimulatedDevice, StepClock
+from ..training.steps import summary_row
 
 __all__ = ["Session", "live_sessions", "run"]
 
@@ -352,10 +353,7 @@ class Session:
         """One row per stage and one for the step."""
         snap = self.stats()
         table = snap.table() if snap.stages else pd.DataFrame()
-        step = snap.step
-        row = {"kind": "step", "tasks": step.steps, "qps": step.batches_per_s,
-               "p50_ms": step.step_p50_ms, "p99_ms": step.step_p99_ms,
-               "data_wait_frac": step.data_wait_frac, "device_util": step.device_util}
+        row = summary_row(snap.step.to_dict())
         frame = pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
         return frame
 

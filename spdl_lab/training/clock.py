@@ -11,14 +11,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
-from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import PipelineSpecError
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
+from .steps import StepRecord, StepSummary, Totals
 
 __all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
 
@@ -35,59 +35,6 @@ STAGE = "step"
 
 class _StopEvent(Protocol):
     def is_set(self) -> bool: ...
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """One training step (seconds)."""
-
-    index: int
-    #: when the step ended, seconds since the clock was made
-    end_s: float
-    data_wait_s: float
-    step_s: float
-    #: device time; NaN without a device, or until CUDA events are resolved
-    device_s: float
-
-
-@dataclass(frozen=True)
-class StepSummary:
-    """Figures over every step a clock saw (times in ms; NaN when undefined)."""
-
-    steps: int
-    #: first batch request (or step) to the end of the last step
-    elapsed_s: float
-    batches_per_s: float
-    step_mean_ms: float
-    step_p50_ms: float
-    step_p90_ms: float
-    step_p99_ms: float
-    data_wait_mean_ms: float
-    data_wait_p50_ms: float
-    data_wait_p90_ms: float
-    #: wait / (wait + step): the share of the loop spent waiting for data
-    data_wait_frac: float
-    device_mean_ms: float
-    #: device time / step wall time, over the steps with device time
-    device_util: float
-    #: "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
-    device: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class _Totals(NamedTuple):
-    """Running sums, published as one immutable value so readers see them whole."""
-
-    steps: int = 0
-    wait_ns: int = 0
-    step_ns: int = 0
-    last_end_ns: int = 0
-    #: steps whose device time is known, their device time and their step wall time
-    device_steps: int = 0
-    device_ns: int = 0
-    device_step_ns: int = 0
 
 
 class StepClock:
@@ -171,8 +118,8 @@ class StepClock:
         self._cuda: CudaStepTimer[StepRecord] | None = CudaStepTimer() if use_cuda else None
         self._origin_ns = time.perf_counter_ns()
         self._records: deque[StepRecord] = deque(maxlen=history)
-        self._totals = _Totals()
-        self._rows_prev = _Totals()
+        self._totals = Totals()
+        self._rows_prev = Totals()
         # Log-bucket histograms (telemetry.histogram) over every step, in ns.
         self.step_hist = new_counts()
         self.wait_hist = new_counts()
@@ -296,7 +243,7 @@ class StepClock:
             self._records.append(record)
             self.step_hist[bucket_of(step_ns)] += 1
             self.wait_hist[bucket_of(wait_ns)] += 1
-            t = _Totals(
+            t = Totals(
                 t.steps + 1,
                 t.wait_ns + wait_ns,
                 t.step_ns + step_ns,
@@ -313,7 +260,7 @@ class StepClock:
                     t = self._add_device(t, done, round(seconds * 1e9))
             self._totals = t  # publish: one reference assignment
 
-    def _add_device(self, t: _Totals, record: StepRecord, device_ns: int) -> _Totals:
+    def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
         self.device_hist[bucket_of(max(0, device_ns))] += 1
         return t._replace(

@@ -214,10 +214,10 @@ class RemoteSession:
         step = stats.get("step")
         if not step:
             return frame
-        row = {"kind": "step", "tasks": step.get("steps"), "qps": step.get("batches_per_s"),
-               "p50_ms": step.get("step_p50_ms"), "p99_ms": step.get("step_p99_ms"),
-               "data_wait_frac": step.get("data_wait_frac"), "device_util": step.get("device_util")}
-        step_frame = pd.DataFrame([row], index=pd.Index(["step"], name="name")).astype(float, errors="ignore")
+        from ..training.steps import summary_row
+
+        step_frame = pd.DataFrame([summary_row(step)], index=pd.Index(["step"], name="name"))
+        step_frame = step_frame.astype(float, errors="ignore")
         return pd.concat([frame, step_frame]) if not frame.empty else step_frame
 
     @property

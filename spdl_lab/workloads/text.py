@@ -132,23 +132,22 @@ class RustTokenize:
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "_tokenizer": None}  # each process loads its own
 
-    def __call__(self, document: str) -> list[int]:
+    def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
             self._tokenizer = Tokenizer.from_file(self.path)
-        return self._tokenizer.encode(document, add_special_tokens=False).ids
+        return self._tokenizer
+
+    def __call__(self, document: str) -> list[int]:
+        return self.tokenizer().encode(document, add_special_tokens=False).ids
 
 
 class RustTokenizeBatch(RustTokenize):
     """``tokenizers.Tokenizer.encode_batch(documents)``: a batch in one call, the GIL released."""
 
     def __call__(self, documents: list[str]) -> list[list[int]]:  # type: ignore[override]
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_file(self.path)
-        return [e.ids for e in self._tokenizer.encode_batch(documents, add_special_tokens=False)]
+        return [e.ids for e in self.tokenizer().encode_batch(documents, add_special_tokens=False)]
 
 
 class PythonTokenize:

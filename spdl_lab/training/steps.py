@@ -1,0 +1,71 @@
+"""What a StepClock records: one step (``StepRecord``), its running totals (``Totals``) and
+the figures over every step (``StepSummary``), with the summary's row as tables show it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+__all__ = ["StepRecord", "StepSummary", "Totals", "summary_row"]
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One training step (seconds)."""
+
+    index: int
+    #: when the step ended, seconds since the clock was made
+    end_s: float
+    data_wait_s: float
+    step_s: float
+    #: device time; NaN without a device, or until CUDA events are resolved
+    device_s: float
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """Figures over every step a clock saw (times in ms; NaN when undefined)."""
+
+    steps: int
+    #: first batch request (or step) to the end of the last step
+    elapsed_s: float
+    batches_per_s: float
+    step_mean_ms: float
+    step_p50_ms: float
+    step_p90_ms: float
+    step_p99_ms: float
+    data_wait_mean_ms: float
+    data_wait_p50_ms: float
+    data_wait_p90_ms: float
+    #: wait / (wait + step): the share of the loop spent waiting for data
+    data_wait_frac: float
+    device_mean_ms: float
+    #: device time / step wall time, over the steps with device time
+    device_util: float
+    #: "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Totals(NamedTuple):
+    """Running sums, published as one immutable value so readers see them whole."""
+
+    steps: int = 0
+    wait_ns: int = 0
+    step_ns: int = 0
+    last_end_ns: int = 0
+    #: steps whose device time is known, their device time and their step wall time
+    device_steps: int = 0
+    device_ns: int = 0
+    device_step_ns: int = 0
+
+
+def summary_row(step: Mapping[str, Any]) -> dict[str, Any]:
+    """The training step as one row of a stage table (``Session.summary``, a remote run's),
+    from ``StepSummary.to_dict()`` or the same keys received from a published run."""
+    return {"kind": "step", "tasks": step.get("steps"), "qps": step.get("batches_per_s"),
+            "p50_ms": step.get("step_p50_ms"), "p99_ms": step.get("step_p99_ms"),
+            "data_wait_frac": step.get("data_wait_frac"), "device_util": step.get("device_util")}
