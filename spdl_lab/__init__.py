@@ -19,6 +19,7 @@ from .pipeline import Pipeline, Stage
 from .runners import RUNNERS
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .training import SimulatedDevice, StepClock
+from .tune import Tuning, tune
 from .watch.attach import RemoteSession, attach
 from .watch.attach import open_record as open  # noqa: A001 (lab.open(record), as DESIGN.md names it)
 from .watch.publish import publish, unpublish
@@ -44,6 +45,7 @@ __all__ = [
     "Stage",
     "StageStats",
     "StepClock",
+    "Tuning",
     "SweepSettings",
     "attach",
     "compare",
@@ -55,6 +57,7 @@ __all__ = [
     "publish",
     "unpublish",
     "run",
+    "tune",
     "workloads",
 ]
 

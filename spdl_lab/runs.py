@@ -86,6 +86,15 @@ class RunOwner:
     def _empty_stats(self) -> Snapshot:
         raise NotImplementedError
 
+    def reading(self) -> EngineReading | None:
+        """The live run's meters as totals (tasks, busy time, histograms), or None with no run.
+
+        Two readings apart give a span's own figures (the tuner's per-trial task times),
+        where ``stats()`` mixes in everything since the run started.
+        """
+        run = self._state.run
+        return None if run is None or run.finished else run.runner.read()
+
     def frames(self) -> pd.DataFrame:
         """The sampler's rows for the current or last run (see ``spdl_lab.telemetry.frames``)."""
         run = self._state.run

@@ -1,0 +1,7 @@
+"""The tuner: a rate model (``model``), a search on it (``search``), real measurement
+(``bench``), and the result (``result.Tuning``), kept apart so each is tested alone."""
+
+from .result import Tuning
+from .tuner import tune
+
+__all__ = ["Tuning", "tune"]

@@ -1,0 +1,198 @@
+"""Measuring a configuration for real: the runner's Loader, the StepClock, windows until sure.
+
+Each runner's Loader stays open across trials (``Contender``, as in
+``compare``); a trial sets its knobs live (a worker restart for ``process``),
+runs one warm-up window (start-up, and batches made under the old setting),
+then windows of about ``window_s`` each until the rate's relative standard
+error is under ``target_noise`` or ``max_windows`` are done. The stages'
+figures come from two meter readings around the measured windows, so they
+describe this configuration alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..engine.engine import EngineReading
+from ..experiments._contender import Contender, MachineClock, Window
+from ..experiments._spread import runner_row
+from ..pipeline import Pipeline
+from ..runners.process import WORKERS
+from ..telemetry.probes import GilProbe
+from ..training import SimulatedDevice
+from .model import batch_items
+from .space import Config
+from .trial import StageSample, Trial, relative_noise
+
+__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE"]
+
+MIN_WINDOWS = 3
+MAX_WINDOWS = 6
+#: A trial stops adding windows once its rate's relative standard error is below this.
+TARGET_NOISE = 0.02
+#: Unmeasured steps that size the windows of a configuration not measured before.
+_SIZING_STEPS = 4
+
+
+class Bench:
+    """Opens runners on demand and measures configurations of one pipeline and step."""
+
+    def __init__(self, pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
+                 window_s: float, probes: bool = True, t0: float | None = None,
+                 min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
+                 target_noise: float = TARGET_NOISE) -> None:
+        self.pipeline = pipeline
+        self.step = step
+        self.window_s = window_s
+        self.min_windows = min_windows
+        self.max_windows = max(min_windows, max_windows)
+        self.target_noise = target_noise
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self._items = batch_items(pipeline)
+        self._probe = GilProbe() if probes else None
+        if self._probe is not None:
+            self._probe.start()
+        self.machine = MachineClock(self._probe)
+        self._contenders: dict[str, Contender] = {}
+        #: the last measured batches/s of each configuration, to size its windows
+        self._rate: dict[Config, float] = {}
+        self._round = 0
+
+    @property
+    def cores(self) -> int:
+        return self.machine.cores
+
+    def measure(self, config: Config, timeout: float) -> Trial:
+        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window."""
+        started = time.perf_counter()
+        contender = self._apply(config)
+        self._warm(contender, config, timeout)
+        before = contender.loader.reading()
+        windows: list[Window] = []
+        queue_fill: list[dict[str, float]] = []
+        while len(windows) < self.max_windows:
+            windows.append(self._window(contender, config, timeout))
+            queue_fill.append(_queue_fill(contender.loader.reading()))
+            rates = [w.batches_per_s for w in windows]
+            if len(windows) >= self.min_windows and relative_noise(rates) <= self.target_noise:
+                break
+        after = contender.loader.reading()
+        return self._trial(config, windows, before, after, queue_fill, started)
+
+    def rate_once(self, config: Config, timeout: float) -> float:
+        """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
+        contender = self._apply(config)
+        self._warm(contender, config, timeout)
+        return self._window(contender, config, timeout, scale=2.0).batches_per_s
+
+    def close(self) -> None:
+        try:
+            for contender in self._contenders.values():
+                contender.close()
+        finally:
+            self._contenders.clear()
+            if self._probe is not None:
+                self._probe.stop()
+
+    # -- one trial -------------------------------------------------------------------
+    def _apply(self, config: Config) -> Contender:
+        contender = self._contenders.get(config.runner)
+        if contender is None:
+            options = dict(config.options)
+            if config.runner == "process":
+                options["num_workers"] = config.knob(WORKERS)
+            contender = Contender(self.pipeline, config.runner, self.step, options, self._probe, self.t0)
+            self._contenders[config.runner] = contender
+        controls = contender.loader.controls()
+        for name, value in config.knobs:
+            if controls.get(name) != value:
+                contender.loader.set_concurrency(name, value)
+        return contender
+
+    def _warm(self, contender: Contender, config: Config, timeout: float) -> None:
+        """Drain what was made under the previous setting, then size the windows from a short run."""
+        queued = _queued_batches(contender.loader.reading(), self._items)
+        if queued:
+            self._round += 1
+            contender.window(self._round, 0, queued, self.machine, timeout)
+        # Then half a window at the new setting (the first sizes the windows of a new configuration).
+        known = self._rate.get(config, 0.0)
+        sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 2)), timeout)
+        if not known and sizing.batches_per_s > 0:
+            self._rate[config] = sizing.batches_per_s
+
+    def _window(self, contender: Contender, config: Config, timeout: float, scale: float = 1.0) -> Window:
+        rate = self._rate.get(config, 0.0)
+        steps = max(2, round(rate * self.window_s * scale)) if rate > 0 else _SIZING_STEPS
+        window = self._run(contender, steps, timeout)
+        if window.batches_per_s > 0:
+            self._rate[config] = window.batches_per_s
+        return window
+
+    def _run(self, contender: Contender, steps: int, timeout: float) -> Window:
+        self._round += 1
+        return contender.window(self._round, 0, steps, self.machine, timeout)
+
+    def _trial(self, config: Config, windows: list[Window], before: EngineReading | None,
+               after: EngineReading | None, queue_fill: list[dict[str, float]], started: float) -> Trial:
+        row = runner_row(windows)
+        span = sum(w.loop_s for w in windows)
+        stages = _stage_samples(before, after, span, self._items, queue_fill)
+        return Trial(
+            config=config,
+            rates=tuple(w.batches_per_s for w in windows),
+            step_p50_ms=row["step_p50_ms"],
+            data_wait_frac=row["data_wait_frac"],
+            cpu_percent=row["cpu_percent"],
+            train_gil_wait_frac=row["train_gil_wait_frac"],
+            gil_wait_frac=row["gil_wait_frac"],
+            stages=stages,
+            elapsed_s=time.perf_counter() - started,
+            started_s=started - self.t0,
+        )
+
+
+def _queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
+    """Batches' worth of work already queued inside the loader: made under the old setting."""
+    if reading is None:
+        return 0
+    total = 0.0
+    for name, queue in reading.inputs.items():
+        total += queue.depth / items.get(name, 1.0)
+    for stage in reading.stages:
+        total += stage.in_flight / items.get(stage.name, 1.0)
+    if reading.queues:
+        total += reading.queues[-1].depth  # the consumer's buffer: whole batches
+    return math.ceil(total)
+
+
+def _queue_fill(reading: EngineReading | None) -> dict[str, float]:
+    if reading is None:
+        return {}
+    return {name: q.depth / q.capacity for name, q in reading.inputs.items() if q.capacity > 0}
+
+
+def _stage_samples(before: EngineReading | None, after: EngineReading | None, span_s: float,
+                   items: dict[str, float], queue_fill: list[dict[str, float]]) -> tuple[StageSample, ...]:
+    if before is None or after is None or span_s <= 0:
+        return ()
+    old = {s.name: s for s in before.stages}
+    out = []
+    for now in after.stages:
+        if now.name not in items or now.name not in old:
+            continue
+        was = old[now.name]
+        timed = sum(now.hist) - sum(was.hist)
+        task_s = (now.busy_done_ns - was.busy_done_ns) / timed / 1e9 if timed > 0 else math.nan
+        busy = (now.busy_ns - was.busy_ns) / 1e9 / span_s / max(1, now.concurrency)
+        fills = [f[now.name] for f in queue_fill if now.name in f]
+        out.append(StageSample(
+            name=now.name, concurrency=now.concurrency, items_per_batch=items[now.name],
+            qps=max(0.0, now.tasks - was.tasks) / span_s, task_s=task_s,
+            busy_frac=min(1.0, max(0.0, busy)),
+            queue_frac=sum(fills) / len(fills) if fills else math.nan,
+        ))
+    return tuple(out)

@@ -1,0 +1,164 @@
+"""``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code).
+
+A Tuning is built from trials by ``tune`` or read from JSON; it never needs
+the runners again, except ``loader()``, which opens the best configuration on
+the pipeline it was tuned on (or one you pass).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..errors import PipelineSpecError
+from ..pipeline import Pipeline
+from .code import loader_code
+from .search import Step
+from .space import WORKERS, Config, Move
+from .trial import Trial
+
+__all__ = ["TRIAL_COLUMNS", "Tuning", "config_dict"]
+
+#: Columns of ``Tuning.trials``, one row per measured configuration, in the order measured.
+TRIAL_COLUMNS = [
+    "runner",
+    "concurrency",              # {stage: threads}; under process every stage runs in each worker
+    "options",                  # runner options, e.g. {"num_workers": 2} for process
+    "batches_per_s",            # median of the trial's windows
+    "batches_per_s_lo",         # slowest and fastest window
+    "batches_per_s_hi",
+    "spread",                   # (hi - lo) / median
+    "predicted_batches_per_s",  # what the model predicted before measuring (NaN for the start)
+    "limit",                    # what the model said limits it: a stage, "workers", "step" or "cpu"
+    "step_p50_ms",
+    "data_wait_frac",
+    "cpu_percent",              # this process and its children, 100 = one core
+    "train_gil_wait_frac",
+    "gil_wait_frac",
+    "move",                     # how the tuner got here
+    "kept",                     # whether it became the best so far
+    "windows",
+    "started_s",
+    "elapsed_s",
+]
+
+
+def config_dict(config: Config, pipeline: Pipeline | None) -> dict[str, Any]:
+    """``{"runner", "concurrency", "options"}`` as ``Tuning.best`` gives it."""
+    knobs = dict(config.knobs)
+    options = dict(config.options)
+    if config.runner == "process":
+        workers = knobs.get(WORKERS, 1)
+        options = {"num_workers": workers, **{k: v for k, v in options.items() if k != "num_workers"}}
+        names = [s.name for s in pipeline.stages if s.kind == "map"] if pipeline is not None else []
+        concurrency = dict.fromkeys(names, workers)
+    else:
+        concurrency = knobs
+    return {"runner": config.runner, "concurrency": concurrency, "options": options}
+
+
+@dataclass
+class Tuning:
+    """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
+
+    best: dict[str, Any]
+    start: dict[str, Any]
+    trials: pd.DataFrame
+    log: list[str]
+    speedup: float  # best over start, median of side-by-side rounds
+    speedup_lo: float
+    speedup_hi: float
+    budget_s: float
+    elapsed_s: float
+    cores: int
+    code: str
+    best_batches_per_s: float = math.nan  # the best's own trial, median of its windows
+    source_is_dataloader: bool = False
+    pipeline: Pipeline | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,
+              steps: Sequence[Step], log: list[str],
+              speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int) -> Tuning:
+        rows = [_row(s.trial, s.move, s.predicted, s.limit, s.kept, pipeline) for s in steps]
+        table = pd.DataFrame(rows, columns=TRIAL_COLUMNS)
+        best_d = config_dict(best.config, pipeline)
+        return cls(best=best_d, start=config_dict(start, pipeline), trials=table, log=list(log),
+                   speedup=speedup[0], speedup_lo=speedup[1], speedup_hi=speedup[2], budget_s=budget_s,
+                   elapsed_s=elapsed_s, cores=cores,
+                   code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader),
+                   best_batches_per_s=best.batches_per_s, source_is_dataloader=source_is_dataloader,
+                   pipeline=pipeline)
+
+    def loader(self, pipeline: Pipeline | None = None, **loader_options: Any):
+        """A ``lab.Loader`` running the best configuration (on ``pipeline``, default the tuned one)."""
+        from ..loader import Loader
+
+        pipeline = pipeline if pipeline is not None else self.pipeline
+        if not isinstance(pipeline, Pipeline):
+            raise PipelineSpecError("Tuning.loader: this tuning was read from a file and has no pipeline; "
+                                    "pass it: tuning.loader(p)")
+        for name, n in self.best["concurrency"].items():
+            if self.best["runner"] != "process":
+                pipeline = pipeline.with_concurrency(name, n)
+        return Loader(pipeline, runner=self.best["runner"], **{**self.best["options"], **loader_options})
+
+    def plot(self):
+        """A Bokeh layout: measured (with each trial's window range) and predicted batches/s, trial by trial."""
+        from ..ui.tuning_report import tuning_plot
+
+        return tuning_plot(self)
+
+    def to_html(self, path: str | Path) -> Path:
+        """A self-contained HTML report (Bokeh inline): the best, the code, the log, the trials."""
+        from ..ui.tuning_report import write_html
+
+        return write_html(self, path)
+
+    def to_json(self, path: str | Path) -> Path:
+        from .file_format import write_json
+
+        return write_json(self, path)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Tuning:
+        """Read a Tuning written by ``to_json``: plain JSON, validated, never executed."""
+        from .file_format import read_json
+
+        return read_json(path)
+
+    def summary(self) -> str:
+        best = self.best
+        knobs = " ".join(f"{k}={v}" for k, v in best["concurrency"].items()) if best["runner"] != "process" \
+            else f"num_workers={best['options'].get('num_workers')}"
+        spread = (f" [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
+                  if math.isfinite(self.speedup_lo) and self.speedup_lo != self.speedup_hi else "")
+        return (f"best: {best['runner']} {knobs}: {self.best_batches_per_s:.3g} batches/s, "
+                f"{self.speedup:.2f}x{spread} the start side by side; {len(self.trials)} trials in "
+                f"{self.elapsed_s:.0f} s (budget {self.budget_s:.0f} s)")
+
+    def __repr__(self) -> str:
+        return "\n".join([f"Tuning({self.summary()})", *(f"  {line}" for line in self.log)])
+
+    def _repr_html_(self) -> str:
+        from ..ui.tuning_report import html_summary
+
+        return html_summary(self)
+
+
+def _row(t: Trial, move: Move, predicted: float, limit: str, kept: bool, pipeline: Pipeline) -> dict[str, Any]:
+    config = config_dict(t.config, pipeline)
+    return {
+        "runner": t.config.runner, "concurrency": config["concurrency"], "options": config["options"],
+        "batches_per_s": t.batches_per_s, "batches_per_s_lo": t.lo, "batches_per_s_hi": t.hi,
+        "spread": t.spread, "predicted_batches_per_s": predicted, "limit": limit,
+        "step_p50_ms": t.step_p50_ms, "data_wait_frac": t.data_wait_frac, "cpu_percent": t.cpu_percent,
+        "train_gil_wait_frac": t.train_gil_wait_frac, "gil_wait_frac": t.gil_wait_frac,
+        "move": move.describe(), "kept": kept, "windows": len(t.rates), "started_s": t.started_s,
+        "elapsed_s": t.elapsed_s,
+    }

@@ -1,0 +1,239 @@
+"""The search: which move to measure next, and whether a measured move is kept.
+
+A hill climb on the model's predictions (tf.data's autotuner climbs the same
+way on its model; Plumber allocates to the bottleneck): from the best trial so
+far, every knob one rung up or down, a jump of the limiting stage straight to
+the concurrency the model says removes it, and each other runner. The move
+with the best predicted gain beyond ``MIN_GAIN`` is measured next. When the
+model sees no gain, two moves are still worth measuring once, because the
+model cannot see them well: switching runner when the GIL is the wait
+(the training thread's, or the probe's), and, when the step sets the pace,
+lowering the knob with the most slack (fewer loader threads can speed up the
+step they crowd). A move is kept only beyond the noise of both trials, or
+within it at clearly less CPU (ties go to the cheaper configuration).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from .model import Prediction, RateModel
+from .space import WORKERS, Config, Move, Space
+from .trial import MIN_GAIN, Trial, margin
+
+__all__ = ["Candidate", "Climb", "Decision", "Step", "climb", "CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "decide"]
+
+#: Within the noise, a move is still kept when it saves this share of the CPU, and at
+#: least ``CPU_SAVING_POINTS`` percent of one core.
+CPU_SAVING = 0.10
+CPU_SAVING_POINTS = 10.0
+#: The training thread's GIL wait (share of its step) from which moving loading out of
+#: this interpreter is worth measuring even when the model predicts no gain.
+GIL_SWITCH = 0.10
+#: The same, read from the GIL probe when the step's own GIL wait is not known.
+PROBE_GIL_SWITCH = 0.25
+#: Data wait below this share of the loop: the loader keeps up, the step sets the pace.
+FED = 0.05
+
+
+@dataclass(frozen=True)
+class Candidate:
+    move: Move
+    predicted: Prediction
+    why: str  # why this move is measured
+
+
+@dataclass(frozen=True)
+class Decision:
+    kept: bool
+    reason: str
+    gain: float  # measured / best - 1
+    margin: float  # the gap that counts as beyond the noise
+
+
+def decide(best: Trial, new: Trial) -> Decision:
+    """Keep ``new`` over ``best`` only when it is faster beyond the noise, or as fast for less CPU."""
+    if not new.batches_per_s > 0:
+        return Decision(False, "no batches measured", math.nan, math.nan)
+    gain = new.batches_per_s / best.batches_per_s - 1.0
+    need = margin(best, new)
+    if gain > need:
+        return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain, need)
+    cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
+               if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
+    if gain >= -need and cheaper:
+        return Decision(True, f"{gain:+.0%}, within the noise (±{need:.0%}), for {new.cpu_percent:.0f}% CPU "
+                              f"instead of {best.cpu_percent:.0f}%", gain, need)
+    if gain >= -need:
+        return Decision(False, f"{gain:+.0%}, within the noise (±{need:.0%})", gain, need)
+    return Decision(False, f"{gain:+.0%}, slower beyond the noise (±{need:.0%})", gain, need)
+
+
+class Climb:
+    """Proposes the next move from the best trial so far; remembers what was measured."""
+
+    def __init__(self, space: Space, model: RateModel) -> None:
+        self.space = space
+        self.model = model
+        self.tried: set[Config] = set()
+        self._explored: set[Config] = set()
+        #: the best trial measured under each runner (a switch goes back to it)
+        self.best_by_runner: dict[str, Trial] = {}
+
+    def record(self, trial: Trial, kept_against: Trial | None = None) -> None:
+        self.tried.add(trial.config)
+        self.model.observe(trial)
+        best = self.best_by_runner.get(trial.config.runner)
+        if best is None or trial.batches_per_s > best.batches_per_s:
+            self.best_by_runner[trial.config.runner] = trial
+        self._open_more_workers(trial)
+
+    def _open_more_workers(self, trial: Trial) -> None:
+        """Rungs above the cores open once ``cores`` workers beat fewer beyond the noise."""
+        if trial.config.runner != "process" or trial.config.knob(WORKERS) != self.space.cores:
+            return
+        fewer = [t for t in self.model.trials
+                 if t.config.runner == "process" and t.config.knob(WORKERS) < self.space.cores]
+        if fewer:
+            best_fewer = max(fewer, key=lambda t: t.batches_per_s)
+            if decide(best_fewer, trial).kept and decide(best_fewer, trial).gain > 0:
+                self.space.allow_more_workers = True
+
+    # -- proposing -----------------------------------------------------------------
+    def candidates(self, best: Trial) -> list[Candidate]:
+        """Every untried move from ``best``, with the model's prediction and the reason."""
+        here = self.model.predict(best.config)
+        moves: list[tuple[Move, str]] = [(m, "") for m in self.space.neighbours(best.config)]
+        jump = self._jump(best.config, here)
+        if jump is not None:
+            moves.append((jump, f"enough {jump.knob} workers to stop it limiting"))
+        moves += [(m, "") for m in self._switches(best)]
+        out, seen = [], set()
+        for move, why in moves:
+            if move.config in self.tried or move.config in seen:
+                continue
+            seen.add(move.config)
+            out.append(Candidate(move, self.model.predict(move.config), why))
+        return out
+
+    def next_move(self, best: Trial) -> Candidate | None:
+        """The candidate to measure next, or None when nothing is left worth measuring."""
+        candidates = self.candidates(best)
+        if not candidates:
+            return None
+        scored = sorted(candidates, key=lambda c: _score(c.predicted.batches_per_s), reverse=True)
+        top = scored[0]
+        # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
+        here = self.model.predict(best.config)
+        if _score(top.predicted.batches_per_s) > _score(here.batches_per_s) * (1.0 + MIN_GAIN):
+            return Candidate(top.move, top.predicted,
+                             top.why or f"{here.describe()}; predicted the largest gain")
+        for candidate in self._explorations(best, candidates):
+            self._explored.add(candidate.move.config)
+            return candidate
+        return None
+
+    def _explorations(self, best: Trial, candidates: list[Candidate]) -> Iterable[Candidate]:
+        fresh = [c for c in candidates if c.move.config not in self._explored]
+        gil = best.train_gil_wait_frac
+        gil_says = ((math.isfinite(gil) and gil >= GIL_SWITCH)
+                    or (not math.isfinite(gil) and best.gil_wait_frac >= PROBE_GIL_SWITCH))
+        if best.config.runner == "thread" and gil_says:
+            switches = [c for c in fresh if c.move.kind == "switch"]
+            for c in sorted(switches, key=lambda c: _score(c.predicted.batches_per_s), reverse=True):
+                wait = (f"the training thread waited for the GIL {gil:.0%} of its step" if math.isfinite(gil)
+                        else f"the GIL probe waited {best.gil_wait_frac:.0%} of the time")
+                yield Candidate(c.move, c.predicted, f"{wait}: loading out of this interpreter")
+        if best.data_wait_frac < FED:
+            lowers = [c for c in fresh if c.move.kind == "lower"
+                      and _score(c.predicted.batches_per_s) >= best.batches_per_s * (1.0 - MIN_GAIN)]
+            for c in sorted(lowers, key=lambda c: (c.move.old - c.move.new), reverse=True):
+                yield Candidate(c.move, c.predicted,
+                                f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack, and fewer "
+                                f"loader threads may leave the step more CPU")
+
+    def _jump(self, config: Config, here: Prediction) -> Move | None:
+        """Raise the limiting stage straight to the concurrency that lifts it to the next limit."""
+        if here.limit not in dict(config.knobs):
+            return None
+        others = [v for k, v in {"step": here.step_batches_per_s, "cpu": here.cpu_batches_per_s,
+                                  **here.stage_batches_per_s}.items()
+                  if k != here.limit and math.isfinite(v)]
+        if not others:
+            return None
+        target = min(others) * 1.1
+        for rung in self.space.rungs(config, here.limit):
+            if rung <= config.knob(here.limit):
+                continue
+            trial = config.with_knob(here.limit, rung)
+            if self.model.predict(trial).stage_batches_per_s.get(here.limit, 0.0) >= target:
+                move = self.space.jump(config, here.limit, rung)
+                neighbours = {m.config for m in self.space.neighbours(config)}
+                return move if move is not None and move.config not in neighbours else None
+        return None
+
+    def _switches(self, best: Trial) -> list[Move]:
+        out = []
+        for runner in self.space.runners:
+            if runner == best.config.runner:
+                continue
+            known = self.best_by_runner.get(runner)
+            if known is not None:
+                out.append(Move("switch", known.config))
+                continue
+            out.extend(Move("switch", c) for c in self._translations(best.config, runner))
+        return out
+
+    def _translations(self, config: Config, runner: str) -> list[Config]:
+        """``config``'s way of loading under ``runner``: the same threads, or each worker count."""
+        if runner == "process":
+            start = self.space.start("process")
+            return [self.space.workers(start, n) for n in self.space.rungs(start, WORKERS)]
+        if config.runner == "process":
+            return [self.space.start(runner)]
+        return [Config(runner, config.knobs, self.space.start(runner).options)]
+
+
+def _score(rate: float) -> float:
+    return rate if math.isfinite(rate) else -math.inf
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measured configuration of a climb, and what the climb made of it."""
+
+    trial: Trial
+    move: Move
+    predicted: float  # the model's batches/s before measuring (NaN for the start)
+    limit: str  # what the model said limits this configuration
+    kept: bool
+    sentence: str  # the log line
+
+
+def climb(search: Climb, first: Config, measure: Callable[[Config], Trial]) -> Iterator[Step]:
+    """Measure ``first``, then one move at a time; each measured step is yielded as it ends.
+
+    The caller decides when to stop (its budget) by leaving the loop; the climb
+    ends by itself when nothing is left worth measuring.
+    """
+    best = measure(first)
+    search.record(best)
+    here = search.model.predict(first)
+    yield Step(best, Move("start", first), math.nan, here.limit, True,
+               f"started from {first.describe()}: measured {_rate(best)} batches/s; {here.describe()}")
+    while (candidate := search.next_move(best)) is not None:
+        trial = measure(candidate.move.config)
+        search.record(trial)
+        verdict = decide(best, trial)
+        predicted = candidate.predicted.batches_per_s
+        sentence = (f"{candidate.move.describe()}: predicted {predicted:.3g}, measured {_rate(trial)} batches/s; "
+                    f"{'kept' if verdict.kept else 'reverted'} ({verdict.reason}). Why tried: {candidate.why}")
+        if verdict.kept:
+            best = trial
+        yield Step(trial, candidate.move, predicted, candidate.predicted.limit, verdict.kept, sentence)
+
+
+def _rate(trial: Trial) -> str:
+    return f"{trial.batches_per_s:.3g} [{trial.lo:.3g}-{trial.hi:.3g}]"

@@ -1,0 +1,228 @@
+"""``lab.tune``: measure, model, move, keep only beyond the noise; then confirm side by side.
+
+The loop: measure the starting configuration; ask the search for the next move
+(the model's best predicted gain, or a move the model cannot see well); measure
+it; keep it only beyond the noise; until nothing is left worth measuring or the
+budget is spent. A share of the budget is kept for the end, where the best and
+the starting configuration are measured in alternating rounds, so the speedup
+is a side-by-side figure and a best that is measurably worse than the start is
+never returned.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import PipelineSpecError, SpdlLabError
+from ..integrations.torch_dataloader import from_dataloader, is_dataloader
+from ..pipeline import Pipeline
+from ..progress import progress_bar
+from ..runners import RUNNERS
+from ..training import SimulatedDevice
+from .bench import Bench
+from .model import RateModel
+from .result import Tuning
+from .search import Climb, Step, climb
+from .space import TUNABLE_RUNNERS, WORKERS, Config, Space
+from .trial import Trial
+
+__all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
+
+#: Rounds of the final side-by-side measurement of the best against the start.
+CONFIRM_ROUNDS = 3
+#: Share of the budget kept for that measurement.
+CONFIRM_SHARE = 0.2
+
+
+def tune(
+    pipeline: Pipeline | Any,
+    step: Callable[[Any], Any] | SimulatedDevice,
+    *,
+    runners: Sequence[str] = TUNABLE_RUNNERS,
+    budget_s: float = 60.0,
+    start: str | Mapping[str, Any] | None = None,
+    runner_options: Mapping[str, Mapping[str, Any]] | None = None,
+    diagnosis: Any = None,
+    window_s: float | None = None,
+    progress: bool = True,
+    probes: bool = True,
+) -> Tuning:
+    """Find the configuration with the most training batches/s for ``step``; return a ``lab.Tuning``.
+
+    ``pipeline`` is a ``lab.Pipeline`` or a torch DataLoader (tuned through
+    ``lab.from_dataloader``; it starts as the DataLoader itself: the process runner
+    at its ``num_workers``). The tuner moves each map stage's concurrency, the
+    process runner's ``num_workers``, and the runner among ``runners``, within
+    ``budget_s`` seconds of wall time, the final side-by-side check included.
+    ``start`` is the runner to start from, or ``{"runner": ..., "concurrency":
+    {...}}`` (default: the first of ``runners`` at the pipeline's own
+    concurrency). ``diagnosis`` (a ``lab.Diagnosis``) seeds the model with its
+    verdicts. Example::
+
+        tuning = lab.tune(p, step=train_step, budget_s=60)
+        tuning.best       # {"runner": ..., "concurrency": {...}, "options": {...}}
+        tuning.log        # every move: predicted and measured, kept or not, and why
+        tuning.speedup    # best over the start, measured side by side
+        loader = tuning.loader()
+    """
+    source = pipeline
+    pipeline, from_dl = _pipeline(pipeline)
+    runners = _check(pipeline, step, runners, budget_s, window_s)
+    options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
+    if from_dl:
+        options["process"] = {**_dataloader_options(source), **options.get("process", {})}
+    t0 = time.perf_counter()
+    deadline = t0 + float(budget_s)
+    window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
+    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0)
+    space = Space(pipeline, runners, bench.cores, options)
+    verdicts = _verdicts(diagnosis)
+    model = RateModel(pipeline, bench.cores, verdicts)
+    search = Climb(space, model)
+    first = _start(space, start, runners, from_dl)
+    bar = progress_bar(max(1, round(budget_s)), progress, "s")
+    log: list[str] = []
+    steps: list[Step] = []
+    stopped = "converged: no move is predicted to gain, and none is left to explore"
+    try:
+        for step_ in climb(search, first, lambda config: _measure(bench, config, deadline)):
+            steps.append(step_)
+            log.append(step_.sentence)
+            best = next(s.trial for s in reversed(steps) if s.kept)
+            _tick(bar, t0, budget_s, f"best {best.batches_per_s:.3g} batches/s")
+            # Leave the confirmation its share, and room for a trial as long as the longest so far.
+            longest = max(s.trial.elapsed_s for s in steps)
+            if deadline - time.perf_counter() < CONFIRM_SHARE * budget_s + longest:
+                stopped = "budget spent"
+                break
+        best = next(s.trial for s in reversed(steps) if s.kept)
+        log.append(f"stopped: {stopped}")
+        start_trial = steps[0].trial
+        speedup = _confirm(bench, start_trial, best, deadline, log)
+        if speedup[0] < 1.0 and best.config != first and _worse(speedup):
+            log.append(f"the best measured {speedup[0]:.2f}x the start side by side, worse beyond the noise: "
+                       f"returning the starting configuration")
+            best, speedup = start_trial, (1.0, 1.0, 1.0)
+        _tick(bar, t0, budget_s, "done")
+    finally:
+        bar.close()
+        bench.close()
+    return Tuning.build(pipeline=pipeline, source_is_dataloader=from_dl, start=first, best=best, steps=steps,
+                        log=log, speedup=speedup, budget_s=float(budget_s),
+                        elapsed_s=time.perf_counter() - t0, cores=bench.cores)
+
+
+def _measure(bench: Bench, config: Config, deadline: float) -> Trial:
+    # A window slower than the budget left means a configuration too slow to matter, or a hang.
+    timeout = max(10.0, deadline - time.perf_counter())
+    return bench.measure(config, timeout)
+
+
+def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
+             log: list[str]) -> tuple[float, float, float]:
+    """Median, lowest and highest per-round ratio of best to start, measured alternately."""
+    if best.config == start.config:
+        log.append("the starting configuration stayed the best: speedup 1.00x")
+        return 1.0, 1.0, 1.0
+    ratios = []
+    for round_ in range(CONFIRM_ROUNDS):
+        if ratios and time.perf_counter() > deadline:
+            break
+        order = (start, best) if round_ % 2 == 0 else (best, start)
+        rates = {t.config: bench.rate_once(t.config, max(10.0, deadline - time.perf_counter())) for t in order}
+        if rates[start.config] > 0:
+            ratios.append(rates[best.config] / rates[start.config])
+    if not ratios:
+        return best.batches_per_s / start.batches_per_s, math.nan, math.nan
+    mid = statistics.median(ratios)
+    log.append(f"side by side, {len(ratios)} alternating rounds: the best ran {mid:.2f}x the start "
+               f"(rounds {min(ratios):.2f}x to {max(ratios):.2f}x)")
+    return mid, min(ratios), max(ratios)
+
+
+def _worse(speedup: tuple[float, float, float]) -> bool:
+    mid, _, hi = speedup
+    return hi < 1.0 or mid < 0.97
+
+
+def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
+    bar.set_description(text)
+    done = min(round(budget_s), round(time.perf_counter() - t0))
+    if done > bar.n:
+        bar.update(done - bar.n)
+
+
+# -- input ---------------------------------------------------------------------------
+def _pipeline(source: Any) -> tuple[Pipeline, bool]:
+    if isinstance(source, Pipeline):
+        return source, False
+    if is_dataloader(source):
+        return from_dataloader(source), True
+    raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(source).__name__}")
+
+
+def _dataloader_options(dl: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_workers": max(1, dl.num_workers)}
+    if dl.num_workers > 0 and dl.prefetch_factor is not None:
+        options["prefetch_factor"] = dl.prefetch_factor
+    return options
+
+
+def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s: Any) -> list[str]:
+    if not callable(step):
+        raise PipelineSpecError(f"tune: step must be a callable taking a batch (or a lab.SimulatedDevice), "
+                                f"got {type(step).__name__}")
+    if isinstance(runners, str):
+        runners = [runners]
+    runners = list(runners)
+    for r in runners:
+        if r == "cache":
+            raise PipelineSpecError("tune: 'cache' replays batches (the headspace); it is not a way to load. "
+                                    f"Tune among {list(TUNABLE_RUNNERS)}; lab.headspace() measures the cache")
+        if r not in RUNNERS or r not in TUNABLE_RUNNERS:
+            raise PipelineSpecError(f"tune: unknown runner {r!r}; choose from {list(TUNABLE_RUNNERS)}")
+    if not runners or len(set(runners)) != len(runners):
+        raise PipelineSpecError(f"tune: runners must name each runner once, at least one; got {runners}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
+            or not math.isfinite(budget_s):
+        raise PipelineSpecError(f"tune: budget_s must be a number of seconds > 0, got {budget_s!r}")
+    if window_s is not None and (isinstance(window_s, bool) or not isinstance(window_s, (int, float))
+                                 or not 0 < window_s <= budget_s):
+        raise PipelineSpecError(f"tune: window_s must be seconds in (0, budget_s], got {window_s!r}")
+    if not any(s.kind == "map" for s in pipeline.stages):
+        raise PipelineSpecError("tune: the pipeline has no map stage, so there is no concurrency to tune")
+    return runners
+
+
+def _start(space: Space, start: Any, runners: list[str], from_dl: bool) -> Config:
+    if start is None:
+        runner = "process" if from_dl and "process" in runners else runners[0]
+        return space.start(runner)
+    if isinstance(start, str):
+        start = {"runner": start}
+    if not isinstance(start, Mapping) or start.get("runner") not in runners:
+        raise PipelineSpecError(f"tune: start must be one of runners {runners} or "
+                                f"{{'runner': ..., 'concurrency': {{...}}}}, got {start!r}")
+    runner = start["runner"]
+    concurrency = dict(start.get("concurrency") or {})
+    config = space.start(runner, None if runner == "process" else concurrency)
+    if runner == "process" and WORKERS in concurrency:
+        config = config.with_knob(WORKERS, int(concurrency[WORKERS]))
+    unknown = set(concurrency) - set(dict(config.knobs))
+    if unknown:
+        raise PipelineSpecError(f"tune: start names unknown stage(s) {sorted(unknown)}; "
+                                f"knobs of {runner}: {[k for k, _ in config.knobs]}")
+    return config
+
+
+def _verdicts(diagnosis: Any) -> dict[str, str]:
+    if diagnosis is None:
+        return {}
+    stages = getattr(diagnosis, "stages", None)
+    if not isinstance(stages, Mapping):
+        raise SpdlLabError(f"tune: diagnosis must be a lab.Diagnosis, got {type(diagnosis).__name__}")
+    return {name: s.verdict for name, s in stages.items() if getattr(s, "verdict", None)}
