@@ -248,6 +248,21 @@ class Session:
         """What ``set_concurrency`` takes, with current values (empty for a plain iterable)."""
         return self.loader.controls() if self.loader is not None else {}
 
+    def autotune(self, budget_s: float = 60.0, *, window_s: float | None = None,
+                 on_log: Callable[[str], None] | None = None) -> Any:
+        """Tune this running session's concurrency in the background; return the ``AutoTuner``.
+
+        The tuner moves the knobs through ``set_concurrency`` (a dashboard's
+        sliders follow), keeps a move only beyond the noise, and leaves the
+        session at the best setting. Move a knob yourself to take over::
+
+            tuner = session.autotune(budget_s=60)
+            tuner.wait(90); tuner.log; tuner.best
+        """
+        from ..tune.live import AutoTuner
+
+        return AutoTuner(self, budget_s=budget_s, window_s=window_s, on_log=on_log)
+
     def restart(self, runner: str | None = None, **loader_options: Any) -> Session:
         """Stop this session and start the same loop again, under ``runner`` if given.
 

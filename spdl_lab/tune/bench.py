@@ -27,7 +27,7 @@ from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE"]
+__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE", "queue_fill", "queued_batches", "stage_samples"]
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
@@ -72,15 +72,15 @@ class Bench:
         self._warm(contender, config, timeout)
         before = contender.loader.reading()
         windows: list[Window] = []
-        queue_fill: list[dict[str, float]] = []
+        fills: list[dict[str, float]] = []
         while len(windows) < self.max_windows:
             windows.append(self._window(contender, config, timeout))
-            queue_fill.append(_queue_fill(contender.loader.reading()))
+            fills.append(queue_fill(contender.loader.reading()))
             rates = [w.batches_per_s for w in windows]
             if len(windows) >= self.min_windows and relative_noise(rates) <= self.target_noise:
                 break
         after = contender.loader.reading()
-        return self._trial(config, windows, before, after, queue_fill, started)
+        return self._trial(config, windows, before, after, fills, started)
 
     def rate_once(self, config: Config, timeout: float) -> float:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
@@ -114,7 +114,7 @@ class Bench:
 
     def _warm(self, contender: Contender, config: Config, timeout: float) -> None:
         """Drain what was made under the previous setting, then size the windows from a short run."""
-        queued = _queued_batches(contender.loader.reading(), self._items)
+        queued = queued_batches(contender.loader.reading(), self._items)
         if queued:
             self._round += 1
             contender.window(self._round, 0, queued, self.machine, timeout)
@@ -140,7 +140,7 @@ class Bench:
                after: EngineReading | None, queue_fill: list[dict[str, float]], started: float) -> Trial:
         row = runner_row(windows)
         span = sum(w.loop_s for w in windows)
-        stages = _stage_samples(before, after, span, self._items, queue_fill)
+        stages = stage_samples(before, after, span, self._items, queue_fill)
         return Trial(
             config=config,
             rates=tuple(w.batches_per_s for w in windows),
@@ -155,7 +155,7 @@ class Bench:
         )
 
 
-def _queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
+def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
     """Batches' worth of work already queued inside the loader: made under the old setting."""
     if reading is None:
         return 0
@@ -169,13 +169,13 @@ def _queued_batches(reading: EngineReading | None, items: dict[str, float]) -> i
     return math.ceil(total)
 
 
-def _queue_fill(reading: EngineReading | None) -> dict[str, float]:
+def queue_fill(reading: EngineReading | None) -> dict[str, float]:
     if reading is None:
         return {}
     return {name: q.depth / q.capacity for name, q in reading.inputs.items() if q.capacity > 0}
 
 
-def _stage_samples(before: EngineReading | None, after: EngineReading | None, span_s: float,
+def stage_samples(before: EngineReading | None, after: EngineReading | None, span_s: float,
                    items: dict[str, float], queue_fill: list[dict[str, float]]) -> tuple[StageSample, ...]:
     if before is None or after is None or span_s <= 0:
         return ()

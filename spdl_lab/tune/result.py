@@ -19,10 +19,10 @@ from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from .code import loader_code
 from .search import Step
-from .space import WORKERS, Config, Move
+from .space import WORKERS, Config
 from .trial import Trial
 
-__all__ = ["TRIAL_COLUMNS", "Tuning", "config_dict"]
+__all__ = ["TRIAL_COLUMNS", "Tuning", "config_dict", "trial_row"]
 
 #: Columns of ``Tuning.trials``, one row per measured configuration, in the order measured.
 TRIAL_COLUMNS = [
@@ -85,7 +85,7 @@ class Tuning:
     def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,
               steps: Sequence[Step], log: list[str],
               speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int) -> Tuning:
-        rows = [_row(s.trial, s.move, s.predicted, s.limit, s.kept, pipeline) for s in steps]
+        rows = [trial_row(s, pipeline) for s in steps]
         table = pd.DataFrame(rows, columns=TRIAL_COLUMNS)
         best_d = config_dict(best.config, pipeline)
         return cls(best=best_d, start=config_dict(start, pipeline), trials=table, log=list(log),
@@ -151,7 +151,9 @@ class Tuning:
         return html_summary(self)
 
 
-def _row(t: Trial, move: Move, predicted: float, limit: str, kept: bool, pipeline: Pipeline) -> dict[str, Any]:
+def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
+    """One row of ``Tuning.trials``."""
+    t, move, predicted, limit, kept = step.trial, step.move, step.predicted, step.limit, step.kept
     config = config_dict(t.config, pipeline)
     return {
         "runner": t.config.runner, "concurrency": config["concurrency"], "options": config["options"],

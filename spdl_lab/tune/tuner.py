@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import psutil
+
 from ..errors import PipelineSpecError, SpdlLabError
 from ..integrations.torch_dataloader import from_dataloader, is_dataloader
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, validate_concurrency
 from ..progress import progress_bar
 from ..runners import RUNNERS
 from ..training import SimulatedDevice
@@ -36,6 +38,8 @@ __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
 CONFIRM_ROUNDS = 3
 #: Share of the budget kept for that measurement.
 CONFIRM_SHARE = 0.2
+#: The shortest time one window may take before the tuning fails as hung.
+WINDOW_TIMEOUT_S = 60.0
 
 
 def tune(
@@ -78,12 +82,12 @@ def tune(
     t0 = time.perf_counter()
     deadline = t0 + float(budget_s)
     window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
-    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0)
-    space = Space(pipeline, runners, bench.cores, options)
-    verdicts = _verdicts(diagnosis)
-    model = RateModel(pipeline, bench.cores, verdicts)
+    space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
+    model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
     search = Climb(space, model)
     first = _start(space, start, runners, from_dl)
+    # Everything is checked: from here on, whatever starts is closed in the finally below.
+    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
     log: list[str] = []
     steps: list[Step] = []
@@ -117,8 +121,9 @@ def tune(
 
 
 def _measure(bench: Bench, config: Config, deadline: float) -> Trial:
-    # A window slower than the budget left means a configuration too slow to matter, or a hang.
-    timeout = max(10.0, deadline - time.perf_counter())
+    # A window slower than this is a hang, not a rate: a runner's start-up (spawning workers that
+    # import torch on a loaded machine) can take seconds, so never less than WINDOW_TIMEOUT_S.
+    timeout = max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())
     return bench.measure(config, timeout)
 
 
@@ -133,7 +138,7 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
         if ratios and time.perf_counter() > deadline:
             break
         order = (start, best) if round_ % 2 == 0 else (best, start)
-        rates = {t.config: bench.rate_once(t.config, max(10.0, deadline - time.perf_counter())) for t in order}
+        rates = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())) for t in order}
         if rates[start.config] > 0:
             ratios.append(rates[best.config] / rates[start.config])
     if not ratios:
@@ -209,14 +214,17 @@ def _start(space: Space, start: Any, runners: list[str], from_dl: bool) -> Confi
                                 f"{{'runner': ..., 'concurrency': {{...}}}}, got {start!r}")
     runner = start["runner"]
     concurrency = dict(start.get("concurrency") or {})
-    config = space.start(runner, None if runner == "process" else concurrency)
-    if runner == "process" and WORKERS in concurrency:
-        config = config.with_knob(WORKERS, int(concurrency[WORKERS]))
-    unknown = set(concurrency) - set(dict(config.knobs))
+    knobs = [k for k, _ in space.start(runner).knobs]
+    unknown = set(concurrency) - set(knobs)
     if unknown:
-        raise PipelineSpecError(f"tune: start names unknown stage(s) {sorted(unknown)}; "
-                                f"knobs of {runner}: {[k for k, _ in config.knobs]}")
-    return config
+        raise PipelineSpecError(f"tune: start names unknown stage(s) {sorted(unknown)}; the knobs of "
+                                f"{runner} are {knobs}")
+    for name, n in concurrency.items():
+        validate_concurrency(n, stage=name)
+    if runner == "process":
+        config = space.start(runner)
+        return config.with_knob(WORKERS, concurrency[WORKERS]) if WORKERS in concurrency else config
+    return space.start(runner, concurrency)
 
 
 def _verdicts(diagnosis: Any) -> dict[str, str]:

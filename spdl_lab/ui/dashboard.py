@@ -38,6 +38,9 @@ TABLE_WINDOW_S = 2.0
 #: comm message, and under the thread runner every message is GIL time taken
 #: from the training thread: text that changes every second needs no more.
 TEXT_EVERY_S = 1.0
+#: The "auto" toggle's budget (seconds), and how many of its latest moves are shown.
+AUTO_BUDGET_S = 60.0
+AUTO_LOG_LINES = 8
 #: Plots wait this long for the runner to name its queues (a child process
 #: needs a second or two) before they are drawn without them.
 QUEUE_WAIT_S = 10.0
@@ -89,15 +92,26 @@ class Dashboard(widgets.VBox):
             options=[(f"last {w / 60:g} min", w) for w in WINDOWS_S], value=WINDOWS_S[1],
             description="show", style={"button_width": "90px"})
         self.window.observe(self._on_window, names="value")
+        #: "auto": session.autotune() moves the sliders; moving one yourself takes over
+        self.auto = widgets.ToggleButton(description="auto", icon="magic", layout=widgets.Layout(width="90px"),
+                                         tooltip="let the lab tune the concurrency for the training step")
+        self.auto.observe(self._on_auto, names="value")
+        self.auto_budget_s = AUTO_BUDGET_S
+        self.autotuner: Any = None
+        #: the autotuner's moves and their reasons, newest last
+        self.auto_log = widgets.HTML()
+        self.auto_log.add_class("spdl-lab-auto-log")
+        self._auto_syncing = False
         self.sliders: dict[str, widgets.IntSlider] = {}
         self._slider_box = widgets.VBox()
         self._plot_box = widgets.Box()
         self.plots: LivePlots | None = None
         self.children = [
             self.header,
-            widgets.HBox([self.runner, self.start_button, self.stop_button, self.window]),
+            widgets.HBox([self.runner, self.start_button, self.stop_button, self.auto, self.window]),
             self._slider_box,
             self.verdict,
+            self.auto_log,
             self._plot_box,
             self.table,
             self.message,
@@ -108,6 +122,8 @@ class Dashboard(widgets.VBox):
     # -- showing a session -----------------------------------------------------
     def _attach(self, session: Any) -> None:
         """Show ``session``: fresh sliders, plots and window; start publishing."""
+        if getattr(self, "autotuner", None) is not None:
+            self._stop_auto()  # it tuned the session being replaced
         self.session = session
         self._cursor = 0
         self._window = Window()
@@ -183,6 +199,7 @@ class Dashboard(widgets.VBox):
             if data is not None:
                 self.plots.stream(data)
         self._sync_sliders(session)
+        self._sync_auto()
         now = time.monotonic()
         if text or now - self._text_at >= TEXT_EVERY_S or session.state != self._text_state:
             self._text_at, self._text_state = now, session.state
@@ -273,6 +290,43 @@ class Dashboard(widgets.VBox):
                 return
             self._applied[stage] = n
 
+    def _on_auto(self, change: dict[str, Any]) -> None:
+        if self._auto_syncing:
+            return
+        if change["new"]:
+            with self._lock:
+                try:
+                    self.autotuner = self.session.autotune(budget_s=self.auto_budget_s, on_log=self._on_auto_log)
+                except (PipelineSpecError, SpdlLabError) as exc:
+                    _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
+                    self._set_auto(False)
+        elif self.autotuner is not None:
+            self.autotuner.stop()
+
+    def _on_auto_log(self, sentence: str) -> None:
+        tuner = self.autotuner
+        lines = (tuner.log if tuner is not None else [sentence])[-AUTO_LOG_LINES:]
+        _set(self.auto_log, "<b>auto:</b><ul style='margin:0'>" + "".join(
+            f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+
+    def _sync_auto(self) -> None:
+        """The toggle goes off by itself when the tuning ends (done, stopped, or taken over)."""
+        tuner = self.autotuner
+        if tuner is not None and not tuner.running and self.auto.value:
+            self._set_auto(False)
+
+    def _set_auto(self, value: bool) -> None:
+        self._auto_syncing = True
+        try:
+            self.auto.value = value
+        finally:
+            self._auto_syncing = False
+
+    def _stop_auto(self) -> None:
+        if self.autotuner is not None:
+            self.autotuner.stop()
+        self._set_auto(False)
+
     def _on_window(self, change: dict[str, Any]) -> None:
         with self._lock:
             if self.plots is None:
@@ -310,8 +364,10 @@ class Dashboard(widgets.VBox):
         self._attach(session)
 
     def close(self) -> None:
-        """Stop publishing and close the widgets; the session is left as it is."""
+        """Stop publishing and close the widgets (and an autotuner); the session is left as it is."""
         self._closed.set()
+        if getattr(self, "autotuner", None) is not None:
+            self.autotuner.stop()
         publisher = self._publisher
         if publisher is not None and publisher is not threading.current_thread():
             publisher.join(5.0)

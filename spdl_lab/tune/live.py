@@ -1,0 +1,249 @@
+"""``session.autotune()``: the same climb, on a running session, through its own ``set_concurrency``.
+
+The live tuner measures the session's own training loop: it sets the knobs
+(the dashboard's sliders follow), lets what was queued under the old setting
+drain, then reads the session's StepClock, CPU and GIL probes over windows of
+steps, as a trial does. It moves only the running runner's knobs (a runner
+switch restarts the session, which is the user's call: the log says when the
+GIL makes it worth it). The user can take over at any moment: a knob found at
+a value the tuner did not set ends the tuning, and the session keeps the
+user's setting. At the end the session is left at the best configuration
+kept, which is never one measured worse than the start.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from ..errors import PipelineSpecError, SpdlLabError
+from ..experiments._contender import Window, _gil_fracs, _training_waits
+from ..experiments._spread import runner_row
+from ..telemetry.probes import CpuProbe, GilProbe
+from .bench import MAX_WINDOWS, MIN_WINDOWS, TARGET_NOISE, queue_fill, queued_batches, stage_samples
+from .model import RateModel, batch_items
+from .result import TRIAL_COLUMNS, trial_row
+from .search import GIL_SWITCH, Climb, Step, climb
+from .space import Config, Space
+from .trial import Trial, relative_noise
+
+__all__ = ["AutoTuner", "TakenOver"]
+
+
+class TakenOver(Exception):
+    """The user moved a knob while the tuner ran: it hands control back."""
+
+
+class _Stopped(Exception):
+    pass
+
+
+class AutoTuner:
+    """Tunes a running Session's concurrency in a background thread; made by ``session.autotune()``.
+
+    ``log`` grows one sentence per move as it happens; ``on_log`` (if given) is
+    called with each. ``stop()`` ends it early (the session keeps the best
+    setting so far); ``wait(timeout)`` waits for the end; ``steps`` are the
+    measured configurations.
+    """
+
+    def __init__(self, session: Any, *, budget_s: float = 60.0, window_s: float | None = None,
+                 on_log: Callable[[str], None] | None = None) -> None:
+        if session.loader is None or session.pipeline is None:
+            raise PipelineSpecError("autotune needs a session started from a lab.Pipeline; this one runs an "
+                                    "iterable whose concurrency it cannot change")
+        if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
+                or not math.isfinite(budget_s):
+            raise PipelineSpecError(f"autotune: budget_s must be a number of seconds > 0, got {budget_s!r}")
+        if not session.running:
+            raise SpdlLabError("autotune: the session is not running; start it (or restart()) first")
+        self.session = session
+        self.budget_s = float(budget_s)
+        self.window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
+        self.on_log = on_log
+        self.log: list[str] = []
+        self.steps: list[Step] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._ours: dict[str, int] = dict(session.controls())
+        self._items = batch_items(session.pipeline)
+        self._cpu = CpuProbe()
+        self._gil = next((p for p in getattr(session, "_probes", []) if isinstance(p, GilProbe)), None)
+        self._thread = threading.Thread(target=self._main, name="spdl_lab:autotune", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the tuning now; the session keeps the best setting kept so far."""
+        self._stop.set()
+        self._done.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the tuning to end; True if it has."""
+        return self._done.wait(timeout)
+
+    @property
+    def best(self) -> dict[str, int]:
+        kept = [s for s in self.steps if s.kept]
+        return dict(kept[-1].trial.config.knobs) if kept else dict(self._ours)
+
+    @property
+    def trials(self) -> pd.DataFrame:
+        """One row per measured configuration, as ``Tuning.trials``."""
+        rows = [trial_row(s, self.session.pipeline) for s in list(self.steps)]
+        return pd.DataFrame(rows, columns=TRIAL_COLUMNS)
+
+    def _say(self, sentence: str) -> None:
+        self.log.append(sentence)
+        if self.on_log is not None:
+            try:
+                self.on_log(sentence)
+            except Exception:  # noqa: BLE001 - a display's failure must not end the tuning
+                pass
+
+    # -- the loop -------------------------------------------------------------------
+    def _main(self) -> None:
+        session = self.session
+        space = Space(session.pipeline, [session.runner], self._cores())
+        search = Climb(space, RateModel(session.pipeline, space.cores))
+        first = Config.of(session.runner, session.controls())
+        deadline = time.perf_counter() + self.budget_s
+        self._say(f"autotune: {self.budget_s:g} s on the running {session.runner} session; "
+                  f"move a slider to take over")
+        ending = "converged: no move is predicted to gain, and none is left to explore"
+        try:
+            for step in climb(search, first, lambda c: self._measure(c, deadline)):
+                self.steps.append(step)
+                self._say(step.sentence)
+                longest = max(s.trial.elapsed_s for s in self.steps)
+                if time.perf_counter() + longest > deadline:
+                    ending = "budget spent"
+                    break
+        except TakenOver as exc:
+            ending = str(exc)
+        except _Stopped:
+            ending = "stopped"
+        except BaseException as exc:  # noqa: BLE001 - reported, and the session goes on
+            self.error = exc
+            ending = f"failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._finish(ending)
+
+    def _finish(self, ending: str) -> None:
+        try:
+            taken = ending.startswith("you took over")
+            if self.steps and not taken and self.session.running:
+                best = self.best
+                self._set(best)
+                self._say(f"{ending}; the session runs {Config.of(self.session.runner, best).describe()}"
+                          + self._gil_advice())
+            else:
+                self._say(ending)
+        finally:
+            self._done.set()
+
+    def _gil_advice(self) -> str:
+        kept = [s for s in self.steps if s.kept]
+        if not kept or self.session.runner != "thread":
+            return ""
+        wait = kept[-1].trial.train_gil_wait_frac
+        if math.isfinite(wait) and wait >= GIL_SWITCH:
+            return (f". The training thread still waits for the GIL {wait:.0%} of its step: try the "
+                    f"subprocess-threads runner (the runner selector), or lab.tune across runners")
+        return ""
+
+    # -- measuring on the live loop ----------------------------------------------------
+    def _cores(self) -> int:
+        import psutil
+
+        return psutil.cpu_count() or 1
+
+    def _check(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped()
+        if not self.session.running:
+            raise SpdlLabError("the session ended while it was being tuned")
+        now = self.session.controls()
+        for name, n in now.items():
+            if self._ours.get(name) != n:
+                raise TakenOver(f"you took over: {name} was moved to {n}; autotune handed control back")
+
+    def _set(self, knobs: dict[str, int]) -> None:
+        for name, n in knobs.items():
+            if self.session.controls().get(name) != n:
+                self._ours[name] = n
+                self.session.set_concurrency(name, n)
+
+    def _measure(self, config: Config, deadline: float) -> Trial:
+        started = time.perf_counter()
+        self._check()
+        self._set(dict(config.knobs))
+        loader = self.session.loader
+        self._steps(queued_batches(loader.reading(), self._items) + 2, deadline)
+        before = loader.reading()
+        windows, fills = [], []
+        while len(windows) < MAX_WINDOWS:
+            windows.append(self._window(deadline))
+            fills.append(queue_fill(loader.reading()))
+            rates = [w.batches_per_s for w in windows]
+            if len(windows) >= MIN_WINDOWS and relative_noise(rates) <= TARGET_NOISE:
+                break
+            if time.perf_counter() > deadline and len(windows) >= 2:
+                break
+        after = loader.reading()
+        row = runner_row(windows)
+        span = sum(w.loop_s for w in windows)
+        return Trial(config=config, rates=tuple(w.batches_per_s for w in windows),
+                     step_p50_ms=row["step_p50_ms"], data_wait_frac=row["data_wait_frac"],
+                     cpu_percent=row["cpu_percent"], train_gil_wait_frac=row["train_gil_wait_frac"],
+                     gil_wait_frac=row["gil_wait_frac"],
+                     stages=stage_samples(before, after, span, self._items, fills),
+                     elapsed_s=time.perf_counter() - started)
+
+    def _steps(self, n: int, deadline: float) -> list:
+        """Wait for ``n`` more training steps of the session (checking for stop and takeover)."""
+        clock = self.session.clock
+        records = clock.records()
+        last = records[-1].index if records else -1
+        limit = max(deadline, time.perf_counter()) + 30.0
+        while True:
+            self._check()
+            new = [r for r in clock.records() if r.index > last]
+            if len(new) >= n:
+                return new[:n]
+            if time.perf_counter() > limit:
+                raise SpdlLabError(f"autotune: the session made {len(new)} of {n} steps in 30 s past the budget")
+            self._stop.wait(0.02)
+
+    def _window(self, deadline: float) -> Window:
+        rate = self._rate_guess()
+        device = self.session.device
+        cpu_a, gil_a = self._cpu.totals(), self._gil.totals() if self._gil else None
+        dev_a = device.totals() if device is not None else None
+        t_a = time.monotonic()
+        records = self._steps(max(2, round(rate * self.window_s)), deadline)
+        span = max(time.monotonic() - t_a, 1e-9)
+        cpu_b, gil_b = self._cpu.totals(), self._gil.totals() if self._gil else None
+        dev_b = device.totals() if device is not None else None
+        ours = (cpu_b.main_s + cpu_b.children_s - cpu_a.main_s - cpu_a.children_s) / span * 100.0
+        gil, queued = _gil_fracs(gil_a, gil_b)
+        train_gil, train_queued = _training_waits(dev_a, dev_b)
+        cores = self._cores()
+        return Window(runner=self.session.runner, round=0, started_s=0.0, records=tuple(records),
+                      cpu_percent=min(max(0.0, ours), 100.0 * cores), others_percent=math.nan,
+                      gil_wait_frac=gil, runqueue_wait_frac=queued, train_gil_wait_frac=train_gil,
+                      train_runqueue_wait_frac=train_queued)
+
+    def _rate_guess(self) -> float:
+        records = self.session.clock.records()[-20:]
+        loop = sum(r.data_wait_s + r.step_s for r in records)
+        return len(records) / loop if loop > 0 else 4.0 / self.window_s
