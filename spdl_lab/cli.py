@@ -1,4 +1,4 @@
-"""The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, watch, report.
+"""The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, tune, watch, report.
 
 Every subcommand has ``--help`` with an example. Exit status:
 
@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from . import cli_tune
 from .cli_inputs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -134,6 +135,11 @@ def _diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _tune(args: argparse.Namespace) -> int:
+    """Tune the runner and concurrency of the Pipeline named by module:attr (see cli_tune.py)."""
+    return cli_tune.tune(args, progress=_progress(args), stem=_stem(args.target))
+
+
 # -- what the arguments name -------------------------------------------------------------------
 
 def _stem(target: str) -> str:
@@ -175,10 +181,10 @@ def _seconds(text: str) -> float:
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
 
 
-def _writes(stem: str) -> str:
+def _writes(stem: str, suffixes: tuple[str, ...] = (".html", ".json")) -> str:
     from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
 
-    return f"\n  (writes {DEFAULT_REPORT_DIR}/{stem}.html and {DEFAULT_REPORT_DIR}/{stem}.json)"
+    return f"\n  (writes {' and '.join(f'{DEFAULT_REPORT_DIR}/{stem}{s}' for s in suffixes)})"
 
 
 def _example_report() -> str:
@@ -222,6 +228,13 @@ def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers
                         help="give up on a runner that takes longer than this, all its rounds together (exit 3)")
 
 
+def _target_and_step(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="TARGET", help="module:attr naming a lab.Pipeline or a zero-argument factory")
+    parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
+                        help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
+                             f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from spdl_lab.pipeline import MAX_CONCURRENCY
 
@@ -231,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "several parallelism models, measure where the time goes, write reports.",
         epilog="examples:\n  spdl-lab info\n  spdl-lab compare mypkg.data:make_pipeline --step simulated:20\n"
                "  spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8\n"
+               "  spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60\n"
                f"  spdl-lab report {_example_report()}\n\n" + EXIT_CODES,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -266,11 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the comparison as JSON.",
         "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache"
         + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
-    cmp.add_argument("target", metavar="TARGET",
-                     help="module:attr naming a lab.Pipeline or a zero-argument factory")
-    cmp.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
-                     help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
-                          f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
+    _target_and_step(cmp)
     _comparison_options(cmp, steps=100, num_workers=None)
     cmp.add_argument("--report", default=None, metavar="PATH.html",
                      help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
@@ -296,6 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="skip the process-pool sweep of stages that do not scale with threads")
     diag.add_argument("--report-dir", default=None, metavar="DIR",
                       help="where reports go (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports)")
+
+    tune = _subcommand(
+        sub, "tune", _tune, "search runner and concurrency for the most batches/s; table, code, HTML report",
+        "Within a budget of wall time, move one knob at a time (a stage's threads, the workers,\n"
+        "the runner) and keep a move only beyond the noise; then measure the best against the\n"
+        "start side by side. Print the trials, the log and the code to paste; write an HTML report.",
+        "spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60 --runners thread,process"
+        + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",)), quiet=True)
+    _target_and_step(tune)
+    cli_tune.add_arguments(tune, seconds=_seconds)
 
     report = _subcommand(
         sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",

@@ -19,7 +19,7 @@ from spdl_lab.cli import main
 from spdl_lab.diagnose.env_mode import ENV, ENV_REPORT_DIR, EXIT_STATUS
 from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
 
-COMMANDS = ["info", "demo", "compare", "diagnose", "watch", "report"]
+COMMANDS = ["info", "demo", "compare", "diagnose", "tune", "watch", "report"]
 MODULE = "spdl_cli_tiny"  # a name no other test imports, so sys.modules holds only ours
 
 TINY = textwrap.dedent('''
