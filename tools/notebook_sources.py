@@ -1061,6 +1061,7 @@ for name, table in tables.items():
 """),
 ]
 
+from notebook_autotune import AUTOTUNE  # noqa: E402 - tutorial 10 lives in its own module
 
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
@@ -1072,4 +1073,5 @@ NOTEBOOKS = {
     "07_watch_a_script.ipynb": WATCH_A_SCRIPT,
     "08_real_images.ipynb": REAL_IMAGES,
     "09_text_tokenizers.ipynb": TEXT_TOKENIZERS,
+    "10_autotune.ipynb": AUTOTUNE,
 }

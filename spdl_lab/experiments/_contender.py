@@ -75,10 +75,11 @@ class Contender:
     """A runner's Loader, clock and iterator, kept across the rounds of a comparison."""
 
     def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
-                 options: dict[str, Any], probe: GilProbe | None, t0: float) -> None:
+                 options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
         if runner == "cache" and not {"forever", "num_outputs"} & set(options):
             options = {**options, "forever": True}  # the comparison decides when to stop
         self.runner = runner
+        self.who = who  # the experiment's name, first in its error messages
         self.step = step
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
@@ -135,14 +136,14 @@ class Contender:
             raise
         except BaseException as exc:
             raise SpdlLabError(
-                f"compare: the {self.runner!r} run failed: {type(exc).__name__}: {exc}") from exc
+                f"{self.who}: the {self.runner!r} run failed: {type(exc).__name__}: {exc}") from exc
         if done < steps:
             if watchdog.fired:
                 raise SpdlLabError(
-                    f"compare: the {self.runner!r} runner did not finish within {watchdog.timeout:g} s "
+                    f"{self.who}: the {self.runner!r} runner did not finish within {watchdog.timeout:g} s "
                     f"({len(self.clock.records())} steps done); pass a larger timeout= or fewer steps=")
             raise SpdlLabError(
-                f"compare: the {self.runner!r} runner's data ran out after {len(self.clock.records())} "
+                f"{self.who}: the {self.runner!r} runner's data ran out after {len(self.clock.records())} "
                 f"batches; pass fewer steps=, warmup= or repeats=, or a longer source")
 
     def close(self) -> None:

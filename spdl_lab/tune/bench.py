@@ -104,7 +104,7 @@ class Bench:
             options = dict(config.options)
             if config.runner == "process":
                 options["num_workers"] = config.knob(WORKERS)
-            contender = Contender(self.pipeline, config.runner, self.step, options, self._probe, self.t0)
+            contender = Contender(self.pipeline, config.runner, self.step, options, self._probe, self.t0, who="tune")
             self._contenders[config.runner] = contender
         controls = contender.loader.controls()
         for name, value in config.knobs:

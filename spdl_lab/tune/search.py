@@ -63,7 +63,8 @@ def decide(best: Trial, new: Trial) -> Decision:
         return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain, need)
     cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
                if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
-    if gain >= -need and cheaper:
+    # Cheaper only breaks a tie: a median lower by more than MIN_GAIN is never kept, however noisy.
+    if gain >= -MIN_GAIN and cheaper:
         return Decision(True, f"{gain:+.0%}, within the noise (±{need:.0%}), for {new.cpu_percent:.0f}% CPU "
                               f"instead of {best.cpu_percent:.0f}%", gain, need)
     if gain >= -need:

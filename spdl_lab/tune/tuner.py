@@ -89,6 +89,8 @@ def tune(
     # Everything is checked: from here on, whatever starts is closed in the finally below.
     bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
+    # Each confirmation round measures both configurations: a drain, half a window, two windows.
+    reserve = max(CONFIRM_SHARE * budget_s, CONFIRM_ROUNDS * 2 * 3.0 * window_s)
     log: list[str] = []
     steps: list[Step] = []
     stopped = "converged: no move is predicted to gain, and none is left to explore"
@@ -100,7 +102,7 @@ def tune(
             _tick(bar, t0, budget_s, f"best {best.batches_per_s:.3g} batches/s")
             # Leave the confirmation its share, and room for a trial as long as the longest so far.
             longest = max(s.trial.elapsed_s for s in steps)
-            if deadline - time.perf_counter() < CONFIRM_SHARE * budget_s + longest:
+            if deadline - time.perf_counter() < reserve + longest:
                 stopped = "budget spent"
                 break
         best = next(s.trial for s in reversed(steps) if s.kept)
