@@ -96,8 +96,12 @@ class Contender:
         self._ended = False
 
     def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
-               timeout: float | None) -> Window:
-        """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window."""
+               timeout: float | None, max_s: float | None = None) -> Window:
+        """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.
+
+        ``max_s`` ends the measured part early, after at least two steps, once that many
+        seconds have passed (the tuner's windows are sized in time, not steps).
+        """
         if self._batches is None:
             self._batches = iter(self.loader)
         watchdog = _Watchdog(self.loader, timeout)
@@ -107,7 +111,7 @@ class Contender:
             started = time.perf_counter() - self._t0
             t_a, ours_a, busy_a, gil_a = machine.read()
             device_a = self.device.totals() if self.device is not None else None
-            self._run(steps, watchdog)
+            self._run(steps, watchdog, max_s)
             t_b, ours_b, busy_b, gil_b = machine.read()
             device_b = self.device.totals() if self.device is not None else None
         finally:
@@ -126,18 +130,22 @@ class Contender:
             train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued,
         )
 
-    def _run(self, steps: int, watchdog: _Watchdog) -> None:
+    def _run(self, steps: int, watchdog: _Watchdog, max_s: float | None = None) -> None:
         if steps <= 0:
             return
         assert self._batches is not None
+        if max_s is not None and steps > 2:
+            self._run(2, watchdog)
+            steps -= 2
+        out_of_time = _Deadline(max_s)
         try:
-            done = self.clock.run(self._batches, self.step, steps=steps)
+            done = self.clock.run(self._batches, self.step, steps=steps, stop_event=out_of_time)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
             raise SpdlLabError(
                 f"{self.who}: the {self.runner!r} run failed: {type(exc).__name__}: {exc}") from exc
-        if done < steps:
+        if done < steps and not out_of_time.is_set():
             if watchdog.fired:
                 raise SpdlLabError(
                     f"{self.who}: the {self.runner!r} runner did not finish within {watchdog.timeout:g} s "
@@ -148,6 +156,16 @@ class Contender:
 
     def close(self) -> None:
         self.loader.close()
+
+
+class _Deadline:
+    """A stop event for StepClock.run that sets itself ``seconds`` after it is made (never with None)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._at = None if seconds is None else time.monotonic() + seconds
+
+    def is_set(self) -> bool:
+        return self._at is not None and time.monotonic() >= self._at
 
 
 class _Watchdog:

@@ -33,6 +33,11 @@ MIN_WINDOWS = 3
 MAX_WINDOWS = 6
 #: A trial stops adding windows once its rate's relative standard error is below this.
 TARGET_NOISE = 0.02
+#: Start-up before a runner's first batch, until one was measured: a child process that imports
+#: this package (and torch, for DataLoader workers) on a small machine.
+_STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 2.0, "process": 4.0}
+#: A window ends after this many times ``window_s``, whatever its step count said.
+_WINDOW_CAP = 2.5
 #: Unmeasured steps that size the windows of a configuration not measured before.
 _SIZING_STEPS = 4
 
@@ -60,16 +65,33 @@ class Bench:
         #: the last measured batches/s of each configuration, to size its windows
         self._rate: dict[Config, float] = {}
         self._round = 0
+        #: seconds from opening each runner to the end of its first warm-up (start-up included)
+        self.startup_s: dict[str, float] = {}
+
+    def trial_cost(self, config: Config) -> float:
+        """Seconds a trial of ``config`` is expected to take: start-up, warm-up, the fewest windows."""
+        cost = (self.min_windows + 1.0) * self.window_s
+        if config.runner not in self._contenders:
+            children = [s for r, s in self.startup_s.items() if r != "thread"]
+            guess = max(children) if children else _STARTUP_GUESS_S.get(config.runner, 0.0)
+            cost += self.startup_s.get(config.runner, guess)
+        return cost
 
     @property
     def cores(self) -> int:
         return self.machine.cores
 
-    def measure(self, config: Config, timeout: float) -> Trial:
-        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window."""
+    def measure(self, config: Config, timeout: float, deadline: float | None = None) -> Trial:
+        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window.
+
+        Past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second.
+        """
         started = time.perf_counter()
+        opening = config.runner not in self._contenders
         contender = self._apply(config)
         self._warm(contender, config, timeout)
+        if opening:
+            self.startup_s[config.runner] = time.perf_counter() - started
         before = contender.loader.reading()
         windows: list[Window] = []
         fills: list[dict[str, float]] = []
@@ -78,6 +100,8 @@ class Bench:
             fills.append(queue_fill(contender.loader.reading()))
             rates = [w.batches_per_s for w in windows]
             if len(windows) >= self.min_windows and relative_noise(rates) <= self.target_noise:
+                break
+            if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
                 break
         after = contender.loader.reading()
         return self._trial(config, windows, before, after, fills, started)
@@ -120,21 +144,22 @@ class Bench:
             contender.window(self._round, 0, queued, self.machine, timeout)
         # Then half a window at the new setting (the first sizes the windows of a new configuration).
         known = self._rate.get(config, 0.0)
-        sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 2)), timeout)
+        sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 2)), timeout,
+                           max_s=self.window_s)
         if not known and sizing.batches_per_s > 0:
             self._rate[config] = sizing.batches_per_s
 
     def _window(self, contender: Contender, config: Config, timeout: float, scale: float = 1.0) -> Window:
         rate = self._rate.get(config, 0.0)
         steps = max(2, round(rate * self.window_s * scale)) if rate > 0 else _SIZING_STEPS
-        window = self._run(contender, steps, timeout)
+        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s * scale)
         if window.batches_per_s > 0:
             self._rate[config] = window.batches_per_s
         return window
 
-    def _run(self, contender: Contender, steps: int, timeout: float) -> Window:
+    def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
         self._round += 1
-        return contender.window(self._round, 0, steps, self.machine, timeout)
+        return contender.window(self._round, 0, steps, self.machine, timeout, max_s)
 
     def _trial(self, config: Config, windows: list[Window], before: EngineReading | None,
                after: EngineReading | None, queue_fill: list[dict[str, float]], started: float) -> Trial:

@@ -125,6 +125,12 @@ class Climb:
         if not candidates:
             return None
         scored = sorted(candidates, key=lambda c: _score(c.predicted.batches_per_s), reverse=True)
+        if self._gil_says(best):
+            # The model sees the GIL only through task times: leaving the interpreter is measured first.
+            for candidate in self._explorations(best, candidates):
+                if candidate.move.kind == "switch":
+                    self._explored.add(candidate.move.config)
+                    return candidate
         top = scored[0]
         # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
         here = self.model.predict(best.config)
@@ -139,9 +145,7 @@ class Climb:
     def _explorations(self, best: Trial, candidates: list[Candidate]) -> Iterable[Candidate]:
         fresh = [c for c in candidates if c.move.config not in self._explored]
         gil = best.train_gil_wait_frac
-        gil_says = ((math.isfinite(gil) and gil >= GIL_SWITCH)
-                    or (not math.isfinite(gil) and best.gil_wait_frac >= PROBE_GIL_SWITCH))
-        if best.config.runner == "thread" and gil_says:
+        if self._gil_says(best):
             switches = [c for c in fresh if c.move.kind == "switch"]
             for c in sorted(switches, key=lambda c: _score(c.predicted.batches_per_s), reverse=True):
                 wait = (f"the training thread waited for the GIL {gil:.0%} of its step" if math.isfinite(gil)
@@ -154,6 +158,15 @@ class Climb:
                 yield Candidate(c.move, c.predicted,
                                 f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack, and fewer "
                                 f"loader threads may leave the step more CPU")
+
+    @staticmethod
+    def _gil_says(best: Trial) -> bool:
+        """The training thread (or, when its wait is unknown, the probe) waits for the GIL."""
+        if best.config.runner != "thread":
+            return False
+        gil = best.train_gil_wait_frac
+        return ((math.isfinite(gil) and gil >= GIL_SWITCH)
+                or (not math.isfinite(gil) and best.gil_wait_frac >= PROBE_GIL_SWITCH))
 
     def _jump(self, config: Config, here: Prediction) -> Move | None:
         """Raise the limiting stage straight to the concurrency that lifts it to the next limit."""
@@ -213,11 +226,13 @@ class Step:
     sentence: str  # the log line
 
 
-def climb(search: Climb, first: Config, measure: Callable[[Config], Trial]) -> Iterator[Step]:
+def climb(search: Climb, first: Config, measure: Callable[[Config], Trial],
+          affordable: Callable[[Config], bool] = lambda config: True) -> Iterator[Step]:
     """Measure ``first``, then one move at a time; each measured step is yielded as it ends.
 
-    The caller decides when to stop (its budget) by leaving the loop; the climb
-    ends by itself when nothing is left worth measuring.
+    The climb ends by itself when nothing is left worth measuring, or when the
+    next move is not ``affordable`` (the caller's budget); the caller may also
+    leave the loop.
     """
     best = measure(first)
     search.record(best)
@@ -225,6 +240,8 @@ def climb(search: Climb, first: Config, measure: Callable[[Config], Trial]) -> I
     yield Step(best, Move("start", first), math.nan, here.limit, True,
                f"started from {first.describe()}: measured {_rate(best)} batches/s; {here.describe()}")
     while (candidate := search.next_move(best)) is not None:
+        if not affordable(candidate.move.config):
+            return
         trial = measure(candidate.move.config)
         search.record(trial)
         verdict = decide(best, trial)

@@ -95,16 +95,22 @@ def tune(
     steps: list[Step] = []
     stopped = "converged: no move is predicted to gain, and none is left to explore"
     try:
-        for step_ in climb(search, first, lambda config: _measure(bench, config, deadline)):
+        def affordable(config: Config) -> bool:
+            # Room for this trial (its runner's start-up included) and the confirmation after it.
+            if deadline - time.perf_counter() >= reserve + bench.trial_cost(config):
+                return True
+            nonlocal stopped
+            stopped = f"budget spent (the next move, {config.describe()}, would not fit)"
+            return False
+
+        def measure(config: Config) -> Trial:
+            return _measure(bench, config, deadline - reserve)
+
+        for step_ in climb(search, first, measure, affordable):
             steps.append(step_)
             log.append(step_.sentence)
             best = next(s.trial for s in reversed(steps) if s.kept)
             _tick(bar, t0, budget_s, f"best {best.batches_per_s:.3g} batches/s")
-            # Leave the confirmation its share, and room for a trial as long as the longest so far.
-            longest = max(s.trial.elapsed_s for s in steps)
-            if deadline - time.perf_counter() < reserve + longest:
-                stopped = "budget spent"
-                break
         best = next(s.trial for s in reversed(steps) if s.kept)
         log.append(f"stopped: {stopped}")
         start_trial = steps[0].trial
@@ -126,7 +132,7 @@ def _measure(bench: Bench, config: Config, deadline: float) -> Trial:
     # A window slower than this is a hang, not a rate: a runner's start-up (spawning workers that
     # import torch on a loaded machine) can take seconds, so never less than WINDOW_TIMEOUT_S.
     timeout = max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())
-    return bench.measure(config, timeout)
+    return bench.measure(config, timeout, deadline)
 
 
 def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
