@@ -110,7 +110,7 @@ class Bench:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
         contender = self._apply(config)
         self._warm(contender, config, timeout)
-        return self._window(contender, config, timeout, scale=2.0).batches_per_s
+        return self._window(contender, config, timeout, scale=1.5).batches_per_s
 
     def close(self) -> None:
         try:

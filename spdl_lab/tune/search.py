@@ -7,9 +7,9 @@ the concurrency the model says removes it, and each other runner. The move
 with the best predicted gain beyond ``MIN_GAIN`` is measured next. When the
 model sees no gain, two moves are still worth measuring once, because the
 model cannot see them well: switching runner when the GIL is the wait
-(the training thread's, or the probe's), and, when the step sets the pace,
+(the training thread's, or the probe's), when the step sets the pace,
 lowering the knob with the most slack (fewer loader threads can speed up the
-step they crowd). A move is kept only beyond the noise of both trials, or
+step they crowd), and each runner not measured yet, once. A move is kept only beyond the noise of both trials, or
 within it at clearly less CPU (ties go to the cheaper configuration).
 """
 
@@ -158,6 +158,19 @@ class Climb:
                 yield Candidate(c.move, c.predicted,
                                 f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack, and fewer "
                                 f"loader threads may leave the step more CPU")
+        # Across runners the model is least sure (pickling, another interpreter's GIL, the step's
+        # neighbours): a runner never measured is measured once, at its best predicted setting.
+        unmeasured: dict[str, Candidate] = {}
+        for c in fresh:
+            runner = c.move.config.runner
+            if c.move.kind != "switch" or runner in self.best_by_runner:
+                continue
+            if runner not in unmeasured or (_score(c.predicted.batches_per_s)
+                                            > _score(unmeasured[runner].predicted.batches_per_s)):
+                unmeasured[runner] = c
+        for runner, c in unmeasured.items():
+            yield Candidate(c.move, c.predicted, f"{runner} not measured yet: the model predicts across "
+                                                 f"runners least well")
 
     @staticmethod
     def _gil_says(best: Trial) -> bool:

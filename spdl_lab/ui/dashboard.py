@@ -140,6 +140,8 @@ class Dashboard(widgets.VBox):
         finally:
             self._attaching = False
         self.runner.disabled = not switchable
+        # Autotune drives a local session's loop (a remote one is steered slider by slider).
+        self.auto.disabled = not callable(getattr(session, "autotune", None)) or not self._applied
         self.sliders = {name: self._slider(name, n) for name, n in self._applied.items()}
         self._slider_box.children = list(self.sliders.values())
         # A RemoteSession has no Pipeline object here, but knows the names of the run's stages.

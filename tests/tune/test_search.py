@@ -127,7 +127,7 @@ def test_the_gil_on_the_training_thread_makes_it_try_another_runner():
 def test_no_more_worker_processes_than_cores_unless_measured_to_help():
     # Processes scale until the cores are full, then not at all (the world's process law).
     world = World({"decode": Law(4, 0.003, alpha=1.0, cpu=0.3)}, step_s=0.001, cores=2)
-    best, steps, space = run_climb(world, world.space(("process",)).start("process", ))
+    best, steps, space = run_climb(world, world.space(("process",)).start("process"), runners=("process",))
     for i, s in enumerate(steps):
         if s.trial.config.knob(WORKERS) > world.cores:
             earlier = [t.trial for t in steps[:i]]
@@ -137,14 +137,14 @@ def test_no_more_worker_processes_than_cores_unless_measured_to_help():
     assert best.config.knob(WORKERS) <= world.cores
     # Never measured to help: a start at one worker, and a step-bound world, never go above the cores.
     world2 = World({"decode": Law(4, 0.001, cpu=1.0)}, step_s=0.02, cores=2)
-    _, steps2, space2 = run_climb(world2, world2.space(("process",)).start("process"))
+    _, steps2, space2 = run_climb(world2, world2.space(("process",)).start("process"), runners=("process",))
     assert not space2.allow_more_workers
     assert all(s.trial.config.knob(WORKERS) <= world2.cores for s in steps2)
 
 
 def test_a_converged_climb_stops_by_itself_and_measures_nothing_twice():
     world = World({"read": Law(4, 0.004)}, step_s=0.02)
-    _, steps, _ = run_climb(world, world.space(("thread",)).start("thread"))
+    _, steps, _ = run_climb(world, world.space(("thread",)).start("thread"), runners=("thread",))
     configs = [s.trial.config for s in steps]
     assert len(configs) == len(set(configs))
     assert len(steps) <= 8

@@ -31,8 +31,8 @@ def _kernel_int(notebook: OpenNotebook, expr: str) -> int:
 
 def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str,
                     stop_expr: str = "(session.stop(), dash.close(), session.running)[-1]",
-                    stopped: str = "False") -> None:
-    """Run the dashboard, see it render and stream, move the decode slider, stop it."""
+                    stopped: str = "False", auto: bool = False) -> None:
+    """Run the dashboard, see it render and stream, move the decode slider, (click "auto"), stop it."""
     page = notebook.page
     run_all_above_last_cell(page)
     assert error_outputs(page) == []
@@ -63,6 +63,8 @@ def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str,
     )
     screenshot(page, f"{shots}-slider", DASHBOARD)
     assert error_outputs(page) == []
+    if auto:
+        check_auto(notebook, shots)
 
     run_cell(page, -1)
     assert error_outputs(page) == []
@@ -74,10 +76,31 @@ def check_dashboard(notebook: OpenNotebook, concurrency_expr: str, shots: str,
     assert notebook.kernel_eval(stop_expr, timeout=90) == stopped
 
 
-@pytest.mark.timeout(300)
+def check_auto(notebook: OpenNotebook, shots: str) -> None:
+    """Click "auto": the tuner's moves appear under the verdict, and the toggle goes off when it ends."""
+    page = notebook.page
+    notebook.kernel_eval("setattr(dash, 'auto_budget_s', 12)")
+    button = page.locator(f"{DASHBOARD} button:has-text('auto')")
+    button.click()
+    log = page.locator(f"{DASHBOARD} .spdl-lab-auto-log")
+    wait_until(lambda: "started from" in (log.inner_text() or ""), timeout=60,
+               what="the autotuner's first measurement under the verdict")
+    wait_until(lambda: notebook.kernel_eval("dash.autotuner.running") == "False", timeout=90,
+               what="the autotuner to end within its budget")
+    wait_until(lambda: "mod-active" not in (button.get_attribute("class") or ""), timeout=30,
+               what="the auto toggle to switch itself off")
+    # What the page shows is what the kernel's tuner did, and the sliders show where it left the session.
+    last = notebook.kernel_eval("dash.autotuner.log[-1].split(';')[0]")
+    wait_until(lambda: last.strip("'\"")[:40] in log.inner_text(), timeout=30, what="the tuner's last line on the page")
+    assert notebook.kernel_eval("dash.sliders['decode'].value == session.controls()['decode']") == "True"
+    screenshot(page, f"{shots}-auto", DASHBOARD)
+    assert error_outputs(page) == []
+
+
+@pytest.mark.timeout(420)
 def test_dashboard_in_jupyterlab(open_notebook):
     notebook = open_notebook(DASHBOARD_NOTEBOOK)
-    check_dashboard(notebook, "session.stats().stages['decode'].concurrency", "dashboard")
+    check_dashboard(notebook, "session.stats().stages['decode'].concurrency", "dashboard", auto=True)
 
 
 ATTACHED_SCRIPT = '''
