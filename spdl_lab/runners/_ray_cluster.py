@@ -1,0 +1,145 @@
+"""The Ray instance a ``ray`` runner uses: one the lab starts on this host, or a cluster it joins.
+
+``address=None`` starts a local instance bound to 127.0.0.1 with the machine's
+cores and no dashboard, in a temporary directory of its own (0700), and shuts it
+down, removing that directory, when the last lab runner using it closes. Ray's
+own processes (GCS, raylet, workers) are children of this process: closing
+checks they are gone. ``address="auto"`` or ``"ray://host:port"`` joins that
+cluster and only disconnects. A Ray connection the user opened before is used
+as it is and never shut down: the lab shuts down only what it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from ..errors import PipelineSpecError, RunnerError
+
+__all__ = ["RayConnection", "ray_processes"]
+
+_LOCK = threading.Lock()
+#: The local instance the lab started in this process, and how many runners use it.
+_LOCAL: dict[str, Any] = {"users": 0, "temp_dir": None}
+#: Ray process names (``ray::IDLE``, ``raylet``, ``gcs_server``, ...) among this process's children.
+_RAY_NAMES = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_monitor", "monitor.py",
+              "default_worker", "ray_client_server")
+
+
+def ray_processes() -> list[psutil.Process]:
+    """This process's descendants that belong to a Ray instance."""
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            text = " ".join(child.cmdline()) or child.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(name in text for name in _RAY_NAMES):
+            out.append(child)
+    return out
+
+
+class RayConnection:
+    """Opens (or joins) a Ray instance for one runner; ``close()`` undoes exactly what ``open()`` did."""
+
+    def __init__(self, address: str | None, init_kwargs: dict[str, Any] | None) -> None:
+        if address is not None and not isinstance(address, str):
+            raise PipelineSpecError(f"ray runner: address must be None, 'auto' or 'ray://host:port', got {address!r}")
+        if init_kwargs is not None and not isinstance(init_kwargs, dict):
+            raise PipelineSpecError(f"ray runner: ray_init_kwargs must be a dict, got {type(init_kwargs).__name__}")
+        self.address = address
+        self.init_kwargs = dict(init_kwargs or {})
+        self.role = "none"  # "local" (ours, shared), "joined" (a cluster), "user" (the user's own)
+
+    def open(self) -> None:
+        import ray
+
+        with _LOCK:
+            if ray.is_initialized():
+                self.role = "local" if _LOCAL["users"] > 0 else "user"
+                if self.role == "local":
+                    _LOCAL["users"] += 1
+                return
+            if self.address is None:
+                self._start_local(ray)
+                self.role = "local"
+                _LOCAL["users"] = 1
+            else:
+                try:
+                    ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING,
+                             **self.init_kwargs)
+                except Exception as exc:
+                    raise RunnerError(f"ray runner: could not join the Ray cluster at {self.address!r}: "
+                                      f"{type(exc).__name__}: {exc}. Check the address and that the "
+                                      f"cluster runs ray {ray.__version__}") from exc
+                self.role = "joined"
+
+    def _start_local(self, ray: Any) -> None:
+        # A short path: Ray's Unix sockets live under it, and socket paths are limited to 107 bytes.
+        temp_dir = tempfile.mkdtemp(prefix="spdlray", dir="/tmp")
+        os.chmod(temp_dir, 0o700)
+        # Workers on this host import what this process imports: functions defined in modules
+        # on this sys.path (a test, a script's own package) travel by reference.
+        # (Through the environment the raylet inherits, not a runtime_env: one of those costs
+        # every worker seconds of set-up.)
+        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        options = dict(num_cpus=psutil.cpu_count() or 1, include_dashboard=False, _temp_dir=temp_dir,
+                       _node_ip_address="127.0.0.1", log_to_driver=False, logging_level=logging.WARNING,
+                       configure_logging=False)
+        options.update(self.init_kwargs)
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = path
+        try:
+            ray.init(**options)
+        except Exception as exc:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: {exc}") \
+                from exc
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines are per execution
+        _LOCAL["temp_dir"] = temp_dir
+
+    def close(self, timeout: float = 5.0) -> None:
+        import ray
+
+        role, self.role = self.role, "none"
+        with _LOCK:
+            if role == "joined":
+                ray.shutdown()  # disconnects this driver; the cluster goes on
+            if role != "local":
+                return
+            _LOCAL["users"] -= 1
+            if _LOCAL["users"] > 0:
+                return
+            temp_dir, _LOCAL["temp_dir"] = _LOCAL["temp_dir"], None
+            ray.shutdown()
+        _reap(timeout)
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _reap(timeout: float) -> None:
+    """Wait for the instance's processes to exit; kill what is left at the deadline."""
+    deadline = time.monotonic() + timeout
+    left = ray_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=1.0)

@@ -1,0 +1,116 @@
+"""runner="ray": the Pipeline on Ray Data on a local Ray instance that the runner starts and stops.
+
+Starting a local instance costs 10-30 s on this machine (GCS, raylet, then worker
+processes that import Ray), so the tests share one: the module fixture opens it as
+a lab runner would, every Loader joins it, and the fixture's teardown checks that
+closing the last user leaves no Ray process and no temporary directory behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import spdl_lab as lab
+from spdl_lab.errors import PipelineError, PipelineSpecError
+
+ray = pytest.importorskip("ray")
+from spdl_lab.runners._ray_cluster import ray_processes  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from spdl_lab.runners._ray_cluster import RayConnection
+
+    connection = RayConnection(None, None)
+    connection.open()
+    temp = [d for d in os.listdir("/tmp") if d.startswith("spdlray")]
+    assert temp and ray.is_initialized(), "the lab's local instance, in a temporary directory of its own"
+    yield connection
+    connection.close()
+    assert no_ray_left(), [p.cmdline() for p in ray_processes()]
+    assert not set(temp) & set(os.listdir("/tmp")), "its temporary directory is removed"
+
+
+def decode(i):
+    return np.full((4, 4), i, dtype=np.float32)
+
+
+def stack(items):
+    return np.stack(items)
+
+
+def pipeline(n=64):
+    return lab.Pipeline(range(n)).map(decode, concurrency=2, name="decode").batch(8).map(stack, name="collate")
+
+
+def no_ray_left(timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not ray_processes() and not ray.is_initialized()
+
+
+def test_batches_come_in_order_with_meters_from_the_workers():
+    with lab.Loader(pipeline(), runner="ray") as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    assert len(batches) == 8
+    assert [int(b[0, 0, 0]) for b in batches] == list(range(0, 64, 8))  # the pipeline asked for order
+    assert all(b.shape == (8, 4, 4) for b in batches)
+    assert stats.stages["decode"].tasks == 64 and stats.stages["collate"].tasks == 8
+    assert stats.stages["decode"].concurrency == 2 and stats.stages["decode"].p50_ms >= 0
+    assert ray.is_initialized()  # the fixture still holds the instance: closing a Loader left it
+
+
+def test_a_stage_that_raises_ends_the_run_naming_stage_and_item():
+    def bad(i):
+        if i == 13:
+            raise ValueError("corrupt record")
+        return i
+
+    p = lab.Pipeline(range(40)).map(bad, name="parse").batch(4)
+    with lab.Loader(p, runner="ray") as loader:
+        with pytest.raises(PipelineError, match=r"(?s)parse.*13.*corrupt record") as info:
+            list(loader)
+    assert info.value.stage == "parse" and info.value.index == 13
+
+
+def test_max_failures_drops_and_counts():
+    def flaky(i):
+        if i % 10 == 3:
+            raise KeyError(i)
+        return i
+
+    p = lab.Pipeline(range(40)).map(flaky, name="parse").batch(4)
+    with lab.Loader(p, runner="ray", max_failures=10) as loader:
+        items = [x for batch in loader for x in batch]
+        time.sleep(0.3)
+        failures = loader.stats().stages["parse"].failures
+    assert sorted(items) == [i for i in range(40) if i % 10 != 3]
+    assert failures == 4
+
+
+def test_set_concurrency_restarts_from_the_first_item_not_delivered():
+    with lab.Loader(pipeline(400), runner="ray") as loader:
+        it = iter(loader)
+        first = [next(it) for _ in range(5)]
+        loader.set_concurrency("decode", 1)
+        rest = list(it)
+        assert loader.stats().stages["decode"].concurrency == 1
+    starts = [int(b[0, 0, 0]) for b in first + rest]
+    assert starts == list(range(0, 400, 8))  # nothing lost, nothing twice
+
+
+def test_bad_options_are_refused_before_ray_starts():
+    with pytest.raises(PipelineSpecError, match="address"):
+        lab.Loader(pipeline(), runner="ray", address=42)
+    with pytest.raises(PipelineSpecError, match="resources"):
+        lab.Loader(pipeline(), runner="ray", resources={"nope": {"num_cpus": 1}})
+    with pytest.raises(PipelineSpecError, match="len"):
+        lab.Loader(lab.Pipeline(iter(range(10))).map(decode, name="decode"), runner="ray")
