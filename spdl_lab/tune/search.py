@@ -34,6 +34,8 @@ CPU_SAVING_POINTS = 10.0
 GIL_SWITCH = 0.10
 #: The same, read from the GIL probe when the step's own GIL wait is not known.
 PROBE_GIL_SWITCH = 0.25
+#: A jump raises the limiting stage until the model puts it this far above the next limit.
+JUMP_HEADROOM = 1.25
 #: Data wait below this share of the loop: the loader keeps up, the step sets the pace.
 FED = 0.05
 
@@ -190,7 +192,8 @@ class Climb:
                   if k != here.limit and math.isfinite(v)]
         if not others:
             return None
-        target = min(others) * 1.1
+        # Past the next limit with room to spare: task times often grow with the workers.
+        target = min(others) * JUMP_HEADROOM
         for rung in self.space.rungs(config, here.limit):
             if rung <= config.knob(here.limit):
                 continue
