@@ -35,7 +35,7 @@ MAX_WINDOWS = 6
 TARGET_NOISE = 0.02
 #: Start-up before a runner's first batch, until one was measured: a child process that imports
 #: this package (and torch, for DataLoader workers) on a small machine.
-_STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 2.0, "process": 4.0}
+_STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 2.0, "process": 3.0}
 #: A window ends after this many times ``window_s``, whatever its step count said.
 _WINDOW_CAP = 2.5
 #: Unmeasured steps that size the windows of a configuration not measured before.

@@ -121,9 +121,14 @@ class Climb:
             out.append(Candidate(move, self.model.predict(move.config), why))
         return out
 
-    def next_move(self, best: Trial) -> Candidate | None:
-        """The candidate to measure next, or None when nothing is left worth measuring."""
-        candidates = self.candidates(best)
+    def next_move(self, best: Trial, affordable: Callable[[Config], bool] = lambda config: True
+                  ) -> Candidate | None:
+        """The candidate to measure next, or None when nothing is left worth measuring (and affordable).
+
+        A move the budget cannot pay for (a runner's start-up) is passed over for the next
+        best, not counted as tried.
+        """
+        candidates = [c for c in self.candidates(best) if affordable(c.move.config)]
         if not candidates:
             return None
         scored = sorted(candidates, key=lambda c: _score(c.predicted.batches_per_s), reverse=True)
@@ -255,9 +260,7 @@ def climb(search: Climb, first: Config, measure: Callable[[Config], Trial],
     here = search.model.predict(first)
     yield Step(best, Move("start", first), math.nan, here.limit, True,
                f"started from {first.describe()}: measured {_rate(best)} batches/s; {here.describe()}")
-    while (candidate := search.next_move(best)) is not None:
-        if not affordable(candidate.move.config):
-            return
+    while (candidate := search.next_move(best, affordable)) is not None:
         trial = measure(candidate.move.config)
         search.record(trial)
         verdict = decide(best, trial)

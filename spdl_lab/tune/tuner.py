@@ -101,7 +101,7 @@ def tune(
             if deadline - time.perf_counter() >= reserve + bench.trial_cost(config):
                 return True
             nonlocal stopped
-            stopped = f"budget spent (the next move, {config.describe()}, would not fit)"
+            stopped = "budget spent (no move left that fits in it)"
             return False
 
         def measure(config: Config) -> Trial:
@@ -143,9 +143,11 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
         log.append("the starting configuration stayed the best: speedup 1.00x")
         return 1.0, 1.0, 1.0
     ratios = []
+    began = time.perf_counter()
     for round_ in range(CONFIRM_ROUNDS):
-        # Two rounds at least (a range, not a point), a third while the budget lasts.
-        if len(ratios) >= 2 and time.perf_counter() > deadline:
+        # Two rounds at least (a range, not a point), a third when it fits in the budget.
+        now = time.perf_counter()
+        if len(ratios) >= 2 and now + (now - began) / len(ratios) > deadline:
             break
         order = (start, best) if round_ % 2 == 0 else (best, start)
         rates = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())) for t in order}
