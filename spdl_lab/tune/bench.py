@@ -110,7 +110,7 @@ class Bench:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
         contender = self._apply(config)
         self._warm(contender, config, timeout)
-        return self._window(contender, config, timeout, scale=1.5).batches_per_s
+        return self._window(contender, config, timeout).batches_per_s
 
     def close(self) -> None:
         try:
@@ -142,10 +142,10 @@ class Bench:
         if queued:
             self._round += 1
             contender.window(self._round, 0, queued, self.machine, timeout)
-        # Then half a window at the new setting (the first sizes the windows of a new configuration).
+        # Then a quarter window at the new setting (the first sizes the windows of a new configuration).
         known = self._rate.get(config, 0.0)
-        sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 2)), timeout,
-                           max_s=self.window_s)
+        sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 4)), timeout,
+                           max_s=self.window_s / 2)
         if not known and sizing.batches_per_s > 0:
             self._rate[config] = sizing.batches_per_s
 

@@ -154,7 +154,7 @@ class Climb:
         gil = best.train_gil_wait_frac
         if self._gil_says(best):
             switches = [c for c in fresh if c.move.kind == "switch"]
-            for c in sorted(switches, key=lambda c: _score(c.predicted.batches_per_s), reverse=True):
+            for c in sorted(switches, key=_switch_rank, reverse=True):
                 wait = (f"the training thread waited for the GIL {gil:.0%} of its step" if math.isfinite(gil)
                         else f"the GIL probe waited {best.gil_wait_frac:.0%} of the time")
                 yield Candidate(c.move, c.predicted, f"{wait}: loading out of this interpreter")
@@ -172,8 +172,7 @@ class Climb:
             runner = c.move.config.runner
             if c.move.kind != "switch" or runner in self.best_by_runner:
                 continue
-            if runner not in unmeasured or (_score(c.predicted.batches_per_s)
-                                            > _score(unmeasured[runner].predicted.batches_per_s)):
+            if runner not in unmeasured or _switch_rank(c) > _switch_rank(unmeasured[runner]):
                 unmeasured[runner] = c
         for runner, c in unmeasured.items():
             yield Candidate(c.move, c.predicted, f"{runner} not measured yet: the model predicts across "
@@ -229,6 +228,14 @@ class Climb:
         if config.runner == "process":
             return [self.space.start(runner)]
         return [Config(runner, config.knobs, self.space.start(runner).options)]
+
+
+def _switch_rank(c: Candidate) -> tuple[int, int]:
+    """Predicted rate in steps of MIN_GAIN, then more workers: among switches the model cannot tell
+    apart (its CPU bound caps them alike), the one using the cores is the better first guess."""
+    rate = _score(c.predicted.batches_per_s)
+    step = math.floor(math.log(rate) / math.log1p(MIN_GAIN)) if rate > 0 and math.isfinite(rate) else -10**9
+    return step, c.move.config.threads
 
 
 def _score(rate: float) -> float:

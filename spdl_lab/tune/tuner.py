@@ -90,8 +90,8 @@ def tune(
     bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
     # Kept for the side-by-side confirmation at the end: two rounds of both configurations, each
-    # a drain, a short warm-up and a window and a half (about ten windows), within 20-50% of the budget.
-    reserve = min(0.5 * budget_s, max(CONFIRM_SHARE * budget_s, 10.0 * window_s))
+    # a drain, a quarter-window warm-up and a window (about six windows), within 20-40% of the budget.
+    reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, 6.0 * window_s))
     log: list[str] = []
     steps: list[Step] = []
     stopped = "converged: no move is predicted to gain, and none is left to explore"
