@@ -25,7 +25,7 @@ from ..pipeline import Pipeline, validate_concurrency
 from ..progress import progress_bar
 from ..runners import RUNNERS
 from ..training import SimulatedDevice
-from .bench import Bench
+from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
@@ -38,6 +38,8 @@ __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
 CONFIRM_ROUNDS = 3
 #: Share of the budget kept for that measurement.
 CONFIRM_SHARE = 0.2
+#: Budgets shorter than this many windows measure each trial in fewer windows.
+TIGHT_WINDOWS = 40
 #: The shortest time one window may take before the tuning fails as hung.
 WINDOW_TIMEOUT_S = 60.0
 
@@ -87,7 +89,11 @@ def tune(
     search = Climb(space, model)
     first = _start(space, start, runners, from_dl)
     # Everything is checked: from here on, whatever starts is closed in the finally below.
-    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0)
+    # A budget of fewer than TIGHT_WINDOWS windows could otherwise pay for the start and the
+    # confirmation only: its trials take two windows (three at most when the noise asks for them).
+    tight = budget_s < TIGHT_WINDOWS * window_s
+    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0,
+                  min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
     # Kept for the side-by-side confirmation at the end: two rounds of both configurations, each
     # a drain, a quarter-window warm-up and a window (about six windows), within 20-40% of the budget.

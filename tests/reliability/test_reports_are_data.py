@@ -79,8 +79,29 @@ def sample_comparison() -> Any:
     return lab.Comparison(table=table, frames=frames, steps=10, warmup=2)
 
 
+def sample_tuning() -> Any:
+    """A Tuning as lab.tune returns it: a start and one kept move."""
+    from spdl_lab.tune.search import Step
+    from spdl_lab.tune.space import Config, Move
+    from spdl_lab.tune.trial import Trial
+
+    p = lab.Pipeline(range(10)).map(abs, name="decode").batch(2)
+    start, best = Config.of("thread", {"decode": 1}), Config.of("thread", {"decode": 4})
+
+    def trial(config: Config, rate: float) -> Trial:
+        return Trial(config=config, rates=(rate, rate * 1.01, rate * 0.99), step_p50_ms=5.0, data_wait_frac=0.2,
+                     cpu_percent=80.0, train_gil_wait_frac=0.1, gil_wait_frac=0.05, elapsed_s=2.0)
+
+    steps = [Step(trial(start, 10.0), Move("start", start), math.nan, "decode", True, "started from thread"),
+             Step(trial(best, 30.0), Move("raise", best, "decode", 1, 4), 31.0, "step", True, "raised decode")]
+    return lab.Tuning.build(pipeline=p, source_is_dataloader=False, start=start, best=steps[1].trial, steps=steps,
+                            log=[s.sentence for s in steps], speedup=(3.0, 2.9, 3.1), budget_s=60.0,
+                            elapsed_s=20.0, cores=2)
+
+
 #: One sample per public class that reads itself from JSON: a new reader must join.
-SAMPLES: dict[str, Callable[[], Any]] = {"Diagnosis": sample_diagnosis, "Comparison": sample_comparison}
+SAMPLES: dict[str, Callable[[], Any]] = {"Diagnosis": sample_diagnosis, "Comparison": sample_comparison,
+                                         "Tuning": sample_tuning}
 
 
 def json_readers() -> dict[str, type]:
@@ -400,6 +421,8 @@ ALLOWED = {
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
     "spdl_lab/runners/_child.py::main::.recv()":
         "the child's start message from the parent that spawned it, over its inherited pipe",
+    "spdl_lab/runners/_ray_plan.py::_Timed.__init__::cloudpickle.loads":
+        "the stage function this process pickled in build(), unpickled in the Ray worker that runs it",
     "spdl_lab/runners/_child.py::_ChildRun.__init__::cloudpickle.loads":
         "the pipeline the parent pickled for this child; it runs user code by design",
     "spdl_lab/runners/_child.py::_ChildRun._control::.recv()":
