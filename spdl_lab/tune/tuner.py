@@ -82,7 +82,9 @@ def tune(
     if from_dl:
         options["process"] = {**_dataloader_options(source), **options.get("process", {})}
     t0 = time.perf_counter()
-    deadline = t0 + float(budget_s)
+    # The budget ends with the runners closed: closing a child process or DataLoader workers takes a
+    # few tenths of a second each, so the measuring ends a little before.
+    deadline = t0 + float(budget_s) - min(1.0, 0.05 * budget_s)
     window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
     model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
