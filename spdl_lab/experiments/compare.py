@@ -26,8 +26,8 @@ from ..progress import progress_bar
 from ..runners import RUNNERS
 from ..telemetry.probes import GilProbe
 from ..training import SimulatedDevice
-from ._contender import Contender, MachineClock, Window
-from ._spread import beats_headspace, coverage, ratios, runner_row, warnings_for
+from .contender import Contender, MachineClock, Window
+from .spread import beats_headspace, coverage, ratios, runner_row, warnings_for
 
 __all__ = ["Comparison", "compare", "DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "TABLE_COLUMNS"]
 

@@ -21,12 +21,14 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
 from ..pipeline import Pipeline
-from ..telemetry.frames import FrameChunk, Row, chunk_since
+from ..telemetry.frames import FrameChunk, chunk_since
 from ..telemetry.probes import CpuProbe, GilProbe
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..telemetry.snapshot import Snapshot
 from ..training import SimulatedDevice, StepClock
 from ..training.steps import summary_row
+from ..training.waits import TrainingThreadWaits
+from .session_source import check_limits, open_source
 
 __all__ = ["Session", "live_sessions", "run"]
 
@@ -95,7 +97,7 @@ class Session:
         probes: bool,
         loader_options: dict[str, Any],
     ) -> None:
-        _check_limits(steps, duration)
+        check_limits(steps, duration)
         if not callable(step):
             raise PipelineSpecError(
                 f"run: step must be a callable taking a batch (or a lab.SimulatedDevice), "
@@ -118,7 +120,7 @@ class Session:
         self._held = threading.Event()  # set while the loop waits at the gate
         self._ran_out = False
         self._error_reported = False
-        self.loader, self._iterable, self.runner = _open(source, runner, sample_hz, loader_options)
+        self.loader, self._iterable, self.runner = open_source(source, runner, sample_hz, loader_options)
         if self.loader is not None:
             self.loader.managed = True
         self._check_length()
@@ -128,7 +130,7 @@ class Session:
         self._probes: list[Any] = [GilProbe(), CpuProbe()] if probes else []
         sources = [self.clock.rows, *self._probes]
         if self.device is not None:
-            sources.append(_TrainingThreadWaits(self.device))
+            sources.append(TrainingThreadWaits(self.device))
         if self.loader is None and is_dataloader(self._iterable):
             # A DataLoader run as it is: watch its worker processes too.
             self._iterable = WatchedDataLoader(self._iterable)
@@ -389,69 +391,3 @@ class Session:
         if self.error is not None:
             parts.append(f"error={type(self.error).__name__}: {self.error}")
         return f"Session({', '.join(parts)})"
-
-
-class _TrainingThreadWaits:
-    """Sampler source: the training thread's GIL and run-queue wait, per tick.
-
-    Taken from the SimulatedDevice's launch loop (wall minus CPU minus run-queue
-    time is GIL wait), as a share of the wall time of the steps in the tick.
-    Stage ``"train"``, so it sits beside the GIL probe's ``"gil"`` rows.
-    """
-
-    def __init__(self, device: SimulatedDevice) -> None:
-        self._device = device
-        self._before = device.totals()
-
-    def __call__(self, dt_s: float) -> list[Row]:
-        now = self._device.totals()
-        before, self._before = self._before, now
-        wall = now.wall_s - before.wall_s
-        if wall <= 0:
-            return []
-        stall = (now.launch_wall_s - before.launch_wall_s) - (now.launch_cpu_s - before.launch_cpu_s)
-        queued = now.launch_runqueue_s - before.launch_runqueue_s
-        return [
-            ("gil_wait_frac", "train", max(0.0, stall - queued) / wall),
-            ("runqueue_wait_frac", "train", queued / wall),
-        ]
-
-
-def _open(
-    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
-) -> tuple[Loader | None, Iterable[Any], str]:
-    if isinstance(source, Pipeline):
-        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
-            # The session decides when to stop; headspace replays until then
-            # rather than counting the source first (which may be endless).
-            options = {**options, "forever": True}
-        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
-        return loader, loader, loader.runner
-    if isinstance(source, Loader):
-        if runner is not None and runner != source.runner or options:
-            raise PipelineSpecError(
-                "run: pass runner options to the lab.Loader itself, not to run(), when giving a Loader"
-            )
-        return source, source, source.runner
-    # SPDL pipelines (spdl_lab.integrations): monitored as SPDL runs them, or converted for a lab runner.
-    from ..integrations import is_spdl_spec, open_spdl
-
-    if is_spdl_spec(source):
-        return open_spdl(source, runner, sample_hz, options)
-    if runner is not None or options:
-        raise PipelineSpecError(
-            f"run: runner= and loader options apply to a lab.Pipeline; "
-            f"{type(source).__name__} is iterated as it is"
-        )
-    if not hasattr(source, "__iter__"):
-        raise PipelineSpecError(
-            f"run: expected a lab.Pipeline, a lab.Loader or an iterable, got {type(source).__name__}"
-        )
-    return None, source, type(source).__name__
-
-
-def _check_limits(steps: int | None, duration: float | None) -> None:
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
-    if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
-        raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, got {duration!r}")

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.engine import EngineReading
-from ..experiments._contender import Contender, MachineClock, Window
-from ..experiments._spread import runner_row
+from ..experiments.contender import Contender, MachineClock, Window
+from ..experiments.spread import runner_row
 from ..pipeline import Pipeline
 from ..runners.process import WORKERS
 from ..telemetry.probes import GilProbe
@@ -27,7 +27,7 @@ from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE", "queue_fill", "queued_batches", "stage_samples"]
+__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE", "queue_fill", "queued_batches", "stage_samples", "trial_of"]
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
@@ -104,7 +104,7 @@ class Bench:
             if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
                 break
         after = contender.loader.reading()
-        return self._trial(config, windows, before, after, fills, started)
+        return trial_of(config, windows, before, after, fills, self._items, started, self.t0)
 
     def rate_once(self, config: Config, timeout: float) -> float:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
@@ -161,23 +161,24 @@ class Bench:
         self._round += 1
         return contender.window(self._round, 0, steps, self.machine, timeout, max_s)
 
-    def _trial(self, config: Config, windows: list[Window], before: EngineReading | None,
-               after: EngineReading | None, queue_fill: list[dict[str, float]], started: float) -> Trial:
-        row = runner_row(windows)
-        span = sum(w.loop_s for w in windows)
-        stages = stage_samples(before, after, span, self._items, queue_fill)
-        return Trial(
-            config=config,
-            rates=tuple(w.batches_per_s for w in windows),
-            step_p50_ms=row["step_p50_ms"],
-            data_wait_frac=row["data_wait_frac"],
-            cpu_percent=row["cpu_percent"],
-            train_gil_wait_frac=row["train_gil_wait_frac"],
-            gil_wait_frac=row["gil_wait_frac"],
-            stages=stages,
-            elapsed_s=time.perf_counter() - started,
-            started_s=started - self.t0,
-        )
+
+def trial_of(config: Config, windows: list[Window], before: EngineReading | None, after: EngineReading | None,
+             fills: list[dict[str, float]], items: dict[str, float], started: float, t0: float = 0.0) -> Trial:
+    """A Trial from its measured windows and the meter readings around them (offline or live)."""
+    row = runner_row(windows)
+    span = sum(w.loop_s for w in windows)
+    return Trial(
+        config=config,
+        rates=tuple(w.batches_per_s for w in windows),
+        step_p50_ms=row["step_p50_ms"],
+        data_wait_frac=row["data_wait_frac"],
+        cpu_percent=row["cpu_percent"],
+        train_gil_wait_frac=row["train_gil_wait_frac"],
+        gil_wait_frac=row["gil_wait_frac"],
+        stages=stage_samples(before, after, span, items, fills),
+        elapsed_s=time.perf_counter() - started,
+        started_s=started - t0 if t0 else 0.0,
+    )
 
 
 def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:

@@ -22,10 +22,10 @@ from typing import Any
 import pandas as pd
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ..experiments._contender import Window, _gil_fracs, _training_waits
-from ..experiments._spread import runner_row
+from ..experiments.contender import Window, gil_fracs
 from ..telemetry.probes import CpuProbe, GilProbe
-from .bench import MAX_WINDOWS, MIN_WINDOWS, TARGET_NOISE, queue_fill, queued_batches, stage_samples
+from ..training.waits import training_waits
+from .bench import MAX_WINDOWS, MIN_WINDOWS, TARGET_NOISE, queue_fill, queued_batches, trial_of
 from .model import RateModel, batch_items
 from .result import TRIAL_COLUMNS, trial_row
 from .search import GIL_SWITCH, Climb, Step, climb
@@ -199,15 +199,7 @@ class AutoTuner:
                 break
             if time.perf_counter() > deadline and len(windows) >= 2:
                 break
-        after = loader.reading()
-        row = runner_row(windows)
-        span = sum(w.loop_s for w in windows)
-        return Trial(config=config, rates=tuple(w.batches_per_s for w in windows),
-                     step_p50_ms=row["step_p50_ms"], data_wait_frac=row["data_wait_frac"],
-                     cpu_percent=row["cpu_percent"], train_gil_wait_frac=row["train_gil_wait_frac"],
-                     gil_wait_frac=row["gil_wait_frac"],
-                     stages=stage_samples(before, after, span, self._items, fills),
-                     elapsed_s=time.perf_counter() - started)
+        return trial_of(config, windows, before, loader.reading(), fills, self._items, started)
 
     def _steps(self, n: int, deadline: float) -> list:
         """Wait for ``n`` more training steps of the session (checking for stop and takeover)."""
@@ -235,8 +227,8 @@ class AutoTuner:
         cpu_b, gil_b = self._cpu.totals(), self._gil.totals() if self._gil else None
         dev_b = device.totals() if device is not None else None
         ours = (cpu_b.main_s + cpu_b.children_s - cpu_a.main_s - cpu_a.children_s) / span * 100.0
-        gil, queued = _gil_fracs(gil_a, gil_b)
-        train_gil, train_queued = _training_waits(dev_a, dev_b)
+        gil, queued = gil_fracs(gil_a, gil_b)
+        train_gil, train_queued = training_waits(dev_a, dev_b)
         cores = self._cores()
         return Window(runner=self.session.runner, round=0, started_s=0.0, records=tuple(records),
                       cpu_percent=min(max(0.0, ours), 100.0 * cores), others_percent=math.nan,

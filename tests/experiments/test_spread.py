@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from spdl_lab.experiments._contender import Window
-from spdl_lab.experiments._spread import coverage, ratios, runner_row, warnings_for
+from spdl_lab.experiments.contender import Window
+from spdl_lab.experiments.spread import coverage, ratios, runner_row, warnings_for
 from spdl_lab.training.clock import StepRecord
 
 

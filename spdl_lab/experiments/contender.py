@@ -25,9 +25,9 @@ from ..telemetry.frames import Row
 from ..telemetry.probes import CpuProbe, GilProbe
 from ..training import SimulatedDevice, StepClock
 from ..training.clock import StepRecord
-from .session import _TrainingThreadWaits
+from ..training.waits import TrainingThreadWaits, training_waits
 
-__all__ = ["Contender", "Window", "MachineClock"]
+__all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Contender:
         if probe is not None:
             sources.append(_GilView(probe))
         if self.device is not None:
-            sources.append(_TrainingThreadWaits(self.device))
+            sources.append(TrainingThreadWaits(self.device))
         for source in sources:
             self.loader.add_source(source)
         self._t0 = t0
@@ -119,8 +119,8 @@ class Contender:
         span = max(t_b - t_a, 1e-9)
         ours = max(0.0, ours_b - ours_a) / span * 100.0
         machine_busy = max(0.0, busy_b - busy_a) / span * 100.0
-        gil, queued = _gil_fracs(gil_a, gil_b)
-        train_gil, train_queued = _training_waits(device_a, device_b)
+        gil, queued = gil_fracs(gil_a, gil_b)
+        train_gil, train_queued = training_waits(device_a, device_b)
         ceiling = 100.0 * machine.cores
         return Window(
             runner=self.runner, round=round_, started_s=started,
@@ -205,11 +205,11 @@ class _GilView:
     def __call__(self, dt_s: float) -> list[Row]:
         now, before = self._probe.totals(), self._seen
         self._seen = now
-        gil, queued = _gil_fracs(before, now)
+        gil, queued = gil_fracs(before, now)
         return [("gil_wait_frac", "gil", gil), ("runqueue_wait_frac", "gil", queued)]
 
 
-def _gil_fracs(before: Any, now: Any) -> tuple[float, float]:
+def gil_fracs(before: Any, now: Any) -> tuple[float, float]:
     if before is None or now is None:
         return math.nan, math.nan
     covered = now.elapsed_s - before.elapsed_s
@@ -218,15 +218,3 @@ def _gil_fracs(before: Any, now: Any) -> tuple[float, float]:
     gil = (now.gil_wait_s - before.gil_wait_s) / covered
     queued = (now.runqueue_wait_s - before.runqueue_wait_s) / covered
     return min(1.0, max(0.0, gil)), (min(1.0, max(0.0, queued)) if not math.isnan(queued) else math.nan)
-
-
-def _training_waits(before: Any, now: Any) -> tuple[float, float]:
-    """GIL and run-queue wait of the training thread while launching, per wall second of its steps."""
-    if before is None or now is None:
-        return math.nan, math.nan
-    wall = now.wall_s - before.wall_s
-    if wall <= 0:
-        return math.nan, math.nan
-    stall = (now.launch_wall_s - before.launch_wall_s) - (now.launch_cpu_s - before.launch_cpu_s)
-    queued = now.launch_runqueue_s - before.launch_runqueue_s
-    return min(1.0, max(0.0, stall - queued) / wall), min(1.0, max(0.0, queued / wall))

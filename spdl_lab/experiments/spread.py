@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._contender import Window
+from .contender import Window
 
 __all__ = ["BUSY_MACHINE", "WIDE_SPREAD", "coverage", "runner_row", "ratios", "warnings_for"]
 
