@@ -1010,8 +1010,9 @@ same = sum(RustTokenize(vocab)(d) == PythonTokenize(vocab)(d) for d in documents
 print(f"identical token ids on {same} of {len(documents)} documents; the first begins: {documents[0][:70]}...")
 """),
     ("md", """
-`lab.diagnose` runs each tokenizer alone in 1, 2 and 4 threads and in processes, with a
-probe that measures how long a thread waits for the GIL.
+`lab.diagnose` runs each tokenizer alone in 1, 2 and 4 threads, with a probe that
+measures how long a thread waits for the GIL (`processes=False` leaves out the process
+sweep: whether processes help is notebook 06's question).
 """),
     ("code", """
 QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=5)
@@ -1019,7 +1020,7 @@ rows = {}
 for name in ("python", "rust", "rust-batch"):
     pipeline, _ = lab.workloads.text(n=N, tokenizer=name)
     stage = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=256, settings=QUICK,
-                         progress=False).stages["tokenize"]
+                         processes=False, progress=False).stages["tokenize"]
     rows[name] = stage
     print(f"{name:10s} {stage.verdict:10s} best concurrency {stage.best_concurrency}: {stage.evidence}")
 """),

@@ -58,6 +58,9 @@ _LAB_SETTINGS = {
         "fetchNews": "false",
         "checkForUpdates": False,
     },
+    # A test's notebook is a throwaway copy: saving it (every 120 s by default) would
+    # store widget outputs whose models die with the kernel.
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
 }
 
 
@@ -345,7 +348,11 @@ _JS_RUN_COMMAND = """
 def open_notebook(page, server: JupyterLabServer, name: str, timeout: float = 120.0) -> None:
     """Open `name` (relative to the server root) in `page`; return once its kernel is idle."""
     page.add_init_script(_JS_INIT % json.dumps(name))
-    page.goto(server.url(f"lab/tree/{name}"), wait_until="domcontentloaded")
+    # A workspace of its own: the default one would restore the tabs an earlier test
+    # left open (their kernels shut down, their widgets "model not found"), and start
+    # kernels for them.
+    workspace = f"t{secrets.token_hex(6)}"
+    page.goto(server.url(f"lab/workspaces/{workspace}/tree/{name}"), wait_until="domcontentloaded")
     wait_for_idle(page, timeout)
     missing = page.evaluate(
         "(ids) => ids.filter((id) => !window.jupyterapp.isPluginActivated(id))",
