@@ -24,7 +24,7 @@ assert FAST_SHIFT == 4  # the worker loop below inlines the shift
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["MapStage"]
+__all__ = ["MapStage", "reorder_window"]
 
 _DROPPED = object()
 
@@ -65,7 +65,7 @@ class MapStage:
         self._emitting = False
         self._held: dict[int, tuple[int, Any]] = {}
         self._window_waiters = 0
-        self._window = _window_for(self._target)
+        self._window = reorder_window(self._target)
 
     # -- pool --------------------------------------------------------------------
     @property
@@ -82,7 +82,7 @@ class MapStage:
         with self._pool_lock:
             self._target = n
             self._meter.concurrency = n
-            self._window = _window_for(n)
+            self._window = reorder_window(n)
             if not self._ended:
                 self._grow_locked()
         self._inq.wake_getters()
@@ -236,7 +236,7 @@ class MapStage:
             self._order_cond.notify_all()
 
 
-def _window_for(concurrency: int) -> int:
+def reorder_window(concurrency: int) -> int:
     # Room for every worker to hold one finished item plus slack, so that in
     # the steady state no worker waits on the window.
     return 2 * concurrency + 16

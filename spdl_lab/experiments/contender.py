@@ -30,6 +30,10 @@ from ..training.waits import TrainingThreadWaits, training_waits
 __all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]
 
 
+#: A step whose batch took longer than this (and 5% of the step) waited for it: it was not ready.
+READY_WAIT_S = 0.0005
+
+
 @dataclass(frozen=True)
 class Window:
     """One runner's measured steps in one round."""
@@ -130,14 +134,35 @@ class Contender:
             train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued,
         )
 
-    def _run(self, steps: int, watchdog: _Watchdog, max_s: float | None = None) -> None:
+    def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
+        """Unmeasured steps while batches come ready, made before (under another setting, or
+        while this runner sat idle): up to ``max_steps``, ending after the first step that
+        waited for its batch. Returns the steps taken.
+
+        Buffers a runner's readings do not show (a reorder buffer, workers holding a finished
+        item for a full queue) would otherwise be counted as the new setting's speed.
+        """
+        if max_steps <= 0:
+            return 0
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        before = self.clock.steps
+        watchdog = _Watchdog(self.loader, timeout)
+        try:
+            self._run(max_steps, watchdog, max_s, until=_Waited(self.clock, before))
+        finally:
+            watchdog.cancel()
+        return self.clock.steps - before
+
+    def _run(self, steps: int, watchdog: _Watchdog, max_s: float | None = None,
+             until: _Waited | None = None) -> None:
         if steps <= 0:
             return
         assert self._batches is not None
-        if max_s is not None and steps > 2:
+        if max_s is not None and steps > 2 and until is None:
             self._run(2, watchdog)
             steps -= 2
-        out_of_time = _Deadline(max_s)
+        out_of_time = _Deadline(max_s, until)
         try:
             done = self.clock.run(self._batches, self.step, steps=steps, stop_event=out_of_time)
         except KeyboardInterrupt:
@@ -158,13 +183,32 @@ class Contender:
         self.loader.close()
 
 
-class _Deadline:
-    """A stop event for StepClock.run that sets itself ``seconds`` after it is made (never with None)."""
+class _Waited:
+    """Set once a step since ``after`` (a step count) waited for its batch: the ready ones are used up."""
 
-    def __init__(self, seconds: float | None) -> None:
-        self._at = None if seconds is None else time.monotonic() + seconds
+    def __init__(self, clock: StepClock, after: int) -> None:
+        self._clock = clock
+        self._after = after
 
     def is_set(self) -> bool:
+        last = self._clock.last()
+        if last is None or last.index < self._after:
+            return False
+        # A batch that was ready comes in tens of microseconds (more when the GIL is busy).
+        return last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s)
+
+
+class _Deadline:
+    """A stop event for StepClock.run that sets itself ``seconds`` after it is made (never with None),
+    or when ``until`` is set."""
+
+    def __init__(self, seconds: float | None, until: _Waited | None = None) -> None:
+        self._at = None if seconds is None else time.monotonic() + seconds
+        self._until = until
+
+    def is_set(self) -> bool:
+        if self._until is not None and self._until.is_set():
+            return True
         return self._at is not None and time.monotonic() >= self._at
 
 

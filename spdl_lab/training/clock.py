@@ -285,6 +285,13 @@ class StepClock:
         """The last ``history`` steps, oldest first."""
         return list(self._records)  # one C-level copy: safe while the loop appends
 
+    def last(self) -> StepRecord | None:
+        """The latest step, or None before the first (no copy of the history)."""
+        try:
+            return self._records[-1]
+        except IndexError:
+            return None
+
     def rows(self, dt_s: float) -> list[Row]:
         """A Sampler source: the rows for one tick of ``dt_s`` seconds (see the class doc)."""
         now = self._totals

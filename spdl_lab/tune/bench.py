@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.engine import EngineReading
+from ..engine.map_stage import reorder_window
 from ..experiments.contender import Contender, MachineClock, Window
 from ..experiments.spread import runner_row
 from ..pipeline import Pipeline
@@ -27,7 +28,8 @@ from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE", "queue_fill", "queued_batches", "stage_samples", "trial_of"]
+__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE", "queue_fill", "queued_batches", "stage_samples",
+           "trial_of", "unseen_batches"]
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
@@ -35,7 +37,9 @@ MAX_WINDOWS = 6
 TARGET_NOISE = 0.02
 #: Start-up before a runner's first batch, until one was measured: a child process that imports
 #: this package (and torch, for DataLoader workers) on a small machine.
-_STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 2.0, "process": 3.0}
+_STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 1.2, "process": 3.0}
+#: Closing a runner: joining threads, or a child process and its shared memory, or DataLoader workers.
+_CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
 #: A window ends after this many times ``window_s``, whatever its step count said.
 _WINDOW_CAP = 2.5
 #: Unmeasured steps that size the windows of a configuration not measured before.
@@ -65,8 +69,15 @@ class Bench:
         #: the last measured batches/s of each configuration, to size its windows
         self._rate: dict[Config, float] = {}
         self._round = 0
+        #: batches the runner may hold unseen, from the setting it had before the current one
+        self._unseen = 0
         #: seconds from opening each runner to the end of its first warm-up (start-up included)
         self.startup_s: dict[str, float] = {}
+
+    def close_cost(self, config: Config | None = None) -> float:
+        """Seconds closing the runners open now (and ``config``'s, if it would open one) is expected to take."""
+        runners = set(self._contenders) | ({config.runner} if config is not None else set())
+        return sum(_CLOSE_GUESS_S.get(r, 0.5) for r in runners)
 
     def trial_cost(self, config: Config) -> float:
         """Seconds a trial of ``config`` is expected to take: start-up, warm-up, the fewest windows."""
@@ -131,6 +142,8 @@ class Bench:
             contender = Contender(self.pipeline, config.runner, self.step, options, self._probe, self.t0, who="tune")
             self._contenders[config.runner] = contender
         controls = contender.loader.controls()
+        # What the setting it had could have made and kept where the readings do not show it.
+        self._unseen = unseen_batches(self.pipeline, controls, self._items)
         for name, value in config.knobs:
             if controls.get(name) != value:
                 contender.loader.set_concurrency(name, value)
@@ -142,6 +155,8 @@ class Bench:
         if queued:
             self._round += 1
             contender.window(self._round, 0, queued, self.machine, timeout)
+        # Then what is still ready beyond that, until a step waits for its batch.
+        contender.drain_ready(self._unseen, timeout, max_s=self.window_s)
         # Then a quarter window at the new setting (the first sizes the windows of a new configuration).
         known = self._rate.get(config, 0.0)
         sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 4)), timeout,
@@ -192,6 +207,23 @@ def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> in
         total += stage.in_flight / items.get(stage.name, 1.0)
     if reading.queues:
         total += reading.queues[-1].depth  # the consumer's buffer: whole batches
+    return math.ceil(total)
+
+
+def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float]) -> int:
+    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings.
+
+    A thread-engine map stage keeps finished items in its reorder window (ordered) or in
+    workers blocked on a full queue (one each); DataLoader workers prefetch two batches each.
+    """
+    if WORKERS in controls:
+        return 2 * controls[WORKERS]
+    total = 0.0
+    for stage in pipeline.stages:
+        n = controls.get(stage.name)
+        if stage.kind != "map" or n is None:
+            continue
+        total += (reorder_window(n) if stage.ordered else n) / items.get(stage.name, 1.0)
     return math.ceil(total)
 
 

@@ -25,7 +25,15 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..experiments.contender import Window, gil_fracs
 from ..telemetry.probes import CpuProbe, GilProbe
 from ..training.waits import training_waits
-from .bench import MAX_WINDOWS, MIN_WINDOWS, TARGET_NOISE, queue_fill, queued_batches, trial_of
+from .bench import (
+    MAX_WINDOWS,
+    MIN_WINDOWS,
+    TARGET_NOISE,
+    queue_fill,
+    queued_batches,
+    trial_of,
+    unseen_batches,
+)
 from .model import RateModel, batch_items
 from .result import TRIAL_COLUMNS, trial_row
 from .search import GIL_SWITCH, Climb, Step, climb
@@ -186,9 +194,11 @@ class AutoTuner:
     def _measure(self, config: Config, deadline: float) -> Trial:
         started = time.perf_counter()
         self._check()
+        # Made under the setting before: queued (the readings show it) and held unseen (reorder windows).
+        unseen = unseen_batches(self.session.pipeline, self.session.controls(), self._items)
         self._set(dict(config.knobs))
         loader = self.session.loader
-        self._steps(queued_batches(loader.reading(), self._items) + 2, deadline)
+        self._steps(queued_batches(loader.reading(), self._items) + unseen + 2, deadline)
         before = loader.reading()
         windows, fills = [], []
         while len(windows) < MAX_WINDOWS:

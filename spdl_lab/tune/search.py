@@ -187,8 +187,9 @@ class Climb:
         return ((math.isfinite(gil) and gil >= GIL_SWITCH)
                 or (not math.isfinite(gil) and best.gil_wait_frac >= PROBE_GIL_SWITCH))
 
-    def _jump(self, config: Config, here: Prediction) -> Move | None:
-        """Raise the limiting stage straight to the concurrency that lifts it to the next limit."""
+    def _jump(self, config: Config, here: Prediction, one_rung: bool = False) -> Move | None:
+        """Raise the limiting stage straight to the concurrency that lifts it to the next limit
+        (None when that is one rung up, a neighbour, unless ``one_rung``)."""
         if here.limit not in dict(config.knobs):
             return None
         others = [v for k, v in {"step": here.step_batches_per_s, "cpu": here.cpu_batches_per_s,
@@ -204,8 +205,10 @@ class Climb:
             trial = config.with_knob(here.limit, rung)
             if self.model.predict(trial).stage_batches_per_s.get(here.limit, 0.0) >= target:
                 move = self.space.jump(config, here.limit, rung)
+                if move is None or one_rung:
+                    return move
                 neighbours = {m.config for m in self.space.neighbours(config)}
-                return move if move is not None and move.config not in neighbours else None
+                return move if move.config not in neighbours else None
         return None
 
     def _switches(self, best: Trial) -> list[Move]:
@@ -214,10 +217,14 @@ class Climb:
             if runner == best.config.runner:
                 continue
             known = self.best_by_runner.get(runner)
-            if known is not None:
-                out.append(Move("switch", known.config))
-                continue
-            out.extend(Move("switch", c) for c in self._translations(best.config, runner))
+            configs = [known.config] if known is not None else self._translations(best.config, runner)
+            out.extend(Move("switch", c) for c in configs)
+            # And each of them with its limiting stage raised out of the way: a runner first measured
+            # where that stage held it back (the same threads as the best) is not written off for it.
+            for config in configs:
+                jump = self._jump(config, self.model.predict(config), one_rung=True)
+                if jump is not None:
+                    out.append(Move("switch", jump.config))
         return out
 
     def _translations(self, config: Config, runner: str) -> list[Config]:

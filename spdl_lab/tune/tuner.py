@@ -83,8 +83,8 @@ def tune(
         options["process"] = {**_dataloader_options(source), **options.get("process", {})}
     t0 = time.perf_counter()
     # The budget ends with the runners closed: closing a child process or DataLoader workers takes a
-    # few tenths of a second each, so the measuring ends a little before.
-    deadline = t0 + float(budget_s) - min(1.0, 0.05 * budget_s)
+    # few tenths of a second each, so the measuring ends that much before (see Bench.close_cost).
+    end = t0 + float(budget_s)
     window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
     model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
@@ -99,21 +99,23 @@ def tune(
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
     # Kept for the side-by-side confirmation at the end: two rounds of both configurations, each
     # a drain, a quarter-window warm-up and a window (about six windows), within 20-40% of the budget.
-    reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, 6.0 * window_s))
+    # A tight budget keeps one round (both drains included, four and a half windows): what it
+    # saves pays for a runner switch.
+    reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
     steps: list[Step] = []
     stopped = "converged: no move is predicted to gain, and none is left to explore"
     try:
         def affordable(config: Config) -> bool:
             # Room for this trial (its runner's start-up included) and the confirmation after it.
-            if deadline - time.perf_counter() >= reserve + bench.trial_cost(config):
+            if end - bench.close_cost(config) - time.perf_counter() >= reserve + bench.trial_cost(config):
                 return True
             nonlocal stopped
             stopped = "budget spent (no move left that fits in it)"
             return False
 
         def measure(config: Config) -> Trial:
-            return _measure(bench, config, deadline - reserve)
+            return _measure(bench, config, end - bench.close_cost(config) - reserve)
 
         for step_ in climb(search, first, measure, affordable):
             steps.append(step_)
@@ -123,7 +125,7 @@ def tune(
         best = next(s.trial for s in reversed(steps) if s.kept)
         log.append(f"stopped: {stopped}")
         start_trial = steps[0].trial
-        speedup = _confirm(bench, start_trial, best, deadline, log)
+        speedup = _confirm(bench, start_trial, best, end - bench.close_cost(), log)
         if speedup[0] < 1.0 and best.config != first and _worse(speedup):
             log.append(f"the best measured {speedup[0]:.2f}x the start side by side, worse beyond the noise: "
                        f"returning the starting configuration")
@@ -153,9 +155,9 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
     ratios = []
     began = time.perf_counter()
     for round_ in range(CONFIRM_ROUNDS):
-        # Two rounds at least (a range, not a point), a third when it fits in the budget.
+        # One round at least; more (a range, not a point) while the next fits in the budget.
         now = time.perf_counter()
-        if len(ratios) >= 2 and now + (now - began) / len(ratios) > deadline:
+        if ratios and now + (now - began) / len(ratios) > deadline:
             break
         order = (start, best) if round_ % 2 == 0 else (best, start)
         rates = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())) for t in order}
@@ -164,7 +166,8 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
     if not ratios:
         return best.batches_per_s / start.batches_per_s, math.nan, math.nan
     mid = statistics.median(ratios)
-    log.append(f"side by side, {len(ratios)} alternating rounds: the best ran {mid:.2f}x the start "
+    rounds = "1 round" if len(ratios) == 1 else f"{len(ratios)} alternating rounds"
+    log.append(f"side by side, {rounds}: the best ran {mid:.2f}x the start "
                f"(rounds {min(ratios):.2f}x to {max(ratios):.2f}x)")
     return mid, min(ratios), max(ratios)
 

@@ -148,3 +148,16 @@ def test_a_converged_climb_stops_by_itself_and_measures_nothing_twice():
     configs = [s.trial.config for s in steps]
     assert len(configs) == len(set(configs))
     assert len(steps) <= 8
+
+
+def test_a_runner_switch_also_offers_the_limiting_stage_raised_out_of_the_way():
+    # The GIL says "leave the interpreter" at the start, where read (I/O, 1 thread) also limits:
+    # subprocess-threads at the same threads is no faster than processes, with read raised it is.
+    world = World({"read": Law(16, 0.004), "decode": Law(16, 0.0005, cpu=1.0)}, step_s=0.02,
+                  thread_step_slowdown=0.6, batch=16)
+    space = world.space()
+    best_rate, _ = world.grid(space)
+    best, steps, _ = run_climb(world, space.start("thread"))
+    switches = [s for s in steps if s.move.kind == "switch" and s.trial.config.runner == "subprocess-threads"]
+    assert any(s.trial.config.knob("read") > 1 for s in switches), [s.sentence for s in steps]
+    assert best.config.runner == "subprocess-threads" and world.rate(best.config)[0] >= 0.95 * best_rate
