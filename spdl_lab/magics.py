@@ -172,11 +172,13 @@ class SpdlMagics(Magics):
 
 
 def _check_runners(magic: str, runners: list[str]) -> None:
-    unknown = [r for r in runners if r not in lab.RUNNERS]
+    from .runners import ALL_RUNNERS
+
+    unknown = [r for r in runners if r not in ALL_RUNNERS]
     if unknown:
         raise UsageError(
             f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(lab.RUNNERS)}"
+            f"choose from {', '.join(ALL_RUNNERS)}"
         )
 
 

@@ -1063,6 +1063,7 @@ for name, table in tables.items():
 ]
 
 from notebook_autotune import AUTOTUNE  # noqa: E402 - tutorial 10 lives in its own module
+from notebook_ray import RAY  # noqa: E402 - tutorial 11 too
 
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
@@ -1075,4 +1076,5 @@ NOTEBOOKS = {
     "08_real_images.ipynb": REAL_IMAGES,
     "09_text_tokenizers.ipynb": TEXT_TOKENIZERS,
     "10_autotune.ipynb": AUTOTUNE,
+    "11_ray.ipynb": RAY,
 }

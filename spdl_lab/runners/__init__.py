@@ -7,12 +7,14 @@ import importlib
 from ..errors import PipelineSpecError, RunnerError
 from .base import Runner
 
-__all__ = ["PREVIEW_RUNNERS", "RUNNERS", "Runner", "runner_class"]
+__all__ = ["ALL_RUNNERS", "PREVIEW_RUNNERS", "RUNNERS", "Runner", "runner_class"]
 
 RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
 #: Runners that work but are not yet in RUNNERS (so not in compare's default or the fault
 #: battery's parametrization): ``ray`` joins RUNNERS once its reliability tests do (issue 20).
+#: Named, they are taken wherever a runner is (Loader, lab.run, compare, the CLI, the dashboard).
 PREVIEW_RUNNERS: tuple[str, ...] = ("ray",)
+ALL_RUNNERS: tuple[str, ...] = RUNNERS + PREVIEW_RUNNERS
 
 # Imported when first asked for: only ``process`` needs torch, and the
 # subprocess-threads child (which imports this package) starts in a fraction
@@ -28,9 +30,9 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 
 def runner_class(name: str) -> type[Runner]:
     """The Runner class registered as ``name``; a clear error for anything else."""
-    if name not in RUNNERS and name not in PREVIEW_RUNNERS:
+    if name not in ALL_RUNNERS:
         raise PipelineSpecError(
-            f"unknown runner {name!r}; choose one of {', '.join(map(repr, RUNNERS + PREVIEW_RUNNERS))}"
+            f"unknown runner {name!r}; choose one of {', '.join(map(repr, ALL_RUNNERS))}"
         )
     try:
         module, cls = _REGISTRY[name]

@@ -82,6 +82,8 @@ class Climb:
         self.model = model
         self.tried: set[Config] = set()
         self._explored: set[Config] = set()
+        #: configurations reached by a jump, with the knob that jumped (its headroom is a guess)
+        self._jumped: dict[Config, str] = {}
         #: the best trial measured under each runner (a switch goes back to it)
         self.best_by_runner: dict[str, Trial] = {}
 
@@ -142,6 +144,8 @@ class Climb:
         # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
         here = self.model.predict(best.config)
         if _score(top.predicted.batches_per_s) > _score(here.batches_per_s) * (1.0 + MIN_GAIN):
+            if top.move.kind == "raise" and top.why:
+                self._jumped[top.move.config] = top.move.knob
             return Candidate(top.move, top.predicted,
                              top.why or f"{here.describe()}; predicted the largest gain")
         for candidate in self._explorations(best, candidates):
@@ -158,13 +162,16 @@ class Climb:
                 wait = (f"the training thread waited for the GIL {gil:.0%} of its step" if math.isfinite(gil)
                         else f"the GIL probe waited {best.gil_wait_frac:.0%} of the time")
                 yield Candidate(c.move, c.predicted, f"{wait}: loading out of this interpreter")
-        if best.data_wait_frac < FED:
+        jumped = self._jumped.get(best.config)
+        if best.data_wait_frac < FED or jumped is not None:
             lowers = [c for c in fresh if c.move.kind == "lower"
+                      and (best.data_wait_frac < FED or c.move.knob == jumped)
                       and _score(c.predicted.batches_per_s) >= best.batches_per_s * (1.0 - MIN_GAIN)]
             for c in sorted(lowers, key=lambda c: (c.move.old - c.move.new), reverse=True):
-                yield Candidate(c.move, c.predicted,
-                                f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack, and fewer "
-                                f"loader threads may leave the step more CPU")
+                why = (f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack"
+                       if best.data_wait_frac < FED else
+                       f"{c.move.knob} jumped past what the model said it needs, by a margin")
+                yield Candidate(c.move, c.predicted, f"{why}, and fewer loader threads may leave the step more CPU")
         # Across runners the model is least sure (pickling, another interpreter's GIL, the step's
         # neighbours): a runner never measured is measured once, at its best predicted setting.
         unmeasured: dict[str, Candidate] = {}

@@ -161,3 +161,16 @@ def test_a_runner_switch_also_offers_the_limiting_stage_raised_out_of_the_way():
     switches = [s for s in steps if s.move.kind == "switch" and s.trial.config.runner == "subprocess-threads"]
     assert any(s.trial.config.knob("read") > 1 for s in switches), [s.sentence for s in steps]
     assert best.config.runner == "subprocess-threads" and world.rate(best.config)[0] >= 0.95 * best_rate
+
+
+def test_a_jump_is_followed_by_a_rung_down_of_the_same_knob_when_the_model_sees_no_loss():
+    # The jump aims past the next limit (the core) with headroom; whether the headroom was needed
+    # is measured: read 6 -> 4 (under the thread runner more threads can cost the step its GIL).
+    world = World({"read": Law(4, 0.015), "decode": Law(4, 0.004, cpu=1.0)}, step_s=0.001, cores=1)
+    _, steps, _ = run_climb(world, world.space().start("thread"))
+    jump = steps[1]
+    assert jump.move.kind == "raise" and jump.kept and "enough read workers" in jump.sentence
+    after = steps[2]
+    assert after.move.kind == "lower" and after.move.knob == "read" and after.move.old == jump.move.new, \
+        [s.sentence for s in steps]
+    assert "jumped past" in after.sentence

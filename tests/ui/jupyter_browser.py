@@ -35,6 +35,8 @@ SCREENSHOT_DIR = REPO_ROOT / "build" / "screenshots"
 CHROMIUM = Path(os.environ.get("SPDL_LAB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",

@@ -102,7 +102,7 @@ def check_auto(notebook: OpenNotebook, shots: str) -> None:
     assert error_outputs(page) == []
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_dashboard_in_jupyterlab(open_notebook):
     notebook = open_notebook(DASHBOARD_NOTEBOOK)
     check_dashboard(notebook, "session.stats().stages['decode'].concurrency", "dashboard", auto=True)
