@@ -11,6 +11,7 @@ as it is and never shut down: the lab shuts down only what it started.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -92,22 +94,15 @@ class RayConnection:
         # every worker seconds of set-up.)
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         options = dict(num_cpus=psutil.cpu_count() or 1, include_dashboard=False, _temp_dir=temp_dir,
-                       _node_ip_address="127.0.0.1", log_to_driver=False, logging_level=logging.WARNING,
-                       configure_logging=False)
+                       log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
-        saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = path
-        try:
-            ray.init(**options)
-        except Exception as exc:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: {exc}") \
-                from exc
-        finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved
+        with _environment(PYTHONPATH=path, **_LOOPBACK_ENV), _loopback_node(ray):
+            try:
+                ray.init(**options)
+            except Exception as exc:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+                raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
+                                  f"{exc}") from exc
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines are per execution
         _LOCAL["temp_dir"] = temp_dir
 
@@ -128,6 +123,40 @@ class RayConnection:
         _reap(timeout)
         if temp_dir:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+#: A single-node instance on the loopback address. On Linux Ray takes the node's address from
+#: its route to the outside, even when told 127.0.0.1 (``resolve_ip_for_localhost``), and its
+#: servers then listen on every interface. The switch Ray keeps for single-machine use on
+#: macOS and Windows (no cluster: the node is 127.0.0.1, its servers listen on loopback only)
+#: is set for the processes this instance starts, and, while ray.init runs, in this one.
+_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _loopback_node(ray: Any) -> Iterator[None]:
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _reap(timeout: float) -> None:

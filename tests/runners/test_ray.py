@@ -114,3 +114,28 @@ def test_bad_options_are_refused_before_ray_starts():
         lab.Loader(pipeline(), runner="ray", resources={"nope": {"num_cpus": 1}})
     with pytest.raises(PipelineSpecError, match="len"):
         lab.Loader(lab.Pipeline(iter(range(10))).map(decode, name="decode"), runner="ray")
+
+
+def test_the_local_instance_listens_on_loopback_only():
+    import ipaddress
+
+    import psutil
+
+    with lab.Loader(pipeline(), runner="ray") as loader:
+        assert len(list(loader)) == 8  # the workers are up, with their servers
+        procs = [psutil.Process(), *ray_processes()]
+        listening = []
+        for proc in procs:
+            try:
+                conns = proc.net_connections(kind="inet")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            listening += [(proc.name(), c.laddr.ip) for c in conns if c.status == psutil.CONN_LISTEN]
+    assert listening, "GCS, raylet and workers listen somewhere"
+
+    def loopback(ip: str) -> bool:
+        address = ipaddress.ip_address(ip.split("%")[0])
+        mapped = getattr(address, "ipv4_mapped", None)
+        return (mapped or address).is_loopback
+
+    assert all(loopback(ip) for _, ip in listening), [x for x in listening if not loopback(x[1])]
