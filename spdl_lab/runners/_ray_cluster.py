@@ -30,7 +30,9 @@ __all__ = ["RayConnection", "ray_processes"]
 
 _LOCK = threading.Lock()
 #: The local instance the lab started in this process, and how many runners use it.
-_LOCAL: dict[str, Any] = {"users": 0, "temp_dir": None}
+_LOCAL: dict[str, Any] = {"users": 0, "temp_dir": None, "core": []}
+#: The processes a local instance cannot run without.
+_CORE_NAMES = ("gcs_server", "raylet")
 #: Ray process names (``ray::IDLE``, ``raylet``, ``gcs_server``, ...) among this process's children.
 _RAY_NAMES = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_monitor", "monitor.py",
               "default_worker", "ray_client_server")
@@ -86,8 +88,8 @@ class RayConnection:
 
     def _start_local(self, ray: Any) -> None:
         # A short path: Ray's Unix sockets live under it, and socket paths are limited to 107 bytes.
+        # (Ray makes it world-writable, 0777, once it starts in it.)
         temp_dir = tempfile.mkdtemp(prefix="spdlray", dir="/tmp")
-        os.chmod(temp_dir, 0o700)
         # Workers on this host import what this process imports: functions defined in modules
         # on this sys.path (a test, a script's own package) travel by reference.
         # (Through the environment the raylet inherits, not a runtime_env: one of those costs
@@ -105,6 +107,28 @@ class RayConnection:
                                   f"{exc}") from exc
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines are per execution
         _LOCAL["temp_dir"] = temp_dir
+        _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
+
+    @property
+    def temp_dir(self) -> str | None:
+        """The local instance's temporary directory (its sockets, logs, spilled objects), or None."""
+        return _LOCAL["temp_dir"] if self.role == "local" else None
+
+    def lost(self) -> str | None:
+        """What of the lab's local instance has died (its GCS or raylet), or None.
+
+        Only the local instance is watched here: a cluster's failures come back from Ray itself.
+        """
+        if self.role != "local":
+            return None
+        for proc in _LOCAL["core"]:
+            try:
+                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                return f"{proc.name()} (pid {proc.pid}) of the local Ray instance exited"
+        return None
 
     def close(self, timeout: float = 5.0) -> None:
         import ray
@@ -118,7 +142,7 @@ class RayConnection:
             _LOCAL["users"] -= 1
             if _LOCAL["users"] > 0:
                 return
-            temp_dir, _LOCAL["temp_dir"] = _LOCAL["temp_dir"], None
+            temp_dir, _LOCAL["temp_dir"], _LOCAL["core"] = _LOCAL["temp_dir"], None, []
             ray.shutdown()
         _reap(timeout)
         if temp_dir:

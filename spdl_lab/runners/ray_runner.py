@@ -35,6 +35,8 @@ MAX_MATERIALIZED = 1_000_000
 _POLL_S = 0.1
 #: How stale the meters may be: a sampler tick reads the board at most this often.
 _READ_EVERY_S = 0.2
+#: While no batch comes, whether the local instance is alive is checked this often.
+_ALIVE_EVERY_S = 0.5
 
 
 class RayRunner(Runner):
@@ -77,6 +79,7 @@ class RayRunner(Runner):
         self._stopping = False
         self._lock = threading.Lock()
         self._pump: threading.Thread | None = None
+        self._alive_at = 0.0
 
     @classmethod
     def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
@@ -187,7 +190,25 @@ class RayRunner(Runner):
             if self._error is not None:
                 raise self._error from self._error.__cause__
             return END
-        return TIMEOUT if record is TIMEOUT else record
+        if record is TIMEOUT:
+            self._check_alive()
+            return TIMEOUT
+        return record
+
+    def _check_alive(self) -> None:
+        """A batch is late: is the instance still there? (Its GCS or raylet dying leaves Ray waiting.)"""
+        now = time.monotonic()
+        if now - self._alive_at < _ALIVE_EVERY_S:
+            return
+        self._alive_at = now
+        lost = self._connection.lost()
+        if lost is None and self._pump is not None and not self._pump.is_alive() and self._error is None:
+            lost = "its pump thread ended without a result"
+        if lost is not None:
+            error = RunnerError(f"ray runner: {lost}; the run cannot go on (killed, or out of memory: "
+                                f"see dmesg). Start a new Loader")
+            self._fail(error)
+            raise error
 
     # -- concurrency -------------------------------------------------------------------
     def set_concurrency(self, stage: str, n: int) -> None:

@@ -29,12 +29,13 @@ def local_ray():
 
     connection = RayConnection(None, None)
     connection.open()
-    temp = [d for d in os.listdir("/tmp") if d.startswith("spdlray")]
-    assert temp and ray.is_initialized(), "the lab's local instance, in a temporary directory of its own"
+    temp = connection.temp_dir
+    assert temp and os.path.isdir(temp) and ray.is_initialized(), \
+        "the lab's local instance, in a temporary directory of its own"
     yield connection
     connection.close()
     assert no_ray_left(), [p.cmdline() for p in ray_processes()]
-    assert not set(temp) & set(os.listdir("/tmp")), "its temporary directory is removed"
+    assert not os.path.exists(temp), "its temporary directory is removed"
 
 
 def decode(i):
@@ -139,3 +140,25 @@ def test_the_local_instance_listens_on_loopback_only():
         return (mapped or address).is_loopback
 
     assert all(loopback(ip) for _, ip in listening), [x for x in listening if not loopback(x[1])]
+
+
+def nap(i):
+    time.sleep(0.005)
+    return i
+
+
+def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated():
+    import signal
+
+    with lab.Loader(lab.Pipeline(range(2000)).map(nap, concurrency=2, name="nap").batch(8), runner="ray") as loader:
+        it = iter(loader)
+        items = list(next(it))
+        busy = [p for p in ray_processes() if "_Timed" in " ".join(p.cmdline())]
+        assert busy, [" ".join(p.cmdline()) for p in ray_processes()]
+        os.kill(busy[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        for batch in it:
+            items += list(batch)
+        assert time.monotonic() - t0 < 60
+    assert items == list(range(2000))  # Ray made the killed worker's items again; delivered once, in order
+
