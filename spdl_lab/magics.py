@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import spdl_lab as lab
+from spdl_lab.runners import ALL_RUNNERS
 
 __all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
 
@@ -172,8 +173,6 @@ class SpdlMagics(Magics):
 
 
 def _check_runners(magic: str, runners: list[str]) -> None:
-    from .runners import ALL_RUNNERS
-
     unknown = [r for r in runners if r not in ALL_RUNNERS]
     if unknown:
         raise UsageError(

@@ -69,8 +69,6 @@ class Bench:
         #: the last measured batches/s of each configuration, to size its windows
         self._rate: dict[Config, float] = {}
         self._round = 0
-        #: batches the runner may hold unseen, from the setting it had before the current one
-        self._unseen = 0
         #: seconds from opening each runner to the end of its first warm-up (start-up included)
         self.startup_s: dict[str, float] = {}
 
@@ -99,8 +97,7 @@ class Bench:
         """
         started = time.perf_counter()
         opening = config.runner not in self._contenders
-        contender = self._apply(config)
-        self._warm(contender, config, timeout)
+        contender = self._switch_to(config, timeout)
         if opening:
             self.startup_s[config.runner] = time.perf_counter() - started
         before = contender.loader.reading()
@@ -119,8 +116,7 @@ class Bench:
 
     def rate_once(self, config: Config, timeout: float) -> float:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
-        contender = self._apply(config)
-        self._warm(contender, config, timeout)
+        contender = self._switch_to(config, timeout)
         return self._window(contender, config, timeout).batches_per_s
 
     def close(self) -> None:
@@ -133,7 +129,9 @@ class Bench:
                 self._probe.stop()
 
     # -- one trial -------------------------------------------------------------------
-    def _apply(self, config: Config) -> Contender:
+    def _switch_to(self, config: Config, timeout: float) -> Contender:
+        """Set ``config`` on its runner (opened on first use), drain what the setting before made,
+        then size the windows from a short run."""
         contender = self._contenders.get(config.runner)
         if contender is None:
             options = dict(config.options)
@@ -143,26 +141,23 @@ class Bench:
             self._contenders[config.runner] = contender
         controls = contender.loader.controls()
         # What the setting it had could have made and kept where the readings do not show it.
-        self._unseen = unseen_batches(self.pipeline, controls, self._items)
+        unseen = unseen_batches(self.pipeline, controls, self._items)
         for name, value in config.knobs:
             if controls.get(name) != value:
                 contender.loader.set_concurrency(name, value)
-        return contender
-
-    def _warm(self, contender: Contender, config: Config, timeout: float) -> None:
-        """Drain what was made under the previous setting, then size the windows from a short run."""
         queued = queued_batches(contender.loader.reading(), self._items)
         if queued:
             self._round += 1
             contender.window(self._round, 0, queued, self.machine, timeout)
         # Then what is still ready beyond that, until a step waits for its batch.
-        contender.drain_ready(self._unseen, timeout, max_s=self.window_s)
+        contender.drain_ready(unseen, timeout, max_s=self.window_s)
         # Then a quarter window at the new setting (the first sizes the windows of a new configuration).
         known = self._rate.get(config, 0.0)
         sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 4)), timeout,
                            max_s=self.window_s / 2)
         if not known and sizing.batches_per_s > 0:
             self._rate[config] = sizing.batches_per_s
+        return contender
 
     def _window(self, contender: Contender, config: Config, timeout: float, scale: float = 1.0) -> Window:
         rate = self._rate.get(config, 0.0)
