@@ -1,10 +1,22 @@
-"""A lab Pipeline as a Ray Dataset: each map stage one Ray Data operation, ``batch`` Ray's batching.
+"""A lab Pipeline as a Ray Dataset: runs of stages as Ray Data operations, ``batch`` inside them.
 
-Rows are ``{"idx": source index (a list of them after a batch), "item": value}``.
-Ray Data is used as it is (``map`` / ``flat_map`` / ``map_batches``, its
-streaming executor, its object store); the lab adds only a wrapper around each
-user function that times it into the meters and turns its exception into a
-``StageFailure`` naming the stage and item.
+Each Ray Data operation (``map_batches`` over whole blocks) runs one *group*: a
+run of consecutive pieces (the source, map stages, batch stages) that share one
+compute setting. A new group, and so a new operation, starts where a map stage
+asks for a different concurrency, task-or-actor kind or resources. Inside a
+group the pieces run one after another on the block's rows, as plain Python
+(values stay the objects the stages made; nothing goes through Arrow between
+two stages of a group). Ray Data is used as it is: its streaming executor, its
+object store between groups and to the training side, its concurrency caps.
+
+Why groups and not one operation per stage. An operation takes a CPU per task
+from the instance's budget and Ray Data splits that budget among operations: a
+source and a batch stage as operations of their own would hold CPUs to do next
+to nothing (on 2 cores, a pipeline ran at a third of its speed), and an
+operation chained after a row-count-changing one may get blocks of thousands of
+rows, so the first batch came only after most of the data was made. Blocks here
+hold whole batches (``chunk`` items, a multiple of every batch stage's size),
+``MAX_BLOCKS`` at most, so the first batch costs about one block's work.
 
 Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs
 as Ray tasks, stateless and scheduled anywhere, at most ``concurrency`` at once
@@ -13,20 +25,27 @@ tokenizer, a decoder with buffers) runs in a pool of ``concurrency`` actors
 (``ActorPoolStrategy``), so its state is unpickled once per actor rather than
 once per task.
 
+Batches: a batch stage groups the items whose source indices fall in the same
+``size``-aligned window, in order, so batches are the other runners' batches.
+An item dropped under ``max_failures`` makes its batch one shorter (the other
+runners fill it from the next item); ``drop_last`` drops only a short last batch.
+
 Failures: with ``max_failures=0`` the first exception fails the run, and Ray
 never retries it (application errors are not retried; ``retry_exceptions`` is
-off, as Ray Data leaves it), so a deterministic error cannot hide behind retries. Above 0, a failing
-item is dropped and counted, and the runner ends the run once more than
-``max_failures`` were counted. A task whose worker dies is retried by Ray, as
-Ray does for system failures.
+off, as Ray Data leaves it), so a deterministic error cannot hide behind retries.
+Above 0, a failing item is dropped and counted, and the runner ends the run once
+more than ``max_failures`` were counted. A task whose worker dies is retried by
+Ray, as Ray does for system failures.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import traceback
 import types
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -36,7 +55,13 @@ import numpy as np
 from ..pipeline import Pipeline, Stage
 from ._ray_meters import record
 
-__all__ = ["StageFailure", "build", "first_batch_size", "uses_actors"]
+__all__ = ["MAX_BLOCKS", "StageFailure", "build", "chunk_size", "groups", "plain", "plain_scalar", "uses_actors"]
+
+#: Blocks the source is cut into at most (each one ``ray.put`` by the driver when a run starts).
+MAX_BLOCKS = 512
+
+Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
+
 
 class StageFailure(Exception):
     """A stage raised inside a Ray worker: which stage, which item, and the traceback as text."""
@@ -55,59 +80,112 @@ def uses_actors(stage: Stage) -> bool:
     return not isinstance(fn, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type))
 
 
-class _Timed:
-    """Runs one stage's function on a row, timed into the meters; failures become rows of none."""
-
-    def __init__(self, name: str, payload: bytes, key: str, board: Any, strict: bool, batched: bool) -> None:
-        self.name, self.key, self.board, self.strict, self.batched = name, key, board, strict, batched
-        self.fn = cloudpickle.loads(payload)
-
-    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        item = row["item"]
-        if self.batched and isinstance(item, np.ndarray):
-            item = list(item)  # a batch arrives as one column; the user's function takes a list
-        record(self.key, self.board, self.name, "started")
-        t0 = time.perf_counter_ns()
-        try:
-            out = self.fn(item)
-        except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
-            index = _plain(row["idx"])
-            text = "".join(traceback.format_exception(exc))
-            record(self.key, self.board, self.name, "failed", time.perf_counter_ns() - t0,
-                   f"stage {self.name!r}, item {index}: {type(exc).__name__}: {exc}")
-            if self.strict:
-                raise StageFailure(self.name, index, text) from None
-            return []
-        record(self.key, self.board, self.name, "done", time.perf_counter_ns() - t0)
-        return [{"idx": row["idx"], "item": out}]
+def chunk_size(pipeline: Pipeline) -> int:
+    """Items per block unit: a multiple of every batch stage's size (restarts start at its multiples)."""
+    return math.prod(s.size or 1 for s in pipeline.stages if s.kind == "batch")
 
 
-class _ActorTimed(_Timed):
-    """The same, as an actor class: Ray makes one per actor with these constructor arguments."""
+@dataclass
+class Group:
+    """One Ray Data operation: its pieces and how it is computed."""
+
+    stages: list[Stage] = field(default_factory=list)
+    actors: bool = False
+    concurrency: int | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    lead: str | None = None  # the map stage whose setting the group has
+
+    def takes(self, stage: Stage, n: int, resources: dict[str, float]) -> bool:
+        """Can map stage ``stage`` at concurrency ``n`` join this group?"""
+        return self.lead is None or (uses_actors(stage), n, resources) == (self.actors, self.concurrency,
+                                                                            self.resources)
 
 
-class _Source:
-    """Chunk number -> its ``{"idx", "item"}`` rows: the source read inside the workers.
+def groups(pipeline: Pipeline, concurrency: dict[str, int],
+           resources: dict[str, dict[str, float]]) -> list[Group]:
+    """The pipeline's stages cut into groups (the source belongs to the first)."""
+    out = [Group()]
+    for stage in pipeline.stages:
+        if stage.kind == "map":
+            n, remote = concurrency.get(stage.name, stage.concurrency), dict(resources.get(stage.name, {}))
+            if not out[-1].takes(stage, n, remote):
+                out.append(Group())
+            group = out[-1]
+            if group.lead is None:
+                group.actors, group.concurrency, group.resources, group.lead = uses_actors(stage), n, remote, stage.name
+        out[-1].stages.append(stage)
+    return out
 
-    One input row per batch's worth of items keeps a batch's items in one block, so
-    Ray's batching (which cuts at block ends) makes the same batches as the other runners.
-    """
 
-    def __init__(self, source: Any, start: int, end: int, chunk: int, key: str, board: Any) -> None:
-        self.source, self.start, self.end, self.chunk = source, start, end, chunk
-        self.key, self.board = key, board
+class _Stages:
+    """Runs one group's pieces on a block (a Ray Data ``map_batches`` function, or actor class)."""
 
-    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        first = self.start + int(row["id"]) * self.chunk
-        items = _items(self.source)
+    def __init__(self, pieces: list[tuple], source: tuple | None, batches_in: bool, key: str, board: Any,
+                 strict: bool) -> None:
+        self.key, self.board, self.strict = key, board, strict
+        self.source, self.batches_in = source, batches_in
+        self.pieces = [(kind, name, cloudpickle.loads(arg) if kind == "map" else arg) for kind, name, arg in pieces]
+
+    def __call__(self, block: dict[str, np.ndarray]) -> dict[str, Any]:
+        rows = self._read(block["data"]) if self.source is not None else _rows_of(block, self.batches_in)
+        for kind, name, arg in self.pieces:
+            rows = self._map(name, arg, rows) if kind == "map" else self._batch(name, arg, rows)
+        return _block_of(rows)
+
+    def _read(self, chunk_ids: np.ndarray) -> list[Row]:
+        source, start, end, chunk = self.source
+        items = _items(source)
+        rows = []
+        for c in chunk_ids.tolist():
+            for index in range(start + c * chunk, min(start + (c + 1) * chunk, end)):
+                record(self.key, self.board, "source", "started")
+                t0 = time.perf_counter_ns()
+                item = items[index]
+                record(self.key, self.board, "source", "done", time.perf_counter_ns() - t0)
+                rows.append((index, item))
+        return rows
+
+    def _map(self, name: str, fn: Any, rows: list[Row]) -> list[Row]:
         out = []
-        for index in range(first, min(first + self.chunk, self.end)):
-            record(self.key, self.board, "source", "started")
+        for index, item in rows:
+            record(self.key, self.board, name, "started")
             t0 = time.perf_counter_ns()
-            item = items[index]
-            record(self.key, self.board, "source", "done", time.perf_counter_ns() - t0)
-            out.append({"idx": index, "item": item})
+            try:
+                value = fn(item)
+            except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
+                text = "".join(traceback.format_exception(exc))
+                record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0,
+                       f"stage {name!r}, item {index}: {type(exc).__name__}: {exc}")
+                if self.strict:
+                    raise StageFailure(name, index, text) from None
+                continue
+            record(self.key, self.board, name, "done", time.perf_counter_ns() - t0)
+            out.append((index, value))
         return out
+
+    def _batch(self, name: str, spec: tuple[int, int, bool, int], rows: list[Row]) -> list[Row]:
+        size, span, drop_last, last_window = spec
+        out: list[Row] = []
+        window, indices, items = None, [], []
+        for index, item in [*rows, (None, None)]:
+            first = None if index is None else (index[0] if isinstance(index, list) else index)
+            w = None if first is None else first // span
+            if items and w != window:
+                if not (drop_last and window == last_window and len(items) < size):
+                    record(self.key, self.board, name, "started")
+                    record(self.key, self.board, name, "done", 0)
+                    out.append((indices, items))
+                indices, items = [], []
+            if index is None:
+                break
+            window = w
+            indices.extend(index if isinstance(index, list) else [index])
+            items.append(item)
+        return out
+
+
+class _ActorStages(_Stages):
+    """The same, as an actor class: Ray makes one per actor with these constructor arguments."""
 
 
 _RESOLVED: dict[Any, Any] = {}
@@ -125,23 +203,25 @@ def _items(source: Any) -> Any:
     return _RESOLVED[source]
 
 
-class _Batch:
-    """``batch_size`` rows -> one row holding the batch (a stacked column stays an ndarray)."""
+def _rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
+    """A block from the group before as rows: plain Python indices and scalars; a batch as a list."""
+    values = block["item"]
+    if batches:
+        return [(plain(i), [plain_scalar(x) for x in v]) for i, v in zip(block["idx"], values)]
+    return [(plain(i), plain_scalar(v)) for i, v in zip(block["idx"], values)]
 
-    def __init__(self, size: int, drop_last: bool) -> None:
-        self.size, self.drop_last = size, drop_last
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        idx, items = batch["idx"], batch["item"]
-        if len(idx) == 0 or (self.drop_last and len(idx) < self.size):
-            return {"idx": np.empty(0, dtype=object), "item": np.empty(0, dtype=object)}
-        out_idx = np.empty(1, dtype=object)
-        out_idx[0] = [_plain(i) for i in idx]
-        if isinstance(items, np.ndarray) and items.dtype != object:
-            return {"idx": out_idx, "item": items[np.newaxis]}  # one row: the whole [B, ...] array
-        out = np.empty(1, dtype=object)
-        out[0] = list(items)
-        return {"idx": out_idx, "item": out}
+def _block_of(rows: list[Row]) -> dict[str, Any]:
+    """Rows as a block's columns; a batch's items stay a list (Ray stacks equal-shape arrays)."""
+    if not rows:
+        return {"idx": np.empty(0, dtype=np.int64), "item": np.empty(0, dtype=object)}
+    indices = [i for i, _ in rows]
+    if isinstance(indices[0], list):
+        idx = np.empty(len(indices), dtype=object)
+        idx[:] = [np.asarray(i, dtype=np.int64) for i in indices]
+    else:
+        idx = np.asarray(indices, dtype=np.int64)
+    return {"idx": idx, "item": [v for _, v in rows]}
 
 
 def build(pipeline: Pipeline, source: Any, *, start: int, count: int, concurrency: dict[str, int], key: str,
@@ -150,22 +230,27 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, concurrenc
     import ray.data
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-    chunk = first_batch_size(pipeline)
-    ds = ray.data.range(-(-count // chunk)).flat_map(_Source(source, start, start + count, chunk, key, board))
-    batched = False
-    for stage in pipeline.stages:
-        if stage.kind == "batch":
-            ds = ds.map_batches(_Batch(stage.size or 1, stage.drop_last), batch_size=stage.size or 1,
-                                batch_format="numpy")
-            batched = True
-            continue
-        n = concurrency.get(stage.name, stage.concurrency)
-        args = (stage.name, cloudpickle.dumps(stage.fn), key, board, strict, batched)
-        remote = dict(resources.get(stage.name, {}))
-        if uses_actors(stage):
-            ds = ds.flat_map(_ActorTimed, fn_constructor_args=args, compute=ActorPoolStrategy(size=n), **remote)
+    chunk = chunk_size(pipeline)
+    chunks = -(-count // chunk)
+    ds = ray.data.from_numpy(np.array_split(np.arange(chunks, dtype=np.int64), min(chunks, MAX_BLOCKS)))
+    span, last, batches_in = 1, start + count - 1, False
+    for i, group in enumerate(groups(pipeline, concurrency, resources)):
+        pieces = []
+        for stage in group.stages:
+            if stage.kind == "map":
+                pieces.append(("map", stage.name, cloudpickle.dumps(stage.fn)))
+            else:
+                span *= stage.size or 1
+                pieces.append(("batch", stage.name, (stage.size or 1, span, stage.drop_last, last // span)))
+        origin = (source, start, start + count, chunk) if i == 0 else None
+        args = (pieces, origin, batches_in, key, board, strict)
+        batches_in = group.stages[-1].kind == "batch"
+        if group.actors:
+            ds = ds.map_batches(_ActorStages, fn_constructor_args=args, batch_size=None, batch_format="numpy",
+                                compute=ActorPoolStrategy(size=group.concurrency), **group.resources)
         else:
-            ds = ds.flat_map(_Timed(*args), compute=TaskPoolStrategy(size=n), **remote)
+            ds = ds.map_batches(_Stages(*args), batch_size=None, batch_format="numpy",
+                                compute=TaskPoolStrategy(size=group.concurrency), **group.resources)
     # Ray Data logs each execution at INFO (plan, progress) from its own loggers: a Loader is quieter.
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -174,15 +259,15 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, concurrenc
     return ds
 
 
-def first_batch_size(pipeline: Pipeline) -> int:
-    """Items per batch of the first ``batch`` stage (1 without one): restarts start at its multiples."""
-    return next((s.size or 1 for s in pipeline.stages if s.kind == "batch"), 1)
-
-
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """numpy scalars and arrays from Ray's batches as plain Python (for messages and bookkeeping)."""
     if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
+        return [plain(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def plain_scalar(value: Any) -> Any:
+    """A numpy scalar as the Python value it was made from; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value

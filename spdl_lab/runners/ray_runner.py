@@ -1,7 +1,7 @@
 """``ray``: the Pipeline on Ray Data, on a local Ray instance or a real cluster.
 
-The Dataset is built by ``_ray_plan`` (each map stage a Ray Data operation at its
-concurrency); a pump thread iterates its rows on the training side into a
+The Dataset is built by ``_ray_plan`` (runs of map stages with one setting a Ray Data
+operation at that concurrency, the source and ``batch`` inside them); a pump thread iterates its rows on the training side into a
 bounded queue, in order when the pipeline asks for order. Meters run inside the
 Ray workers and add up in an actor (``_ray_meters``). ``set_concurrency``
 cannot resize a running Ray Data operation (its pools are fixed when the
@@ -25,7 +25,7 @@ from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from ..pipeline import Pipeline, validate_concurrency
 from ._ray_cluster import RayConnection
 from ._ray_meters import FLUSH_S, board_class, flush, reading_of
-from ._ray_plan import StageFailure, build, first_batch_size
+from ._ray_plan import StageFailure, build, chunk_size, plain, plain_scalar
 from .base import Runner
 
 __all__ = ["RayRunner", "MAX_MATERIALIZED"]
@@ -135,7 +135,7 @@ class RayRunner(Runner):
         with self._lock:
             generation = self._generation
             concurrency = dict(self._concurrency)
-        chunk = first_batch_size(self.pipeline)
+        chunk = chunk_size(self.pipeline)
         start = self._delivered.first_missing() // chunk * chunk  # a batch boundary
         if start >= self._count:
             return True
@@ -156,13 +156,15 @@ class RayRunner(Runner):
                 close()
 
     def _deliver(self, row: dict[str, Any]) -> None:
-        idx = row["idx"]
-        indices = idx if isinstance(idx, (list, tuple)) else [idx]
+        idx = plain(row["idx"])
+        indices = idx if isinstance(idx, list) else [idx]
         if self._delivered.seen(indices):
             return  # made again after a restart; it was delivered before
         value = row["item"]
         if self._kinds[self.pipeline.stages[-1].name] == "batch":
-            value = list(value)
+            value = [plain_scalar(x) for x in value]
+        else:
+            value = plain_scalar(value)
         self._output.put(self._seq, value)
         self._seq += 1
         self._delivered.add(indices)

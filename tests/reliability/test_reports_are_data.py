@@ -421,7 +421,7 @@ ALLOWED = {
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
     "spdl_lab/runners/_child.py::main::.recv()":
         "the child's start message from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/runners/_ray_plan.py::_Timed.__init__::cloudpickle.loads":
+    "spdl_lab/runners/_ray_plan.py::_Stages.__init__::cloudpickle.loads":
         "the stage function this process pickled in build(), unpickled in the Ray worker that runs it",
     "spdl_lab/runners/_child.py::_ChildRun.__init__::cloudpickle.loads":
         "the pipeline the parent pickled for this child; it runs user code by design",

@@ -65,6 +65,7 @@ def test_batches_come_in_order_with_meters_from_the_workers():
     assert [int(b[0, 0, 0]) for b in batches] == list(range(0, 64, 8))  # the pipeline asked for order
     assert all(b.shape == (8, 4, 4) for b in batches)
     assert stats.stages["decode"].tasks == 64 and stats.stages["collate"].tasks == 8
+    assert stats.stages["batch"].tasks == 8 and stats.source.tasks == 64
     assert stats.stages["decode"].concurrency == 2 and stats.stages["decode"].p50_ms >= 0
     assert ray.is_initialized()  # the fixture still holds the instance: closing a Loader left it
 
@@ -153,7 +154,7 @@ def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated(
     with lab.Loader(lab.Pipeline(range(2000)).map(nap, concurrency=2, name="nap").batch(8), runner="ray") as loader:
         it = iter(loader)
         items = list(next(it))
-        busy = [p for p in ray_processes() if "_Timed" in " ".join(p.cmdline())]
+        busy = [p for p in ray_processes() if "MapBatches(_Stages)" in " ".join(p.cmdline())]
         assert busy, [" ".join(p.cmdline()) for p in ray_processes()]
         os.kill(busy[0].pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -162,3 +163,37 @@ def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated(
         assert time.monotonic() - t0 < 60
     assert items == list(range(2000))  # Ray made the killed worker's items again; delivered once, in order
 
+
+
+def quick(i):
+    time.sleep(0.002)
+    return i
+
+
+def test_the_first_batch_comes_while_most_of_a_large_source_is_still_unread():
+    # 20,000 items of 2 ms at concurrency 2: about 20 s of work. Blocks hold a few batches, so
+    # the first batch is out after a few blocks (before: Ray Data cut the source into a handful
+    # of blocks and the first batch came once nearly everything was made).
+    p = lab.Pipeline(range(20_000)).map(quick, concurrency=2, name="nap").batch(8)
+    with lab.Loader(p, runner="ray") as loader:
+        assert next(iter(loader)) == list(range(8))
+        read = loader.stats().source.tasks
+    assert read < 10_000, read
+
+
+def test_stages_with_one_setting_run_as_one_ray_operation_with_the_source_and_batch():
+    from spdl_lab.runners._ray_plan import chunk_size, groups
+
+    class Tokenizer:
+        def __call__(self, x):
+            return x
+
+    p = (lab.Pipeline(range(10)).map(decode, concurrency=2, name="decode").map(str, concurrency=2, name="fmt")
+         .batch(4).map(stack, name="collate").map(Tokenizer(), name="tok").batch(2))
+    cut = groups(p, {"decode": 2, "fmt": 2, "collate": 1, "tok": 1}, {})
+    assert [[s.name for s in g.stages] for g in cut] == [["decode", "fmt", "batch"], ["collate"], ["tok", "batch_2"]]
+    assert [(g.actors, g.concurrency) for g in cut] == [(False, 2), (False, 1), (True, 1)]
+    assert chunk_size(p) == 8  # blocks hold whole batches of both batch stages
+    # Per-stage resources part stages that would otherwise share an operation.
+    cut = groups(p, {"decode": 2, "fmt": 2, "collate": 1, "tok": 1}, {"fmt": {"num_cpus": 2}})
+    assert [[s.name for s in g.stages] for g in cut][:2] == [["decode"], ["fmt", "batch"]]
