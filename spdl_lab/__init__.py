@@ -16,7 +16,7 @@ from .integrations import from_spdl
 from .integrations.torch_dataloader import from_dataloader
 from .loader import Loader
 from .pipeline import Pipeline, Stage
-from .runners import RUNNERS
+from .runners import LOCAL_RUNNERS, RUNNERS
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .training import SimulatedDevice, StepClock
 from .tune import Tuning, tune
@@ -35,6 +35,7 @@ __all__ = [
     "PipelineError",
     "PipelineSpecError",
     "QueueStats",
+    "LOCAL_RUNNERS",
     "RUNNERS",
     "RemoteSession",
     "RunnerError",

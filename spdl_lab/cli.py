@@ -206,13 +206,13 @@ def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, e
 
 def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers: int | None) -> None:
     from spdl_lab.experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP
-    from spdl_lab.runners import ALL_RUNNERS, RUNNERS
+    from spdl_lab.runners import LOCAL_RUNNERS, RUNNERS
 
     warmup = DEFAULT_WARMUP  # one default for the API, compare and demo
 
-    parser.add_argument("--runners", nargs="+", choices=ALL_RUNNERS, default=list(RUNNERS), metavar="RUNNER",
-                        help=f"runners to compare (default: {' '.join(RUNNERS)}; "
-                             f"also {' '.join(r for r in ALL_RUNNERS if r not in RUNNERS)} (preview))")
+    parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(LOCAL_RUNNERS), metavar="RUNNER",
+                        help=f"runners to compare (default: {' '.join(LOCAL_RUNNERS)}; "
+                             f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, which starts a Ray instance)")
     parser.add_argument("--steps", type=_count(1), default=steps, metavar="N",
                         help=f"measured steps per runner, over all rounds (default {steps})")
     parser.add_argument("--warmup", type=_count(0), default=warmup, metavar="N",

@@ -15,7 +15,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import spdl_lab as lab
-from spdl_lab.runners import ALL_RUNNERS
+from spdl_lab.runners import RUNNERS
 
 __all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
 
@@ -65,7 +65,8 @@ class SpdlMagics(Magics):
     @magic_arguments()
     @argument("pipeline", help="the lab.Pipeline: a variable name or dotted path")
     @argument("--step", required=True, help="the training step: a variable name or dotted path")
-    @argument("--runners", nargs="+", help=f"runners to compare (default: all of {', '.join(lab.RUNNERS)})")
+    @argument("--runners", nargs="+", help=f"runners to compare (default: {', '.join(lab.LOCAL_RUNNERS)}; "
+                                            f"any of {', '.join(lab.RUNNERS)})")
     @argument("--steps", type=int, help="measured steps per runner, over all rounds (default 200)")
     @argument("--warmup", type=int, help="warm-up steps per runner in each round (default 10)")
     @argument("--repeats", type=int, help="interleaved rounds; batches/s is the median of them (default 5)")
@@ -173,11 +174,11 @@ class SpdlMagics(Magics):
 
 
 def _check_runners(magic: str, runners: list[str]) -> None:
-    unknown = [r for r in runners if r not in ALL_RUNNERS]
+    unknown = [r for r in runners if r not in RUNNERS]
     if unknown:
         raise UsageError(
             f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(ALL_RUNNERS)}"
+            f"choose from {', '.join(RUNNERS)}"
         )
 
 

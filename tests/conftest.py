@@ -58,3 +58,28 @@ def no_child_leak():
     left = [p.pid for p in me.children(recursive=True) if p.pid not in children_before]
     assert ok, f"child processes left behind: {left}"
     assert ours() <= shm_before, f"shared memory left behind: {sorted(ours() - shm_before)}"
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    """One local Ray instance for every ``runner="ray"`` test in this session (per xdist worker).
+
+    Starting one costs 10-30 s here, so the tests share it: the fixture opens it as a lab
+    runner would, every Loader with ``runner="ray"`` joins it, and the teardown checks that
+    closing the last user leaves no Ray process and no temporary directory behind.
+    """
+    import os
+
+    ray = pytest.importorskip("ray")
+    from spdl_lab.runners._ray_cluster import RayConnection, ray_processes
+
+    connection = RayConnection(None, None)
+    connection.open()
+    temp = connection.temp_dir
+    assert temp and os.path.isdir(temp) and ray.is_initialized(), \
+        "the lab's local instance, in a temporary directory of its own"
+    yield connection
+    connection.close()
+    gone = _wait_until(lambda: not ray_processes() and not ray.is_initialized(), timeout=5.0)
+    assert gone, [" ".join(p.cmdline())[:120] for p in ray_processes()]
+    assert not os.path.exists(temp), "its temporary directory is removed"

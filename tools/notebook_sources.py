@@ -296,7 +296,7 @@ quick; `benchmarks/parallelism.py` and `make demo` run longer.
     ("code", """
 cmp = lab.compare(pipeline, step=device, steps=40, warmup=4, repeats=4,
                   runner_options={"process": {"num_workers": 2}})
-assert list(cmp.table.index) == list(lab.RUNNERS)
+assert list(cmp.table.index) == list(lab.LOCAL_RUNNERS)
 cmp
 """),
     ("code", """

@@ -23,7 +23,7 @@ import pandas as pd
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..progress import progress_bar
-from ..runners import ALL_RUNNERS, RUNNERS
+from ..runners import LOCAL_RUNNERS, RUNNERS
 from ..telemetry.probes import GilProbe
 from ..training import SimulatedDevice
 from .contender import Contender, MachineClock, Window
@@ -130,7 +130,7 @@ def compare(
     pipeline: Pipeline,
     step: Callable[[Any], Any] | SimulatedDevice,
     *,
-    runners: Sequence[str] = RUNNERS,
+    runners: Sequence[str] = LOCAL_RUNNERS,
     steps: int = DEFAULT_STEPS,
     warmup: int = DEFAULT_WARMUP,
     repeats: int | None = None,
@@ -211,9 +211,9 @@ def _check(pipeline: Any, runners: Sequence[str], steps: Any, warmup: Any, repea
         raise PipelineSpecError(f"compare takes a lab.Pipeline, got {type(pipeline).__name__}; "
                                 "for a DataLoader use lab.from_dataloader(dl)")
     runners = list(runners)
-    unknown = [r for r in runners if r not in ALL_RUNNERS]
+    unknown = [r for r in runners if r not in RUNNERS]
     if unknown or not runners:
-        raise PipelineSpecError(f"compare: unknown runner(s) {unknown}; choose from {list(ALL_RUNNERS)}")
+        raise PipelineSpecError(f"compare: unknown runner(s) {unknown}; choose from {list(RUNNERS)}")
     if len(set(runners)) != len(runners):
         raise PipelineSpecError(f"compare: a runner is named twice in {runners}")
     for name, value, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):

@@ -36,7 +36,7 @@ from pydantic import Field, create_model, model_validator
 
 from .. import file_checks as fc
 from ..errors import FileFormatError
-from ..runners import ALL_RUNNERS
+from ..runners import RUNNERS
 from ..telemetry.frames import FRAME_COLUMNS
 from .compare import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 
@@ -68,7 +68,7 @@ class _Checker(fc.Checker):
     error = ComparisonFormatError
 
 
-Runner, Rate, Count, Label = fc.choice(*ALL_RUNNERS), fc.number(0), fc.integer(0, fc.MAX_COUNT), fc.string(MAX_LABEL)
+Runner, Rate, Count, Label = fc.choice(*RUNNERS), fc.number(0), fc.integer(0, fc.MAX_COUNT), fc.string(MAX_LABEL)
 Share = fc.number(0, 1.5)  # of time; timer skew takes it a little over 1
 Repeats, RoundNumber, Sentence = fc.integer(1, MAX_ROUNDS), fc.integer(0, MAX_ROUNDS), fc.string(MAX_WARNING)
 TickTime = Annotated[float, Field(ge=0, allow_inf_nan=False), fc.expects("a number >= 0 (a tick time is never null)")]
@@ -126,7 +126,7 @@ class ComparisonFileV1(fc.Record):
     version: Literal[1]
     steps: Count
     warmup: Count
-    table: Annotated[list[RowV1], fc.at_most(len(ALL_RUNNERS), "rows")]
+    table: Annotated[list[RowV1], fc.at_most(len(RUNNERS), "rows")]
     frames: dict[str, Frames]
 
     @model_validator(mode="after")
@@ -154,7 +154,7 @@ class ComparisonFile(ComparisonFileV1):
     repeats: Repeats
     warnings: Annotated[list[Sentence], fc.at_most(MAX_WARNINGS, "warnings")]
     rounds: Annotated[list[Round], fc.at_most(MAX_ROUNDS, "rounds")]
-    table: Annotated[list[Row], fc.at_most(len(ALL_RUNNERS), "rows")]
+    table: Annotated[list[Row], fc.at_most(len(RUNNERS), "rows")]
 
     @model_validator(mode="after")
     def _rounds_of_runners(self) -> ComparisonFile:

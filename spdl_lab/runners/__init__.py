@@ -7,14 +7,12 @@ import importlib
 from ..errors import PipelineSpecError, RunnerError
 from .base import Runner
 
-__all__ = ["ALL_RUNNERS", "PREVIEW_RUNNERS", "RUNNERS", "Runner", "runner_class"]
+__all__ = ["LOCAL_RUNNERS", "RUNNERS", "Runner", "runner_class"]
 
-RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
-#: Runners that work but are not yet in RUNNERS (so not in compare's default or the fault
-#: battery's parametrization): ``ray`` joins RUNNERS once its reliability tests do (issue 20).
-#: Named, they are taken wherever a runner is (Loader, lab.run, compare, the CLI, the dashboard).
-PREVIEW_RUNNERS: tuple[str, ...] = ("ray",)
-ALL_RUNNERS: tuple[str, ...] = RUNNERS + PREVIEW_RUNNERS
+#: The runners on this host: what ``lab.compare`` and the CLI compare unless told otherwise
+#: (``ray`` starts a Ray instance, tens of seconds: it is compared when named).
+LOCAL_RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
+RUNNERS: tuple[str, ...] = LOCAL_RUNNERS + ("ray",)
 
 # Imported when first asked for: only ``process`` needs torch, and the
 # subprocess-threads child (which imports this package) starts in a fraction
@@ -30,9 +28,9 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 
 def runner_class(name: str) -> type[Runner]:
     """The Runner class registered as ``name``; a clear error for anything else."""
-    if name not in ALL_RUNNERS:
+    if name not in RUNNERS:
         raise PipelineSpecError(
-            f"unknown runner {name!r}; choose one of {', '.join(map(repr, ALL_RUNNERS))}"
+            f"unknown runner {name!r}; choose one of {', '.join(map(repr, RUNNERS))}"
         )
     try:
         module, cls = _REGISTRY[name]

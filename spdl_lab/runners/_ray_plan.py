@@ -55,23 +55,29 @@ import numpy as np
 from ..pipeline import Pipeline, Stage
 from ._ray_meters import record
 
-__all__ = ["MAX_BLOCKS", "StageFailure", "build", "chunk_size", "groups", "plain", "plain_scalar", "uses_actors"]
+__all__ = ["MAX_BLOCKS", "MAX_BLOCK_CHUNKS", "StageFailure", "build", "chunk_size", "groups", "plain",
+           "plain_scalar", "uses_actors", "window_items"]
 
-#: Blocks the source is cut into at most (each one ``ray.put`` by the driver when a run starts).
+#: Blocks one execution cuts its items into at most (each one ``ray.put`` by the driver when it starts).
 MAX_BLOCKS = 512
+#: Chunks (whole batches) a block holds at most: larger sources run as several executions, one
+#: window of ``MAX_BLOCKS * MAX_BLOCK_CHUNKS`` chunks after the other (``window_items``).
+MAX_BLOCK_CHUNKS = 4
 
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
 
 
 class StageFailure(Exception):
-    """A stage raised inside a Ray worker: which stage, which item, and the traceback as text."""
+    """A stage raised inside a Ray worker: which stage, which item (its number at that stage: a
+    source index, or a batch's number after a batch stage), what it raised, and its traceback as
+    text; ``error`` is the exception itself when it survives pickling, else None."""
 
-    def __init__(self, stage: str, index: Any, text: str) -> None:
-        super().__init__(stage, index, text)
-        self.stage, self.index, self.text = stage, index, text
+    def __init__(self, stage: str, index: int, what: str, text: str, error: BaseException | None) -> None:
+        super().__init__(stage, index, what, text, error)
+        self.stage, self.index, self.what, self.text, self.error = stage, index, what, text, error
 
     def __str__(self) -> str:
-        return f"stage {self.stage!r} failed on item {self.index}: {self.text.strip().splitlines()[-1]}"
+        return f"StageFailure: stage {self.stage!r} failed on item {self.index}: {self.what}"
 
 
 def uses_actors(stage: Stage) -> bool:
@@ -83,6 +89,11 @@ def uses_actors(stage: Stage) -> bool:
 def chunk_size(pipeline: Pipeline) -> int:
     """Items per block unit: a multiple of every batch stage's size (restarts start at its multiples)."""
     return math.prod(s.size or 1 for s in pipeline.stages if s.kind == "batch")
+
+
+def window_items(pipeline: Pipeline) -> int:
+    """Items one execution runs at most: its blocks stay small, so its first batch comes soon."""
+    return MAX_BLOCKS * MAX_BLOCK_CHUNKS * chunk_size(pipeline)
 
 
 @dataclass
@@ -124,12 +135,13 @@ class _Stages:
                  strict: bool) -> None:
         self.key, self.board, self.strict = key, board, strict
         self.source, self.batches_in = source, batches_in
-        self.pieces = [(kind, name, cloudpickle.loads(arg) if kind == "map" else arg) for kind, name, arg in pieces]
+        self.pieces = [(kind, name, cloudpickle.loads(arg) if kind == "map" else arg, span)
+                       for kind, name, arg, span in pieces]
 
     def __call__(self, block: dict[str, np.ndarray]) -> dict[str, Any]:
         rows = self._read(block["data"]) if self.source is not None else _rows_of(block, self.batches_in)
-        for kind, name, arg in self.pieces:
-            rows = self._map(name, arg, rows) if kind == "map" else self._batch(name, arg, rows)
+        for kind, name, arg, span in self.pieces:
+            rows = self._map(name, arg, span, rows) if kind == "map" else self._batch(name, arg, span, rows)
         return _block_of(rows)
 
     def _read(self, chunk_ids: np.ndarray) -> list[Row]:
@@ -140,12 +152,19 @@ class _Stages:
             for index in range(start + c * chunk, min(start + (c + 1) * chunk, end)):
                 record(self.key, self.board, "source", "started")
                 t0 = time.perf_counter_ns()
-                item = items[index]
+                try:
+                    item = items[index]
+                except Exception as exc:  # noqa: BLE001 - a source that raised ends the run (as under every runner)
+                    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    record(self.key, self.board, "source", "failed", time.perf_counter_ns() - t0,
+                           ("source", index, what, time.time()))
+                    raise StageFailure("source", index, what, "".join(traceback.format_exception(exc)),
+                                       _picklable(exc)) from None
                 record(self.key, self.board, "source", "done", time.perf_counter_ns() - t0)
                 rows.append((index, item))
         return rows
 
-    def _map(self, name: str, fn: Any, rows: list[Row]) -> list[Row]:
+    def _map(self, name: str, fn: Any, span: int, rows: list[Row]) -> list[Row]:
         out = []
         for index, item in rows:
             record(self.key, self.board, name, "started")
@@ -153,23 +172,22 @@ class _Stages:
             try:
                 value = fn(item)
             except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
-                text = "".join(traceback.format_exception(exc))
-                record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0,
-                       f"stage {name!r}, item {index}: {type(exc).__name__}: {exc}")
+                number, what = _first(index) // span, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0, (name, number, what, time.time()))
                 if self.strict:
-                    raise StageFailure(name, index, text) from None
+                    text = "".join(traceback.format_exception(exc))
+                    raise StageFailure(name, number, what, text, _picklable(exc)) from None
                 continue
             record(self.key, self.board, name, "done", time.perf_counter_ns() - t0)
             out.append((index, value))
         return out
 
-    def _batch(self, name: str, spec: tuple[int, int, bool, int], rows: list[Row]) -> list[Row]:
-        size, span, drop_last, last_window = spec
+    def _batch(self, name: str, spec: tuple[int, bool, int], span: int, rows: list[Row]) -> list[Row]:
+        size, drop_last, last_window = spec
         out: list[Row] = []
         window, indices, items = None, [], []
         for index, item in [*rows, (None, None)]:
-            first = None if index is None else (index[0] if isinstance(index, list) else index)
-            w = None if first is None else first // span
+            w = None if index is None else _first(index) // span
             if items and w != window:
                 if not (drop_last and window == last_window and len(items) < size):
                     record(self.key, self.board, name, "started")
@@ -203,6 +221,19 @@ def _items(source: Any) -> Any:
     return _RESOLVED[source]
 
 
+def _first(index: Any) -> int:
+    """The first source index of a row (a batch's row holds the list of them)."""
+    return index[0] if isinstance(index, list) else index
+
+
+def _picklable(exc: BaseException) -> BaseException | None:
+    try:
+        cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - any failure to pickle: the text has to do
+        return None
+    return exc
+
+
 def _rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
     """A block from the group before as rows: plain Python indices and scalars; a batch as a list."""
     values = block["item"]
@@ -224,24 +255,26 @@ def _block_of(rows: list[Row]) -> dict[str, Any]:
     return {"idx": idx, "item": [v for _, v in rows]}
 
 
-def build(pipeline: Pipeline, source: Any, *, start: int, count: int, concurrency: dict[str, int], key: str,
-          board: Any, strict: bool, resources: dict[str, dict[str, float]], ordered: bool) -> Any:
-    """The Dataset running items ``start .. start + count`` of ``source`` (a range or an object ref)."""
+def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int, concurrency: dict[str, int],
+          key: str, board: Any, strict: bool, resources: dict[str, dict[str, float]], ordered: bool) -> Any:
+    """The Dataset running items ``start .. start + count`` of ``source`` (a range or an object ref
+    of ``total`` items); ``start`` is a multiple of ``chunk_size``, and so is ``count`` unless the
+    window ends the data."""
     import ray.data
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
     chunk = chunk_size(pipeline)
     chunks = -(-count // chunk)
     ds = ray.data.from_numpy(np.array_split(np.arange(chunks, dtype=np.int64), min(chunks, MAX_BLOCKS)))
-    span, last, batches_in = 1, start + count - 1, False
+    span, last, batches_in = 1, total - 1, False
     for i, group in enumerate(groups(pipeline, concurrency, resources)):
         pieces = []
         for stage in group.stages:
             if stage.kind == "map":
-                pieces.append(("map", stage.name, cloudpickle.dumps(stage.fn)))
+                pieces.append(("map", stage.name, cloudpickle.dumps(stage.fn), span))
             else:
                 span *= stage.size or 1
-                pieces.append(("batch", stage.name, (stage.size or 1, span, stage.drop_last, last // span)))
+                pieces.append(("batch", stage.name, (stage.size or 1, stage.drop_last, last // span), span))
         origin = (source, start, start + count, chunk) if i == 0 else None
         args = (pieces, origin, batches_in, key, board, strict)
         batches_in = group.stages[-1].kind == "batch"
@@ -254,6 +287,9 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, concurrenc
     # Ray Data logs each execution at INFO (plan, progress) from its own loggers: a Loader is quieter.
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # A stage's exception comes back as itself (our StageFailure, holding the user's exception),
+    # not as Ray Data's UserCodeException whose chain is text only.
+    ds.context.raise_original_map_exception = True
     ds.context.execution_options.preserve_order = ordered
     ds.context.enable_progress_bars = False
     return ds

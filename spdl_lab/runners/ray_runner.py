@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..engine.engine import EngineReading, default_buffer_size
@@ -25,7 +25,7 @@ from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from ..pipeline import Pipeline, validate_concurrency
 from ._ray_cluster import RayConnection
 from ._ray_meters import FLUSH_S, board_class, flush, reading_of
-from ._ray_plan import StageFailure, build, chunk_size, plain, plain_scalar
+from ._ray_plan import StageFailure, build, chunk_size, plain, plain_scalar, window_items
 from .base import Runner
 
 __all__ = ["RayRunner", "MAX_MATERIALIZED"]
@@ -61,7 +61,8 @@ class RayRunner(Runner):
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._connection = RayConnection(address, ray_init_kwargs)
         self._resources = _check_resources(pipeline, resources)
-        self._source, self._count = _indexable(pipeline)
+        self._source: Any = None  # (an indexable source and its length: when the run starts)
+        self._count = 0
         self._concurrency = {s.name: s.concurrency for s in pipeline.stages if s.kind == "map"}
         self._kinds = {s.name: s.kind for s in pipeline.stages}
         self._ordered = all(s.ordered for s in pipeline.stages if s.kind == "map")
@@ -69,7 +70,6 @@ class RayRunner(Runner):
         self._output = BoundedQueue("ray→output", capacity)
         self._key = uuid.uuid4().hex
         self._board: Any = None
-        self._source_ref: Any = None
         self._totals: dict[str, Any] = {}
         self._read_at = 0.0
         self._delivered = _Delivered()
@@ -79,6 +79,7 @@ class RayRunner(Runner):
         self._stopping = False
         self._lock = threading.Lock()
         self._pump: threading.Thread | None = None
+        self._executor: Any = None  # the running Ray Data execution (its StreamingExecutor)
         self._alive_at = 0.0
 
     @classmethod
@@ -96,12 +97,6 @@ class RayRunner(Runner):
             raise RunnerError("ray runner: start() was already called; make a new runner")
         self._connection.open()
         try:
-            source = self._source
-            if not isinstance(source, range):
-                import ray
-
-                source = ray.put(source)  # once into the object store, not once per task
-            self._source_ref = source
             self._board = board_class().remote(["source", *self._concurrency])
         except BaseException:
             self._connection.close()
@@ -111,8 +106,10 @@ class RayRunner(Runner):
 
     def _run_pump(self) -> None:
         try:
+            self._open_source()
             while not self._stopping:
-                if self._run_generation():
+                if self._run_window():
+                    self._check_failures(final=True)
                     self._output.finish()
                     return
         except QueueClosed:
@@ -120,18 +117,33 @@ class RayRunner(Runner):
         except SpdlLabError as exc:
             self._fail(exc)
         except BaseException as exc:  # noqa: BLE001 - reported to the consumer, with its cause
+            # Its traceback runs through Ray Data's iterator frames, which hold a prefetch thread:
+            # kept with the error, the thread would outlive the run.
+            _drop_tracebacks(exc)
             failure = _stage_failure(exc)
             if failure is not None:
-                error: SpdlLabError = PipelineError(
-                    f"stage {failure.stage!r} failed on item {failure.index} (ray runner):\n{failure.text}",
-                    stage=failure.stage, index=failure.index if isinstance(failure.index, int) else None)
+                error: SpdlLabError = _pipeline_error(failure.stage, failure.index, failure.what, 0, 0)
+                error.__cause__ = failure.error or exc
             else:
                 error = RunnerError(f"ray runner: the Ray Data execution failed: {type(exc).__name__}: {exc}")
-            error.__cause__ = exc
+                error.__cause__ = exc
             self._fail(error)
 
-    def _run_generation(self) -> bool:
-        """Iterate one execution until the data ends (True), or a stop or a new concurrency (False)."""
+    def _open_source(self) -> None:
+        """The source as an indexable sequence in the object store (a ``range`` travels as it is)."""
+        source, self._count = _indexable(self.pipeline, lambda: self._stopping)
+        if not isinstance(source, range):
+            import ray
+
+            source = ray.put(source)  # once into the object store, not once per task
+        self._source = source
+
+    def _run_window(self) -> bool:
+        """Run one execution over the next window of items: True once the data has ended.
+
+        Returns early (False) on a stop or a new concurrency; the next window then starts at
+        the first item not yet delivered.
+        """
         with self._lock:
             generation = self._generation
             concurrency = dict(self._concurrency)
@@ -139,28 +151,58 @@ class RayRunner(Runner):
         start = self._delivered.first_missing() // chunk * chunk  # a batch boundary
         if start >= self._count:
             return True
-        ds = build(self.pipeline, self._source_ref, start=start, count=self._count - start, concurrency=concurrency, key=self._key,
-                   board=self._board, strict=self.max_failures == 0, resources=self._resources,
-                   ordered=self._ordered)
-        rows = iter(ds.iter_rows())
+        end = min(self._count, start + window_items(self.pipeline))
+        ds = build(self.pipeline, self._source, start=start, count=end - start, total=self._count,
+                   concurrency=concurrency, key=self._key, board=self._board, strict=self.max_failures == 0,
+                   resources=self._resources, ordered=self._ordered)
+        # Ray Data's own bundles, each block fetched here: its row and batch iterators start a
+        # prefetch thread that is stopped only when they run to the end (not on an error or a
+        # stop). The executor is made here so that close() can stop it: a task that never
+        # returns would otherwise keep this thread in Ray Data's wait for its output.
+        executor = ds._create_executor()
+        with self._lock:
+            if self._stopping:
+                return False
+            self._executor = executor
+        bundles = ds._build_bundle_iterator(executor)
         try:
-            for row in rows:
-                if self._stopping or self._generation != generation:
-                    return False
-                self._deliver(row)
-                self._check_failures()
-            return True
+            for bundle in bundles:
+                for ref in bundle.block_refs:
+                    for row in _rows(self._get_block(ref)):
+                        if self._stopping or self._generation != generation:
+                            return False
+                        self._deliver(row, chunk)
+                        self._check_failures(final=False)
+            if self._stopping:
+                return False
+            self._delivered.cover(end)  # all of the window was delivered or dropped
+            return end >= self._count
         finally:
-            close = getattr(rows, "close", None)
-            if close is not None:
-                close()
+            with self._lock:
+                self._executor = None
+            executor.shutdown(force=True)  # at once if it ran to the end; else cancels its tasks
+            del bundles
 
-    def _deliver(self, row: dict[str, Any]) -> None:
-        idx = plain(row["idx"])
+    def _get_block(self, ref: Any) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        while True:
+            try:
+                return ray.get(ref, timeout=_POLL_S)
+            except GetTimeoutError:
+                if self._stopping:
+                    raise QueueClosed("closed while a block was fetched") from None
+
+    def _deliver(self, row: tuple[Any, Any], chunk: int) -> None:
+        idx, value = row
         indices = idx if isinstance(idx, list) else [idx]
         if self._delivered.seen(indices):
             return  # made again after a restart; it was delivered before
-        value = row["item"]
+        if self._ordered:
+            # In order, every item before this row's batch was delivered or dropped: a restart
+            # must not make a dropped one again (and count its failure twice).
+            self._delivered.cover(indices[0] // chunk * chunk)
         if self._kinds[self.pipeline.stages[-1].name] == "batch":
             value = [plain_scalar(x) for x in value]
         else:
@@ -169,16 +211,25 @@ class RayRunner(Runner):
         self._seq += 1
         self._delivered.add(indices)
 
-    def _check_failures(self) -> None:
+    def _check_failures(self, final: bool) -> None:
+        """More failures than ``max_failures`` end the run, naming the one too many.
+
+        The counts come from the workers' meters; at the end of the data the last flush is
+        waited for, so a run never ends quietly with one failure too many.
+        """
+        if final:
+            # The workers' last counts are at most one flush away: read them before the end is
+            # seen, so stats() after a loop counts every task (and no failure is missed).
+            time.sleep(2 * FLUSH_S)
+            self._read_totals(force=True)
         if self.max_failures == 0:
             return
         totals = self._read_totals(force=False)
         failed = sum(t["failures"] for t in totals.values())
         if failed > self.max_failures:
-            last = next((t["last_failure"] for t in totals.values() if t["last_failure"]), "")
-            stage = next((name for name, t in totals.items() if t["failures"]), "?")
-            raise PipelineError(f"ray runner: {failed} items failed, more than max_failures={self.max_failures}; "
-                                f"the last: {last}", stage=stage, index=None)
+            stage, index, what, _ = max((t["last_failure"] for t in totals.values() if t["last_failure"]),
+                                        key=lambda f: f[3])
+            raise _pipeline_error(stage, index, what, failed - 1, self.max_failures)
 
     def _fail(self, error: SpdlLabError) -> None:
         if self._error is None:
@@ -249,8 +300,12 @@ class RayRunner(Runner):
 
     # -- closing -----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
+            executor = self._executor
         self._output.close()
+        if executor is not None:
+            _stop(executor)
         pump = self._pump
         if pump is not None and pump is not threading.current_thread():
             pump.join(timeout)
@@ -281,6 +336,16 @@ class _Delivered:
 
     def add(self, indices: Sequence[int]) -> None:
         self._beyond.update(indices)
+        self._advance()
+
+    def cover(self, end: int) -> None:
+        """Every index below ``end`` is done with (delivered, or dropped as a failure)."""
+        if end > self._prefix:
+            self._prefix = end
+            self._beyond = {i for i in self._beyond if i >= end}
+            self._advance()
+
+    def _advance(self) -> None:
         while self._prefix in self._beyond:
             self._beyond.discard(self._prefix)
             self._prefix += 1
@@ -289,23 +354,31 @@ class _Delivered:
         return self._prefix
 
 
-def _indexable(pipeline: Pipeline) -> tuple[Any, int]:
-    """The source as something indexable with its length; a finite iterable is read into a list."""
-    source = pipeline.source
-    if pipeline.source_is_factory:
-        source = source()
-    if isinstance(source, range) or (hasattr(source, "__getitem__") and hasattr(source, "__len__")
-                                     and isinstance(source, Sequence)):
+def _indexable(pipeline: Pipeline, stopping: Any = lambda: False) -> tuple[Any, int]:
+    """The source as something indexable, with its length: a sequence as it is, any other
+    iterable read into a list here (up to ``MAX_MATERIALIZED`` items), as Ray Data splits a
+    known number of items over its workers."""
+    source = pipeline.source() if pipeline.source_is_factory else pipeline.source
+    if isinstance(source, (range, Sequence)):
         return source, len(source)
-    if not hasattr(source, "__len__"):
-        raise PipelineSpecError(
-            "ray runner: the source has no len(); Ray Data splits a known number of items over its workers. "
-            "Pass a sequence (a list of paths, a range) or a finite iterable with __len__")
-    n = len(source)
-    if n > MAX_MATERIALIZED:
-        raise PipelineSpecError(f"ray runner: the source has {n} items without random access; up to "
-                                f"{MAX_MATERIALIZED} are read into a list. Pass a sequence (indexable) instead")
-    return list(source), n
+    items: list[Any] = []
+    iterator = iter(source)
+    while True:
+        try:
+            items.append(next(iterator))
+        except StopIteration:
+            return items, len(items)
+        except Exception as exc:  # noqa: BLE001 - the user's source: the run's error, naming the item
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            error = _pipeline_error("source", len(items), what, 0, 0, "read here, before Ray starts")
+            raise error from exc
+        if stopping():
+            raise QueueClosed("closed while the source was read")
+        if len(items) > MAX_MATERIALIZED:
+            raise PipelineSpecError(
+                f"ray runner: the source yields more than {MAX_MATERIALIZED} items without random access "
+                f"(each is read into a list here before Ray Data splits them). Pass a sequence: "
+                f"a list of paths, a range, or a dataset with __getitem__ and __len__")
 
 
 def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, float]]:
@@ -322,6 +395,22 @@ def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, 
     return resources
 
 
+def _pipeline_error(stage: str, index: int | None, what: str, dropped: int, max_failures: int,
+                    where_run: str = "in a Ray worker") -> PipelineError:
+    """The error a failing stage ends the run with, worded as under every other runner."""
+    where = "the source" if stage == "source" else f"stage {stage!r}"
+    item = f" on item {index}" if index is not None else ""
+    if stage == "source":
+        advice = "Fix the source; a source that raised cannot be resumed."
+    elif max_failures:
+        advice = (f"{dropped} failing item(s) were already dropped (max_failures={max_failures}); "
+                  f"raise max_failures to drop more.")
+    else:
+        advice = "Pass max_failures=N to drop and count up to N failing items instead."
+    return PipelineError(f"{where} failed{item}: {what} ({where_run}). The pipeline stopped. {advice}",
+                         stage=stage, index=index)
+
+
 def _stage_failure(exc: BaseException | None) -> StageFailure | None:
     """Our StageFailure inside whatever Ray wrapped it in (RayTaskError, UserCodeException, ...).
 
@@ -334,11 +423,38 @@ def _stage_failure(exc: BaseException | None) -> StageFailure | None:
     match = _FAILURE_LINE.search(text)
     if match is None:
         return None
-    stage, index = match.group(1), match.group(2)
-    return StageFailure(stage, int(index) if index.isdigit() else index, text)
+    stage, index, what = match.group(1), match.group(2), match.group(3)
+    return StageFailure(stage, int(index), what, text, None)
 
 
-_FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\S+?): ")
+_FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+): (.*)")
+
+
+def _stop(executor: Any) -> None:
+    """Shut a Ray Data execution down, cancelling its tasks, and wake its consumer."""
+    try:
+        executor.shutdown(force=True)
+    finally:
+        output = executor._output_node
+        if output is not None:
+            output[1].mark_finished()  # its consumer's wait for output ends (StopIteration)
+
+
+def _rows(block: Any) -> Iterator[tuple[Any, Any]]:
+    """A block's rows as (source index or list of them, value), the value as Ray gives it back."""
+    from ray.data.block import BlockAccessor
+
+    columns = BlockAccessor.for_block(block).to_batch_format("numpy")
+    for idx, value in zip(columns["idx"], columns["item"]):
+        yield plain(idx), value
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _in_chain(exc: BaseException | None) -> StageFailure | None:

@@ -19,7 +19,7 @@ from jupyter_bokeh.widgets import BokehModel
 
 from ..errors import PipelineSpecError, SpdlLabError
 from ..interpreter import describe
-from ..runners import ALL_RUNNERS
+from ..runners import RUNNERS
 from ..telemetry.live_verdict import Window, live_verdict
 from .live_plots import DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
@@ -130,8 +130,8 @@ class Dashboard(widgets.VBox):
         pipeline = session.pipeline
         # Only a lab.Pipeline under a lab runner can restart under another (not an
         # iterable, not an SPDL pipeline monitored as it is: runner "spdl").
-        switchable = pipeline is not None and session.runner in ALL_RUNNERS
-        options = list(ALL_RUNNERS) if switchable else [session.runner]
+        switchable = pipeline is not None and session.runner in RUNNERS
+        options = list(RUNNERS) if switchable else [session.runner]
         self._applied = dict(session.controls())
         self._attaching = True  # setting options moves the value: not a user's choice
         try:

@@ -17,7 +17,7 @@ from spdl_lab.errors import FileFormatError, SpdlLabError
 from spdl_lab.experiments import comparison_file as io
 from spdl_lab.experiments.compare import ROUND_COLUMNS, TABLE_COLUMNS
 from spdl_lab.experiments.comparison_file import ComparisonFormatError, read_json
-from spdl_lab.runners import ALL_RUNNERS
+from spdl_lab.runners import RUNNERS
 from spdl_lab.telemetry.frames import FRAME_COLUMNS
 
 
@@ -201,7 +201,7 @@ def test_too_many_rows_ticks_series_and_values(tmp_path, monkeypatch):
     monkeypatch.setattr(io, "MAX_VALUES", 5)
     refused(write(tmp_path, doc), "frames['process'].series", "limit of 5 values")
     too_many = dict(doc, table=doc["table"] * 3)  # one row a runner: the local four and ray
-    refused(write(tmp_path, too_many), "table", f"6 rows, more than the limit of {len(ALL_RUNNERS)}")
+    refused(write(tmp_path, too_many), "table", f"6 rows, more than the limit of {len(RUNNERS)}")
     monkeypatch.setattr(io, "MAX_FILE_BYTES", 100)
     refused(write(tmp_path, doc), "larger than the limit of 100")
 

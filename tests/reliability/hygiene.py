@@ -44,21 +44,30 @@ class Snapshot:
     num_fds: int = 0
 
     @classmethod
-    def take(cls) -> Snapshot:
+    def take(cls, shared_ray: bool = False) -> Snapshot:
+        """``shared_ray``: leave out the processes of the shared Ray instance (they are its own)."""
         me = psutil.Process()
+        children, fds, num_fds = _children(me), _fd_targets(), me.num_fds()
+        if shared_ray:
+            # The instance's processes, this driver's connections to them (one per worker it
+            # has talked to) and Ray's own log files are the instance's, not the run's.
+            children -= {p.pid for p in _ray_instance_processes()}
+            fds = Counter({t: n for t, n in fds.items() if not _ray_instance_fd(t)})
+            num_fds = sum(fds.values())
         return cls(
             threads=frozenset(t for t in threading.enumerate() if t.is_alive()),
-            children=frozenset(_children(me)),
+            children=frozenset(children),
             shm=frozenset(os.listdir(shm_dir())),
-            fds=_fd_targets(),
-            num_fds=me.num_fds(),
+            fds=fds,
+            num_fds=num_fds,
         )
 
 
 class Hygiene:
     """One test's before/after check. Made by the autouse ``hygiene`` fixture."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared_ray: bool = False) -> None:
+        self._shared_ray = shared_ray
         self._before: Snapshot | None = None
         self._abandoned: list[str] = []
         self._recorder: warnings.catch_warnings | None = None
@@ -83,7 +92,7 @@ class Hygiene:
         self._recorder = warnings.catch_warnings(record=True)
         self._log = self._recorder.__enter__()
         warnings.simplefilter("always")
-        self._before = Snapshot.take()
+        self._before = Snapshot.take(self._shared_ray)
 
     def finish(self) -> None:
         assert self._before is not None and self._recorder is not None
@@ -97,9 +106,9 @@ class Hygiene:
             raise AssertionError("test left resources behind:\n  " + "\n  ".join(problems))
 
     def _wait_for_baseline(self, before: Snapshot) -> list[str]:
-        problems = wait_for_baseline(before, allowed_thread=self._reported_abandoned)
+        problems = wait_for_baseline(before, allowed_thread=self._reported_abandoned, shared_ray=self._shared_ray)
         if problems:
-            _clean_up_after_failure(before)
+            _clean_up_after_failure(before, self._shared_ray)
         return problems
 
     def _check_reports(self) -> list[str]:
@@ -149,10 +158,22 @@ def left_behind(
 
 
 def wait_for_baseline(
-    before: Snapshot, *, allowed_thread: Callable[[str], bool] = lambda name: False
+    before: Snapshot, *, allowed_thread: Callable[[str], bool] = lambda name: False, shared_ray: bool = False
 ) -> list[str]:
-    """``left_behind`` once everything had up to ``GRACE_S`` to go away."""
-    problems = left_behind(before, Snapshot.take(), allowed_thread=allowed_thread)
+    """``left_behind`` once everything had up to ``GRACE_S`` to go away.
+
+    ``shared_ray``: the run's own Ray actors (its meter board, actor pools) must be gone too.
+    """
+
+    def check() -> list[str]:
+        problems = left_behind(before, Snapshot.take(shared_ray), allowed_thread=allowed_thread)
+        if shared_ray:
+            actors = [" ".join(p.cmdline())[:80] for p in _ray_instance_processes() if _is_run_actor(p)]
+            if actors:
+                problems.append(f"Ray actors of the run: {actors}")
+        return problems
+
+    problems = check()
     if not problems:
         return problems
     # Garbage the test dropped (a Loader in a reference cycle) is collected
@@ -161,8 +182,33 @@ def wait_for_baseline(
     deadline = time.monotonic() + GRACE_S
     while problems and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-        problems = left_behind(before, Snapshot.take(), allowed_thread=allowed_thread)
+        problems = check()
     return problems
+
+
+#: Process titles of the actors a ray runner makes for one run (a Ray worker takes its actor's
+#: class name as its title while the actor lives; ``ray::IDLE`` once it is gone).
+_RUN_ACTORS = ("ray::MeterBoard", "_ActorStages")
+
+
+def _ray_instance_processes() -> list[psutil.Process]:
+    from spdl_lab.runners._ray_cluster import ray_processes
+
+    return ray_processes()
+
+
+def _ray_instance_fd(target: str) -> bool:
+    import ray
+
+    temp = ray.is_initialized() and ray._private.worker.global_worker.node.get_temp_dir_path()
+    return target.startswith("socket:") or bool(temp and target.startswith(temp))
+
+
+def _is_run_actor(process: psutil.Process) -> bool:
+    try:
+        return any(name in " ".join(process.cmdline()) for name in _RUN_ACTORS)
+    except psutil.Error:
+        return False
 
 
 def _is_ours(name: str, children: frozenset[int]) -> bool:
@@ -172,10 +218,14 @@ def _is_ours(name: str, children: frozenset[int]) -> bool:
     return match is not None and int(match.group(1)) in (children | {os.getpid()})
 
 
-def _clean_up_after_failure(before: Snapshot) -> None:
+def _clean_up_after_failure(before: Snapshot, shared_ray: bool = False) -> None:
     """Kill leftover children and unlink our leftover segments, so one leak
-    fails one test instead of every test after it."""
-    for pid in _children(psutil.Process()) - before.children:
+    fails one test instead of every test after it (the shared Ray instance is
+    left alone, but for actors of the run)."""
+    children = _children(psutil.Process()) - before.children
+    if shared_ray:
+        children -= {p.pid for p in _ray_instance_processes() if not _is_run_actor(p)}
+    for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)

@@ -35,6 +35,7 @@ OPTIONS: dict[str, dict] = {
     "subprocess-threads": {},
     "process": {"num_workers": 1},
     "cache": {"num_caches": 10**6},
+    "ray": {},  # on the session's shared local instance (see conftest.py)
 }
 #: The process runner with num_workers=0 runs the stages in its pump thread:
 #: the one configuration of it whose stuck stage is a thread of this process.

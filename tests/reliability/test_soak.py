@@ -202,6 +202,7 @@ CYCLE_OPTIONS = {
     "subprocess-threads": {},
     "process": {"num_workers": 1},  # each worker imports torch: seconds per cycle
     "cache": {"num_caches": 2},
+    "ray": {},  # on the session's shared local instance (see conftest.py)
 }
 
 
@@ -235,11 +236,11 @@ def _growth(baseline: Snapshot, now: Snapshot) -> list[str]:
     return grown
 
 
-def _wait_for(baseline: Snapshot) -> list[str]:
+def _wait_for(baseline: Snapshot, shared_ray: bool) -> list[str]:
     """What grew since ``baseline``, after giving it GRACE_S to go away."""
     deadline = time.monotonic() + GRACE_S
     while True:
-        grown = _growth(baseline, Snapshot.take())
+        grown = _growth(baseline, Snapshot.take(shared_ray))
         if not grown or time.monotonic() >= deadline:
             return grown
         time.sleep(0.02)
@@ -259,7 +260,8 @@ def test_open_close_cycles_leak_nothing(runner):
     sums = [sum(range(1 + 8 * b, 9 + 8 * b)) for b in range(8)]
     replayed = options.get("num_caches", 8)  # cache replays its first batches
     expected = [sums[b % replayed] for b in range(8)]
-    baseline = Snapshot.take()
+    shared_ray = runner == "ray"  # the instance's processes and connections are its own
+    baseline = Snapshot.take(shared_ray)
     t0 = time.perf_counter()
     threads_peak = 0
     for cycle in range(1, CYCLES + 1):
@@ -272,7 +274,7 @@ def test_open_close_cycles_leak_nothing(runner):
                 next(it)  # close with the run still going
             threads_peak = max(threads_peak, threading.active_count())
         if cycle == 1 or cycle % every == 0 or cycle == CYCLES:
-            grown = _wait_for(baseline)
+            grown = _wait_for(baseline, shared_ray)
             assert not grown, f"{runner}: after {cycle} open/close cycles the process holds more: " + "; ".join(grown)
     elapsed = time.perf_counter() - t0
     print(

@@ -1,9 +1,9 @@
 """runner="ray": the Pipeline on Ray Data on a local Ray instance that the runner starts and stops.
 
 Starting a local instance costs 10-30 s on this machine (GCS, raylet, then worker
-processes that import Ray), so the tests share one: the module fixture opens it as
-a lab runner would, every Loader joins it, and the fixture's teardown checks that
-closing the last user leaves no Ray process and no temporary directory behind.
+processes that import Ray), so the tests share one (``ray_instance`` in conftest.py:
+it opens one as a lab runner would, every Loader joins it, and its teardown checks
+that closing the last user leaves no Ray process and no temporary directory behind).
 """
 
 from __future__ import annotations
@@ -20,22 +20,7 @@ from spdl_lab.errors import PipelineError, PipelineSpecError
 ray = pytest.importorskip("ray")
 from spdl_lab.runners._ray_cluster import ray_processes  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("local_ray")]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    from spdl_lab.runners._ray_cluster import RayConnection
-
-    connection = RayConnection(None, None)
-    connection.open()
-    temp = connection.temp_dir
-    assert temp and os.path.isdir(temp) and ray.is_initialized(), \
-        "the lab's local instance, in a temporary directory of its own"
-    yield connection
-    connection.close()
-    assert no_ray_left(), [p.cmdline() for p in ray_processes()]
-    assert not os.path.exists(temp), "its temporary directory is removed"
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_instance")]
 
 
 def decode(i):
@@ -48,13 +33,6 @@ def stack(items):
 
 def pipeline(n=64):
     return lab.Pipeline(range(n)).map(decode, concurrency=2, name="decode").batch(8).map(stack, name="collate")
-
-
-def no_ray_left(timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while ray_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not ray_processes() and not ray.is_initialized()
 
 
 def test_batches_come_in_order_with_meters_from_the_workers():
@@ -114,8 +92,19 @@ def test_bad_options_are_refused_before_ray_starts():
         lab.Loader(pipeline(), runner="ray", address=42)
     with pytest.raises(PipelineSpecError, match="resources"):
         lab.Loader(pipeline(), runner="ray", resources={"nope": {"num_cpus": 1}})
-    with pytest.raises(PipelineSpecError, match="len"):
-        lab.Loader(lab.Pipeline(iter(range(10))).map(decode, name="decode"), runner="ray")
+    with pytest.raises(PipelineSpecError, match="ray_init_kwargs must be a dict"):
+        lab.Loader(pipeline(), runner="ray", ray_init_kwargs="num_cpus=2")
+
+
+def test_a_source_without_random_access_is_read_into_a_list_up_to_a_limit(monkeypatch):
+    from spdl_lab.runners import ray_runner
+
+    with lab.Loader(lab.Pipeline(iter(range(20))).map(str, name="fmt").batch(8), runner="ray") as loader:
+        assert [len(b) for b in loader] == [8, 8, 4]
+    monkeypatch.setattr(ray_runner, "MAX_MATERIALIZED", 5)
+    with lab.Loader(lab.Pipeline(lambda: (i for i in range(10))).map(str, name="fmt"), runner="ray") as loader:
+        with pytest.raises(PipelineSpecError, match=r"more than 5 items without random access.*Pass a sequence"):
+            list(loader)
 
 
 def test_the_local_instance_listens_on_loopback_only():
@@ -154,8 +143,11 @@ def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated(
     with lab.Loader(lab.Pipeline(range(2000)).map(nap, concurrency=2, name="nap").batch(8), runner="ray") as loader:
         it = iter(loader)
         items = list(next(it))
-        busy = [p for p in ray_processes() if "MapBatches(_Stages)" in " ".join(p.cmdline())]
-        assert busy, [" ".join(p.cmdline()) for p in ray_processes()]
+        deadline = time.monotonic() + 10
+        while not (busy := [p for p in ray_processes() if "MapBatches(_Stages)" in " ".join(p.cmdline())]):
+            # Between two tasks a worker is titled ray::IDLE: look again.
+            assert time.monotonic() < deadline, [" ".join(p.cmdline()) for p in ray_processes()]
+            time.sleep(0.005)
         os.kill(busy[0].pid, signal.SIGKILL)
         t0 = time.monotonic()
         for batch in it:
