@@ -23,9 +23,10 @@ from ..engine.engine import EngineReading, default_buffer_size
 from ..engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from ..pipeline import Pipeline, validate_concurrency
+from ..telemetry.meters import QueueReading
 from ._ray_cluster import RayConnection
 from ._ray_meters import FLUSH_S, board_class, flush, reading_of
-from ._ray_plan import StageFailure, build, chunk_size, plain, plain_scalar, window_items
+from ._ray_plan import StageFailure, build, chunk_size, groups, plain, plain_scalar, window_items
 from .base import Runner
 
 __all__ = ["RayRunner", "MAX_MATERIALIZED"]
@@ -80,6 +81,7 @@ class RayRunner(Runner):
         self._lock = threading.Lock()
         self._pump: threading.Thread | None = None
         self._executor: Any = None  # the running Ray Data execution (its StreamingExecutor)
+        self._groups: list[Any] = []  # its operations' stages (``_ray_plan.groups``)
         self._alive_at = 0.0
 
     @classmethod
@@ -164,6 +166,7 @@ class RayRunner(Runner):
             if self._stopping:
                 return False
             self._executor = executor
+            self._groups = groups(self.pipeline, concurrency, self._resources)
         bundles = ds._build_bundle_iterator(executor)
         try:
             for bundle in bundles:
@@ -296,7 +299,32 @@ class RayRunner(Runner):
         source = reading_of(totals.get("source"), "source", "source", 1)
         stages = [reading_of(totals.get(s.name), s.name, s.kind, self._concurrency.get(s.name, 1))
                   for s in self.pipeline.stages]
-        return EngineReading(source=source, stages=stages, inputs={}, queues=[self._output.read()])
+        return EngineReading(source=source, stages=stages, inputs={},
+                             queues=[*self._operation_queues(), self._output.read()])
+
+    def _operation_queues(self) -> list[QueueReading]:
+        """Blocks each Ray Data operation has made and the next one (or this process) has not taken.
+
+        Named ``<its last stage>→<the next operation's first stage>``; counted in blocks (whole
+        batches: a few per block). Ray Data bounds them by object-store memory, not by a count,
+        so their capacity reads 0.
+        """
+        with self._lock:
+            executor, groups = self._executor, self._groups
+        topology = getattr(executor, "_topology", None) if executor is not None else None
+        if not topology or not groups:
+            return []
+        states = [state for op, state in list(topology.items()) if op.input_dependencies]  # not the input
+        names = [g.stages[-1].name for g in groups]
+        nexts = [g.stages[0].name for g in groups[1:]] + ["pump"]
+        out = []
+        for state, name, after in zip(states, names, nexts):
+            try:
+                depth = int(state.output_queue.num_blocks)
+            except Exception:  # noqa: BLE001 - Ray Data's internals moved: no reading rather than a wrong one
+                continue
+            out.append(QueueReading(f"{name}→{after}", max(0, depth), 0, 0, 0, 0, 0))
+        return out
 
     # -- closing -----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:

@@ -189,3 +189,19 @@ def test_stages_with_one_setting_run_as_one_ray_operation_with_the_source_and_ba
     # Per-stage resources part stages that would otherwise share an operation.
     cut = groups(p, {"decode": 2, "fmt": 2, "collate": 1, "tok": 1}, {"fmt": {"num_cpus": 2}})
     assert [[s.name for s in g.stages] for g in cut][:2] == [["decode"], ["fmt", "batch"]]
+
+
+def test_frames_show_the_blocks_waiting_after_each_ray_data_operation():
+    p = lab.Pipeline(range(4000)).map(quick, concurrency=2, name="decode").batch(8).map(stack, name="collate")
+    with lab.Loader(p, runner="ray") as loader:
+        it = iter(loader)
+        next(it)
+        reading = loader._state.run.runner.read()
+        names = [q.name for q in reading.queues]
+        for _ in range(20):
+            next(it)
+        frame = loader.frames()
+    assert names == ["batch→collate", "collate→pump", "ray→output"]
+    assert all(q.depth >= 0 and q.capacity >= 0 for q in reading.queues)
+    depths = frame[frame.series == "queue_depth"]
+    assert {"batch→collate", "collate→pump"} <= set(depths.stage) and (depths.value >= 0).all()
