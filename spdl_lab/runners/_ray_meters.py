@@ -21,6 +21,8 @@ from ..telemetry.meters import StageReading
 __all__ = ["FLUSH_S", "MeterBoard", "board_class", "record", "reading_of"]
 
 FLUSH_S = 0.1
+#: Failures kept per stage (stage, item, what, when): the runner names the one too many.
+MAX_FAILED = 4096
 _FIELDS = ("started", "tasks", "failures", "busy_ns")
 
 _LOCK = threading.Lock()
@@ -30,7 +32,7 @@ _FLUSHER: list[threading.Thread] = []
 
 
 def _blank() -> dict[str, Any]:
-    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "last_failure": None}
+    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": []}
 
 
 def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: str | None = None) -> None:
@@ -45,7 +47,8 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: s
             pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
             if event == "failed":
                 pending["failures"] += 1
-                pending["last_failure"] = failure
+                if len(pending["failed"]) < MAX_FAILED:
+                    pending["failed"].append(failure)
         if not _FLUSHER:
             flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
             _FLUSHER.append(flusher)
@@ -81,8 +84,7 @@ class MeterBoard:
             for field in _FIELDS:
                 total[field] += delta[field]
             total["hist"] = [a + b for a, b in zip(total["hist"], delta["hist"])]
-            if delta["last_failure"] is not None:
-                total["last_failure"] = delta["last_failure"]
+            total["failed"] = (total["failed"] + delta["failed"])[:MAX_FAILED]
 
     def read(self) -> dict[str, dict[str, Any]]:
         return self.totals

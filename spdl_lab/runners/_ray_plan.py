@@ -16,7 +16,8 @@ to nothing (on 2 cores, a pipeline ran at a third of its speed), and an
 operation chained after a row-count-changing one may get blocks of thousands of
 rows, so the first batch came only after most of the data was made. Blocks here
 hold whole batches (``chunk`` items, a multiple of every batch stage's size),
-``MAX_BLOCKS`` at most, so the first batch costs about one block's work.
+the first ones one batch each and then larger (``block_sizes``), so the first batch costs
+about one batch's work and later blocks spread Ray Data's per-task cost over several.
 
 Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs
 as Ray tasks, stateless and scheduled anywhere, at most ``concurrency`` at once
@@ -55,14 +56,17 @@ import numpy as np
 from ..pipeline import Pipeline, Stage
 from ._ray_meters import record
 
-__all__ = ["MAX_BLOCKS", "MAX_BLOCK_CHUNKS", "StageFailure", "build", "chunk_size", "groups", "plain",
-           "plain_scalar", "uses_actors", "window_items"]
+__all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size", "groups",
+           "plain", "plain_scalar", "uses_actors", "window_items"]
 
-#: Blocks one execution cuts its items into at most (each one ``ray.put`` by the driver when it starts).
-MAX_BLOCKS = 512
-#: Chunks (whole batches) a block holds at most: larger sources run as several executions, one
-#: window of ``MAX_BLOCKS * MAX_BLOCK_CHUNKS`` chunks after the other (``window_items``).
-MAX_BLOCK_CHUNKS = 4
+#: Chunks (whole batches) a block holds at most. Blocks start at one chunk, so the first batch
+#: costs one chunk's work, and double with every block up to this: Ray Data holds an
+#: operation's task slot for tens of milliseconds after the task ends (on a 2-core host), a
+#: cost paid per block, so small blocks all the way would cap a cheap stage near 20 blocks/s.
+MAX_BLOCK_CHUNKS = 64
+#: Chunks one execution runs at most: a larger source runs as several executions, one after
+#: the other (the driver puts each execution's blocks, a few hundred, in the object store).
+WINDOW_CHUNKS = 4096
 
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
 
@@ -92,8 +96,21 @@ def chunk_size(pipeline: Pipeline) -> int:
 
 
 def window_items(pipeline: Pipeline) -> int:
-    """Items one execution runs at most: its blocks stay small, so its first batch comes soon."""
-    return MAX_BLOCKS * MAX_BLOCK_CHUNKS * chunk_size(pipeline)
+    """Items one execution runs at most."""
+    return WINDOW_CHUNKS * chunk_size(pipeline)
+
+
+def block_sizes(chunks: int, spread: int = 1) -> list[int]:
+    """Chunks per block for ``chunks`` chunks: 1, 2, 4, ... up to ``MAX_BLOCK_CHUNKS``, and small
+    enough that there are at least 4 blocks for each of ``spread`` concurrent tasks (a few big
+    blocks at the end would leave all but one task idle)."""
+    cap = max(1, min(MAX_BLOCK_CHUNKS, chunks // (4 * max(1, spread))))
+    sizes, size = [], 1
+    while chunks > 0:
+        sizes.append(min(size, chunks))
+        chunks -= sizes[-1]
+        size = min(2 * size, cap)
+    return sizes
 
 
 @dataclass
@@ -265,9 +282,12 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
 
     chunk = chunk_size(pipeline)
     chunks = -(-count // chunk)
-    ds = ray.data.from_numpy(np.array_split(np.arange(chunks, dtype=np.int64), min(chunks, MAX_BLOCKS)))
+    cut = groups(pipeline, concurrency, resources)
+    spread = max((g.concurrency or 1 for g in cut), default=1)
+    bounds = np.cumsum([0, *block_sizes(chunks, spread)])
+    ds = ray.data.from_numpy([np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])])
     span, last, batches_in = 1, total - 1, False
-    for i, group in enumerate(groups(pipeline, concurrency, resources)):
+    for i, group in enumerate(cut):
         pieces = []
         for stage in group.stages:
             if stage.kind == "map":

@@ -230,8 +230,9 @@ class RayRunner(Runner):
         totals = self._read_totals(force=False)
         failed = sum(t["failures"] for t in totals.values())
         if failed > self.max_failures:
-            stage, index, what, _ = max((t["last_failure"] for t in totals.values() if t["last_failure"]),
-                                        key=lambda f: f[3])
+            # The one too many in item order (tasks finish out of order), as the other runners name it.
+            seen = sorted((f for t in totals.values() for f in t["failed"]), key=lambda f: (f[1], f[3]))
+            stage, index, what, _ = seen[min(self.max_failures, len(seen) - 1)]
             raise _pipeline_error(stage, index, what, failed - 1, self.max_failures)
 
     def _fail(self, error: SpdlLabError) -> None:
