@@ -260,7 +260,7 @@ def _rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
 
 
 def _block_of(rows: list[Row]) -> dict[str, Any]:
-    """Rows as a block's columns; a batch's items stay a list (Ray stacks equal-shape arrays)."""
+    """Rows as a block's columns (``_column``)."""
     if not rows:
         return {"idx": np.empty(0, dtype=np.int64), "item": np.empty(0, dtype=object)}
     indices = [i for i, _ in rows]
@@ -269,7 +269,33 @@ def _block_of(rows: list[Row]) -> dict[str, Any]:
         idx[:] = [np.asarray(i, dtype=np.int64) for i in indices]
     else:
         idx = np.asarray(indices, dtype=np.int64)
-    return {"idx": idx, "item": [v for _, v in rows]}
+    return {"idx": idx, "item": _column([v for _, v in rows])}
+
+
+def _column(values: list[Any]) -> Any:
+    """The values as one array when they are arrays (or batches of arrays) of one shape and
+    dtype: one copy into it, and Ray keeps it as a tensor column that the next operation and
+    the training side read without a copy. Anything else as a list, for Ray to convert."""
+    first = values[0]
+    if isinstance(first, list) and first and all(isinstance(v, list) and len(v) == len(first) for v in values):
+        inner = first[0]
+        if _plain_array(inner) and all(_like(x, inner) for v in values for x in v):
+            out = np.empty((len(values), len(first), *inner.shape), dtype=inner.dtype)
+            for i, v in enumerate(values):
+                for j, x in enumerate(v):
+                    out[i, j] = x
+            return out
+    elif _plain_array(first) and all(_like(v, first) for v in values):
+        return np.stack(values)
+    return values
+
+
+def _plain_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype != object and value.ndim > 0
+
+
+def _like(value: Any, model: np.ndarray) -> bool:
+    return isinstance(value, np.ndarray) and value.shape == model.shape and value.dtype == model.dtype
 
 
 def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int, concurrency: dict[str, int],

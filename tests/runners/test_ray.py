@@ -205,3 +205,15 @@ def test_frames_show_the_blocks_waiting_after_each_ray_data_operation():
     assert all(q.depth >= 0 and q.capacity >= 0 for q in reading.queues)
     depths = frame[frame.series == "queue_depth"]
     assert {"batch→collate", "collate→pump"} <= set(depths.stage) and (depths.value >= 0).all()
+
+
+def test_arrays_of_one_shape_travel_as_one_tensor_column():
+    from spdl_lab.runners._ray_plan import _column
+
+    a, b = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    assert _column([a, b]).shape == (2, 2, 3)  # one copy into one array, not a list for Ray to convert
+    batches = _column([[a, b, a], [b, a, b]])
+    assert batches.shape == (2, 3, 2, 3) and (batches[1, 0] == 1).all()
+    ragged = _column([a, np.zeros((4, 3), np.float32)])
+    assert isinstance(ragged, list)  # Ray converts what is not one shape and dtype
+    assert isinstance(_column([[a], [a, b]]), list) and isinstance(_column(["x", "y"]), list)
