@@ -38,6 +38,8 @@ _POLL_S = 0.1
 _READ_EVERY_S = 0.2
 #: While no batch comes, whether the local instance is alive is checked this often.
 _ALIVE_EVERY_S = 0.5
+#: How long the final reading of the meters (at the end of the data, at close) may wait.
+_FINAL_READ_S = 2.0
 
 
 class RayRunner(Runner):
@@ -73,6 +75,8 @@ class RayRunner(Runner):
         self._board: Any = None
         self._totals: dict[str, Any] = {}
         self._read_at = 0.0
+        self._asked: Any = None  # a board reading asked for and not yet taken
+        self._read_lock = threading.Lock()
         self._delivered = _Delivered()
         self._seq = 0
         self._generation = 0
@@ -221,10 +225,7 @@ class RayRunner(Runner):
         waited for, so a run never ends quietly with one failure too many.
         """
         if final:
-            # The workers' last counts are at most one flush away: read them before the end is
-            # seen, so stats() after a loop counts every task (and no failure is missed).
-            time.sleep(2 * FLUSH_S)
-            self._read_totals(force=True)
+            self._settle()
         if self.max_failures == 0:
             return
         totals = self._read_totals(force=False)
@@ -234,6 +235,25 @@ class RayRunner(Runner):
             seen = sorted((f for t in totals.values() for f in t["failed"]), key=lambda f: (f[1], f[3]))
             stage, index, what, _ = seen[min(self.max_failures, len(seen) - 1)]
             raise _pipeline_error(stage, index, what, failed - 1, self.max_failures)
+
+    def _settle(self) -> None:
+        """At the end of the data, wait for the workers' last counts (up to ``_FINAL_READ_S``).
+
+        Each worker sends what it counted every FLUSH_S, and a message from a worker that
+        just started can take longer: the counts are final once nothing is in flight and two
+        readings a flush apart agree. Then stats() after a loop counts every task, and a
+        failure one too many is not missed.
+        """
+        deadline = time.monotonic() + _FINAL_READ_S
+        previous = None
+        while True:
+            time.sleep(FLUSH_S)
+            totals = self._read_totals(force=True)
+            now = {name: (t["started"], t["tasks"], t["failures"]) for name, t in totals.items()}
+            idle = all(started == done for started, done, _ in now.values())
+            if (idle and now == previous) or time.monotonic() > deadline:
+                return
+            previous = now
 
     def _fail(self, error: SpdlLabError) -> None:
         if self._error is None:
@@ -284,16 +304,28 @@ class RayRunner(Runner):
 
     # -- reading -----------------------------------------------------------------------
     def _read_totals(self, force: bool) -> dict[str, Any]:
-        now = time.monotonic()
-        if self._board is not None and (force or now - self._read_at >= _READ_EVERY_S):
-            import ray
+        """The board's totals: a reading asked for earlier if it has come, else the last ones.
 
+        Never waits unless ``force`` (the final figures): the board actor takes a second or
+        more to start, and a reading must not hold up the sampler or the start of a run.
+        """
+        import ray
+
+        with self._read_lock:
+            board = self._board
+            if board is None:
+                return self._totals
+            now = time.monotonic()
+            if force or (self._asked is None and now - self._read_at >= _READ_EVERY_S):
+                self._asked, self._read_at = board.read.remote(), now
             try:
-                self._totals = ray.get(self._board.read.remote(), timeout=1.0)
-                self._read_at = now
-            except Exception:  # noqa: BLE001 - a slow or gone board: keep the last totals
-                pass
-        return self._totals
+                ready, _ = ray.wait([self._asked], timeout=_FINAL_READ_S if force else 0)
+                if ready:
+                    self._asked = None
+                    self._totals = ray.get(ready[0])
+            except Exception:  # noqa: BLE001 - a gone board: keep the last totals
+                self._asked = None
+            return self._totals
 
     def read(self) -> EngineReading:
         totals = self._read_totals(force=False)
