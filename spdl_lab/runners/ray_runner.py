@@ -12,7 +12,6 @@ made again and never delivered twice.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
@@ -21,18 +20,18 @@ from typing import Any
 
 from ..engine.engine import EngineReading, default_buffer_size
 from ..engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
-from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError
 from ..pipeline import Pipeline, validate_concurrency
 from ..telemetry.meters import QueueReading
 from ._ray_cluster import RayConnection
+from ._ray_errors import drop_tracebacks, pipeline_error, stage_failure
 from ._ray_meters import FLUSH_S, board_class, flush, reading_of
-from ._ray_plan import StageFailure, build, chunk_size, groups, plain, plain_scalar, window_items
+from ._ray_plan import build, chunk_size, groups, plain, plain_scalar, window_items
+from ._ray_source import indexable
 from .base import Runner
 
-__all__ = ["RayRunner", "MAX_MATERIALIZED"]
+__all__ = ["RayRunner"]
 
-#: A source without random access is read into a list in the driver, up to this many items.
-MAX_MATERIALIZED = 1_000_000
 _POLL_S = 0.1
 #: How stale the meters may be: a sampler tick reads the board at most this often.
 _READ_EVERY_S = 0.2
@@ -125,10 +124,10 @@ class RayRunner(Runner):
         except BaseException as exc:  # noqa: BLE001 - reported to the consumer, with its cause
             # Its traceback runs through Ray Data's iterator frames, which hold a prefetch thread:
             # kept with the error, the thread would outlive the run.
-            _drop_tracebacks(exc)
-            failure = _stage_failure(exc)
+            drop_tracebacks(exc)
+            failure = stage_failure(exc)
             if failure is not None:
-                error: SpdlLabError = _pipeline_error(failure.stage, failure.index, failure.what, 0, 0)
+                error: SpdlLabError = pipeline_error(failure.stage, failure.index, failure.what, 0, 0)
                 error.__cause__ = failure.error or exc
             else:
                 error = RunnerError(f"ray runner: the Ray Data execution failed: {type(exc).__name__}: {exc}")
@@ -137,7 +136,7 @@ class RayRunner(Runner):
 
     def _open_source(self) -> None:
         """The source as an indexable sequence in the object store (a ``range`` travels as it is)."""
-        source, self._count = _indexable(self.pipeline, lambda: self._stopping)
+        source, self._count = indexable(self.pipeline, lambda: self._stopping)
         if not isinstance(source, range):
             import ray
 
@@ -234,7 +233,7 @@ class RayRunner(Runner):
             # The one too many in item order (tasks finish out of order), as the other runners name it.
             seen = sorted((f for t in totals.values() for f in t["failed"]), key=lambda f: (f[1], f[3]))
             stage, index, what, _ = seen[min(self.max_failures, len(seen) - 1)]
-            raise _pipeline_error(stage, index, what, failed - 1, self.max_failures)
+            raise pipeline_error(stage, index, what, failed - 1, self.max_failures)
 
     def _settle(self) -> None:
         """At the end of the data, wait for the workers' last counts (up to ``_FINAL_READ_S``).
@@ -415,33 +414,6 @@ class _Delivered:
         return self._prefix
 
 
-def _indexable(pipeline: Pipeline, stopping: Any = lambda: False) -> tuple[Any, int]:
-    """The source as something indexable, with its length: a sequence as it is, any other
-    iterable read into a list here (up to ``MAX_MATERIALIZED`` items), as Ray Data splits a
-    known number of items over its workers."""
-    source = pipeline.source() if pipeline.source_is_factory else pipeline.source
-    if isinstance(source, (range, Sequence)):
-        return source, len(source)
-    items: list[Any] = []
-    iterator = iter(source)
-    while True:
-        try:
-            items.append(next(iterator))
-        except StopIteration:
-            return items, len(items)
-        except Exception as exc:  # noqa: BLE001 - the user's source: the run's error, naming the item
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            error = _pipeline_error("source", len(items), what, 0, 0, "read here, before Ray starts")
-            raise error from exc
-        if stopping():
-            raise QueueClosed("closed while the source was read")
-        if len(items) > MAX_MATERIALIZED:
-            raise PipelineSpecError(
-                f"ray runner: the source yields more than {MAX_MATERIALIZED} items without random access "
-                f"(each is read into a list here before Ray Data splits them). Pass a sequence: "
-                f"a list of paths, a range, or a dataset with __getitem__ and __len__")
-
-
 def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, float]]:
     if resources is None:
         return {}
@@ -454,41 +426,6 @@ def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, 
             raise PipelineSpecError(f"ray runner: resources[{name!r}] must name a map stage ({sorted(maps)}) "
                                     f"and hold a dict such as {{'num_cpus': 2}}")
     return resources
-
-
-def _pipeline_error(stage: str, index: int | None, what: str, dropped: int, max_failures: int,
-                    where_run: str = "in a Ray worker") -> PipelineError:
-    """The error a failing stage ends the run with, worded as under every other runner."""
-    where = "the source" if stage == "source" else f"stage {stage!r}"
-    item = f" on item {index}" if index is not None else ""
-    if stage == "source":
-        advice = "Fix the source; a source that raised cannot be resumed."
-    elif max_failures:
-        advice = (f"{dropped} failing item(s) were already dropped (max_failures={max_failures}); "
-                  f"raise max_failures to drop more.")
-    else:
-        advice = "Pass max_failures=N to drop and count up to N failing items instead."
-    return PipelineError(f"{where} failed{item}: {what} ({where_run}). The pipeline stopped. {advice}",
-                         stage=stage, index=index)
-
-
-def _stage_failure(exc: BaseException | None) -> StageFailure | None:
-    """Our StageFailure inside whatever Ray wrapped it in (RayTaskError, UserCodeException, ...).
-
-    Ray keeps the chain as text only, at times: then the StageFailure line of it is read back.
-    """
-    found = _in_chain(exc)
-    if found is not None or exc is None:
-        return found
-    text = str(exc)
-    match = _FAILURE_LINE.search(text)
-    if match is None:
-        return None
-    stage, index, what = match.group(1), match.group(2), match.group(3)
-    return StageFailure(stage, int(index), what, text, None)
-
-
-_FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+): (.*)")
 
 
 def _stop(executor: Any) -> None:
@@ -508,26 +445,3 @@ def _rows(block: Any) -> Iterator[tuple[Any, Any]]:
     columns = BlockAccessor.for_block(block).to_batch_format("numpy")
     for idx, value in zip(columns["idx"], columns["item"]):
         yield plain(idx), value
-
-
-def _drop_tracebacks(exc: BaseException | None) -> None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
-
-
-def _in_chain(exc: BaseException | None) -> StageFailure | None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, StageFailure):
-            return exc
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException):
-            found = _in_chain(cause)
-            if found is not None:
-                return found
-        exc = exc.__cause__ or exc.__context__
-    return None
