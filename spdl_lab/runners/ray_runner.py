@@ -25,7 +25,7 @@ from ..pipeline import Pipeline, validate_concurrency
 from ..telemetry.meters import QueueReading
 from ._ray_cluster import RayConnection
 from ._ray_errors import drop_tracebacks, pipeline_error, stage_failure
-from ._ray_meters import FLUSH_S, board_class, flush, reading_of
+from ._ray_meters import FLUSH_S, board_class, reading_of
 from ._ray_plan import build, chunk_size, groups, plain, plain_scalar, window_items
 from ._ray_source import indexable
 from .base import Runner
@@ -39,6 +39,9 @@ _READ_EVERY_S = 0.2
 _ALIVE_EVERY_S = 0.5
 #: How long the final reading of the meters (at the end of the data, at close) may wait.
 _FINAL_READ_S = 2.0
+#: How long the end of the data may wait for complete counts (the meter actor can take seconds to
+#: start on a loaded machine; complete counts end the wait at once).
+_SETTLE_S = 10.0
 
 
 class RayRunner(Runner):
@@ -178,7 +181,7 @@ class RayRunner(Runner):
                         if self._stopping or self._generation != generation:
                             return False
                         self._deliver(row, chunk)
-                        self._check_failures(final=False)
+                    self._check_failures(final=False)  # once a block: the counts move a flush at a time
             if self._stopping:
                 return False
             self._delivered.cover(end)  # all of the window was delivered or dropped
@@ -236,23 +239,34 @@ class RayRunner(Runner):
             raise pipeline_error(stage, index, what, failed - 1, self.max_failures)
 
     def _settle(self) -> None:
-        """At the end of the data, wait for the workers' last counts (up to ``_FINAL_READ_S``).
+        """At the end of the data, wait for the workers' last counts (up to ``_SETTLE_S``).
 
         Each worker sends what it counted every FLUSH_S, and a message from a worker that
         just started can take longer: the counts are final once nothing is in flight and two
         readings a flush apart agree. Then stats() after a loop counts every task, and a
         failure one too many is not missed.
         """
-        deadline = time.monotonic() + _FINAL_READ_S
+        deadline = time.monotonic() + _SETTLE_S
         previous = None
         while True:
             time.sleep(FLUSH_S)
             totals = self._read_totals(force=True)
             now = {name: (t["started"], t["tasks"], t["failures"]) for name, t in totals.items()}
             idle = all(started == done for started, done, _ in now.values())
-            if (idle and now == previous) or time.monotonic() > deadline:
+            if (idle and now == previous and self._complete(now)) or time.monotonic() > deadline:
                 return
             previous = now
+
+    def _complete(self, counts: dict[str, tuple[int, int, int]]) -> bool:
+        """Every item read reached every stage: each stage ran at least what the one before made."""
+        made = self._count  # the source's items
+        for name in ["source", *(s.name for s in self.pipeline.stages)]:
+            _, done, failed = counts.get(name, (0, 0, 0))
+            batch = self._kinds.get(name) == "batch"  # counts batches made, not items taken
+            if done < (min(made, 1) if batch else made):
+                return False
+            made = done - failed
+        return True
 
     def _fail(self, error: SpdlLabError) -> None:
         if self._error is None:
@@ -370,7 +384,6 @@ class RayRunner(Runner):
         if pump is not None and pump is not threading.current_thread():
             pump.join(timeout)
         if self._board is not None:
-            flush()
             time.sleep(2 * FLUSH_S)  # the workers' last counts are at most one flush away
             self._read_totals(force=True)  # the final figures, kept for stats() after close
             import ray
