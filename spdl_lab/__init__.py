@@ -4,7 +4,7 @@ Bring a pipeline and a training step; run them under several parallelism
 models, watch what happens live, and find out where the time goes.
 """
 
-from . import workloads
+from . import _views, workloads
 from .diagnose import (
     Diagnosis,
     SweepSettings,
@@ -25,6 +25,21 @@ from .watch.attach import open_record as open  # noqa: A001 (lab.open(record), a
 from .watch.publish import publish, unpublish
 
 __version__ = "0.1.0"
+
+# What draws or drives a result, imported on first use (see ``_views``): the result types
+# stay below the layers that draw them, and ``import spdl_lab`` loads no Bokeh.
+_views.register(
+    comparison_plot="spdl_lab.ui.figures:comparison_plot",
+    dashboard="spdl_lab.ui.dashboard:Dashboard",
+    diagnosis_html="spdl_lab.ui.diagnosis_report:diagnosis_html",
+    diagnosis_plot="spdl_lab.ui.diagnosis_report:diagnosis_plot",
+    diagnosis_report="spdl_lab.ui.diagnosis_report:write_diagnosis_report",
+    run_report="spdl_lab.ui.run_report:write_run_report",
+    session_autotuner="spdl_lab.tune.live:AutoTuner",
+    tuning_html="spdl_lab.ui.tuning_report:html_summary",
+    tuning_plot="spdl_lab.ui.tuning_report:tuning_plot",
+    tuning_report="spdl_lab.ui.tuning_report:write_html",
+)
 
 __all__ = [
     "Comparison",

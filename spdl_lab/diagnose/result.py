@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from .._views import view
+
 __all__ = ["VERDICTS", "Diagnosis", "Point", "StageDiagnosis", "TABLE_COLUMNS"]
 
 #: The verdict vocabulary (see DESIGN.md and ``verdict_rules``).
@@ -145,13 +147,13 @@ class Diagnosis:
 
     def plot(self) -> Any:
         """Bokeh: QPS against concurrency per stage, with CPU and GIL wait."""
-        from ..ui.diagnosis_report import diagnosis_plot
+        diagnosis_plot = view("diagnosis_plot")
 
         return diagnosis_plot(self)
 
     def to_html(self, path: str | Path) -> Path:
         """One self-contained HTML file (INLINE Bokeh, no network)."""
-        from ..ui.diagnosis_report import write_diagnosis_report
+        write_diagnosis_report = view("diagnosis_report")
 
         return write_diagnosis_report(self, path)
 
@@ -168,7 +170,7 @@ class Diagnosis:
         return read_json(path)
 
     def _repr_html_(self) -> str:
-        from ..ui.diagnosis_report import diagnosis_html
+        diagnosis_html = view("diagnosis_html")
 
         return diagnosis_html(self)
 

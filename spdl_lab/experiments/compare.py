@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._views import view
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..progress import progress_bar
@@ -89,7 +90,7 @@ class Comparison:
 
     def plot(self):
         """A Bokeh layout: throughput with its spread, where the training thread waited, step time."""
-        from ..ui.figures import comparison_plot
+        comparison_plot = view("comparison_plot")
 
         return comparison_plot(self)
 

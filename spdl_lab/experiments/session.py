@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
@@ -261,9 +262,7 @@ class Session:
             tuner = session.autotune(budget_s=60)
             tuner.wait(90); tuner.log; tuner.best
         """
-        from ..tune.live import AutoTuner
-
-        return AutoTuner(self, budget_s=budget_s, window_s=window_s, on_log=on_log)
+        return view("session_autotuner")(self, budget_s=budget_s, window_s=window_s, on_log=on_log)
 
     def restart(self, runner: str | None = None, **loader_options: Any) -> Session:
         """Stop this session and start the same loop again, under ``runner`` if given.
@@ -377,7 +376,7 @@ class Session:
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard widget (``lab.Dashboard``; options: ``hz``, ``rollover``)."""
         try:
-            from ..ui.dashboard import Dashboard
+            Dashboard = view("dashboard")
         except ImportError as exc:
             raise SpdlLabError(f"the dashboard is not available here: {exc}") from exc
         return Dashboard(self, **options)

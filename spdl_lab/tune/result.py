@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._views import view
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from .code import loader_code
@@ -110,13 +111,13 @@ class Tuning:
 
     def plot(self):
         """A Bokeh layout: measured (with each trial's window range) and predicted batches/s, trial by trial."""
-        from ..ui.tuning_report import tuning_plot
+        tuning_plot = view("tuning_plot")
 
         return tuning_plot(self)
 
     def to_html(self, path: str | Path) -> Path:
         """A self-contained HTML report (Bokeh inline): the best, the code, the log, the trials."""
-        from ..ui.tuning_report import write_html
+        write_html = view("tuning_report")
 
         return write_html(self, path)
 
@@ -146,7 +147,7 @@ class Tuning:
         return "\n".join([f"Tuning({self.summary()})", *(f"  {line}" for line in self.log)])
 
     def _repr_html_(self) -> str:
-        from ..ui.tuning_report import html_summary
+        html_summary = view("tuning_html")
 
         return html_summary(self)
 

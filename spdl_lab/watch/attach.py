@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from ..telemetry.frames import FrameChunk, chunk_since, to_frame
 from ..telemetry.ring import Ring
@@ -237,13 +238,13 @@ class RemoteSession:
         self._controls[stage] = n
 
     def dashboard(self, **options: Any) -> Any:
-        from ..ui.dashboard import Dashboard
+        Dashboard = view("dashboard")
 
         return Dashboard(self, **options)
 
     def to_html(self, path: str | os.PathLike) -> Any:
         """The run's record as one self-contained HTML page (as ``spdl-lab report RECORD``)."""
-        from ..ui.run_report import write_run_report
+        write_run_report = view("run_report")
 
         if not self.record:
             raise SpdlLabError(f"the published run {self.name!r} has no record file to report")

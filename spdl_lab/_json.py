@@ -1,0 +1,77 @@
+"""Strict JSON, shared by every file the lab writes and every message it sends.
+
+Writing: NaN and infinities become null (JSON has neither), numpy numbers become Python's,
+files are replaced atomically. Reading: no NaN or Infinity literals and no key twice in
+one object, so whatever is read is plain data, checked before it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["dump_file", "dumps", "loads", "plain"]
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON takes it: tuples and arrays as lists, NaN and inf as null, numpy
+    numbers as Python's; anything else as it is, for the reader's schema to refuse."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays and scalars
+        return plain(value.tolist())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if math.isfinite(value) else None
+
+
+def dumps(value: Any, *, compact: bool = True) -> str:
+    """``value`` as strict JSON text (``plain`` first); ``compact`` writes one line."""
+    spacing: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 1}
+    return json.dumps(plain(value), allow_nan=False, ensure_ascii=False, **spacing)
+
+
+def dump_file(value: Any, path: str | os.PathLike, *, compact: bool = False) -> Path:
+    """Write ``value`` as JSON to ``path`` atomically: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(dumps(value, compact=compact), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (a missing number is written as null)")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {dup[:60]!r} appears twice in one object")
+    return out
+
+
+def loads(data: str | bytes) -> Any:
+    """Parse strict JSON; ValueError (with the reason) for anything else, including text that is
+    not UTF-8, NaN/Infinity literals, a key twice in one object, or nesting too deep."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None

@@ -1,0 +1,40 @@
+"""Where data types find the code that draws or drives them, without importing it.
+
+Results and sessions (a Diagnosis, a Comparison, a Tuning, a Session) sit low in the package;
+their plots, HTML pages, dashboards and the live tuner sit above them. The package's
+``__init__`` registers each of those here by name, as ``"module:function"``, imported on first
+use: a result never imports a layer above its own, and ``import spdl_lab`` never loads Bokeh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+from typing import Any
+
+from .errors import SpdlLabError
+
+__all__ = ["register", "view"]
+
+_VIEWS: dict[str, str] = {}
+
+
+def register(**views: str) -> None:
+    """Name the function behind each view, as ``name="package.module:function"``."""
+    for name, target in views.items():
+        if ":" not in target:
+            raise ValueError(f"view {name!r}: expected 'module:function', got {target!r}")
+        _VIEWS[name] = target
+
+
+def view(name: str) -> Callable[..., Any]:
+    """The function registered as ``name``, its module imported now."""
+    try:
+        target = _VIEWS[name]
+    except KeyError:
+        raise SpdlLabError(
+            f"nothing is registered to draw {name!r}; import spdl_lab (its __init__ registers "
+            "every view) rather than one of its modules alone"
+        ) from None
+    module, _, function = target.partition(":")
+    return getattr(import_module(module), function)
