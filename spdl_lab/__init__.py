@@ -10,21 +10,29 @@ from .diagnose import (
     SweepSettings,
     diagnose,  # the function (binds over the subpackage of the same name)
 )
-from .errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
+from .diagnose.env_mode import start_hook as _diagnostic_mode
+from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .experiments import Comparison, Session, compare, headspace, run
 from .integrations import from_spdl
 from .integrations.torch_dataloader import from_dataloader
 from .loader import Loader
 from .pipeline import Pipeline, Stage
 from .runners import LOCAL_RUNNERS, RUNNERS
+from .runs import add_start_hook as _add_start_hook
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .training import SimulatedDevice, StepClock
 from .tune import Tuning, tune
 from .watch.attach import RemoteSession, attach
-from .watch.attach import open_record as open  # noqa: A001 (lab.open(record), as DESIGN.md names it)
+from .watch.attach import open_record as open  # noqa: A001 (lab.open(record_path))
+from .watch.auto import start_hook as _watch_mode
 from .watch.publish import publish, unpublish
 
 __version__ = "0.1.0"
+
+# The environment-variable modes act on every run before it starts (see ``runs.StartHook``):
+# SPDL_PIPELINE_DIAGNOSTIC_MODE=1 diagnoses instead, SPDL_LAB_WATCH=1 publishes.
+_add_start_hook("diagnostic_mode", _diagnostic_mode)
+_add_start_hook("watch", _watch_mode)
 
 # What draws or drives a result, imported on first use (see ``_views``): the result types
 # stay below the layers that draw them, and ``import spdl_lab`` loads no Bokeh.
@@ -41,16 +49,18 @@ _views.register(
     tuning_report="spdl_lab.ui.tuning_report:write_html",
 )
 
+# The entry points and the types a user holds, sorted (a test keeps them so). ``lab.Dashboard``
+# is reachable too but not listed: ``from spdl_lab import *`` must not load Bokeh.
 __all__ = [
     "Comparison",
-    "Dashboard",
     "Diagnosis",
+    "FileFormatError",
+    "LOCAL_RUNNERS",
     "Loader",
     "Pipeline",
     "PipelineError",
     "PipelineSpecError",
     "QueueStats",
-    "LOCAL_RUNNERS",
     "RUNNERS",
     "RemoteSession",
     "RunnerError",
@@ -61,8 +71,8 @@ __all__ = [
     "Stage",
     "StageStats",
     "StepClock",
-    "Tuning",
     "SweepSettings",
+    "Tuning",
     "attach",
     "compare",
     "diagnose",
@@ -71,9 +81,9 @@ __all__ = [
     "headspace",
     "open",
     "publish",
-    "unpublish",
     "run",
     "tune",
+    "unpublish",
     "workloads",
 ]
 

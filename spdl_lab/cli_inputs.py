@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import PipelineSpecError, SpdlLabError
+from .errors import PipelineSpecError, UsageError
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "a_noun", "import_attr", "load_pipeline", "load_step", "one_line", "output_path",
            "read_saved", "report_dir"]
@@ -21,11 +21,6 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageErr
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
 EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
-
-
-class UsageError(SpdlLabError, ValueError):
-    """A command line named something that cannot be used; the message says what to do."""
-
 
 
 def import_attr(target: str, what: str) -> Any:

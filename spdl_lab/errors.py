@@ -12,6 +12,7 @@ __all__ = [
     "PipelineError",
     "RunnerError",
     "FileFormatError",
+    "UsageError",
 ]
 
 
@@ -51,3 +52,7 @@ class FileFormatError(SpdlLabError, ValueError):
     def __init__(self, message: str, *, source: str, field: str) -> None:
         super().__init__(message)
         self.source, self.field = source, field
+
+
+class UsageError(SpdlLabError, ValueError):
+    """A command line named something that cannot be used; the message says what to do."""

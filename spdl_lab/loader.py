@@ -15,7 +15,7 @@ from typing import Any
 from .errors import PipelineSpecError, SpdlLabError
 from .pipeline import Pipeline, validate_concurrency
 from .runners import runner_class
-from .runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate
+from .runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate, run_start_hooks
 from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from .telemetry.snapshot import Snapshot
 
@@ -83,14 +83,9 @@ class Loader(RunOwner):
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this Loader is closed; create a new one to iterate again")
-        from .diagnose import env_mode as diagnostic_mode
-
-        if diagnostic_mode.enabled():
-            diagnostic_mode.run_diagnostic_mode(self.pipeline)
-        from .watch import auto
-
-        if auto.enabled() and not self.managed:
-            auto.publish_once(self)
+        run_start_hooks("pipeline", self.pipeline)
+        if not self.managed:
+            run_start_hooks("loader", self)
         self._state.end_run(self._close_timeout)
         # Held until the run has started: a set_concurrency from another thread
         # (a dashboard slider) lands either in the spec or in the running runner.

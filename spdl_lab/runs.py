@@ -3,7 +3,8 @@
 ``Run`` is one pass: a runner, its sampler and counters; ``iterate`` hands its
 items to a consumer and closes it at the end. ``RunOwner`` holds the current
 or last run for an owner that starts them (``lab.Loader``, and the SPDL
-monitor): extra sampler sources, reading, closing.
+monitor): extra sampler sources, reading, closing. Start hooks let the layers
+above act on a run before it starts, without this layer importing them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .telemetry.ring import Ring
 from .telemetry.sampler import Sampler, Source
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 
-__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "empty_snapshot", "iterate"]
+__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "empty_snapshot", "iterate",
+           "run_start_hooks"]
 
 #: How often a consumer blocked on the next item re-checks for stop and errors.
 _POLL_S = 0.1
@@ -34,6 +36,26 @@ _POLL_S = 0.1
 #: good costs this much, and the whole close stays under 5 s.
 CLOSE_TIMEOUT_S = 3.0
 
+#: ``hook(event, subject)``, called before a run starts. Events: ``"pipeline"`` (a
+#: ``lab.Pipeline`` about to run: ``lab.run``, a Loader's first iteration), ``"spdl"`` (an SPDL
+#: builder or config about to run), ``"loader"`` (a Loader starting a run that no session owns)
+#: and ``"session"`` (a ``lab.run`` session started). A hook ignores the events it has no use for.
+StartHook = Callable[[str, Any], None]
+
+# The package's __init__ registers the environment-variable modes here (diagnostic mode, and
+# publishing for `spdl-lab watch`): they live in layers above this one.
+_START_HOOKS: dict[str, StartHook] = {}
+
+
+def add_start_hook(name: str, hook: StartHook) -> None:
+    """Call ``hook`` before every run starts (see ``StartHook``); a second ``name`` replaces the first."""
+    _START_HOOKS[name] = hook
+
+
+def run_start_hooks(event: str, subject: Any) -> None:
+    """Call every start hook, in the order they were added, on ``subject``."""
+    for hook in tuple(_START_HOOKS.values()):
+        hook(event, subject)
 
 
 _Owner = TypeVar("_Owner", bound="RunOwner")
@@ -298,7 +320,6 @@ def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
         producers, batched = max(1, stage.concurrency), False
     out.append((1 if batched else producers, 1))
     return out
-
 
 
 def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -> Snapshot:

@@ -1,6 +1,8 @@
 """pyproject.toml and environment.yml must list the same packages."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,17 @@ def test_public_namespace_is_the_api():
     stray = [n for n in dir(lab) if not n.startswith("_") and n not in lab.__all__ and n not in hooks
              and not isinstance(getattr(lab, n), types.ModuleType)]
     assert stray == []
+
+
+def test_the_public_names_are_sorted_and_curated():
+    import spdl_lab as lab
+
+    assert lab.__all__ == sorted(lab.__all__), "keep spdl_lab.__all__ sorted"
+    assert all(hasattr(lab, name) for name in lab.__all__)
+    assert "FileFormatError" in lab.__all__ and "Dashboard" not in lab.__all__
+
+
+def test_import_star_loads_no_bokeh():
+    code = "import sys; from spdl_lab import *; print(any(m.split('.')[0] == 'bokeh' for m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -12,12 +12,13 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 
-__all__ = ["ENV", "ENV_CONCURRENCY", "ENV_NUM_ITEMS", "ENV_REPORT_DIR", "enabled", "run_diagnostic_mode", "write_reports"]
+__all__ = ["ENV", "ENV_CONCURRENCY", "ENV_NUM_ITEMS", "ENV_REPORT_DIR", "enabled", "run_diagnostic_mode", "start_hook",
+           "write_reports"]
 
 ENV = "SPDL_PIPELINE_DIAGNOSTIC_MODE"
 ENV_NUM_ITEMS = "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS"
@@ -84,3 +85,22 @@ def run_diagnostic_mode(pipeline: Pipeline) -> NoReturn:
     print(f"spdl_lab: diagnostic mode ends the program (exit status {EXIT_STATUS}); unset {ENV} to train.",
           flush=True)
     sys.exit(EXIT_STATUS)
+
+
+def start_hook(event: str, subject: Any) -> None:
+    """The start hook (``spdl_lab.runs.StartHook``): with the mode on, a pipeline about to run
+    (``"pipeline"``, or an SPDL builder or config: ``"spdl"``) is diagnosed instead."""
+    if event not in ("pipeline", "spdl") or not enabled():
+        return
+    if event == "spdl":
+        from ..integrations.spdl import from_spdl
+
+        try:
+            subject = from_spdl(subject)
+        except PipelineSpecError as exc:
+            raise PipelineSpecError(
+                f"{ENV}=1: spdl_lab diagnoses an SPDL pipeline through lab.from_spdl, which refused this "
+                f"one ({exc}). Unset {ENV}, or leave spdl_lab out and let SPDL's own diagnostic mode "
+                "profile it."
+            ) from exc
+    run_diagnostic_mode(subject)

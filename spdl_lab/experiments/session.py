@@ -22,6 +22,7 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
 from ..pipeline import Pipeline
+from ..runs import run_start_hooks
 from ..telemetry.frames import FrameChunk, chunk_since
 from ..telemetry.probes import CpuProbe, GilProbe
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
@@ -66,11 +67,9 @@ def run(
         session.wait(timeout=60)
         session.summary()
     """
-    from ..diagnose import env_mode as diagnostic_mode
-
-    if diagnostic_mode.enabled() and isinstance(pipeline_or_iterable, (Pipeline, Loader)):
+    if isinstance(pipeline_or_iterable, (Pipeline, Loader)):
         pipeline = pipeline_or_iterable
-        diagnostic_mode.run_diagnostic_mode(pipeline if isinstance(pipeline, Pipeline) else pipeline.pipeline)
+        run_start_hooks("pipeline", pipeline if isinstance(pipeline, Pipeline) else pipeline.pipeline)
     return Session(
         pipeline_or_iterable,
         step=step,
@@ -152,10 +151,7 @@ class Session:
         self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
         self._thread.start()
         _LIVE.add(self)
-        from ..watch import auto
-
-        if auto.enabled():
-            auto.publish_once(self, depth=3)
+        run_start_hooks("session", self)
 
     # -- the loop ----------------------------------------------------------------
     def _main(self) -> None:

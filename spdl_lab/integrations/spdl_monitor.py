@@ -18,7 +18,7 @@ from ..engine.engine import EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from ..runners.base import Runner
-from ..runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate
+from ..runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate, run_start_hooks
 from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ..telemetry.snapshot import Snapshot
 from ._spdl_config import SpdlSpec, config_of, describe, op_kind, pipe_fields
@@ -85,7 +85,7 @@ class SpdlMonitor(RunOwner):
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this SpdlMonitor is closed; create a new one to iterate again")
-        diagnostic_mode_check(self.pipeline.config)  # when used directly; lab.run checked already
+        run_start_hooks("spdl", self.pipeline.config)  # when used directly; lab.run checked already
         self._state.end_run(self._close_timeout)
         runner = SpdlRunner(self.pipeline, self._build_options, self._start_timeout)
         run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
@@ -228,30 +228,6 @@ def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = N
     return max(1, total)
 
 
-def diagnostic_mode_check(source: Any) -> None:
-    """With ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``, diagnose ``source`` as lab would and exit.
-
-    ``source`` is an SPDL builder or config (diagnosed through ``lab.from_spdl``)
-    or the ``lab.Pipeline`` already made from one.
-    """
-    from ..diagnose import env_mode as diagnostic_mode
-    from ..pipeline import Pipeline
-
-    if not diagnostic_mode.enabled():
-        return
-    from .spdl import from_spdl
-
-    try:
-        pipeline = source if isinstance(source, Pipeline) else from_spdl(source)
-    except PipelineSpecError as exc:
-        raise PipelineSpecError(
-            f"{diagnostic_mode.ENV}=1: spdl_lab diagnoses an SPDL pipeline through lab.from_spdl, "
-            f"which refused this one ({exc}). Unset {diagnostic_mode.ENV}, or leave spdl_lab out and let "
-            f"SPDL's own diagnostic mode profile it."
-        ) from exc
-    diagnostic_mode.run_diagnostic_mode(pipeline)
-
-
 def open_spdl(
     source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
 ) -> tuple[Any, Any, str]:
@@ -267,14 +243,14 @@ def open_spdl(
     if isinstance(source, SpdlMonitor):
         if runner not in (None, RUNNER) or options:
             raise PipelineSpecError("run: pass build options to the SpdlMonitor itself, not to run()")
-        diagnostic_mode_check(source.pipeline.config)
+        run_start_hooks("spdl", source.pipeline.config)
         return source, source, source.runner
     if runner in (None, RUNNER):
         monitor = SpdlMonitor(source, sample_hz=sample_hz, **options)
-        diagnostic_mode_check(monitor.pipeline.config)
+        run_start_hooks("spdl", monitor.pipeline.config)
         return monitor, monitor, monitor.runner
     pipeline = from_spdl(source)
-    diagnostic_mode_check(pipeline)
+    run_start_hooks("pipeline", pipeline)
     loader = Loader(pipeline, runner=runner, sample_hz=sample_hz, **options)
     return loader, loader, loader.runner
 

@@ -10,6 +10,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from ..errors import UsageError
 from .auto import ENV, ENV_NAME
 
 __all__ = ["run_watched"]
@@ -17,8 +18,6 @@ __all__ = ["run_watched"]
 
 def run_watched(command: list[str], name: str | None = None, record: str | None = None) -> int:
     """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it)."""
-    from ..cli_inputs import UsageError
-
     if command and command[0] == "--":
         command = command[1:]
     if not command:
