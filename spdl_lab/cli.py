@@ -1,14 +1,6 @@
 """The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, tune, watch, report.
 
-Every subcommand has ``--help`` with an example. Exit status:
-
-  0    done
-  1    diagnostic mode ended the program: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 was set, so the
-       first Loader or lab.run diagnosed the pipeline, wrote its reports and exited
-  2    usage error: a bad option, module:attr, file or value; one line on stderr says
-       what was wrong and what to do
-  3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
-  130  interrupted (Ctrl-C)
+Every subcommand has ``--help`` with an example; ``EXIT_CODES`` says what each exit status means.
 """
 
 from __future__ import annotations
