@@ -1,14 +1,8 @@
 """Bring a torch DataLoader as it is.
 
-``from_dataloader(dl)`` turns a DataLoader over a map-style dataset into a
-``lab.Pipeline`` (sampler -> ``__getitem__`` -> batch -> collate), so the same
-loader runs under every runner and can be compared and diagnosed.
-
-``WatchedDataLoader`` is what ``lab.run(dataloader, step=...)`` iterates: the
-DataLoader itself, untouched, plus a Sampler source that reports its worker
-processes' CPU (``("cpu_percent", "worker<i>")``, their sum as ``"workers"``)
-and how many there are (``("processes", "workers")``). The wait for each batch
-is the StepClock's (``data_wait_ms`` per tick; p50/p90 in ``stats().step``).
+``from_dataloader(dl)`` turns one over a map-style dataset into a ``lab.Pipeline`` for every
+runner. ``WatchedDataLoader``, what ``lab.run(dataloader, step=...)`` iterates, is the DataLoader
+untouched plus a Sampler source of its worker processes' count and CPU.
 """
 
 from __future__ import annotations
@@ -118,7 +112,8 @@ class _Fetch:
 
 
 class WatchedDataLoader:
-    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers' CPU."""
+    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
+    (``("processes", "workers")``) and CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``)."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
