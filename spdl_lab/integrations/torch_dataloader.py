@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import psutil
@@ -64,19 +65,16 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
             "DataLoader without worker_init_fn"
         )
     workers = concurrency if concurrency is not None else max(1, dl.num_workers)
-    collate = dl.collate_fn
     if dl.batch_size is None and dl.batch_sampler is not None:
         # A custom batch_sampler: it yields index lists, fetched together.
         pipeline = Pipeline(_Indices(dl.batch_sampler)).map(
-            _Fetch(dataset), concurrency=workers, name="fetch")
-    elif dl.batch_size is None:
-        # Automatic batching off: one item per step, collate_fn applied per item.
-        pipeline = Pipeline(_Indices(dl.sampler)).map(_GetItem(dataset), concurrency=workers, name="getitem")
+            partial(_fetch, dataset), concurrency=workers, name="fetch")
     else:
-        pipeline = (Pipeline(_Indices(dl.sampler))
-                    .map(_GetItem(dataset), concurrency=workers, name="getitem")
-                    .batch(dl.batch_size, drop_last=dl.drop_last))
-    return pipeline.map(collate, name="collate")
+        # Without automatic batching (batch_size None), collate_fn applies to each item.
+        pipeline = Pipeline(_Indices(dl.sampler)).map(dataset.__getitem__, concurrency=workers, name="getitem")
+        if dl.batch_size is not None:
+            pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
+    return pipeline.map(dl.collate_fn, name="collate")
 
 
 class _Indices:
@@ -95,20 +93,8 @@ class _Indices:
         return f"indices from {type(self.sampler).__name__}"
 
 
-class _GetItem:
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __call__(self, index: Any) -> Any:
-        return self.dataset[index]
-
-
-class _Fetch:
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __call__(self, indices: Any) -> list[Any]:
-        return [self.dataset[i] for i in indices]
+def _fetch(dataset: Any, indices: Any) -> list[Any]:
+    return [dataset[i] for i in indices]
 
 
 class WatchedDataLoader:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from .cpu_rates import ProcessRates, cpu_seconds
+from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
 from .schedstat import SCHEDSTAT_PATH
 from .schedstat import open_schedstat as _open_schedstat
@@ -26,7 +26,6 @@ NAN = float("nan")
 #: default interval, so only a source called less often than that loses any.
 _RECENT = 4096
 _GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
-_PSUTIL_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
 
 @dataclass(frozen=True)
@@ -252,7 +251,7 @@ class CpuProbe:
             return 0
         try:
             found = self._me.children(recursive=True)
-        except _PSUTIL_GONE:
+        except GONE:
             return len(self._kids)
         kids: dict[int, tuple[psutil.Process, float]] = {}
         for proc in found:
