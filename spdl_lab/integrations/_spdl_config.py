@@ -177,8 +177,8 @@ def _refusal(part: SpdlStage, convert: bool) -> str | None:
         if executor is not None:
             return (f"it runs on its own executor ({type(executor).__name__}), and lab runs each stage "
                     f"in its own threads (or a runner's processes). Drop executor=, or {_MONITOR}.")
-        if pipe_max_failures(cfg) is not None:
-            return (f"it sets its own max_failures ({pipe_max_failures(cfg)}), and lab counts failures "
+        if getattr(cfg, "_max_failures", None) is not None:
+            return (f"it sets its own max_failures ({cfg._max_failures}), and lab counts failures "
                     f"for the whole pipeline. Drop it and pass max_failures=N to lab.Loader or lab.run.")
         return None
     if isinstance(cfg, AggregateConfig):
@@ -206,10 +206,6 @@ def pipe_ordered(cfg: Any) -> bool:
     from spdl.pipeline.defs import _PipeType
 
     return cfg._type is _PipeType.OrderedPipe
-
-
-def pipe_max_failures(cfg: Any) -> Any:
-    return getattr(cfg, "_max_failures", None)
 
 
 def op_kind(op: Any) -> str:
