@@ -1,8 +1,7 @@
 """The progress bar experiments share: a widget in a notebook, text on a terminal, nothing elsewhere.
 
-A text bar redraws itself with carriage returns: in a log file or a pipe that is
-litter, so where stderr is not a terminal (and no notebook is showing widgets)
-the bar is off, whatever ``enabled`` says.
+tqdm.auto decides notebook or terminal (text without ipywidgets). A text bar redraws with
+carriage returns, litter in a log or a pipe: it is off where stderr is not a terminal.
 """
 
 from __future__ import annotations
@@ -17,39 +16,21 @@ def bar_kind(enabled: bool = True) -> str | None:
     """``"notebook"``, ``"terminal"`` or None: which bar ``progress_bar`` would show here."""
     if not enabled:
         return None
-    if _in_notebook():
+    from tqdm.auto import tqdm
+
+    # tqdm.auto imports tqdm.notebook only in a kernel, and mixes it in only where ipywidgets loads.
+    notebook = sys.modules.get("tqdm.notebook")
+    if notebook is not None and issubclass(tqdm, notebook.tqdm_notebook):
         return "notebook"
     stream = sys.stderr
     return "terminal" if stream is not None and hasattr(stream, "isatty") and stream.isatty() else None
 
 
 def progress_bar(total: int, enabled: bool, unit: str) -> Any:
-    kind = bar_kind(enabled)
-    if kind == "notebook":
-        from tqdm.notebook import tqdm as base
-    else:
-        from tqdm.std import tqdm as base
+    from tqdm.auto import tqdm
 
-    class Progress(base):  # type: ignore[misc, valid-type]
+    class Progress(tqdm):  # type: ignore[misc, valid-type]
         # No monitor thread: it would outlive the experiment.
         monitor_interval = 0
 
-    return Progress(total=total, disable=kind is None, unit=unit, leave=False)
-
-
-def _in_notebook() -> bool:
-    """True in a Jupyter kernel that can show ipywidgets (tqdm.notebook's widget form)."""
-    shell = sys.modules.get("IPython")
-    if shell is None:
-        return False
-    try:
-        ip = shell.get_ipython()
-    except AttributeError:
-        return False
-    if ip is None or "IPKernelApp" not in getattr(ip, "config", {}):
-        return False
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return Progress(total=total, disable=bar_kind(enabled) is None, unit=unit, leave=False)

@@ -1,22 +1,10 @@
 """An asyncio event loop in its own thread, for the async stages of a converted SPDL pipeline.
 
-lab runners call stage functions from plain threads; an async stage submits
-its coroutine to this loop and waits for the result, so a stage with
-concurrency N keeps up to N coroutines running on the loop, as SPDL does.
-
-Lifetime
---------
-No runner knows the loop exists, so it cannot be stopped by one. Instead each
-thread that submits holds a *lease* in thread-local storage: the first lease
-starts the loop thread, and the lease is dropped when its thread ends (CPython
-clears a thread's locals as the thread exits, before ``join()`` on it
-returns). When the last lease goes, the loop is told to stop and its thread
-ends a moment later. So closing a Loader, which joins its workers, stops the
-loop too; nothing waits for it (a join there would run during the worker's
-teardown, where ``threading.current_thread()`` leaves a dummy thread behind).
-A thread that never ends (the main thread, calling a stage function by hand)
-keeps the loop until it does; the loop thread is a daemon. ``close()`` stops
-the loop at once, whoever holds a lease.
+No runner knows the loop exists, so none can stop it. Each thread that submits holds a *lease*
+in thread-local storage, dropped as that thread ends (CPython clears a thread's locals before
+``join()`` returns); the first lease starts the loop, the last one gone stops it without a join
+(the worker is mid-teardown then). So closing a Loader stops the loop too; ``close()`` stops it
+at once, whoever holds a lease.
 """
 
 from __future__ import annotations
@@ -30,10 +18,7 @@ __all__ = ["LoopThread"]
 
 
 class LoopThread:
-    """One event loop in a daemon thread, started on first use (see the module docstring).
-
-    Picklable: a copy in another process starts its own loop there.
-    """
+    """One event loop in a daemon thread, started on first use; a pickled copy starts its own."""
 
     def __init__(self, name: str = "spdl_lab:async-stages") -> None:
         self.name = name

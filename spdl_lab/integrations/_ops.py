@@ -14,42 +14,15 @@ from typing import Any
 from ..errors import SpdlLabError
 from ._event_loop import LoopThread
 
-__all__ = ["AsyncOp", "AsyncSource", "ItemSkipped", "SyncOp"]
+__all__ = ["AsyncSource", "ItemSkipped", "Op"]
 
 
 class ItemSkipped(SpdlLabError):
     """An SPDL op returned ``None``: SPDL drops the item, a lab.Pipeline counts it as a failure."""
 
 
-def _skipped(stage: str) -> ItemSkipped:
-    return ItemSkipped(
-        f"stage {stage!r} returned None: SPDL drops such items, but a lab.Pipeline has no filter, "
-        f"so the item counts as a failed one. Pass max_failures=N to lab.Loader or lab.run to drop "
-        f"and count up to N of them."
-    )
-
-
-class SyncOp:
-    """A synchronous SPDL op as a lab stage function."""
-
-    __slots__ = ("fn", "stage")
-
-    def __init__(self, fn: Callable[[Any], Any], stage: str) -> None:
-        self.fn = fn
-        self.stage = stage
-
-    def __call__(self, item: Any) -> Any:
-        result = self.fn(item)
-        if result is None:
-            raise _skipped(self.stage)
-        return result
-
-    def __repr__(self) -> str:
-        return f"SyncOp({self.stage!r})"
-
-
-class AsyncOp:
-    """An async SPDL op as a lab stage function: each call awaits it on ``loop``.
+class Op:
+    """An SPDL op as a lab stage function; an async one is awaited on ``loop``.
 
     The calling thread blocks until the coroutine is done, so a stage run by N
     threads has up to N coroutines on the loop at once: SPDL's concurrency.
@@ -57,19 +30,23 @@ class AsyncOp:
 
     __slots__ = ("fn", "stage", "loop")
 
-    def __init__(self, fn: Callable[[Any], Any], stage: str, loop: LoopThread) -> None:
+    def __init__(self, fn: Callable[[Any], Any], stage: str, loop: LoopThread | None = None) -> None:
         self.fn = fn
         self.stage = stage
         self.loop = loop
 
     def __call__(self, item: Any) -> Any:
-        result = self.loop.run(self.fn, item)
+        result = self.fn(item) if self.loop is None else self.loop.run(self.fn, item)
         if result is None:
-            raise _skipped(self.stage)
+            raise ItemSkipped(
+                f"stage {self.stage!r} returned None: SPDL drops such items, but a lab.Pipeline has no "
+                f"filter, so the item counts as a failed one. Pass max_failures=N to lab.Loader or "
+                f"lab.run to drop and count up to N of them."
+            )
         return result
 
     def __repr__(self) -> str:
-        return f"AsyncOp({self.stage!r})"
+        return f"Op({self.stage!r}{', async' if self.loop is not None else ''})"
 
 
 class AsyncSource:

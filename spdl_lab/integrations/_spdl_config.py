@@ -1,8 +1,7 @@
-"""Reading an SPDL ``PipelineConfig``: its stages, their lab names, and what each one is.
+"""Reading an SPDL pipeline: its stages, their lab names, what each one is, and what lab refuses.
 
-``from_spdl`` and the SPDL monitor both start here, so a stage has the same
-name whichever way it is run. Everything this package reads from SPDL's
-private fields is read in this module (spdl_core 0.8).
+``from_spdl`` and the SPDL monitor both start here, so a stage has the same name and the same
+checks whichever way it is run. SPDL's private fields are read only here (spdl_core 0.8).
 """
 
 from __future__ import annotations
@@ -12,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PipelineSpecError
+from ..errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["SpdlStage", "SpdlSpec", "config_of", "describe", "op_kind", "pipe_fields"]
+__all__ = ["SpdlNotInstalledError", "SpdlStage", "SpdlSpec", "op_kind", "pipe_fields", "read_spec"]
 
 #: Names lab gives the ends of an SPDL pipeline: its source, and SPDL's sink
 #: stage (which moves items from the last stage's queue into the output buffer).
@@ -23,26 +22,18 @@ SOURCE, SINK = "source", "sink"
 
 @dataclass(frozen=True)
 class SpdlStage:
-    """One SPDL stage as lab sees it.
-
-    ``position`` is SPDL's stage id (the source is 0); ``what`` says in words
-    what the stage is, for error messages; ``cfg`` is SPDL's own config object.
-    """
+    """One SPDL stage as lab sees it: ``what`` it is in words; ``cfg``, SPDL's own config object."""
 
     name: str
     kind: str  # "map" (pipe, disaggregate) or "batch" (aggregate); "other" for parts lab does not model
     concurrency: int
-    position: int
     what: str
     cfg: Any
 
 
 @dataclass(frozen=True)
 class SpdlSpec:
-    """What an SPDL pipeline is made of, in lab's terms; ``stages`` as ``lab.Stage`` records.
-
-    It is a description, not a ``lab.Pipeline``: the functions stay in ``config``.
-    """
+    """What an SPDL pipeline is made of, in lab's terms (a description: the functions stay in ``config``)."""
 
     config: Any
     parts: tuple[SpdlStage, ...]
@@ -66,7 +57,57 @@ class SpdlSpec:
         return "\n  ".join(parts)
 
 
-def config_of(spec: Any, *, caller: str) -> Any:
+class SpdlNotInstalledError(SpdlLabError, ImportError):
+    """SPDL (the ``spdl_core`` package) is not installed."""
+
+
+def _require_spdl(caller: str) -> None:
+    """Raise ``SpdlNotInstalledError`` unless ``spdl.pipeline`` imports."""
+    try:
+        import spdl.pipeline  # noqa: F401
+        import spdl.pipeline.defs  # noqa: F401
+    except ImportError as exc:
+        raise SpdlNotInstalledError(
+            f"{caller} needs SPDL, which is not installed here ({exc}). "
+            f"Install it with `pip install spdl_core` (it provides spdl.pipeline)."
+        ) from exc
+
+
+def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
+    """The stages of an SPDL builder or config (SPDL must be installed), named as lab names them.
+
+    What lab cannot take raises ``PipelineSpecError`` naming the stage and what to do: with
+    ``convert`` (``lab.from_spdl``) whatever a ``lab.Pipeline`` cannot do, else (monitoring
+    as SPDL runs it) only branches and regions. Names are SPDL's; a repeated name (SPDL allows
+    them, lab does not) gets ``_2``, ``_3``; ``source`` and ``sink`` are taken by the ends.
+    """
+    _require_spdl(caller)
+    from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
+
+    config = _config_of(spec, caller)
+    _check_source(config.src, caller, convert)
+    taken = {SOURCE, SINK}
+    parts = []
+    for cfg in config.pipes:
+        if isinstance(cfg, PipeConfig):
+            op, _executor, concurrency = pipe_fields(cfg)
+            base, kind, what = cfg.name, "map", f"pipe ({op_kind(op)})"
+        elif isinstance(cfg, AggregateConfig):
+            size = f"{cfg.op.n} items" if type(cfg.op) is Collate else f"custom {type(cfg.op).__name__}"
+            base, kind, concurrency, what = cfg.name, "batch", 1, f"aggregate ({size})"
+        elif isinstance(cfg, DisaggregateConfig):
+            base, kind, concurrency, what = "disaggregate", "map", 1, "disaggregate"
+        else:
+            base, kind, concurrency, what = _other(cfg)
+        part = SpdlStage(_unique(str(base) or "stage", taken), kind, concurrency, what, cfg)
+        why = _refusal(part, convert)
+        if why is not None:
+            raise PipelineSpecError(f"{caller}: stage {part.name!r} ({what}) is not supported: {why}")
+        parts.append(part)
+    return SpdlSpec(config, tuple(parts))
+
+
+def _config_of(spec: Any, caller: str) -> Any:
     """The ``PipelineConfig`` of a ``PipelineBuilder`` (``get_config()``) or a config itself."""
     from spdl.pipeline import Pipeline as BuiltPipeline
     from spdl.pipeline import PipelineBuilder
@@ -93,36 +134,59 @@ def config_of(spec: Any, *, caller: str) -> Any:
     )
 
 
-def describe(config: Any, *, reject: Callable[[SpdlStage], str | None], caller: str) -> SpdlSpec:
-    """The stages of ``config``, named as lab names them.
+_MONITOR = "lab.run(builder, step=...) monitors it as SPDL runs it, without converting"
+_AS_ITERABLE = ("run the built pipeline as a plain iterable: lab.run(builder.build(num_threads=n), "
+                "step=...) measures the training step and the probes")
 
-    ``reject(stage)`` returns why a stage cannot be taken (and what to do), or
-    None; the first refusal raises ``PipelineSpecError`` naming the stage.
-    Names are SPDL's; a repeated name (SPDL allows them, lab does not) gets
-    ``_2``, ``_3``; ``source`` and ``sink`` are taken by the pipeline's ends.
-    """
-    from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
 
-    taken = {SOURCE, SINK}
-    parts = []
-    for position, cfg in enumerate(config.pipes, start=1):
-        if isinstance(cfg, PipeConfig):
-            op, _executor, concurrency = pipe_fields(cfg)
-            base, kind, what = cfg.name, "map", f"pipe ({op_kind(op)})"
-        elif isinstance(cfg, AggregateConfig):
-            size = f"{cfg.op.n} items" if type(cfg.op) is Collate else f"custom {type(cfg.op).__name__}"
-            base, kind, concurrency, what = cfg.name, "batch", 1, f"aggregate ({size})"
-        elif isinstance(cfg, DisaggregateConfig):
-            base, kind, concurrency, what = "disaggregate", "map", 1, "disaggregate"
-        else:
-            base, kind, concurrency, what = _other(cfg)
-        name = _unique(str(base) or "stage", taken)
-        part = SpdlStage(name, kind, concurrency, position, what, cfg)
-        why = reject(part)
-        if why is not None:
-            raise PipelineSpecError(f"{caller}: stage {name!r} ({what}) is not supported: {why}")
-        parts.append(part)
-    return SpdlSpec(config, tuple(parts))
+def _check_source(src: Any, caller: str, convert: bool) -> None:
+    from spdl.pipeline.defs import MergeConfig
+
+    if isinstance(src, MergeConfig):
+        raise PipelineSpecError(
+            f"{caller}: the source (a Merge of {len(src.pipeline_configs)} pipelines) is not supported: "
+            f"lab takes one source. Take each merged pipeline on its own (config.src.pipeline_configs[i]), "
+            f"or {_AS_ITERABLE}."
+        )
+    if convert and src.continuous:
+        raise PipelineSpecError(
+            f"{caller}: the source (continuous=True, re-iterated for ever with epoch markers) is "
+            "not supported: a lab.Pipeline makes one pass over its source per run. Build with "
+            "add_source(..., continuous=False)."
+        )
+
+
+def _refusal(part: SpdlStage, convert: bool) -> str | None:
+    """Why ``part`` cannot be taken, and what to do; None when it can."""
+    from spdl.pipeline.defs import AggregateConfig, Collate, PipeConfig
+
+    cfg = part.cfg
+    if part.kind == "other":
+        region = part.what.startswith(".to(")
+        where = "its stages run in worker processes, where lab's hooks do not reach, and " if region else ""
+        return (f"{where}lab takes a chain of map and batch stages, with no regions or branches. "
+                f"Remove it, or {_AS_ITERABLE}.")
+    if not convert:
+        return None
+    if isinstance(cfg, PipeConfig):
+        op, executor, _ = pipe_fields(cfg)
+        kind = op_kind(op)
+        if kind in ("generator", "async generator"):
+            return (f"a {kind} puts each value it yields downstream, and a lab map stage makes one "
+                    f"output per input. Return one value (a list, then .disaggregate() in SPDL), or {_MONITOR}.")
+        if executor is not None:
+            return (f"it runs on its own executor ({type(executor).__name__}), and lab runs each stage "
+                    f"in its own threads (or a runner's processes). Drop executor=, or {_MONITOR}.")
+        if getattr(cfg, "_max_failures", None) is not None:
+            return (f"it sets its own max_failures ({cfg._max_failures}), and lab counts failures "
+                    f"for the whole pipeline. Drop it and pass max_failures=N to lab.Loader or lab.run.")
+        return None
+    if isinstance(cfg, AggregateConfig):
+        if type(cfg.op) is not Collate:
+            return (f"a custom Aggregator ({type(cfg.op).__name__}) decides when to emit, and a "
+                    f"lab.Pipeline batches by count only. Use aggregate(n), or {_MONITOR}.")
+        return None
+    return f"a lab.Pipeline cannot split batches back into items. Remove it, or {_MONITOR}."  # disaggregate
 
 
 def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
@@ -142,10 +206,6 @@ def pipe_ordered(cfg: Any) -> bool:
     from spdl.pipeline.defs import _PipeType
 
     return cfg._type is _PipeType.OrderedPipe
-
-
-def pipe_max_failures(cfg: Any) -> Any:
-    return getattr(cfg, "_max_failures", None)
 
 
 def op_kind(op: Any) -> str:

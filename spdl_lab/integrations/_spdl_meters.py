@@ -1,24 +1,10 @@
 """lab meters fed by SPDL's own extension points: a task hook per stage, a queue class.
 
-SPDL calls ``task_hook_factory(StageInfo)`` once per stage when it builds a
-pipeline, and wraps every task of that stage in the hook; it makes every
-queue between stages with ``queue_class(StageInfo, buffer_size=n)``. Both run
-on SPDL's event loop thread only, so each counter has one writer and needs no
-lock; the sampler reads them from its own thread, as it reads lab's meters.
-
-How SPDL's figures map onto lab's:
-
-* a stage's ``tasks``/``failures`` are SPDL's task invocations, counted when
-  they end (a failed one counts in both); an async generator's step that ends
-  the iteration is not a task, nor is an aggregate's end-of-stream flush;
-* task time is the time inside the hook. For a synchronous op that includes
-  waiting for one of the pipeline's ``num_threads`` executor threads, which is
-  why the monitor sizes the pool so no task has to wait (see ``SpdlMonitor``);
-* ``in_flight`` and busy time come from one slot meter per concurrently
-  running task (SPDL runs up to ``concurrency`` tasks of a stage at once);
-* the source's ``tasks`` are the items it put into its queue;
-* a queue's depth and capacity are the asyncio queue's own; put and get
-  blocked time add up the waits of coroutines that found it full or empty.
+Both run on SPDL's event loop thread only, so each counter has one writer and needs no lock.
+A stage's tasks are SPDL's task invocations, counted as they end (not an async generator's last
+step, nor an aggregate's end-of-stream flush), timed inside the hook, with one slot meter per
+running task for ``in_flight`` and busy time; the source's tasks are the items it queued. A
+queue's depth is the asyncio queue's own; blocked time adds up the waits of its coroutines.
 """
 
 from __future__ import annotations
@@ -146,10 +132,8 @@ class _Task:
 class SpdlMeters:
     """The meters of one run of an SPDL pipeline, in the shape of the thread engine's.
 
-    ``queue_class()`` and ``hook_factory()`` go to SPDL's build; ``read()``
-    gives an ``EngineReading`` as a lab runner does. Stages and queues are
-    matched by SPDL's stage id (0 is the source, then the pipes in order, then
-    the sink), which ``SpdlSpec`` numbers the same way.
+    ``queue_class()`` and ``hook_factory()`` go to SPDL's build; ``read()`` gives an
+    ``EngineReading``. SPDL's stage id matches them (0 the source, the pipes in order, the sink).
     """
 
     def __init__(self, spec: SpdlSpec) -> None:

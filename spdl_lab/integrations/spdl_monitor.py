@@ -1,15 +1,14 @@
 """Watch a real SPDL pipeline with lab's meters, without converting it.
 
-``SpdlMonitor`` builds the pipeline with SPDL's own ``build_pipeline``,
-passing lab meters as its ``task_hook_factory`` and ``queue_class`` (see
-``_spdl_meters``), and has the surface of a ``lab.Loader``: iterate it, and
-``stats()``, ``frames()`` and the dashboard read the same series as for a
-lab runner. ``lab.run(builder, step=...)`` makes one (runner ``"spdl"``).
+``SpdlMonitor`` builds it with SPDL's own ``build_pipeline``, lab's meters as its task hooks and
+queue class (``_spdl_meters``), and reads like a ``lab.Loader``. ``lab.run(builder, step=...)``
+makes one (runner ``"spdl"``).
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -21,10 +20,9 @@ from ..runners.base import Runner
 from ..runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate, run_start_hooks
 from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ..telemetry.snapshot import Snapshot
-from ._spdl_config import SpdlSpec, config_of, describe, op_kind, pipe_fields
-from .spdl import require_spdl
+from ._spdl_config import SpdlSpec, op_kind, pipe_fields, read_spec
 
-__all__ = ["RUNNER", "SpdlMonitor"]
+__all__ = ["RUNNER", "SpdlMonitor", "is_spdl_spec", "open_spdl"]
 
 #: The runner name of a monitored SPDL pipeline (``session.runner``, ``snapshot.runner``).
 RUNNER = "spdl"
@@ -43,18 +41,12 @@ class SpdlMonitor(RunOwner):
                 train(batch)
             print(monitor.stats())                  # per-stage tasks, p50/p99, queues
 
-    Each ``iter(monitor)`` builds and starts a fresh SPDL pipeline. Keyword
-    arguments go to ``spdl.pipeline.build_pipeline``: ``num_threads`` defaults
-    to the sum of the concurrency of the stages that run synchronous code, so
-    that no task waits for a thread (a task's time, measured by SPDL's task
-    hook, would include that wait); ``max_failures`` (SPDL's default, -1,
-    drops every failing item; the monitor counts them); ``task_hook_factory``
-    (its hooks run beside lab's). SPDL fixes each stage's concurrency when it builds, so
-    ``set_concurrency`` is refused and ``controls()`` is empty.
-
-    Monitored: a source, then pipes (any op, any ``output_order``, own
-    executor or ``max_failures``), aggregates and disaggregates. Refused, with
-    the stage named: ``Merge`` sources, ``path_variants`` and ``.to()`` regions.
+    Each ``iter(monitor)`` builds and starts a fresh SPDL pipeline. Keyword arguments go to
+    ``spdl.pipeline.build_pipeline``: ``num_threads`` defaults to enough threads that no task
+    waits for one (the wait would count in its task time); ``max_failures`` (SPDL's -1 drops
+    every failing item, counted); ``task_hook_factory`` (its hooks run beside lab's). SPDL fixes
+    concurrency when it builds: ``set_concurrency`` is refused and ``controls()`` is empty.
+    Refused, with the stage named: ``Merge`` sources, ``path_variants`` and ``.to()`` regions.
     """
 
     runner = RUNNER
@@ -69,10 +61,7 @@ class SpdlMonitor(RunOwner):
         start_timeout: float = 30.0,
         **build_options: Any,
     ) -> None:
-        require_spdl("monitoring an SPDL pipeline")
-        config = config_of(builder_or_config, caller="lab.run")
-        _check_source(config.src)
-        self.pipeline: SpdlSpec = describe(config, reject=_refusal, caller="lab.run")
+        self.pipeline: SpdlSpec = read_spec(builder_or_config, caller="lab.run", convert=False)
         if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
         _check_build_options(build_options)
@@ -117,10 +106,6 @@ class SpdlMonitor(RunOwner):
 
     def _empty_stats(self) -> Snapshot:
         return empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        """Stop the SPDL pipeline (its event loop, source and executor threads). Safe twice."""
-        super().close()
 
     def __repr__(self) -> str:
         return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {self.state})"
@@ -211,6 +196,19 @@ class SpdlRunner(Runner):
                 self._io.release()
 
 
+def is_spdl_spec(obj: Any) -> bool:
+    """True for an SPDL ``PipelineBuilder``, ``PipelineConfig`` or ``SpdlMonitor``; imports nothing
+    (an object can only be SPDL's if SPDL was imported already)."""
+    if isinstance(obj, SpdlMonitor):
+        return True
+    if sys.modules.get("spdl.pipeline") is None:
+        return False
+    from spdl.pipeline import PipelineBuilder
+    from spdl.pipeline.defs import PipelineConfig
+
+    return isinstance(obj, (PipelineBuilder, PipelineConfig))
+
+
 def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = None) -> int:
     """Enough executor threads for every synchronous task SPDL may run at once.
 
@@ -273,27 +271,3 @@ def _check_build_options(options: dict[str, Any]) -> None:
             f"it takes SPDL's build options: {takes}"
         )
 
-
-def _check_source(src: Any) -> None:
-    from spdl.pipeline.defs import MergeConfig
-
-    if isinstance(src, MergeConfig):
-        raise PipelineSpecError(
-            f"lab.run: the source (a Merge of {len(src.pipeline_configs)} pipelines) is not supported: "
-            f"lab meters a chain of stages. {_AS_ITERABLE}"
-        )
-
-
-def _refusal(part: Any) -> str | None:
-    from spdl.pipeline.defs import AggregateConfig, DisaggregateConfig, PipeConfig
-
-    if isinstance(part.cfg, (PipeConfig, AggregateConfig, DisaggregateConfig)):
-        return None
-    if part.what.startswith(".to("):
-        return (f"the stages of a .to() region run in worker processes, where lab's hooks do not "
-                f"reach. Remove the region to monitor every stage. {_AS_ITERABLE}")
-    return f"lab meters a chain of stages, with no branches. {_AS_ITERABLE}"
-
-
-_AS_ITERABLE = ("Or run the built pipeline as a plain iterable: lab.run(builder.build(num_threads=n), "
-                "step=...) measures the training step and the probes.")

@@ -1,20 +1,15 @@
 """Bring a torch DataLoader as it is.
 
-``from_dataloader(dl)`` turns a DataLoader over a map-style dataset into a
-``lab.Pipeline`` (sampler -> ``__getitem__`` -> batch -> collate), so the same
-loader runs under every runner and can be compared and diagnosed.
-
-``WatchedDataLoader`` is what ``lab.run(dataloader, step=...)`` iterates: the
-DataLoader itself, untouched, plus a Sampler source that reports its worker
-processes' CPU (``("cpu_percent", "worker<i>")``, their sum as ``"workers"``)
-and how many there are (``("processes", "workers")``). The wait for each batch
-is the StepClock's (``data_wait_ms`` per tick; p50/p90 in ``stats().step``).
+``from_dataloader(dl)`` turns one over a map-style dataset into a ``lab.Pipeline`` for every
+runner. ``WatchedDataLoader``, what ``lab.run(dataloader, step=...)`` iterates, is the DataLoader
+untouched plus a Sampler source of its worker processes' count and CPU.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import psutil
@@ -70,19 +65,16 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
             "DataLoader without worker_init_fn"
         )
     workers = concurrency if concurrency is not None else max(1, dl.num_workers)
-    collate = dl.collate_fn
     if dl.batch_size is None and dl.batch_sampler is not None:
         # A custom batch_sampler: it yields index lists, fetched together.
         pipeline = Pipeline(_Indices(dl.batch_sampler)).map(
-            _Fetch(dataset), concurrency=workers, name="fetch")
-    elif dl.batch_size is None:
-        # Automatic batching off: one item per step, collate_fn applied per item.
-        pipeline = Pipeline(_Indices(dl.sampler)).map(_GetItem(dataset), concurrency=workers, name="getitem")
+            partial(_fetch, dataset), concurrency=workers, name="fetch")
     else:
-        pipeline = (Pipeline(_Indices(dl.sampler))
-                    .map(_GetItem(dataset), concurrency=workers, name="getitem")
-                    .batch(dl.batch_size, drop_last=dl.drop_last))
-    return pipeline.map(collate, name="collate")
+        # Without automatic batching (batch_size None), collate_fn applies to each item.
+        pipeline = Pipeline(_Indices(dl.sampler)).map(dataset.__getitem__, concurrency=workers, name="getitem")
+        if dl.batch_size is not None:
+            pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
+    return pipeline.map(dl.collate_fn, name="collate")
 
 
 class _Indices:
@@ -101,24 +93,13 @@ class _Indices:
         return f"indices from {type(self.sampler).__name__}"
 
 
-class _GetItem:
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __call__(self, index: Any) -> Any:
-        return self.dataset[index]
-
-
-class _Fetch:
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __call__(self, indices: Any) -> list[Any]:
-        return [self.dataset[i] for i in indices]
+def _fetch(dataset: Any, indices: Any) -> list[Any]:
+    return [dataset[i] for i in indices]
 
 
 class WatchedDataLoader:
-    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers' CPU."""
+    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
+    (``("processes", "workers")``) and CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``)."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl

@@ -6,14 +6,5 @@ from .probes import CpuProbe, GilProbe
 from .sampler import Sampler
 from .snapshot import QueueStats, Snapshot, StageStats
 
-__all__ = [
-    "FRAME_COLUMNS",
-    "CpuProbe",
-    "GilProbe",
-    "QueueStats",
-    "Sampler",
-    "Snapshot",
-    "StageMeter",
-    "StageStats",
-    "WorkerMeter",
-]
+__all__ = ["FRAME_COLUMNS", "CpuProbe", "GilProbe", "QueueStats", "Sampler", "Snapshot", "StageMeter",
+           "StageStats", "WorkerMeter"]

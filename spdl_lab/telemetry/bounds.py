@@ -1,13 +1,8 @@
 """What a series can physically be, enforced where rows enter the ring.
 
-CPU times tick in 10 ms steps and are read a little apart from their time
-stamps, so a rate over a 0.1 s tick can come out above what the machine has.
-The probes read each process against its own time stamp (``cpu_rates``), which
-makes this rare; this module makes it impossible: ``cpu_percent`` stays within
-0..100 x cores, every ``*_frac`` and ``*_util`` within 0..1, everything else
-(rates, counts, times) at or above 0, and infinities become NaN. NaN stays NaN
-(no value this tick). The sampler adds a ``("clamped", "sampler")`` row counting
-the values it had to bring back, so a clamp is never silent.
+CPU times tick in 10 ms steps, so a rate over a short tick can exceed the machine. Here
+``cpu_percent`` stays within 0..100 x cores, ``*_frac`` and ``*_util`` within 0..1, the rest
+at or above 0; infinities become NaN. The sampler counts the clamps in a ``clamped`` row.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """CPU percent of processes, each read against its own time stamp.
 
-Reading several processes' CPU times takes a while (a /proc read each, and the
-GIL between them, which a busy pipeline holds for milliseconds). A tick that
-stamps the time once and then reads them all divides each process's CPU by a
-span that is not its own, and a tick whose reads were slow followed by a fast
-one reads high, above what the cores can give (docs/measurement-noise.md). Here each process
-is stamped at the moment it is read (the middle of its read), and its percent
-is its own CPU over its own span. A span shorter than MIN_SPAN_S keeps the
-previous reading as the baseline (10 ms CPU ticks over a 1 ms span read as
-thousands of percent).
+Reading many processes takes a while (a /proc read each, the GIL between them): one stamp for
+all of them read above what the cores can give (docs/measurement-noise.md). Each process is
+stamped mid-read, and a span under MIN_SPAN_S keeps the baseline (CPU time ticks every 10 ms).
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ import psutil
 
 __all__ = ["GONE", "MIN_SPAN_S", "ProcessRates", "cpu_seconds"]
 
-#: Shortest span turned into a percentage (CPU times tick every 10 ms).
 MIN_SPAN_S = 0.05
 GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 

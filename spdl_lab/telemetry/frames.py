@@ -1,27 +1,12 @@
 """Turning meter readings into frame rows, and rows into pandas DataFrames.
 
-Frames are long format, one row per sample tick per series:
-
-=========  ============================================================
-column     meaning
-=========  ============================================================
-time_s     seconds since the run started
-series     what is measured (see below)
-stage      the stage, queue (``"source→decode"``) or ``""`` it belongs to
-value      the number (float; NaN when undefined for that tick)
-=========  ============================================================
-
-Stage series: ``tasks``, ``failures`` (cumulative), ``qps`` (tasks per second
-over the tick), ``busy_frac`` (busy worker-seconds per second divided by the
-concurrency: 1.0 means every worker was inside the stage function the whole
-tick), ``in_flight``, ``concurrency``, and ``mean_ms``, ``p50_ms``,
-``p99_ms`` of the tasks that completed during the tick (task time excludes
-waiting for a worker or a queue). Queue series: ``queue_depth``,
-``queue_capacity``, ``put_blocked_frac`` and ``get_blocked_frac`` (the share of
-the tick the queue's producer threads, or consumer threads, spent blocked on it:
-blocked thread-seconds per second divided by the number of those threads, 0..1).
-Every value is within its physical limits (``bounds``); a ``clamped`` row of
-stage ``sampler`` counts the values that had to be brought back in a tick.
+Frames are long format, a row per tick per series: ``time_s`` (since the run started),
+``series``, ``stage`` (a stage, a queue ``"source→decode"``, or ``""``) and ``value`` (NaN when
+undefined that tick). Stage series: cumulative ``tasks`` and ``failures``; ``qps``; ``busy_frac``
+(1.0: every worker inside the stage function all tick); ``in_flight``; ``concurrency``; and
+``mean_ms``, ``p50_ms``, ``p99_ms`` of the tick's tasks (no waits included). Queue series:
+``queue_depth``, ``queue_capacity``, ``put_blocked_frac`` and ``get_blocked_frac`` (the share of
+the tick its producer, or consumer, threads spent blocked on it).
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ from .histogram import quantile_ns
 from .meters import QueueReading, StageReading
 from .ring import Ring
 
-__all__ = ["FRAME_COLUMNS", "FrameChunk", "stage_rows", "queue_rows", "to_frame", "chunk_since"]
+__all__ = ["FRAME_COLUMNS", "FrameChunk", "chunk_since", "queue_rows", "stage_rows", "to_frame"]
 
 FRAME_COLUMNS = ["time_s", "series", "stage", "value"]
 
@@ -44,11 +29,8 @@ Row = tuple[str, str, float]
 
 @dataclass(frozen=True)
 class FrameChunk:
-    """The ticks a live reader has not seen yet, wide format.
-
-    ``columns[(series, stage)]`` lines up with ``times``; NaN where a series
-    had no value in a tick. Pass ``cursor`` to the next ``frames_since`` call.
-    """
+    """The ticks a live reader has not seen yet, wide: ``columns[(series, stage)]`` lines up with
+    ``times`` (NaN: no value that tick). Pass ``cursor`` to the next ``frames_since`` call."""
 
     cursor: int
     times: np.ndarray
@@ -89,9 +71,7 @@ def stage_rows(now: StageReading, before: StageReading | None, dt_s: float) -> l
 
 def queue_rows(now: QueueReading, before: QueueReading | None, dt_s: float,
                producers: int = 1, consumers: int = 1) -> list[Row]:
-    """Queue rows; the blocked shares are per thread: the blocked thread-seconds divided by
-    the threads that put (``producers``) or get (``consumers``), so 1.0 means all of them
-    were blocked the whole tick."""
+    """Queue rows; blocked shares per thread (1.0: all ``producers``, or ``consumers``, blocked all tick)."""
     name = now.name
     rows: list[Row] = [
         ("queue_depth", name, float(now.depth)),

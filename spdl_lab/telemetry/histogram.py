@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = [
-    "NUM_BUCKETS",
-    "FAST_LIMIT_NS",
-    "FAST_SHIFT",
-    "FAST_BUCKETS",
-    "bucket_of",
-    "bucket_bounds",
-    "quantile_ns",
-    "new_counts",
-]
+__all__ = ["FAST_BUCKETS", "FAST_LIMIT_NS", "FAST_SHIFT", "NUM_BUCKETS", "bucket_bounds", "bucket_of",
+           "new_counts", "quantile_ns"]
 
 SUB_BITS = 3
 SUB = 1 << SUB_BITS
@@ -31,10 +23,8 @@ def bucket_of(ns: int) -> int:
     return (bl << SUB_BITS) | ((ns >> (bl - SUB_BITS - 1)) & (SUB - 1)) if bl > SUB_BITS + 1 else ns
 
 
-#: Hot-path shortcut: below FAST_LIMIT_NS (262 us, where most per-item tasks
-#: of a busy pipeline fall) the bucket is a table lookup on ``ns >> FAST_SHIFT``,
-#: about 40 ns cheaper per task than ``bucket_of``. It is exact from 128 ns up;
-#: below that, durations are rounded down to 16 ns, finer than the clock's noise.
+#: Hot-path shortcut: below FAST_LIMIT_NS (most per-item tasks) the bucket is a table lookup on
+#: ``ns >> FAST_SHIFT``, cheaper than ``bucket_of``; exact from 128 ns up (16 ns steps below).
 FAST_SHIFT = 4
 FAST_LIMIT_NS = 1 << 18
 
@@ -53,10 +43,7 @@ def new_counts() -> list[int]:
 
 
 def quantile_ns(counts: Sequence[int], q: float) -> float:
-    """The ``q`` quantile (0..1) of the recorded durations, interpolated within its bucket.
-
-    Returns NaN when nothing was recorded.
-    """
+    """The ``q`` quantile (0..1) of the recorded durations, interpolated in its bucket; NaN if none."""
     total = sum(counts)
     if total == 0:
         return float("nan")

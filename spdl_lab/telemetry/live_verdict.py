@@ -1,8 +1,7 @@
-"""The live verdict: one line, computed from the last seconds of frames, on where the time goes.
+"""The live verdict: one line, from the last seconds of frames, on where the time goes.
 
-"data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy;
-GIL wait 41% on the training thread — try subprocess-threads". The rules and their
-thresholds are the constants below; tests drive them with synthetic frames.
+"data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy — ...":
+the rules' thresholds are the constants below.
 """
 
 from __future__ import annotations
@@ -16,18 +15,8 @@ import pandas as pd
 
 from .frames import FrameChunk
 
-__all__ = [
-    "BUSY_SATURATED",
-    "CPU_FULL",
-    "CPU_WAIT_TRAIN",
-    "FED_DATA_WAIT",
-    "GIL_BOUND_TRAIN",
-    "STARVED_DATA_WAIT",
-    "Verdict",
-    "Window",
-    "live_verdict",
-    "verdict_from_frames",
-]
+__all__ = ["BUSY_SATURATED", "CPU_FULL", "CPU_WAIT_TRAIN", "FED_DATA_WAIT", "GIL_BOUND_TRAIN",
+           "STARVED_DATA_WAIT", "Verdict", "Window", "live_verdict", "verdict_from_frames"]
 
 #: Data wait above this share of step time: the step is starved of data.
 STARVED_DATA_WAIT = 0.15
@@ -157,12 +146,8 @@ def _get(means: Mapping[Key, float], series: str, stage: str) -> float:
 
 
 class Window:
-    """The last ``seconds`` of ticks from a live reader's chunks, for window means.
-
-    One 2-D array (series × ticks) of at most ``max_ticks`` ticks: adding a
-    chunk and taking every mean are a few numpy calls, whatever the number of
-    series, and memory stays fixed however long it runs.
-    """
+    """The last ``seconds`` of ticks from a live reader's chunks, for window means: one series x
+    ticks array of at most ``max_ticks`` ticks, so each step is a few numpy calls in fixed memory."""
 
     def __init__(self, seconds: float = WINDOW_S, max_ticks: int = 512) -> None:
         self.seconds = seconds

@@ -13,35 +13,19 @@ from dataclasses import dataclass, field
 
 from .histogram import bucket_of, new_counts, quantile_ns
 
-__all__ = [
-    "WorkerMeter",
-    "StageMeter",
-    "StageReading",
-    "QueueReading",
-    "SAMPLE_BELOW_NS",
-    "SAMPLE_STRIDE",
-]
+__all__ = ["SAMPLE_BELOW_NS", "SAMPLE_STRIDE", "QueueReading", "StageMeter", "StageReading", "WorkerMeter"]
 
-#: Timing policy on the hot path. Every task is counted. A task is timed
-#: (two clock reads, a histogram update: ~250 ns) unless the last timed task
-#: of the same worker took under SAMPLE_BELOW_NS; then only one task in
-#: SAMPLE_STRIDE is timed, and it stands for the untimed ones before it in
-#: busy time and in the histogram. Which task gets timed never depends on its
-#: own duration, so the estimates are unbiased; tasks of 20 us and more (any
-#: real decode, read or augmentation) are all timed. Without this, timing
-#: no-op tasks cost 10-25% of a no-op pipeline's throughput.
+#: Timing policy on the hot path, so that timing tiny tasks does not cost their pipeline's
+#: throughput. Every task is counted. A task is timed unless the worker's last timed task took
+#: under SAMPLE_BELOW_NS; then one in SAMPLE_STRIDE is, standing for the untimed ones before it.
+#: Which task is timed never depends on its own duration, so the estimates are unbiased.
 SAMPLE_BELOW_NS = 20_000
 SAMPLE_STRIDE = 8
 
 
 class WorkerMeter:
-    """What one worker did: tasks, failures, busy time, task-time histogram.
-
-    ``tasks`` is exact; ``busy_ns`` and ``hist`` follow the sampling policy
-    above (``hist`` totals the timed tasks and those they stand for).
-    ``started_ns`` is the start of the timed task in progress, 0 otherwise; it
-    gives in-flight counts and lets busy time include the running task.
-    """
+    """What one worker did: tasks (exact), failures, busy time and task-time histogram (sampled
+    as above); ``started_ns``, the start of the timed task in progress (0 when none)."""
 
     __slots__ = ("tasks", "failures", "busy_ns", "hist", "started_ns")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from .cpu_rates import ProcessRates, cpu_seconds
+from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
 from .schedstat import SCHEDSTAT_PATH
 from .schedstat import open_schedstat as _open_schedstat
@@ -26,7 +26,6 @@ NAN = float("nan")
 #: default interval, so only a source called less often than that loses any.
 _RECENT = 4096
 _GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
-_PSUTIL_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
 
 @dataclass(frozen=True)
@@ -43,43 +42,21 @@ class GilTotals:
 class GilProbe:
     """A thread that sleeps ``interval_s``, wakes, and measures how late it got to run.
 
-    Each wake's lateness (elapsed minus ``interval_s``) is split in two: the time
-    runnable but waiting for a CPU, from the thread's own schedstat (field 2), and
-    the rest, GIL wait: ``gil = max(0, lateness - runqueue)``. A wake counts in
-    the tick it ends in.
+    Each wake's lateness splits into run-queue wait (runnable, waiting for a CPU: the thread's
+    own schedstat) and the rest, GIL wait. Rows per call (``stage`` is ``name``), over the
+    wakes that ended since the previous call:
 
-    Rows per source call (``stage`` is ``name``):
-
-    - ``gil_wait_frac``: GIL-wait seconds / wall seconds covered by the wakes that
-      ended since the previous call (not ``dt_s``, so a long wake straddling
-      ticks cannot push it over 1): the share of wall time lost waiting for the
-      GIL by a thread that releases it for ``interval_s`` at a time (I/O, sleep,
-      a C call) and then wants it back. A contended wake waits about one switch
-      interval ``w`` (``sys.getswitchinterval()``, 5 ms), so the share is about
-      ``w / (interval_s + w)``: a shorter interval gives a larger share, nearer
-      what a thread that always wants to run would lose.
-    - ``runqueue_wait_frac``: the same for waiting for a CPU. The scheduler lets
-      a waking sleeper preempt, so this is what a mostly-waiting thread loses,
-      well below a CPU-hungry one's fair-share wait: near 0 while the cores are
-      merely full, rising with oversubscription (on 2 cores: ~0.02 with 2 busy
-      processes, 0.07-0.27 with 8). Whether the cores are full is CpuProbe's answer.
-    - ``gil_wait_ms``: mean GIL wait per wake; nearly independent of the interval.
-    - ``gil_wait_max_ms``: the longest single GIL wait among those wakes.
-    - ``gil_probe_schedstat``: 1.0 where the split is measured; 0.0 where
-      schedstat is missing or unreadable: the whole lateness is then reported as
+    - ``gil_wait_frac``: GIL-wait seconds / the wakes' wall seconds (not ``dt_s``, so a wake
+      straddling ticks cannot push it over 1); contended, about ``w / (interval_s + w)`` for
+      the switch interval ``w``: what a thread that keeps releasing the GIL loses;
+    - ``runqueue_wait_frac``: the same for a CPU; a waking sleeper preempts, so it rises only
+      with oversubscription (whether the cores are full is CpuProbe's answer);
+    - ``gil_wait_ms`` (mean per wake) and ``gil_wait_max_ms`` (the longest);
+    - ``gil_probe_schedstat``: 0.0 where schedstat is unreadable: all lateness then counts as
       GIL wait (an upper bound) and ``runqueue_wait_frac`` is NaN.
 
-    Uncontended, ``gil_wait_frac`` has a floor of 1-3%: timer slack and wake-up
-    latency are lateness outside the run queue. The probe takes the GIL briefly
-    ``1 / interval_s`` times a second. With the GIL off (free-threaded build),
-    ``available`` is False and the GIL rows are NaN ("n/a"). Rows are NaN for a
-    tick in which no wake ended. One sampler per probe, as each call moves the
-    baseline; other readers use ``totals()``.
-
-    >>> from spdl_lab.telemetry.sampler import Sampler
-    >>> probe = GilProbe(); sampler = Sampler([probe, CpuProbe()])
-    >>> probe.start(); sampler.start()  # ... run the workload, then:
-    >>> sampler.stop(); probe.stop(); summary = probe.totals()
+    Timer slack leaves a small floor. With the GIL off, or in a tick with no wake, the rows are
+    NaN. One sampler per probe (each call moves the baseline); other readers use ``totals()``.
     """
 
     def __init__(
@@ -210,17 +187,11 @@ class CpuTotals:
 class CpuProbe:
     """CPU use per process, in percent of one core since the previous call.
 
-    Rows: ``("cpu_percent", "main")`` for this process, ``"children"`` summed
-    over all descendants (each read against its own time stamp, see
-    ``cpu_rates``; none above 100 x cores), ``"total"`` the two together, ``"machine"`` for every
-    process on the machine (the busy share of all CPUs times the CPU count, so
-    100 is one core and the maximum is 200 on 2 cores), and
-    ``("processes", "children")``, the live descendants. ``children=False``
-    skips the scan and the children rows. The first call sets the baseline and
-    returns no percent rows. A child counts from the first call that sees it, so
-    one living less than a tick is missed, as is a child's CPU since the last
-    call when it exits. Children that vanish or deny access are dropped. The span
-    comes from the probe's own clock, not ``dt_s``, to match its CPU readings.
+    Rows ``("cpu_percent", stage)``: ``"main"`` (this process), ``"children"`` (every descendant,
+    each against its own time stamp: ``cpu_rates``), ``"total"``, ``"machine"`` (every process
+    here; 100 x cores at most); and ``("processes", "children")``. ``children=False`` skips the
+    scan. The first call sets the baseline. A child counts from the first call that sees it (one
+    living less than a tick is missed); one that vanishes or denies access is dropped.
     """
 
     def __init__(self, children: bool = True) -> None:
@@ -245,8 +216,6 @@ class CpuProbe:
             return CpuTotals(self._main_s, self._children_s, time.monotonic() - self._t0)
 
     def __call__(self, dt_s: float) -> list[Row]:
-        # Each process is read against its own time stamp (cpu_rates): one stamp for
-        # a slow scan of many processes made totals read above what the machine has.
         with self._lock:
             count = self._refresh()  # the run's totals, and the live children
             main = self._rates.percent("main", self._me)
@@ -282,7 +251,7 @@ class CpuProbe:
             return 0
         try:
             found = self._me.children(recursive=True)
-        except _PSUTIL_GONE:
+        except GONE:
             return len(self._kids)
         kids: dict[int, tuple[psutil.Process, float]] = {}
         for proc in found:

@@ -13,11 +13,8 @@ Key = tuple[str, str]  # (series, stage)
 
 
 class Ring:
-    """Keeps the last ``capacity`` ticks; each tick is a time and values by key.
-
-    Columns appear when a key is first seen (earlier ticks read NaN), so new
-    sources can join a running sampler.
-    """
+    """Keeps the last ``capacity`` ticks, a time and values by key each; a new key's column reads
+    NaN for earlier ticks, so sources can join a running sampler."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 2:
@@ -65,11 +62,8 @@ class Ring:
         return self._count
 
     def since(self, cursor: int) -> tuple[int, np.ndarray, dict[Key, np.ndarray]]:
-        """The ticks appended after ``cursor`` (those still held), and the new cursor.
-
-        A live reader keeps the cursor and asks again: each tick comes once,
-        and a reader that fell more than ``capacity`` ticks behind skips ahead.
-        """
+        """The ticks appended after ``cursor`` (those still held), and the new cursor: each tick
+        comes once; a reader more than ``capacity`` ticks behind skips ahead."""
         with self._lock:
             first = max(cursor, self._count - len(self))
             index = np.arange(first, self._count) % self.capacity

@@ -1,8 +1,7 @@
-"""The sampler: one thread that reads every meter ~10 times a second.
+"""The sampler: one thread that reads every source ~10 times a second into a bounded ring.
 
-It turns counters into rates and appends one tick of rows to a bounded ring;
-``frames()`` and the live dashboard read only that ring. Sources are callables
-returning rows, so probes (CPU, GIL, the training step) join the same ring.
+Sources (meters, probes, the training step) are callables returning rows; ``frames()`` and the
+live dashboard read only the ring.
 """
 
 from __future__ import annotations
@@ -18,15 +17,13 @@ from .bounds import bounded
 from .frames import Row, to_frame
 from .ring import Ring
 
-__all__ = ["Sampler", "DEFAULT_HZ", "DEFAULT_TICKS"]
+__all__ = ["DEFAULT_HZ", "DEFAULT_TICKS", "Sampler"]
 
 DEFAULT_HZ = 10.0
-#: Ticks kept: ten minutes at 10 Hz. Older ticks are dropped, so memory is
-#: fixed however long a session runs.
+#: Ticks kept (ten minutes at 10 Hz): memory stays fixed however long a session runs.
 DEFAULT_TICKS = 6000
 
-#: A source is called once per tick with the seconds since the previous tick
-#: and returns rows (series, stage, value).
+#: Called once per tick with the seconds since the previous one; returns (series, stage, value) rows.
 Source = Callable[[float], list[Row]]
 
 

@@ -14,15 +14,10 @@ __all__ = ["StageStats", "QueueStats", "Snapshot"]
 
 @dataclass(frozen=True)
 class StageStats:
-    """One stage's figures.
-
-    ``qps`` is tasks per second over about the last second while the run is
-    live, and over the whole run once it has ended (``qps_avg`` is always the
-    whole-run figure). Task times exclude time spent waiting for a worker.
-    ``queue_depth``/``queue_capacity`` describe the stage's *input*: a full
-    input queue means this stage is the slower side; for a batch stage it is
-    the partial batch being filled.
-    """
+    """One stage's figures. ``qps`` is over about the last second while the run is live, over the
+    whole run once it ended (``qps_avg`` always the whole run). Task times exclude waits. The
+    queue is the stage's *input* (full: this stage is the slower side; a batch stage's: the
+    partial batch)."""
 
     name: str
     kind: str
@@ -51,13 +46,8 @@ class QueueStats:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a Loader (or Session) has done so far.
-
-    ``stages`` is keyed by stage name in pipeline order; ``source`` and
-    ``queues`` (keyed by ``"producer→consumer"``) are kept apart so that
-    ``stages`` has exactly the pipeline's stages. A Session's snapshot also
-    carries the training step's figures in ``step``.
-    """
+    """What a Loader (or Session) has done so far: ``stages`` by name in pipeline order, exactly
+    the pipeline's; ``source`` and ``queues`` (by ``"producer→consumer"``) apart."""
 
     runner: str
     running: bool
@@ -66,7 +56,7 @@ class Snapshot:
     stages: Mapping[str, StageStats]
     source: StageStats | None = None
     queues: Mapping[str, QueueStats] = field(default_factory=dict)
-    #: the training step's figures (a StepClock summary) for a Session's snapshot
+    #: the training step's figures (a StepClock summary) in a Session's snapshot
     step: Any = None
 
     def table(self) -> pd.DataFrame:

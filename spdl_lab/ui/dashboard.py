@@ -25,24 +25,18 @@ from .live_plots import DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 __all__ = ["Dashboard"]
 
-#: Plot pushes per second. Each push is three comm messages (jupyter_bokeh sends
-#: a patch as header, metadata and content), and under the thread runner each
-#: message takes the GIL from the training loop a few times (the publisher's
-#: send, the IOPub thread's wake-up): twice a second keeps a 2 s moving average
-#: moving smoothly at half the cost of four.
+#: Plot pushes per second: each push is comm messages that take the GIL from the training loop,
+#: and twice a second keeps a 2 s moving average moving smoothly.
 DEFAULT_HZ = 2.0
 #: The stage table averages over this many seconds (the verdict over its own window).
 TABLE_WINDOW_S = 2.0
-#: The header, stage table and verdict are rewritten at most this often by the
-#: publisher (and at once when the session's state changes). Each rewrite is a
-#: comm message, and under the thread runner every message is GIL time taken
-#: from the training thread: text that changes every second needs no more.
+#: The header, stage table and verdict are rewritten at most this often (and when the session's
+#: state changes): each rewrite is a comm message, GIL time taken from the training thread.
 TEXT_EVERY_S = 1.0
 #: The "auto" toggle's budget (seconds), and how many of its latest moves are shown.
 AUTO_BUDGET_S = 60.0
 AUTO_LOG_LINES = 8
-#: Plots wait this long for the runner to name its queues (a child process
-#: needs a second or two) before they are drawn without them.
+#: Plots wait this long for the runner to name its queues (a child process takes a while).
 QUEUE_WAIT_S = 10.0
 
 
@@ -187,9 +181,8 @@ class Dashboard(widgets.VBox):
         self._cursor = chunk.cursor
         self._window.add(chunk)
         queues = [stage for series, stage in chunk.columns if series == "queue_depth"]
-        # A runner names its queues in its first tick, which for a child process
-        # comes a second or two in: the plots are drawn once they are known (or
-        # after QUEUE_WAIT_S), and drawn again, with the whole history, if new ones appear.
+        # Drawn once the runner names its queues (or after QUEUE_WAIT_S), and drawn again, with
+        # the whole history, if new ones appear.
         early = self.plots is None and not queues and self._stages and session.running
         if early and session.elapsed_s < QUEUE_WAIT_S:
             _set(self.message, "waiting for the runner's first sample…")
@@ -219,8 +212,7 @@ class Dashboard(widgets.VBox):
         _set(self.verdict, f"<b>verdict:</b> {html.escape(verdict.text)}")
         self.last_verdict = verdict
         if session.error is not None:
-            _set(self.message, f"<span style='color:#b00'>the session failed: "
-                               f"{html.escape(type(session.error).__name__)}: {html.escape(str(session.error))}</span>")
+            _error(self.message, f"the session failed: {type(session.error).__name__}: {session.error}")
 
     def _draw(self, queues: list[str], history: Any) -> None:
         self.plots = LivePlots(self._stages, queues, rollover=self.rollover)
@@ -288,7 +280,7 @@ class Dashboard(widgets.VBox):
             try:
                 self.session.set_concurrency(stage, n)
             except (PipelineSpecError, SpdlLabError) as exc:
-                _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
+                _error(self.message, str(exc))
                 return
             self._applied[stage] = n
 
@@ -300,7 +292,7 @@ class Dashboard(widgets.VBox):
                 try:
                     self.autotuner = self.session.autotune(budget_s=self.auto_budget_s, on_log=self._on_auto_log)
                 except (PipelineSpecError, SpdlLabError) as exc:
-                    _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
+                    _error(self.message, str(exc))
                     self._set_auto(False)
         elif self.autotuner is not None:
             self.autotuner.stop()
@@ -360,7 +352,7 @@ class Dashboard(widgets.VBox):
         try:
             session = make()
         except (PipelineSpecError, SpdlLabError) as exc:
-            _set(self.message, f"<span style='color:#b00'>{html.escape(str(exc))}</span>")
+            _error(self.message, str(exc))
             return
         _set(self.message, "")
         self._attach(session)
@@ -395,6 +387,10 @@ class _BokehView(BokehModel):
 def _set(widget: widgets.HTML, value: str) -> None:
     if widget.value != value:  # unchanged values would still cost a comm message
         widget.value = value
+
+
+def _error(widget: widgets.HTML, text: str) -> None:
+    _set(widget, f"<span style='color:#b00'>{html.escape(text)}</span>")
 
 
 def _num(value: float, fmt: str) -> str:

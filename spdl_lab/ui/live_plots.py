@@ -1,15 +1,9 @@
 """The dashboard's Bokeh plots, fed from frame chunks through one ColumnDataSource.
 
-Every series shares the sampler's tick times, so one source with a column per
-(series, stage) carries them all: each publish is one ``stream`` event, one
-patch message to the browser, however many lines are drawn.
-
-Readable over hours: rates, CPU and waits are drawn as an exponential moving
-average over SMOOTH_S seconds (said in each title; ``frames()`` keeps the raw
-per-tick values), every stage has one colour in every plot (its queue in is
-drawn in its colour), legends sit beside the plots, every line has a tooltip,
-every axis a label, and ``set_window`` shows the last 1, 5 or 30 minutes
-(wheel and box zoom too; reset returns to the whole window).
+Every series shares the sampler's tick times, so one source with a column per (series, stage)
+carries them all: a publish is one patch message, however many lines are drawn. Rates, CPU and
+waits are drawn smoothed over SMOOTH_S (``frames()`` keeps the raw values); a stage has one
+colour in every plot, its input queue too; ``set_window`` shows the last 1, 5 or 30 minutes.
 """
 
 from __future__ import annotations
@@ -30,10 +24,8 @@ __all__ = ["DRAW_EVERY_S", "SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name
 
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
 SOURCE_NAME = "spdl_lab_frames"
-#: Points kept in the plots: thirty minutes (the longest window) at one point per
-#: DRAW_EVERY_S. The sampler's ticks are drawn one point per bin, the last tick of the
-#: bin (rates are drawn smoothed anyway): the browser redraws a quarter as many points,
-#: and each publish sends one row, not every tick.
+#: One point drawn per DRAW_EVERY_S bin of ticks (its last; rates are smoothed anyway): fewer
+#: points to redraw and send. The plots keep thirty minutes, the longest window.
 DRAW_EVERY_S = 0.25
 DEFAULT_ROLLOVER = int(1800 / DRAW_EVERY_S)
 #: The time windows the dashboard offers, in seconds.
@@ -106,23 +98,15 @@ class LivePlots:
         self.window_s = rollover * DRAW_EVERY_S
 
     def set_window(self, seconds: float) -> None:
-        """Show the last ``seconds`` of every plot: the source keeps that many points.
-
-        Done in the data, not with a following x range: a range that follows is moved
-        by the browser on every redraw and each move is synced back to the kernel, a
-        stream of comm messages the kernel's main thread must handle (it starved the
-        kernel's own requests). A longer window fills as the run goes on, or at once
-        when the dashboard redraws from the session's history.
-        """
+        """Show the last ``seconds`` of every plot: the source keeps that many points. (Not a
+        following x range: the browser syncs each of its moves back, a stream of comm messages
+        that starved the kernel's own requests.)"""
         self.rollover = max(1, int(round(float(seconds) / DRAW_EVERY_S)))
         self.window_s = float(seconds)
 
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
-        """The new data for ``source.stream`` from a chunk; None when it has no ticks.
-
-        Lists, not arrays: Bokeh sends each array as its own binary buffer, two
-        comm messages per column per update, while lists travel in one message.
-        """
+        """The new data for ``source.stream`` from a chunk; None when it has no ticks. Lists, not
+        arrays: Bokeh sends each array as buffers of its own, lists in one message."""
         n = len(chunk)
         if not n:
             return None

@@ -100,8 +100,7 @@ def duration_s(frames: pd.DataFrame) -> float:
 def run_text(meta: dict[str, str], frames: pd.DataFrame) -> str:
     """The run for a terminal: who and in what state, the median batches/s, the summary table."""
     rate = frames.loc[(frames["series"] == "batches_per_s") & (frames["stage"] == "step"), "value"]
-    lines = [f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}): "
-             f"{meta.get('state', '?')}, {duration_s(frames):.1f} s recorded",
+    lines = [_who(meta, frames),
              f"training: {rate.median():,.3g} batches/s (median over {len(rate)} ticks)" if len(rate)
              else "training: no batches/s in the record (no training step was timed)"]
     summary = run_summary(frames)
@@ -120,10 +119,14 @@ def _facts(meta: dict[str, str], frames: pd.DataFrame) -> str:
     return pd.DataFrame(facts, columns=["run", ""]).to_html(index=False, escape=True)
 
 
+def _who(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    return (f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}, started "
+            f"{meta.get('started', '?')}): state {meta.get('state', '?')}, {duration_s(frames):.1f} s recorded")
+
+
 def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
     state = meta.get("state", "?")
-    parts = [f"{meta.get('name', '?')}: pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}, "
-             f"started {meta.get('started', '?')}, state {state}; {duration_s(frames):.1f} s recorded."]
+    parts = [_who(meta, frames) + "."]
     if state == "killed":
         parts.append("The script was killed: the record holds what was written before, up to its "
                      "last flush (at most 2 s before the end).")

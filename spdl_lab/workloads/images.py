@@ -1,14 +1,8 @@
 """The image workload: JPEG files made on this machine, decoded and augmented as training does.
 
-``images()`` returns ``(pipeline, step)``: list files -> read bytes (file I/O) -> decode
-(PIL, or torchvision's ``decode_jpeg`` where a torchvision built for the installed torch
-loads) -> random-resized-crop + horizontal flip -> float tensor, normalized -> batch ->
-stack. ``image_dataloader()`` is the same work as a user writes it: a map-style Dataset
-and a torch DataLoader. The step is a small real model (three convolutions and a linear
-layer, forward, backward and SGD on CPU), or a ``SimulatedDevice`` when asked for.
-
-The files are photo-like (smooth colour fields, shapes, sensor noise; 256-512 px a side,
-about 20-80 KB at quality 90), written once into a cache folder and reused.
+Photo-like files (colour fields, shapes, sensor noise) are written once into a cache folder;
+``images()`` reads, decodes (PIL or torchvision), crops, flips and normalizes them;
+``image_dataloader()`` does the same as a map-style Dataset in a torch DataLoader.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..training import SimulatedDevice
 from ._cache import cache_dir, write_atomically
-from ._steps import ModelStep, seeded, step_for
+from ._steps import ModelStep, check_ints, dataloader, seeded, step_for
 
 __all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
 
@@ -198,8 +192,7 @@ def images(
     ``SimulatedDevice`` for a simulated GPU.
     """
     size = _check(n, size, crop, batch_size)
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise PipelineSpecError(f"images: epochs must be an int >= 1, got {epochs!r}")
+    check_ints("images", epochs=(epochs, 1))
     decode = _decoder(decoder)
     folder = image_files(n, size, root)
     threads = {"read": 4, "decode": 2, "augment": 2, "normalize": 2, **(concurrency or {})}
@@ -242,14 +235,9 @@ class ImageFolder:
 def image_dataloader(n: int = 256, batch_size: int = 16, num_workers: int = 2, *,
                      size: tuple[int, int] | int = (256, 512), root: str | os.PathLike | None = None,
                      decoder: str = "pil", crop: int = 224, **dataloader_options: Any) -> Any:
-    """The image workload as a plain ``torch.utils.data.DataLoader`` over ``ImageFolder``,
-    for ``lab.run(dl, step=...)`` and ``lab.from_dataloader(dl)``; other keyword arguments
-    go to the DataLoader (``shuffle``, ``prefetch_factor``, ...)."""
-    from torch.utils.data import DataLoader
-
-    dataset = ImageFolder(n, size, root, decoder, crop)
-    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True,
-                      **dataloader_options)
+    """The image workload as a plain DataLoader over ``ImageFolder``, for ``lab.run(dl, step=...)``
+    and ``lab.from_dataloader(dl)``; other keyword arguments go to the DataLoader."""
+    return dataloader(ImageFolder(n, size, root, decoder, crop), batch_size, num_workers, dataloader_options)
 
 
 class ImageModelStep(ModelStep):
@@ -280,9 +268,7 @@ def image_step(device: SimulatedDevice | str | None = None) -> Any:
 
 
 def _check(n: Any, size: Any, crop: Any, batch_size: Any) -> tuple[int, int]:
-    for name, value in (("n", n), ("crop", crop), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PipelineSpecError(f"images: {name} must be an int >= 1, got {value!r}")
+    check_ints("images", n=(n, 1), crop=(crop, 1), batch_size=(batch_size, 1))
     lo, hi = (size, size) if isinstance(size, int) and not isinstance(size, bool) else tuple(size)
     if not (isinstance(lo, int) and isinstance(hi, int) and 16 <= lo <= hi <= 4096):
         raise PipelineSpecError(f"images: size must be an int or a (lo, hi) pair of px between 16 "

@@ -1,7 +1,6 @@
 """Synthetic workloads that reproduce the field notes, small enough for CI and notebooks.
 
-Functions are module-level so every runner (threads, a child process,
-DataLoader workers) can import them by reference.
+Functions are module-level so every runner imports them by reference.
 """
 
 from __future__ import annotations
@@ -15,16 +14,8 @@ import numpy as np
 from ..pipeline import Pipeline
 from ..training import SimulatedDevice
 
-__all__ = [
-    "ipc_overhead",
-    "fetch_array",
-    "collate_list",
-    "noisy_neighbour",
-    "read_sample",
-    "decode_sample",
-    "augment",
-    "collate_stack",
-]
+__all__ = ["augment", "collate_list", "collate_stack", "decode_sample", "fetch_array", "ipc_overhead",
+           "noisy_neighbour", "read_sample"]
 
 
 def fetch_array(index: int, *, shape: tuple[int, ...], fetch_s: float) -> np.ndarray:
@@ -46,12 +37,9 @@ def ipc_overhead(
     batch_size: int = 128,
     concurrency: int = 16,
 ) -> Pipeline:
-    """The seed question's loader: ``items`` arrays of ``shape`` (float64), each after a
-    ``fetch_s`` wait, in batches of ``batch_size`` collated into plain lists.
-
-    With the defaults a batch is 128 x 1.2 MB = 154 MB: moving it between
-    processes is what makes more ``num_workers`` stop helping.
-    """
+    """The seed question's loader: ``items`` float64 arrays of ``shape``, each after a ``fetch_s``
+    wait, in batches collated into plain lists: big batches (154 MB by default) whose moves
+    between processes make more ``num_workers`` stop helping."""
     fetch = partial(fetch_array, shape=tuple(shape), fetch_s=fetch_s)
     return (
         Pipeline(range(items))
@@ -83,23 +71,20 @@ def decode_iterations_per_us() -> float:
     if not _ITERATIONS_PER_US:
         n = 200_000
         _checksum(0, n)
-        best = min(_cpu_ns(lambda: _checksum(0, n)) for _ in range(5))
+        best = min(_cpu_ns(n) for _ in range(5))
         _ITERATIONS_PER_US.append(n / (best / 1000))
     return _ITERATIONS_PER_US[0]
 
 
-def _cpu_ns(fn) -> int:
+def _cpu_ns(iterations: int) -> int:
     t0 = time.thread_time_ns()
-    fn()
+    _checksum(0, iterations)
     return time.thread_time_ns() - t0
 
 
 def decode_sample(index: int, *, decode_iterations: int, shape: tuple[int, ...]) -> np.ndarray:
-    """Decode in Python, holding the GIL, as pure-Python decoders and parsers do.
-
-    The loop does a fixed amount of bytecode work (a checksum over the
-    "compressed" stream), then the pixels come out as a uint8 array.
-    """
+    """Decode in Python, holding the GIL as pure-Python decoders do: a fixed amount of bytecode
+    work (a checksum over the "compressed" stream), then the pixels as a uint8 array."""
     state = _checksum(index, decode_iterations)
     return np.random.default_rng(state).integers(0, 256, size=shape, dtype=np.uint8)
 
@@ -130,17 +115,10 @@ def noisy_neighbour(
 ) -> tuple[Pipeline, SimulatedDevice]:
     """The parallelism study on a CPU-only machine: a (pipeline, step) pair.
 
-    The pipeline reads (I/O wait), decodes in Python (holding the GIL for
-    ``decode_us`` of CPU per item), augments with numpy and stacks batches of
-    ``batch_size`` float32 images. The step is a SimulatedDevice: a
-    launch-bound GPU stream whose launches need the GIL (defaults: 200
-    kernels of 400 us, 340 us of CPU to launch each, an ~80 ms step).
-
-    Under ``thread`` the decoders take the GIL from the training thread, the
-    launches come late and the simulated GPU idles; under
-    ``subprocess-threads`` they run in another interpreter; under ``process``
-    DataLoader workers compete for the CPU cores and batches are pickled
-    through pipes; ``cache`` is the step alone.
+    The pipeline reads (I/O wait), decodes in Python (``decode_us`` of CPU per item, GIL held),
+    augments with numpy and stacks batches. The step is a SimulatedDevice whose kernel launches
+    need the GIL: under ``thread`` the decoders take it from the training thread and the
+    simulated GPU idles; ``subprocess-threads`` moves them to another interpreter.
     """
     iterations = round(decode_us * decode_iterations_per_us())
     pipeline = (

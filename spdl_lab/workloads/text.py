@@ -1,19 +1,8 @@
 """The text workload: generated documents, tokenized by a real tokenizer, padded, batched.
 
-``text()`` returns ``(pipeline, step)``: documents (a corpus of made-up words with a
-Zipf distribution, written once into a cache folder) -> tokenize -> pad/truncate ->
-batch -> stack. Two tokenizers with the same vocabulary and the same output:
-
-* ``"rust"``: Hugging Face ``tokenizers`` (Rust), a WordPiece model trained at first use
-  on the corpus and cached as ``tokenizer-VOCAB.json``;
-* ``"python"``: the same WordPiece algorithm (BERT's pre-tokenizer, greedy longest match
-  first, ``##`` continuations) in pure Python over that vocabulary.
-
-They differ in how they hold the GIL, which is what the lab shows with them -- and
-measured, not assumed: the Rust tokenizer's per-document ``encode`` holds the GIL as
-much as the Python loop does (it converts its input and builds its ``Encoding`` under
-it), while ``encode_batch`` releases it for the whole batch. ``"rust-batch"`` tokenizes
-after batching, with ``encode_batch``, for that reason.
+Two tokenizers give the same ids: Hugging Face ``tokenizers`` (Rust; a WordPiece model trained
+at first use) and the same WordPiece in pure Python. Both hold the GIL per document (measured:
+docs/measurements.md); ``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..training import SimulatedDevice
 from ._cache import cache_dir, write_atomically
-from ._steps import ModelStep, seeded, step_for
+from ._steps import ModelStep, check_ints, dataloader, seeded, step_for
 
 __all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
 
@@ -297,21 +286,16 @@ class DocumentTokens:
 def text_dataloader(n: int = 2_048, batch_size: int = 32, num_workers: int = 2, *, tokenizer: str = "rust",
                     root: str | os.PathLike | None = None, vocab_size: int = 8_000, max_length: int = 256,
                     **dataloader_options: Any) -> Any:
-    """The text workload as a plain ``torch.utils.data.DataLoader`` over ``DocumentTokens``
-    (its default collate stacks the ids and masks into int64 tensors)."""
-    from torch.utils.data import DataLoader
-
+    """The text workload as a plain DataLoader over ``DocumentTokens`` (its default collate
+    stacks the ids and masks into int64 tensors); other keyword arguments go to the DataLoader."""
     dataset = DocumentTokens(n, tokenizer, root, vocab_size, max_length)
-    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True,
-                      **dataloader_options)
+    return dataloader(dataset, batch_size, num_workers, dataloader_options)
 
 
 def _check_text(n: Any, tokenizer: Any, vocab_size: Any, max_length: Any, batch_size: Any,
                 concurrency: Any) -> None:
-    for name, value, low in (("n", n, 1), ("vocab_size", vocab_size, 100), ("max_length", max_length, 1),
-                             ("batch_size", batch_size, 1), ("concurrency", concurrency, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise PipelineSpecError(f"text: {name} must be an int >= {low}, got {value!r}")
+    check_ints("text", n=(n, 1), vocab_size=(vocab_size, 100), max_length=(max_length, 1),
+               batch_size=(batch_size, 1), concurrency=(concurrency, 1))
     if tokenizer not in TOKENIZERS:
         raise PipelineSpecError(f"text: tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
 
