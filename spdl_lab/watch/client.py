@@ -11,9 +11,11 @@ from ..errors import SpdlLabError
 from .protocol import (
     MAX_REPLY_BYTES,
     MAX_REQUEST_BYTES,
+    Failure,
     MessageTimeout,
     PeerClosed,
     ProtocolError,
+    read_reply,
     recv_message,
     send_message,
 )
@@ -56,20 +58,20 @@ class EndpointClient:
         return sock
 
     def request(self, op: str, **fields: Any) -> dict:
-        """Send ``{"op": op, **fields}`` and return the reply (which has ``"ok": True``)."""
-        message = {"op": op, **fields}
+        """Send ``{"op": op, **fields}`` and return the reply, checked (it has ``"ok": True``)."""
         with self._lock:
             sock = self._sock or self._connect()
             try:
                 try:
-                    send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
+                    send_message(sock, {"op": op, **fields}, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
                 except ConnectionError:
                     # The endpoint may have closed after saying why (too many viewers):
                     # that reply is still ours to read.
-                    reply = recv_message(sock, MAX_REPLY_BYTES, min(self.timeout, 1.0))
+                    message = recv_message(sock, MAX_REPLY_BYTES, min(self.timeout, 1.0))
                     self._drop()
                 else:
-                    reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
+                    message = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
+                reply = read_reply(op, message)
             except MessageTimeout:
                 self._drop()  # a late reply would be read as the next one's
                 raise SpdlLabError(
@@ -85,10 +87,9 @@ class EndpointClient:
             except OSError as exc:
                 self._drop()
                 raise SpdlLabError(f"talking to {self.socket_path} failed: {exc}") from None
-        if reply.get("ok") is not True:
-            error = reply.get("error")
-            raise SpdlLabError(error if isinstance(error, str) else f"{op!r} failed: {reply!r}")
-        return reply
+        if isinstance(reply, Failure):
+            raise SpdlLabError(reply.error)
+        return message
 
     def _drop(self) -> None:
         if self._sock is not None:

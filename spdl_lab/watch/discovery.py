@@ -8,19 +8,20 @@ of this user's with mode 0700. ``list_endpoints`` reads the files strictly
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import psutil
+from pydantic import BaseModel, ConfigDict, Field
 
+from .. import _json
 from ..errors import SpdlLabError
 
-__all__ = ["VERSION", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
+__all__ = ["VERSION", "Discovery", "list_endpoints", "pid_alive", "runtime_dir", "safe_name", "write_discovery"]
 
 VERSION = 1
 
@@ -77,19 +78,23 @@ def pid_alive(pid: int | str) -> bool:
         return False
 
 
-_DISCOVERY_TYPES = {
-    "name": (str,),
-    "pid": (int,),
-    "started": (str,),
-    "socket": (str,),
-    "record": (str, type(None)),
-    "runner": (str, type(None)),
-    "version": (int,),
-}
+class Discovery(BaseModel):
+    """A discovery file: exactly these fields, of exactly these types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str
+    pid: int = Field(gt=0)
+    started: str
+    socket: str
+    record: str | None
+    runner: str | None
+    version: Literal[VERSION] = VERSION
 
 
-def _refuse_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
+def write_discovery(path: Path, info: Discovery) -> None:
+    """Write ``info`` to ``path`` atomically: a viewer never reads half a file."""
+    _json.dump_file(info.model_dump(), path, compact=True)
 
 
 def _read_discovery(path: Path) -> dict | None:
@@ -97,17 +102,9 @@ def _read_discovery(path: Path) -> dict | None:
     try:
         if path.stat().st_size > 64 * 1024:
             return None
-        info = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, ValueError, RecursionError):
+        return Discovery.model_validate(_json.loads(path.read_bytes())).model_dump()
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
-    if not isinstance(info, dict) or set(info) != set(_DISCOVERY_TYPES):
-        return None
-    for key, types in _DISCOVERY_TYPES.items():
-        if isinstance(info[key], bool) or not isinstance(info[key], types):
-            return None
-    if info["version"] != VERSION or info["pid"] <= 0:
-        return None
-    return info
 
 
 def list_endpoints() -> list[dict]:

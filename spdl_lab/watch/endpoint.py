@@ -10,8 +10,8 @@ Rules, so that a viewer can never hurt training:
   they must be thread-safe and quick (read a ring, set a value).
 - Every wait has a timeout: a message, once its first byte arrived, must be complete
   within ``request_timeout`` seconds, or the viewer is dropped.
-- Bad requests (unknown op, wrong fields) get ``{"ok": false, "error": ...}`` and
-  the connection stays usable; broken framing closes that connection. Both are
+- Requests the models of ``protocol`` refuse (unknown op, wrong fields) get a ``Failure``
+  reply and the connection stays usable; broken framing closes that connection. Both are
   counted in ``rejected``, as are viewers refused over ``max_viewers``.
 - ``close()`` (also run at exit) stops the threads and removes both files.
 """
@@ -21,28 +21,41 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import json
 import os
 import selectors
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from .. import _json
 from ..errors import SpdlLabError
 from ..telemetry.frames import FrameChunk
-from .discovery import VERSION, runtime_dir, safe_name
+from .discovery import VERSION, Discovery, runtime_dir, safe_name, write_discovery
 from .protocol import (
     MAX_REPLY_BYTES,
     MAX_REQUEST_BYTES,
+    Chunk,
+    Controls,
+    ControlsReply,
+    Failure,
+    FramesReply,
+    FramesSince,
+    Hello,
+    HelloReply,
     MessageTimeout,
     PeerClosed,
     ProtocolError,
-    chunk_to_json,
+    Reply,
+    Request,
+    SetConcurrency,
+    State,
+    StateReply,
+    Stats,
+    StatsReply,
+    read_request,
     recv_message,
     send_message,
 )
@@ -50,7 +63,6 @@ from .protocol import (
 __all__ = ["Endpoint", "Handlers"]
 
 THREAD_NAME = "spdl_lab:endpoint"
-MAX_CONCURRENCY = 1024
 # sun_path is 108 bytes on Linux and 104 on macOS; stay clear of both.
 _MAX_SOCKET_PATH = 99
 _CLOSE_WAIT_S = 4.0
@@ -70,29 +82,6 @@ class Handlers:
     state: Callable[[], str]
     set_concurrency: Callable[[str, int], None]
     controls: Callable[[], dict[str, int]]
-
-
-class _BadRequest(Exception):
-    """A request that parsed but does not say something we can do."""
-
-
-def _int_field(request: dict, key: str, low: int, high: int | None, what: str) -> int:
-    value = request.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _BadRequest(f"{key!r} must be an integer ({what}), not {value!r}")
-    if value < low or (high is not None and value > high):
-        raise _BadRequest(f"{key!r} is {value}; send {what}")
-    return value
-
-
-_FIELDS = {
-    "hello": set(),
-    "frames_since": {"cursor"},
-    "stats": set(),
-    "state": set(),
-    "controls": set(),
-    "set_concurrency": {"stage", "n"},
-}
 
 
 class Endpoint:
@@ -127,7 +116,9 @@ class Endpoint:
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
         try:
-            self._write_discovery()
+            write_discovery(self.discovery_path, Discovery(
+                name=name, pid=self.pid, started=self.started, socket=str(self.socket_path),
+                record=record, runner=runner))
         except BaseException:
             self._listener.close()
             self.socket_path.unlink(missing_ok=True)
@@ -182,26 +173,6 @@ class Endpoint:
         finally:
             probe.close()
 
-    def _write_discovery(self) -> None:
-        info = {
-            "name": self.name,
-            "pid": self.pid,
-            "started": self.started,
-            "socket": str(self.socket_path),
-            "record": self.record,
-            "runner": self.runner,
-            "version": VERSION,
-        }
-        fd, tmp = tempfile.mkstemp(dir=self.discovery_path.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(info, f)
-            os.replace(tmp, self.discovery_path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
     # -- counters ---------------------------------------------------------------------
 
     @property
@@ -249,9 +220,9 @@ class Endpoint:
         if full:
             self._count("_rejected")
             with contextlib.suppress(OSError, ProtocolError):
-                send_message(conn, {"ok": False, "error": (
+                send_message(conn, Failure(error=(
                     f"the published run {self.name!r} already has {self.max_viewers} viewers; "
-                    "close another viewer and attach again")}, timeout=1.0)
+                    "close another viewer and attach again")), timeout=1.0)
             conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -262,7 +233,7 @@ class Endpoint:
                 if not selector.select(_POLL_S):
                     continue
                 try:
-                    request = recv_message(conn, MAX_REQUEST_BYTES, self.request_timeout)
+                    message = recv_message(conn, MAX_REQUEST_BYTES, self.request_timeout)
                 except PeerClosed:
                     return
                 except ProtocolError as exc:
@@ -270,16 +241,15 @@ class Endpoint:
                         return
                     self._count("_rejected")
                     with contextlib.suppress(OSError, ProtocolError):
-                        send_message(conn, {"ok": False, "error": f"{exc}; closing the connection"},
-                                     timeout=1.0)
+                        send_message(conn, Failure(error=f"{exc}; closing the connection"), timeout=1.0)
                     return
-                reply = self._answer(request)
+                reply = self._answer(message)
                 try:
                     send_message(conn, reply, timeout=self.request_timeout, limit=MAX_REPLY_BYTES)
                 except ProtocolError as exc:
                     if isinstance(exc, MessageTimeout):
                         return  # the viewer stopped reading: drop it
-                    send_message(conn, self._failure(request, exc), timeout=self.request_timeout)
+                    send_message(conn, self._failure(exc), timeout=self.request_timeout)
         except (OSError, ProtocolError):
             return
         finally:
@@ -288,68 +258,38 @@ class Endpoint:
                 self._viewers.pop(conn, None)
             conn.close()
 
-    def _failure(self, request: dict, exc: BaseException) -> dict:
+    def _failure(self, exc: BaseException) -> Failure:
         self._count("_handler_errors")
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return Failure(error=f"{type(exc).__name__}: {exc}")
 
-    def _answer(self, request: dict) -> dict:
+    def _answer(self, message: dict) -> Reply | Failure:
         try:
-            op, fields = self._check(request)
-        except _BadRequest as exc:
+            request = read_request(message)
+        except ProtocolError as exc:  # a bad request: answered, and the connection stays
             self._count("_rejected")
-            return {"ok": False, "error": str(exc)}
+            return Failure(error=str(exc))
         try:
-            return {"ok": True, **self._call(op, fields)}
+            return self._call(request)
         except Exception as exc:  # a handler's failure is the viewer's answer, not ours
-            return self._failure(request, exc)
+            return self._failure(exc)
 
-    def _check(self, request: dict) -> tuple[str, dict]:
-        op = request.get("op")
-        if not isinstance(op, str) or op not in _FIELDS:
-            raise _BadRequest(
-                f"unknown op {op!r}; send one of {sorted(_FIELDS)} as "
-                '{"op": "...", ...fields}'
-            )
-        expected = _FIELDS[op]
-        given = set(request) - {"op"}
-        if given != expected:
-            missing, extra = sorted(expected - given), sorted(given - expected)
-            raise _BadRequest(
-                f"op {op!r} takes the fields {sorted(expected)}; "
-                + (f"missing {missing}" if missing else "")
-                + ("; " if missing and extra else "")
-                + (f"unexpected {extra}" if extra else "")
-            )
-        fields: dict[str, Any] = {}
-        if op == "frames_since":
-            fields["cursor"] = _int_field(request, "cursor", 0, None, "a cursor >= 0")
-        elif op == "set_concurrency":
-            stage = request["stage"]
-            if not isinstance(stage, str) or not stage:
-                raise _BadRequest(f"'stage' must be a stage name (a non-empty string), not {stage!r}")
-            fields["stage"] = stage
-            fields["n"] = _int_field(request, "n", 1, MAX_CONCURRENCY,
-                                     f"a concurrency from 1 to {MAX_CONCURRENCY}")
-        return op, fields
-
-    def _call(self, op: str, fields: dict) -> dict:
+    def _call(self, request: Request) -> Reply:
         handlers = self.handlers
-        if op == "hello":
-            return {"name": self.name, "pid": self.pid, "runner": self.runner,
-                    "version": VERSION}
-        if op == "frames_since":
-            chunk = handlers.frames_since(fields["cursor"])
-            if not isinstance(chunk, FrameChunk):
-                raise TypeError(f"frames_since returned a {type(chunk).__name__}, not a FrameChunk")
-            return {"chunk": chunk_to_json(chunk)}
-        if op == "stats":
-            return {"stats": handlers.stats()}
-        if op == "state":
-            return {"state": str(handlers.state())}
-        if op == "controls":
-            return {"controls": {str(k): int(v) for k, v in handlers.controls().items()}}
-        handlers.set_concurrency(fields["stage"], fields["n"])
-        return {}
+        match request:
+            case Hello():
+                return HelloReply(name=self.name, pid=self.pid, runner=self.runner, version=VERSION)
+            case FramesSince(cursor=cursor):
+                return FramesReply(chunk=Chunk.of(handlers.frames_since(cursor)))
+            case Stats():
+                return StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
+            case State():
+                return StateReply(state=str(handlers.state()))
+            case Controls():
+                return ControlsReply(controls={str(k): int(v) for k, v in handlers.controls().items()})
+            case SetConcurrency(stage=stage, n=n):
+                handlers.set_concurrency(stage, n)
+                return Reply()
+        raise AssertionError(f"no handler for {request!r}")
 
     # -- closing ----------------------------------------------------------------------
 
