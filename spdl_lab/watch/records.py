@@ -16,21 +16,16 @@ State
     record holds everything up to its last flush.
 
 Never blocking the training loop
-    ``RecordWriter.add`` only appends the chunk to an in-memory buffer. A thread named
-    ``spdl_lab:record`` writes the buffer in one transaction at least every
-    ``flush_every_s``. If the disk is slower than the frames, the buffer keeps at most
-    ``max_buffered_ticks`` ticks: the oldest are dropped and counted in meta
-    ``dropped_ticks``.
+    ``RecordWriter.add`` only appends the chunk to a ring of ``max_buffered_ticks`` ticks. A
+    thread named ``spdl_lab:record`` writes what is new in one transaction every
+    ``flush_every_s``. Ticks the ring overwrote before a flush are counted in meta ``dropped_ticks``.
 
 Bounded growth
     Each flush keeps full rate for the latest ``FULL_RATE_S`` (10 minutes of record time)
     and thins older ticks to one per ``THIN_EVERY_S`` (10 s): in each 10-s bucket every
-    (series, stage) keeps its last value. A 24-hour run at 10 Hz with 60 series then holds
-    600 s x 10 x 60 = 360,000 full-rate rows plus 86,400 s / 10 s x 60 = 518,400 thinned
-    rows. Simulated in full (tests/watch, ``SPDL_LAB_SOAK=full``): 69.8 MB, 79 bytes per
-    kept row (row, ``time_s`` index and the half-empty pages that thinning leaves), so
-    about 2 MB per hour after the first ten minutes: 200 MB is reached after ~3 days. Deleted rows leave free pages that later inserts
-    reuse, and ``journal_size_limit`` keeps the WAL file small after each checkpoint.
+    (series, stage) keeps its last value, so a 24-hour run stays far under 200 MB
+    (docs/measurements.md). Deleted rows leave free pages that later inserts reuse, and
+    ``journal_size_limit`` keeps the WAL file small after each checkpoint.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from itertools import repeat
 from pathlib import Path
@@ -50,18 +44,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from spdl_lab.errors import FileFormatError, SpdlLabError
-from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
-from spdl_lab.watch.discovery import pid_alive, safe_name
+from ..errors import FileFormatError, SpdlLabError
+from ..telemetry.frames import FRAME_COLUMNS, FrameChunk
+from ..telemetry.ring import Ring
+from .discovery import pid_alive, safe_name
 
-__all__ = [
-    "RecordWriter",
-    "default_record_path",
-    "read_record",
-    "record_meta",
-    "FULL_RATE_S",
-    "THIN_EVERY_S",
-]
+__all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record", "record_meta"]
 
 FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0
@@ -100,9 +88,8 @@ class RecordWriter:
 
     ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
     and ``state="running"`` are filled in when missing. The file must not exist yet.
-    At most ``max_buffered_ticks`` ticks wait for a flush (the oldest are dropped and
-    counted beyond that). ``clock`` times the flushes. A flush that fails in the thread
-    is kept in ``error`` and raised by ``close``.
+    At most ``max_buffered_ticks`` ticks wait for a flush (older ones are dropped and
+    counted). A flush that fails in the thread is kept in ``error`` and raised by ``close``.
 
     >>> writer = RecordWriter("run.sqlite", meta={"name": "demo"})  # doctest: +SKIP
     >>> cursor = 0
@@ -112,26 +99,16 @@ class RecordWriter:
     >>> writer.close()  # or close("failed")
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        meta: dict[str, str],
-        flush_every_s: float = 2.0,
-        max_buffered_ticks: int = 6000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
+                 max_buffered_ticks: int = 6000) -> None:
         if flush_every_s <= 0:
             raise SpdlLabError(f"flush_every_s must be > 0 seconds, got {flush_every_s!r}")
         self.path = Path(path)
         self.flush_every_s = flush_every_s
-        self.max_buffered_ticks = max_buffered_ticks
         self.dropped_ticks = 0
         self.error: BaseException | None = None
-        self._clock = clock
-        self._buffer: deque[FrameChunk] = deque()
-        self._buffered_ticks = 0
-        self._buffer_lock = threading.Lock()
+        self._buffer = Ring(max(2, max_buffered_ticks))
+        self._written = 0  # the buffer's cursor: ticks before it are flushed or dropped
         self._db_lock = threading.Lock()
         self._thinned_until = -math.inf
         self._newest_s = -math.inf
@@ -160,63 +137,34 @@ class RecordWriter:
                 f"cannot create record file {self.path}: {e}; pick a writable path "
                 f"(--record or ${RECORD_ENV})"
             ) from e
-        facts = {"pid": str(os.getpid()), "started": _now_iso(), **meta}
-        facts.update(state="running", dropped_ticks="0")
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        facts = {"pid": str(os.getpid()), "started": started, **meta, "state": "running", "dropped_ticks": "0"}
         with db:
-            db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [(str(k), str(v)) for k, v in facts.items()],
-            )
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(str(k), str(v)) for k, v in facts.items()])
         return db
 
     def add(self, chunk: FrameChunk) -> None:
-        """Queue a chunk for the next flush; never waits on the disk.
-
-        Past ``max_buffered_ticks`` the oldest buffered ticks are dropped and counted.
-        """
+        """Queue a chunk for the next flush; never waits on the disk."""
         if self._closed:
             raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
-        if len(chunk) == 0:
-            return
-        with self._buffer_lock:
-            self._buffer.append(chunk)
-            self._buffered_ticks += len(chunk)
-            while self._buffered_ticks > self.max_buffered_ticks:
-                excess = self._buffered_ticks - self.max_buffered_ticks
-                oldest = self._buffer[0]
-                if len(oldest) <= excess:
-                    self._buffer.popleft()
-                    dropped = len(oldest)
-                else:
-                    self._buffer[0] = FrameChunk(
-                        oldest.cursor,
-                        oldest.times[excess:],
-                        {k: v[excess:] for k, v in oldest.columns.items()},
-                    )
-                    dropped = excess
-                self._buffered_ticks -= dropped
-                self.dropped_ticks += dropped
+        columns = [(series, stage, values.tolist()) for (series, stage), values in chunk.columns.items()]
+        for i, t in enumerate(chunk.times.tolist()):
+            self._buffer.append(t, [(series, stage, values[i]) for series, stage, values in columns])
 
     def flush(self) -> None:
         """Write the buffered ticks now, in one transaction, then thin old ticks."""
-        # The disk lock is taken first so that two flushes write their chunks in time order;
-        # add() takes only the buffer lock, held for a moment here.
+        # Under the disk lock, so that two flushes write their ticks in time order.
         with self._db_lock:
-            with self._buffer_lock:
-                chunks = list(self._buffer)
-                self._buffer.clear()
-                self._buffered_ticks = 0
-                dropped = self.dropped_ticks
             if self._db is None:
                 return
+            cursor, times, columns = self._buffer.since(self._written)
+            self.dropped_ticks += cursor - self._written - len(times)
+            self._written = cursor
             with self._db:
                 self._db.execute("BEGIN")
-                for chunk in chunks:
-                    self._insert(chunk)
+                self._insert(FrameChunk(cursor, times, columns))
                 self._thin()
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('dropped_ticks', ?)", (str(dropped),)
-                )
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('dropped_ticks', ?)", (str(self.dropped_ticks),))
 
     def _insert(self, chunk: FrameChunk) -> None:
         times = np.asarray(chunk.times, dtype=float)
@@ -244,9 +192,9 @@ class RecordWriter:
         self._thinned_until = until
 
     def _run(self) -> None:
-        deadline = self._clock() + self.flush_every_s
-        while not self._stop.wait(max(0.0, deadline - self._clock())):
-            deadline = self._clock() + self.flush_every_s
+        deadline = time.monotonic() + self.flush_every_s
+        while not self._stop.wait(max(0.0, deadline - time.monotonic())):
+            deadline = time.monotonic() + self.flush_every_s
             try:
                 self.flush()
             except Exception as e:
@@ -326,7 +274,7 @@ def record_meta(path: str | os.PathLike) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _open_read_only(path: str | os.PathLike):
+def _open_read_only(path: str | os.PathLike) -> Iterator[sqlite3.Connection]:
     path = Path(path)
     if not path.is_file():
         raise SpdlLabError(
@@ -350,6 +298,3 @@ def _not_a_record(path: str | os.PathLike, error: BaseException) -> FileFormatEr
         field="",
     )
 
-
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
