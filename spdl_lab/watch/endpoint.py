@@ -33,32 +33,8 @@ from pathlib import Path
 from .. import _json
 from ..errors import SpdlLabError
 from ..telemetry.frames import FrameChunk
+from . import protocol as wire
 from .discovery import VERSION, Discovery, runtime_dir, safe_name, write_discovery
-from .protocol import (
-    MAX_REPLY_BYTES,
-    MAX_REQUEST_BYTES,
-    Chunk,
-    Controls,
-    ControlsReply,
-    Failure,
-    FramesReply,
-    FramesSince,
-    Hello,
-    HelloReply,
-    MessageTimeout,
-    PeerClosed,
-    ProtocolError,
-    Reply,
-    Request,
-    SetConcurrency,
-    State,
-    StateReply,
-    Stats,
-    StatsReply,
-    read_request,
-    recv_message,
-    send_message,
-)
 
 __all__ = ["Endpoint", "Handlers"]
 
@@ -218,12 +194,15 @@ class Endpoint:
                 self._viewers[conn] = thread
                 thread.start()  # under the lock, so close() never joins an unstarted thread
         if full:
-            self._count("_rejected")
-            with contextlib.suppress(OSError, ProtocolError):
-                send_message(conn, Failure(error=(
-                    f"the published run {self.name!r} already has {self.max_viewers} viewers; "
-                    "close another viewer and attach again")), timeout=1.0)
+            self._refuse(conn, f"the published run {self.name!r} already has {self.max_viewers} viewers; "
+                               "close another viewer and attach again")
             conn.close()
+
+    def _refuse(self, conn: socket.socket, error: str) -> None:
+        """Count a rejection and tell the viewer why, before its connection is closed."""
+        self._count("_rejected")
+        with contextlib.suppress(OSError, wire.ProtocolError):
+            wire.send_message(conn, wire.Failure(error=error), timeout=1.0)
 
     def _serve(self, conn: socket.socket) -> None:
         selector = selectors.DefaultSelector()
@@ -233,24 +212,22 @@ class Endpoint:
                 if not selector.select(_POLL_S):
                     continue
                 try:
-                    message = recv_message(conn, MAX_REQUEST_BYTES, self.request_timeout)
-                except PeerClosed:
+                    message = wire.recv_message(conn, wire.MAX_REQUEST_BYTES, self.request_timeout)
+                except wire.PeerClosed:
                     return
-                except ProtocolError as exc:
-                    if self._stop.is_set():
-                        return
-                    self._count("_rejected")
-                    with contextlib.suppress(OSError, ProtocolError):
-                        send_message(conn, Failure(error=f"{exc}; closing the connection"), timeout=1.0)
+                except wire.ProtocolError as exc:
+                    if not self._stop.is_set():
+                        self._refuse(conn, f"{exc}; closing the connection")
                     return
                 reply = self._answer(message)
                 try:
-                    send_message(conn, reply, timeout=self.request_timeout, limit=MAX_REPLY_BYTES)
-                except ProtocolError as exc:
-                    if isinstance(exc, MessageTimeout):
+                    wire.send_message(conn, reply, timeout=self.request_timeout,
+                                      limit=wire.MAX_REPLY_BYTES)
+                except wire.ProtocolError as exc:
+                    if isinstance(exc, wire.MessageTimeout):
                         return  # the viewer stopped reading: drop it
-                    send_message(conn, self._failure(exc), timeout=self.request_timeout)
-        except (OSError, ProtocolError):
+                    wire.send_message(conn, self._failure(exc), timeout=self.request_timeout)
+        except (OSError, wire.ProtocolError):
             return
         finally:
             selector.close()
@@ -258,44 +235,42 @@ class Endpoint:
                 self._viewers.pop(conn, None)
             conn.close()
 
-    def _failure(self, exc: BaseException) -> Failure:
+    def _failure(self, exc: BaseException) -> wire.Failure:
         self._count("_handler_errors")
-        return Failure(error=f"{type(exc).__name__}: {exc}")
+        return wire.Failure(error=f"{type(exc).__name__}: {exc}")
 
-    def _answer(self, message: dict) -> Reply | Failure:
+    def _answer(self, message: dict) -> wire.Reply | wire.Failure:
         try:
-            request = read_request(message)
-        except ProtocolError as exc:  # a bad request: answered, and the connection stays
+            request = wire.read_request(message)
+        except wire.ProtocolError as exc:  # a bad request: answered, and the connection stays
             self._count("_rejected")
-            return Failure(error=str(exc))
+            return wire.Failure(error=str(exc))
         try:
             return self._call(request)
         except Exception as exc:  # a handler's failure is the viewer's answer, not ours
             return self._failure(exc)
 
-    def _call(self, request: Request) -> Reply:
+    def _call(self, request: wire.Request) -> wire.Reply:
         handlers = self.handlers
         match request:
-            case Hello():
-                return HelloReply(name=self.name, pid=self.pid, runner=self.runner, version=VERSION)
-            case FramesSince(cursor=cursor):
-                return FramesReply(chunk=Chunk.of(handlers.frames_since(cursor)))
-            case Stats():
-                return StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
-            case State():
-                return StateReply(state=str(handlers.state()))
-            case Controls():
-                return ControlsReply(controls={str(k): int(v) for k, v in handlers.controls().items()})
-            case SetConcurrency(stage=stage, n=n):
+            case wire.Hello():
+                return wire.HelloReply(name=self.name, pid=self.pid, runner=self.runner,
+                                       version=VERSION)
+            case wire.FramesSince(cursor=cursor):
+                return wire.FramesReply(chunk=wire.Chunk.of(handlers.frames_since(cursor)))
+            case wire.Stats():
+                return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
+            case wire.State():
+                return wire.StateReply(state=str(handlers.state()))
+            case wire.Controls():
+                controls = {str(k): int(v) for k, v in handlers.controls().items()}
+                return wire.ControlsReply(controls=controls)
+            case wire.SetConcurrency(stage=stage, n=n):
                 handlers.set_concurrency(stage, n)
-                return Reply()
+                return wire.Reply()
         raise AssertionError(f"no handler for {request!r}")
 
     # -- closing ----------------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def close(self) -> None:
         """Stop serving, drop the viewers, remove the socket and discovery files (idempotent)."""

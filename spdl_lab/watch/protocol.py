@@ -19,12 +19,12 @@ from ..errors import SpdlLabError
 from ..pipeline import MAX_CONCURRENCY
 from ..telemetry.frames import FrameChunk
 
-__all__ = [
-    "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "REQUESTS", "Chunk", "Controls", "ControlsReply", "Failure",
-    "FramesReply", "FramesSince", "Hello", "HelloReply", "MessageTimeout", "PeerClosed", "ProtocolError",
-    "Reply", "Request", "SetConcurrency", "State", "StateReply", "Stats", "StatsReply", "chunk_from_json",
-    "chunk_to_json", "decode_message", "encode_message", "read_reply", "read_request", "recv_message",
-    "send_message",
+__all__ = [  # the messages; their checks (read_*); the framing (send, recv)
+    "REQUESTS", "Chunk", "Controls", "ControlsReply", "Failure", "FramesReply", "FramesSince", "Hello",
+    "HelloReply", "Reply", "Request", "SetConcurrency", "State", "StateReply", "Stats", "StatsReply",
+    "chunk_from_json", "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES",
+    "MAX_REQUEST_BYTES", "MessageTimeout", "PeerClosed", "ProtocolError", "decode_message",
+    "recv_message", "send_message",
 ]
 
 MAX_REQUEST_BYTES = 64 * 1024
@@ -67,11 +67,22 @@ class Failure(Message):
     error: str
 
 
+Cursor = Annotated[int, Field(ge=0, description="an integer (a cursor >= 0)")]
+
+
 class HelloReply(Reply):
     name: str
     pid: int
     runner: str | None
     version: int
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    values = np.asarray(values, dtype=np.float64)
+    out: list[float | None] = values.tolist()
+    for i in np.flatnonzero(~np.isfinite(values)).tolist():
+        out[i] = None
+    return out
 
 
 class Column(Message):
@@ -83,7 +94,7 @@ class Column(Message):
 class Chunk(Message):
     """A FrameChunk: NaN as null, one column per (series, stage), each as long as ``times``."""
 
-    cursor: int = Field(ge=0, description="an integer (a cursor >= 0)")
+    cursor: Cursor
     times: list[float | None]
     columns: list[Column]
 
@@ -106,16 +117,8 @@ class Chunk(Message):
                             for (series, stage), values in chunk.columns.items()])
 
     def frame_chunk(self) -> FrameChunk:
-        return FrameChunk(self.cursor, np.array(self.times, dtype=np.float64),
-                          {(c.series, c.stage): np.array(c.values, dtype=np.float64) for c in self.columns})
-
-
-def _nullable(values: np.ndarray) -> list[float | None]:
-    values = np.asarray(values, dtype=np.float64)
-    out: list[float | None] = values.tolist()
-    for i in np.flatnonzero(~np.isfinite(values)).tolist():
-        out[i] = None
-    return out
+        columns = {(c.series, c.stage): np.array(c.values, dtype=np.float64) for c in self.columns}
+        return FrameChunk(self.cursor, np.array(self.times, dtype=np.float64), columns)
 
 
 class FramesReply(Reply):
@@ -134,50 +137,58 @@ class ControlsReply(Reply):
     controls: dict[str, int]
 
 
-class Hello(Message):
-    """Who is publishing: name, pid, runner, protocol version."""
+class _Request(Message):
+    """A request: ``op`` names it, ``reply`` is the model of its answer."""
 
-    op: Literal["hello"] = "hello"
-    reply: ClassVar[type[Reply]] = HelloReply
-
-
-class FramesSince(Message):
-    """The ticks after ``cursor`` that the run still holds."""
-
-    op: Literal["frames_since"] = "frames_since"
-    cursor: int = Field(ge=0, description="an integer (a cursor >= 0)")
-    reply: ClassVar[type[Reply]] = FramesReply
-
-
-class Stats(Message):
-    op: Literal["stats"] = "stats"
-    reply: ClassVar[type[Reply]] = StatsReply
-
-
-class State(Message):
-    op: Literal["state"] = "state"
-    reply: ClassVar[type[Reply]] = StateReply
-
-
-class Controls(Message):
-    """Each stage's concurrency, as the run can set it live."""
-
-    op: Literal["controls"] = "controls"
-    reply: ClassVar[type[Reply]] = ControlsReply
-
-
-class SetConcurrency(Message):
-    op: Literal["set_concurrency"] = "set_concurrency"
-    stage: str = Field(min_length=1, description="a non-empty string (a stage name)")
-    n: int = Field(ge=1, le=MAX_CONCURRENCY, description=f"an integer (a concurrency from 1 to {MAX_CONCURRENCY})")
     reply: ClassVar[type[Reply]] = Reply
 
 
-Request = Annotated[Hello | FramesSince | Stats | State | Controls | SetConcurrency, Field(discriminator="op")]
+class Hello(_Request):
+    """Who is publishing: name, pid, runner, protocol version."""
+
+    op: Literal["hello"] = "hello"
+    reply = HelloReply
+
+
+class FramesSince(_Request):
+    """The ticks after ``cursor`` that the run still holds."""
+
+    op: Literal["frames_since"] = "frames_since"
+    cursor: Cursor
+    reply = FramesReply
+
+
+class Stats(_Request):
+    op: Literal["stats"] = "stats"
+    reply = StatsReply
+
+
+class State(_Request):
+    op: Literal["state"] = "state"
+    reply = StateReply
+
+
+class Controls(_Request):
+    """Each stage's concurrency, as the run can set it live."""
+
+    op: Literal["controls"] = "controls"
+    reply = ControlsReply
+
+
+class SetConcurrency(_Request):
+    op: Literal["set_concurrency"] = "set_concurrency"
+    stage: str = Field(min_length=1, description="a non-empty string (a stage name)")
+    n: int = Field(ge=1, le=MAX_CONCURRENCY,
+                   description=f"an integer (a concurrency from 1 to {MAX_CONCURRENCY})")
+
+
+Request = Annotated[Hello | FramesSince | Stats | State | Controls | SetConcurrency,
+                    Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 #: Each request's model by its op.
-REQUESTS: dict[str, type[Message]] = {
-    model.model_fields["op"].default: model for model in (Hello, FramesSince, Stats, State, Controls, SetConcurrency)
+REQUESTS: dict[str, type[_Request]] = {
+    model.model_fields["op"].default: model
+    for model in (Hello, FramesSince, Stats, State, Controls, SetConcurrency)
 }
 
 
@@ -228,7 +239,8 @@ def _explain(exc: ValidationError, model: type[BaseModel], what: str, *, prefix:
     kind, loc, error = errors[0]
     if kind == "value_error":
         return f"{what}: {error['ctx']['error']}"
-    where = (prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)).lstrip(".") or "it"
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+    where = (prefix + path).lstrip(".") or "it"
     shown = repr(error["input"])
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     field = model.model_fields.get(loc[0]) if len(loc) == 1 else None
@@ -240,23 +252,6 @@ def _explain(exc: ValidationError, model: type[BaseModel], what: str, *, prefix:
 # -- framing ----------------------------------------------------------------------------
 
 
-def encode_message(obj: dict | BaseModel) -> bytes:
-    """The bytes of one message (header and body) for ``obj``.
-
-    A model is written by pydantic's serializer (NaN as null), several times faster than
-    ``json`` on a long frames reply: time a viewer's first request would take from training.
-    """
-    if not isinstance(obj, (dict, BaseModel)):
-        raise ProtocolError(f"a message must be a dict, not a {type(obj).__name__}")
-    try:
-        body = (obj.model_dump_json() if isinstance(obj, BaseModel) else _json.dumps(obj)).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"cannot send the message: {exc}; send numbers, strings, lists and dicts only") from None
-    if len(body) > 0xFFFFFFFF:
-        raise ProtocolError(f"a message of {len(body)} bytes does not fit the 4-byte length")
-    return _HEADER.pack(len(body)) + body
-
-
 def decode_message(body: bytes) -> dict:
     """The dict in a message body; ProtocolError if it is not strict UTF-8 JSON of an object."""
     try:
@@ -264,20 +259,32 @@ def decode_message(body: bytes) -> dict:
     except ValueError as exc:
         raise ProtocolError(f"the message is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError(f'the message is a JSON {type(obj).__name__}; send a JSON object such as {{"op": "hello"}}')
+        raise ProtocolError(f"the message is a JSON {type(obj).__name__}; "
+                            'send a JSON object such as {"op": "hello"}')
     return obj
 
 
 def send_message(sock: socket.socket, obj: dict | BaseModel, *, timeout: float | None = None,
                  limit: int | None = None) -> None:
-    """Send ``obj`` as one message; ``limit`` caps the body size, ``timeout`` the whole send."""
-    data = encode_message(obj)
-    if limit is not None and len(data) - _HEADER.size > limit:
-        raise ProtocolError(f"the message is {len(data) - _HEADER.size} bytes, over the limit of {limit} bytes")
+    """Send ``obj`` as one message; ``limit`` caps the body size, ``timeout`` the whole send.
+
+    A model is written by pydantic's serializer (NaN as null), several times faster than
+    ``json`` on a long frames reply: time a viewer's first request would take from training.
+    """
+    if not isinstance(obj, (dict, BaseModel)):
+        raise ProtocolError(f"a message must be a dict, not a {type(obj).__name__}")
+    try:
+        body = (obj.model_dump_json() if isinstance(obj, BaseModel) else _json.dumps(obj)).encode()
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"cannot send the message: {exc}; send numbers, strings, lists "
+                            "and dicts only") from None
+    most = min(limit, 0xFFFFFFFF) if limit is not None else 0xFFFFFFFF  # what 4 bytes can say
+    if len(body) > most:
+        raise ProtocolError(f"the message is {len(body)} bytes, over the limit of {most} bytes")
     if timeout is not None:
         sock.settimeout(timeout)
     try:
-        sock.sendall(data)
+        sock.sendall(_HEADER.pack(len(body)) + body)
     except TimeoutError:
         raise MessageTimeout(f"could not send a message within {timeout} s") from None
 
@@ -290,7 +297,8 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float, *, first: boo
     while got < size:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise MessageTimeout(f"a message did not arrive within {timeout} s ({got} of {size} bytes read)")
+            raise MessageTimeout(f"a message did not arrive within {timeout} s "
+                                 f"({got} of {size} bytes read)")
         sock.settimeout(remaining)
         try:
             n = sock.recv_into(view[got:], min(size - got, 1 << 20))
@@ -299,7 +307,8 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float, *, first: boo
         if n == 0:
             if first and got == 0:
                 raise PeerClosed("the connection was closed")
-            raise ProtocolError(f"the message is truncated: the connection closed after {got} of {size} bytes")
+            raise ProtocolError(f"the message is truncated: the connection closed after {got} "
+                                f"of {size} bytes")
         got += n
     return bytes(buf)
 
@@ -311,7 +320,8 @@ def recv_message(sock: socket.socket, limit: int, timeout: float) -> dict:
     does not arrive in time, and ProtocolError for anything malformed.
     """
     deadline = time.monotonic() + timeout
-    (size,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, deadline, first=True, timeout=timeout))
+    header = _recv_exactly(sock, _HEADER.size, deadline, first=True, timeout=timeout)
+    (size,) = _HEADER.unpack(header)
     if size > limit:
         raise ProtocolError(f"the message says it is {size} bytes, over the limit of {limit} bytes; "
                             "send smaller messages")

@@ -1,29 +1,16 @@
 """``lab.publish``: a training script makes its run visible to notebooks on this host.
 
-``publish(obj, name=None)`` takes what the training loop iterates -- a ``lab.Loader``,
-a ``lab.run`` Session, a plain torch DataLoader, an SPDL pipeline -- and returns the
-iterable to use in the loop (``sources``: for a DataLoader, one that times the wait for
-each batch, the time between batches as the step, and its workers' CPU). It starts:
-
-* a record file (``records.RecordWriter``): the run's frames, written as they
-  come, flushed at least every 2 s, so a killed script leaves a record up to
-  its last flush;
-* a local endpoint (``endpoint.Endpoint``: a Unix socket in a 0700 folder)
-  that viewers (``lab.attach``) ask for frames, stats and state, and through
-  which they set a stage's concurrency where the runner can change it live.
-
-Publishing never blocks training: a pump thread copies new ticks from the run's
-sampler into one continuous ``Timeline`` (a Loader samples each epoch afresh) and
-the record's buffer every ``PUMP_EVERY_S``; the endpoint's threads answer viewers
-from the timeline. When the run ends the record is closed with the run's state
-("failed" when an uncaught exception ended the script); the endpoint stays until
+A ``Publisher`` keeps a record file (``records``) and a local endpoint (``endpoint``) for what
+the training loop iterates (``sources``). Publishing never blocks training: a pump thread
+copies new ticks into one ``Timeline`` (a Loader samples each epoch afresh) and into the
+record's buffer, and the endpoint's threads answer viewers from the timeline. The record is
+closed with the run's state ("failed" after an uncaught exception); the endpoint stays until
 ``close()`` or the interpreter exits, answering with the final state.
 """
 
 from __future__ import annotations
 
 import atexit
-import datetime as dt
 import os
 import sys
 import threading
@@ -89,15 +76,12 @@ class Publisher:
         self.source = source_of(obj)
         self.obj = obj
         self.name = name
-        pid = os.getpid()
-        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        path = default_record_path(name, pid)
+        path = default_record_path(name, os.getpid())
         if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.record_path = path
         try:
-            self.writer = RecordWriter(path, meta={"name": name, "pid": str(pid), "started": started,
-                                                   "runner": self.source.runner, "state": "running"})
+            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner})
         except BaseException:
             self.source.close()
             raise

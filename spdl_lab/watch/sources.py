@@ -54,12 +54,26 @@ def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
     return LoopSource(obj)
 
 
-class _Epoch:
+class _Proxy:
+    """``len()`` and the attributes of the object it stands for, ``_of``."""
+
+    _of: Any
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_of":
+            raise AttributeError(name)
+        return getattr(self._of, name)
+
+
+class _Epoch(_Proxy):
     """One pass of the training loop over a published iterable: the iterator it was given,
     timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's."""
 
     def __init__(self, items: Iterator[Any], clock: StepClock) -> None:
-        self._items = items
+        self._of = items
         self._timed = clock.iterate_steps(items)
 
     def __iter__(self) -> _Epoch:
@@ -67,14 +81,6 @@ class _Epoch:
 
     def __next__(self) -> Any:
         return next(self._timed)
-
-    def __len__(self) -> int:
-        return len(self._items)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_items", "_timed"):
-            raise AttributeError(name)
-        return getattr(self._items, name)
 
     def close(self) -> None:
         self._timed.close()  # a step left open (the loop broke out) is not counted
@@ -118,19 +124,14 @@ class _TimedLoop:
         return self.clock.summary().to_dict()
 
 
-class SessionSource:
-    def __init__(self, session: Any) -> None:
-        self.published = self.obj = session
-        self.runner = session.runner
+class _RunSource:
+    """What a Session and a Loader share: they are published as they are, and steered live."""
+
+    def __init__(self, obj: Any) -> None:
+        self.published = self.obj = obj
 
     def sampler(self) -> Sampler | None:
         return self.obj.sampler
-
-    def stats(self) -> dict[str, Any]:
-        return _snapshot_dict(self.obj.stats())
-
-    def state(self) -> str:
-        return self.obj.state
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self.obj.set_concurrency(stage, n)
@@ -138,13 +139,25 @@ class SessionSource:
     def controls(self) -> dict[str, int]:
         return dict(self.obj.controls())
 
+
+class SessionSource(_RunSource):
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self.runner = session.runner
+
+    def stats(self) -> dict[str, Any]:
+        return _snapshot_dict(self.obj.stats())
+
+    def state(self) -> str:
+        return self.obj.state
+
     def close(self) -> None:
         pass  # the session's own stop() or end closes what it started
 
 
-class OwnerSource:
+class OwnerSource(_RunSource):
     def __init__(self, owner: Any) -> None:
-        self.published = self.obj = owner
+        super().__init__(owner)
         self.runner = owner.runner or "iterable"
         self.loop = _TimedLoop(children=self.runner != "thread")
         self._sources = [self.loop.clock.rows, *self.loop.probes]
@@ -153,21 +166,12 @@ class OwnerSource:
         owner.consumer = self.loop.epoch
         self.loop.start()
 
-    def sampler(self) -> Sampler | None:
-        return self.obj.sampler
-
     def stats(self) -> dict[str, Any]:
         return {**_snapshot_dict(self.obj.stats()), "step": self.loop.step_stats()}
 
     def state(self) -> str:
         """"running" until the Loader is closed (between epochs too), then "finished"."""
         return "finished" if self.obj.state == "closed" else "running"
-
-    def set_concurrency(self, stage: str, n: int) -> None:
-        self.obj.set_concurrency(stage, n)
-
-    def controls(self) -> dict[str, int]:
-        return dict(self.obj.controls())
 
     def close(self) -> None:
         self.obj.consumer = None
@@ -231,26 +235,19 @@ class LoopSource:
         self.loop.stop()
 
 
-class PublishedLoop:
+class PublishedLoop(_Proxy):
     """What ``lab.publish`` returns for a DataLoader or another iterable: iterate it as the
     original (every ``for`` is an epoch, timed); ``len()`` and attributes are the original's."""
 
     def __init__(self, source: LoopSource) -> None:
         self._source = source
+        self._of = source.obj
 
     def __iter__(self) -> Iterator[Any]:
-        return self._source.epoch(iter(self._source.obj))
-
-    def __len__(self) -> int:
-        return len(self._source.obj)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_source":
-            raise AttributeError(name)
-        return getattr(self._source.obj, name)
+        return self._source.epoch(iter(self._of))
 
     def __repr__(self) -> str:
-        return f"published({self._source.obj!r})"
+        return f"published({self._of!r})"
 
 
 def _snapshot_dict(snap: Any) -> dict[str, Any]:
