@@ -1,9 +1,6 @@
-"""Where published runs are found: the per-user runtime directory and its discovery files.
-
-Each published run has a Unix socket and a discovery file (JSON: name, pid,
-started, socket, record, runner, version) in ``runtime_dir()``, a directory
-of this user's with mode 0700. ``list_endpoints`` reads the files strictly
-(data only) and removes those of processes that are gone.
+"""Where published runs are found: the per-user 0700 runtime directory, with a Unix socket
+and a discovery file (JSON, a ``Discovery``) for each; ``list_endpoints`` reads the files
+strictly and removes those of processes that are gone.
 """
 
 from __future__ import annotations

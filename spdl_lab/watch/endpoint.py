@@ -1,19 +1,5 @@
-"""The local endpoint of a published run: a Unix socket that viewers on this host ask
-for frames, stats and state, and through which they send ``set_concurrency``.
-
-Rules, so that a viewer can never hurt training:
-
-- It listens only on a Unix domain socket in a per-user 0700 directory
-  (``runtime_dir``); the discovery file beside it lets ``list_endpoints`` find it.
-- An accept thread and one thread per viewer, all named ``spdl_lab:endpoint``; the
-  training loop never waits on them. The handlers are called on those threads, so
-  they must be thread-safe and quick (read a ring, set a value).
-- Every wait has a timeout: a message, once its first byte arrived, must be complete
-  within ``request_timeout`` seconds, or the viewer is dropped.
-- Requests the models of ``protocol`` refuse (unknown op, wrong fields) get a ``Failure``
-  reply and the connection stays usable; broken framing closes that connection. Both are
-  counted in ``rejected``, as are viewers refused over ``max_viewers``.
-- ``close()`` (also run at exit) stops the threads and removes both files.
+"""The local endpoint of a published run: a Unix socket that viewers on this host ask for
+frames, stats and state, and through which they send ``set_concurrency``.
 """
 
 from __future__ import annotations
@@ -62,6 +48,17 @@ class Handlers:
 
 class Endpoint:
     """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed.
+
+    Its rules, so that a viewer can never hurt training:
+
+    - Only a Unix socket, in the per-user 0700 ``runtime_dir``, with a discovery file beside it.
+    - An accept thread and one thread per viewer, all named ``spdl_lab:endpoint``: the training
+      loop never waits on them; the handlers run on them, so they must be thread-safe and quick.
+    - A message, once its first byte arrived, is complete within ``request_timeout`` seconds, or
+      the viewer is dropped.
+    - A request the models of ``protocol`` refuse gets a ``Failure`` and the connection stays;
+      broken framing closes it. Both count in ``rejected``, as do viewers over ``max_viewers``.
+    - ``close()`` (also run at exit) stops the threads and removes both files.
 
     >>> endpoint = Endpoint("train", handlers)          # doctest: +SKIP
     >>> EndpointClient(endpoint.socket_path).request("state")  # doctest: +SKIP

@@ -1,7 +1,6 @@
-"""The wire format between a published run and its viewers: length-prefixed JSON messages.
-
-A frame is a 4-byte big-endian length and that many bytes of strict UTF-8 JSON (``_json``);
-every request and reply is one of the pydantic models below, checked on arrival. No pickle.
+"""The wire format between a published run and its viewers: a 4-byte big-endian length and
+that many bytes of strict UTF-8 JSON (``_json``), never pickle; every request and reply is one
+of the pydantic models below, checked on arrival.
 """
 
 from __future__ import annotations

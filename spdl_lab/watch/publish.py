@@ -1,11 +1,5 @@
-"""``lab.publish``: a training script makes its run visible to notebooks on this host.
-
-A ``Publisher`` keeps a record file (``records``) and a local endpoint (``endpoint``) for what
-the training loop iterates (``sources``). Publishing never blocks training: a pump thread
-copies new ticks into one ``Timeline`` (a Loader samples each epoch afresh) and into the
-record's buffer, and the endpoint's threads answer viewers from the timeline. The record is
-closed with the run's state ("failed" after an uncaught exception); the endpoint stays until
-``close()`` or the interpreter exits, answering with the final state.
+"""``lab.publish``: a training script makes its run visible to notebooks on this host, through
+a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates.
 """
 
 from __future__ import annotations
@@ -65,7 +59,13 @@ def unpublish(obj: Any) -> None:
 
 
 class Publisher:
-    """The record and the endpoint of one published run; ``close()`` ends both."""
+    """The record and the endpoint of one published run; ``close()`` ends both.
+
+    It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
+    record's buffer, and the endpoint's threads answer viewers from the timeline. The record
+    is closed with the run's state ("failed" after an uncaught exception); the endpoint stays
+    until ``close()`` or the interpreter exits, answering with the final state.
+    """
 
     def __init__(self, obj: Any, name: str) -> None:
         from .discovery import safe_name

@@ -1,31 +1,6 @@
-"""Record files: a published run writes its telemetry frames to an SQLite file as it goes.
-
-The file is SQLite in WAL mode, so a viewer reads while the script writes, and pandas
-reads it directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``.
-
-Tables
-    ``frames(time_s REAL, series TEXT, stage TEXT, value REAL)``: long format
-    (``FRAME_COLUMNS``), indexed on ``time_s``; NaN values are not stored.
-    ``meta(key TEXT PRIMARY KEY, value TEXT)``: facts about the run (``name``, ``pid``,
-    ``started``, ``runner``, ``state``, ``dropped_ticks``, ...).
-
-State
-    The writer sets ``state`` to ``"running"`` when it opens the file and to ``"finished"``
-    or ``"failed"`` on ``close``. A reader that finds ``"running"`` while the ``pid`` is gone
-    reports ``"killed"`` (``record_meta``): the process died without closing, and the
-    record holds everything up to its last flush.
-
-Never blocking the training loop
-    ``RecordWriter.add`` only appends the chunk to a ring of ``max_buffered_ticks`` ticks. A
-    thread named ``spdl_lab:record`` writes what is new in one transaction every
-    ``flush_every_s``. Ticks the ring overwrote before a flush are counted in meta ``dropped_ticks``.
-
-Bounded growth
-    Each flush keeps full rate for the latest ``FULL_RATE_S`` (10 minutes of record time)
-    and thins older ticks to one per ``THIN_EVERY_S`` (10 s): in each 10-s bucket every
-    (series, stage) keeps its last value, so a 24-hour run stays far under 200 MB
-    (docs/measurements.md). Deleted rows leave free pages that later inserts reuse, and
-    ``journal_size_limit`` keeps the WAL file small after each checkpoint.
+"""Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
+viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
+directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``.
 """
 
 from __future__ import annotations
@@ -36,10 +11,11 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from itertools import repeat
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -51,11 +27,16 @@ from .discovery import pid_alive, safe_name
 
 __all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record", "record_meta"]
 
+# Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
+# the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
 FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0
 RECORD_ENV = "SPDL_LAB_RECORD"
 THREAD_NAME = "spdl_lab:record"
+T = TypeVar("T")
 
+# frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
+# runner, dropped_ticks, and state: "running", then "finished" or "failed" at close).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
@@ -84,9 +65,10 @@ def default_record_path(name: str, pid: int) -> Path:
 
 
 class RecordWriter:
-    """Writes frame chunks to an SQLite record from a background thread.
+    """Writes frame chunks to an SQLite record from a thread of its own, ``spdl_lab:record``.
 
-    ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
+    ``add`` never waits on the disk: it appends to a ring, written every ``flush_every_s``
+    in one transaction. ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
     and ``state="running"`` are filled in when missing. The file must not exist yet.
     At most ``max_buffered_ticks`` ticks wait for a flush (older ones are dropped and
     counted). A flush that fails in the thread is kept in ``error`` and raised by ``close``.
@@ -130,7 +112,7 @@ class RecordWriter:
             db.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode loses nothing when the process dies, only on power loss.
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA journal_size_limit=8388608")
+            db.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks after each checkpoint
             db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise SpdlLabError(
@@ -220,27 +202,19 @@ class RecordWriter:
         except sqlite3.Error as e:
             raise SpdlLabError(f"could not finish record {self.path}: {e}") from e
         finally:
-            self._finish()
+            with self._db_lock:
+                db, self._db = self._db, None
+            with contextlib.suppress(sqlite3.Error):
+                # A finished record becomes one plain file, which readers open without side
+                # files; a viewer still reading keeps it in WAL mode, which is fine too.
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.execute("PRAGMA journal_mode=DELETE")
+            db.close()
         if self.error is not None:
             raise SpdlLabError(
                 f"some flushes of record {self.path} failed ({self.error}); "
                 "the record may miss ticks: check the disk"
             ) from self.error
-
-    def _finish(self) -> None:
-        with self._db_lock:
-            db, self._db = self._db, None
-        if db is None:
-            return
-        try:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            # A finished record becomes one plain file, which readers open without side files.
-            # A viewer still reading keeps it in WAL mode, which is fine too.
-            db.execute("PRAGMA journal_mode=DELETE")
-        except sqlite3.Error:
-            pass
-        finally:
-            db.close()
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -251,50 +225,28 @@ class RecordWriter:
 
 def read_record(path: str | os.PathLike) -> pd.DataFrame:
     """The record's frames (``FRAME_COLUMNS``), sorted by time; the file is opened read-only."""
-    with _open_read_only(path) as db:
-        try:
-            frame = pd.read_sql(
-                "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid", db
-            )
-        except (sqlite3.Error, pd.errors.DatabaseError) as e:
-            raise _not_a_record(path, e) from e
-    return frame[FRAME_COLUMNS]
+    query = "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid"
+    return _read(path, lambda db: pd.read_sql(query, db))[FRAME_COLUMNS]
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:
-    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is gone."""
-    with _open_read_only(path) as db:
-        try:
-            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.Error as e:
-            raise _not_a_record(path, e) from e
+    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is
+    gone: the process died without closing, and the record holds all up to its last flush."""
+    meta = _read(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
     return meta
 
 
-@contextlib.contextmanager
-def _open_read_only(path: str | os.PathLike) -> Iterator[sqlite3.Connection]:
+def _read(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:
+    """``read`` on the record at ``path``, opened read-only; SpdlLabError if it is none."""
     path = Path(path)
     if not path.is_file():
-        raise SpdlLabError(
-            f"record {path} does not exist; pass the path of a .sqlite record "
-            "(see the runs in ./spdl_lab_runs)"
-        )
+        raise SpdlLabError(f"record {path} does not exist; pass the path of a .sqlite record "
+                           "(see the runs in ./spdl_lab_runs)")
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as e:
-        raise _not_a_record(path, e) from e
-    try:
-        yield db
-    finally:
-        db.close()
-
-
-def _not_a_record(path: str | os.PathLike, error: BaseException) -> FileFormatError:
-    return FileFormatError(
-        f"{path} is not a readable spdl_lab record ({error}); pass a file written by RecordWriter",
-        source=str(path),
-        field="",
-    )
-
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return read(db)
+    except (sqlite3.Error, pd.errors.DatabaseError) as e:
+        raise FileFormatError(f"{path} is not a readable spdl_lab record ({e}); pass a file written "
+                              "by RecordWriter", source=str(path), field="") from e

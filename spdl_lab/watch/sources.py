@@ -1,17 +1,6 @@
-"""What a publisher reads from the thing it publishes, with one set of names.
-
-Three kinds, one interface (``sampler()``, ``stats()``, ``state()``,
-``set_concurrency``, ``controls()``, ``close()``, and ``published``: what
-``lab.publish`` hands back to the training loop):
-
-* ``SessionSource`` -- a ``lab.run`` Session: it has its own step clock and probes.
-* ``OwnerSource`` -- a ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs
-  it): stage meters come from its runs; the training loop's steps are timed by
-  wrapping each run's iterator (``RunOwner.consumer``), and the step clock and the
-  probes join its sampler.
-* ``LoopSource`` -- any other iterable, above all a plain torch DataLoader: each
-  ``next()`` is data wait, the time the loop holds a batch is the step, and a
-  DataLoader's worker processes are read for CPU. It has its own sampler.
+"""What a publisher reads from the thing it publishes, with one interface: ``sampler()``,
+``stats()``, ``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published``
+(what ``lab.publish`` hands back to the training loop).
 """
 
 from __future__ import annotations
@@ -141,6 +130,8 @@ class _RunSource:
 
 
 class SessionSource(_RunSource):
+    """A ``lab.run`` Session: it has its own step clock and probes."""
+
     def __init__(self, session: Any) -> None:
         super().__init__(session)
         self.runner = session.runner
@@ -156,6 +147,10 @@ class SessionSource(_RunSource):
 
 
 class OwnerSource(_RunSource):
+    """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters come from
+    its runs; the loop's steps are timed by wrapping each run's iterator (``RunOwner.consumer``),
+    and the step clock and the probes join its sampler."""
+
     def __init__(self, owner: Any) -> None:
         super().__init__(owner)
         self.runner = owner.runner or "iterable"
@@ -181,6 +176,9 @@ class OwnerSource(_RunSource):
 
 
 class LoopSource:
+    """Any other iterable, above all a torch DataLoader: each ``next()`` is data wait, the time
+    the loop holds a batch is the step, a DataLoader's workers are read for CPU; its own sampler."""
+
     def __init__(self, iterable: Any) -> None:
         self.obj = iterable
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None

@@ -1,10 +1,6 @@
-"""One published run's ticks on one clock, across the runs of what it publishes.
-
-A ``lab.Loader`` starts a new run, with a new sampler and ring, each time it is
-iterated (each epoch). Viewers and the record must see one continuous run: the
-publisher's pump ``pull``s the current sampler's new ticks into a ring of its
-own, their times shifted to count from the publisher's start. When the sampler
-changes, the old one's last ticks are taken first, so an epoch's end is kept.
+"""One published run's ticks on one clock, across the runs of what it publishes: a
+``lab.Loader`` starts a new run, with a new sampler and ring, each epoch; viewers and the
+record see one continuous run.
 """
 
 from __future__ import annotations
@@ -22,7 +18,10 @@ __all__ = ["Timeline"]
 
 
 class Timeline:
-    """The ticks of every sampler ``pull`` was given, times from ``started_at``; thread-safe reads."""
+    """The ticks of every sampler ``pull`` was given, times from ``started_at``; thread-safe reads.
+
+    When the sampler changes, the old one's last ticks are taken first: an epoch's end is kept.
+    """
 
     def __init__(self, capacity: int = DEFAULT_TICKS) -> None:
         self.ring = Ring(capacity)
