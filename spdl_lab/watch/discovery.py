@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .. import _json
 from ..errors import SpdlLabError
+from .protocol import Message
 
-__all__ = ["VERSION", "Discovery", "list_endpoints", "pid_alive", "runtime_dir", "safe_name", "write_discovery"]
+__all__ = ["VERSION", "Discovery", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
 
 VERSION = 1
 
@@ -63,6 +64,7 @@ def runtime_dir() -> Path:
 
 
 def safe_name(name: str) -> str:
+    """``name`` as a file name: letters, digits, ``_.-`` only, at most 64 characters."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
     return safe[:64] or "run"
 
@@ -75,10 +77,8 @@ def pid_alive(pid: int | str) -> bool:
         return False
 
 
-class Discovery(BaseModel):
+class Discovery(Message):
     """A discovery file: exactly these fields, of exactly these types."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     name: str
     pid: int = Field(gt=0)
@@ -87,11 +87,6 @@ class Discovery(BaseModel):
     record: str | None
     runner: str | None
     version: Literal[VERSION] = VERSION
-
-
-def write_discovery(path: Path, info: Discovery) -> None:
-    """Write ``info`` to ``path`` atomically: a viewer never reads half a file."""
-    _json.dump_file(info.model_dump(), path, compact=True)
 
 
 def _read_discovery(path: Path) -> dict | None:
@@ -113,8 +108,6 @@ def list_endpoints() -> list[dict]:
     directory = runtime_dir()
     found = []
     for path in sorted(directory.glob("*.json")):
-        if path.name.startswith("."):
-            continue
         info = _read_discovery(path)
         if info is None:
             match = re.search(r"-(\d+)\.json$", path.name)

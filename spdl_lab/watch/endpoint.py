@@ -20,7 +20,7 @@ from .. import _json
 from ..errors import SpdlLabError
 from ..telemetry.frames import FrameChunk
 from . import protocol as wire
-from .discovery import VERSION, Discovery, runtime_dir, safe_name, write_discovery
+from .discovery import VERSION, Discovery, runtime_dir, safe_name
 
 __all__ = ["Endpoint", "Handlers"]
 
@@ -79,8 +79,10 @@ class Endpoint:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
-        self._rejected = 0
-        self._handler_errors = 0
+        #: messages rejected (malformed, unknown op, bad fields) and viewers refused
+        self.rejected = 0
+        #: requests whose handler raised (answered with the error, not counted as rejected)
+        self.handler_errors = 0
         self._viewers: dict[socket.socket, threading.Thread] = {}
 
         directory = runtime_dir()
@@ -89,9 +91,9 @@ class Endpoint:
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
         try:
-            write_discovery(self.discovery_path, Discovery(
-                name=name, pid=self.pid, started=self.started, socket=str(self.socket_path),
-                record=record, runner=runner))
+            info = Discovery(name=name, pid=self.pid, started=self.started, socket=str(self.socket_path),
+                             record=record, runner=runner)
+            _json.dump_file(info.model_dump(), self.discovery_path, compact=True)  # atomically
         except BaseException:
             self._listener.close()
             self.socket_path.unlink(missing_ok=True)
@@ -146,25 +148,11 @@ class Endpoint:
         finally:
             probe.close()
 
-    # -- counters ---------------------------------------------------------------------
-
-    @property
-    def rejected(self) -> int:
-        """Messages rejected (malformed, unknown op, bad fields) and viewers refused."""
-        with self._lock:
-            return self._rejected
-
-    @property
-    def handler_errors(self) -> int:
-        """Requests whose handler raised (answered with the error, not counted as rejected)."""
-        with self._lock:
-            return self._handler_errors
-
-    def _count(self, attribute: str) -> None:
-        with self._lock:
-            setattr(self, attribute, getattr(self, attribute) + 1)
-
     # -- serving ----------------------------------------------------------------------
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     def _accept_loop(self) -> None:
         try:
@@ -197,7 +185,7 @@ class Endpoint:
 
     def _refuse(self, conn: socket.socket, error: str) -> None:
         """Count a rejection and tell the viewer why, before its connection is closed."""
-        self._count("_rejected")
+        self._count("rejected")
         with contextlib.suppress(OSError, wire.ProtocolError):
             wire.send_message(conn, wire.Failure(error=error), timeout=1.0)
 
@@ -233,14 +221,14 @@ class Endpoint:
             conn.close()
 
     def _failure(self, exc: BaseException) -> wire.Failure:
-        self._count("_handler_errors")
+        self._count("handler_errors")
         return wire.Failure(error=f"{type(exc).__name__}: {exc}")
 
     def _answer(self, message: dict) -> wire.Reply | wire.Failure:
         try:
             request = wire.read_request(message)
         except wire.ProtocolError as exc:  # a bad request: answered, and the connection stays
-            self._count("_rejected")
+            self._count("rejected")
             return wire.Failure(error=str(exc))
         try:
             return self._call(request)

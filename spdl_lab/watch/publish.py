@@ -5,6 +5,7 @@ a record file (``records``) and a local endpoint (``endpoint``) for what its loo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -80,11 +81,6 @@ class Publisher:
         if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.record_path = path
-        try:
-            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner})
-        except BaseException:
-            self.source.close()
-            raise
         #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
         self.failed = False
         self._stop = threading.Event()
@@ -93,12 +89,12 @@ class Publisher:
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
                             state=self.state, set_concurrency=self.source.set_concurrency,
                             controls=self.source.controls)
-        try:
+        with contextlib.ExitStack() as undo:  # a step that fails stops what the steps before started
+            undo.callback(self.source.close)
+            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner})
+            undo.callback(self.writer.close, state="failed")
             self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
-        except BaseException:
-            self.writer.close(state="failed")
-            self.source.close()
-            raise
+            undo.pop_all()
         _watch_uncaught_exceptions()
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()

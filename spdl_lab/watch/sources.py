@@ -86,7 +86,8 @@ class _TimedLoop:
 
     def __init__(self, children: bool) -> None:
         self.clock = StepClock()
-        self.probes: list[Any] = [GilProbe(), CpuProbe(children=children)]
+        self.gil = GilProbe()
+        self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
         self._epoch: _Epoch | None = None
         self._lock = threading.Lock()
 
@@ -100,14 +101,10 @@ class _TimedLoop:
         return epoch
 
     def start(self) -> None:
-        for probe in self.probes:
-            if hasattr(probe, "start"):
-                probe.start()
+        self.gil.start()  # the CPU probe reads as it is called: nothing to start
 
     def stop(self) -> None:
-        for probe in self.probes:
-            if hasattr(probe, "stop"):
-                probe.stop()
+        self.gil.stop()
 
     def step_stats(self) -> dict[str, Any]:
         return self.clock.summary().to_dict()
