@@ -11,6 +11,7 @@ import sys
 import threading
 from typing import Any
 
+from ..telemetry.frames import chunk_since
 from .sources import source_of
 from .timeline import Timeline
 
@@ -80,9 +81,9 @@ class Publisher:
         path = default_record_path(name, os.getpid())
         if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
-        self.record_path = path
         #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
         self.failed = False
+        self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._stop = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
@@ -110,9 +111,10 @@ class Publisher:
                 return
 
     def _copy(self) -> None:
-        chunk = self.timeline.pull(self.source.sampler())
-        if len(chunk):
-            self.writer.add(chunk)
+        self.timeline.pull(self.source.sampler())
+        chunk = chunk_since(self.timeline.ring, self._recorded)
+        self._recorded = chunk.cursor
+        self.writer.add(chunk)
 
     def _final_state(self) -> str:
         return "failed" if self.failed or self.source.state() == "failed" else "finished"
