@@ -179,8 +179,8 @@ class Endpoint:
                 self._viewers[conn] = thread
                 thread.start()  # under the lock, so close() never joins an unstarted thread
         if full:
-            self._refuse(conn, f"the published run {self.name!r} already has {self.max_viewers} viewers; "
-                               "close another viewer and attach again")
+            self._refuse(conn, f"the published run {self.name!r} already has {self.max_viewers} "
+                               "viewers; close another viewer and attach again")
             conn.close()
 
     def _refuse(self, conn: socket.socket, error: str) -> None:

@@ -25,7 +25,8 @@ from ..telemetry.frames import FRAME_COLUMNS, FrameChunk
 from ..telemetry.ring import Ring
 from .discovery import pid_alive, safe_name
 
-__all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record", "record_meta"]
+__all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record",
+           "record_meta"]
 
 # Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
 # the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
@@ -42,6 +43,8 @@ CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value R
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
+
+_SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 
 # Rows of [lo, hi) except the last one of each (series, stage) in each bucket.
 # Rows are inserted in time order, so the largest rowid is the latest tick.
@@ -67,9 +70,9 @@ def default_record_path(name: str, pid: int) -> Path:
 class RecordWriter:
     """Writes frame chunks to an SQLite record from a thread of its own, ``spdl_lab:record``.
 
-    ``add`` never waits on the disk: it appends to a ring, written every ``flush_every_s``
-    in one transaction. ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
-    and ``state="running"`` are filled in when missing. The file must not exist yet.
+    ``add`` never waits on the disk: it appends to a ring, written every ``flush_every_s`` in
+    one transaction. ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started``
+    (ISO time) and ``state="running"`` are filled in when missing. The file must not exist yet.
     At most ``max_buffered_ticks`` ticks wait for a flush (older ones are dropped and
     counted). A flush that fails in the thread is kept in ``error`` and raised by ``close``.
 
@@ -120,9 +123,9 @@ class RecordWriter:
                 f"(--record or ${RECORD_ENV})"
             ) from e
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        facts = {"pid": str(os.getpid()), "started": started, **meta, "state": "running", "dropped_ticks": "0"}
+        facts = {"pid": os.getpid(), "started": started, **meta, "state": "running", "dropped_ticks": 0}
         with db:
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(str(k), str(v)) for k, v in facts.items()])
+            db.executemany(_SET_META, [(str(k), str(v)) for k, v in facts.items()])
         return db
 
     def add(self, chunk: FrameChunk) -> None:
@@ -146,7 +149,7 @@ class RecordWriter:
                 self._db.execute("BEGIN")
                 self._insert(FrameChunk(cursor, times, columns))
                 self._thin()
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('dropped_ticks', ?)", (str(self.dropped_ticks),))
+                self._db.execute(_SET_META, ("dropped_ticks", str(self.dropped_ticks)))
 
     def _insert(self, chunk: FrameChunk) -> None:
         times = np.asarray(chunk.times, dtype=float)
@@ -198,7 +201,7 @@ class RecordWriter:
         try:
             self.flush()
             with self._db_lock, self._db:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (state,))
+                self._db.execute(_SET_META, ("state", state))
         except sqlite3.Error as e:
             raise SpdlLabError(f"could not finish record {self.path}: {e}") from e
         finally:

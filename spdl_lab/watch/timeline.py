@@ -49,5 +49,5 @@ class Timeline:
         self._cursor, ticks, values = sampler.ring.since(self._cursor)
         shift = sampler.started_at - self.started_at
         for i, t in enumerate(ticks.tolist()):
-            self.ring.append(t + shift, [(series, stage, float(v[i])) for (series, stage), v in values.items()
-                                         if not math.isnan(v[i])])
+            rows = [(series, stage, float(v[i])) for (series, stage), v in values.items()]
+            self.ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])
