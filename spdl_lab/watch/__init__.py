@@ -1,3 +1,3 @@
-"""Watching a training script from a notebook: the script publishes its telemetry
-(``records``: a pandas-readable record file; ``endpoint``: a local socket), and
-a notebook attaches to it. Work in progress (issue 17)."""
+"""Watching a training script from a notebook: the script publishes its run (``publish``: a
+record file and a local endpoint) and a notebook attaches to it (``attach``), live or after.
+"""

@@ -8,15 +8,7 @@ import threading
 from typing import Any
 
 from ..errors import SpdlLabError
-from .protocol import (
-    MAX_REPLY_BYTES,
-    MAX_REQUEST_BYTES,
-    MessageTimeout,
-    PeerClosed,
-    ProtocolError,
-    recv_message,
-    send_message,
-)
+from . import protocol as wire
 
 __all__ = ["EndpointClient"]
 
@@ -36,59 +28,48 @@ class EndpointClient:
         self._sock: socket.socket | None = None
         self._connect()
 
-    def _gone(self) -> SpdlLabError:
-        return SpdlLabError(
-            f"the published run {self.socket_path} is gone (the script ended or was killed)"
-        )
-
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
             sock.connect(self.socket_path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            raise self._gone() from None
         except OSError as exc:
             sock.close()
-            raise SpdlLabError(f"cannot connect to the published run {self.socket_path}: {exc}") from None
+            raise self._failure("connecting", exc) from None
         self._sock = sock
         return sock
 
     def request(self, op: str, **fields: Any) -> dict:
-        """Send ``{"op": op, **fields}`` and return the reply (which has ``"ok": True``)."""
-        message = {"op": op, **fields}
+        """Send ``{"op": op, **fields}`` and return the reply, checked (it has ``"ok": True``)."""
         with self._lock:
             sock = self._sock or self._connect()
             try:
                 try:
-                    send_message(sock, message, timeout=self.timeout, limit=MAX_REQUEST_BYTES)
+                    wire.send_message(sock, {"op": op, **fields}, timeout=self.timeout,
+                                      limit=wire.MAX_REQUEST_BYTES)
                 except ConnectionError:
                     # The endpoint may have closed after saying why (too many viewers):
                     # that reply is still ours to read.
-                    reply = recv_message(sock, MAX_REPLY_BYTES, min(self.timeout, 1.0))
+                    message = wire.recv_message(sock, wire.MAX_REPLY_BYTES, min(self.timeout, 1.0))
                     self._drop()
                 else:
-                    reply = recv_message(sock, MAX_REPLY_BYTES, self.timeout)
-            except MessageTimeout:
-                self._drop()  # a late reply would be read as the next one's
-                raise SpdlLabError(
-                    f"no reply from the published run {self.socket_path} to {op!r} within "
-                    f"{self.timeout} s; it may be busy: try again, or use a longer timeout"
-                ) from None
-            except (PeerClosed, ConnectionError):
-                self._drop()
-                raise self._gone() from None
-            except ProtocolError as exc:
-                self._drop()
-                raise SpdlLabError(f"request {op!r} to {self.socket_path} failed: {exc}") from None
-            except OSError as exc:
-                self._drop()
-                raise SpdlLabError(f"talking to {self.socket_path} failed: {exc}") from None
-        if reply.get("ok") is not True:
-            error = reply.get("error")
-            raise SpdlLabError(error if isinstance(error, str) else f"{op!r} failed: {reply!r}")
-        return reply
+                    message = wire.recv_message(sock, wire.MAX_REPLY_BYTES, self.timeout)
+                reply = wire.read_reply(op, message)
+            except (wire.ProtocolError, OSError) as exc:
+                self._drop()  # after a timeout, a late reply would be read as the next one's
+                raise self._failure(f"request {op!r}", exc) from None
+        if isinstance(reply, wire.Failure):
+            raise SpdlLabError(reply.error)
+        return message
+
+    def _failure(self, doing: str, exc: Exception) -> SpdlLabError:
+        run = f"the published run {self.socket_path}"
+        if isinstance(exc, (wire.PeerClosed, ConnectionError, FileNotFoundError)):
+            return SpdlLabError(f"{run} is gone (the script ended or was killed)")
+        if isinstance(exc, wire.MessageTimeout):
+            return SpdlLabError(f"{doing}: no reply from {run} within {self.timeout} s; it may be busy: "
+                                "try again, or use a longer timeout")
+        return SpdlLabError(f"{doing}: talking to {run} failed: {exc}")
 
     def _drop(self) -> None:
         if self._sock is not None:

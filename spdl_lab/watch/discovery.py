@@ -1,26 +1,25 @@
-"""Where published runs are found: the per-user runtime directory and its discovery files.
-
-Each published run has a Unix socket and a discovery file (JSON: name, pid,
-started, socket, record, runner, version) in ``runtime_dir()``, a directory
-of this user's with mode 0700. ``list_endpoints`` reads the files strictly
-(data only) and removes those of processes that are gone.
+"""Where published runs are found: the per-user 0700 runtime directory, with a Unix socket
+and a discovery file (JSON, a ``Discovery``) for each; ``list_endpoints`` reads the files
+strictly and removes those of processes that are gone.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import psutil
+from pydantic import Field
 
+from .. import _json
 from ..errors import SpdlLabError
+from .protocol import Message
 
-__all__ = ["VERSION", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
+__all__ = ["VERSION", "Discovery", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
 
 VERSION = 1
 
@@ -65,6 +64,7 @@ def runtime_dir() -> Path:
 
 
 def safe_name(name: str) -> str:
+    """``name`` as a file name: letters, digits, ``_.-`` only, at most 64 characters."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
     return safe[:64] or "run"
 
@@ -77,19 +77,16 @@ def pid_alive(pid: int | str) -> bool:
         return False
 
 
-_DISCOVERY_TYPES = {
-    "name": (str,),
-    "pid": (int,),
-    "started": (str,),
-    "socket": (str,),
-    "record": (str, type(None)),
-    "runner": (str, type(None)),
-    "version": (int,),
-}
+class Discovery(Message):
+    """A discovery file: exactly these fields, of exactly these types."""
 
-
-def _refuse_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
+    name: str
+    pid: int = Field(gt=0)
+    started: str
+    socket: str
+    record: str | None
+    runner: str | None
+    version: Literal[VERSION] = VERSION
 
 
 def _read_discovery(path: Path) -> dict | None:
@@ -97,17 +94,9 @@ def _read_discovery(path: Path) -> dict | None:
     try:
         if path.stat().st_size > 64 * 1024:
             return None
-        info = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, ValueError, RecursionError):
+        return Discovery.model_validate(_json.loads(path.read_bytes())).model_dump()
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
-    if not isinstance(info, dict) or set(info) != set(_DISCOVERY_TYPES):
-        return None
-    for key, types in _DISCOVERY_TYPES.items():
-        if isinstance(info[key], bool) or not isinstance(info[key], types):
-            return None
-    if info["version"] != VERSION or info["pid"] <= 0:
-        return None
-    return info
 
 
 def list_endpoints() -> list[dict]:
@@ -119,8 +108,6 @@ def list_endpoints() -> list[dict]:
     directory = runtime_dir()
     found = []
     for path in sorted(directory.glob("*.json")):
-        if path.name.startswith("."):
-            continue
         info = _read_discovery(path)
         if info is None:
             match = re.search(r"-(\d+)\.json$", path.name)

@@ -1,19 +1,5 @@
-"""The local endpoint of a published run: a Unix socket that viewers on this host ask
-for frames, stats and state, and through which they send ``set_concurrency``.
-
-Rules, so that a viewer can never hurt training:
-
-- It listens only on a Unix domain socket in a per-user 0700 directory
-  (``runtime_dir``); the discovery file beside it lets ``list_endpoints`` find it.
-- An accept thread and one thread per viewer, all named ``spdl_lab:endpoint``; the
-  training loop never waits on them. The handlers are called on those threads, so
-  they must be thread-safe and quick (read a ring, set a value).
-- Every wait has a timeout: a message, once its first byte arrived, must be complete
-  within ``request_timeout`` seconds, or the viewer is dropped.
-- Bad requests (unknown op, wrong fields) get ``{"ok": false, "error": ...}`` and
-  the connection stays usable; broken framing closes that connection. Both are
-  counted in ``rejected``, as are viewers refused over ``max_viewers``.
-- ``close()`` (also run at exit) stops the threads and removes both files.
+"""The local endpoint of a published run: a Unix socket that viewers on this host ask for
+frames, stats and state, and through which they send ``set_concurrency``.
 """
 
 from __future__ import annotations
@@ -21,36 +7,24 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import json
 import os
 import selectors
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from .. import _json
 from ..errors import SpdlLabError
 from ..telemetry.frames import FrameChunk
-from .discovery import VERSION, runtime_dir, safe_name
-from .protocol import (
-    MAX_REPLY_BYTES,
-    MAX_REQUEST_BYTES,
-    MessageTimeout,
-    PeerClosed,
-    ProtocolError,
-    chunk_to_json,
-    recv_message,
-    send_message,
-)
+from . import protocol as wire
+from .discovery import VERSION, Discovery, runtime_dir, safe_name
 
 __all__ = ["Endpoint", "Handlers"]
 
 THREAD_NAME = "spdl_lab:endpoint"
-MAX_CONCURRENCY = 1024
 # sun_path is 108 bytes on Linux and 104 on macOS; stay clear of both.
 _MAX_SOCKET_PATH = 99
 _CLOSE_WAIT_S = 4.0
@@ -72,31 +46,19 @@ class Handlers:
     controls: Callable[[], dict[str, int]]
 
 
-class _BadRequest(Exception):
-    """A request that parsed but does not say something we can do."""
-
-
-def _int_field(request: dict, key: str, low: int, high: int | None, what: str) -> int:
-    value = request.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _BadRequest(f"{key!r} must be an integer ({what}), not {value!r}")
-    if value < low or (high is not None and value > high):
-        raise _BadRequest(f"{key!r} is {value}; send {what}")
-    return value
-
-
-_FIELDS = {
-    "hello": set(),
-    "frames_since": {"cursor"},
-    "stats": set(),
-    "state": set(),
-    "controls": set(),
-    "set_concurrency": {"stage", "n"},
-}
-
-
 class Endpoint:
     """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed.
+
+    Its rules, so that a viewer can never hurt training:
+
+    - Only a Unix socket, in the per-user 0700 ``runtime_dir``, with a discovery file beside it.
+    - An accept thread and one thread per viewer, all named ``spdl_lab:endpoint``: the training
+      loop never waits on them; the handlers run on them, so they must be thread-safe and quick.
+    - A message, once its first byte arrived, is complete within ``request_timeout`` seconds, or
+      the viewer is dropped.
+    - A request the models of ``protocol`` refuse gets a ``Failure`` and the connection stays;
+      broken framing closes it. Both count in ``rejected``, as do viewers over ``max_viewers``.
+    - ``close()`` (also run at exit) stops the threads and removes both files.
 
     >>> endpoint = Endpoint("train", handlers)          # doctest: +SKIP
     >>> EndpointClient(endpoint.socket_path).request("state")  # doctest: +SKIP
@@ -117,8 +79,10 @@ class Endpoint:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
-        self._rejected = 0
-        self._handler_errors = 0
+        #: messages rejected (malformed, unknown op, bad fields) and viewers refused
+        self.rejected = 0
+        #: requests whose handler raised (answered with the error, not counted as rejected)
+        self.handler_errors = 0
         self._viewers: dict[socket.socket, threading.Thread] = {}
 
         directory = runtime_dir()
@@ -127,7 +91,9 @@ class Endpoint:
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
         try:
-            self._write_discovery()
+            info = Discovery(name=name, pid=self.pid, started=self.started, socket=str(self.socket_path),
+                             record=record, runner=runner)
+            _json.dump_file(info.model_dump(), self.discovery_path, compact=True)  # atomically
         except BaseException:
             self._listener.close()
             self.socket_path.unlink(missing_ok=True)
@@ -182,45 +148,11 @@ class Endpoint:
         finally:
             probe.close()
 
-    def _write_discovery(self) -> None:
-        info = {
-            "name": self.name,
-            "pid": self.pid,
-            "started": self.started,
-            "socket": str(self.socket_path),
-            "record": self.record,
-            "runner": self.runner,
-            "version": VERSION,
-        }
-        fd, tmp = tempfile.mkstemp(dir=self.discovery_path.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(info, f)
-            os.replace(tmp, self.discovery_path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-    # -- counters ---------------------------------------------------------------------
-
-    @property
-    def rejected(self) -> int:
-        """Messages rejected (malformed, unknown op, bad fields) and viewers refused."""
-        with self._lock:
-            return self._rejected
-
-    @property
-    def handler_errors(self) -> int:
-        """Requests whose handler raised (answered with the error, not counted as rejected)."""
-        with self._lock:
-            return self._handler_errors
-
-    def _count(self, attribute: str) -> None:
-        with self._lock:
-            setattr(self, attribute, getattr(self, attribute) + 1)
-
     # -- serving ----------------------------------------------------------------------
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     def _accept_loop(self) -> None:
         try:
@@ -247,12 +179,15 @@ class Endpoint:
                 self._viewers[conn] = thread
                 thread.start()  # under the lock, so close() never joins an unstarted thread
         if full:
-            self._count("_rejected")
-            with contextlib.suppress(OSError, ProtocolError):
-                send_message(conn, {"ok": False, "error": (
-                    f"the published run {self.name!r} already has {self.max_viewers} viewers; "
-                    "close another viewer and attach again")}, timeout=1.0)
+            self._refuse(conn, f"the published run {self.name!r} already has {self.max_viewers} "
+                               "viewers; close another viewer and attach again")
             conn.close()
+
+    def _refuse(self, conn: socket.socket, error: str) -> None:
+        """Count a rejection and tell the viewer why, before its connection is closed."""
+        self._count("rejected")
+        with contextlib.suppress(OSError, wire.ProtocolError):
+            wire.send_message(conn, wire.Failure(error=error), timeout=1.0)
 
     def _serve(self, conn: socket.socket) -> None:
         selector = selectors.DefaultSelector()
@@ -262,25 +197,22 @@ class Endpoint:
                 if not selector.select(_POLL_S):
                     continue
                 try:
-                    request = recv_message(conn, MAX_REQUEST_BYTES, self.request_timeout)
-                except PeerClosed:
+                    message = wire.recv_message(conn, wire.MAX_REQUEST_BYTES, self.request_timeout)
+                except wire.PeerClosed:
                     return
-                except ProtocolError as exc:
-                    if self._stop.is_set():
-                        return
-                    self._count("_rejected")
-                    with contextlib.suppress(OSError, ProtocolError):
-                        send_message(conn, {"ok": False, "error": f"{exc}; closing the connection"},
-                                     timeout=1.0)
+                except wire.ProtocolError as exc:
+                    if not self._stop.is_set():
+                        self._refuse(conn, f"{exc}; closing the connection")
                     return
-                reply = self._answer(request)
+                reply = self._answer(message)
                 try:
-                    send_message(conn, reply, timeout=self.request_timeout, limit=MAX_REPLY_BYTES)
-                except ProtocolError as exc:
-                    if isinstance(exc, MessageTimeout):
+                    wire.send_message(conn, reply, timeout=self.request_timeout,
+                                      limit=wire.MAX_REPLY_BYTES)
+                except wire.ProtocolError as exc:
+                    if isinstance(exc, wire.MessageTimeout):
                         return  # the viewer stopped reading: drop it
-                    send_message(conn, self._failure(request, exc), timeout=self.request_timeout)
-        except (OSError, ProtocolError):
+                    wire.send_message(conn, self._failure(exc), timeout=self.request_timeout)
+        except (OSError, wire.ProtocolError):
             return
         finally:
             selector.close()
@@ -288,74 +220,42 @@ class Endpoint:
                 self._viewers.pop(conn, None)
             conn.close()
 
-    def _failure(self, request: dict, exc: BaseException) -> dict:
-        self._count("_handler_errors")
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    def _failure(self, exc: BaseException) -> wire.Failure:
+        self._count("handler_errors")
+        return wire.Failure(error=f"{type(exc).__name__}: {exc}")
 
-    def _answer(self, request: dict) -> dict:
+    def _answer(self, message: dict) -> wire.Reply | wire.Failure:
         try:
-            op, fields = self._check(request)
-        except _BadRequest as exc:
-            self._count("_rejected")
-            return {"ok": False, "error": str(exc)}
+            request = wire.read_request(message)
+        except wire.ProtocolError as exc:  # a bad request: answered, and the connection stays
+            self._count("rejected")
+            return wire.Failure(error=str(exc))
         try:
-            return {"ok": True, **self._call(op, fields)}
+            return self._call(request)
         except Exception as exc:  # a handler's failure is the viewer's answer, not ours
-            return self._failure(request, exc)
+            return self._failure(exc)
 
-    def _check(self, request: dict) -> tuple[str, dict]:
-        op = request.get("op")
-        if not isinstance(op, str) or op not in _FIELDS:
-            raise _BadRequest(
-                f"unknown op {op!r}; send one of {sorted(_FIELDS)} as "
-                '{"op": "...", ...fields}'
-            )
-        expected = _FIELDS[op]
-        given = set(request) - {"op"}
-        if given != expected:
-            missing, extra = sorted(expected - given), sorted(given - expected)
-            raise _BadRequest(
-                f"op {op!r} takes the fields {sorted(expected)}; "
-                + (f"missing {missing}" if missing else "")
-                + ("; " if missing and extra else "")
-                + (f"unexpected {extra}" if extra else "")
-            )
-        fields: dict[str, Any] = {}
-        if op == "frames_since":
-            fields["cursor"] = _int_field(request, "cursor", 0, None, "a cursor >= 0")
-        elif op == "set_concurrency":
-            stage = request["stage"]
-            if not isinstance(stage, str) or not stage:
-                raise _BadRequest(f"'stage' must be a stage name (a non-empty string), not {stage!r}")
-            fields["stage"] = stage
-            fields["n"] = _int_field(request, "n", 1, MAX_CONCURRENCY,
-                                     f"a concurrency from 1 to {MAX_CONCURRENCY}")
-        return op, fields
-
-    def _call(self, op: str, fields: dict) -> dict:
+    def _call(self, request: wire.Request) -> wire.Reply:
         handlers = self.handlers
-        if op == "hello":
-            return {"name": self.name, "pid": self.pid, "runner": self.runner,
-                    "version": VERSION}
-        if op == "frames_since":
-            chunk = handlers.frames_since(fields["cursor"])
-            if not isinstance(chunk, FrameChunk):
-                raise TypeError(f"frames_since returned a {type(chunk).__name__}, not a FrameChunk")
-            return {"chunk": chunk_to_json(chunk)}
-        if op == "stats":
-            return {"stats": handlers.stats()}
-        if op == "state":
-            return {"state": str(handlers.state())}
-        if op == "controls":
-            return {"controls": {str(k): int(v) for k, v in handlers.controls().items()}}
-        handlers.set_concurrency(fields["stage"], fields["n"])
-        return {}
+        match request:
+            case wire.Hello():
+                return wire.HelloReply(name=self.name, pid=self.pid, runner=self.runner,
+                                       version=VERSION)
+            case wire.FramesSince(cursor=cursor):
+                return wire.FramesReply(chunk=wire.Chunk.of(handlers.frames_since(cursor)))
+            case wire.Stats():
+                return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
+            case wire.State():
+                return wire.StateReply(state=str(handlers.state()))
+            case wire.Controls():
+                controls = {str(k): int(v) for k, v in handlers.controls().items()}
+                return wire.ControlsReply(controls=controls)
+            case wire.SetConcurrency(stage=stage, n=n):
+                handlers.set_concurrency(stage, n)
+                return wire.Reply()
+        raise AssertionError(f"no handler for {request!r}")
 
     # -- closing ----------------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def close(self) -> None:
         """Stop serving, drop the viewers, remove the socket and discovery files (idempotent)."""

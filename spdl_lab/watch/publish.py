@@ -1,34 +1,17 @@
-"""``lab.publish``: a training script makes its run visible to notebooks on this host.
-
-``publish(obj, name=None)`` takes what the training loop iterates -- a ``lab.Loader``,
-a ``lab.run`` Session, a plain torch DataLoader, an SPDL pipeline -- and returns the
-iterable to use in the loop (``sources``: for a DataLoader, one that times the wait for
-each batch, the time between batches as the step, and its workers' CPU). It starts:
-
-* a record file (``records.RecordWriter``): the run's frames, written as they
-  come, flushed at least every 2 s, so a killed script leaves a record up to
-  its last flush;
-* a local endpoint (``endpoint.Endpoint``: a Unix socket in a 0700 folder)
-  that viewers (``lab.attach``) ask for frames, stats and state, and through
-  which they set a stage's concurrency where the runner can change it live.
-
-Publishing never blocks training: a pump thread copies new ticks from the run's
-sampler into one continuous ``Timeline`` (a Loader samples each epoch afresh) and
-the record's buffer every ``PUMP_EVERY_S``; the endpoint's threads answer viewers
-from the timeline. When the run ends the record is closed with the run's state
-("failed" when an uncaught exception ended the script); the endpoint stays until
-``close()`` or the interpreter exits, answering with the final state.
+"""``lab.publish``: a training script makes its run visible to notebooks on this host, through
+a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates.
 """
 
 from __future__ import annotations
 
 import atexit
-import datetime as dt
+import contextlib
 import os
 import sys
 import threading
 from typing import Any
 
+from ..telemetry.frames import chunk_since
 from .sources import source_of
 from .timeline import Timeline
 
@@ -78,7 +61,13 @@ def unpublish(obj: Any) -> None:
 
 
 class Publisher:
-    """The record and the endpoint of one published run; ``close()`` ends both."""
+    """The record and the endpoint of one published run; ``close()`` ends both.
+
+    It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
+    record's buffer, and the endpoint's threads answer viewers from the timeline. The record
+    is closed with the run's state ("failed" after an uncaught exception); the endpoint stays
+    until ``close()`` or the interpreter exits, answering with the final state.
+    """
 
     def __init__(self, obj: Any, name: str) -> None:
         from .discovery import safe_name
@@ -89,32 +78,24 @@ class Publisher:
         self.source = source_of(obj)
         self.obj = obj
         self.name = name
-        pid = os.getpid()
-        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        path = default_record_path(name, pid)
+        path = default_record_path(name, os.getpid())
         if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
-        self.record_path = path
-        try:
-            self.writer = RecordWriter(path, meta={"name": name, "pid": str(pid), "started": started,
-                                                   "runner": self.source.runner, "state": "running"})
-        except BaseException:
-            self.source.close()
-            raise
         #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
         self.failed = False
+        self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._stop = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
                             state=self.state, set_concurrency=self.source.set_concurrency,
                             controls=self.source.controls)
-        try:
+        with contextlib.ExitStack() as undo:  # a step that fails stops what the steps before started
+            undo.callback(self.source.close)
+            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner})
+            undo.callback(self.writer.close, state="failed")
             self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
-        except BaseException:
-            self.writer.close(state="failed")
-            self.source.close()
-            raise
+            undo.pop_all()
         _watch_uncaught_exceptions()
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
@@ -130,9 +111,10 @@ class Publisher:
                 return
 
     def _copy(self) -> None:
-        chunk = self.timeline.pull(self.source.sampler())
-        if len(chunk):
-            self.writer.add(chunk)
+        self.timeline.pull(self.source.sampler())
+        chunk = chunk_since(self.timeline.ring, self._recorded)
+        self._recorded = chunk.cursor
+        self.writer.add(chunk)
 
     def _final_state(self) -> str:
         return "failed" if self.failed or self.source.state() == "failed" else "finished"

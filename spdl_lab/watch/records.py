@@ -1,36 +1,6 @@
-"""Record files: a published run writes its telemetry frames to an SQLite file as it goes.
-
-The file is SQLite in WAL mode, so a viewer reads while the script writes, and pandas
-reads it directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``.
-
-Tables
-    ``frames(time_s REAL, series TEXT, stage TEXT, value REAL)``: long format
-    (``FRAME_COLUMNS``), indexed on ``time_s``; NaN values are not stored.
-    ``meta(key TEXT PRIMARY KEY, value TEXT)``: facts about the run (``name``, ``pid``,
-    ``started``, ``runner``, ``state``, ``dropped_ticks``, ...).
-
-State
-    The writer sets ``state`` to ``"running"`` when it opens the file and to ``"finished"``
-    or ``"failed"`` on ``close``. A reader that finds ``"running"`` while the ``pid`` is gone
-    reports ``"killed"`` (``record_meta``): the process died without closing, and the
-    record holds everything up to its last flush.
-
-Never blocking the training loop
-    ``RecordWriter.add`` only appends the chunk to an in-memory buffer. A thread named
-    ``spdl_lab:record`` writes the buffer in one transaction at least every
-    ``flush_every_s``. If the disk is slower than the frames, the buffer keeps at most
-    ``max_buffered_ticks`` ticks: the oldest are dropped and counted in meta
-    ``dropped_ticks``.
-
-Bounded growth
-    Each flush keeps full rate for the latest ``FULL_RATE_S`` (10 minutes of record time)
-    and thins older ticks to one per ``THIN_EVERY_S`` (10 s): in each 10-s bucket every
-    (series, stage) keeps its last value. A 24-hour run at 10 Hz with 60 series then holds
-    600 s x 10 x 60 = 360,000 full-rate rows plus 86,400 s / 10 s x 60 = 518,400 thinned
-    rows. Simulated in full (tests/watch, ``SPDL_LAB_SOAK=full``): 69.8 MB, 79 bytes per
-    kept row (row, ``time_s`` index and the half-empty pages that thinning leaves), so
-    about 2 MB per hour after the first ten minutes: 200 MB is reached after ~3 days. Deleted rows leave free pages that later inserts
-    reuse, and ``journal_size_limit`` keeps the WAL file small after each checkpoint.
+"""Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
+viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
+directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``.
 """
 
 from __future__ import annotations
@@ -41,38 +11,40 @@ import os
 import sqlite3
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 from itertools import repeat
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
-from spdl_lab.errors import FileFormatError, SpdlLabError
-from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
-from spdl_lab.watch.discovery import pid_alive, safe_name
+from ..errors import FileFormatError, SpdlLabError
+from ..telemetry.frames import FRAME_COLUMNS, FrameChunk
+from ..telemetry.ring import Ring
+from .discovery import pid_alive, safe_name
 
-__all__ = [
-    "RecordWriter",
-    "default_record_path",
-    "read_record",
-    "record_meta",
-    "FULL_RATE_S",
-    "THIN_EVERY_S",
-]
+__all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record",
+           "record_meta"]
 
+# Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
+# the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
 FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0
 RECORD_ENV = "SPDL_LAB_RECORD"
 THREAD_NAME = "spdl_lab:record"
+T = TypeVar("T")
 
+# frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
+# runner, dropped_ticks, and state: "running", then "finished" or "failed" at close).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
+
+_SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 
 # Rows of [lo, hi) except the last one of each (series, stage) in each bucket.
 # Rows are inserted in time order, so the largest rowid is the latest tick.
@@ -96,13 +68,13 @@ def default_record_path(name: str, pid: int) -> Path:
 
 
 class RecordWriter:
-    """Writes frame chunks to an SQLite record from a background thread.
+    """Writes frame chunks to an SQLite record from a thread of its own, ``spdl_lab:record``.
 
-    ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started`` (ISO time)
-    and ``state="running"`` are filled in when missing. The file must not exist yet.
-    At most ``max_buffered_ticks`` ticks wait for a flush (the oldest are dropped and
-    counted beyond that). ``clock`` times the flushes. A flush that fails in the thread
-    is kept in ``error`` and raised by ``close``.
+    ``add`` never waits on the disk: it appends to a ring, written every ``flush_every_s`` in
+    one transaction. ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started``
+    (ISO time) and ``state="running"`` are filled in when missing. The file must not exist yet.
+    At most ``max_buffered_ticks`` ticks wait for a flush (older ones are dropped and
+    counted). A flush that fails in the thread is kept in ``error`` and raised by ``close``.
 
     >>> writer = RecordWriter("run.sqlite", meta={"name": "demo"})  # doctest: +SKIP
     >>> cursor = 0
@@ -112,26 +84,16 @@ class RecordWriter:
     >>> writer.close()  # or close("failed")
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        meta: dict[str, str],
-        flush_every_s: float = 2.0,
-        max_buffered_ticks: int = 6000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
+                 max_buffered_ticks: int = 6000) -> None:
         if flush_every_s <= 0:
             raise SpdlLabError(f"flush_every_s must be > 0 seconds, got {flush_every_s!r}")
         self.path = Path(path)
         self.flush_every_s = flush_every_s
-        self.max_buffered_ticks = max_buffered_ticks
         self.dropped_ticks = 0
         self.error: BaseException | None = None
-        self._clock = clock
-        self._buffer: deque[FrameChunk] = deque()
-        self._buffered_ticks = 0
-        self._buffer_lock = threading.Lock()
+        self._buffer = Ring(max(2, max_buffered_ticks))
+        self._written = 0  # the buffer's cursor: ticks before it are flushed or dropped
         self._db_lock = threading.Lock()
         self._thinned_until = -math.inf
         self._newest_s = -math.inf
@@ -153,70 +115,41 @@ class RecordWriter:
             db.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode loses nothing when the process dies, only on power loss.
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA journal_size_limit=8388608")
+            db.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks after each checkpoint
             db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise SpdlLabError(
                 f"cannot create record file {self.path}: {e}; pick a writable path "
                 f"(--record or ${RECORD_ENV})"
             ) from e
-        facts = {"pid": str(os.getpid()), "started": _now_iso(), **meta}
-        facts.update(state="running", dropped_ticks="0")
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        facts = {"pid": os.getpid(), "started": started, **meta, "state": "running", "dropped_ticks": 0}
         with db:
-            db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [(str(k), str(v)) for k, v in facts.items()],
-            )
+            db.executemany(_SET_META, [(str(k), str(v)) for k, v in facts.items()])
         return db
 
     def add(self, chunk: FrameChunk) -> None:
-        """Queue a chunk for the next flush; never waits on the disk.
-
-        Past ``max_buffered_ticks`` the oldest buffered ticks are dropped and counted.
-        """
+        """Queue a chunk for the next flush; never waits on the disk."""
         if self._closed:
             raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
-        if len(chunk) == 0:
-            return
-        with self._buffer_lock:
-            self._buffer.append(chunk)
-            self._buffered_ticks += len(chunk)
-            while self._buffered_ticks > self.max_buffered_ticks:
-                excess = self._buffered_ticks - self.max_buffered_ticks
-                oldest = self._buffer[0]
-                if len(oldest) <= excess:
-                    self._buffer.popleft()
-                    dropped = len(oldest)
-                else:
-                    self._buffer[0] = FrameChunk(
-                        oldest.cursor,
-                        oldest.times[excess:],
-                        {k: v[excess:] for k, v in oldest.columns.items()},
-                    )
-                    dropped = excess
-                self._buffered_ticks -= dropped
-                self.dropped_ticks += dropped
+        columns = [(series, stage, values.tolist()) for (series, stage), values in chunk.columns.items()]
+        for i, t in enumerate(chunk.times.tolist()):
+            self._buffer.append(t, [(series, stage, values[i]) for series, stage, values in columns])
 
     def flush(self) -> None:
         """Write the buffered ticks now, in one transaction, then thin old ticks."""
-        # The disk lock is taken first so that two flushes write their chunks in time order;
-        # add() takes only the buffer lock, held for a moment here.
+        # Under the disk lock, so that two flushes write their ticks in time order.
         with self._db_lock:
-            with self._buffer_lock:
-                chunks = list(self._buffer)
-                self._buffer.clear()
-                self._buffered_ticks = 0
-                dropped = self.dropped_ticks
             if self._db is None:
                 return
+            cursor, times, columns = self._buffer.since(self._written)
+            self.dropped_ticks += cursor - self._written - len(times)
+            self._written = cursor
             with self._db:
                 self._db.execute("BEGIN")
-                for chunk in chunks:
-                    self._insert(chunk)
+                self._insert(FrameChunk(cursor, times, columns))
                 self._thin()
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('dropped_ticks', ?)", (str(dropped),)
-                )
+                self._db.execute(_SET_META, ("dropped_ticks", str(self.dropped_ticks)))
 
     def _insert(self, chunk: FrameChunk) -> None:
         times = np.asarray(chunk.times, dtype=float)
@@ -244,9 +177,9 @@ class RecordWriter:
         self._thinned_until = until
 
     def _run(self) -> None:
-        deadline = self._clock() + self.flush_every_s
-        while not self._stop.wait(max(0.0, deadline - self._clock())):
-            deadline = self._clock() + self.flush_every_s
+        deadline = time.monotonic() + self.flush_every_s
+        while not self._stop.wait(max(0.0, deadline - time.monotonic())):
+            deadline = time.monotonic() + self.flush_every_s
             try:
                 self.flush()
             except Exception as e:
@@ -268,31 +201,23 @@ class RecordWriter:
         try:
             self.flush()
             with self._db_lock, self._db:
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (state,))
+                self._db.execute(_SET_META, ("state", state))
         except sqlite3.Error as e:
             raise SpdlLabError(f"could not finish record {self.path}: {e}") from e
         finally:
-            self._finish()
+            with self._db_lock:
+                db, self._db = self._db, None
+            with contextlib.suppress(sqlite3.Error):
+                # A finished record becomes one plain file, which readers open without side
+                # files; a viewer still reading keeps it in WAL mode, which is fine too.
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.execute("PRAGMA journal_mode=DELETE")
+            db.close()
         if self.error is not None:
             raise SpdlLabError(
                 f"some flushes of record {self.path} failed ({self.error}); "
                 "the record may miss ticks: check the disk"
             ) from self.error
-
-    def _finish(self) -> None:
-        with self._db_lock:
-            db, self._db = self._db, None
-        if db is None:
-            return
-        try:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            # A finished record becomes one plain file, which readers open without side files.
-            # A viewer still reading keeps it in WAL mode, which is fine too.
-            db.execute("PRAGMA journal_mode=DELETE")
-        except sqlite3.Error:
-            pass
-        finally:
-            db.close()
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -303,53 +228,28 @@ class RecordWriter:
 
 def read_record(path: str | os.PathLike) -> pd.DataFrame:
     """The record's frames (``FRAME_COLUMNS``), sorted by time; the file is opened read-only."""
-    with _open_read_only(path) as db:
-        try:
-            frame = pd.read_sql(
-                "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid", db
-            )
-        except (sqlite3.Error, pd.errors.DatabaseError) as e:
-            raise _not_a_record(path, e) from e
-    return frame[FRAME_COLUMNS]
+    query = "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid"
+    return _read(path, lambda db: pd.read_sql(query, db))[FRAME_COLUMNS]
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:
-    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is gone."""
-    with _open_read_only(path) as db:
-        try:
-            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.Error as e:
-            raise _not_a_record(path, e) from e
+    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is
+    gone: the process died without closing, and the record holds all up to its last flush."""
+    meta = _read(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
     return meta
 
 
-@contextlib.contextmanager
-def _open_read_only(path: str | os.PathLike):
+def _read(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:
+    """``read`` on the record at ``path``, opened read-only; SpdlLabError if it is none."""
     path = Path(path)
     if not path.is_file():
-        raise SpdlLabError(
-            f"record {path} does not exist; pass the path of a .sqlite record "
-            "(see the runs in ./spdl_lab_runs)"
-        )
+        raise SpdlLabError(f"record {path} does not exist; pass the path of a .sqlite record "
+                           "(see the runs in ./spdl_lab_runs)")
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as e:
-        raise _not_a_record(path, e) from e
-    try:
-        yield db
-    finally:
-        db.close()
-
-
-def _not_a_record(path: str | os.PathLike, error: BaseException) -> FileFormatError:
-    return FileFormatError(
-        f"{path} is not a readable spdl_lab record ({error}); pass a file written by RecordWriter",
-        source=str(path),
-        field="",
-    )
-
-
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return read(db)
+    except (sqlite3.Error, pd.errors.DatabaseError) as e:
+        raise FileFormatError(f"{path} is not a readable spdl_lab record ({e}); pass a file written "
+                              "by RecordWriter", source=str(path), field="") from e

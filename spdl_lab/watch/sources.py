@@ -1,17 +1,6 @@
-"""What a publisher reads from the thing it publishes, with one set of names.
-
-Three kinds, one interface (``sampler()``, ``stats()``, ``state()``,
-``set_concurrency``, ``controls()``, ``close()``, and ``published``: what
-``lab.publish`` hands back to the training loop):
-
-* ``SessionSource`` -- a ``lab.run`` Session: it has its own step clock and probes.
-* ``OwnerSource`` -- a ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs
-  it): stage meters come from its runs; the training loop's steps are timed by
-  wrapping each run's iterator (``RunOwner.consumer``), and the step clock and the
-  probes join its sampler.
-* ``LoopSource`` -- any other iterable, above all a plain torch DataLoader: each
-  ``next()`` is data wait, the time the loop holds a batch is the step, and a
-  DataLoader's worker processes are read for CPU. It has its own sampler.
+"""What a publisher reads from the thing it publishes, with one interface: ``sampler()``,
+``stats()``, ``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published``
+(what ``lab.publish`` hands back to the training loop).
 """
 
 from __future__ import annotations
@@ -54,12 +43,26 @@ def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
     return LoopSource(obj)
 
 
-class _Epoch:
+class _Proxy:
+    """``len()`` and the attributes of the object it stands for, ``_of``."""
+
+    _of: Any
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_of":
+            raise AttributeError(name)
+        return getattr(self._of, name)
+
+
+class _Epoch(_Proxy):
     """One pass of the training loop over a published iterable: the iterator it was given,
     timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's."""
 
     def __init__(self, items: Iterator[Any], clock: StepClock) -> None:
-        self._items = items
+        self._of = items
         self._timed = clock.iterate_steps(items)
 
     def __iter__(self) -> _Epoch:
@@ -67,14 +70,6 @@ class _Epoch:
 
     def __next__(self) -> Any:
         return next(self._timed)
-
-    def __len__(self) -> int:
-        return len(self._items)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_items", "_timed"):
-            raise AttributeError(name)
-        return getattr(self._items, name)
 
     def close(self) -> None:
         self._timed.close()  # a step left open (the loop broke out) is not counted
@@ -91,7 +86,8 @@ class _TimedLoop:
 
     def __init__(self, children: bool) -> None:
         self.clock = StepClock()
-        self.probes: list[Any] = [GilProbe(), CpuProbe(children=children)]
+        self.gil = GilProbe()
+        self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
         self._epoch: _Epoch | None = None
         self._lock = threading.Lock()
 
@@ -105,32 +101,23 @@ class _TimedLoop:
         return epoch
 
     def start(self) -> None:
-        for probe in self.probes:
-            if hasattr(probe, "start"):
-                probe.start()
+        self.gil.start()  # the CPU probe reads as it is called: nothing to start
 
     def stop(self) -> None:
-        for probe in self.probes:
-            if hasattr(probe, "stop"):
-                probe.stop()
+        self.gil.stop()
 
     def step_stats(self) -> dict[str, Any]:
         return self.clock.summary().to_dict()
 
 
-class SessionSource:
-    def __init__(self, session: Any) -> None:
-        self.published = self.obj = session
-        self.runner = session.runner
+class _RunSource:
+    """What a Session and a Loader share: they are published as they are, and steered live."""
+
+    def __init__(self, obj: Any) -> None:
+        self.published = self.obj = obj
 
     def sampler(self) -> Sampler | None:
         return self.obj.sampler
-
-    def stats(self) -> dict[str, Any]:
-        return _snapshot_dict(self.obj.stats())
-
-    def state(self) -> str:
-        return self.obj.state
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self.obj.set_concurrency(stage, n)
@@ -138,13 +125,31 @@ class SessionSource:
     def controls(self) -> dict[str, int]:
         return dict(self.obj.controls())
 
+
+class SessionSource(_RunSource):
+    """A ``lab.run`` Session: it has its own step clock and probes."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__(session)
+        self.runner = session.runner
+
+    def stats(self) -> dict[str, Any]:
+        return _snapshot_dict(self.obj.stats())
+
+    def state(self) -> str:
+        return self.obj.state
+
     def close(self) -> None:
         pass  # the session's own stop() or end closes what it started
 
 
-class OwnerSource:
+class OwnerSource(_RunSource):
+    """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters come from
+    its runs; the loop's steps are timed by wrapping each run's iterator (``RunOwner.consumer``),
+    and the step clock and the probes join its sampler."""
+
     def __init__(self, owner: Any) -> None:
-        self.published = self.obj = owner
+        super().__init__(owner)
         self.runner = owner.runner or "iterable"
         self.loop = _TimedLoop(children=self.runner != "thread")
         self._sources = [self.loop.clock.rows, *self.loop.probes]
@@ -153,21 +158,12 @@ class OwnerSource:
         owner.consumer = self.loop.epoch
         self.loop.start()
 
-    def sampler(self) -> Sampler | None:
-        return self.obj.sampler
-
     def stats(self) -> dict[str, Any]:
         return {**_snapshot_dict(self.obj.stats()), "step": self.loop.step_stats()}
 
     def state(self) -> str:
         """"running" until the Loader is closed (between epochs too), then "finished"."""
         return "finished" if self.obj.state == "closed" else "running"
-
-    def set_concurrency(self, stage: str, n: int) -> None:
-        self.obj.set_concurrency(stage, n)
-
-    def controls(self) -> dict[str, int]:
-        return dict(self.obj.controls())
 
     def close(self) -> None:
         self.obj.consumer = None
@@ -177,6 +173,9 @@ class OwnerSource:
 
 
 class LoopSource:
+    """Any other iterable, above all a torch DataLoader: each ``next()`` is data wait, the time
+    the loop holds a batch is the step, a DataLoader's workers are read for CPU; its own sampler."""
+
     def __init__(self, iterable: Any) -> None:
         self.obj = iterable
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
@@ -231,26 +230,19 @@ class LoopSource:
         self.loop.stop()
 
 
-class PublishedLoop:
+class PublishedLoop(_Proxy):
     """What ``lab.publish`` returns for a DataLoader or another iterable: iterate it as the
     original (every ``for`` is an epoch, timed); ``len()`` and attributes are the original's."""
 
     def __init__(self, source: LoopSource) -> None:
         self._source = source
+        self._of = source.obj
 
     def __iter__(self) -> Iterator[Any]:
-        return self._source.epoch(iter(self._source.obj))
-
-    def __len__(self) -> int:
-        return len(self._source.obj)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_source":
-            raise AttributeError(name)
-        return getattr(self._source.obj, name)
+        return self._source.epoch(iter(self._of))
 
     def __repr__(self) -> str:
-        return f"published({self._source.obj!r})"
+        return f"published({self._of!r})"
 
 
 def _snapshot_dict(snap: Any) -> dict[str, Any]:

@@ -1,18 +1,12 @@
-"""One published run's ticks on one clock, across the runs of what it publishes.
-
-A ``lab.Loader`` starts a new run, with a new sampler and ring, each time it is
-iterated (each epoch). Viewers and the record must see one continuous run: the
-publisher's pump ``pull``s the current sampler's new ticks into a ring of its
-own, their times shifted to count from the publisher's start. When the sampler
-changes, the old one's last ticks are taken first, so an epoch's end is kept.
+"""One published run's ticks on one clock, across the runs of what it publishes: a
+``lab.Loader`` starts a new run, with a new sampler and ring, each epoch; viewers and the
+record see one continuous run.
 """
 
 from __future__ import annotations
 
 import math
 import time
-
-import numpy as np
 
 from ..telemetry.frames import FrameChunk, chunk_since
 from ..telemetry.ring import Ring
@@ -22,7 +16,10 @@ __all__ = ["Timeline"]
 
 
 class Timeline:
-    """The ticks of every sampler ``pull`` was given, times from ``started_at``; thread-safe reads."""
+    """The ticks of every sampler ``pull`` was given, times from ``started_at``; thread-safe reads.
+
+    When the sampler changes, the old one's last ticks are taken first: an epoch's end is kept.
+    """
 
     def __init__(self, capacity: int = DEFAULT_TICKS) -> None:
         self.ring = Ring(capacity)
@@ -32,17 +29,14 @@ class Timeline:
         #: ticks viewers asked for after the ring had moved past them (a stalled viewer skips ahead)
         self.skipped_by_viewers = 0
 
-    def pull(self, sampler: Sampler | None) -> FrameChunk:
-        """The ticks ``sampler`` (the current one) added since the last pull, now in the ring too."""
-        times: list[np.ndarray] = []
-        columns: list[dict] = []
-        if sampler is not self._sampler and self._sampler is not None:
-            self._take(self._sampler, times, columns)  # the previous run's last ticks
+    def pull(self, sampler: Sampler | None) -> None:
+        """Append the ticks ``sampler`` (the current one) added since the last pull to the ring."""
         if sampler is not self._sampler:
+            if self._sampler is not None:
+                self._take(self._sampler)  # the previous run's last ticks
             self._sampler, self._cursor = sampler, 0
         if sampler is not None:
-            self._take(sampler, times, columns)
-        return _joined(times, columns)
+            self._take(sampler)
 
     def frames_since(self, cursor: int) -> FrameChunk:
         """The ticks after ``cursor`` that the ring still holds (the oldest go first, counted)."""
@@ -51,24 +45,9 @@ class Timeline:
             self.skipped_by_viewers += oldest - cursor
         return chunk_since(self.ring, cursor)
 
-    def _take(self, sampler: Sampler, times: list[np.ndarray], columns: list[dict]) -> None:
+    def _take(self, sampler: Sampler) -> None:
         self._cursor, ticks, values = sampler.ring.since(self._cursor)
-        if not len(ticks):
-            return
-        ticks = ticks + (sampler.started_at - self.started_at)
-        for i, t in enumerate(ticks):
-            self.ring.append(float(t), [(series, stage, float(v[i])) for (series, stage), v in values.items()
-                                        if not math.isnan(v[i])])
-        times.append(ticks)
-        columns.append(values)
-
-
-def _joined(times: list[np.ndarray], columns: list[dict]) -> FrameChunk:
-    if not times:
-        return FrameChunk(0, np.empty(0), {})
-    if len(times) == 1:
-        return FrameChunk(0, times[0], columns[0])
-    keys = {k for c in columns for k in c}
-    joined = {k: np.concatenate([c.get(k, np.full(len(t), np.nan)) for t, c in zip(times, columns)])
-              for k in keys}
-    return FrameChunk(0, np.concatenate(times), joined)
+        shift = sampler.started_at - self.started_at
+        for i, t in enumerate(ticks.tolist()):
+            rows = [(series, stage, float(v[i])) for (series, stage), v in values.items()]
+            self.ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])

@@ -401,8 +401,6 @@ ALLOWED = {
         "unpickles only messages from sweep children this process started, over pipes only they hold",
     "spdl_lab/watch/client.py::EndpointClient._connect::socket.socket":
         "an AF_UNIX socket a viewer connects with, to a run's socket in the user's 0700 runtime dir",
-    "spdl_lab/watch/discovery.py::_read_discovery::json.loads":
-        "a discovery file in the user's 0700 dir; size capped, no NaN, every field type-checked",
     "spdl_lab/watch/endpoint.py::Endpoint._accept_loop::.accept()":
         "viewers of the AF_UNIX endpoint in the user's 0700 runtime dir; at most max_viewers at once",
     "spdl_lab/watch/endpoint.py::Endpoint._answers::socket.socket":
@@ -413,8 +411,6 @@ ALLOWED = {
         "the published run's AF_UNIX endpoint; JSON messages only, size-capped, refused if malformed",
     "spdl_lab/watch/endpoint.py::Endpoint._listen::socket.socket":
         "the published run's listener: AF_UNIX (tests/watch/test_endpoint.py checks the dir is 0700)",
-    "spdl_lab/watch/protocol.py::decode_message::json.loads":
-        "endpoint messages: length-capped, strict JSON objects (no NaN, no repeated keys); never pickle",
     "spdl_lab/runners/children.py::spawn::multiprocessing.connection.Connection":
         "wraps pipes to a child this process just spawned; no one else holds them",
     "spdl_lab/runners/_child.py::main::multiprocessing.connection.Connection":
