@@ -375,6 +375,10 @@ _UNPICKLERS = {"pickle.Unpickler", "_pickle.Unpickler"}
 
 #: Every risky site in spdl_lab/: "file::scope::operation" -> why it is safe.
 ALLOWED = {
+    "spdl_lab/_json.py::loads::json.loads":
+        "the one strict JSON reader: no NaN, no duplicate keys, no nesting past the stack; every field checked after",
+    "spdl_lab/_views.py::view::importlib.import_module":
+        "imports a drawing module that spdl_lab's own __init__ registered by name, never a name from outside",
     "spdl_lab/runners/__init__.py::runner_class::importlib.import_module":
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
     "spdl_lab/cli_inputs.py::import_attr::importlib.import_module":
@@ -439,9 +443,7 @@ ALLOWED = {
         "meters our own child wrote into a 0600 segment named with a random token this runner chose",
     "spdl_lab/runners/subprocess_threads.py::_pipeline_error::pickle.loads":
         "an exception our own child pickled and sent over the pipe only it holds",
-    "spdl_lab/workloads/images.py::image_dataloader::torch.utils.data.DataLoader":
-        "torch unpickles batches only from the worker processes it spawns for this DataLoader",
-    "spdl_lab/workloads/text.py::text_dataloader::torch.utils.data.DataLoader":
+    "spdl_lab/workloads/_steps.py::dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
     "spdl_lab/workloads/text.py::PythonTokenize.__call__::json.load":
         "the tokenizer file the lab trained into its own cache folder; parsed as JSON, only its vocab is read",
