@@ -35,7 +35,7 @@ device
 # quick; `benchmarks/parallelism.py` and `make demo` run longer.
 
 # %%
-cmp = lab.compare(pipeline, step=device, steps=40, warmup=4, repeats=4,
+cmp = lab.compare(pipeline, step=device, steps=30, warmup=4, repeats=3,
                   runner_options={"process": {"num_workers": 2}})
 assert list(cmp.table.index) == list(lab.LOCAL_RUNNERS)
 cmp

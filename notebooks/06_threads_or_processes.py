@@ -19,7 +19,7 @@ import psutil
 
 import spdl_lab as lab
 
-N, BATCH = 480, 8              # small, for CI; a larger N gives steadier numbers
+N, BATCH = 320, 8              # small, for CI; a larger N gives steadier numbers
 BASE = np.random.default_rng(0).standard_normal(100_000)
 
 def load(i):

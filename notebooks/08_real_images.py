@@ -44,8 +44,8 @@ print(f"plain DataLoader, num_workers=2: {plain_rate:.1f} batches/s after start-
 # should not read gil-bound; what it reads on this machine is printed below.
 
 # %%
-QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=5)
-diag = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=96, settings=QUICK, progress=False)
+QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
+diag = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=64, settings=QUICK, progress=False)
 print(diag.headline())
 diag.verdicts()
 

@@ -26,7 +26,7 @@ print(f"identical token ids on {same} of {len(documents)} documents; the first b
 # sweep: whether processes help is notebook 06's question).
 
 # %%
-QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=5)
+QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
 rows = {}
 for name in ("python", "rust", "rust-batch"):
     pipeline, _ = lab.workloads.text(n=N, tokenizer=name)

@@ -64,7 +64,7 @@ stats.table()[["tasks", "failures", "qps", "p50_ms"]]
 # Each runner's loader stays open between rounds, so Ray's start-up is not in the rates.
 
 # %%
-cmp = lab.compare(pipeline, step, runners=("thread", "subprocess-threads", "ray"), steps=40, warmup=6,
+cmp = lab.compare(pipeline, step, runners=("thread", "subprocess-threads", "ray"), steps=24, warmup=4,
                   repeats=2, progress=False)
 cmp.table[["batches_per_s", "batches_per_s_lo", "batches_per_s_hi", "data_wait_frac", "cpu_percent"]].round(2)
 

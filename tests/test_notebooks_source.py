@@ -24,7 +24,7 @@ def test_every_source_has_a_notebook_and_every_notebook_a_source():
     sources = {p.stem for p in NOTEBOOKS.glob("*.py")}
     notebooks = {p.stem for p in NOTEBOOKS.glob("*.ipynb")}
     assert sources == notebooks, "run: python tools/sync_notebooks.py"
-    assert len(sources) >= 11
+    assert sources, "no tutorial sources in notebooks/"
     assert {p.stem for p in sync.sources()} == sources  # the tool sees every source
 
 
