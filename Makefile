@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test lab demo bench lint soak clean browser-deps
+.PHONY: venv test lab demo bench lint soak clean browser-deps notebooks
 
 venv: $(STAMP)
 
@@ -30,7 +30,7 @@ TEST_WORKERS ?= 2
 BROWSER_TESTS := tests/ui/test_browser.py
 
 test: $(STAMP) browser-deps
-	$(PY) -m ruff check spdl_lab tests benchmarks tools
+	$(PY) -m ruff check spdl_lab tests benchmarks tools notebooks
 	$(PY) -m pytest -m "not measurement" -n $(TEST_WORKERS) --dist loadfile --ignore=$(BROWSER_TESTS) $(PYTEST_ARGS) tests
 	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BROWSER_TESTS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(PY) -m pytest -m measurement -p no:cacheprovider $(PYTEST_ARGS) tests; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
@@ -55,8 +55,13 @@ bench: $(STAMP)
 soak: $(STAMP)
 	SPDL_LAB_SOAK=full $(PY) -m pytest -m slow -s -p no:cacheprovider $(PYTEST_ARGS) tests
 
+# The tutorials' sources are notebooks/*.py (jupytext percent format); this writes the
+# .ipynb files from them (tests/test_notebooks_source.py checks that they agree).
+notebooks: $(STAMP)
+	$(PY) tools/sync_notebooks.py
+
 lint: $(STAMP)
-	$(PY) -m ruff check spdl_lab tests benchmarks tools
+	$(PY) -m ruff check spdl_lab tests benchmarks tools notebooks
 
 # Chromium for tests/ui: Playwright cannot download its own browser offline, so the
 # tests drive Debian's /usr/bin/chromium. Installs it only when it is missing.
