@@ -62,7 +62,7 @@ def sample_diagnosis(name: str = "decode", text: str = "QPS stayed at 410 items/
 
 def sample_comparison() -> Any:
     """A Comparison as lab.compare returns it, for a ``Comparison.from_json`` when there is one."""
-    from spdl_lab.experiments.compare import TABLE_COLUMNS
+    from spdl_lab.experiments.comparison import TABLE_COLUMNS
     from spdl_lab.telemetry.frames import FRAME_COLUMNS
 
     def value(column: str, i: int) -> float | int:
@@ -379,8 +379,10 @@ ALLOWED = {
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
     "spdl_lab/cli_inputs.py::import_attr::importlib.import_module":
         "imports the module the user named on the spdl-lab command line, as `python -m` would",
-    "spdl_lab/file_checks.py::load_document::json.loads":
-        "the one strict JSON reader: no NaN, no duplicate keys, depth and size capped; every field checked after",
+    "spdl_lab/_views.py::view::importlib.import_module":
+        "imports a module named by a view that spdl_lab's own __init__ registered, never a name from outside",
+    "spdl_lab/_json.py::loads::json.loads":
+        "the one strict JSON reader: no NaN, no duplicate keys, depth capped; file_checks caps the size, checks every field",
     "spdl_lab/diagnose/_isolated.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
     "spdl_lab/diagnose/_isolated.py::main::multiprocessing.connection.Connection":

@@ -10,8 +10,7 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab.errors import PipelineSpecError, SpdlLabError
-from spdl_lab.tune.file_format import TuningFormatError
-from spdl_lab.tune.result import TRIAL_COLUMNS
+from spdl_lab.tune.result import TRIAL_COLUMNS, TuningFormatError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_thread_leak", "no_child_leak")]
 
