@@ -8,6 +8,7 @@ schema. Reading executes nothing: the file becomes plain data (``_json``), check
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -29,7 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from ._json import dump_file, loads, plain
 from .errors import FileFormatError
 
-__all__ = ["RECORD", "Count", "Flag", "Format", "Meta", "Name", "Rate", "Share", "Text", "checked", "describe",
+__all__ = ["RECORD", "Count", "Flag", "Format", "Meta", "Name", "Rate", "Share", "Text", "check", "describe",
            "integer", "load", "number", "read_any", "refuse", "rows", "string"]
 
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
@@ -66,16 +67,14 @@ Count, Rate = integer(0, MAX_COUNT), number(0)
 Share = number(0, 1.5)  # of time or of cores; timer skew takes it a little over 1
 
 
-def checked(kind: Any) -> Callable[[Any], Any]:
-    """``kind``'s validator, its TypeAdapter built on first use (after every type it names exists)."""
-    made: list[TypeAdapter[Any]] = []
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
 
-    def validate(value: Any) -> Any:
-        if not made:
-            made.append(TypeAdapter(kind))
-        return made[0].validate_python(value)
 
-    return validate
+def check(kind: Any, value: Any) -> Any:
+    """``value`` validated as ``kind``, whose TypeAdapter is built on first use and kept."""
+    return _adapter(kind).validate_python(value)
 
 
 def refuse(loc: tuple[int | str, ...], problem: str, value: Any = None) -> NoReturn:
@@ -84,8 +83,8 @@ def refuse(loc: tuple[int | str, ...], problem: str, value: Any = None) -> NoRet
     raise ValidationError.from_exception_data("refused", [InitErrorDetails(type=error, loc=loc, input=value)])
 
 
-_scalar = checked(Annotated[None | Flag | integer(-(2**63), 2**63 - 1) | number(-math.inf) | Text,
-                            Field(union_mode="left_to_right")])
+_SCALAR = Annotated[None | Flag | integer(-(2**63), 2**63 - 1) | number(-math.inf) | Text,
+                    Field(union_mode="left_to_right")]
 
 
 def _scalars(value: Any) -> Any:
@@ -94,7 +93,7 @@ def _scalars(value: Any) -> Any:
         refuse((), f"a list of {len(items)} items, more than the limit of {MAX_META_LIST}")
     for i, item in enumerate(items):
         try:
-            _scalar(item)
+            check(_SCALAR, item)
         except ValidationError:
             refuse((i,) if isinstance(value, list) else (), "Input should be a string, number, bool or null, "
                    "or a flat list of those", item)
@@ -107,10 +106,10 @@ Meta = Annotated[dict[Name, Annotated[Any, AfterValidator(_scalars)]], Field(max
 
 def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
     """A DataFrame that a file holds as a list of ``row`` records (at most ``limit``), one per row."""
-    records = checked(Annotated[list[row], Field(max_length=limit)])
+    records = Annotated[list[row], Field(max_length=limit)]
 
     def read(value: Any) -> pd.DataFrame:
-        frame = pd.DataFrame([asdict(r) for r in records(value)], columns=[f.name for f in fields(row)])
+        frame = pd.DataFrame([asdict(r) for r in check(records, value)], columns=[f.name for f in fields(row)])
         return frame.set_index(index) if index else frame
 
     return PlainValidator(read)
@@ -147,21 +146,24 @@ class Format(Generic[R]):
             raise self.fail(source, "version", f"expected {' or '.join(map(str, self.versions))}, got "
                             f"{describe(version)}", writing, "Upgrade spdl_lab to read it" if newer else None)
         try:
-            result = _checked_kind(self.kind)({k: v for k, v in doc.items() if k not in ("format", "version")})
-            return self.finish(result, version)
+            return self.finish(check(self.kind, {k: v for k, v in doc.items() if k not in ("format", "version")}),
+                               version)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            raise self.fail(source, _where(first["loc"]), first["msg"], writing) from None
+            raise self.refusal(exc, source, writing) from None
 
     def write(self, result: R, path: str | Path) -> Path:
         """Write ``result`` atomically, refusing now what ``read`` would refuse later."""
         try:
             doc = plain({"format": self.name, "version": self.versions[-1], **self.encode(result)})
         except ValidationError as exc:  # the encoder's own refusals
-            first = exc.errors(include_url=False)[0]
-            raise self.fail(path, _where(first["loc"]), first["msg"], True) from None
+            raise self.refusal(exc, path, True) from None
         self.parse(doc, path, writing=True)
         return dump_file(doc, path, compact=self.compact)
+
+    def refusal(self, exc: ValidationError, source: str | Path, writing: bool) -> FileFormatError:
+        """Pydantic's first error, with its location, as this format's."""
+        first = exc.errors(include_url=False)[0]
+        return self.fail(source, _where(first["loc"]), first["msg"], writing)
 
     def fail(self, source: str | Path, where: str, problem: str, writing: bool = False,
              fix: str | None = None) -> FileFormatError:
@@ -185,13 +187,6 @@ def read_any(path: Path, formats: Sequence[Format[Any]], fix: str) -> Any:
     if doc.get("format") not in by_name:
         raise fail("format", f"expected {' or '.join(map(repr, by_name))}, got {describe(doc.get('format'))}")
     return by_name[doc["format"]].parse(doc, path)
-
-
-_KINDS: dict[type, Callable[[Any], Any]] = {}
-
-
-def _checked_kind(kind: type) -> Callable[[Any], Any]:
-    return _KINDS.setdefault(kind, checked(kind))
 
 
 def load(path: Path, max_bytes: int, fail: Callable[[str, str], FileFormatError]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import pandas as pd
 from pydantic import PlainValidator
 
-from .._table import amount, text_table
+from .._table import amount, num, text_table
 from .._views import view
 from ..errors import FileFormatError
 from ..file_checks import (
@@ -29,7 +29,7 @@ from ..file_checks import (
     Rate,
     Share,
     Text,
-    checked,
+    check,
     integer,
     refuse,
 )
@@ -124,6 +124,10 @@ class StageDiagnosis:
         t = (math.log2(c) - math.log2(lo.concurrency)) / span if span > 0 else 0.0
         return (lo.qps + t * (hi.qps - lo.qps)) * self.items_per_input
 
+    def peak_qps(self, executor: str = "thread") -> float:
+        """The highest QPS ``executor`` reached (NaN: none measured)."""
+        return max((p.qps for p in self.points if p.executor == executor and math.isfinite(p.qps)), default=math.nan)
+
     def thread_points(self) -> list[Point]:
         return [p for p in self.points if p.executor == "thread"]
 
@@ -137,7 +141,7 @@ def _stages(value: Any) -> dict[str, StageDiagnosis]:
         refuse((), f"{len(value)} stages, more than the limit of {MAX_STAGES}")
     stages: dict[str, StageDiagnosis] = {}
     points = 0
-    for i, stage in enumerate(_stage_list(value)):
+    for i, stage in enumerate(check(list[StageDiagnosis], value)):
         if stage.name in stages:
             refuse((i, "name"), f"stage {stage.name[:60]!r} appears twice")
         stages[stage.name] = stage
@@ -148,9 +152,6 @@ def _stages(value: Any) -> dict[str, StageDiagnosis]:
         if points > MAX_POINTS:
             refuse((i, "points"), f"more than the limit of {MAX_POINTS} points in all")
     return stages
-
-
-_stage_list = checked(list[StageDiagnosis])
 
 
 @dataclass
@@ -243,7 +244,7 @@ class Diagnosis:
         rows = [[_printable(s.name) if len(_printable(s.name)) <= 30 else _printable(s.name)[:27] + "...",
                  _printable(s.kind), _printable(s.verdict or s.shown_status()),
                  "-" if s.best_concurrency is None else str(s.best_concurrency),
-                 _peak(s.thread_points()), _peak(s.process_points())] for s in order]
+                 num(s.peak_qps(), ",.1f"), num(s.peak_qps("process"), ",.1f")] for s in order]
         table = text_table(["stage", "kind", "verdict", "best", "thread qps", "process qps"], rows, left=(0, 1, 2))
         lines += ["", table[0], "-" * len(table[0])]
         for s, row in zip(order, table[1:]):
@@ -292,11 +293,6 @@ def limiting(stages: Iterable[StageDiagnosis]) -> tuple[StageDiagnosis, float, S
 def _printable(text: str) -> str:
     """``text`` with control and format characters (ESC, BEL, CSI, bidi overrides) written as escapes."""
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _peak(points: list[Point]) -> str:
-    qps = [p.qps for p in points if math.isfinite(p.qps)]
-    return f"{max(qps):,.1f}" if qps else "-"
 
 
 def _last_line(error: str | None) -> str:

@@ -1,19 +1,10 @@
 """What ``lab.compare`` returns: a Comparison, its table's rows and rounds, as text and as JSON.
 
-The dataclasses below are also the JSON file's description: pydantic checks a file against their
-field types, so reading is strict and executes nothing. The file (version 2)::
-
-    {"format": "spdl_lab.comparison", "version": 2, "steps": 200, "warmup": 10, "repeats": 5,
-     "warnings": ["thread and process are within noise of each other (...)", ...],
-     "rounds": [{"runner": "thread", "round": 0, "started_s": 1.7, "batches_per_s": 3.9}, ...],
-     "table": [{"runner": "thread", "batches_per_s": 3.8, "batches_per_s_lo": 3.7, ...}, ...],
-     "frames": {"thread": {"time_s": [0.0, 0.1, ...],
-                           "series": [{"series": "qps", "stage": "decode", "values": [null, 812.5, ...]}]}}}
-
-``frames`` holds each runner's frames in wide form, as the sampler's ring holds them: the tick
-times, strictly increasing, then one array per (series, stage) lined up with them, null where the
-series had no value in that tick. Version 1 files (one run per runner, no spread) are still read:
-their new columns are NaN, ``repeats`` 1, no warnings and no rounds.
+The dataclasses below are also the JSON file's description, checked by pydantic: reading is strict
+and executes nothing. ``frames`` are held in wide form, as the sampler's ring holds them: per runner
+the tick times, strictly increasing, then one array per (series, stage) lined up with them, null
+where the series had no value in that tick. Version 1 files (one run per runner, no spread) are
+still read: their new columns are NaN, ``repeats`` 1, no warnings and no rounds.
 """
 
 from __future__ import annotations
@@ -39,7 +30,7 @@ from ..file_checks import (
     Format,
     Rate,
     Share,
-    checked,
+    check,
     describe,
     integer,
     refuse,
@@ -129,14 +120,11 @@ class Frames:
     series: list[Series]
 
 
-_wide_frames = checked(dict[Label, Frames])
-
-
 def _frames(value: Any) -> dict[str, pd.DataFrame]:
-    """Each runner's frames, checked, in the long form ``Session.frames()`` gives."""
+    """Each runner's frames, check, in the long form ``Session.frames()`` gives."""
     values = 0
     frames = {}
-    for runner, wide in _wide_frames(value).items():
+    for runner, wide in check(dict[Label, Frames], value).items():
         times, series = wide.time_s, wide.series
         for where, n, limit, what in (("time_s", len(times), MAX_TICKS, "ticks"),
                                       ("series", len(series), MAX_SERIES, "series")):
@@ -239,23 +227,22 @@ class Comparison:
                     ("others CPU %", "others_cpu_percent", ".0f")]
         return cols + [(head, column(col, fmt)) for head, col, fmt in optional if shown[col]]
 
+    def cells(self, cols: list[tuple[str, Callable[[pd.Series], str]]]) -> list[list[str]]:
+        """The table's rows as text, the runner first."""
+        return [[str(name), *(cell(row) for _, cell in cols)] for name, row in self.table.iterrows()]
+
     def _repr_html_(self) -> str:
         cols = self.columns()
-        head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in cols)
-        body = "".join(f"<tr><td>{html.escape(str(name))}</td>"
-                       + "".join(f"<td>{html.escape(cell(row))}</td>" for _, cell in cols) + "</tr>"
-                       for name, row in self.table.iterrows())
+        table = pd.DataFrame(self.cells(cols), columns=["runner", *(h for h, _ in cols)])
         items = "".join(f"<li>{html.escape(w)}</li>" for w in self.warnings)
         warnings = f'<div class="warnings"><b>warnings</b><ul>{items}</ul></div>' if items else ""
-        return (f"<p><b>{html.escape(self.header())}</b></p>{warnings}"
-                f"<table><tr><th>runner</th>{head}</tr>{body}</table>")
+        return f"<p><b>{html.escape(self.header())}</b></p>{warnings}{table.to_html(index=False, escape=True)}"
 
     def __repr__(self) -> str:
         """The table in at most WIDTH columns (the least important go first), then the warnings."""
         cols = self.columns()
         while True:
-            lines = text_table(["runner", *(h for h, _ in cols)],
-                               [[str(name), *(cell(row) for _, cell in cols)] for name, row in self.table.iterrows()])
+            lines = text_table(["runner", *(h for h, _ in cols)], self.cells(cols))
             if max(map(len, lines)) <= WIDTH or len(cols) <= 3:
                 break
             cols = cols[:-1]

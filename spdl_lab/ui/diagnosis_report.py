@@ -95,16 +95,10 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
 def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
     """One figure per map stage, the limiting stage first, in a grid (batch stages have no
     concurrency to sweep)."""
-    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)
-    figs = [stage_figure(s) for s in order if s.kind == "map" and s.points]
+    figs = [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]
     if not figs:
         return column(Div(text="No map stage was measured, so there is nothing to plot."))
     return gridplot(figs, ncols=ncols)
-
-
-def _peak_qps(stage: StageDiagnosis) -> str:
-    qps = [p.qps for p in stage.thread_points() if math.isfinite(p.qps)]
-    return f"{max(qps):,.1f}" if qps else ""
 
 
 _STYLE = """<style>
@@ -122,13 +116,14 @@ def _row(stage: StageDiagnosis) -> str:
     color = _VERDICT_COLORS.get(stage.verdict or "", "#555")
     verdict = e(stage.verdict or stage.shown_status())
     best = "" if stage.best_concurrency is None else str(stage.best_concurrency)
+    peak = stage.peak_qps()
     error = ""
     if stage.error:
         error = f"<details><summary>error</summary><pre>{e(stage.error)}</pre></details>"
     return (
         f"<tr><td>{e(stage.name)}</td><td>{e(stage.kind)}</td>"
         f"<td class='verdict' style='color:{color}'>{verdict}</td><td class='num'>{best}</td>"
-        f"<td class='num'>{_peak_qps(stage)}</td><td>{e(stage.evidence)}{error}</td>"
+        f"<td class='num'>{'' if math.isnan(peak) else f'{peak:,.1f}'}</td><td>{e(stage.evidence)}{error}</td>"
         f"<td>{e(stage.recommendation)}</td></tr>"
     )
 
@@ -141,7 +136,7 @@ def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
     heads = ("stage", "kind", "verdict", "best concurrency", "peak thread QPS", "evidence", "recommendation")
     elapsed = f" in {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
     created = f", started {diag.created}" if diag.created else ""
-    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)
+    order = diag.in_order()
     load = diag.machine_load()
     return (
         f"<div class='spdl-diag'>{_STYLE}"
