@@ -26,11 +26,12 @@ from pydantic import (
     ValidationError,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
+from typing_extensions import Self
 
 from ._json import dump_file, loads, plain
 from .errors import FileFormatError
 
-__all__ = ["RECORD", "Count", "Flag", "Format", "Meta", "Name", "Rate", "Share", "Text", "check", "describe",
+__all__ = ["RECORD", "Count", "Flag", "Format", "Meta", "Name", "Rate", "Saved", "Share", "Text", "check", "describe",
            "integer", "load", "number", "read_any", "refuse", "rows", "string"]
 
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
@@ -116,7 +117,23 @@ def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
 
 
 # -- reading and writing ---------------------------------------------------------------------------
-@dataclass(frozen=True)
+class Saved:
+    """``to_json`` and ``from_json`` for a result type, by the ``Format`` that describes it."""
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write plain JSON (checked against the reader's rules first); return the path."""
+        return _FORMATS[type(self)].write(self, path)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Self:
+        """Read what ``to_json`` wrote: plain JSON, validated, never executed."""
+        return _FORMATS[cls].read(path)
+
+
+_FORMATS: dict[type, Format[Any]] = {}
+
+
+@dataclass
 class Format(Generic[R]):
     """One file format: ``{"format": name, "version": n, ...}`` and then the fields of a ``kind``."""
 
@@ -130,6 +147,9 @@ class Format(Generic[R]):
     finish: Callable[[R, int], R] = lambda result, version: result  # checks across fields; older versions
     max_bytes: int = 50 * 2**20
     compact: bool = False  # one line without spaces, for files of long number arrays
+
+    def __post_init__(self) -> None:
+        _FORMATS[self.kind] = self
 
     def read(self, path: str | Path) -> R:
         """Read and check ``path``; a missing file raises the usual OSError."""

@@ -27,6 +27,7 @@ from ..file_checks import (
     Meta,
     Name,
     Rate,
+    Saved,
     Share,
     Text,
     check,
@@ -155,7 +156,7 @@ def _stages(value: Any) -> dict[str, StageDiagnosis]:
 
 
 @dataclass
-class Diagnosis:
+class Diagnosis(Saved):
     """``lab.diagnose``'s result. ``stages[name].verdict``, ``.table``, ``.plot()``,
     ``to_html(path)``, ``to_json(path)``, ``Diagnosis.from_json(path)``."""
 
@@ -262,15 +263,6 @@ class Diagnosis:
     def to_html(self, path: str | Path) -> Path:
         """One self-contained HTML file (INLINE Bokeh, no network)."""
         return view("diagnosis_report")(self, path)
-
-    def to_json(self, path: str | Path) -> Path:
-        """Write plain JSON (checked against the reader's rules first); return the path."""
-        return DIAGNOSIS_FILE.write(self, path)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Diagnosis:
-        """Read a Diagnosis written by ``to_json``; plain JSON, validated, never executed."""
-        return DIAGNOSIS_FILE.read(path)
 
     def _repr_html_(self) -> str:
         return view("diagnosis_html")(self)

@@ -14,7 +14,6 @@ import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -29,6 +28,7 @@ from ..file_checks import (
     Count,
     Format,
     Rate,
+    Saved,
     Share,
     check,
     describe,
@@ -151,7 +151,7 @@ def _frames(value: Any) -> dict[str, pd.DataFrame]:
 
 
 @dataclass
-class Comparison:
+class Comparison(Saved):
     """What ``compare`` measured: ``table`` (one row per runner), ``warnings``, ``rounds``, ``frames``.
 
     ``to_json(path)`` saves it and ``Comparison.from_json(path)`` reads it back.
@@ -185,15 +185,6 @@ class Comparison:
     def plot(self) -> Any:
         """A Bokeh layout: throughput with its spread, where the training thread waited, step time."""
         return view("comparison_plot")(self)
-
-    def to_json(self, path: str | Path) -> Path:
-        """Write the table, warnings, rounds and every runner's frames as plain JSON; return the path."""
-        return COMPARISON_FILE.write(self, path)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Comparison:
-        """Read a Comparison written by ``to_json``; plain JSON, validated, never executed."""
-        return COMPARISON_FILE.read(path)
 
     def header(self) -> str:
         spread = (f"; batches/s is the median of {self.repeats} rounds, [lo-hi] the slowest and fastest "

@@ -19,7 +19,20 @@ from typing_extensions import TypedDict
 
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
-from ..file_checks import RECORD, Flag, Format, Meta, Name, Rate, Share, Text, integer, refuse, rows
+from ..file_checks import (
+    RECORD,
+    Flag,
+    Format,
+    Meta,
+    Name,
+    Rate,
+    Saved,
+    Share,
+    Text,
+    integer,
+    refuse,
+    rows,
+)
 from ..pipeline import MAX_CONCURRENCY, Pipeline
 from .code import loader_code
 from .search import Step
@@ -96,7 +109,7 @@ def _no_pipeline(value: Any) -> None:
 
 
 @dataclass
-class Tuning:
+class Tuning(Saved):
     """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
 
     __pydantic_config__ = RECORD
@@ -149,15 +162,6 @@ class Tuning:
     def to_html(self, path: str | Path) -> Path:
         """A self-contained HTML report (Bokeh inline): the best, the code, the log, the trials."""
         return view("tuning_report")(self, path)
-
-    def to_json(self, path: str | Path) -> Path:
-        """Write plain JSON (checked against the reader's rules first); return the path."""
-        return TUNING_FILE.write(self, path)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Tuning:
-        """Read a Tuning written by ``to_json``: plain JSON, validated, never executed."""
-        return TUNING_FILE.read(path)
 
     def summary(self) -> str:
         best = self.best

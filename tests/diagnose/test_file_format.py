@@ -215,7 +215,7 @@ def test_pickle_and_binary_are_refused(tmp_path):
 
 
 def test_oversized_file_is_refused_before_reading(tmp_path, monkeypatch):
-    monkeypatch.setattr(io, "DIAGNOSIS_FILE", replace(io.DIAGNOSIS_FILE, max_bytes=1000))
+    monkeypatch.setattr(io.DIAGNOSIS_FILE, "max_bytes", 1000)
     refused(write(tmp_path, json.dumps(good_doc())), "larger than the limit of 1000")
 
 
