@@ -167,8 +167,8 @@ def _mapping_line(label: str, values: dict) -> str:
 
 
 # Bokeh's own page (bokeh.core.templates.FILE) with the report around its plots. Jinja escapes
-# nothing by itself here: the title and headline pass through ``e``; the HTML pieces were
-# escaped by the functions that made them.
+# nothing by itself here: the title passes through ``e``; the HTML pieces were escaped by the
+# functions that made them.
 _PAGE = """
 {% block postamble %}<style>
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -176,9 +176,8 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 .points th, .points td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
 .points td:first-child { text-align: left; }
 </style>{% endblock %}
-{% block contents %}<h1>{{ title | e }}</h1><p><b>{{ headline | e }}</b></p>{{ load }}
+{% block contents %}<h1>{{ title | e }}</h1>{{ verdicts }}
 <h2>QPS against concurrency</h2>{{ super() }}
-<h2>Verdicts</h2>{{ verdicts }}
 <h2>Details</h2>{{ machine }}{{ settings }}<h3>All measured points</h3><div class="points">{{ points }}</div>
 {% endblock %}
 """
@@ -188,15 +187,12 @@ def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "s
     """Write the verdicts, figures and every measured point to one self-contained HTML file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    load = diag.machine_load()
     # INLINE: Bokeh's code in the page, only the bundles this layout uses; nothing fetched.
     # Bokeh escapes the names inside its document JSON itself.
     page = file_html(diagnosis_plot(diag), INLINE, title, template=_PAGE, template_variables={
-        "headline": diag.headline(),
-        "load": f"<p>{html.escape(load)}</p>" if load else "",
         "machine": _mapping_line("machine", diag.machine),
         "settings": _mapping_line("settings", diag.settings),
-        "verdicts": diagnosis_html(diag, charts=False),  # the Bokeh figures above show the same
+        "verdicts": diagnosis_html(diag, charts=False),  # the headline and verdicts; Bokeh draws the charts
         "points": diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True),
     })
     path.write_text(page, encoding="utf-8")
