@@ -1,7 +1,7 @@
 """Reports are data: saved files are read as plain data, and nothing spdl_lab writes runs.
 
 1. Every public ``from_json`` refuses hostile files cleanly (its own error, naming the
-   file and the JSON path) and executes nothing; tests/diagnose/test_file_format.py
+   file and the JSON path) and executes nothing; tests/diagnose/test_result.py
    has the spot checks, this file the exhaustive ones (every field, every object).
 2. An audit of spdl_lab/'s source (ast): each place that unpickles, evaluates, imports
    by name, parses JSON or could listen is in ``ALLOWED`` with a one-line reason; the

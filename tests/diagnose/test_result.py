@@ -1,4 +1,4 @@
-"""Diagnosis to and from JSON: a faithful round trip, and hostile files refused cleanly."""
+"""A Diagnosis to and from JSON and as text: a faithful round trip, and hostile files refused cleanly."""
 
 from __future__ import annotations
 
