@@ -89,6 +89,7 @@ _SCALAR = Annotated[None | Flag | integer(-(2**63), 2**63 - 1) | number(-math.in
 
 
 def _scalars(value: Any) -> Any:
+    """A scalar, or a flat list of them: what settings and machine hold, nothing nested."""
     items = value if isinstance(value, list) else [value]
     if len(items) > MAX_META_LIST:
         refuse((), f"a list of {len(items)} items, more than the limit of {MAX_META_LIST}")
