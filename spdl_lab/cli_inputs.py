@@ -99,12 +99,12 @@ def load_step(spec: str) -> Any:
 
 def read_saved(path: Path) -> Any:
     """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
-    from .diagnose.result import DIAGNOSIS_FILE
-    from .experiments.comparison import COMPARISON_FILE
+    from .diagnose.result import Diagnosis
+    from .experiments.comparison import Comparison
     from .file_checks import read_any
 
     try:
-        return read_any(path, (DIAGNOSIS_FILE, COMPARISON_FILE),
+        return read_any(path, (Diagnosis, Comparison),
                         "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)")
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None

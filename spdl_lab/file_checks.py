@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Annotated, Any, Generic, NoReturn, TypeVar
+from typing import Annotated, Any, ClassVar, NoReturn
 
 import pandas as pd
 from pydantic import (
@@ -31,7 +31,7 @@ from typing_extensions import Self
 from ._json import dump_file, loads, plain
 from .errors import FileFormatError
 
-__all__ = ["RECORD", "Count", "Flag", "Format", "Meta", "Name", "Rate", "Saved", "Share", "Text", "check", "describe",
+__all__ = ["RECORD", "Count", "Flag", "Meta", "Name", "Rate", "Saved", "Share", "Text", "check", "describe",
            "integer", "load", "number", "read_any", "refuse", "rows", "string"]
 
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
@@ -40,8 +40,6 @@ MAX_COUNT = 10**15
 
 #: Every record's pydantic config: a key the record does not have is refused, not ignored.
 RECORD = ConfigDict(extra="forbid")
-
-R = TypeVar("R")
 
 
 # -- field types: strict (no "3" for 3, no true for 1), each bounded ------------------------------
@@ -119,78 +117,72 @@ def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
 
 # -- reading and writing ---------------------------------------------------------------------------
 class Saved:
-    """``to_json`` and ``from_json`` for a result type, by the ``Format`` that describes it."""
+    """A result saved as ``{"format": "spdl_lab.<its class>", "version": n, ...}`` and then its own
+    dataclass fields, which pydantic checks against their types. A subclass sets the ClassVars below
+    and may override ``_saved_fields`` and ``_checked``."""
+
+    VERSIONS: ClassVar[tuple[int, ...]] = (1,)  # read; the last one is written
+    ERROR: ClassVar[type[FileFormatError]] = FileFormatError
+    FIX: ClassVar[str] = "Only files written by to_json can be read"  # what to do about a file that does not fit
+    MAX_BYTES: ClassVar[int] = 50 * 2**20
+    COMPACT: ClassVar[bool] = False  # one line without spaces, for files of long number arrays
+
+    def _saved_fields(self) -> dict[str, Any]:
+        """The fields as the file holds them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def _checked(self, version: int) -> Self:
+        """Checks across fields, and what a file of an older ``version`` lacks (``refuse`` what does not fit)."""
+        return self
 
     def to_json(self, path: str | Path) -> Path:
         """Write plain JSON (checked against the reader's rules first); return the path."""
-        return _FORMATS[type(self)].write(self, path)
+        try:
+            doc = plain({"format": self._format(), "version": self.VERSIONS[-1], **self._saved_fields()})
+        except ValidationError as exc:  # the encoder's own refusals
+            raise self._refusal(exc, path, True) from None
+        self._parse(doc, path, writing=True)
+        return dump_file(doc, path, compact=self.COMPACT)
 
     @classmethod
     def from_json(cls, path: str | Path) -> Self:
-        """Read what ``to_json`` wrote: plain JSON, validated, never executed."""
-        return _FORMATS[cls].read(path)
-
-
-_FORMATS: dict[type, Format[Any]] = {}
-
-
-@dataclass
-class Format(Generic[R]):
-    """One file format: ``{"format": name, "version": n, ...}`` and then the fields of a ``kind``."""
-
-    name: str  # "spdl_lab.diagnosis"
-    noun: str  # how messages name it: "diagnosis"
-    kind: type[R]  # the result type: its fields are the file's, checked by pydantic
-    versions: tuple[int, ...]  # read; the last one is written
-    error: type[FileFormatError]
-    fix: str  # what to do about a file that does not fit
-    encode: Callable[[R], dict[str, Any]]  # a result's fields as the file holds them
-    finish: Callable[[R, int], R] = lambda result, version: result  # checks across fields; older versions
-    max_bytes: int = 50 * 2**20
-    compact: bool = False  # one line without spaces, for files of long number arrays
-
-    def __post_init__(self) -> None:
-        _FORMATS[self.kind] = self
-
-    def read(self, path: str | Path) -> R:
-        """Read and check ``path``; a missing file raises the usual OSError."""
+        """Read what ``to_json`` wrote: plain JSON, validated, never executed (a missing file: OSError)."""
         path = Path(path)
-        return self.parse(load(path, self.max_bytes, lambda where, what: self.fail(path, where, what)), path)
+        return cls._parse(load(path, cls.MAX_BYTES, lambda where, what: cls._fail(path, where, what)), path)
 
-    def parse(self, doc: Any, source: str | Path, writing: bool = False) -> R:
+    @classmethod
+    def _format(cls) -> str:
+        return f"spdl_lab.{cls.__name__.lower()}"
+
+    @classmethod
+    def _parse(cls, doc: dict[str, Any], source: str | Path, writing: bool = False) -> Self:
         """A result from a parsed document, each field checked; else this format's error."""
-        if doc.get("format") != self.name:
-            raise self.fail(source, "format", f"expected {self.name!r}, got {describe(doc.get('format'))}", writing)
+        if doc.get("format") != cls._format():
+            raise cls._fail(source, "format", f"expected {cls._format()!r}, got {describe(doc.get('format'))}",
+                            writing)
         version = doc.get("version")
-        if type(version) is not int or version not in self.versions:  # True == 1 and 1.0 == 1 must not pass
-            newer = type(version) is int and version > self.versions[-1]
-            raise self.fail(source, "version", f"expected {' or '.join(map(str, self.versions))}, got "
+        if type(version) is not int or version not in cls.VERSIONS:  # True == 1 and 1.0 == 1 must not pass
+            newer = type(version) is int and version > cls.VERSIONS[-1]
+            raise cls._fail(source, "version", f"expected {' or '.join(map(str, cls.VERSIONS))}, got "
                             f"{describe(version)}", writing, "Upgrade spdl_lab to read it" if newer else None)
         try:
-            return self.finish(check(self.kind, {k: v for k, v in doc.items() if k not in ("format", "version")}),
-                               version)
+            return check(cls, {k: v for k, v in doc.items() if k not in ("format", "version")})._checked(version)
         except ValidationError as exc:
-            raise self.refusal(exc, source, writing) from None
+            raise cls._refusal(exc, source, writing) from None
 
-    def write(self, result: R, path: str | Path) -> Path:
-        """Write ``result`` atomically, refusing now what ``read`` would refuse later."""
-        try:
-            doc = plain({"format": self.name, "version": self.versions[-1], **self.encode(result)})
-        except ValidationError as exc:  # the encoder's own refusals
-            raise self.refusal(exc, path, True) from None
-        self.parse(doc, path, writing=True)
-        return dump_file(doc, path, compact=self.compact)
-
-    def refusal(self, exc: ValidationError, source: str | Path, writing: bool) -> FileFormatError:
+    @classmethod
+    def _refusal(cls, exc: ValidationError, source: str | Path, writing: bool) -> FileFormatError:
         """Pydantic's first error, with its location, as this format's."""
         first = exc.errors(include_url=False)[0]
-        return self.fail(source, _where(first["loc"]), first["msg"], writing)
+        return cls._fail(source, _where(first["loc"]), first["msg"], writing)
 
-    def fail(self, source: str | Path, where: str, problem: str, writing: bool = False,
-             fix: str | None = None) -> FileFormatError:
-        head = f"cannot write {self.noun} {source}" if writing else f"{self.noun} file {source}"
-        fix = fix or (f"Correct that field of the {self.kind.__name__}" if writing else self.fix)
-        return _failure(self.error, head, source, where, problem, fix)
+    @classmethod
+    def _fail(cls, source: str | Path, where: str, problem: str, writing: bool = False,
+              fix: str | None = None) -> FileFormatError:
+        noun = cls.__name__.lower()
+        head = f"cannot write {noun} {source}" if writing else f"{noun} file {source}"
+        fix = fix or (f"Correct that field of the {cls.__name__}" if writing else cls.FIX)
+        return _failure(cls.ERROR, head, source, where, problem, fix)
 
 
 def _failure(error: type[FileFormatError], head: str, source: str | Path, where: str, problem: str,
@@ -198,16 +190,16 @@ def _failure(error: type[FileFormatError], head: str, source: str | Path, where:
     return error(f"{head}:{f' {where}:' if where else ''} {problem}. {fix}.", source=str(source), field=where)
 
 
-def read_any(path: Path, formats: Sequence[Format[Any]], fix: str) -> Any:
-    """``path`` read as whichever of ``formats`` its ``format`` names."""
+def read_any(path: Path, kinds: Sequence[type[Saved]], fix: str) -> Any:
+    """``path`` read as whichever of ``kinds`` its ``format`` names."""
     def fail(where: str, problem: str) -> FileFormatError:
         return _failure(FileFormatError, f"spdl_lab file {path}", path, where, problem, fix)
 
-    by_name = {f.name: f for f in formats}
-    doc = load(path, max(f.max_bytes for f in formats), fail)
-    if doc.get("format") not in by_name:
-        raise fail("format", f"expected {' or '.join(map(repr, by_name))}, got {describe(doc.get('format'))}")
-    return by_name[doc["format"]].parse(doc, path)
+    by_format = {kind._format(): kind for kind in kinds}
+    doc = load(path, max(kind.MAX_BYTES for kind in kinds), fail)
+    if doc.get("format") not in by_format:
+        raise fail("format", f"expected {' or '.join(map(repr, by_format))}, got {describe(doc.get('format'))}")
+    return by_format[doc["format"]]._parse(doc, path)
 
 
 def load(path: Path, max_bytes: int, fail: Callable[[str, str], FileFormatError]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pandas as pd
 from pydantic import PlainValidator
@@ -23,7 +23,6 @@ from ..errors import FileFormatError
 from ..file_checks import (
     RECORD,
     Count,
-    Format,
     Meta,
     Name,
     Rate,
@@ -36,7 +35,7 @@ from ..file_checks import (
 )
 from ..pipeline import MAX_CONCURRENCY
 
-__all__ = ["BUSY_MACHINE", "DIAGNOSIS_FILE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
+__all__ = ["BUSY_MACHINE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
            "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting"]
 
 #: The verdict vocabulary (see ``rules``).
@@ -161,6 +160,10 @@ class Diagnosis(Saved):
     ``to_html(path)``, ``to_json(path)``, ``Diagnosis.from_json(path)``."""
 
     __pydantic_config__ = RECORD
+    VERSIONS: ClassVar = (1, 2)
+    ERROR: ClassVar = DiagnosisFormatError
+    FIX: ClassVar = ("Only files written by Diagnosis.to_json can be read; run lab.diagnose again and save it "
+                     "with .to_json(path)")
 
     pipeline: Text  # the pipeline's repr
     stages: Annotated[dict[str, StageDiagnosis], PlainValidator(_stages)]  # a list in the file
@@ -267,6 +270,19 @@ class Diagnosis(Saved):
     def _repr_html_(self) -> str:
         return view("diagnosis_html")(self)
 
+    def _saved_fields(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["stages"] = list(doc["stages"].values())
+        for stage in doc["stages"]:
+            stage["points"] = stage.pop("points")  # last: after the short fields a reader looks for
+        return doc
+
+    def _checked(self, version: int) -> Diagnosis:
+        """Version 1 files have no stage status: it follows from the other fields."""
+        if version == 1:
+            self.stages = {n: replace(s, status=_v1_status(s)) for n, s in self.stages.items()}
+        return self
+
     def __repr__(self) -> str:
         return self.summary()
 
@@ -293,30 +309,9 @@ def _last_line(error: str | None) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _encode(diag: Diagnosis) -> dict[str, Any]:
-    doc = asdict(diag)
-    doc["stages"] = list(doc["stages"].values())
-    for stage in doc["stages"]:
-        stage["points"] = stage.pop("points")  # last: after the short fields a reader looks for
-    return doc
-
-
-def _finish(diag: Diagnosis, version: int) -> Diagnosis:
-    """Version 1 files have no stage status: it follows from the other fields."""
-    if version == 1:
-        diag.stages = {n: replace(s, status=_v1_status(s)) for n, s in diag.stages.items()}
-    return diag
-
-
 def _v1_status(stage: StageDiagnosis) -> str:
     if stage.kind == "batch":
         return "batch"
     if stage.verdict is not None:
         return "measured"
     return "not measured" if stage.evidence.startswith("not measured") else "failed"
-
-
-DIAGNOSIS_FILE: Format[Diagnosis] = Format(
-    name="spdl_lab.diagnosis", noun="diagnosis", kind=Diagnosis, versions=(1, 2), error=DiagnosisFormatError,
-    fix="Only files written by Diagnosis.to_json can be read; run lab.diagnose again and save it with .to_json(path)",
-    encode=_encode, finish=_finish)

@@ -14,7 +14,7 @@ import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,6 @@ from ..errors import FileFormatError, PipelineSpecError
 from ..file_checks import (
     RECORD,
     Count,
-    Format,
     Rate,
     Saved,
     Share,
@@ -41,7 +40,7 @@ from ..runners import RUNNERS
 from ..telemetry.frames import FRAME_COLUMNS
 from .spread import beats_headspace, coverage
 
-__all__ = ["COMPARISON_FILE", "ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round",
+__all__ = ["ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round",
            "Row"]
 
 WIDTH = 100  # columns of the printed table
@@ -158,6 +157,11 @@ class Comparison(Saved):
     """
 
     __pydantic_config__ = RECORD
+    VERSIONS: ClassVar = (1, 2)
+    ERROR: ClassVar = ComparisonFormatError
+    FIX: ClassVar = ("Only files written by Comparison.to_json (or spdl-lab compare --json) can be read; run "
+                     "lab.compare again and save it with .to_json(path)")
+    COMPACT: ClassVar = True  # frames are long arrays of numbers
 
     table: Annotated[pd.DataFrame, rows(Row, len(RUNNERS), index="runner")]
     frames: Annotated[dict[str, pd.DataFrame], PlainValidator(_frames)] = field(repr=False)
@@ -217,6 +221,33 @@ class Comparison(Saved):
                     ("CPU %", "cpu_percent", ".0f"), ("GIL wait", "gil_wait_frac", None),
                     ("others CPU %", "others_cpu_percent", ".0f")]
         return cols + [(head, column(col, fmt)) for head, col, fmt in optional if shown[col]]
+
+    def _saved_fields(self) -> dict[str, Any]:
+        if not isinstance(self.table, pd.DataFrame) or not isinstance(self.frames, dict):
+            refuse(("table",), f"expected a DataFrame and a dict of DataFrames, got {describe(self.table)} "
+                               f"and {describe(self.frames)}")
+        table = self.table.to_dict(orient="records")
+        return {"steps": self.steps, "warmup": self.warmup, "repeats": self.repeats, "warnings": self.warnings,
+                "rounds": self.rounds[ROUND_COLUMNS].to_dict(orient="records"),
+                "table": [{"runner": r, **row} for r, row in zip(self.table.index, table)],
+                "frames": {runner: _wide(frame, runner) for runner, frame in self.frames.items()}}
+
+    def _checked(self, version: int) -> Comparison:
+        """Checks across fields: a row per runner, and frames and rounds only of those runners."""
+        runners = list(self.table.index)
+        if not runners:
+            refuse(("table",), "no runner: a comparison has at least one row")
+        twice = next((i for i, r in enumerate(runners) if r in runners[:i]), None)
+        if twice is not None:
+            refuse(("table", twice, "runner"), f"runner {runners[twice]!r} appears twice")
+        no_row = f"no row for this runner in the table (runners: {', '.join(runners)})"
+        for runner in self.frames:
+            if runner not in runners:
+                refuse(("frames", runner), no_row)
+        for i, runner in enumerate(self.rounds["runner"]):
+            if runner not in runners:
+                refuse(("rounds", i, "runner"), no_row)
+        return self
 
     def cells(self, cols: list[tuple[str, Callable[[pd.Series], str]]]) -> list[list[str]]:
         """The table's rows as text, the runner first."""
@@ -282,38 +313,3 @@ def _wide(frame: Any, runner: str) -> dict[str, Any]:
         values[tick[at]] = value[at]
         series.append({"series": name, "stage": stage, "values": values})
     return {"time_s": times, "series": series}
-
-
-def _encode(cmp: Comparison) -> dict[str, Any]:
-    if not isinstance(cmp.table, pd.DataFrame) or not isinstance(cmp.frames, dict):
-        refuse(("table",), f"expected a DataFrame and a dict of DataFrames, got {describe(cmp.table)} "
-                           f"and {describe(cmp.frames)}")
-    return {"steps": cmp.steps, "warmup": cmp.warmup, "repeats": cmp.repeats, "warnings": cmp.warnings,
-            "rounds": cmp.rounds[ROUND_COLUMNS].to_dict(orient="records"),
-            "table": [{"runner": r, **row} for r, row in zip(cmp.table.index, cmp.table.to_dict(orient="records"))],
-            "frames": {runner: _wide(frame, runner) for runner, frame in cmp.frames.items()}}
-
-
-def _finish(cmp: Comparison, version: int) -> Comparison:
-    """Checks across fields: a row per runner, and frames and rounds only of those runners."""
-    runners = list(cmp.table.index)
-    if not runners:
-        refuse(("table",), "no runner: a comparison has at least one row")
-    twice = next((i for i, r in enumerate(runners) if r in runners[:i]), None)
-    if twice is not None:
-        refuse(("table", twice, "runner"), f"runner {runners[twice]!r} appears twice")
-    no_row = f"no row for this runner in the table (runners: {', '.join(runners)})"
-    for runner in cmp.frames:
-        if runner not in runners:
-            refuse(("frames", runner), no_row)
-    for i, runner in enumerate(cmp.rounds["runner"]):
-        if runner not in runners:
-            refuse(("rounds", i, "runner"), no_row)
-    return cmp
-
-
-COMPARISON_FILE: Format[Comparison] = Format(
-    name="spdl_lab.comparison", noun="comparison", kind=Comparison, versions=(1, 2), error=ComparisonFormatError,
-    fix="Only files written by Comparison.to_json (or spdl-lab compare --json) can be read; run lab.compare "
-        "again and save it with .to_json(path)",
-    encode=_encode, finish=_finish, compact=True)  # compact: frames are long arrays of numbers

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pandas as pd
 from pydantic import Field, PlainValidator, with_config
@@ -22,7 +22,6 @@ from ..errors import FileFormatError, PipelineSpecError
 from ..file_checks import (
     RECORD,
     Flag,
-    Format,
     Meta,
     Name,
     Rate,
@@ -39,7 +38,7 @@ from .search import Step
 from .space import TUNABLE_RUNNERS, WORKERS, Config
 from .trial import Trial
 
-__all__ = ["TRIAL_COLUMNS", "TUNING_FILE", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
+__all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
            "trial_row"]
 
 Runner = Literal[TUNABLE_RUNNERS]
@@ -113,6 +112,10 @@ class Tuning(Saved):
     """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
 
     __pydantic_config__ = RECORD
+    ERROR: ClassVar = TuningFormatError
+    FIX: ClassVar = ("Only files written by Tuning.to_json can be read; run lab.tune again and save it with "
+                     ".to_json(path)")
+    MAX_BYTES: ClassVar = 20 * 2**20
 
     best: LoaderConfig
     start: LoaderConfig
@@ -179,6 +182,10 @@ class Tuning(Saved):
     def _repr_html_(self) -> str:
         return view("tuning_html")(self)
 
+    def _saved_fields(self) -> dict[str, Any]:
+        saved = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("trials", "pipeline")}
+        return {**saved, "trials": self.trials[TRIAL_COLUMNS].to_dict(orient="records")}
+
 
 def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
     """One row of ``Tuning.trials``."""
@@ -190,14 +197,3 @@ def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
         predicted_batches_per_s=predicted, limit=limit, step_p50_ms=t.step_p50_ms, data_wait_frac=t.data_wait_frac,
         cpu_percent=t.cpu_percent, train_gil_wait_frac=t.train_gil_wait_frac, gil_wait_frac=t.gil_wait_frac,
         move=move.describe(), kept=kept, windows=len(t.rates), started_s=t.started_s, elapsed_s=t.elapsed_s))
-
-
-def _encode(tuning: Tuning) -> dict[str, Any]:
-    doc = {f.name: getattr(tuning, f.name) for f in fields(Tuning) if f.name not in ("trials", "pipeline")}
-    return {**doc, "trials": tuning.trials[TRIAL_COLUMNS].to_dict(orient="records")}
-
-
-TUNING_FILE: Format[Tuning] = Format(
-    name="spdl_lab.tuning", noun="tuning", kind=Tuning, versions=(1,), error=TuningFormatError,
-    fix="Only files written by Tuning.to_json can be read; run lab.tune again and save it with .to_json(path)",
-    encode=_encode, max_bytes=20 * 2**20)

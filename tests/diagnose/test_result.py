@@ -111,7 +111,7 @@ def test_summary_names_every_stage_and_verdict():
 
 
 def good_doc() -> dict:
-    return plain({"format": "spdl_lab.diagnosis", "version": 2, **io._encode(sample_diagnosis())})
+    return plain({"format": "spdl_lab.diagnosis", "version": 2, **sample_diagnosis()._saved_fields()})
 
 
 def write(tmp_path: Path, doc) -> Path:
@@ -215,7 +215,7 @@ def test_pickle_and_binary_are_refused(tmp_path):
 
 
 def test_oversized_file_is_refused_before_reading(tmp_path, monkeypatch):
-    monkeypatch.setattr(io.DIAGNOSIS_FILE, "max_bytes", 1000)
+    monkeypatch.setattr(io.Diagnosis, "MAX_BYTES", 1000)
     refused(write(tmp_path, json.dumps(good_doc())), "larger than the limit of 1000")
 
 

@@ -86,7 +86,7 @@ def test_round_trip_keeps_nan_gaps_and_empty_frames(tmp_path):
 
 
 def good_doc() -> dict:
-    return plain({"format": "spdl_lab.comparison", "version": 2, **io._encode(sample())})
+    return plain({"format": "spdl_lab.comparison", "version": 2, **sample()._saved_fields()})
 
 
 def write(tmp_path: Path, doc) -> Path:
@@ -203,7 +203,7 @@ def test_too_many_rows_ticks_series_and_values(tmp_path, monkeypatch):
     refused(write(tmp_path, doc), "frames.process.series", "limit of 5 values")
     too_many = dict(doc, table=doc["table"] * 3)  # one row a runner: the local four and ray
     refused(write(tmp_path, too_many), "table", f"at most {len(RUNNERS)} items")
-    monkeypatch.setattr(io.COMPARISON_FILE, "max_bytes", 100)
+    monkeypatch.setattr(io.Comparison, "MAX_BYTES", 100)
     refused(write(tmp_path, doc), "larger than the limit of 100")
 
 
