@@ -40,8 +40,7 @@ from ..runners import RUNNERS
 from ..telemetry.frames import FRAME_COLUMNS
 from .spread import beats_headspace, coverage
 
-__all__ = ["ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round",
-           "Row"]
+__all__ = ["ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round", "Row"]
 
 WIDTH = 100  # columns of the printed table
 MAX_TICKS = 100_000  # per runner (the sampler keeps 6,000 by default)
@@ -120,7 +119,7 @@ class Frames:
 
 
 def _frames(value: Any) -> dict[str, pd.DataFrame]:
-    """Each runner's frames, check, in the long form ``Session.frames()`` gives."""
+    """Each runner's frames, checked, in the long form ``Session.frames()`` gives."""
     values = 0
     frames = {}
     for runner, wide in check(dict[Label, Frames], value).items():
