@@ -16,10 +16,16 @@ from typing import Any
 
 __all__ = ["dump_file", "dumps", "loads", "plain"]
 
+_AS_IS = (str, int, bool, type(None))
+
 
 def plain(value: Any) -> Any:
     """``value`` as JSON takes it: tuples and arrays as lists, NaN and inf as null, numpy
     numbers as Python's; anything else as it is, for the reader's schema to refuse."""
+    if type(value) is float:  # first: long arrays of numbers are most of a big file
+        return value if math.isfinite(value) else None
+    if type(value) in _AS_IS:
+        return value
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

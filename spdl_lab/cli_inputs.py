@@ -94,24 +94,15 @@ def load_step(spec: str) -> Any:
 
 def read_saved(path: Path) -> Any:
     """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
-    from .diagnose import file_format as diagnosis_file
-    from .experiments import comparison_file
-    from .file_checks import Checker, describe, load_document
+    from .diagnose.result import Diagnosis
+    from .experiments.comparison import Comparison
+    from .file_checks import read_any
 
-    formats = {diagnosis_file.FORMAT: diagnosis_file, comparison_file.FORMAT: comparison_file}
-
-    class Saved(Checker):
-        read_fix = "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)"
-
-    checker = Saved(path)
     try:
-        doc = load_document(path, checker, max(m.MAX_FILE_BYTES for m in formats.values()))
+        return read_any(path, (Diagnosis, Comparison),
+                        "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)")
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    module = formats.get(doc.get("format"))
-    if module is None:
-        raise checker.fail("format", f"expected {' or '.join(map(repr, formats))}, got {describe(doc.get('format'))}")
-    return module.build(doc, path)
 
 
 def a_noun(obj: Any) -> str:

@@ -4,19 +4,18 @@ table, the tuner's log and the code to paste, and an HTML report (JSON with ``--
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Callable
-from typing import Any
 
+import pandas as pd
+
+from ._table import num, pct, spread, text_table
 from .cli_inputs import EXIT_OK, UsageError, load_pipeline, load_step, output_path
 
 __all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune"]
 
 #: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
 DEFAULT_BUDGET_S = 60.0
-
-_Cell = Callable[[Any], str]
 
 
 def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
@@ -73,50 +72,23 @@ def _runner_names(text: str) -> list[str]:
 
 # -- the table -----------------------------------------------------------------------------------
 
-def _concurrency(row: Any) -> str:
+def _concurrency(row: pd.Series) -> str:
     if row["runner"] == "process":  # every stage runs in each worker: the pool is the knob
         return f"workers={row['options'].get('num_workers')}"
     return " ".join(f"{name}={n}" for name, n in row["concurrency"].items())
 
 
-def _rate(row: Any) -> str:
-    lo, hi = row["batches_per_s_lo"], row["batches_per_s_hi"]
-    spread = "" if math.isnan(lo) or lo == hi else f" [{lo:.3g}-{hi:.3g}]"
-    return f"{row['batches_per_s']:.3g}{spread}"
-
-
-def _num(col: str, fmt: str) -> _Cell:
-    return lambda row: "-" if math.isnan(row[col]) else format(row[col], fmt)
-
-
-def _pct(col: str) -> _Cell:
-    return lambda row: "-" if math.isnan(row[col]) else f"{row[col]:.0%}"
-
-
-#: (heading, cell, left-aligned): text columns to the left, numbers to the right.
-_COLUMNS: list[tuple[str, _Cell, bool]] = [
-    ("runner", lambda row: str(row["runner"]), True),
-    ("concurrency", _concurrency, True),
-    ("batches/s [lo-hi]", _rate, False),
-    ("predicted", _num("predicted_batches_per_s", ".3g"), False),
-    ("step p50 ms", _num("step_p50_ms", ".1f"), False),
-    ("data wait", _pct("data_wait_frac"), False),
-    ("CPU %", _num("cpu_percent", ".0f"), False),
-    ("move", lambda row: str(row["move"]), True),
-    ("kept", lambda row: "kept" if row["kept"] else "-", True),
-]
-
-
-def trials_table(trials: Any) -> str:
-    """``Tuning.trials`` as fixed-width text, one line per trial in the order measured."""
-    cells = [[cell(row) for _, cell, _ in _COLUMNS] for _, row in trials.iterrows()]
-    widths = [max(len(head), *(len(r[i]) for r in cells)) for i, (head, _, _) in enumerate(_COLUMNS)]
-
-    def line(texts: list[str]) -> str:
-        return "  ".join(t.ljust(w) if left else t.rjust(w)
-                         for t, w, (_, _, left) in zip(texts, widths, _COLUMNS)).rstrip()
-
-    return "\n".join([line([head for head, _, _ in _COLUMNS]), *map(line, cells)])
+def trials_table(trials: pd.DataFrame) -> str:
+    """``Tuning.trials`` as fixed-width text, one line per trial in the order measured: text
+    columns aligned left, numbers right."""
+    headings = ["runner", "concurrency", "batches/s [lo-hi]", "predicted", "step p50 ms", "data wait", "CPU %",
+                "move", "kept"]
+    rows = [[str(row["runner"]), _concurrency(row), spread(row["batches_per_s"], row["batches_per_s_lo"],
+                                                           row["batches_per_s_hi"]),
+             num(row["predicted_batches_per_s"]), num(row["step_p50_ms"], ".1f"), pct(row["data_wait_frac"]),
+             num(row["cpu_percent"], ".0f"), str(row["move"]), "kept" if row["kept"] else "-"]
+            for _, row in trials.iterrows()]
+    return "\n".join(text_table(headings, rows, left=(0, 1, 7, 8)))
 
 
 # -- the options -------------------------------------------------------------------------------

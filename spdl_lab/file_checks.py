@@ -1,302 +1,246 @@
-"""What both report files (a Diagnosis, a Comparison) share: a strict JSON reader, an atomic
-writer, the field types of their pydantic schemas, and errors that name the file, the JSON path,
-what was expected and what to do.
+"""What every saved result (a Diagnosis, a Comparison, a Tuning) shares: the types its fields are
+checked as, and one strict reader and writer whose errors name the file, the JSON location and
+what was expected.
 
-Reading executes nothing: ``load_document`` turns a file into dicts, lists, numbers and strings
-only, and a format's ``Record`` schema checks every field of them before its dataclass is built.
+A result's own dataclasses describe its file, and pydantic checks a file against them: no second
+schema. Reading executes nothing: the file becomes plain data (``_json``), checked before use.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import math
-import numbers
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, NoReturn, TypeVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, NoReturn
 
+import pandas as pd
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
+    Strict,
     TypeAdapter,
     ValidationError,
-    WrapValidator,
 )
-from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from typing_extensions import Self
 
+from ._json import dump_file, loads, plain
 from .errors import FileFormatError
 
-__all__ = ["Checker", "Meta", "Record", "at_most", "choice", "describe", "dump_document", "expects", "integer",
-           "load_document", "number", "plain", "refuse", "short", "string"]
+__all__ = ["RECORD", "Count", "Flag", "Meta", "Name", "Rate", "Saved", "Share", "Text", "check", "describe",
+           "integer", "load", "number", "read_any", "refuse", "rows", "string"]
 
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
 MAX_META_KEYS, MAX_META_LIST = 200, 10_000
 MAX_COUNT = 10**15
 
-
-class Record(BaseModel):
-    """An object of a report file: exactly its keys, each of exactly its type (no "3" for 3, no true for 1)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
+#: Every record's pydantic config: a key the record does not have is refused, not ignored.
+RECORD = ConfigDict(extra="forbid")
 
 
-R = TypeVar("R", bound=Record)
-
-
-# -- field types: each says once what it expects, and its errors say that ---------------------
-def expects(what: str) -> WrapValidator:
-    """Whatever the wrapped type refuses reads "expected <what>, got <the value>"."""
-    def check(value: Any, handler: Callable[[Any], Any]) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("expected", "expected {what}, got {got}",
-                                      {"what": what, "got": describe(value)}) from None
-    return WrapValidator(check)
-
-
-def _fits(limit: int) -> AfterValidator:
-    def check(value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        if len(value) > limit:
-            raise PydanticCustomError("too_long", "string of {n} characters is longer than the limit of {limit}",
-                                      {"n": len(value), "limit": limit})
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: it would break every writer downstream
-            raise PydanticCustomError("surrogate", "string holds an unpaired surrogate (not valid Unicode)") from None
-        return value
-    return AfterValidator(check)
-
-
-def string(limit: int, null: bool = False) -> Any:
-    return Annotated[str | None if null else str, expects("a string" + " or null" * null), _fits(limit)]
-
-
-def choice(*values: str, null: bool = False) -> Any:
-    kind = Literal[values]
-    return Annotated[kind | None if null else kind,
-                     expects("one of " + ", ".join(map(repr, values)) + " or null" * null)]
-
-
-def integer(lo: int, hi: int, null: bool = False) -> Any:
-    kind = Annotated[int, Field(ge=lo, le=hi)]
-    return Annotated[kind | None if null else kind, expects(f"an integer in {lo}..{hi}" + " or null" * null)]
+# -- field types: strict (no "3" for 3, no true for 1), each bounded ------------------------------
+def integer(lo: int, hi: int) -> Any:
+    return Annotated[int, Strict(), Field(ge=lo, le=hi)]
 
 
 def number(lo: float, hi: float = math.inf) -> Any:
-    """A finite number in lo..hi, or null for NaN: JSON has no NaN, and the writers write NaN and inf as null."""
-    what = f"a number in {lo:g}..{hi:g}" if hi < math.inf else f"a number >= {lo:g}"
-    finite = Annotated[float, Field(ge=lo, le=hi, allow_inf_nan=False)]
-    return Annotated[finite | None, expects(f"{what} or null"), AfterValidator(_nan_for_null)]
+    """A finite number in lo..hi, or null for NaN: JSON has no NaN, and the writer writes it as null."""
+    return Annotated[float | None, Strict(), Field(ge=lo, le=hi, allow_inf_nan=False), AfterValidator(_nan)]
 
 
-def _nan_for_null(value: float | None) -> float:
+def _nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def at_most(limit: int | Callable[[], int], what: str) -> BeforeValidator:
-    """An array's or object's length, checked before its items are. A function ``limit`` is
-    called at each check, so a format's MAX_ constant can be changed after its schema is built."""
-    def check(value: Any) -> Any:
-        most = limit() if callable(limit) else limit
-        if isinstance(value, (list, dict)) and len(value) > most:
-            raise PydanticCustomError("too_many", "{n} {what}, more than the limit of {limit}",
-                                      {"n": len(value), "what": what, "limit": most})
-        return value
-    return BeforeValidator(check)
+def string(limit: int) -> Any:
+    """Text of at most ``limit`` characters; pydantic refuses unpaired surrogates (not Unicode)."""
+    return Annotated[str, Strict(), Field(max_length=limit)]
 
 
-def refuse(loc: tuple[int | str, ...], problem: str) -> NoReturn:
-    """From a validator: refuse what ``loc`` (relative to the value validated) names, with ``problem``."""
+Name, Text, Flag = string(MAX_NAME), string(MAX_TEXT), Annotated[bool, Strict()]
+Count, Rate = integer(0, MAX_COUNT), number(0)
+Share = number(0, 1.5)  # of time or of cores; timer skew takes it a little over 1
+
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+def check(kind: Any, value: Any) -> Any:
+    """``value`` validated as ``kind``, whose TypeAdapter is built on first use and kept."""
+    return _adapter(kind).validate_python(value)
+
+
+def refuse(loc: tuple[int | str, ...], problem: str, value: Any = None) -> NoReturn:
+    """Refuse what ``loc`` names (from within a validator: relative to the value it checks)."""
     error = PydanticCustomError("refused", "{problem}", {"problem": problem})
-    raise ValidationError.from_exception_data("refused", [InitErrorDetails(type=error, loc=loc, input=None)])
+    raise ValidationError.from_exception_data("refused", [InitErrorDetails(type=error, loc=loc, input=value)])
 
 
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-Scalar = Annotated[bool | Int64 | Annotated[float, Field(allow_inf_nan=False)] | str | None,
-                   expects("a string, number, bool, null or a flat list of those"), _fits(MAX_TEXT)]
-_SCALAR = TypeAdapter(Scalar, config=ConfigDict(strict=True))
+_SCALAR = Annotated[None | Flag | integer(-(2**63), 2**63 - 1) | number(-math.inf) | Text,
+                    Field(union_mode="left_to_right")]
 
 
-def _one_or_list(value: Any, handler: Callable[[Any], Any]) -> Any:
-    # Not a union of the two: its errors would name both, and the failing item of neither.
-    return handler(value) if isinstance(value, list) else _SCALAR.validate_python(value)
-
-
-#: settings / machine: a flat object of str to a scalar or a flat list of scalars.
-Meta = Annotated[dict[string(MAX_NAME), Annotated[list[Scalar], at_most(MAX_META_LIST, "items"),
-                                                WrapValidator(_one_or_list)]],
-                 at_most(MAX_META_KEYS, "keys")]
-
-
-# -- errors ----------------------------------------------------------------------------------
-class Checker:
-    """A file being read or written, and how its errors read.
-
-    A format subclasses it to set ``noun`` ("diagnosis"), the advice its messages end
-    with, and the exception class it raises.
-    """
-
-    noun: ClassVar[str] = "spdl_lab"
-    read_fix: ClassVar[str] = "Only files written by spdl_lab can be read"
-    write_fix: ClassVar[str] = "Correct that field"
-    error: ClassVar[type[FileFormatError]] = FileFormatError
-
-    def __init__(self, source: Path | str, writing: bool = False) -> None:
-        self.source, self.writing = str(source), writing
-
-    def fail(self, where: str, problem: str, fix: str | None = None) -> FileFormatError:
-        head = f"cannot write {self.noun} {self.source}" if self.writing else f"{self.noun} file {self.source}"
-        fix = fix or (self.write_fix if self.writing else self.read_fix)
-        at = f" {where}:" if where else ""
-        return self.error(f"{head}:{at} {problem}. {fix}.", source=self.source, field=where)
-
-    def check_header(self, doc: dict[str, Any], fmt: str, version: int, older: tuple[int, ...] = ()) -> int:
-        """``format`` first, then ``version`` (``version`` or one of the ``older`` ones still
-        read), each with its own message; returns the version found."""
-        if doc.get("format") != fmt:
-            raise self.fail("format", f"expected {fmt!r}, got {describe(doc.get('format'))}")
-        found, accepted = doc.get("version"), (*older, version)
-        if type(found) is not int or found not in accepted:  # True == 1 and 1.0 == 1 must not pass
-            fix = "Upgrade spdl_lab to read it" if type(found) is int and found > version else None
-            raise self.fail("version", f"expected {' or '.join(map(str, accepted))}, got {describe(found)}", fix)
-        return found
-
-    def validate(self, schema: type[R], doc: dict[str, Any]) -> R:
-        """``doc`` as ``schema``; its first error raised as this format's, by its JSON path."""
+def _scalars(value: Any) -> Any:
+    """A scalar, or a flat list of them: what settings and machine hold, nothing nested."""
+    items = value if isinstance(value, list) else [value]
+    if len(items) > MAX_META_LIST:
+        refuse((), f"a list of {len(items)} items, more than the limit of {MAX_META_LIST}")
+    for i, item in enumerate(items):
         try:
-            return schema.model_validate(doc)
+            check(_SCALAR, item)
+        except ValidationError:
+            refuse((i,) if isinstance(value, list) else (), "Input should be a string, number, bool or null, "
+                   "or a flat list of those", item)
+    return value
+
+
+#: settings / machine: names to a scalar or a flat list of scalars.
+Meta = Annotated[dict[Name, Annotated[Any, AfterValidator(_scalars)]], Field(max_length=MAX_META_KEYS)]
+
+
+def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
+    """A DataFrame that a file holds as a list of ``row`` records (at most ``limit``), one per row."""
+    records = Annotated[list[row], Field(max_length=limit)]
+
+    def read(value: Any) -> pd.DataFrame:
+        frame = pd.DataFrame([asdict(r) for r in check(records, value)], columns=[f.name for f in fields(row)])
+        return frame.set_index(index) if index else frame
+
+    return PlainValidator(read)
+
+
+# -- reading and writing ---------------------------------------------------------------------------
+class Saved:
+    """A result saved as ``{"format": "spdl_lab.<its class>", "version": n, ...}`` and then its own
+    dataclass fields, which pydantic checks against their types. A subclass sets the ClassVars below
+    and may override ``_saved_fields`` and ``_checked``."""
+
+    VERSIONS: ClassVar[tuple[int, ...]] = (1,)  # read; the last one is written
+    ERROR: ClassVar[type[FileFormatError]] = FileFormatError
+    FIX: ClassVar[str] = "Only files written by to_json can be read"  # what to do about a file that does not fit
+    MAX_BYTES: ClassVar[int] = 50 * 2**20
+    COMPACT: ClassVar[bool] = False  # one line without spaces, for files of long number arrays
+
+    def _saved_fields(self) -> dict[str, Any]:
+        """The fields as the file holds them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def _checked(self, version: int) -> Self:
+        """Checks across fields, and what a file of an older ``version`` lacks (``refuse`` what does not fit)."""
+        return self
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write plain JSON (checked against the reader's rules first); return the path."""
+        try:
+            doc = plain({"format": self._format(), "version": self.VERSIONS[-1], **self._saved_fields()})
+        except ValidationError as exc:  # the encoder's own refusals
+            raise self._refusal(exc, path, True) from None
+        self._parse(doc, path, writing=True)
+        return dump_file(doc, path, compact=self.COMPACT)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Self:
+        """Read what ``to_json`` wrote: plain JSON, validated, never executed (a missing file: OSError)."""
+        path = Path(path)
+        return cls._parse(load(path, cls.MAX_BYTES, lambda where, what: cls._fail(path, where, what)), path)
+
+    @classmethod
+    def _format(cls) -> str:
+        return f"spdl_lab.{cls.__name__.lower()}"
+
+    @classmethod
+    def _parse(cls, doc: dict[str, Any], source: str | Path, writing: bool = False) -> Self:
+        """A result from a parsed document, each field checked; else this format's error."""
+        if doc.get("format") != cls._format():
+            raise cls._fail(source, "format", f"expected {cls._format()!r}, got {describe(doc.get('format'))}",
+                            writing)
+        version = doc.get("version")
+        if type(version) is not int or version not in cls.VERSIONS:  # True == 1 and 1.0 == 1 must not pass
+            newer = type(version) is int and version > cls.VERSIONS[-1]
+            raise cls._fail(source, "version", f"expected {' or '.join(map(str, cls.VERSIONS))}, got "
+                            f"{describe(version)}", writing, "Upgrade spdl_lab to read it" if newer else None)
+        try:
+            return check(cls, {k: v for k, v in doc.items() if k not in ("format", "version")})._checked(version)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where, record = _json_path(schema, first["loc"])
-            raise self.fail(where, _problem(first, record)) from None
+            raise cls._refusal(exc, source, writing) from None
+
+    @classmethod
+    def _refusal(cls, exc: ValidationError, source: str | Path, writing: bool) -> FileFormatError:
+        """Pydantic's first error, with its location, as this format's."""
+        first = exc.errors(include_url=False)[0]
+        return cls._fail(source, _where(first["loc"]), first["msg"], writing)
+
+    @classmethod
+    def _fail(cls, source: str | Path, where: str, problem: str, writing: bool = False,
+              fix: str | None = None) -> FileFormatError:
+        noun = cls.__name__.lower()
+        head = f"cannot write {noun} {source}" if writing else f"{noun} file {source}"
+        fix = fix or (f"Correct that field of the {cls.__name__}" if writing else cls.FIX)
+        return _failure(cls.ERROR, head, source, where, problem, fix)
 
 
-#: What pydantic's own errors (those no ``expects`` rewrote) expected.
-_EXPECTED = {"model_type": "an object", "dict_type": "an object", "list_type": "an array",
-             # the long arrays of frames use pydantic's float without a wrapper: no call per value
-             "float_type": "a finite number or null", "finite_number": "a finite number or null"}
+def _failure(error: type[FileFormatError], head: str, source: str | Path, where: str, problem: str,
+             fix: str) -> FileFormatError:
+    return error(f"{head}:{f' {where}:' if where else ''} {problem}. {fix}.", source=str(source), field=where)
 
 
-def _problem(error: ErrorDetails, record: type[Record] | None) -> str:
-    if error["type"] == "missing":
-        return "key is missing"
-    if error["type"] == "extra_forbidden":
-        return f"unknown key (allowed: {', '.join(record.model_fields if record else ())})"
-    if error["type"] in _EXPECTED:
-        return f"expected {_EXPECTED[error['type']]}, got {describe(error['input'])}"
-    return error["msg"]  # ours: they say what was expected and what came
+def read_any(path: Path, kinds: Sequence[type[Saved]], fix: str) -> Any:
+    """``path`` read as whichever of ``kinds`` its ``format`` names."""
+    def fail(where: str, problem: str) -> FileFormatError:
+        return _failure(FileFormatError, f"spdl_lab file {path}", path, where, problem, fix)
+
+    by_format = {kind._format(): kind for kind in kinds}
+    doc = load(path, max(kind.MAX_BYTES for kind in kinds), fail)
+    if doc.get("format") not in by_format:
+        raise fail("format", f"expected {' or '.join(map(repr, by_format))}, got {describe(doc.get('format'))}")
+    return by_format[doc["format"]]._parse(doc, path)
 
 
-def _json_path(schema: Any, loc: tuple[int | str, ...]) -> tuple[str, type[Record] | None]:
-    """``loc`` as messages write it (``stages[1].points[0].qps``, ``settings['note']``), and the
-    record whose key it ends with."""
-    path, record = "", None
+def load(path: Path, max_bytes: int, fail: Callable[[str, str], FileFormatError]) -> dict[str, Any]:
+    """``path`` (at most ``max_bytes``) parsed as a strict JSON object, or ``fail``'s error."""
+    if path.stat().st_size > max_bytes:
+        raise fail("", f"{path.stat().st_size} bytes, larger than the limit of {max_bytes}")
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)  # the file may have grown since stat; /dev/zero never ends
+    if len(data) > max_bytes:
+        raise fail("", f"larger than the limit of {max_bytes} bytes")
+    try:
+        doc = loads(data)
+    except ValueError as exc:  # JSONDecodeError, the digit limit, NaN, a key twice, nesting
+        raise fail("", f"not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise fail("top level", f"expected an object, got {describe(doc)}")
+    return doc
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as messages write it: ``stages[1].points[0].qps``, ``settings['a b']``."""
+    path = ""
     for part in loc:
-        while get_origin(schema) is Annotated:
-            schema = get_args(schema)[0]
-        inner = get_args(schema) or (None,)  # list[X]: (X,); dict[K, V]: (K, V)
         if isinstance(part, int):
-            path, schema = f"{path}[{part}]", inner[0]
-        elif isinstance(schema, type) and issubclass(schema, Record):
-            field = schema.model_fields.get(part)
-            path, record, schema = f"{path}.{key_path(part)}", schema, field and field.annotation
-        elif part == "[key]":  # pydantic's mark for the key itself, not its value
-            path += " key"
+            path += f"[{part}]"
+        elif part == "[key]":  # pydantic's mark for a key itself, not its value
+            path += " (the key)"
         else:
-            path, schema = f"{path}[{short(part)}]", inner[-1]
-    return path.lstrip("."), record
+            path += f".{part}" if part.isidentifier() and len(part) <= 60 else f"[{_short(part)}]"
+    return path.lstrip(".")
 
 
 def describe(value: Any) -> str:
-    """A value named for an error message, never longer than a line."""
+    """A value named for an error message, never longer than a line: "string 'pickle'", "object"."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
         return f"an int of {value.bit_length()} bits"
     kind = {dict: "object", list: "array", str: "string", bool: "bool", type(None): "null"}.get(
         type(value), type(value).__name__)
-    return kind if kind in ("object", "array", "null") else f"{kind} {short(value)}"
+    return kind if kind in ("object", "array", "null") else f"{kind} {_short(value)}"
 
 
-def short(value: Any, limit: int = 60) -> str:
+def _short(value: Any, limit: int = 60) -> str:
     shown = repr(value)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
-
-
-def key_path(key: str) -> str:
-    return key if key.isidentifier() and len(key) <= 60 else f"[{short(key)}]"
-
-
-# -- reading and writing ---------------------------------------------------------------------
-def plain(value: Any) -> Any:
-    """``value`` as JSON takes it: tuples as lists, NaN and inf as null (JSON has neither),
-    numpy numbers as Python's; anything else as it is, for the schema to refuse."""
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    return float(value) if math.isfinite(value) else None
-
-
-def dump_document(doc: dict[str, Any], path: Path, *, compact: bool = False) -> Path:
-    """Write ``doc`` as JSON to ``path`` atomically: a reader never sees half a file.
-
-    ``compact`` writes one line without spaces, for documents of long number arrays.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        spacing: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 1}
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, allow_nan=False, ensure_ascii=False, **spacing)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (NaN and infinities are written as null)")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"key {short(dup)} appears twice in one object")
-    return out
-
-
-def load_document(path: Path, checker: Checker, max_bytes: int) -> dict[str, Any]:
-    """Parse ``path`` (at most ``max_bytes``) into a JSON object, or raise the checker's error.
-
-    No NaN or Infinity literals, no key twice in one object, no nesting deep
-    enough to exhaust the stack. A missing file raises the usual OSError.
-    """
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise checker.fail("", f"{size} bytes, larger than the limit of {max_bytes}")
-    with open(path, "rb") as f:
-        data = f.read(max_bytes + 1)  # the file may have grown since stat
-    if len(data) > max_bytes:
-        raise checker.fail("", f"larger than the limit of {max_bytes} bytes")
-    try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constants,
-                         object_pairs_hook=_no_duplicates)
-    except RecursionError:
-        raise checker.fail("", f"nested too deeply to be a {checker.noun}") from None
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, digit limit, our hooks
-        raise checker.fail("", f"not valid JSON ({str(exc)[:200]})") from None
-    if not isinstance(doc, dict):
-        raise checker.fail("top level", f"expected an object, got {describe(doc)}")
-    return doc

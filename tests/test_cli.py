@@ -211,7 +211,7 @@ USAGE_ERRORS = {
     "not JSON": (["report", lambda tmp: Path(__file__)], "not valid JSON"),
     "unknown format": (["report", unknown_format],
                        "format: expected 'spdl_lab.diagnosis' or 'spdl_lab.comparison', got string 'pickle'"),
-    "hostile comparison": (["report", hostile_comparison], "__reduce__: unknown key"),
+    "hostile comparison": (["report", hostile_comparison], "__reduce__: Unexpected keyword argument"),
 }
 
 

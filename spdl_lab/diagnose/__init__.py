@@ -10,8 +10,8 @@ Where things are:
   the two halves of the sweep; ``_point`` — the stop rule and progress count they share;
   ``_slices`` — a window's and a point's QPS;
 * ``rules``     — from a stage's points to a verdict, with the numbers;
-* ``result``    — ``Diagnosis``, ``StageDiagnosis``, ``Point``; ``_bottleneck`` — which stage limits;
-* ``file_format`` — the JSON file; ``_isolated`` — the clean child interpreter it runs in;
+* ``result``    — ``Diagnosis``, ``StageDiagnosis``, ``Point``, which stage limits, the JSON file;
+* ``_isolated`` — the clean child interpreter it runs in;
   ``_pausing`` — the kernel's sessions paused meanwhile;
 * ``env_mode``  — ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``: diagnose instead of training, no code change.
 """

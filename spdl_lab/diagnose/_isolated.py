@@ -33,7 +33,7 @@ __all__ = ["diagnose_in_child"]
 
 def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Any:
     """Run ``diagnose_here`` in a fresh interpreter on the shipped pipeline; return its Diagnosis."""
-    from .file_format import read_json
+    from .result import Diagnosis
 
     folder = Path(tempfile.mkdtemp(prefix="spdl_lab_diagnose_"))
     child = spawn(["-m", "spdl_lab.diagnose._isolated"])
@@ -51,7 +51,7 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
                 bar.set_description(message[2], refresh=False)
                 bar.update(message[1])
             elif kind == "done":
-                return read_json(message[1])
+                return Diagnosis.from_json(message[1])
             elif kind == "error":
                 raise _child_error(*message[1:])
     finally:

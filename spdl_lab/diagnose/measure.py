@@ -21,10 +21,9 @@ from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
-from ._bottleneck import FAR_FASTER, limiting
 from ._pausing import sessions_paused
 from ._thread_sweep import StageFeed, StageRun, ThreadSweep, measure_threads, run_once
-from .result import Diagnosis, Point, StageDiagnosis
+from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting
 from .rules import judge, rises
 from .settings import SweepSettings
 
@@ -369,7 +368,7 @@ def _unstable(points: Sequence[Point]) -> bool:
 
 
 def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:
-    """Advice only for stages whose change would change the pipeline's rate (``_bottleneck``)."""
+    """Advice only for stages whose change would change the pipeline's rate (``result.limiting``)."""
     found = limiting(stages.values())
     if found is None:
         return stages

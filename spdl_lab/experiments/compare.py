@@ -14,117 +14,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .._views import view
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..progress import progress_bar
 from ..runners import LOCAL_RUNNERS, RUNNERS
 from ..telemetry.probes import GilProbe
 from ..training import SimulatedDevice
+from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 from .contender import Contender, MachineClock, Window
-from .spread import beats_headspace, coverage, ratios, runner_row, warnings_for
+from .spread import ratios, runner_row, warnings_for
 
-__all__ = ["Comparison", "compare", "DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "TABLE_COLUMNS"]
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison",
+           "compare"]
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
 DEFAULT_REPEATS = 5  # rounds
-
-#: Columns of ``Comparison.table``, one row per runner.
-TABLE_COLUMNS = [
-    "batches_per_s",       # median over rounds of each round's measured steps / their loop time
-    "batches_per_s_lo",    # slowest round: with _hi, a confidence interval of the median
-    "batches_per_s_hi",    #   (coverage 1 - 2**(1 - repeats): 94% for 5 rounds)
-    "vs_cache",            # median over rounds of batches/s / cache's in the same round (NaN: no cache)
-    "vs_cache_lo",         # smallest and largest per-round ratio
-    "vs_cache_hi",
-    "step_p50_ms",         # the step's own wall time, median (data wait excluded)
-    "step_p90_ms",
-    "data_wait_frac",      # wait / (wait + step)
-    "device_util",         # device busy / (wait + step): the device's share of the loop
-    "cpu_percent",         # this process and its children, 100 = one core
-    "others_cpu_percent",  # every other process on the machine meanwhile, 100 = one core
-    "train_gil_wait_frac",       # training thread: share of its step lost waiting for the GIL
-    "train_runqueue_wait_frac",  # training thread: share of its step lost waiting for a core
-    "gil_wait_frac",       # GIL probe thread: share of time a waking thread waits for the GIL
-    "runqueue_wait_frac",  # GIL probe thread: share of time waiting for a CPU
-    "steps",               # measured steps, all rounds
-    "elapsed_s",           # their loop time, all rounds
-]
-
-
-@dataclass
-class Comparison:
-    """What ``compare`` measured: ``table`` (one row per runner), ``warnings``, ``rounds``, ``frames``.
-
-    ``to_json(path)`` saves it and ``Comparison.from_json(path)`` reads it back.
-    """
-
-    table: pd.DataFrame
-    frames: dict[str, pd.DataFrame] = field(repr=False)
-    steps: int = 0
-    warmup: int = 0
-    repeats: int = 1
-    #: sentences: everything that makes this comparison less than trustworthy
-    warnings: list[str] = field(default_factory=list)
-    #: one row per (runner, round): round, started_s, batches_per_s
-    rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS), repr=False)
-
-    def ratios(self, to: str = "cache") -> pd.Series:
-        """batches/s of each runner relative to ``to``; to cache, the median of per-round ratios."""
-        if to not in self.table.index:
-            raise PipelineSpecError(f"no runner {to!r} in this comparison; runners: {list(self.table.index)}")
-        if to == "cache" and self.table["vs_cache"].notna().any():
-            return self.table["vs_cache"].rename("vs_cache")
-        return self.table["batches_per_s"] / self.table.loc[to, "batches_per_s"]
-
-    def trustworthy(self, runner: str) -> bool:
-        """False where ``runner`` beat the headspace beyond the noise (see ``warnings``)."""
-        return runner == "cache" or not beats_headspace(self.table.loc[runner].to_dict())
-
-    def plot(self):
-        """A Bokeh layout: throughput with its spread, where the training thread waited, step time."""
-        comparison_plot = view("comparison_plot")
-
-        return comparison_plot(self)
-
-    def to_json(self, path: str | Path) -> Path:
-        """Write the table, warnings, rounds and every runner's frames as plain JSON; return the path."""
-        from .comparison_file import write_json
-
-        return write_json(self, path)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Comparison:
-        """Read a Comparison written by ``to_json``; plain JSON, validated, never executed."""
-        from .comparison_file import read_json
-
-        return read_json(path)
-
-    def header(self) -> str:
-        spread = (f"; batches/s is the median of {self.repeats} rounds, [lo-hi] the slowest and fastest "
-                  f"({coverage(self.repeats):.0%} interval)" if self.repeats > 1 else "")
-        return (f"compare: {self.steps} measured steps per runner in {self.repeats} interleaved round(s), "
-                f"each window after {self.warmup} warm-up steps{spread}")
-
-    def _repr_html_(self) -> str:
-        from ._comparison_text import html_table
-
-        return html_table(self)
-
-    def __repr__(self) -> str:
-        from ._comparison_text import text_table
-
-        return text_table(self)
-
-
-ROUND_COLUMNS = ["runner", "round", "started_s", "batches_per_s"]
 
 
 def compare(

@@ -1,55 +1,95 @@
 """``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code).
 
-A Tuning is built from trials by ``tune`` or read from JSON; it never needs
-the runners again, except ``loader()``, which opens the best configuration on
-the pipeline it was tuned on (or one you pass).
+A Tuning is built from trials by ``tune`` or read from JSON; it never needs the runners again,
+except ``loader()``, which opens the best configuration on the pipeline it was tuned on (or one
+you pass). The types below are also the JSON file's description, checked by pydantic.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import pandas as pd
+from pydantic import Field, PlainValidator, with_config
+from typing_extensions import TypedDict
 
 from .._views import view
-from ..errors import PipelineSpecError
-from ..pipeline import Pipeline
+from ..errors import FileFormatError, PipelineSpecError
+from ..file_checks import (
+    RECORD,
+    Flag,
+    Meta,
+    Name,
+    Rate,
+    Saved,
+    Share,
+    Text,
+    integer,
+    refuse,
+    rows,
+)
+from ..pipeline import MAX_CONCURRENCY, Pipeline
 from .code import loader_code
 from .search import Step
-from .space import WORKERS, Config
+from .space import TUNABLE_RUNNERS, WORKERS, Config
 from .trial import Trial
 
-__all__ = ["TRIAL_COLUMNS", "Tuning", "config_dict", "trial_row"]
+__all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
+           "trial_row"]
 
-#: Columns of ``Tuning.trials``, one row per measured configuration, in the order measured.
-TRIAL_COLUMNS = [
-    "runner",
-    "concurrency",              # {stage: threads}; under process every stage runs in each worker
-    "options",                  # runner options, e.g. {"num_workers": 2} for process
-    "batches_per_s",            # median of the trial's windows
-    "batches_per_s_lo",         # slowest and fastest window
-    "batches_per_s_hi",
-    "spread",                   # (hi - lo) / median
-    "predicted_batches_per_s",  # what the model predicted before measuring (NaN for the start)
-    "limit",                    # what the model said limits it: a stage, "workers", "step" or "cpu"
-    "step_p50_ms",
-    "data_wait_frac",
-    "cpu_percent",              # this process and its children, 100 = one core
-    "train_gil_wait_frac",
-    "gil_wait_frac",
-    "move",                     # how the tuner got here
-    "kept",                     # whether it became the best so far
-    "windows",
-    "started_s",
-    "elapsed_s",
-]
+Runner = Literal[TUNABLE_RUNNERS]
+Knobs = Annotated[dict[Name, integer(1, MAX_CONCURRENCY)], Field(max_length=1000)]  # {stage: threads}
 
 
-def config_dict(config: Config, pipeline: Pipeline | None) -> dict[str, Any]:
+class TuningFormatError(FileFormatError):
+    """A tuning file (or a Tuning being written) does not fit the format; ``field`` is its JSON path."""
+
+
+@with_config(RECORD)
+class LoaderConfig(TypedDict):
+    """A configuration as ``Tuning.best`` gives it."""
+
+    runner: Runner
+    concurrency: Knobs  # under process every stage runs in each worker
+    options: Meta  # runner options, e.g. {"num_workers": 2} for process
+
+
+@dataclass
+class TrialRow:
+    """A row of ``Tuning.trials``: one measured configuration, in the order measured."""
+
+    __pydantic_config__ = RECORD
+
+    runner: Runner
+    concurrency: Knobs
+    options: Meta
+    batches_per_s: Rate  # median of the trial's windows
+    batches_per_s_lo: Rate  # slowest and fastest window
+    batches_per_s_hi: Rate
+    spread: Rate  # (hi - lo) / median
+    predicted_batches_per_s: Rate  # what the model predicted before measuring (NaN for the start)
+    limit: Name  # what the model said limits it: a stage, "workers", "step" or "cpu"
+    step_p50_ms: Rate
+    data_wait_frac: Share
+    cpu_percent: Rate  # this process and its children, 100 = one core
+    train_gil_wait_frac: Share
+    gil_wait_frac: Share
+    move: Text  # how the tuner got here
+    kept: Flag  # whether it became the best so far
+    windows: integer(0, 10**6)
+    started_s: Rate
+    elapsed_s: Rate
+
+
+#: Columns of ``Tuning.trials``.
+TRIAL_COLUMNS = [f.name for f in fields(TrialRow)]
+
+
+def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
     """``{"runner", "concurrency", "options"}`` as ``Tuning.best`` gives it."""
     knobs = dict(config.knobs)
     options = dict(config.options)
@@ -60,34 +100,43 @@ def config_dict(config: Config, pipeline: Pipeline | None) -> dict[str, Any]:
         concurrency = dict.fromkeys(names, workers)
     else:
         concurrency = knobs
-    return {"runner": config.runner, "concurrency": concurrency, "options": options}
+    return LoaderConfig(runner=config.runner, concurrency=concurrency, options=options)
+
+
+def _no_pipeline(value: Any) -> None:
+    refuse((), "a tuning file holds no pipeline; pass it to Tuning.loader(p)")
 
 
 @dataclass
-class Tuning:
+class Tuning(Saved):
     """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
 
-    best: dict[str, Any]
-    start: dict[str, Any]
-    trials: pd.DataFrame
-    log: list[str]
-    speedup: float  # best over start, median of side-by-side rounds
-    speedup_lo: float
-    speedup_hi: float
-    budget_s: float
-    elapsed_s: float
-    cores: int
-    code: str
-    best_batches_per_s: float = math.nan  # the best's own trial, median of its windows
-    source_is_dataloader: bool = False
-    pipeline: Pipeline | None = field(default=None, repr=False)
+    __pydantic_config__ = RECORD
+    ERROR: ClassVar = TuningFormatError
+    FIX: ClassVar = ("Only files written by Tuning.to_json can be read; run lab.tune again and save it with "
+                     ".to_json(path)")
+    MAX_BYTES: ClassVar = 20 * 2**20
+
+    best: LoaderConfig
+    start: LoaderConfig
+    trials: Annotated[pd.DataFrame, rows(TrialRow, 10_000)]
+    log: Annotated[list[Text], Field(max_length=10_000)]
+    speedup: Rate  # best over start, median of side-by-side rounds
+    speedup_lo: Rate
+    speedup_hi: Rate
+    budget_s: Rate
+    elapsed_s: Rate
+    cores: integer(1, 1 << 20)
+    code: Text
+    best_batches_per_s: Rate = math.nan  # the best's own trial, median of its windows
+    source_is_dataloader: Flag = False
+    pipeline: Annotated[Pipeline | None, PlainValidator(_no_pipeline)] = field(default=None, repr=False)
 
     @classmethod
     def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,
               steps: Sequence[Step], log: list[str],
               speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int) -> Tuning:
-        rows = [trial_row(s, pipeline) for s in steps]
-        table = pd.DataFrame(rows, columns=TRIAL_COLUMNS)
+        table = pd.DataFrame([trial_row(s, pipeline) for s in steps], columns=TRIAL_COLUMNS)
         best_d = config_dict(best.config, pipeline)
         return cls(best=best_d, start=config_dict(start, pipeline), trials=table, log=list(log),
                    speedup=speedup[0], speedup_lo=speedup[1], speedup_hi=speedup[2], budget_s=budget_s,
@@ -109,29 +158,13 @@ class Tuning:
                 pipeline = pipeline.with_concurrency(name, n)
         return Loader(pipeline, runner=self.best["runner"], **{**self.best["options"], **loader_options})
 
-    def plot(self):
+    def plot(self) -> Any:
         """A Bokeh layout: measured (with each trial's window range) and predicted batches/s, trial by trial."""
-        tuning_plot = view("tuning_plot")
-
-        return tuning_plot(self)
+        return view("tuning_plot")(self)
 
     def to_html(self, path: str | Path) -> Path:
         """A self-contained HTML report (Bokeh inline): the best, the code, the log, the trials."""
-        write_html = view("tuning_report")
-
-        return write_html(self, path)
-
-    def to_json(self, path: str | Path) -> Path:
-        from .file_format import write_json
-
-        return write_json(self, path)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Tuning:
-        """Read a Tuning written by ``to_json``: plain JSON, validated, never executed."""
-        from .file_format import read_json
-
-        return read_json(path)
+        return view("tuning_report")(self, path)
 
     def summary(self) -> str:
         best = self.best
@@ -147,21 +180,20 @@ class Tuning:
         return "\n".join([f"Tuning({self.summary()})", *(f"  {line}" for line in self.log)])
 
     def _repr_html_(self) -> str:
-        html_summary = view("tuning_html")
+        return view("tuning_html")(self)
 
-        return html_summary(self)
+    def _saved_fields(self) -> dict[str, Any]:
+        saved = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("trials", "pipeline")}
+        return {**saved, "trials": self.trials[TRIAL_COLUMNS].to_dict(orient="records")}
 
 
 def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
     """One row of ``Tuning.trials``."""
     t, move, predicted, limit, kept = step.trial, step.move, step.predicted, step.limit, step.kept
     config = config_dict(t.config, pipeline)
-    return {
-        "runner": t.config.runner, "concurrency": config["concurrency"], "options": config["options"],
-        "batches_per_s": t.batches_per_s, "batches_per_s_lo": t.lo, "batches_per_s_hi": t.hi,
-        "spread": t.spread, "predicted_batches_per_s": predicted, "limit": limit,
-        "step_p50_ms": t.step_p50_ms, "data_wait_frac": t.data_wait_frac, "cpu_percent": t.cpu_percent,
-        "train_gil_wait_frac": t.train_gil_wait_frac, "gil_wait_frac": t.gil_wait_frac,
-        "move": move.describe(), "kept": kept, "windows": len(t.rates), "started_s": t.started_s,
-        "elapsed_s": t.elapsed_s,
-    }
+    return asdict(TrialRow(
+        runner=t.config.runner, concurrency=config["concurrency"], options=config["options"],
+        batches_per_s=t.batches_per_s, batches_per_s_lo=t.lo, batches_per_s_hi=t.hi, spread=t.spread,
+        predicted_batches_per_s=predicted, limit=limit, step_p50_ms=t.step_p50_ms, data_wait_frac=t.data_wait_frac,
+        cpu_percent=t.cpu_percent, train_gil_wait_frac=t.train_gil_wait_frac, gil_wait_frac=t.gil_wait_frac,
+        move=move.describe(), kept=kept, windows=len(t.rates), started_s=t.started_s, elapsed_s=t.elapsed_s))

@@ -95,16 +95,10 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
 def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
     """One figure per map stage, the limiting stage first, in a grid (batch stages have no
     concurrency to sweep)."""
-    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)
-    figs = [stage_figure(s) for s in order if s.kind == "map" and s.points]
+    figs = [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]
     if not figs:
         return column(Div(text="No map stage was measured, so there is nothing to plot."))
     return gridplot(figs, ncols=ncols)
-
-
-def _peak_qps(stage: StageDiagnosis) -> str:
-    qps = [p.qps for p in stage.thread_points() if math.isfinite(p.qps)]
-    return f"{max(qps):,.1f}" if qps else ""
 
 
 _STYLE = """<style>
@@ -122,13 +116,14 @@ def _row(stage: StageDiagnosis) -> str:
     color = _VERDICT_COLORS.get(stage.verdict or "", "#555")
     verdict = e(stage.verdict or stage.shown_status())
     best = "" if stage.best_concurrency is None else str(stage.best_concurrency)
+    peak = stage.peak_qps()
     error = ""
     if stage.error:
         error = f"<details><summary>error</summary><pre>{e(stage.error)}</pre></details>"
     return (
         f"<tr><td>{e(stage.name)}</td><td>{e(stage.kind)}</td>"
         f"<td class='verdict' style='color:{color}'>{verdict}</td><td class='num'>{best}</td>"
-        f"<td class='num'>{_peak_qps(stage)}</td><td>{e(stage.evidence)}{error}</td>"
+        f"<td class='num'>{'' if math.isnan(peak) else f'{peak:,.1f}'}</td><td>{e(stage.evidence)}{error}</td>"
         f"<td>{e(stage.recommendation)}</td></tr>"
     )
 
@@ -141,7 +136,7 @@ def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
     heads = ("stage", "kind", "verdict", "best concurrency", "peak thread QPS", "evidence", "recommendation")
     elapsed = f" in {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
     created = f", started {diag.created}" if diag.created else ""
-    order = sorted(diag.stages.values(), key=lambda s: s.name != diag.bottleneck)
+    order = diag.in_order()
     load = diag.machine_load()
     return (
         f"<div class='spdl-diag'>{_STYLE}"
@@ -172,8 +167,8 @@ def _mapping_line(label: str, values: dict) -> str:
 
 
 # Bokeh's own page (bokeh.core.templates.FILE) with the report around its plots. Jinja escapes
-# nothing by itself here: the title and headline pass through ``e``; the HTML pieces were
-# escaped by the functions that made them.
+# nothing by itself here: the title passes through ``e``; the HTML pieces were escaped by the
+# functions that made them.
 _PAGE = """
 {% block postamble %}<style>
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -181,9 +176,8 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 .points th, .points td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
 .points td:first-child { text-align: left; }
 </style>{% endblock %}
-{% block contents %}<h1>{{ title | e }}</h1><p><b>{{ headline | e }}</b></p>{{ load }}
+{% block contents %}<h1>{{ title | e }}</h1>{{ verdicts }}
 <h2>QPS against concurrency</h2>{{ super() }}
-<h2>Verdicts</h2>{{ verdicts }}
 <h2>Details</h2>{{ machine }}{{ settings }}<h3>All measured points</h3><div class="points">{{ points }}</div>
 {% endblock %}
 """
@@ -193,15 +187,12 @@ def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "s
     """Write the verdicts, figures and every measured point to one self-contained HTML file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    load = diag.machine_load()
     # INLINE: Bokeh's code in the page, only the bundles this layout uses; nothing fetched.
     # Bokeh escapes the names inside its document JSON itself.
     page = file_html(diagnosis_plot(diag), INLINE, title, template=_PAGE, template_variables={
-        "headline": diag.headline(),
-        "load": f"<p>{html.escape(load)}</p>" if load else "",
         "machine": _mapping_line("machine", diag.machine),
         "settings": _mapping_line("settings", diag.settings),
-        "verdicts": diagnosis_html(diag, charts=False),  # the Bokeh figures above show the same
+        "verdicts": diagnosis_html(diag, charts=False),  # the headline and verdicts; Bokeh draws the charts
         "points": diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True),
     })
     path.write_text(page, encoding="utf-8")

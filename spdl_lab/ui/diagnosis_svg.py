@@ -11,8 +11,10 @@ import html
 import math
 from typing import TYPE_CHECKING
 
+from .._table import amount
+
 if TYPE_CHECKING:
-    from ..diagnose.result import Diagnosis, Point, StageDiagnosis
+    from ..diagnose.result import Diagnosis, StageDiagnosis
 
 __all__ = ["qps_charts"]
 
@@ -23,8 +25,7 @@ _COLORS = {"thread": "#1f77b4", "process": "#ff7f0e"}
 def qps_charts(diag: Diagnosis) -> str:
     """One small chart per measured map stage, the limiting stage first, in a flex row."""
     limit = diag.bottleneck
-    stages = sorted((s for s in diag.stages.values() if s.kind == "map" and s.points),
-                    key=lambda s: s.name != limit)
+    stages = [s for s in diag.in_order() if s.kind == "map" and s.points]
     if not stages:
         return ""
     charts = "".join(_chart(s, s.name == limit) for s in stages)
@@ -34,12 +35,9 @@ def qps_charts(diag: Diagnosis) -> str:
             f"<div style='font-size:12px;color:#555'>{legend}</div>")
 
 
-def _usable(points: list[Point]) -> list[Point]:
-    return sorted((p for p in points if p.qps > 0 and math.isfinite(p.qps)), key=lambda p: p.concurrency)
-
-
 def _chart(stage: StageDiagnosis, limiting: bool) -> str:
-    lines = {ex: _usable([p for p in stage.points if p.executor == ex]) for ex in _COLORS}
+    lines = {ex: sorted((p for p in stage.points if p.executor == ex and p.qps > 0 and math.isfinite(p.qps)),
+                        key=lambda p: p.concurrency) for ex in _COLORS}
     every = [p for pts in lines.values() for p in pts]
     if not every:
         return ""
@@ -55,7 +53,7 @@ def _chart(stage: StageDiagnosis, limiting: bool) -> str:
 
     parts = [f"<line x1='{_PAD_L}' y1='{_H - _PAD_B}' x2='{_W - _PAD_R}' y2='{_H - _PAD_B}' stroke='#999'/>",
              f"<line x1='{_PAD_L}' y1='{_PAD_T}' x2='{_PAD_L}' y2='{_H - _PAD_B}' stroke='#999'/>",
-             f"<text x='{_PAD_L - 4}' y='{_PAD_T + 4}' text-anchor='end'>{_n(q_hi / 1.1)}</text>",
+             f"<text x='{_PAD_L - 4}' y='{_PAD_T + 4}' text-anchor='end'>{amount(q_hi / 1.1)}</text>",
              f"<text x='{_PAD_L - 4}' y='{_H - _PAD_B}' text-anchor='end'>0</text>"]
     for c in sorted({p.concurrency for p in every}):
         parts.append(f"<text x='{x(c):.1f}' y='{_H - _PAD_B + 13}' text-anchor='middle'>{c}</text>")
@@ -67,7 +65,7 @@ def _chart(stage: StageDiagnosis, limiting: bool) -> str:
         for p in pts:
             hollow = "white" if p.status == "unstable" else _COLORS[ex]
             parts.append(f"<circle cx='{x(p.concurrency):.1f}' cy='{y(p.qps):.1f}' r='3' fill='{hollow}' "
-                         f"stroke='{_COLORS[ex]}'><title>{ex} x{p.concurrency}: {_n(p.qps)}/s "
+                         f"stroke='{_COLORS[ex]}'><title>{ex} x{p.concurrency}: {amount(p.qps)}/s "
                          f"({html.escape(p.status)})</title></circle>")
     title = f"{stage.name}: {stage.verdict or stage.status}" + (" (limits the pipeline)" if limiting else "")
     parts.append(f"<text x='{_PAD_L}' y='15' font-weight='bold'>{html.escape(title)}</text>")
@@ -75,7 +73,3 @@ def _chart(stage: StageDiagnosis, limiting: bool) -> str:
     border = "#c0392b" if limiting else "#ddd"
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{_W}' height='{_H}' font-size='11' "
             f"font-family='sans-serif' style='border:1px solid {border}'>{''.join(parts)}</svg>")
-
-
-def _n(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"

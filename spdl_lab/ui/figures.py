@@ -13,18 +13,14 @@ from bokeh.plotting import figure
 if TYPE_CHECKING:
     from ..experiments.compare import Comparison
 
-__all__ = ["comparison_plot", "series_over_time"]
-
-
-def _colors(names: list[str]) -> dict[str, str]:
-    return {name: Category10_10[i % 10] for i, name in enumerate(names)}
+__all__ = ["comparison_plot"]
 
 
 def comparison_plot(cmp: Comparison):
     """Batches/s per runner, step time over time per runner, and where the training thread waited."""
     table = cmp.table
     runners = list(table.index)
-    colors = _colors(runners)
+    colors = {name: Category10_10[i % 10] for i, name in enumerate(runners)}
     bars = figure(
         y_range=runners[::-1], height=60 + 40 * len(runners), width=420,
         title=f"training throughput: median of {cmp.repeats} round(s), whiskers the slowest and fastest",
@@ -55,28 +51,14 @@ def comparison_plot(cmp: Comparison):
         left = [a + b for a, b in zip(left, values)]
     waits.add_layout(Legend(items=items), "below")
 
-    steps = series_over_time(
-        {r: cmp.frames[r] for r in runners if r in cmp.frames}, "step_ms", "step",
-        title="step time over the run (ms)", colors=colors,
-    )
+    steps = figure(width=840, height=260, title="step time over the run (ms)", toolbar_location=None,
+                   x_axis_label="seconds since the runner started", y_axis_label="step_ms")
+    lines = []
+    for runner in runners:
+        frame = cmp.frames.get(runner)
+        sel = frame[(frame["series"] == "step_ms") & (frame["stage"] == "step")] if frame is not None else None
+        if sel is not None and not sel.empty:
+            lines.append((runner, [steps.line(sel["time_s"], sel["value"], color=colors[runner], line_width=2)]))
+    if lines:
+        steps.add_layout(Legend(items=lines), "right")
     return column(row(bars, waits), steps)
-
-
-def series_over_time(
-    frames: dict[str, pd.DataFrame], series: str, stage: str, *, title: str,
-    colors: dict[str, str] | None = None, width: int = 840, height: int = 260,
-):
-    """One line per frame set: ``series`` of ``stage`` against time."""
-    colors = colors or _colors(list(frames))
-    fig = figure(width=width, height=height, title=title, x_axis_label="seconds since the runner started",
-                 y_axis_label=series, toolbar_location=None)
-    items = []
-    for name, frame in frames.items():
-        sel = frame[(frame["series"] == series) & (frame["stage"] == stage)]
-        if sel.empty:
-            continue
-        line = fig.line(sel["time_s"], sel["value"], color=colors.get(name, "black"), line_width=2)
-        items.append((name, [line]))
-    if items:
-        fig.add_layout(Legend(items=items), "right")
-    return fig

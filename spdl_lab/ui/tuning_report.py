@@ -7,7 +7,6 @@ a tuning file read from elsewhere is data, never markup.
 from __future__ import annotations
 
 import html
-import math
 import time
 from pathlib import Path
 
@@ -31,22 +30,18 @@ def tuning_plot(tuning: Tuning):
     x = list(range(1, len(t) + 1))
     fig = figure(width=760, height=320, toolbar_location=None, x_axis_label="trial (in the order measured)",
                  y_axis_label="training batches/s", title=f"tuning: {tuning.summary()}"[:160])
+    numbers = {name: t[col].astype(float).tolist() for name, col in (
+        ("measured", "batches_per_s"), ("lo", "batches_per_s_lo"), ("hi", "batches_per_s_hi"),
+        ("predicted", "predicted_batches_per_s"))}
     source = ColumnDataSource(dict(
-        x=x, measured=[_num(v) for v in t["batches_per_s"]], lo=[_num(v) for v in t["batches_per_s_lo"]],
-        hi=[_num(v) for v in t["batches_per_s_hi"]], predicted=[_num(v) for v in t["predicted_batches_per_s"]],
-        color=[_COLORS.get(r, "#777") for r in t["runner"]], move=list(t["move"]),
+        x=x, **numbers, color=[_COLORS.get(r, "#777") for r in t["runner"]], move=list(t["move"]),
         kept=["kept" if k else "reverted" for k in t["kept"]], runner=list(t["runner"]),
         size=[11 if k else 7 for k in t["kept"]],
     ))
     measured = fig.scatter("x", "measured", size="size", color="color", source=source)
     fig.add_layout(Whisker(source=source, base="x", lower="lo", upper="hi", line_color="#999"))
     predicted = fig.scatter("x", "predicted", marker="x", size=10, color="#444", source=source)
-    best = [v if k else math.nan for v, k in zip(source.data["measured"], t["kept"])]
-    running = []
-    top = math.nan
-    for v in best:
-        top = v if not math.isnan(v) else top
-        running.append(top)
+    running = t["batches_per_s"].astype(float).where(t["kept"].astype(bool)).ffill().tolist()  # best so far
     line = fig.step(x, running, mode="after", color="#d62728", line_dash="dashed")
     fig.add_tools(HoverTool(renderers=[measured], tooltips=[
         ("move", "@move"), ("runner", "@runner"), ("measured", "@measured{0.00} (@lo{0.00}-@hi{0.00})"),
@@ -75,10 +70,3 @@ def write_html(tuning: Tuning, path: str | Path, *, title: str = "spdl_lab tunin
                      template_variables={"note": note, "table": html_summary(tuning)})
     path.write_text(page, encoding="utf-8")
     return path
-
-
-def _num(v: float) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan

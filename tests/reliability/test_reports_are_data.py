@@ -1,7 +1,7 @@
 """Reports are data: saved files are read as plain data, and nothing spdl_lab writes runs.
 
 1. Every public ``from_json`` refuses hostile files cleanly (its own error, naming the
-   file and the JSON path) and executes nothing; tests/diagnose/test_file_format.py
+   file and the JSON path) and executes nothing; tests/diagnose/test_result.py
    has the spot checks, this file the exhaustive ones (every field, every object).
 2. An audit of spdl_lab/'s source (ast): each place that unpickles, evaluates, imports
    by name, parses JSON or could listen is in ``ALLOWED`` with a one-line reason; the
@@ -62,7 +62,7 @@ def sample_diagnosis(name: str = "decode", text: str = "QPS stayed at 410 items/
 
 def sample_comparison() -> Any:
     """A Comparison as lab.compare returns it, for a ``Comparison.from_json`` when there is one."""
-    from spdl_lab.experiments.compare import TABLE_COLUMNS
+    from spdl_lab.experiments.comparison import TABLE_COLUMNS
     from spdl_lab.telemetry.frames import FRAME_COLUMNS
 
     def value(column: str, i: int) -> float | int:
@@ -375,16 +375,14 @@ _UNPICKLERS = {"pickle.Unpickler", "_pickle.Unpickler"}
 
 #: Every risky site in spdl_lab/: "file::scope::operation" -> why it is safe.
 ALLOWED = {
-    "spdl_lab/_json.py::loads::json.loads":
-        "the one strict JSON reader: no NaN, no duplicate keys, no nesting past the stack; every field checked after",
-    "spdl_lab/_views.py::view::importlib.import_module":
-        "imports a drawing module that spdl_lab's own __init__ registered by name, never a name from outside",
     "spdl_lab/runners/__init__.py::runner_class::importlib.import_module":
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
     "spdl_lab/cli_inputs.py::import_attr::importlib.import_module":
         "imports the module the user named on the spdl-lab command line, as `python -m` would",
-    "spdl_lab/file_checks.py::load_document::json.loads":
-        "the one strict JSON reader: no NaN, no duplicate keys, depth and size capped; every field checked after",
+    "spdl_lab/_views.py::view::importlib.import_module":
+        "imports a module named by a view that spdl_lab's own __init__ registered, never a name from outside",
+    "spdl_lab/_json.py::loads::json.loads":
+        "the one strict JSON reader: no NaN, no duplicate keys, depth capped; file_checks caps the size, checks every field",
     "spdl_lab/diagnose/_isolated.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
     "spdl_lab/diagnose/_isolated.py::main::multiprocessing.connection.Connection":
