@@ -1,6 +1,14 @@
 """The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, tune, watch, report.
 
-Every subcommand has ``--help`` with an example; ``EXIT_CODES`` says what each exit status means.
+Every subcommand has ``--help`` with an example. Exit status:
+
+  0    done
+  1    diagnostic mode ended the program: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 was set, so the
+       first Loader or lab.run diagnosed the pipeline, wrote its reports and exited
+  2    usage error: a bad option, module:attr, file or value; one line on stderr says
+       what was wrong and what to do
+  3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
+  130  interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
@@ -36,16 +44,7 @@ __all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser",
 #: ``compare --step`` when none is given: a short simulated GPU step, so loading dominates.
 DEFAULT_STEP = "simulated:20"
 #: The exit codes as ``spdl-lab --help`` lists them; the module docstring says the same.
-EXIT_CODES = """Exit status:
-
-  0    done
-  1    diagnostic mode ended the program: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 was set, so the
-       first Loader or lab.run diagnosed the pipeline, wrote its reports and exited
-  2    usage error: a bad option, module:attr, file or value; one line on stderr says
-       what was wrong and what to do
-  3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
-  130  interrupted (Ctrl-C)
-"""
+EXIT_CODES = __doc__[__doc__.index("Exit status:"):]
 
 
 # -- the subcommands ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from bokeh.plotting import figure
 from bokeh.resources import INLINE
 
 from ..watch.records import read_record, record_meta
-from .figures import _colors
+from .live_plots import stage_colors
 from .report import _PAGE
 
 __all__ = ["duration_s", "read_run", "run_summary", "run_text", "write_run_page", "write_run_report"]
@@ -80,7 +80,7 @@ def _plot(frames: pd.DataFrame, series: str, title: str, y_label: str):
     if chosen.empty:
         return None
     stages = list(dict.fromkeys(chosen["stage"]))
-    colors = _colors(stages)
+    colors = stage_colors(stages)
     fig = figure(width=840, height=240, title=title, x_axis_label="seconds since publishing started",
                  y_axis_label=y_label, toolbar_location=None)
     items = []
