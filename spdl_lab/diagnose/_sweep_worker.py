@@ -19,14 +19,12 @@ import psutil
 
 from ..errors import RunnerError
 from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
+from ._point import PointFailed
 
 __all__ = ["Reading", "WorkerDied", "WorkerPool"]
 
 #: The script each worker runs.
 CHILD = Path(__file__).with_name("_sweep_child.py")
-
-
-# -- the parent's side --------------------------------------------------------
 
 @dataclass
 class Reading:
@@ -41,8 +39,12 @@ class Reading:
     busy: int = 0  # workers inside the function when asked
 
 
-class WorkerDied(Exception):
-    """A worker process exited or closed its pipe; the message says how."""
+class WorkerDied(PointFailed):
+    """A worker process exited or closed its pipe: its point is an "error"; ``how`` says how."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__("error", f"a {how}")
+        self.how = how
 
 
 class WorkerPool:
@@ -72,7 +74,7 @@ class WorkerPool:
                                       f"within {timeout_s:g} s; pass start_timeout_s= to wait longer")
         except WorkerDied as died:
             raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process could not start: "
-                              f"{died}") from died.__cause__
+                              f"{died.how}") from died.__cause__
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
         """To the c workers from ``first`` on."""
@@ -108,7 +110,7 @@ class WorkerPool:
             reading.ends_ns += ends_ns
             self.first_error = self.first_error or first_error
         if math.isnan(cpu_s):
-            raise WorkerDied("a worker process vanished")
+            raise WorkerDied("worker process vanished")
         return reading
 
     def _recv(self, i: int, deadline: float) -> Any:

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
@@ -23,13 +23,11 @@ from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
 from ._bottleneck import FAR_FASTER, limiting
 from ._pausing import sessions_paused
-from ._thread_sweep import StageFeed, StageRun, ThreadSweep, measure_threads, run_once
+from ._sweep import StageFeed, StageSweep, Sweep
+from ._threads import StageRun, run_once
 from .result import Diagnosis, Point, StageDiagnosis
 from .rules import judge, rises
 from .settings import SweepSettings
-
-if TYPE_CHECKING:
-    from ._process_sweep import ProcessSweep, ProcessSweeper
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
 
@@ -153,25 +151,22 @@ def diagnose_here(
     bar = bar_factory(len(maps) * per_stage, "window")
     probe = GilProbe()
     probe.start()
-    side = None
+    sweep = Sweep(settings, probe=probe, on_window=bar.update)
     try:
         bar.set_description("first pass")
         done, passes = _passes(pipeline, inputs, settings)
         bar.update(per_stage * (len(maps) - len(passes)))
-        feeds = [p.feed for p in passes]
-        side = _ProcessSide(feeds, process_levels if processes else (), settings, bar, deadline, cores)
         bar.set_description("threads")
-        threads = measure_threads(feeds, concurrency, probe=probe, settings=settings, on_window=bar.update,
-                                  deadline=deadline - reserve, after_round=side.after_round)
-        bar.set_description("processes")
-        in_processes = side.finish({name: sweep.points for name, sweep in threads.items()})
+        for p in passes:
+            sweep.add(p.feed, "thread", concurrency, deadline - reserve)
+        _rounds(sweep, [p.feed for p in passes], process_levels if processes else (), deadline, cores, bar)
         bar.set_description("done")
         bar.update(max(0, bar.total - bar.n))
     finally:
-        if side is not None:
-            side.close()
+        sweep.close()
         probe.stop()
         bar.close()
+    threads, in_processes = sweep.results("thread"), sweep.results("process")
     for p in passes:
         done[p.stage.name] = _judge(p, threads[p.feed.name], in_processes.get(p.feed.name), cores, settings)
     interp = describe()
@@ -276,48 +271,24 @@ def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings
     return stages * (PROCESS_START_S + len(levels) * point_s)
 
 
-class _ProcessSide:
-    """The process half: a stage starts its workers once a round of the thread sweep
-    says threads do not help it, and its points take a round between the thread
-    rounds (``ProcessSweeper``); stages that only the finished thread sweep picks
-    start then. No levels: nothing is measured."""
-
-    def __init__(self, feeds: Sequence[StageFeed], levels: Sequence[int], settings: SweepSettings,
-                 bar: Any, deadline: float, cores: int) -> None:
-        self.feeds = {f.name: f for f in feeds}
-        self.levels, self.bar, self.cores = levels, bar, cores
-        self.max_windows = settings.max_windows
-        self.sweeper: ProcessSweeper | None = None
-        if feeds and levels:
-            from ._process_sweep import ProcessSweeper
-
-            self.sweeper = ProcessSweeper(levels, settings, on_window=bar.update, deadline=deadline)
-
-    def after_round(self, points: dict[str, list[Point]]) -> None:
-        if self.sweeper is not None:
-            self._start(points)
-            self.sweeper.round()
-
-    def finish(self, points: dict[str, list[Point]]) -> dict[str, ProcessSweep]:
-        if self.sweeper is None:
-            return {}
-        self._start(points)
-        self.sweeper.finish()
-        return self.sweeper.results()
-
-    def close(self) -> None:
-        if self.sweeper is not None:
-            self.sweeper.close()
-
-    def _start(self, points: dict[str, list[Point]]) -> None:
-        assert self.sweeper is not None
-        new = [self.feeds[name] for name, pts in points.items()
-               if name not in self.sweeper.sweeps and _processes_worth_trying(pts, self.cores)]
-        if new:
-            self.sweeper.add(new)
+def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[int], deadline: float,
+            cores: int, bar: Any) -> None:
+    """Rounds until every point is done. A stage's process points start once a round of its
+    thread points says threads do not help it, and take turns with them from then on."""
+    while True:
+        sweep.round()
+        threads = sweep.results("thread")
+        for feed in feeds:
+            points = [pt for pt in threads[feed.name].points if pt.repeats or pt.status == "timeout"]
+            if process_levels and not sweep.has(feed.name, "process") and _processes_worth_trying(points, cores):
+                sweep.add(feed, "process", process_levels, deadline)
+        if sweep.done():
+            return
+        if sweep.done("thread"):
+            bar.set_description("processes")
 
 
-def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores: int,
+def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: int,
            settings: SweepSettings) -> StageDiagnosis:
     points, once, inputs = threads.points, p.once, p.inputs
     process_points: list[Point] = []

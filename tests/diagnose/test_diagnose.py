@@ -15,7 +15,8 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab.cli import main as cli_main
-from spdl_lab.diagnose._thread_sweep import StageFeed, StageRun, ThreadSweep
+from spdl_lab.diagnose._sweep import StageFeed, StageSweep
+from spdl_lab.diagnose._threads import StageRun
 from spdl_lab.diagnose.measure import _judge, _Pass
 from spdl_lab.diagnose.result import Point
 from spdl_lab.diagnose.settings import SweepSettings
@@ -218,7 +219,7 @@ def _judged(spreads: list[float]) -> str:
     once = StageRun(outputs=[0] * 10, ok_inputs=list(range(10)), failures=0, first_error=None, hung=False,
                     abandoned_threads=0)
     p = _Pass(Stage("parse", "map", 1, fn=abs), 10, StageFeed("parse", abs, list(range(10))), once)
-    diag = _judge(p, ThreadSweep(points, abandoned=0, others=0.0), None, 2, SweepSettings())
+    diag = _judge(p, StageSweep(points, abandoned=0, others=0.0), None, 2, SweepSettings())
     assert not math.isnan(diag.points[0].qps)
     # Unstable points give no advice: the stage must be measured again, and it says how.
     assert diag.status == "unstable" and diag.recommendation.startswith("measure again")

@@ -1,4 +1,4 @@
-"""The process half of lab.diagnose: worker processes started once, measured point by point."""
+"""The process executor of lab.diagnose's sweep: worker processes started once, measured point by point."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import warnings
 
 import pytest
 
-from spdl_lab.diagnose._process_sweep import ProcessSweeper
-from spdl_lab.diagnose._thread_sweep import StageFeed
+from spdl_lab.diagnose._sweep import StageFeed, Sweep
 from spdl_lab.diagnose.settings import SweepSettings
 from spdl_lab.errors import PipelineSpecError
 
@@ -23,10 +22,10 @@ QUICK = dict(warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=6)
 
 def measure_processes(stage, fn, inputs, concurrency, **settings):
     """One stage's process points, as lab.diagnose takes them; why a point failed as a warning."""
-    with ProcessSweeper(concurrency, SweepSettings(**settings)) as sweeper:
-        sweeper.add([StageFeed(stage, fn, inputs)])
+    with Sweep(SweepSettings(**settings)) as sweeper:
+        sweeper.add(StageFeed(stage, fn, inputs), "process", concurrency)
         sweeper.finish()
-    sweep = sweeper.results()[stage]
+    sweep = sweeper.results("process")[stage]
     if sweep.error is not None:
         raise sweep.error
     for note in sweep.notes:
