@@ -84,11 +84,16 @@ def test_a_short_tuning_returns_data_a_user_can_act_on(tuning):
     assert tuning.trials["kept"].iloc[0] and tuning.trials["move"].iloc[0].startswith("started from")
     assert tuning.log[0].startswith("started from thread read=1")
     assert any(line.startswith("stopped:") for line in tuning.log)
-    assert tuning.speedup > 0 and tuning.elapsed_s < 12 + 10
+    assert tuning.speedup > 0
     # The trials never show what cannot be.
     t = tuning.trials
     assert (t["batches_per_s"] > 0).all() and (t["data_wait_frac"].between(0, 1)).all()
     assert (t["cpu_percent"] <= 100 * tuning.cores).all() and (t["spread"] >= 0).all()
+
+
+@pytest.mark.measurement
+def test_a_short_tuning_keeps_to_its_budget(tuning):
+    assert tuning.elapsed_s < 12 + 10
 
 
 def test_the_code_builds_the_tuned_loader(tuning):
