@@ -5,8 +5,8 @@ counts); then the points of every stage take turns, one window each per round,
 until each ends by ``_point.PointWindows``'s rule. A point's windows are thus
 spread over the whole sweep: seconds in which the machine ran slower touch one
 window of each point, and its QPS (its second-best window) leaves them out
-(docs/measurement-noise.md). Executors: ``_threads.Threads`` (a pool of threads
-per point, here) and ``_processes.Processes`` (worker processes, per stage).
+(docs/measurement-noise.md). The workers are threads or processes
+(``_sweep_worker``); one ``_executor.Executor`` measures a point on either.
 """
 
 # Failure rules: a point that times out or errs (``PointFailed``) ends its stage's
@@ -21,38 +21,19 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..errors import SpdlLabError
 from ..telemetry.histogram import quantile_ns
 from ..telemetry.probes import GilProbe
+from ._executor import Executor
 from ._point import PointFailed, PointWindows, StageFeed, WindowReading
-from ._processes import Processes
-from ._threads import Threads
+from ._sweep_worker import ThreadWorkers, start_processes
 from .result import Point
 from .settings import SweepSettings, window_for
 
 __all__ = ["StageFeed", "StageSweep", "Sweep"]
 
 FAILED = ("timeout", "error")
-
-
-class Executor(Protocol):
-    """How a stage's points run: ``Threads`` or ``Processes``."""
-
-    kind: str  # the points' executor: "thread" | "process"
-    workers: str  # what its workers are called in a note
-
-    @property
-    def first_error(self) -> str | None: ...
-
-    def warm_up(self, c: int) -> tuple[float, int]: ...
-
-    def window(self, c: int, seconds: float, turn: int) -> WindowReading: ...
-
-    def pause(self, c: int, turn: int) -> None: ...
-
-    def close(self, kill: bool) -> int: ...
 
 
 @dataclass
@@ -114,7 +95,7 @@ class _Point(PointWindows):
         why = self.why
         if not why and self._all_raised():
             why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.first_error or ''}"
-        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.workers}: {why}" if why else ""
+        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.named}: {why}" if why else ""
 
     def summary(self) -> Point:
         status, qps, spread = self.status, self.value, self.spread
@@ -165,13 +146,13 @@ class Sweep:
         points: list[_Point] = []
         self._points[key] = points
         try:
-            executor: Executor = (Threads(feed, self.settings, self.probe) if kind == "thread"
-                                  else Processes(feed, levels, self.settings))
+            workers = (ThreadWorkers(feed, levels[-1], self.settings.point_timeout_s) if kind == "thread"
+                       else start_processes(feed, levels[-1], self.settings))
         except SpdlLabError as exc:
             self._errors[key] = exc
             self._report(self.settings.max_windows * len(levels))
             return
-        self._executors[key] = executor
+        executor = self._executors[key] = Executor(workers, self.settings, self.probe)
         for i, c in enumerate(levels):
             points.append(_Point(feed.name, executor, c, self.settings, self._report, deadline))
             if not points[-1].warm_up():

@@ -22,9 +22,9 @@ from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
 from ._bottleneck import FAR_FASTER, limiting
+from ._first_pass import StageRun, run_once
 from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
-from ._threads import StageRun, run_once
 from .result import Diagnosis, Point, StageDiagnosis
 from .rules import judge, rises
 from .settings import SweepSettings
@@ -73,18 +73,12 @@ def diagnose(
         diag.table; diag.plot(); diag.to_html("report.html"); diag.to_json("report.json")
 
     Every stage first runs once over its inputs (its outputs feed the next).
-    Then each (stage, concurrency) gets a pool of threads, warmed up so that
-    start-up never counts, and the pools of every stage take turns: one window
-    each per round until a point's windows agree (``settings``). A window's
-    QPS is the median rate over short slices, and a point's its second-best
-    window: on a shared machine other tenants' work slows a core down for
-    seconds at a time, and only the fast windows are the function's own
-    speed (``_slices``). Stages whose thread throughput does not rise are
-    also run by worker processes at ``process_concurrency`` (default: 1 and
-    the core count), to tell whether processes would help; their points take
-    turns with the thread rounds from the round that shows it
-    (``processes=False`` skips them). Extra windows for points that disagree
-    stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
+    Then each (stage, concurrency) is a point, warmed up, whose windows take
+    turns with every other point's until they agree (``settings``, ``_sweep``);
+    a point's QPS is its second-best window (``_slices``). Stages whose threads
+    do not help are also run by worker processes at ``process_concurrency``
+    (default: 1 and the core count; ``processes=False`` skips them). Extra
+    windows stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
     """
     if not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}; "
@@ -135,7 +129,6 @@ def diagnose_here(
 ) -> Diagnosis:
     """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
     cores = os.cpu_count() or 1
-    process_levels = process_concurrency
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     begun = time.monotonic()
@@ -144,10 +137,10 @@ def diagnose_here(
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
-    reserve = _process_reserve(len(maps), process_levels, settings) if processes else 0.0
+    reserve = _process_reserve(len(maps), process_concurrency, settings) if processes else 0.0
     # The bar's total never changes mid-run: process windows are counted from the start,
     # and what a stage does not use (quiet points, no process sweep) is filled in at the end.
-    per_stage = (len(concurrency) + (len(process_levels) if processes else 0)) * settings.max_windows
+    per_stage = (len(concurrency) + (len(process_concurrency) if processes else 0)) * settings.max_windows
     bar = bar_factory(len(maps) * per_stage, "window")
     probe = GilProbe()
     probe.start()
@@ -159,7 +152,7 @@ def diagnose_here(
         bar.set_description("threads")
         for p in passes:
             sweep.add(p.feed, "thread", concurrency, deadline - reserve)
-        _rounds(sweep, [p.feed for p in passes], process_levels if processes else (), deadline, cores, bar)
+        _rounds(sweep, [p.feed for p in passes], process_concurrency if processes else (), deadline, cores, bar)
         bar.set_description("done")
         bar.update(max(0, bar.total - bar.n))
     finally:
@@ -174,7 +167,7 @@ def diagnose_here(
     return Diagnosis(
         pipeline=repr(pipeline), stages=stages, created=started,
         elapsed_s=time.perf_counter() - t0,
-        settings={"concurrency": list(concurrency), "process_concurrency": list(process_levels),
+        settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
                   "num_items": num_items, "inputs_collected": collected,
                   "warmup_s": settings.warmup_s, "window_s": settings.window_s,
                   "min_windows": settings.min_windows, "max_windows": settings.max_windows,
