@@ -13,7 +13,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import PipelineError, PipelineSpecError
@@ -169,10 +169,8 @@ def diagnose_here(
         elapsed_s=time.perf_counter() - t0,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
                   "num_items": num_items, "inputs_collected": collected,
-                  "warmup_s": settings.warmup_s, "window_s": settings.window_s,
-                  "min_windows": settings.min_windows, "max_windows": settings.max_windows,
-                  "stable_within": settings.stable_within, "point_timeout_s": settings.point_timeout_s,
-                  "stage_budget_s": settings.stage_budget_s, "isolated": isolated},
+                  **{k: v for k, v in asdict(settings).items() if k not in ("max_inputs", "start_timeout_s")},
+                  "isolated": isolated},
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
                  "torch": interp.torch or ""},
     )

@@ -1,16 +1,12 @@
 """The search: which move to measure next, and whether a measured move is kept.
 
-A hill climb on the model's predictions (tf.data's autotuner climbs the same
-way on its model; Plumber allocates to the bottleneck): from the best trial so
-far, every knob one rung up or down, a jump of the limiting stage straight to
-the concurrency the model says removes it, and each other runner. The move
-with the best predicted gain beyond ``MIN_GAIN`` is measured next. When the
-model sees no gain, two moves are still worth measuring once, because the
-model cannot see them well: switching runner when the GIL is the wait
-(the training thread's, or the probe's), when the step sets the pace,
-lowering the knob with the most slack (fewer loader threads can speed up the
-step they crowd), and each runner not measured yet, once. A move is kept only beyond the noise of both trials, or
-within it at clearly less CPU (ties go to the cheaper configuration).
+A hill climb on the model's predictions (as tf.data's autotuner climbs its model;
+Plumber allocates to the bottleneck): from the best trial so far, every knob one
+rung up or down, a jump of the limiting stage to the concurrency the model says
+removes it, and each other runner; the best predicted gain beyond ``MIN_GAIN`` is
+measured next. Moves the model cannot see well are still measured once
+(``Climb._explorations``). A move is kept only beyond the noise of both trials,
+or within it at clearly less CPU (``decide``).
 """
 
 from __future__ import annotations
@@ -23,7 +19,8 @@ from .model import Prediction, RateModel
 from .space import WORKERS, Config, Move, Space
 from .trial import MIN_GAIN, Trial, margin
 
-__all__ = ["Candidate", "Climb", "Decision", "Step", "climb", "CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "decide"]
+__all__ = ["CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "Candidate", "Climb", "Decision",
+           "Step", "climb", "decide"]
 
 #: Within the noise, a move is still kept when it saves this share of the CPU, and at
 #: least ``CPU_SAVING_POINTS`` percent of one core.
