@@ -1,5 +1,5 @@
 """How ``lab.diagnose`` measures: one settings object, one window rule and one budget rule
-for the thread and the process halves of the sweep."""
+for the sweep, whether its workers are threads or processes."""
 
 from __future__ import annotations
 

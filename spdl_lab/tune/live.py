@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ..experiments.contender import Window, gil_fracs
-from ..telemetry.probes import CpuProbe, GilProbe
+from ..experiments.contender import MachineClock, Window, gil_fracs
+from ..telemetry.probes import GilProbe
 from ..training.waits import training_waits
 from .bench import (
     check_budget,
@@ -73,8 +73,8 @@ class AutoTuner:
         self._done = threading.Event()
         self._ours: dict[str, int] = dict(session.controls())
         self._items = batch_items(session.pipeline)
-        self._cpu = CpuProbe()
-        self._gil = next((p for p in getattr(session, "_probes", []) if isinstance(p, GilProbe)), None)
+        self._machine = MachineClock(next((p for p in getattr(session, "_probes", []) if isinstance(p, GilProbe)),
+                                          None))
         self._thread = threading.Thread(target=self._main, name="spdl_lab:autotune", daemon=True)
         self._thread.start()
 
@@ -113,7 +113,7 @@ class AutoTuner:
     # -- the loop -------------------------------------------------------------------
     def _main(self) -> None:
         session = self.session
-        space = Space(session.pipeline, [session.runner], self._cores())
+        space = Space(session.pipeline, [session.runner], self._machine.cores)
         search = Climb(space, RateModel(session.pipeline, space.cores))
         first = Config.of(session.runner, session.controls())
         deadline = time.perf_counter() + self.budget_s
@@ -162,11 +162,6 @@ class AutoTuner:
         return ""
 
     # -- measuring on the live loop ----------------------------------------------------
-    def _cores(self) -> int:
-        import psutil
-
-        return psutil.cpu_count() or 1
-
     def _check(self) -> None:
         if self._stop.is_set():
             raise _Stopped()
@@ -213,19 +208,16 @@ class AutoTuner:
     def _window(self, deadline: float) -> Window:
         rate = self._rate_guess()
         device = self.session.device
-        cpu_a, gil_a = self._cpu.totals(), self._gil.totals() if self._gil else None
+        t_a, ours_a, _, gil_a = self._machine.read()
         dev_a = device.totals() if device is not None else None
-        t_a = time.monotonic()
         records = self._steps(max(2, round(rate * self.window_s)), deadline)
-        span = max(time.monotonic() - t_a, 1e-9)
-        cpu_b, gil_b = self._cpu.totals(), self._gil.totals() if self._gil else None
+        t_b, ours_b, _, gil_b = self._machine.read()
         dev_b = device.totals() if device is not None else None
-        ours = (cpu_b.main_s + cpu_b.children_s - cpu_a.main_s - cpu_a.children_s) / span * 100.0
+        ours = (ours_b - ours_a) / max(t_b - t_a, 1e-9) * 100.0
         gil, queued = gil_fracs(gil_a, gil_b)
         train_gil, train_queued = training_waits(dev_a, dev_b)
-        cores = self._cores()
         return Window(runner=self.session.runner, round=0, started_s=0.0, records=tuple(records),
-                      cpu_percent=min(max(0.0, ours), 100.0 * cores), others_percent=math.nan,
+                      cpu_percent=min(max(0.0, ours), 100.0 * self._machine.cores), others_percent=math.nan,
                       gil_wait_frac=gil, runqueue_wait_frac=queued, train_gil_wait_frac=train_gil,
                       train_runqueue_wait_frac=train_queued)
 

@@ -84,7 +84,7 @@ class Climb:
         #: the best trial measured under each runner (a switch goes back to it)
         self.best_by_runner: dict[str, Trial] = {}
 
-    def record(self, trial: Trial, kept_against: Trial | None = None) -> None:
+    def record(self, trial: Trial) -> None:
         self.tried.add(trial.config)
         self.model.observe(trial)
         best = self.best_by_runner.get(trial.config.runner)
@@ -99,8 +99,8 @@ class Climb:
         fewer = [t for t in self.model.trials
                  if t.config.runner == "process" and t.config.knob(WORKERS) < self.space.cores]
         if fewer:
-            best_fewer = max(fewer, key=lambda t: t.batches_per_s)
-            if decide(best_fewer, trial).kept and decide(best_fewer, trial).gain > 0:
+            verdict = decide(max(fewer, key=lambda t: t.batches_per_s), trial)
+            if verdict.kept and verdict.gain > 0:
                 self.space.allow_more_workers = True
 
     # -- proposing -----------------------------------------------------------------
@@ -130,14 +130,13 @@ class Climb:
         candidates = [c for c in self.candidates(best) if affordable(c.move.config)]
         if not candidates:
             return None
-        scored = sorted(candidates, key=lambda c: _score(c.predicted.batches_per_s), reverse=True)
         if self._gil_says(best):
             # The model sees the GIL only through task times: leaving the interpreter is measured first.
             for candidate in self._explorations(best, candidates):
                 if candidate.move.kind == "switch":
                     self._explored.add(candidate.move.config)
                     return candidate
-        top = scored[0]
+        top = max(candidates, key=lambda c: _score(c.predicted.batches_per_s))
         # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
         here = self.model.predict(best.config)
         if _score(top.predicted.batches_per_s) > _score(here.batches_per_s) * (1.0 + MIN_GAIN):
