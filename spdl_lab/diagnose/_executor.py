@@ -27,7 +27,7 @@ import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts
 from ..telemetry.probes import GilProbe, GilTotals
-from ._point import PointFailed, WindowReading, no_task, stuck
+from ._point import PointFailed, WindowReading
 from ._slices import window_qps
 from ._sweep_worker import Reading, ThreadWorkers, WorkerPool
 from .settings import SweepSettings
@@ -61,7 +61,8 @@ class Executor:
             if now is not None and now.done + now.failures > base.done + base.failures:
                 break
             if now is None or now.at >= end:
-                raise no_task(plan.point_timeout_s)
+                raise PointFailed("timeout", f"no task finished within {plan.point_timeout_s:g} s; pass a "
+                                             f"longer point_timeout_s if the function is only slow")
             check_at = min(now.at + 0.05, end)
         task_s = statistics.median(now.times_ns) / 1e9 if now.times_ns else 0.0
         self.pause(c, 0)
@@ -105,7 +106,8 @@ class Executor:
             if now is not None and now.busy == 0:
                 return
             if time.monotonic() >= deadline:
-                raise stuck(timeout)
+                raise PointFailed("timeout", f"a call did not return within {timeout:g} s after the workers "
+                                             f"were paused")
             time.sleep(0.001)
 
     def close(self, kill: bool) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 from ._slices import point_qps, quiet
 from .settings import SweepSettings, budget_cut
 
-__all__ = ["PointFailed", "PointWindows", "StageFeed", "WindowReading", "no_task", "stuck"]
+__all__ = ["PointFailed", "PointWindows", "StageFeed", "WindowReading"]
 
 
 @dataclass(frozen=True)
@@ -40,15 +40,6 @@ class PointFailed(Exception):
     def __init__(self, status: str, why: str) -> None:
         super().__init__(why)
         self.status = status
-
-
-def no_task(timeout_s: float) -> PointFailed:
-    return PointFailed("timeout", f"no task finished within {timeout_s:g} s; pass a longer point_timeout_s "
-                                  f"if the function is only slow")
-
-
-def stuck(timeout_s: float) -> PointFailed:
-    return PointFailed("timeout", f"a call did not return within {timeout_s:g} s after the workers were paused")
 
 
 @dataclass
