@@ -167,8 +167,7 @@ class Bench:
                 contender.loader.set_concurrency(name, value)
         queued = queued_batches(contender.loader.reading(), self._items)
         if queued:
-            self._round += 1
-            contender.window(self._round, 0, queued, self.machine, timeout)
+            self._run(contender, queued, timeout)
         # Then what is still ready beyond that, until a step waits for its batch.
         contender.drain_ready(unseen, timeout, max_s=self.window_s)
         # Then a quarter window at the new setting (the first sizes the windows of a new configuration).
@@ -179,10 +178,10 @@ class Bench:
             self._rate[config] = sizing.batches_per_s
         return contender
 
-    def _window(self, contender: Contender, config: Config, timeout: float, scale: float = 1.0) -> Window:
+    def _window(self, contender: Contender, config: Config, timeout: float) -> Window:
         rate = self._rate.get(config, 0.0)
-        steps = max(2, round(rate * self.window_s * scale)) if rate > 0 else _SIZING_STEPS
-        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s * scale)
+        steps = max(2, round(rate * self.window_s)) if rate > 0 else _SIZING_STEPS
+        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s)
         if window.batches_per_s > 0:
             self._rate[config] = window.batches_per_s
         return window
