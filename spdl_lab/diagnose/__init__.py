@@ -4,11 +4,11 @@ a verdict per stage and the stage that limits the pipeline.
 Where things are:
 
 * ``measure``   — ``diagnose()``: the source run once, each stage fed cached inputs,
-  the thread and process sweeps, the verdicts;
+  the sweep, the verdicts;
 * ``settings``  — ``SweepSettings`` (windows, stop rule, budget) and the window and budget rules;
-* ``_thread_sweep`` / ``_process_sweep`` (with ``_sweep_worker`` and ``_sweep_child``) —
-  the two halves of the sweep; ``_point`` — the stop rule and progress count they share;
-  ``_slices`` — a window's and a point's QPS;
+* ``_sweep``    — one point state machine (``_point``), the executor a parameter: ``_threads``
+  or ``_processes`` (with ``_sweep_worker`` and ``_sweep_child``); ``_slices`` — a window's
+  and a point's QPS;
 * ``rules``     — from a stage's points to a verdict, with the numbers;
 * ``result``    — ``Diagnosis``, ``StageDiagnosis``, ``Point``, which stage limits, the JSON file;
 * ``_isolated`` — the clean child interpreter it runs in;

@@ -1,16 +1,11 @@
 """Diagnose in a clean child interpreter, so nothing else in the notebook can touch the numbers.
 
-A stage's verdict rests on how its throughput moves with threads and how long
-a waking thread waits for the GIL. In a notebook kernel both depend on what
-else the kernel runs: a lab session's loader and training threads take the
-same GIL (an earlier run made every stage of a pipeline read "gil-bound"), its
-heap makes the collector pause for longer, and its threads wake the probe.
-A child started with ``spawn`` (not ``fork``: a fork copies the kernel's locks
-and heap) has its own GIL and heap and none of the kernel's threads; what it
-still shares is the machine's cores, and the diagnosis names the load from
-other processes, as before. The pipeline travels by value (cloudpickle), the
-progress comes back as messages to the notebook's bar, and the Diagnosis as
-its validated JSON file. Ctrl-C, an error or a timeout stops the child.
+A kernel's other threads take the GIL (an earlier run read every stage of a
+pipeline "gil-bound" beside a lab session), and its heap lengthens the
+collector's pauses. A child started afresh (not forked: a fork copies the
+kernel's locks and heap) has neither. The pipeline travels by value
+(cloudpickle), progress comes back as messages to the notebook's bar, and the
+Diagnosis as its validated JSON file. Ctrl-C, an error or a timeout stops the child.
 """
 
 from __future__ import annotations

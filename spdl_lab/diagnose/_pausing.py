@@ -1,11 +1,8 @@
 """Quiet the kernel before ``lab.diagnose`` measures: its running sessions wait meanwhile.
 
-The diagnosis runs in a child interpreter, out of reach of the kernel's GIL,
-threads and heap, but not of its CPU: a session training beside it on a
-2-core machine takes the cores the stages need, and every stage reads
-"cpu-bound: other processes held the cores". So the kernel's own running
-sessions are paused for the diagnosis (each holds its loop before the next
-batch; its loader fills its buffer and idles) and resume after it. Load from
+The diagnosis's child interpreter still shares the cores: a session training
+beside it would make every stage read "cpu-bound". So the kernel's running
+sessions hold their loops for the diagnosis and resume after it; load from
 other processes is still named by ``Diagnosis.machine_load()``.
 """
 

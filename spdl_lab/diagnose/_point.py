@@ -1,27 +1,60 @@
-"""One point's windows and how it ends: the rule both halves of the sweep share.
+"""One point's windows and how it ends: the rule both executors of the sweep share.
 
 A point (a stage at one concurrency, in threads or in processes) takes one
 window per round. It ends
 
 * settled ("ok"): it has ``min_windows`` and its fastest windows agree (``_slices.quiet``);
 * at ``max_windows``, or when the budget is spent (``settings.budget_cut``): still "unstable";
-* failed: "timeout" or "error", said by the half that measures it.
+* failed: "timeout" or "error" (``PointFailed``, raised by its executor).
 
-Its QPS is its second-best window (``_slices.point_qps``) in both halves, so a
-thread point and a process point compare like with like. Progress is counted
-here too: every point is worth ``max_windows`` windows on the bar however it
-ends, so the bar's total never moves.
+Its QPS is its second-best window (``_slices.point_qps``) whatever the executor, so
+a thread point and a process point compare like with like. Every point is worth
+``max_windows`` windows on the progress bar however it ends, so its total never moves.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ._slices import point_qps, quiet
 from .settings import SweepSettings, budget_cut
 
-__all__ = ["PointWindows"]
+__all__ = ["PointFailed", "PointWindows", "StageFeed", "WindowReading"]
+
+
+@dataclass(frozen=True)
+class StageFeed:
+    """A stage to sweep: its function and the inputs it loops over."""
+
+    name: str
+    fn: Callable[[Any], Any]
+    inputs: Sequence[Any]
+
+
+class PointFailed(Exception):
+    """An executor cannot go on with a point: its status ("timeout" or "error") and why."""
+
+    def __init__(self, status: str, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+@dataclass
+class WindowReading:
+    """What an executor read over one window (CPU shares are of all the cores, 0..1)."""
+
+    qps: float
+    cpu: float
+    done: int  # calls that returned
+    failures: int  # calls that raised
+    hist: list[int]  # task times (``telemetry.histogram``)
+    gil: float = math.nan  # the GIL probe's wait share (threads only)
+    runq: float = math.nan
+    machine: float = math.nan  # the whole machine's busy share
+    others: float = math.nan  # other processes' share of the cores
 
 
 class PointWindows:

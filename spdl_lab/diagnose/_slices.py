@@ -1,31 +1,15 @@
 """QPS that a noisy shared machine moves as little as possible: per window, and per point.
 
-On a shared VM a core does not always run at one speed: plain Python slows
-down for seconds at a time, in threads and processes alike, while other work
-(hashing, sleeping) is not touched. A window that falls in such a spell reads
-low, and a median over a point's windows lands on either speed. The traces
-and numbers behind the rules are in docs/measurement-noise.md. Two rules:
-
-* ``window_qps``: a window is cut into slices that each expect at least
-  ``MIN_TASKS_PER_SLICE`` completions, and its QPS is the median slice rate, so
-  moments shorter than half the window do not count. With fewer than
-  ``MIN_SLICES`` such slices (slow functions), it is the completions over the
-  span up to the last of them: a window starts with every worker idle, so slow
-  tasks finish in step, and the tasks still running at its end would count as
-  time with nothing to show. The sweeps also make a slow point's window long
-  enough for a few tasks per worker (``settings.window_for``).
-* ``point_qps``: a point's QPS is its second-best window. Interference only
-  ever slows a function down (the reason ``timeit`` reports the best of its
-  repeats), so the fast windows are the function's own speed and the slow
-  ones the neighbours'; the second best rather than the best, so that one
-  window that caught the machine at an odd moment cannot set the number.
-  ``quiet`` says when a point needs no more windows: its fastest three
-  windows agree with its QPS. A point whose fast windows disagree runs to the
-  cap, for more chances of windows at the machine's own speed. A point's
-  spread ((max - min) / QPS) shows how much the slow windows lost.
-
-When a slow spell covers every window of a point, no rule inside the run can
-tell; the point is then low by the machine's factor.
+A core does not always run at one speed: plain Python slows down for seconds at
+a time (docs/measurement-noise.md). ``window_qps`` is a window's median rate over
+slices of at least ``MIN_TASKS_PER_SLICE`` completions, so moments shorter than
+half the window do not count (with fewer than ``MIN_SLICES`` slices: the
+completions over the span up to the last one, as slow tasks finish in step).
+``point_qps`` is a point's second-best window: interference only ever slows a
+function down (why ``timeit`` takes the best of its repeats), and the second
+best so that one odd window cannot set the number. ``quiet`` says when a point
+needs no more windows. A slow spell covering every window of a point cannot be
+told apart: the point is then low by the machine's factor.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""A worker process of ``lab.diagnose``'s process sweep: the child's end of its pipes.
+"""A worker process of ``lab.diagnose``'s process executor: the child's end of its pipes.
 
 Run as ``python -I .../_sweep_child.py DATA_FD CTRL_FD`` by ``_sweep_worker.WorkerPool``:
-a fresh interpreter, never a fork, never multiprocessing's spawn (which would
-re-import the user's script). It is a plain script that imports only the
-standard library and cloudpickle, so a worker is ready in a fraction of a second
-instead of the seconds ``import spdl_lab`` (torch) takes; ``-I`` keeps this folder
-off ``sys.path``, and the parent sends its own ``sys.path`` instead. The main
-thread calls the stage function in a loop; a control thread obeys the parent:
-run, pause, read (counts, and whether it is inside the function), stop.
+a fresh interpreter (never a fork; never multiprocessing's spawn, which re-imports the
+user's script) that imports only the standard library and cloudpickle, so it starts
+fast; the parent sends its ``sys.path``. The main thread calls the stage function in
+a loop; a control thread obeys the parent: run, pause, read, stop.
 """
 
 from __future__ import annotations
@@ -48,15 +45,14 @@ def main(data_fd: int, ctrl_fd: int) -> int:
 
 
 class _Worker:
-    """Counts finished calls; the control thread reads the counts without stopping the loop.
+    """Calls the function in a loop and counts; ``counts`` reads them without stopping the loop.
+    Paused, it blocks on an Event: idle workers cost nothing while fewer are measured.
+    The thread executor runs the same workers as threads of the parent."""
 
-    Paused, the main thread blocks on an Event (no spinning), so idle workers
-    cost nothing while fewer of them are measured.
-    """
-
-    def __init__(self, fn: Callable[[Any], Any], inputs: Sequence[Any]) -> None:
+    def __init__(self, fn: Callable[[Any], Any], inputs: Sequence[Any], start: int = 0) -> None:
         self.fn = fn
         self.inputs = inputs
+        self.start = start  # the first input it takes
         self.running = threading.Event()
         self.stopping = False
         self.finished = threading.Event()
@@ -69,7 +65,7 @@ class _Worker:
         self.first_error: str | None = None  # traceback of the first failure, sent once
 
     def loop(self) -> None:
-        fn, inputs, n, i = self.fn, self.inputs, len(self.inputs), 0
+        fn, inputs, n, i = self.fn, self.inputs, len(self.inputs), self.start
         try:
             while True:
                 self.busy = True  # before the check, so a pause never misses a call starting
@@ -112,19 +108,26 @@ class _Worker:
             elif kind == "pause":
                 self.running.clear()
             elif kind == "read":
-                with self.lock:
-                    reply = ("counts", self.done, self.failures, self.times_ns, self.ends_ns, self.first_error,
-                             self.busy)
-                    self.times_ns, self.ends_ns, self.first_error = [], [], None
-                if not _send_quietly(data, reply):
+                if not _send_quietly(data, self.counts()):
                     break
             elif kind == "stop":
                 break
-        self.stopping = True
-        self.running.set()
+        self.stop()
         # A call stuck in the function cannot be interrupted: never outlive the parent for it.
         if not self.finished.wait(STOP_GRACE_S):
             os._exit(0)
+
+    def counts(self) -> tuple:
+        """("counts", done, failures, times_ns, ends_ns, first_error, busy); the lists and the
+        error since the last reading."""
+        with self.lock:
+            reply = ("counts", self.done, self.failures, self.times_ns, self.ends_ns, self.first_error, self.busy)
+            self.times_ns, self.ends_ns, self.first_error = [], [], None
+        return reply
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.running.set()
 
 
 def _send_quietly(conn: Connection, message: tuple) -> bool:

@@ -1,32 +1,37 @@
-"""The parent's side of the process sweep's workers (``_sweep_child`` is the child's).
+"""The sweep's workers, as threads (``ThreadWorkers``) or processes (``WorkerPool``), one interface.
 
-``WorkerPool`` starts each worker as a fresh interpreter running ``_sweep_child.py``
-with two pipes: control (parent -> child: run, pause, read, stop) and data
-(child -> parent: counts, completion times, crashes).
+Both run ``_sweep_child._Worker``: ``WorkerPool`` starts each as a fresh interpreter
+running ``_sweep_child.py`` with two pipes, control (parent -> child: run, pause,
+read, stop) and data (child -> parent: counts, completion times, crashes);
+``ThreadWorkers`` runs them as threads here and reads them directly.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import psutil
 
-from ..errors import RunnerError
+from ..errors import PipelineSpecError, RunnerError
 from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
+from ._point import PointFailed, StageFeed
+from ._sweep_child import _Worker
+from .settings import SweepSettings
 
-__all__ = ["Reading", "WorkerDied", "WorkerPool"]
+__all__ = ["Reading", "ThreadWorkers", "WorkerDied", "WorkerPool", "start_processes"]
 
 #: The script each worker runs.
 CHILD = Path(__file__).with_name("_sweep_child.py")
-
-
-# -- the parent's side --------------------------------------------------------
 
 @dataclass
 class Reading:
@@ -39,14 +44,74 @@ class Reading:
     times_ns: list[int] = field(default_factory=list)
     ends_ns: list[int] = field(default_factory=list)  # completion times of those calls
     busy: int = 0  # workers inside the function when asked
+    first_error: str | None = None
+
+    def add(self, reply: tuple) -> None:
+        """One worker's ``_Worker.counts()``."""
+        _, done, failures, times_ns, ends_ns, first_error, busy = reply
+        self.busy += busy
+        self.done += done
+        self.failures += failures
+        self.times_ns += times_ns
+        self.ends_ns += ends_ns
+        self.first_error = self.first_error or first_error
 
 
-class WorkerDied(Exception):
-    """A worker process exited or closed its pipe; the message says how."""
+class ThreadWorkers:
+    """``n`` workers as daemon threads of this interpreter; c of them run at a time. Threads
+    stuck in the function cannot be stopped: they are left behind and counted."""
+
+    kind = "thread"
+    named = "thread(s)"
+
+    def __init__(self, feed: StageFeed, n: int, stop_timeout_s: float) -> None:
+        count = len(feed.inputs)
+        self.workers = [_Worker(feed.fn, feed.inputs, i * count // n) for i in range(n)]
+        self.threads = [threading.Thread(target=w.loop, daemon=True, name=f"spdl_lab:diagnose-{feed.name}-{i}")
+                        for i, w in enumerate(self.workers)]
+        for t in self.threads:
+            t.start()
+        self.size = n
+        self.first_error: str | None = None
+        self._stop_timeout_s = stop_timeout_s
+
+    def send(self, c: int, message: Any, first: int = 0) -> None:
+        for worker in self.workers[first:first + c]:
+            if message[0] == "run":
+                worker.running.set()
+            else:
+                worker.running.clear()
+
+    def read(self, c: int, timeout_s: float, first: int = 0) -> Reading:
+        reading = Reading(time.perf_counter(), 0, 0, time.process_time())
+        for worker in self.workers[first:first + c]:
+            reading.add(worker.counts())
+        self.first_error = self.first_error or reading.first_error
+        return reading
+
+    def close(self, kill: bool) -> int:
+        """Stop every worker; the threads still inside the function after the stop timeout."""
+        for worker in self.workers:
+            worker.stop()
+        deadline = time.monotonic() + self._stop_timeout_s
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return sum(t.is_alive() for t in self.threads)
+
+
+class WorkerDied(PointFailed):
+    """A worker process exited or closed its pipe: its point is an "error"; ``how`` says how."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__("error", f"a {how}")
+        self.how = how
 
 
 class WorkerPool:
     """Worker processes, each with a control pipe (parent -> child) and a data pipe (child -> parent)."""
+
+    kind = "process"
+    named = "worker process(es)"
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
@@ -63,6 +128,7 @@ class WorkerPool:
             self.datas.append(child.data)
             self.ctrls.append(child.ctrl)
             self.ps.append(psutil.Process(self.procs[-1].pid))
+        self.size = n
         self.send(n, init)
         deadline = time.monotonic() + timeout_s
         try:
@@ -72,7 +138,7 @@ class WorkerPool:
                                       f"within {timeout_s:g} s; pass start_timeout_s= to wait longer")
         except WorkerDied as died:
             raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process could not start: "
-                              f"{died}") from died.__cause__
+                              f"{died.how}") from died.__cause__
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
         """To the c workers from ``first`` on."""
@@ -87,8 +153,7 @@ class WorkerPool:
         chosen = range(first, first + c)
         at = time.perf_counter()
         # CPU at the same moment as ``at``: the workers go on running while they answer,
-        # and a fast function's completion times take a while to ship (at millions of
-        # calls per second, read afterwards, the CPU of 2 workers came to 147% of 2 cores).
+        # and a fast function's completion times take a while to ship (docs/measurements.md).
         try:
             cpu_s = sum(t.user + t.system for t in (self.ps[i].cpu_times() for i in chosen))
         except psutil.Error:
@@ -100,15 +165,10 @@ class WorkerPool:
             reply = self._recv(i, deadline)
             if reply is None:
                 return None
-            _, done, failures, times_ns, ends_ns, first_error, busy = reply
-            reading.busy += busy
-            reading.done += done
-            reading.failures += failures
-            reading.times_ns += times_ns
-            reading.ends_ns += ends_ns
-            self.first_error = self.first_error or first_error
+            reading.add(reply)
+        self.first_error = self.first_error or reading.first_error
         if math.isnan(cpu_s):
-            raise WorkerDied("a worker process vanished")
+            raise WorkerDied("worker process vanished")
         return reading
 
     def _recv(self, i: int, deadline: float) -> Any:
@@ -128,7 +188,8 @@ class WorkerPool:
             if time.monotonic() >= deadline:
                 return None
 
-    def close(self, kill: bool) -> None:
+    def close(self, kill: bool) -> int:
+        """Stop every worker (kill them after a timeout); nothing is left behind."""
         if not kill:
             self.send(len(self.procs), ("stop",))
         for proc in self.procs:
@@ -137,6 +198,35 @@ class WorkerPool:
             stop_process(proc, timeout=2.0)  # after a kill it only reaps
         for conn in self.ctrls + self.datas:
             conn.close()
+        return 0
+
+
+def start_processes(feed: StageFeed, workers: int, plan: SweepSettings) -> WorkerPool:
+    sample = list(itertools.islice(feed.inputs, plan.max_inputs))
+    if not sample:
+        raise PipelineSpecError(f"lab.diagnose: stage {feed.name!r} has no inputs to measure processes with")
+    init = {"fn": _pickled(feed.name, "its function", feed.fn, "Create locks, open files and clients inside "
+                           "the function instead of capturing them"),
+            "inputs": _pickled(feed.name, "its inputs", sample, "Its inputs (what the stage before returns) "
+                               "must be picklable to reach worker processes"),
+            "sys_path": list(sys.path)}
+    pool = WorkerPool(feed.name)
+    try:
+        pool.start(workers, init, plan.start_timeout_s)
+    except BaseException:
+        pool.close(kill=True)
+        raise
+    return pool
+
+
+def _pickled(stage: str, what: str, value: Any, hint: str) -> bytes:
+    try:
+        return cloudpickle.dumps(value)  # by value: __main__, notebook cells and lambdas travel too
+    except Exception as exc:
+        raise PipelineSpecError(
+            f"lab.diagnose: stage {stage!r} ({what}) cannot be pickled to send it to worker processes "
+            f"({type(exc).__name__}: {exc}). {hint}, or measure this stage with threads only."
+        ) from exc
 
 
 def _exit_reason(proc: subprocess.Popen) -> str:

@@ -13,22 +13,20 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
+from ._first_pass import StageRun, run_once
 from ._pausing import sessions_paused
-from ._thread_sweep import StageFeed, StageRun, ThreadSweep, measure_threads, run_once
+from ._sweep import StageFeed, StageSweep, Sweep
 from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting
 from .rules import judge, rises
 from .settings import SweepSettings
-
-if TYPE_CHECKING:
-    from ._process_sweep import ProcessSweep, ProcessSweeper
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
 
@@ -74,18 +72,12 @@ def diagnose(
         diag.table; diag.plot(); diag.to_html("report.html"); diag.to_json("report.json")
 
     Every stage first runs once over its inputs (its outputs feed the next).
-    Then each (stage, concurrency) gets a pool of threads, warmed up so that
-    start-up never counts, and the pools of every stage take turns: one window
-    each per round until a point's windows agree (``settings``). A window's
-    QPS is the median rate over short slices, and a point's its second-best
-    window: on a shared machine other tenants' work slows a core down for
-    seconds at a time, and only the fast windows are the function's own
-    speed (``_slices``). Stages whose thread throughput does not rise are
-    also run by worker processes at ``process_concurrency`` (default: 1 and
-    the core count), to tell whether processes would help; their points take
-    turns with the thread rounds from the round that shows it
-    (``processes=False`` skips them). Extra windows for points that disagree
-    stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
+    Then each (stage, concurrency) is a point, warmed up, whose windows take
+    turns with every other point's until they agree (``settings``, ``_sweep``);
+    a point's QPS is its second-best window (``_slices``). Stages whose threads
+    do not help are also run by worker processes at ``process_concurrency``
+    (default: 1 and the core count; ``processes=False`` skips them). Extra
+    windows stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
     """
     if not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}; "
@@ -136,7 +128,6 @@ def diagnose_here(
 ) -> Diagnosis:
     """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
     cores = os.cpu_count() or 1
-    process_levels = process_concurrency
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     begun = time.monotonic()
@@ -145,32 +136,29 @@ def diagnose_here(
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
-    reserve = _process_reserve(len(maps), process_levels, settings) if processes else 0.0
+    reserve = _process_reserve(len(maps), process_concurrency, settings) if processes else 0.0
     # The bar's total never changes mid-run: process windows are counted from the start,
     # and what a stage does not use (quiet points, no process sweep) is filled in at the end.
-    per_stage = (len(concurrency) + (len(process_levels) if processes else 0)) * settings.max_windows
+    per_stage = (len(concurrency) + (len(process_concurrency) if processes else 0)) * settings.max_windows
     bar = bar_factory(len(maps) * per_stage, "window")
     probe = GilProbe()
     probe.start()
-    side = None
+    sweep = Sweep(settings, probe=probe, on_window=bar.update)
     try:
         bar.set_description("first pass")
         done, passes = _passes(pipeline, inputs, settings)
         bar.update(per_stage * (len(maps) - len(passes)))
-        feeds = [p.feed for p in passes]
-        side = _ProcessSide(feeds, process_levels if processes else (), settings, bar, deadline, cores)
         bar.set_description("threads")
-        threads = measure_threads(feeds, concurrency, probe=probe, settings=settings, on_window=bar.update,
-                                  deadline=deadline - reserve, after_round=side.after_round)
-        bar.set_description("processes")
-        in_processes = side.finish({name: sweep.points for name, sweep in threads.items()})
+        for p in passes:
+            sweep.add(p.feed, "thread", concurrency, deadline - reserve)
+        _rounds(sweep, [p.feed for p in passes], process_concurrency if processes else (), deadline, cores, bar)
         bar.set_description("done")
         bar.update(max(0, bar.total - bar.n))
     finally:
-        if side is not None:
-            side.close()
+        sweep.close()
         probe.stop()
         bar.close()
+    threads, in_processes = sweep.results("thread"), sweep.results("process")
     for p in passes:
         done[p.stage.name] = _judge(p, threads[p.feed.name], in_processes.get(p.feed.name), cores, settings)
     interp = describe()
@@ -178,12 +166,10 @@ def diagnose_here(
     return Diagnosis(
         pipeline=repr(pipeline), stages=stages, created=started,
         elapsed_s=time.perf_counter() - t0,
-        settings={"concurrency": list(concurrency), "process_concurrency": list(process_levels),
+        settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
                   "num_items": num_items, "inputs_collected": collected,
-                  "warmup_s": settings.warmup_s, "window_s": settings.window_s,
-                  "min_windows": settings.min_windows, "max_windows": settings.max_windows,
-                  "stable_within": settings.stable_within, "point_timeout_s": settings.point_timeout_s,
-                  "stage_budget_s": settings.stage_budget_s, "isolated": isolated},
+                  **{k: v for k, v in asdict(settings).items() if k not in ("max_inputs", "start_timeout_s")},
+                  "isolated": isolated},
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
                  "torch": interp.torch or ""},
     )
@@ -275,48 +261,24 @@ def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings
     return stages * (PROCESS_START_S + len(levels) * point_s)
 
 
-class _ProcessSide:
-    """The process half: a stage starts its workers once a round of the thread sweep
-    says threads do not help it, and its points take a round between the thread
-    rounds (``ProcessSweeper``); stages that only the finished thread sweep picks
-    start then. No levels: nothing is measured."""
-
-    def __init__(self, feeds: Sequence[StageFeed], levels: Sequence[int], settings: SweepSettings,
-                 bar: Any, deadline: float, cores: int) -> None:
-        self.feeds = {f.name: f for f in feeds}
-        self.levels, self.bar, self.cores = levels, bar, cores
-        self.max_windows = settings.max_windows
-        self.sweeper: ProcessSweeper | None = None
-        if feeds and levels:
-            from ._process_sweep import ProcessSweeper
-
-            self.sweeper = ProcessSweeper(levels, settings, on_window=bar.update, deadline=deadline)
-
-    def after_round(self, points: dict[str, list[Point]]) -> None:
-        if self.sweeper is not None:
-            self._start(points)
-            self.sweeper.round()
-
-    def finish(self, points: dict[str, list[Point]]) -> dict[str, ProcessSweep]:
-        if self.sweeper is None:
-            return {}
-        self._start(points)
-        self.sweeper.finish()
-        return self.sweeper.results()
-
-    def close(self) -> None:
-        if self.sweeper is not None:
-            self.sweeper.close()
-
-    def _start(self, points: dict[str, list[Point]]) -> None:
-        assert self.sweeper is not None
-        new = [self.feeds[name] for name, pts in points.items()
-               if name not in self.sweeper.sweeps and _processes_worth_trying(pts, self.cores)]
-        if new:
-            self.sweeper.add(new)
+def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[int], deadline: float,
+            cores: int, bar: Any) -> None:
+    """Rounds until every point is done. A stage's process points start once a round of its
+    thread points says threads do not help it, and take turns with them from then on."""
+    while True:
+        sweep.round()
+        threads = sweep.results("thread")
+        for feed in feeds:
+            points = [pt for pt in threads[feed.name].points if pt.repeats or pt.status == "timeout"]
+            if process_levels and not sweep.has(feed.name, "process") and _processes_worth_trying(points, cores):
+                sweep.add(feed, "process", process_levels, deadline)
+        if sweep.done():
+            return
+        if sweep.done("thread"):
+            bar.set_description("processes")
 
 
-def _judge(p: _Pass, threads: ThreadSweep, processes: ProcessSweep | None, cores: int,
+def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: int,
            settings: SweepSettings) -> StageDiagnosis:
     points, once, inputs = threads.points, p.once, p.inputs
     process_points: list[Point] = []
@@ -420,15 +382,11 @@ def _check_levels(name: str, levels: Sequence[int]) -> tuple[int, ...]:
     try:
         values = tuple(levels)
     except TypeError:
-        raise PipelineSpecError(
-            f"diagnose: {name} must be ints in 1..{MAX_CONCURRENCY} (a sequence, e.g. (1, 2, 4, 8, 16)); "
-            f"got {levels!r}"
-        ) from None
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONCURRENCY]
-    if not values or bad:
-        raise PipelineSpecError(
-            f"diagnose: {name} must be ints in 1..{MAX_CONCURRENCY}, e.g. (1, 2, 4, 8, 16); got {levels!r}"
-        )
+        values = ()
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONCURRENCY
+                         for v in values):
+        raise PipelineSpecError(f"diagnose: {name} must be ints in 1..{MAX_CONCURRENCY} (a sequence, e.g. "
+                                f"(1, 2, 4, 8, 16)); got {levels!r}")
     return tuple(sorted(set(values)))
 
 

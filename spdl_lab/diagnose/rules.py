@@ -1,27 +1,15 @@
 """The diagnosis rules in one place: from a stage's measured points to a verdict, with the numbers.
 
-For a stage run alone in threads (DESIGN.md):
+For a stage run alone in threads:
 
-* ``scales``    — QPS rises with concurrency (speedup >= RISE_MIN_SPEEDUP; a stage
-  that already kept a core busy must also use CPU_GROWTH more CPU, or the rise
-  is the machine's speed changing), the GIL is not the wait, and the cores are
-  not what stops it (CPU at the best point < CPU_SATURATED).
-* ``cpu-bound`` — the cores are busy at the best point (>= CPU_SATURATED of all
-  cores) and the GIL is not the wait: it rose until they filled (it releases
-  the GIL) or, flat, it already fills them on its own.
-* ``gil-bound`` — the GIL probe's median wait at concurrency >= 2 is at least
-  GIL_WAIT_BOUND: pure-Python work holding the GIL. A function that rose first
-  (part I/O, part Python) is still gil-bound when it stopped rising below the
-  top concurrency, short of saturating the cores, and the probe waited at least
-  GIL_WAIT_BOUND at the top: the GIL is its ceiling.
-* ``contended`` — it does not rise, yet neither the GIL nor the cores are
-  saturated: a lock or another shared resource serializes it. The cores count
-  as saturated when the whole machine is that busy too: a stage that could not
-  rise because other processes held the cores is ``cpu-bound``, and says so.
+* ``scales``    — QPS rises with concurrency, the GIL is not the wait, and the cores are not full;
+* ``cpu-bound`` — the cores are busy at the best point (this process's, or every process's);
+* ``gil-bound`` — the GIL probe waits at concurrency >= 2, or caps a rise that stopped short;
+* ``contended`` — it does not rise, yet neither the GIL nor the cores are full: a lock or
+  another shared resource serializes it.
 
-``best_concurrency`` is the smallest concurrency within BEST_WITHIN of the best QPS,
-or within the best point's own window spread when that is wider (up to
-BEST_NOISE_CAP): a difference smaller than the measurement's noise picks no winner.
+``best_concurrency`` is the smallest concurrency within the noise of the best QPS.
+The thresholds are the constants below.
 """
 
 from __future__ import annotations
@@ -33,19 +21,8 @@ from dataclasses import dataclass
 
 from .result import Point
 
-__all__ = [
-    "BEST_NOISE_CAP",
-    "BEST_WITHIN",
-    "CPU_SATURATED",
-    "GIL_WAIT_BOUND",
-    "PROCESS_HELPS",
-    "BUSY_CORE",
-    "CPU_GROWTH",
-    "RISE_MIN_SPEEDUP",
-    "Judgement",
-    "judge",
-    "rises",
-]
+__all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
+           "Judgement", "PROCESS_HELPS", "RISE_MIN_SPEEDUP", "judge", "rises"]
 
 #: Best thread QPS over QPS at the lowest concurrency at or above which a stage "rises".
 RISE_MIN_SPEEDUP = 1.5

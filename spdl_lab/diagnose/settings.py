@@ -1,5 +1,5 @@
 """How ``lab.diagnose`` measures: one settings object, one window rule and one budget rule
-for the thread and the process halves of the sweep."""
+for the sweep, whether its workers are threads or processes."""
 
 from __future__ import annotations
 
@@ -26,15 +26,12 @@ class SweepSettings:
     # second-best window (its QPS) comes from the machine at its own speed.
     min_windows: int = 4
     max_windows: int = 10
-    # The fastest windows within +-10% of the QPS: no more needed. On a 2-core VM
-    # the same point's windows differ by 10-25% (whatever else runs takes a share
-    # of the cores), so a tighter rule leaves most points at the cap.
+    # The fastest windows within +-10% of the QPS: no more needed; a tighter rule
+    # leaves most points at the cap on a shared machine (docs/measurements.md).
     stable_within: float = 0.10
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
-    # Seconds per map stage, threads and processes together. Once a diagnosis has
-    # run this long per stage, points take no window beyond min_windows, and a
-    # point still short of it stops at BUDGET_FLOOR (see budget_cut). The
-    # defaults keep a 3-stage pipeline under a minute on 2 cores.
+    # Seconds per map stage, threads and processes together; past it, points take
+    # no window beyond min_windows, and stop at BUDGET_FLOOR (see budget_cut).
     stage_budget_s: float = 16.0
     max_inputs: int = 64  # inputs sent to each worker process
     start_timeout_s: float = 30.0  # for worker processes to start

@@ -1,12 +1,9 @@
 """Measuring a configuration for real: the runner's Loader, the StepClock, windows until sure.
 
-Each runner's Loader stays open across trials (``Contender``, as in
-``compare``); a trial sets its knobs live (a worker restart for ``process``),
-runs one warm-up window (start-up, and batches made under the old setting),
-then windows of about ``window_s`` each until the rate's relative standard
-error is under ``target_noise`` or ``max_windows`` are done. The stages'
-figures come from two meter readings around the measured windows, so they
-describe this configuration alone.
+Each runner's Loader stays open across trials (``Contender``); a trial sets its
+knobs live, drains what the old setting made, then takes windows of about
+``window_s`` until the rate is sure (``windows_until_sure``). The stages' figures
+come from two meter readings around the windows: this configuration's alone.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from typing import Any
 
 from ..engine.engine import EngineReading
 from ..engine.map_stage import reorder_window
+from ..errors import PipelineSpecError
 from ..experiments.contender import Contender, MachineClock, Window
 from ..experiments.spread import runner_row
 from ..pipeline import Pipeline
@@ -28,8 +26,8 @@ from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MIN_WINDOWS", "MAX_WINDOWS", "TARGET_NOISE", "queue_fill", "queued_batches", "stage_samples",
-           "trial_of", "unseen_batches"]
+__all__ = ["Bench", "MAX_WINDOWS", "MIN_WINDOWS", "TARGET_NOISE", "check_budget", "queue_fill", "queued_batches",
+           "stage_samples", "trial_of", "unseen_batches", "window_for_budget", "windows_until_sure"]
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
@@ -44,6 +42,36 @@ _CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
 _WINDOW_CAP = 2.5
 #: Unmeasured steps that size the windows of a configuration not measured before.
 _SIZING_STEPS = 4
+
+
+def check_budget(budget_s: Any, who: str) -> float:
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
+            or not math.isfinite(budget_s):
+        raise PipelineSpecError(f"{who}: budget_s must be a number of seconds > 0, got {budget_s!r}")
+    return float(budget_s)
+
+
+def window_for_budget(budget_s: float) -> float:
+    """A window's seconds by default: about a fiftieth of the budget, within 0.25-1 s."""
+    return min(1.0, max(0.25, budget_s / 50.0))
+
+
+def windows_until_sure(window: Callable[[], Window], reading: Callable[[], EngineReading | None],
+                       deadline: float | None, min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
+                       target_noise: float = TARGET_NOISE) -> tuple[list[Window], list[dict[str, float]]]:
+    """Windows until the rate's relative noise is under ``target_noise`` (and ``min_windows``
+    are done), or ``max_windows``; past ``deadline`` (``perf_counter``) none beyond the second.
+    Returns the windows and the input queues' fill after each."""
+    windows: list[Window] = []
+    fills: list[dict[str, float]] = []
+    while len(windows) < max_windows:
+        windows.append(window())
+        fills.append(queue_fill(reading()))
+        if len(windows) >= min_windows and relative_noise([w.batches_per_s for w in windows]) <= target_noise:
+            break
+        if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
+            break
+    return windows, fills
 
 
 class Bench:
@@ -101,18 +129,10 @@ class Bench:
         if opening:
             self.startup_s[config.runner] = time.perf_counter() - started
         before = contender.loader.reading()
-        windows: list[Window] = []
-        fills: list[dict[str, float]] = []
-        while len(windows) < self.max_windows:
-            windows.append(self._window(contender, config, timeout))
-            fills.append(queue_fill(contender.loader.reading()))
-            rates = [w.batches_per_s for w in windows]
-            if len(windows) >= self.min_windows and relative_noise(rates) <= self.target_noise:
-                break
-            if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
-                break
-        after = contender.loader.reading()
-        return trial_of(config, windows, before, after, fills, self._items, started, self.t0)
+        windows, fills = windows_until_sure(lambda: self._window(contender, config, timeout),
+                                            contender.loader.reading, deadline, self.min_windows,
+                                            self.max_windows, self.target_noise)
+        return trial_of(config, windows, before, contender.loader.reading(), fills, self._items, started, self.t0)
 
     def rate_once(self, config: Config, timeout: float) -> float:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
@@ -147,8 +167,7 @@ class Bench:
                 contender.loader.set_concurrency(name, value)
         queued = queued_batches(contender.loader.reading(), self._items)
         if queued:
-            self._round += 1
-            contender.window(self._round, 0, queued, self.machine, timeout)
+            self._run(contender, queued, timeout)
         # Then what is still ready beyond that, until a step waits for its batch.
         contender.drain_ready(unseen, timeout, max_s=self.window_s)
         # Then a quarter window at the new setting (the first sizes the windows of a new configuration).
@@ -159,10 +178,10 @@ class Bench:
             self._rate[config] = sizing.batches_per_s
         return contender
 
-    def _window(self, contender: Contender, config: Config, timeout: float, scale: float = 1.0) -> Window:
+    def _window(self, contender: Contender, config: Config, timeout: float) -> Window:
         rate = self._rate.get(config, 0.0)
-        steps = max(2, round(rate * self.window_s * scale)) if rate > 0 else _SIZING_STEPS
-        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s * scale)
+        steps = max(2, round(rate * self.window_s)) if rate > 0 else _SIZING_STEPS
+        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s)
         if window.batches_per_s > 0:
             self._rate[config] = window.batches_per_s
         return window

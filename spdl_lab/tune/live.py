@@ -1,14 +1,10 @@
 """``session.autotune()``: the same climb, on a running session, through its own ``set_concurrency``.
 
-The live tuner measures the session's own training loop: it sets the knobs
-(the dashboard's sliders follow), lets what was queued under the old setting
-drain, then reads the session's StepClock, CPU and GIL probes over windows of
-steps, as a trial does. It moves only the running runner's knobs (a runner
-switch restarts the session, which is the user's call: the log says when the
-GIL makes it worth it). The user can take over at any moment: a knob found at
-a value the tuner did not set ends the tuning, and the session keeps the
-user's setting. At the end the session is left at the best configuration
-kept, which is never one measured worse than the start.
+It measures the session's own training loop over windows of steps, as a trial
+does, and moves only the running runner's knobs (a runner switch restarts the
+session: the user's call, which the log advises when the GIL makes it worth it).
+A knob found at a value the tuner did not set hands control back to the user; at
+the end the session runs the best configuration kept.
 """
 
 from __future__ import annotations
@@ -22,23 +18,22 @@ from typing import Any
 import pandas as pd
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ..experiments.contender import Window, gil_fracs
-from ..telemetry.probes import CpuProbe, GilProbe
+from ..experiments.contender import MachineClock, Window, gil_fracs
+from ..telemetry.probes import GilProbe
 from ..training.waits import training_waits
 from .bench import (
-    MAX_WINDOWS,
-    MIN_WINDOWS,
-    TARGET_NOISE,
-    queue_fill,
+    check_budget,
     queued_batches,
     trial_of,
     unseen_batches,
+    window_for_budget,
+    windows_until_sure,
 )
 from .model import RateModel, batch_items
 from .result import TRIAL_COLUMNS, trial_row
 from .search import GIL_SWITCH, Climb, Step, climb
 from .space import Config, Space
-from .trial import Trial, relative_noise
+from .trial import Trial
 
 __all__ = ["AutoTuner", "TakenOver"]
 
@@ -65,14 +60,11 @@ class AutoTuner:
         if session.loader is None or session.pipeline is None:
             raise PipelineSpecError("autotune needs a session started from a lab.Pipeline; this one runs an "
                                     "iterable whose concurrency it cannot change")
-        if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
-                or not math.isfinite(budget_s):
-            raise PipelineSpecError(f"autotune: budget_s must be a number of seconds > 0, got {budget_s!r}")
+        self.budget_s = check_budget(budget_s, "autotune")
         if not session.running:
             raise SpdlLabError("autotune: the session is not running; start it (or restart()) first")
         self.session = session
-        self.budget_s = float(budget_s)
-        self.window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
+        self.window_s = window_s if window_s is not None else window_for_budget(self.budget_s)
         self.on_log = on_log
         self.log: list[str] = []
         self.steps: list[Step] = []
@@ -81,8 +73,8 @@ class AutoTuner:
         self._done = threading.Event()
         self._ours: dict[str, int] = dict(session.controls())
         self._items = batch_items(session.pipeline)
-        self._cpu = CpuProbe()
-        self._gil = next((p for p in getattr(session, "_probes", []) if isinstance(p, GilProbe)), None)
+        self._machine = MachineClock(next((p for p in getattr(session, "_probes", []) if isinstance(p, GilProbe)),
+                                          None))
         self._thread = threading.Thread(target=self._main, name="spdl_lab:autotune", daemon=True)
         self._thread.start()
 
@@ -121,7 +113,7 @@ class AutoTuner:
     # -- the loop -------------------------------------------------------------------
     def _main(self) -> None:
         session = self.session
-        space = Space(session.pipeline, [session.runner], self._cores())
+        space = Space(session.pipeline, [session.runner], self._machine.cores)
         search = Climb(space, RateModel(session.pipeline, space.cores))
         first = Config.of(session.runner, session.controls())
         deadline = time.perf_counter() + self.budget_s
@@ -170,11 +162,6 @@ class AutoTuner:
         return ""
 
     # -- measuring on the live loop ----------------------------------------------------
-    def _cores(self) -> int:
-        import psutil
-
-        return psutil.cpu_count() or 1
-
     def _check(self) -> None:
         if self._stop.is_set():
             raise _Stopped()
@@ -200,15 +187,7 @@ class AutoTuner:
         loader = self.session.loader
         self._steps(queued_batches(loader.reading(), self._items) + unseen + 2, deadline)
         before = loader.reading()
-        windows, fills = [], []
-        while len(windows) < MAX_WINDOWS:
-            windows.append(self._window(deadline))
-            fills.append(queue_fill(loader.reading()))
-            rates = [w.batches_per_s for w in windows]
-            if len(windows) >= MIN_WINDOWS and relative_noise(rates) <= TARGET_NOISE:
-                break
-            if time.perf_counter() > deadline and len(windows) >= 2:
-                break
+        windows, fills = windows_until_sure(lambda: self._window(deadline), loader.reading, deadline)
         return trial_of(config, windows, before, loader.reading(), fills, self._items, started)
 
     def _steps(self, n: int, deadline: float) -> list:
@@ -229,19 +208,16 @@ class AutoTuner:
     def _window(self, deadline: float) -> Window:
         rate = self._rate_guess()
         device = self.session.device
-        cpu_a, gil_a = self._cpu.totals(), self._gil.totals() if self._gil else None
+        t_a, ours_a, _, gil_a = self._machine.read()
         dev_a = device.totals() if device is not None else None
-        t_a = time.monotonic()
         records = self._steps(max(2, round(rate * self.window_s)), deadline)
-        span = max(time.monotonic() - t_a, 1e-9)
-        cpu_b, gil_b = self._cpu.totals(), self._gil.totals() if self._gil else None
+        t_b, ours_b, _, gil_b = self._machine.read()
         dev_b = device.totals() if device is not None else None
-        ours = (cpu_b.main_s + cpu_b.children_s - cpu_a.main_s - cpu_a.children_s) / span * 100.0
+        ours = (ours_b - ours_a) / max(t_b - t_a, 1e-9) * 100.0
         gil, queued = gil_fracs(gil_a, gil_b)
         train_gil, train_queued = training_waits(dev_a, dev_b)
-        cores = self._cores()
         return Window(runner=self.session.runner, round=0, started_s=0.0, records=tuple(records),
-                      cpu_percent=min(max(0.0, ours), 100.0 * cores), others_percent=math.nan,
+                      cpu_percent=min(max(0.0, ours), 100.0 * self._machine.cores), others_percent=math.nan,
                       gil_wait_frac=gil, runqueue_wait_frac=queued, train_gil_wait_frac=train_gil,
                       train_runqueue_wait_frac=train_queued)
 

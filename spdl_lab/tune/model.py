@@ -1,19 +1,12 @@
 """The rate model: from what trials measured, each stage's rate at a concurrency not yet tried.
 
-Operational analysis, in the spirit of tf.data's model and Plumber: a stage
-with ``c`` workers whose tasks take ``t(c)`` seconds completes ``c / t(c)``
-tasks per second, so it supplies ``c / (t(c) * k)`` training batches per
-second when a batch needs ``k`` of its tasks. The loader's rate is its
-slowest stage's (under ``process`` each worker runs the whole chain:
-``n / sum(k * t)``). Training runs no faster than the step alone allows, nor
-faster than the machine's cores can pay for (CPU per batch, the utilisation
-law). The prediction is the smallest of these, and that one is the limit.
-
-How ``t`` grows with concurrency is learned: two concurrencies measured give
-the exponent ``alpha`` of ``t ~ c**alpha`` (0: the stage scales; 1: adding
-workers adds no rate, as under the GIL or a lock). Before that, a diagnosis's
-verdict sets it, or else the GIL probe does: a GIL busy half the time means
-thread-engine stages scale half as well.
+Operational analysis, as in tf.data's model and Plumber: a stage of ``c``
+workers whose tasks take ``t(c)`` s supplies ``c / (t(c) * k)`` batches/s when a
+batch needs ``k`` of its tasks (under ``process`` each worker runs the whole
+chain: ``n / sum(k * t)``). Training is bounded by the slowest stage, the step
+alone, and the CPU per batch the cores can pay for; the smallest is the limit.
+``t ~ c**alpha`` is fitted from two measured concurrencies (0: scales; 1: the GIL
+or a lock); before that a diagnosis's verdict, or the GIL probe, sets ``alpha``.
 """
 
 from __future__ import annotations
@@ -37,7 +30,6 @@ _ALPHA_MAX = 1.5
 class Prediction:
     batches_per_s: float
     limit: str  # a stage's name, "workers", "step" or "cpu"
-    loader_batches_per_s: float
     step_batches_per_s: float
     cpu_batches_per_s: float
     stage_batches_per_s: Mapping[str, float]
@@ -129,14 +121,12 @@ class RateModel:
         if family == "process":
             n = knobs.get(WORKERS, 1)
             per_batch = sum(k * self.task_s(family, name, n) for name, k in self.items.items())
-            loader = n / per_batch if per_batch > 0 else math.inf
-            stage_rates[WORKERS] = loader
+            stage_rates[WORKERS] = n / per_batch if per_batch > 0 else math.inf
         else:
             for name, k in self.items.items():
                 c = knobs.get(name, 1)
                 t = self.task_s(family, name, c)
                 stage_rates[name] = c / (t * k) if t > 0 else math.inf
-            loader = min(stage_rates.values(), default=math.inf)
         step = self._step_rate(config)
         cpu = self._cpu_rate(config)
         # NaN (nothing measured yet) is read as no limit known.
@@ -144,14 +134,12 @@ class RateModel:
         known = {k: v for k, v in bounds.items() if not math.isnan(v)}
         limit = min(known, key=known.get) if known else "step"
         rate = known[limit] if known else math.nan
-        return Prediction(rate, limit, loader, step, cpu, stage_rates)
+        return Prediction(rate, limit, step, cpu, stage_rates)
 
-    def _nearest(self, config: Config, same_runner: bool = True) -> Trial | None:
-        pool = [t for t in self.trials if t.config.runner == config.runner] if same_runner else []
-        if not pool:
-            pool = [t for t in self.trials if _family(t.config.runner) == _family(config.runner)]
-        if not pool:
-            pool = self.trials
+    def _nearest(self, config: Config) -> Trial | None:
+        """The trial nearest ``config``: of its runner, else of its family, else any."""
+        pool = ([t for t in self.trials if t.config.runner == config.runner]
+                or [t for t in self.trials if _family(t.config.runner) == _family(config.runner)] or self.trials)
         if not pool:
             return None
         want = dict(config.knobs)

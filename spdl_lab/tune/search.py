@@ -1,16 +1,12 @@
 """The search: which move to measure next, and whether a measured move is kept.
 
-A hill climb on the model's predictions (tf.data's autotuner climbs the same
-way on its model; Plumber allocates to the bottleneck): from the best trial so
-far, every knob one rung up or down, a jump of the limiting stage straight to
-the concurrency the model says removes it, and each other runner. The move
-with the best predicted gain beyond ``MIN_GAIN`` is measured next. When the
-model sees no gain, two moves are still worth measuring once, because the
-model cannot see them well: switching runner when the GIL is the wait
-(the training thread's, or the probe's), when the step sets the pace,
-lowering the knob with the most slack (fewer loader threads can speed up the
-step they crowd), and each runner not measured yet, once. A move is kept only beyond the noise of both trials, or
-within it at clearly less CPU (ties go to the cheaper configuration).
+A hill climb on the model's predictions (as tf.data's autotuner climbs its model;
+Plumber allocates to the bottleneck): from the best trial so far, every knob one
+rung up or down, a jump of the limiting stage to the concurrency the model says
+removes it, and each other runner; the best predicted gain beyond ``MIN_GAIN`` is
+measured next. Moves the model cannot see well are still measured once
+(``Climb._explorations``). A move is kept only beyond the noise of both trials,
+or within it at clearly less CPU (``decide``).
 """
 
 from __future__ import annotations
@@ -23,7 +19,8 @@ from .model import Prediction, RateModel
 from .space import WORKERS, Config, Move, Space
 from .trial import MIN_GAIN, Trial, margin
 
-__all__ = ["Candidate", "Climb", "Decision", "Step", "climb", "CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "decide"]
+__all__ = ["CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "Candidate", "Climb", "Decision",
+           "Step", "climb", "decide"]
 
 #: Within the noise, a move is still kept when it saves this share of the CPU, and at
 #: least ``CPU_SAVING_POINTS`` percent of one core.
@@ -87,7 +84,7 @@ class Climb:
         #: the best trial measured under each runner (a switch goes back to it)
         self.best_by_runner: dict[str, Trial] = {}
 
-    def record(self, trial: Trial, kept_against: Trial | None = None) -> None:
+    def record(self, trial: Trial) -> None:
         self.tried.add(trial.config)
         self.model.observe(trial)
         best = self.best_by_runner.get(trial.config.runner)
@@ -102,8 +99,8 @@ class Climb:
         fewer = [t for t in self.model.trials
                  if t.config.runner == "process" and t.config.knob(WORKERS) < self.space.cores]
         if fewer:
-            best_fewer = max(fewer, key=lambda t: t.batches_per_s)
-            if decide(best_fewer, trial).kept and decide(best_fewer, trial).gain > 0:
+            verdict = decide(max(fewer, key=lambda t: t.batches_per_s), trial)
+            if verdict.kept and verdict.gain > 0:
                 self.space.allow_more_workers = True
 
     # -- proposing -----------------------------------------------------------------
@@ -133,14 +130,13 @@ class Climb:
         candidates = [c for c in self.candidates(best) if affordable(c.move.config)]
         if not candidates:
             return None
-        scored = sorted(candidates, key=lambda c: _score(c.predicted.batches_per_s), reverse=True)
         if self._gil_says(best):
             # The model sees the GIL only through task times: leaving the interpreter is measured first.
             for candidate in self._explorations(best, candidates):
                 if candidate.move.kind == "switch":
                     self._explored.add(candidate.move.config)
                     return candidate
-        top = scored[0]
+        top = max(candidates, key=lambda c: _score(c.predicted.batches_per_s))
         # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
         here = self.model.predict(best.config)
         if _score(top.predicted.batches_per_s) > _score(here.batches_per_s) * (1.0 + MIN_GAIN):

@@ -1,10 +1,8 @@
 """What the tuner may set: a configuration (runner, knobs, options) and the moves between them.
 
-A configuration's knobs are what ``Loader.controls()`` offers under its runner:
-each map stage's thread count for the thread engines, the one worker pool
-(``workers``, DataLoader's ``num_workers``) for ``process``. Knob values walk a
-ladder of rungs; worker processes stop at the machine's cores unless more was
-measured to help (``Space.allow_more_workers``).
+Knobs are what ``Loader.controls()`` offers under a runner: each map stage's
+threads, or the process runner's ``workers``. Values walk a ladder of rungs;
+workers stop at the cores unless more was measured to help.
 """
 
 from __future__ import annotations
@@ -83,10 +81,6 @@ class Space:
     runner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: set once ``cores`` workers measured faster than fewer: rungs above cores open
     allow_more_workers: bool = False
-
-    @property
-    def map_stages(self) -> list[str]:
-        return [s.name for s in self.pipeline.stages if s.kind == "map"]
 
     def start(self, runner: str, concurrency: Mapping[str, int] | None = None) -> Config:
         """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""

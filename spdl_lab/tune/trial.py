@@ -1,9 +1,8 @@
 """What one measured configuration showed: a ``Trial``, its stages, and how sure its rate is.
 
-A trial's rate is the median of several short windows of training steps; its
-noise is the standard error of their mean, relative to it. Two trials differ
-beyond the noise when their gap is more than twice their combined noise (and
-never less than ``MIN_GAIN``): the tuner keeps a move only then.
+A trial's rate is the median of short windows; its noise is the standard error of
+their mean, relative to it. A move is kept only beyond twice the two trials'
+combined noise, and never for less than ``MIN_GAIN``.
 """
 
 from __future__ import annotations
@@ -71,9 +70,6 @@ class Trial:
     @property
     def noise(self) -> float:
         return relative_noise(self.rates)
-
-    def stage(self, name: str) -> StageSample | None:
-        return next((s for s in self.stages if s.name == name), None)
 
 
 def relative_noise(rates: Sequence[float]) -> float:

@@ -1,12 +1,9 @@
 """``lab.tune``: measure, model, move, keep only beyond the noise; then confirm side by side.
 
-The loop: measure the starting configuration; ask the search for the next move
-(the model's best predicted gain, or a move the model cannot see well); measure
-it; keep it only beyond the noise; until nothing is left worth measuring or the
-budget is spent. A share of the budget is kept for the end, where the best and
-the starting configuration are measured in alternating rounds, so the speedup
-is a side-by-side figure and a best that is measurably worse than the start is
-never returned.
+The climb (``search.climb``) runs until nothing is left worth measuring or the
+budget is spent; a share of the budget is kept for measuring the best and the
+start in alternating rounds, so the speedup is a side-by-side figure and a best
+measurably worse than the start is never returned.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from ..pipeline import Pipeline, validate_concurrency
 from ..progress import progress_bar
 from ..runners import RUNNERS
 from ..training import SimulatedDevice
-from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench
+from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
@@ -85,7 +82,7 @@ def tune(
     # The budget ends with the runners closed: closing a child process or DataLoader workers takes a
     # few tenths of a second each, so the measuring ends that much before (see Bench.close_cost).
     end = t0 + float(budget_s)
-    window_s = window_s if window_s is not None else min(1.0, max(0.25, budget_s / 50.0))
+    window_s = window_s if window_s is not None else window_for_budget(budget_s)
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
     model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
     search = Climb(space, model)
@@ -215,9 +212,7 @@ def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s:
             raise PipelineSpecError(f"tune: unknown runner {r!r}; choose from {list(TUNABLE_RUNNERS)}")
     if not runners or len(set(runners)) != len(runners):
         raise PipelineSpecError(f"tune: runners must name each runner once, at least one; got {runners}")
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
-            or not math.isfinite(budget_s):
-        raise PipelineSpecError(f"tune: budget_s must be a number of seconds > 0, got {budget_s!r}")
+    check_budget(budget_s, "tune")
     if window_s is not None and (isinstance(window_s, bool) or not isinstance(window_s, (int, float))
                                  or not 0 < window_s <= budget_s):
         raise PipelineSpecError(f"tune: window_s must be seconds in (0, budget_s], got {window_s!r}")

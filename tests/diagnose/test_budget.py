@@ -7,8 +7,7 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.diagnose._process_sweep import ProcessSweeper
-from spdl_lab.diagnose._thread_sweep import StageFeed
+from spdl_lab.diagnose._sweep import StageFeed, Sweep
 from spdl_lab.diagnose.settings import (
     BUDGET_FLOOR,
     MAX_WINDOW_S,
@@ -66,8 +65,8 @@ def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(mon
 @pytest.mark.timeout(60)
 def test_process_points_stop_at_the_budget_too() -> None:
     plan = SweepSettings(warmup_s=0.05, window_s=0.1, min_windows=3, max_windows=8)
-    with ProcessSweeper((1,), plan, deadline=time.monotonic()) as sweeper:
-        sweeper.add([StageFeed("wavers", wavers, list(range(8)))])
+    with Sweep(plan) as sweeper:
+        sweeper.add(StageFeed("wavers", wavers, list(range(8))), "process", (1,), deadline=time.monotonic())
         sweeper.finish()
-    sweep = sweeper.results()["wavers"]
+    sweep = sweeper.results("process")["wavers"]
     assert [(p.repeats, p.status) for p in sweep.points] == [(BUDGET_FLOOR, "unstable")]

@@ -15,7 +15,8 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab.cli import main as cli_main
-from spdl_lab.diagnose._thread_sweep import StageFeed, StageRun, ThreadSweep
+from spdl_lab.diagnose._first_pass import StageRun
+from spdl_lab.diagnose._sweep import StageFeed, StageSweep
 from spdl_lab.diagnose.measure import _judge, _Pass
 from spdl_lab.diagnose.result import Point
 from spdl_lab.diagnose.settings import SweepSettings
@@ -76,8 +77,7 @@ def test_gil_bound_stage_gets_a_process_sweep_that_says_processes_help():
     assert len(stage.evidence) < 160
 
 
-@pytest.mark.timeout(60)
-def test_a_hanging_stage_is_cut_off_and_the_rest_reported():
+def _diagnose_a_hanging_stage() -> tuple[lab.Diagnosis, float]:
     release = threading.Event()
 
     def hangs_on_third(x):
@@ -93,11 +93,23 @@ def test_a_hanging_stage_is_cut_off_and_the_rest_reported():
         diag = lab.diagnose(p, (1, 2), num_items=8, settings=settings, processes=False, progress=False)
     finally:
         release.set()
-    assert time.monotonic() - t0 < 30
+    return diag, time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_stage_is_cut_off_and_the_rest_reported():
+    diag, _ = _diagnose_a_hanging_stage()
     assert diag.stages["ok"].verdict is not None
     hang = diag.stages["hangs"]
     assert hang.verdict is None and "did not finish within 1 s" in hang.error
     assert diag.stages["after"].error.startswith("not measured: no inputs: stage 'hangs'")
+
+
+@pytest.mark.measurement
+@pytest.mark.timeout(60)
+def test_a_hanging_stage_is_cut_off_in_time():
+    _, elapsed = _diagnose_a_hanging_stage()
+    assert elapsed < 30
 
 
 @pytest.mark.timeout(60)
@@ -218,7 +230,7 @@ def _judged(spreads: list[float]) -> str:
     once = StageRun(outputs=[0] * 10, ok_inputs=list(range(10)), failures=0, first_error=None, hung=False,
                     abandoned_threads=0)
     p = _Pass(Stage("parse", "map", 1, fn=abs), 10, StageFeed("parse", abs, list(range(10))), once)
-    diag = _judge(p, ThreadSweep(points, abandoned=0, others=0.0), None, 2, SweepSettings())
+    diag = _judge(p, StageSweep(points, abandoned=0, others=0.0), None, 2, SweepSettings())
     assert not math.isnan(diag.points[0].qps)
     # Unstable points give no advice: the stage must be measured again, and it says how.
     assert diag.status == "unstable" and diag.recommendation.startswith("measure again")

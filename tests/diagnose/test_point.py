@@ -1,4 +1,4 @@
-"""PointWindows: the stop rule and the progress count both halves of the sweep share."""
+"""PointWindows: the stop rule and the progress count both executors of the sweep share."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The process half of lab.diagnose: worker processes started once, measured point by point."""
+"""The process executor of lab.diagnose's sweep: worker processes started once, measured point by point."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import warnings
 
 import pytest
 
-from spdl_lab.diagnose._process_sweep import ProcessSweeper
-from spdl_lab.diagnose._thread_sweep import StageFeed
+from spdl_lab.diagnose._sweep import StageFeed, Sweep
 from spdl_lab.diagnose.settings import SweepSettings
 from spdl_lab.errors import PipelineSpecError
 
@@ -23,10 +22,10 @@ QUICK = dict(warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=6)
 
 def measure_processes(stage, fn, inputs, concurrency, **settings):
     """One stage's process points, as lab.diagnose takes them; why a point failed as a warning."""
-    with ProcessSweeper(concurrency, SweepSettings(**settings)) as sweeper:
-        sweeper.add([StageFeed(stage, fn, inputs)])
+    with Sweep(SweepSettings(**settings)) as sweeper:
+        sweeper.add(StageFeed(stage, fn, inputs), "process", concurrency)
         sweeper.finish()
-    sweep = sweeper.results()[stage]
+    sweep = sweeper.results("process")[stage]
     if sweep.error is not None:
         raise sweep.error
     for note in sweep.notes:
@@ -122,13 +121,23 @@ def test_a_function_that_always_raises_is_an_error_point_with_failures_counted()
     assert point.status == "error" and point.qps == 0 and point.failures > 0
 
 
-@pytest.mark.timeout(60)
-def test_a_hanging_function_times_out_and_its_workers_are_killed():
+def _measure_a_hanging_function() -> tuple[list, float]:
     start = time.monotonic()
     with pytest.warns(RuntimeWarning, match="'stuck'.*no task finished within 2 s"):
         points = measure_processes("stuck", hangs, [0], (1, 2), **QUICK, point_timeout_s=2.0)
-    elapsed = time.monotonic() - start
+    return points, time.monotonic() - start
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_function_times_out_and_its_workers_are_killed():
+    points, _ = _measure_a_hanging_function()
     assert len(points) == 1 and points[0].status == "timeout" and math.isnan(points[0].qps)
+
+
+@pytest.mark.measurement
+@pytest.mark.timeout(60)
+def test_a_hanging_function_is_given_up_in_time():
+    _, elapsed = _measure_a_hanging_function()
     # Worker startup (a fresh interpreter importing spdl_lab) comes on top of the 2 s.
     assert elapsed < 2.0 + 30.0
 

@@ -49,6 +49,7 @@ def test_drain_ready_takes_what_was_made_while_idle_and_stops_at_the_first_wait(
         contender.close()
 
 
+@pytest.mark.measurement
 def test_a_slow_setting_after_a_fast_one_is_measured_at_its_own_speed():
     # fetch=1 makes 25 batches/s; fetch=16 runs ahead of the 10 ms step and fills every buffer,
     # and the first window of fetch=1 after it must not count those at up to 100 batches/s.

@@ -1,0 +1,206 @@
+"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter.
+
+Every (stage, executor, concurrency) is a point, warmed up first (start-up never
+counts); then the points of every stage take turns, one window each per round,
+until each ends by ``_point.PointWindows``'s rule. A point's windows are thus
+spread over the whole sweep: seconds in which the machine ran slower touch one
+window of each point, and its QPS (its second-best window) leaves them out
+(docs/measurement-noise.md). The workers are threads or processes
+(``_sweep_worker``); one ``_executor.Executor`` measures a point on either.
+"""
+
+# Failure rules: a point that times out or errs (``PointFailed``) ends its stage's
+# sweep in that executor, since larger concurrencies would fail alike: the points
+# above it are not reported. Every call raising during the windows makes an "error"
+# point with qps 0 and ``failures`` counted: the number says nothing about the
+# function's speed. Why a point failed goes into the stage's ``notes``.
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import SpdlLabError
+from ..telemetry.histogram import quantile_ns
+from ..telemetry.probes import GilProbe
+from ._executor import Executor
+from ._point import PointFailed, PointWindows, StageFeed, WindowReading
+from ._sweep_worker import ThreadWorkers, start_processes
+from .result import Point
+from .settings import SweepSettings, window_for
+
+__all__ = ["StageFeed", "StageSweep", "Sweep"]
+
+FAILED = ("timeout", "error")
+
+
+@dataclass
+class StageSweep:
+    """One stage's points in one executor (ascending), why any failed or why none could be
+    measured, the threads left stuck in its function, and the largest share of the cores
+    other processes used during one of its windows (a busy machine makes every number low)."""
+
+    points: list[Point] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: SpdlLabError | None = None  # no worker started, or the function or inputs cannot be pickled
+    abandoned: int = 0
+    others: float = 0.0
+
+
+class _Point(PointWindows):
+    """One (stage, executor, concurrency): its warm-up, its windows, and how it ended."""
+
+    def __init__(self, stage: str, executor: Executor, c: int, settings: SweepSettings,
+                 report: Callable[[int], None], deadline: float) -> None:
+        super().__init__(settings, report)
+        self.stage, self.executor, self.c, self.deadline = stage, executor, c, deadline
+        self.window_s = settings.window_s
+        self.readings: list[WindowReading] = []
+        self.failures = 0  # calls that raised in its warm-up and windows
+        self.why = ""  # why it failed
+
+    def warm_up(self) -> bool:
+        try:
+            rate, self.failures = self.executor.warm_up(self.c)
+        except PointFailed as failed:
+            return self._fail(failed)
+        self.window_s = window_for(self.settings.window_s, self.c, rate)
+        return True
+
+    def window(self) -> None:
+        if not self.wants_window(self.window_s, self.deadline):
+            return
+        turn = len(self.qps)
+        try:
+            reading = self.executor.window(self.c, self.window_s, turn)
+            self.executor.pause(self.c, turn)
+        except PointFailed as failed:
+            self._fail(failed)
+            return
+        self.readings.append(reading)
+        self.failures += reading.failures
+        self.add(reading.qps)
+
+    def _fail(self, failed: PointFailed) -> bool:
+        self.end(failed.status)
+        self.why = str(failed)
+        return False
+
+    def _all_raised(self) -> bool:
+        return not any(r.done for r in self.readings) and any(r.failures for r in self.readings)
+
+    def note(self) -> str:
+        why = self.why
+        if not why and self._all_raised():
+            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.first_error or ''}"
+        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.named}: {why}" if why else ""
+
+    def summary(self) -> Point:
+        status, qps, spread = self.status, self.value, self.spread
+        if status in FAILED:
+            qps = spread = math.nan
+        elif self._all_raised():
+            status, qps, spread = "error", 0.0, math.nan
+        hist = [sum(counts) for counts in zip(*(r.hist for r in self.readings))]
+        return Point(
+            stage=self.stage, executor=self.executor.kind, concurrency=self.c, qps=qps, qps_spread=spread,
+            cpu_util=_median([r.cpu for r in self.readings]), gil_wait_frac=_median([r.gil for r in self.readings]),
+            runqueue_wait_frac=_median([r.runq for r in self.readings]),
+            p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
+            repeats=len(self.readings), status=status, failures=self.failures,
+            machine_cpu_util=_median([r.machine for r in self.readings]),
+        )
+
+
+class Sweep:
+    """Points of several stages and executors, measured a round at a time.
+
+    ``lab.diagnose`` adds a stage's process points while its thread points are
+    measured, and they take turns from then on. ``close`` (or leaving the
+    ``with`` block) stops every worker.
+    """
+
+    def __init__(self, settings: SweepSettings | None = None, *, probe: GilProbe | None = None,
+                 on_window: Callable[[int], None] | None = None) -> None:
+        self.settings = settings or SweepSettings()
+        self.probe = probe
+        self._report = on_window or (lambda n: None)
+        self._executors: dict[tuple[str, str], Executor] = {}
+        self._points: dict[tuple[str, str], list[_Point]] = {}
+        self._errors: dict[tuple[str, str], SpdlLabError] = {}
+        self._abandoned: dict[tuple[str, str], int] = {}
+
+    def __enter__(self) -> Sweep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, feed: StageFeed, kind: str, levels: Sequence[int], deadline: float = math.inf) -> None:
+        """Start ``feed``'s workers in ``kind`` ("thread" or "process") and warm its points up,
+        lowest concurrency first. Past ``deadline`` (``time.monotonic()``) its points take only
+        the windows ``settings.budget_cut`` allows."""
+        key, levels = (feed.name, kind), sorted(set(levels))
+        points: list[_Point] = []
+        self._points[key] = points
+        try:
+            workers = (ThreadWorkers(feed, levels[-1], self.settings.point_timeout_s) if kind == "thread"
+                       else start_processes(feed, levels[-1], self.settings))
+        except SpdlLabError as exc:
+            self._errors[key] = exc
+            self._report(self.settings.max_windows * len(levels))
+            return
+        executor = self._executors[key] = Executor(workers, self.settings, self.probe)
+        for i, c in enumerate(levels):
+            points.append(_Point(feed.name, executor, c, self.settings, self._report, deadline))
+            if not points[-1].warm_up():
+                self._report(self.settings.max_windows * (len(levels) - 1 - i))  # not tried
+                break
+
+    def has(self, stage: str, kind: str) -> bool:
+        return (stage, kind) in self._points
+
+    def done(self, kind: str | None = None) -> bool:
+        return all(p.done for (_, k), points in self._points.items() if kind in (None, k) for p in points)
+
+    def round(self) -> bool:
+        """One window for every point that needs one; True once none does."""
+        for points in self._points.values():
+            for point in points:
+                point.window()
+        return self.done()
+
+    def finish(self) -> None:
+        """Rounds until every point is done (each round ends or adds to every point)."""
+        while not self.round():
+            pass
+
+    def close(self) -> None:
+        for key, executor in self._executors.items():
+            if key not in self._abandoned:
+                kill = any(p.status == "timeout" for p in self._points[key])
+                self._abandoned[key] = executor.close(kill)
+
+    def results(self, kind: str) -> dict[str, StageSweep]:
+        """Each stage's points in ``kind`` so far, ascending, up to the first that failed."""
+        out = {}
+        for (stage, k), points in self._points.items():
+            if k != kind:
+                continue
+            sweep = out[stage] = StageSweep(error=self._errors.get((stage, k)),
+                                            abandoned=self._abandoned.get((stage, k), 0))
+            for point in points:
+                sweep.points.append(point.summary())
+                if note := point.note():
+                    sweep.notes.append(note)
+                sweep.others = max([sweep.others, *(r.others for r in point.readings if not math.isnan(r.others))])
+                if sweep.points[-1].status in FAILED:
+                    break
+        return out
+
+
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
