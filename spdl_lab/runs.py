@@ -9,10 +9,12 @@ above act on a run before it starts, without this layer importing them.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -26,8 +28,8 @@ from .telemetry.ring import Ring
 from .telemetry.sampler import Sampler, Source
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 
-__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "empty_snapshot", "iterate",
-           "run_start_hooks"]
+__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
+           "iterate", "run_start_hooks"]
 
 #: How often a consumer blocked on the next item re-checks for stop and errors.
 _POLL_S = 0.1
@@ -133,6 +135,18 @@ class RunOwner:
     def _consumed(self, items: Iterator[Any]) -> Iterator[Any]:
         return items if self.consumer is None else self.consumer(items)
 
+    def _start(self, runner: Runner) -> Iterator[Any]:
+        """Start a run of ``runner`` as the current one; its items, for the consumer."""
+        run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
+        self._state.run = run
+        try:
+            run.start()
+        except BaseException:
+            run.finish(self._close_timeout)
+            raise
+        # The generator holds its owner, so `for x in Loader(p)` keeps the Loader alive.
+        return self._consumed(iterate(self, run, self._close_timeout))
+
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
         run = self._state.run
@@ -154,7 +168,6 @@ class RunOwner:
         """"running" (a run in progress), "idle" (none yet, or the last one ended) or "closed"."""
         run = self._state.run
         return "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
-
 
 
 class Run:
@@ -332,3 +345,13 @@ def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -
         for s in pipeline.stages
     }
     return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
+
+
+def caller_line() -> str:
+    """``SCRIPT-LINE`` of the innermost frame outside spdl_lab: the user's line that started a run
+    (the name of a published run)."""
+    frame = inspect.currentframe()
+    # spdl_lab's own frames, the watch hook's (module ``spdl_lab_watch_hook``) among them
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
+        frame = frame.f_back
+    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"
