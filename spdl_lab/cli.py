@@ -21,12 +21,16 @@ from .cli_inputs import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    REPORT_DIR_HELP,
     UsageError,
+    add_outputs,
+    count,
     load_pipeline,
     load_step,
     one_line,
     output_path,
     report_dir,
+    seconds,
 )
 from .cli_report import report as _report
 from .errors import FileFormatError, PipelineSpecError
@@ -145,29 +149,6 @@ def _progress(args: argparse.Namespace) -> bool:
 
 # -- the parser ----------------------------------------------------------------------------------
 
-def _count(lo: int, hi: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = lo - 1
-        if value < lo or (hi is not None and value > hi):
-            limit = f" and <= {hi}" if hi is not None else ""
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}{limit}, got {text!r}")
-        return value
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 #: The target the --help examples use; the file names they show are derived from it as the
 #: commands derive theirs, so an example never names a file the command would not write.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
@@ -205,24 +186,28 @@ def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(LOCAL_RUNNERS), metavar="RUNNER",
                         help=f"runners to compare (default: {' '.join(LOCAL_RUNNERS)}; "
                              f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, which starts a Ray instance)")
-    parser.add_argument("--steps", type=_count(1), default=steps, metavar="N",
+    parser.add_argument("--steps", type=count(1), default=steps, metavar="N",
                         help=f"measured steps per runner, over all rounds (default {steps})")
-    parser.add_argument("--warmup", type=_count(0), default=warmup, metavar="N",
+    parser.add_argument("--warmup", type=count(0), default=warmup, metavar="N",
                         help=f"warm-up steps at the start of each runner's window in each round, "
                              f"not measured (default {warmup})")
-    parser.add_argument("--repeats", type=_count(1), default=None, metavar="N",
+    parser.add_argument("--repeats", type=count(1), default=None, metavar="N",
                         help=f"interleaved rounds: each runner gets one window per round, and its "
                              f"batches/s is the median of its rounds (default {DEFAULT_REPEATS}, "
                              f"or --steps when fewer)")
-    parser.add_argument("--num-workers", type=_count(1), default=num_workers, metavar="N",
+    parser.add_argument("--num-workers", type=count(1), default=num_workers, metavar="N",
                         help="DataLoader workers for the 'process' runner"
                              + (f" (default {num_workers})" if num_workers else " (default: the runner's, 2)"))
-    parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                         help="give up on a runner that takes longer than this, all its rounds together (exit 3)")
 
 
-def _target_and_step(parser: argparse.ArgumentParser) -> None:
+def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="module:attr naming a lab.Pipeline or a zero-argument factory")
+
+
+def _target_and_step(parser: argparse.ArgumentParser) -> None:
+    _target(parser)
     parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
                         help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
                              f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
@@ -258,11 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workload", choices=("noisy-neighbour", "images"), default="noisy-neighbour",
                       help="which workload (default: noisy-neighbour)")
     _comparison_options(demo, steps=120, num_workers=2)
-    demo.add_argument("--report", default=None, metavar="PATH.html",
-                      help="where the HTML report goes "
-                           "(default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, demo.html)")
-    demo.add_argument("--json", default=None, metavar="PATH.json",
-                      help="also save the comparison as JSON (spdl-lab report renders it again)")
+    add_outputs(demo, ("--report",), "demo.html", "also save the comparison as JSON (spdl-lab report renders it again)")
 
     cmp = _subcommand(
         sub, "compare", _compare, "run a pipeline and a step under several runners; table, HTML and JSON",
@@ -275,12 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
         + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
     _target_and_step(cmp)
     _comparison_options(cmp, steps=100, num_workers=None)
-    cmp.add_argument("--report", default=None, metavar="PATH.html",
-                     help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
-                          "compare-MODULE-ATTR.html)")
-    cmp.add_argument("--json", default=None, metavar="PATH.json",
-                     help="where the comparison's JSON goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
-                          "compare-MODULE-ATTR.json)")
+    add_outputs(cmp, ("--report",), "compare-MODULE-ATTR.html",
+             f"where the comparison's JSON goes (default: {REPORT_DIR_HELP}, compare-MODULE-ATTR.json)")
 
     diag = _subcommand(
         sub, "diagnose", _diagnose, "profile each stage of a pipeline alone, sweeping concurrency; write reports",
@@ -289,16 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
         "contended) with the evidence; write an HTML and a JSON report.",
         "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200"
         + _writes(_stem(EXAMPLE_TARGET)), quiet=True)
-    diag.add_argument("target", metavar="TARGET",
-                      help="module:attr naming a lab.Pipeline or a zero-argument factory")
-    diag.add_argument("--concurrency", type=_count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
+    _target(diag)
+    diag.add_argument("--concurrency", type=count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
                       metavar="N", help="thread counts to sweep (default: 1 2 4 8 16)")
-    diag.add_argument("--num-items", type=_count(1), default=100, metavar="N",
+    diag.add_argument("--num-items", type=count(1), default=100, metavar="N",
                       help="inputs collected from the source (default 100)")
     diag.add_argument("--no-processes", action="store_true",
                       help="skip the process-pool sweep of stages that do not scale with threads")
     diag.add_argument("--report-dir", default=None, metavar="DIR",
-                      help="where reports go (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports)")
+                      help=f"where reports go (default: {REPORT_DIR_HELP})")
 
     tune = _subcommand(
         sub, "tune", _tune, "search runner and concurrency for the most batches/s; table, code, HTML report",
@@ -308,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60 --runners thread,process"
         + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",)), quiet=True)
     _target_and_step(tune)
-    cli_tune.add_arguments(tune, seconds=_seconds)
+    cli_tune.add_arguments(tune)
 
     report = _subcommand(
         sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",

@@ -7,16 +7,19 @@ says what was wrong and what to do (exit status 2).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import PipelineSpecError, UsageError
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "a_noun", "import_attr", "load_pipeline", "load_step", "one_line", "output_path",
-           "read_saved", "report_dir"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
+           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "read_saved",
+           "report_dir", "seconds"]
 
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
@@ -149,3 +152,41 @@ def output_path(path: str | None, default_name: str | None) -> Path | None:
         raise UsageError(f"{out} is a folder; give a file name")
     report_dir(str(out.parent))
     return out
+
+
+# -- argparse ------------------------------------------------------------------------------------
+
+def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lo`` to ``hi``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lo - 1
+        if value < lo or (hi is not None and value > hi):
+            limit = f" and <= {hi}" if hi is not None else ""
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}{limit}, got {text!r}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+#: Where reports go when no path is given, as the options' help says it.
+REPORT_DIR_HELP = "$SPDL_LAB_REPORT_DIR or ./spdl_lab_reports"
+
+
+def add_outputs(parser: argparse.ArgumentParser, html: tuple[str, ...], html_name: str, json_help: str) -> None:
+    """The HTML report's option (``html``: its names; ``html_name`` in the report folder by default) and --json."""
+    parser.add_argument(*html, default=None, metavar="PATH.html",
+                        help=f"where the HTML report goes (default: {REPORT_DIR_HELP}, {html_name})")
+    parser.add_argument("--json", default=None, metavar="PATH.json", help=json_help)

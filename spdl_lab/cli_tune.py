@@ -9,7 +9,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .cli_inputs import EXIT_OK, UsageError, load_pipeline, load_step, output_path
+from .cli_inputs import (
+    EXIT_OK,
+    UsageError,
+    add_outputs,
+    load_pipeline,
+    load_step,
+    output_path,
+    seconds,
+)
 
 __all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune"]
 
@@ -121,8 +129,8 @@ def trials_table(trials: Any) -> str:
 
 # -- the options -------------------------------------------------------------------------------
 
-def add_arguments(parser: argparse.ArgumentParser, *, seconds: Callable[[str], float]) -> None:
-    """The options of ``spdl-lab tune`` after TARGET and --step (``seconds`` parses --budget)."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``spdl-lab tune`` after TARGET and --step."""
     from spdl_lab.tune.space import TUNABLE_RUNNERS
 
     parser.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
@@ -134,8 +142,5 @@ def add_arguments(parser: argparse.ArgumentParser, *, seconds: Callable[[str], f
     parser.add_argument("--start", choices=TUNABLE_RUNNERS, default=None, metavar="RUNNER",
                         help="the runner to start from, at the pipeline's own concurrency "
                              "(default: the first of --runners)")
-    parser.add_argument("-o", "--output", default=None, metavar="PATH.html",
-                        help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
-                             "tune-MODULE-ATTR.html)")
-    parser.add_argument("--json", default=None, metavar="PATH.json",
-                        help="also save the tuning as JSON (lab.Tuning.from_json reads it)")
+    add_outputs(parser, ("-o", "--output"), "tune-MODULE-ATTR.html",
+                "also save the tuning as JSON (lab.Tuning.from_json reads it)")

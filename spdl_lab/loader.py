@@ -15,11 +15,11 @@ from typing import Any
 from .errors import PipelineSpecError, SpdlLabError
 from .pipeline import Pipeline, validate_concurrency
 from .runners import runner_class
-from .runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate, run_start_hooks
+from .runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from .telemetry.snapshot import Snapshot
 
-__all__ = ["CLOSE_TIMEOUT_S", "Loader", "RunOwner"]
+__all__ = ["CLOSE_TIMEOUT_S", "Loader"]
 
 
 class Loader(RunOwner):
@@ -93,17 +93,7 @@ class Loader(RunOwner):
             pipeline = self.pipeline
             for name, n in self._overrides.items():
                 pipeline = pipeline.with_concurrency(name, n)
-            run = Run(
-                self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks, self._sources
-            )
-            self._state.run = run
-            try:
-                run.start()
-            except BaseException:
-                run.finish(self._close_timeout)
-                raise
-        # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
-        return self._consumed(iterate(self, run, self._close_timeout))
+            return self._start(self._runner_cls(pipeline, **self._options))
 
     @property
     def options(self) -> dict[str, Any]:

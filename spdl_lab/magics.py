@@ -53,12 +53,8 @@ class SpdlMagics(Magics):
 
         The Session is stored in the notebook as ``--name`` (default ``spdl_session``).
         """
-        args = parse_argstring(self.spdl_run, line)
-        pipeline = self._lookup("spdl_run", args.pipeline, _ANY_PIPELINE)
-        step = self._lookup("spdl_run", args.step, _STEP)
-        if args.runner is not None:
-            _check_runners("spdl_run", [args.runner])
-        _check_name("spdl_run", args.name)
+        args = self._parse("spdl_run", line)
+        pipeline, step = self._inputs("spdl_run", args, _ANY_PIPELINE, [args.runner] if args.runner else None)
         session = lab.run(pipeline, step, runner=args.runner, steps=args.steps, duration=args.duration)
         return self._store_and_show("spdl_run", args.name, session, "the session")
 
@@ -78,12 +74,8 @@ class SpdlMagics(Magics):
 
         The Comparison is stored in the notebook as ``--name`` (default ``spdl_comparison``).
         """
-        args = parse_argstring(self.spdl_compare, line)
-        pipeline = self._lookup("spdl_compare", args.pipeline, "a lab.Pipeline")
-        step = self._lookup("spdl_compare", args.step, _STEP)
-        if args.runners is not None:
-            _check_runners("spdl_compare", args.runners)
-        _check_name("spdl_compare", args.name)
+        args = self._parse("spdl_compare", line)
+        pipeline, step = self._inputs("spdl_compare", args, "a lab.Pipeline", args.runners)
         # Only what was given, so lab.compare's defaults stay the one source of truth.
         given = {k: getattr(args, k) for k in ("runners", "steps", "warmup", "repeats")
                  if getattr(args, k) is not None}
@@ -105,9 +97,8 @@ class SpdlMagics(Magics):
 
         The Diagnosis is stored in the notebook as ``--name`` (default ``spdl_diagnosis``).
         """
-        args = parse_argstring(self.spdl_diagnose, line)
+        args = self._parse("spdl_diagnose", line)
         pipeline = self._lookup("spdl_diagnose", args.pipeline, "a lab.Pipeline")
-        _check_name("spdl_diagnose", args.name)
         given = {"concurrency": args.concurrency, "num_items": args.num_items}
         diagnosis = lab.diagnose(pipeline, processes=args.processes, progress=args.progress,
                                  **{k: v for k, v in given.items() if v is not None})
@@ -124,14 +115,29 @@ class SpdlMagics(Magics):
 
         The RemoteSession is stored in the notebook as ``--name`` (default ``spdl_remote``).
         """
-        args = parse_argstring(self.spdl_attach, line)
-        _check_name("spdl_attach", args.name)
+        args = self._parse("spdl_attach", line)
         run: str | int = int(args.run) if args.run.isdigit() else args.run
         try:
             remote = lab.attach(run, timeout=args.timeout)
         except lab.SpdlLabError as exc:
             raise UsageError(f"%spdl_attach: {exc}") from None
         return self._store_and_show("spdl_attach", args.name, remote, "the RemoteSession")
+
+    def _parse(self, magic: str, line: str) -> Any:
+        """The magic's arguments; ``--name`` must be a variable name."""
+        args = parse_argstring(getattr(self, magic), line)
+        if not args.name.isidentifier():
+            raise UsageError(f"%{magic}: --name {args.name!r} is not a valid variable name")
+        return args
+
+    def _inputs(self, magic: str, args: Any, what: str, runners: list[str] | None) -> tuple[Any, Any]:
+        """The pipeline and the step the line names; the runners it names must exist."""
+        pipeline, step = self._lookup(magic, args.pipeline, what), self._lookup(magic, args.step, _STEP)
+        unknown = [r for r in runners or [] if r not in RUNNERS]
+        if unknown:
+            raise UsageError(f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(RUNNERS)}")
+        return pipeline, step
 
     def _store_and_show(self, magic: str, name: str, session: Any, what: str) -> Any:
         """Store ``session`` as ``name`` in the notebook; return its dashboard, or itself when
@@ -171,20 +177,6 @@ class SpdlMagics(Magics):
                     f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute {attr!r}"
                 ) from None
         return obj
-
-
-def _check_runners(magic: str, runners: list[str]) -> None:
-    unknown = [r for r in runners if r not in RUNNERS]
-    if unknown:
-        raise UsageError(
-            f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(RUNNERS)}"
-        )
-
-
-def _check_name(magic: str, name: str) -> None:
-    if not name.isidentifier():
-        raise UsageError(f"%{magic}: --name {name!r} is not a valid variable name")
 
 
 def load_ipython_extension(ipython: Any) -> None:

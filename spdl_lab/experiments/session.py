@@ -23,8 +23,9 @@ from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
 from ..pipeline import Pipeline
 from ..runs import run_start_hooks
-from ..telemetry.frames import FrameChunk, chunk_since
+from ..telemetry.frames import FrameChunk, chunk_since, to_frame
 from ..telemetry.probes import CpuProbe, GilProbe
+from ..telemetry.ring import Ring
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..telemetry.snapshot import Snapshot
 from ..training import SimulatedDevice, StepClock
@@ -275,14 +276,9 @@ class Session:
             )
         self.stop()
         if runner is None or runner == self.runner:
-            runner, options = (self.runner if isinstance(source, Pipeline) else None), {
-                **spec["loader_options"], **loader_options}
-        else:
-            options = loader_options
-        return Session(
-            source, step=spec["step"], runner=runner, steps=spec["steps"], duration=spec["duration"],
-            sample_hz=spec["sample_hz"], probes=spec["probes"], loader_options=options,
-        )
+            runner = self.runner if isinstance(source, Pipeline) else None
+            loader_options = {**spec["loader_options"], **loader_options}
+        return Session(**{**spec, "runner": runner, "loader_options": loader_options})
 
     def _check_length(self) -> None:
         """A loader with a len() shorter than ``steps``: say so now, not after a silent stop."""
@@ -342,32 +338,25 @@ class Session:
             queues=snap.queues, step=self.clock.summary(),
         )
 
-    def frames(self) -> pd.DataFrame:
-        """Every series of this session (stages, queues, step, probes), long format."""
-        if self.loader is not None:
-            return self.loader.frames()
-        if self._sampler is not None:
-            return self._sampler.frames()
-        return Sampler([]).frames()
-
     @property
     def sampler(self) -> Sampler | None:
         """The sampler whose ring holds this session's ticks."""
         return self.loader.sampler if self.loader is not None else self._sampler
 
+    def frames(self) -> pd.DataFrame:
+        """Every series of this session (stages, queues, step, probes), long format."""
+        return self.sampler.frames() if self.sampler is not None else to_frame(Ring(2))
+
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The ticks after ``cursor``, wide format: how live readers follow a session."""
-        if self.loader is not None:
-            return self.loader.frames_since(cursor)
-        return chunk_since(self._sampler.ring if self._sampler is not None else None, cursor)
+        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
 
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the step."""
         snap = self.stats()
         table = snap.table() if snap.stages else pd.DataFrame()
         row = summary_row(snap.step.to_dict())
-        frame = pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
-        return frame
+        return pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
 
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard widget (``lab.Dashboard``; options: ``hz``, ``rollover``)."""
