@@ -1,6 +1,6 @@
 """The ``spdl-lab`` command (also ``python -m spdl_lab``): info, demo, compare, diagnose, tune, watch, report.
 
-Every subcommand has ``--help`` with an example; ``EXIT_CODES`` says what each exit status means.
+Every subcommand has ``--help`` with an example; what each exit status means follows (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+import spdl_lab as lab
 
 from . import cli_tune
 from .cli_inputs import (
@@ -33,7 +35,14 @@ from .cli_inputs import (
     seconds,
 )
 from .cli_report import report as _report
+from .diagnose.env_mode import DEFAULT_REPORT_DIR, write_reports
+from .diagnose.measure import diagnose
 from .errors import FileFormatError, PipelineSpecError
+from .experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
+from .interpreter import describe
+from .pipeline import MAX_CONCURRENCY
+from .runners import LOCAL_RUNNERS, RUNNERS
+from .watch.command import run_watched
 
 __all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -50,24 +59,20 @@ EXIT_CODES = """Exit status:
   3    the experiment failed: a stage or the step raised, or a runner died (traceback on stderr)
   130  interrupted (Ctrl-C)
 """
+__doc__ += "\n" + EXIT_CODES
 
 
 # -- the subcommands ---------------------------------------------------------------------------
 
 def _info(_: argparse.Namespace) -> int:
-    import spdl_lab
-    from spdl_lab.interpreter import describe
-
     for line in describe().lines():
         print(line)
-    print(f"spdl_lab    {spdl_lab.__version__}; runners: {', '.join(spdl_lab.RUNNERS)}")
+    print(f"spdl_lab    {lab.__version__}; runners: {', '.join(lab.RUNNERS)}")
     return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:
     """The parallelism study: compare every runner on the noisy-neighbour or the image workload."""
-    import spdl_lab as lab
-
     if args.workload == "images":
         html, data = output_path(args.report, "demo-images.html"), output_path(args.json, None)
         # Enough batches for every round: (warm-up x rounds + steps) x batch size, in passes over 512 files.
@@ -93,7 +98,6 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Path,
                     data: Path | None, title: str) -> int:
-    from spdl_lab.experiments.compare import compare
     from spdl_lab.ui.report import write_comparison_report
 
     options = {"process": {"num_workers": args.num_workers}} if args.num_workers else {}
@@ -111,9 +115,6 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
 
 def _diagnose(args: argparse.Namespace) -> int:
     """Diagnose the Pipeline named by module:attr; write the HTML and JSON reports."""
-    from spdl_lab.diagnose.env_mode import write_reports
-    from spdl_lab.diagnose.measure import diagnose
-
     pipeline = load_pipeline(args.target)
     folder = report_dir(args.report_dir)
     diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
@@ -155,14 +156,10 @@ EXAMPLE_TARGET = "mypkg.data:make_pipeline"
 
 
 def _writes(stem: str, suffixes: tuple[str, ...] = (".html", ".json")) -> str:
-    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
-
     return f"\n  (writes {' and '.join(f'{DEFAULT_REPORT_DIR}/{stem}{s}' for s in suffixes)})"
 
 
 def _example_report() -> str:
-    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
-
     return f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
 
@@ -178,9 +175,6 @@ def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, e
 
 
 def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers: int | None) -> None:
-    from spdl_lab.experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP
-    from spdl_lab.runners import LOCAL_RUNNERS, RUNNERS
-
     warmup = DEFAULT_WARMUP  # one default for the API, compare and demo
 
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(LOCAL_RUNNERS), metavar="RUNNER",
@@ -214,8 +208,6 @@ def _target_and_step(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from spdl_lab.pipeline import MAX_CONCURRENCY
-
     parser = argparse.ArgumentParser(
         prog="spdl-lab", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="spdl_lab: a lab bench for data loading in PyTorch training. Run a pipeline under\n"
@@ -318,8 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from .watch.command import run_watched
-
     return run_watched(args.script, name=args.name, record=args.record)
 
 

@@ -1,9 +1,6 @@
 """What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs, saved files)
-and where it writes (the report folder, output paths).
-
-Each function raises ``PipelineSpecError`` or ``UsageError`` with one line that
-says what was wrong and what to do (exit status 2).
-"""
+and where it writes; errors (``PipelineSpecError``, ``UsageError``: exit status 2) say in one
+line what was wrong and what to do."""
 
 from __future__ import annotations
 
@@ -15,7 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
 from .errors import PipelineSpecError, UsageError
+from .pipeline import Pipeline
+from .training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
            "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "read_saved",
@@ -52,8 +52,6 @@ def import_attr(target: str, what: str) -> Any:
 
 def load_pipeline(target: str):
     """``module:attr`` (attr a lab.Pipeline or a zero-argument factory returning one)."""
-    from .pipeline import Pipeline
-
     obj = import_attr(target, "pipeline")
     if not isinstance(obj, Pipeline) and callable(obj):
         try:
@@ -72,8 +70,6 @@ def load_pipeline(target: str):
 
 def load_step(spec: str) -> Any:
     """``simulated:STEP_MS`` (a SimulatedDevice) or ``module:attr`` of a callable taking a batch."""
-    from .training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
-
     kind, _, value = spec.partition(":")
     if kind != "simulated":
         step = import_attr(spec, "step")
@@ -130,8 +126,6 @@ def one_line(exc: BaseException, limit: int | None = 300) -> str:
 def report_dir(path: str | None) -> Path:
     """``path``, else $SPDL_LAB_REPORT_DIR, else ./spdl_lab_reports; made now, so that a run
     of minutes never ends unable to write its reports."""
-    from .diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
-
     folder = Path(path or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
     try:
         folder.mkdir(parents=True, exist_ok=True)

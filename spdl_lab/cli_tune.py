@@ -18,6 +18,8 @@ from .cli_inputs import (
     output_path,
     seconds,
 )
+from .tune import tune as run_tuner
+from .tune.space import TUNABLE_RUNNERS
 
 __all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune"]
 
@@ -29,8 +31,6 @@ _Cell = Callable[[Any], str]
 
 def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
     """Tune the pipeline named by ``args.target`` for ``args.step``; print and write what it found."""
-    from spdl_lab.tune import tune as run_tuner
-
     pipeline, step = load_pipeline(args.target), load_step(args.step)
     runners = _runners(args.runners)
     if args.start is not None and args.start not in runners:
@@ -55,8 +55,6 @@ def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
 
 def _runners(groups: list[list[str]] | None) -> list[str]:
     """``--runners a b`` and ``--runners a,b`` alike, each runner once."""
-    from spdl_lab.tune.space import TUNABLE_RUNNERS
-
     runners = [r for group in groups for r in group] if groups else list(TUNABLE_RUNNERS)
     twice = sorted({r for r in runners if runners.count(r) > 1})
     if twice:
@@ -66,8 +64,6 @@ def _runners(groups: list[list[str]] | None) -> list[str]:
 
 def _runner_names(text: str) -> list[str]:
     """One --runners value: a runner, or several separated by commas."""
-    from spdl_lab.tune.space import TUNABLE_RUNNERS
-
     names = [name.strip() for name in text.split(",") if name.strip()]
     for name in names:
         if name not in TUNABLE_RUNNERS:
@@ -131,8 +127,6 @@ def trials_table(trials: Any) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``spdl-lab tune`` after TARGET and --step."""
-    from spdl_lab.tune.space import TUNABLE_RUNNERS
-
     parser.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                         help=f"wall time for the whole tuning, the final side-by-side check included "
                              f"(default {DEFAULT_BUDGET_S:g})")

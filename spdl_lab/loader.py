@@ -1,9 +1,5 @@
-"""``Loader``: iterate a Pipeline under any runner, with live telemetry.
-
-Each ``iter(loader)`` starts a fresh run of the pipeline under the chosen
-runner, with a sampler recording its meters; ``stats()`` and ``frames()``
-describe the current (or last) run.
-"""
+"""``Loader``: iterate a Pipeline under any runner, with live telemetry. Each ``iter(loader)``
+starts a fresh run; ``stats()`` and ``frames()`` describe the current (or last) one."""
 
 from __future__ import annotations
 

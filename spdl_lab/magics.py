@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import spdl_lab as lab
+from spdl_lab.interpreter import describe
 from spdl_lab.runners import RUNNERS
 
 __all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
@@ -33,8 +34,6 @@ class SpdlMagics(Magics):
     @line_magic
     def spdl_info(self, line: str) -> None:
         """Print the interpreter (GIL, cores, torch, CUDA), the spdl_lab version and its runners."""
-        from .interpreter import describe
-
         parse_argstring(self.spdl_info, line)
         for text in describe().lines():
             print(text)

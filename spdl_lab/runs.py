@@ -1,11 +1,6 @@
-"""A run of a pipeline under a runner, and what its owners share.
-
-``Run`` is one pass: a runner, its sampler and counters; ``iterate`` hands its
-items to a consumer and closes it at the end. ``RunOwner`` holds the current
-or last run for an owner that starts them (``lab.Loader``, and the SPDL
-monitor): extra sampler sources, reading, closing. Start hooks let the layers
-above act on a run before it starts, without this layer importing them.
-"""
+"""A run of a pipeline under a runner (``Run``), what the owners that start runs share
+(``RunOwner``: ``lab.Loader``, the SPDL monitor), and the start hooks through which the layers
+above act on a run before it starts, without this layer importing them."""
 
 from __future__ import annotations
 
@@ -64,12 +59,9 @@ _Owner = TypeVar("_Owner", bound="RunOwner")
 
 
 class RunOwner:
-    """What every owner of runs shares (``Loader``, and the SPDL monitor):
-    extra sampler sources, reading the current or last run, and closing.
-
-    Subclasses call ``__init__`` with their sampling and closing settings, and
-    say what ``stats()`` is before any run (``_empty_stats``).
-    """
+    """What every owner of runs shares (``Loader``, and the SPDL monitor): extra sampler
+    sources, reading the current or last run, and closing. Subclasses say what ``stats()``
+    is before any run (``_empty_stats``)."""
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
         self._sample_hz = float(sample_hz)
@@ -82,12 +74,8 @@ class RunOwner:
         self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
     def add_source(self, source: Source) -> None:
-        """Sample ``source`` with these meters, in this run and every later one.
-
-        A source is a callable taking the seconds since the last tick and
-        returning ``(series, stage, value)`` rows; sessions add the training
-        step and the probes this way, so one ring holds everything.
-        """
+        """Sample ``source`` (``telemetry.sampler.Source``) with these meters, in this run and
+        every later one: sessions add the step and the probes, so one ring holds everything."""
         self._sources.append(source)
         run = self._state.run
         if run is not None and run.sampler is not None and not run.finished:

@@ -1,11 +1,5 @@
-"""One runner in a comparison: its Loader stays open, and it is measured one window at a time.
-
-Between its windows the runner is idle, not closed: its queues fill and its
-workers block, so it costs the machine nothing while the others are measured,
-and no round pays its start-up again. Each window first takes ``warmup``
-steps (draining what was prefetched while idle, and in the first window the
-start-up), then ``steps`` measured steps, all in the calling thread.
-"""
+"""One runner in a comparison: its Loader stays open, and it is measured one window at a time
+(``Window``), with the machine's CPU and the GIL probe read around each window."""
 
 from __future__ import annotations
 
@@ -77,7 +71,12 @@ class MachineClock:
 
 
 class Contender:
-    """A runner's Loader, clock and iterator, kept across the rounds of a comparison."""
+    """A runner's Loader, clock and iterator, kept across the rounds of a comparison.
+
+    Between its windows the runner is idle, not closed: its queues fill and its workers
+    block, so it costs nothing while the others are measured, and no round pays its
+    start-up again. A window's ``warmup`` steps drain what was prefetched meanwhile.
+    """
 
     def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
                  options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:

@@ -1,9 +1,7 @@
 """``lab.run``: a training loop over a loader, in a background thread, with telemetry.
 
-A Session owns one loop: the loader (a Pipeline under a runner, or any
-iterable), the step, a StepClock, and the GIL and CPU probes, all sampled into
-one ring. The cell that starts it returns at once; the loop runs until its
-steps or duration are done, the data ends, it fails, or ``stop()``.
+A Session owns one loop: the loader, the step, a StepClock, and the GIL and CPU probes,
+all sampled into one ring. The cell that starts it returns at once.
 """
 
 from __future__ import annotations
@@ -71,16 +69,8 @@ def run(
     if isinstance(pipeline_or_iterable, (Pipeline, Loader)):
         pipeline = pipeline_or_iterable
         run_start_hooks("pipeline", pipeline if isinstance(pipeline, Pipeline) else pipeline.pipeline)
-    return Session(
-        pipeline_or_iterable,
-        step=step,
-        runner=runner,
-        steps=steps,
-        duration=duration,
-        sample_hz=sample_hz,
-        probes=probes,
-        loader_options=loader_options,
-    )
+    return Session(pipeline_or_iterable, step=step, runner=runner, steps=steps, duration=duration,
+                   sample_hz=sample_hz, probes=probes, loader_options=loader_options)
 
 
 class Session:
