@@ -45,13 +45,10 @@ class SpdlMagics(Magics):
     @argument("--runner", help=f"one of {', '.join(lab.RUNNERS)} (default: thread)")
     @argument("--steps", type=int, help="stop after this many steps")
     @argument("--duration", type=float, help="stop after this many seconds")
-    @argument("--name", default="spdl_session", help="the variable that receives the Session")
+    @argument("--name", default="spdl_session", help="the variable that receives the Session (default spdl_session)")
     @line_magic
     def spdl_run(self, line: str) -> Any:
-        """Start a training loop in the background; show its live dashboard.
-
-        The Session is stored in the notebook as ``--name`` (default ``spdl_session``).
-        """
+        """Start a training loop in the background; show its live dashboard."""
         args = self._parse("spdl_run", line)
         pipeline, step = self._inputs("spdl_run", args, _ANY_PIPELINE, [args.runner] if args.runner else None)
         session = lab.run(pipeline, step, runner=args.runner, steps=args.steps, duration=args.duration)
@@ -66,13 +63,10 @@ class SpdlMagics(Magics):
     @argument("--warmup", type=int, help="warm-up steps per runner in each round (default 10)")
     @argument("--repeats", type=int, help="interleaved rounds; batches/s is the median of them (default 5)")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison")
+    @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison (default spdl_comparison)")
     @line_magic
     def spdl_compare(self, line: str) -> Any:
-        """Run the pipeline and step under each runner in interleaved rounds; show the Comparison.
-
-        The Comparison is stored in the notebook as ``--name`` (default ``spdl_comparison``).
-        """
+        """Run the pipeline and step under each runner in interleaved rounds; show the Comparison."""
         args = self._parse("spdl_compare", line)
         pipeline, step = self._inputs("spdl_compare", args, "a lab.Pipeline", args.runners)
         # Only what was given, so lab.compare's defaults stay the one source of truth.
@@ -89,13 +83,10 @@ class SpdlMagics(Magics):
     @argument("--no-processes", dest="processes", action="store_false",
               help="skip the process-pool sweep of stages that do not scale with threads")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    @argument("--name", default="spdl_diagnosis", help="the variable that receives the Diagnosis")
+    @argument("--name", default="spdl_diagnosis", help="the variable that receives the Diagnosis (default spdl_diagnosis)")
     @line_magic
     def spdl_diagnose(self, line: str) -> Any:
-        """Profile each stage alone, sweeping concurrency; show the verdicts.
-
-        The Diagnosis is stored in the notebook as ``--name`` (default ``spdl_diagnosis``).
-        """
+        """Profile each stage alone, sweeping concurrency; show the verdicts."""
         args = self._parse("spdl_diagnose", line)
         pipeline = self._lookup("spdl_diagnose", args.pipeline, "a lab.Pipeline")
         given = {"concurrency": args.concurrency, "num_items": args.num_items}
@@ -107,13 +98,10 @@ class SpdlMagics(Magics):
     @magic_arguments()
     @argument("run", help="the published run's name or pid (lab.attach() lists them)")
     @argument("--timeout", type=float, default=10.0, help="seconds to wait for the run to appear")
-    @argument("--name", default="spdl_remote", help="the variable that receives the RemoteSession")
+    @argument("--name", default="spdl_remote", help="the variable that receives the RemoteSession (default spdl_remote)")
     @line_magic
     def spdl_attach(self, line: str) -> Any:
-        """Attach to a run a script published (lab.publish, spdl-lab watch); show its dashboard.
-
-        The RemoteSession is stored in the notebook as ``--name`` (default ``spdl_remote``).
-        """
+        """Attach to a run a script published (lab.publish, spdl-lab watch); show its dashboard."""
         args = self._parse("spdl_attach", line)
         run: str | int = int(args.run) if args.run.isdigit() else args.run
         try:

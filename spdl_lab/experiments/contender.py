@@ -97,7 +97,6 @@ class Contender:
             self.loader.add_source(source)
         self._t0 = t0
         self._batches: Iterator[Any] | None = None
-        self._ended = False
 
     def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
                timeout: float | None, max_s: float | None = None) -> Window:

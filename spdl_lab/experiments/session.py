@@ -242,9 +242,7 @@ class Session:
                  on_log: Callable[[str], None] | None = None) -> Any:
         """Tune this running session's concurrency in the background; return the ``AutoTuner``.
 
-        The tuner moves the knobs through ``set_concurrency`` (a dashboard's
-        sliders follow), keeps a move only beyond the noise, and leaves the
-        session at the best setting. Move a knob yourself to take over::
+        A dashboard's sliders follow its moves; move a knob yourself to take over::
 
             tuner = session.autotune(budget_s=60)
             tuner.wait(90); tuner.log; tuner.best
