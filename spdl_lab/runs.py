@@ -24,7 +24,7 @@ from .telemetry.sampler import Sampler, Source
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 
 __all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
-           "iterate", "run_start_hooks"]
+           "run_start_hooks"]
 
 #: How often a consumer blocked on the next item re-checks for stop and errors.
 _POLL_S = 0.1
@@ -120,9 +120,6 @@ class RunOwner:
         run = self._state.run
         return run.sampler if run is not None else None
 
-    def _consumed(self, items: Iterator[Any]) -> Iterator[Any]:
-        return items if self.consumer is None else self.consumer(items)
-
     def _start(self, runner: Runner) -> Iterator[Any]:
         """Start a run of ``runner`` as the current one; its items, for the consumer."""
         run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
@@ -133,7 +130,8 @@ class RunOwner:
             run.finish(self._close_timeout)
             raise
         # The generator holds its owner, so `for x in Loader(p)` keeps the Loader alive.
-        return self._consumed(iterate(self, run, self._close_timeout))
+        items = _iterate(self, run, self._close_timeout)
+        return items if self.consumer is None else self.consumer(items)
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
@@ -283,7 +281,7 @@ class _State:
         self.end_run(timeout)
 
 
-def iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
+def _iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
     get = run.runner.get
     try:
         while True:
