@@ -136,12 +136,8 @@ class Loader(RunOwner):
                 return {name: run.runner.concurrency(name)}
             default = inspect.signature(cls).parameters[cls.pool_option].default
             return {name: self._options.get(cls.pool_option, default)}
-        controls = {}
-        for spec in self.pipeline.stages:
-            if spec.kind == "map":
-                n = self._overrides.get(spec.name, spec.concurrency)
-                controls[spec.name] = run.runner.concurrency(spec.name) if live else n
-        return controls
+        return {s.name: run.runner.concurrency(s.name) if live else self._overrides.get(s.name, s.concurrency)
+                for s in self.pipeline.stages if s.kind == "map"}
 
     def _empty_stats(self) -> Snapshot:
         return empty_snapshot(self.runner, self.pipeline, self._overrides)

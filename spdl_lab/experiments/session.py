@@ -6,6 +6,7 @@ all sampled into one ring. The cell that starts it returns at once.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -320,11 +321,7 @@ class Session:
         else:
             snap = Snapshot(runner=self.runner, running=self.running, elapsed_s=self.elapsed_s,
                             items_out=self.clock.summary().steps, stages={})
-        return Snapshot(
-            runner=snap.runner, running=self.running, elapsed_s=snap.elapsed_s,
-            items_out=snap.items_out, stages=snap.stages, source=snap.source,
-            queues=snap.queues, step=self.clock.summary(),
-        )
+        return dataclasses.replace(snap, running=self.running, step=self.clock.summary())
 
     @property
     def sampler(self) -> Sampler | None:
