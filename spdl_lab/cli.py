@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60\n"
                f"  spdl-lab report {_example_report()}\n\n" + EXIT_CODES,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {lab.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _subcommand(sub, "info", _info, "interpreter, GIL, cores, torch and CUDA",
@@ -333,15 +333,6 @@ def _caused_by_interrupt(exc: BaseException) -> bool:
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return False
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("spdl_lab")
-    except PackageNotFoundError:
-        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
