@@ -54,7 +54,7 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
             raise SpdlLabError(f"lab.attach: {len(found)} published runs are named {name_or_pid!r} "
                                f"(pids {pids}); attach by pid")
         if found:
-            return RemoteSession(found[0], EndpointClient(found[0]["socket"]))
+            return RemoteSession(found[0])
         if time.monotonic() >= deadline:
             names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in list_endpoints()) or "none"
             raise SpdlLabError(f"lab.attach: no published run {name_or_pid!r} appeared within {timeout:g} s "
@@ -102,12 +102,11 @@ class RemoteSession:
     steps = None
     error = None
 
-    def __init__(self, entry: dict[str, Any], client: EndpointClient | None = None, ring: Ring | None = None,
-                 state: str = "running") -> None:
-        """Watch the run a discovery ``entry`` names; with ``client=None``, show ``ring`` (a record's)."""
+    def __init__(self, entry: dict[str, Any], ring: Ring | None = None, state: str = "running") -> None:
+        """Watch the run a discovery ``entry`` names; given a ``ring`` (a record's), show it instead."""
         self.name, self.pid, self.record = entry["name"], entry["pid"], entry.get("record")
         self.runner = entry.get("runner") or "?"
-        self._client = client
+        self._client = EndpointClient(entry["socket"]) if ring is None else None
         self._ring = ring if ring is not None else Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
         self._remote_cursor = 0
         self._state = state
@@ -117,7 +116,7 @@ class RemoteSession:
         self._lock = threading.Lock()  # one request at a time on the client
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if client is None:
+        if self._client is None:
             self._stop.set()
             return
         self._poll()  # the first frames before the call returns
