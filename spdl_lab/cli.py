@@ -23,21 +23,34 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import spdl_lab as lab
+
 from . import cli_tune
 from .cli_inputs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    REPORT_DIR_HELP,
     UsageError,
+    add_outputs,
+    count,
     load_pipeline,
     load_step,
     one_line,
     output_path,
     report_dir,
+    seconds,
 )
 from .cli_report import report as _report
+from .diagnose.env_mode import DEFAULT_REPORT_DIR, write_reports
+from .diagnose.measure import diagnose
 from .errors import FileFormatError, PipelineSpecError
+from .experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
+from .interpreter import describe
+from .pipeline import MAX_CONCURRENCY
+from .runners import LOCAL_RUNNERS, RUNNERS
+from .watch.command import run_watched
 
 __all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -50,19 +63,14 @@ EXIT_CODES = __doc__[__doc__.index("Exit status:"):]
 # -- the subcommands ---------------------------------------------------------------------------
 
 def _info(_: argparse.Namespace) -> int:
-    import spdl_lab
-    from spdl_lab.interpreter import describe
-
     for line in describe().lines():
         print(line)
-    print(f"spdl_lab    {spdl_lab.__version__}; runners: {', '.join(spdl_lab.RUNNERS)}")
+    print(f"spdl_lab    {lab.__version__}; runners: {', '.join(lab.RUNNERS)}")
     return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:
     """The parallelism study: compare every runner on the noisy-neighbour or the image workload."""
-    import spdl_lab as lab
-
     if args.workload == "images":
         html, data = output_path(args.report, "demo-images.html"), output_path(args.json, None)
         # Enough batches for every round: (warm-up x rounds + steps) x batch size, in passes over 512 files.
@@ -88,7 +96,6 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Path,
                     data: Path | None, title: str) -> int:
-    from spdl_lab.experiments.compare import compare
     from spdl_lab.ui.report import write_comparison_report
 
     options = {"process": {"num_workers": args.num_workers}} if args.num_workers else {}
@@ -106,9 +113,6 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
 
 def _diagnose(args: argparse.Namespace) -> int:
     """Diagnose the Pipeline named by module:attr; write the HTML and JSON reports."""
-    from spdl_lab.diagnose.env_mode import write_reports
-    from spdl_lab.diagnose.measure import diagnose
-
     pipeline = load_pipeline(args.target)
     folder = report_dir(args.report_dir)
     diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
@@ -144,43 +148,16 @@ def _progress(args: argparse.Namespace) -> bool:
 
 # -- the parser ----------------------------------------------------------------------------------
 
-def _count(lo: int, hi: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = lo - 1
-        if value < lo or (hi is not None and value > hi):
-            limit = f" and <= {hi}" if hi is not None else ""
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}{limit}, got {text!r}")
-        return value
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 #: The target the --help examples use; the file names they show are derived from it as the
 #: commands derive theirs, so an example never names a file the command would not write.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
 
 
 def _writes(stem: str, suffixes: tuple[str, ...] = (".html", ".json")) -> str:
-    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
-
     return f"\n  (writes {' and '.join(f'{DEFAULT_REPORT_DIR}/{stem}{s}' for s in suffixes)})"
 
 
 def _example_report() -> str:
-    from spdl_lab.diagnose.env_mode import DEFAULT_REPORT_DIR
-
     return f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
 
@@ -196,40 +173,39 @@ def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, e
 
 
 def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers: int | None) -> None:
-    from spdl_lab.experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP
-    from spdl_lab.runners import LOCAL_RUNNERS, RUNNERS
-
     warmup = DEFAULT_WARMUP  # one default for the API, compare and demo
 
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(LOCAL_RUNNERS), metavar="RUNNER",
                         help=f"runners to compare (default: {' '.join(LOCAL_RUNNERS)}; "
                              f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, which starts a Ray instance)")
-    parser.add_argument("--steps", type=_count(1), default=steps, metavar="N",
+    parser.add_argument("--steps", type=count(1), default=steps, metavar="N",
                         help=f"measured steps per runner, over all rounds (default {steps})")
-    parser.add_argument("--warmup", type=_count(0), default=warmup, metavar="N",
+    parser.add_argument("--warmup", type=count(0), default=warmup, metavar="N",
                         help=f"warm-up steps at the start of each runner's window in each round, "
                              f"not measured (default {warmup})")
-    parser.add_argument("--repeats", type=_count(1), default=None, metavar="N",
+    parser.add_argument("--repeats", type=count(1), default=None, metavar="N",
                         help=f"interleaved rounds: each runner gets one window per round, and its "
                              f"batches/s is the median of its rounds (default {DEFAULT_REPEATS}, "
                              f"or --steps when fewer)")
-    parser.add_argument("--num-workers", type=_count(1), default=num_workers, metavar="N",
+    parser.add_argument("--num-workers", type=count(1), default=num_workers, metavar="N",
                         help="DataLoader workers for the 'process' runner"
                              + (f" (default {num_workers})" if num_workers else " (default: the runner's, 2)"))
-    parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+    parser.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                         help="give up on a runner that takes longer than this, all its rounds together (exit 3)")
 
 
-def _target_and_step(parser: argparse.ArgumentParser) -> None:
+def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="module:attr naming a lab.Pipeline or a zero-argument factory")
+
+
+def _target_and_step(parser: argparse.ArgumentParser) -> None:
+    _target(parser)
     parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
                         help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
                              f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from spdl_lab.pipeline import MAX_CONCURRENCY
-
     parser = argparse.ArgumentParser(
         prog="spdl-lab", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="spdl_lab: a lab bench for data loading in PyTorch training. Run a pipeline under\n"
@@ -239,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60\n"
                f"  spdl-lab report {_example_report()}\n\n" + EXIT_CODES,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {lab.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _subcommand(sub, "info", _info, "interpreter, GIL, cores, torch and CUDA",
@@ -257,11 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workload", choices=("noisy-neighbour", "images"), default="noisy-neighbour",
                       help="which workload (default: noisy-neighbour)")
     _comparison_options(demo, steps=120, num_workers=2)
-    demo.add_argument("--report", default=None, metavar="PATH.html",
-                      help="where the HTML report goes "
-                           "(default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, demo.html)")
-    demo.add_argument("--json", default=None, metavar="PATH.json",
-                      help="also save the comparison as JSON (spdl-lab report renders it again)")
+    add_outputs(demo, ("--report",), "demo.html", "also save the comparison as JSON (spdl-lab report renders it again)")
 
     cmp = _subcommand(
         sub, "compare", _compare, "run a pipeline and a step under several runners; table, HTML and JSON",
@@ -274,12 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
         + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
     _target_and_step(cmp)
     _comparison_options(cmp, steps=100, num_workers=None)
-    cmp.add_argument("--report", default=None, metavar="PATH.html",
-                     help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
-                          "compare-MODULE-ATTR.html)")
-    cmp.add_argument("--json", default=None, metavar="PATH.json",
-                     help="where the comparison's JSON goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
-                          "compare-MODULE-ATTR.json)")
+    add_outputs(cmp, ("--report",), "compare-MODULE-ATTR.html",
+             f"where the comparison's JSON goes (default: {REPORT_DIR_HELP}, compare-MODULE-ATTR.json)")
 
     diag = _subcommand(
         sub, "diagnose", _diagnose, "profile each stage of a pipeline alone, sweeping concurrency; write reports",
@@ -288,16 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
         "contended) with the evidence; write an HTML and a JSON report.",
         "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200"
         + _writes(_stem(EXAMPLE_TARGET)), quiet=True)
-    diag.add_argument("target", metavar="TARGET",
-                      help="module:attr naming a lab.Pipeline or a zero-argument factory")
-    diag.add_argument("--concurrency", type=_count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
+    _target(diag)
+    diag.add_argument("--concurrency", type=count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
                       metavar="N", help="thread counts to sweep (default: 1 2 4 8 16)")
-    diag.add_argument("--num-items", type=_count(1), default=100, metavar="N",
+    diag.add_argument("--num-items", type=count(1), default=100, metavar="N",
                       help="inputs collected from the source (default 100)")
     diag.add_argument("--no-processes", action="store_true",
                       help="skip the process-pool sweep of stages that do not scale with threads")
     diag.add_argument("--report-dir", default=None, metavar="DIR",
-                      help="where reports go (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports)")
+                      help=f"where reports go (default: {REPORT_DIR_HELP})")
 
     tune = _subcommand(
         sub, "tune", _tune, "search runner and concurrency for the most batches/s; table, code, HTML report",
@@ -307,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60 --runners thread,process"
         + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",)), quiet=True)
     _target_and_step(tune)
-    cli_tune.add_arguments(tune, seconds=_seconds)
+    cli_tune.add_arguments(tune)
 
     report = _subcommand(
         sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
@@ -341,8 +308,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from .watch.command import run_watched
-
     return run_watched(args.script, name=args.name, record=args.record)
 
 
@@ -366,15 +331,6 @@ def _caused_by_interrupt(exc: BaseException) -> bool:
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return False
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("spdl_lab")
-    except PackageNotFoundError:
-        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

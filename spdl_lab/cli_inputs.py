@@ -1,22 +1,25 @@
 """What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs, saved files)
-and where it writes (the report folder, output paths).
-
-Each function raises ``PipelineSpecError`` or ``UsageError`` with one line that
-says what was wrong and what to do (exit status 2).
-"""
+and where it writes; errors (``PipelineSpecError``, ``UsageError``: exit status 2) say in one
+line what was wrong and what to do."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
 from .errors import PipelineSpecError, UsageError
+from .pipeline import Pipeline
+from .training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError", "a_noun", "import_attr", "load_pipeline", "load_step", "one_line", "output_path",
-           "read_saved", "report_dir"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
+           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "read_saved",
+           "report_dir", "seconds"]
 
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
@@ -49,8 +52,6 @@ def import_attr(target: str, what: str) -> Any:
 
 def load_pipeline(target: str):
     """``module:attr`` (attr a lab.Pipeline or a zero-argument factory returning one)."""
-    from .pipeline import Pipeline
-
     obj = import_attr(target, "pipeline")
     if not isinstance(obj, Pipeline) and callable(obj):
         try:
@@ -69,8 +70,6 @@ def load_pipeline(target: str):
 
 def load_step(spec: str) -> Any:
     """``simulated:STEP_MS`` (a SimulatedDevice) or ``module:attr`` of a callable taking a batch."""
-    from .training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
-
     kind, _, value = spec.partition(":")
     if kind != "simulated":
         step = import_attr(spec, "step")
@@ -118,8 +117,6 @@ def one_line(exc: BaseException, limit: int | None = 300) -> str:
 def report_dir(path: str | None) -> Path:
     """``path``, else $SPDL_LAB_REPORT_DIR, else ./spdl_lab_reports; made now, so that a run
     of minutes never ends unable to write its reports."""
-    from .diagnose.env_mode import DEFAULT_REPORT_DIR, ENV_REPORT_DIR
-
     folder = Path(path or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -140,3 +137,41 @@ def output_path(path: str | None, default_name: str | None) -> Path | None:
         raise UsageError(f"{out} is a folder; give a file name")
     report_dir(str(out.parent))
     return out
+
+
+# -- argparse ------------------------------------------------------------------------------------
+
+def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lo`` to ``hi``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lo - 1
+        if value < lo or (hi is not None and value > hi):
+            limit = f" and <= {hi}" if hi is not None else ""
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}{limit}, got {text!r}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+#: Where reports go when no path is given, as the options' help says it.
+REPORT_DIR_HELP = "$SPDL_LAB_REPORT_DIR or ./spdl_lab_reports"
+
+
+def add_outputs(parser: argparse.ArgumentParser, html: tuple[str, ...], html_name: str, json_help: str) -> None:
+    """The HTML report's option (``html``: its names; ``html_name`` in the report folder by default) and --json."""
+    parser.add_argument(*html, default=None, metavar="PATH.html",
+                        help=f"where the HTML report goes (default: {REPORT_DIR_HELP}, {html_name})")
+    parser.add_argument("--json", default=None, metavar="PATH.json", help=json_help)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from .cli_inputs import EXIT_OK, UsageError, output_path, read_saved
 from .errors import FileFormatError
+from .experiments.compare import Comparison
 
 __all__ = ["RECORD_SUFFIXES", "report"]
 
 
 def report(args: argparse.Namespace) -> int:
     """A saved diagnosis or comparison (JSON), or a run's record (SQLite), as one HTML file."""
-    from spdl_lab.experiments.compare import Comparison
     from spdl_lab.ui.diagnosis_report import write_diagnosis_report
     from spdl_lab.ui.report import write_comparison_report
 

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 
 import pandas as pd
 
 from ._table import num, pct, spread, text_table
-from .cli_inputs import EXIT_OK, UsageError, load_pipeline, load_step, output_path
+from .cli_inputs import (
+    EXIT_OK,
+    UsageError,
+    add_outputs,
+    load_pipeline,
+    load_step,
+    output_path,
+    seconds,
+)
+from .tune import tune as run_tuner
+from .tune.space import TUNABLE_RUNNERS
 
 __all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune"]
 
@@ -20,8 +29,6 @@ DEFAULT_BUDGET_S = 60.0
 
 def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
     """Tune the pipeline named by ``args.target`` for ``args.step``; print and write what it found."""
-    from spdl_lab.tune import tune as run_tuner
-
     pipeline, step = load_pipeline(args.target), load_step(args.step)
     runners = _runners(args.runners)
     if args.start is not None and args.start not in runners:
@@ -46,8 +53,6 @@ def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
 
 def _runners(groups: list[list[str]] | None) -> list[str]:
     """``--runners a b`` and ``--runners a,b`` alike, each runner once."""
-    from spdl_lab.tune.space import TUNABLE_RUNNERS
-
     runners = [r for group in groups for r in group] if groups else list(TUNABLE_RUNNERS)
     twice = sorted({r for r in runners if runners.count(r) > 1})
     if twice:
@@ -57,8 +62,6 @@ def _runners(groups: list[list[str]] | None) -> list[str]:
 
 def _runner_names(text: str) -> list[str]:
     """One --runners value: a runner, or several separated by commas."""
-    from spdl_lab.tune.space import TUNABLE_RUNNERS
-
     names = [name.strip() for name in text.split(",") if name.strip()]
     for name in names:
         if name not in TUNABLE_RUNNERS:
@@ -93,10 +96,8 @@ def trials_table(trials: pd.DataFrame) -> str:
 
 # -- the options -------------------------------------------------------------------------------
 
-def add_arguments(parser: argparse.ArgumentParser, *, seconds: Callable[[str], float]) -> None:
-    """The options of ``spdl-lab tune`` after TARGET and --step (``seconds`` parses --budget)."""
-    from spdl_lab.tune.space import TUNABLE_RUNNERS
-
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``spdl-lab tune`` after TARGET and --step."""
     parser.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                         help=f"wall time for the whole tuning, the final side-by-side check included "
                              f"(default {DEFAULT_BUDGET_S:g})")
@@ -106,8 +107,5 @@ def add_arguments(parser: argparse.ArgumentParser, *, seconds: Callable[[str], f
     parser.add_argument("--start", choices=TUNABLE_RUNNERS, default=None, metavar="RUNNER",
                         help="the runner to start from, at the pipeline's own concurrency "
                              "(default: the first of --runners)")
-    parser.add_argument("-o", "--output", default=None, metavar="PATH.html",
-                        help="where the HTML report goes (default: $SPDL_LAB_REPORT_DIR or ./spdl_lab_reports, "
-                             "tune-MODULE-ATTR.html)")
-    parser.add_argument("--json", default=None, metavar="PATH.json",
-                        help="also save the tuning as JSON (lab.Tuning.from_json reads it)")
+    add_outputs(parser, ("-o", "--output"), "tune-MODULE-ATTR.html",
+                "also save the tuning as JSON (lab.Tuning.from_json reads it)")

@@ -1,9 +1,5 @@
-"""``Loader``: iterate a Pipeline under any runner, with live telemetry.
-
-Each ``iter(loader)`` starts a fresh run of the pipeline under the chosen
-runner, with a sampler recording its meters; ``stats()`` and ``frames()``
-describe the current (or last) run.
-"""
+"""``Loader``: iterate a Pipeline under any runner, with live telemetry. Each ``iter(loader)``
+starts a fresh run; ``stats()`` and ``frames()`` describe the current (or last) one."""
 
 from __future__ import annotations
 
@@ -15,11 +11,11 @@ from typing import Any
 from .errors import PipelineSpecError, SpdlLabError
 from .pipeline import Pipeline, validate_concurrency
 from .runners import runner_class
-from .runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate, run_start_hooks
+from .runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from .telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from .telemetry.snapshot import Snapshot
 
-__all__ = ["CLOSE_TIMEOUT_S", "Loader", "RunOwner"]
+__all__ = ["CLOSE_TIMEOUT_S", "Loader"]
 
 
 class Loader(RunOwner):
@@ -93,17 +89,7 @@ class Loader(RunOwner):
             pipeline = self.pipeline
             for name, n in self._overrides.items():
                 pipeline = pipeline.with_concurrency(name, n)
-            run = Run(
-                self._runner_cls(pipeline, **self._options), self._sample_hz, self._sample_ticks, self._sources
-            )
-            self._state.run = run
-            try:
-                run.start()
-            except BaseException:
-                run.finish(self._close_timeout)
-                raise
-        # The generator holds the Loader, so `for x in Loader(p)` keeps it alive.
-        return self._consumed(iterate(self, run, self._close_timeout))
+            return self._start(self._runner_cls(pipeline, **self._options))
 
     @property
     def options(self) -> dict[str, Any]:
@@ -150,12 +136,8 @@ class Loader(RunOwner):
                 return {name: run.runner.concurrency(name)}
             default = inspect.signature(cls).parameters[cls.pool_option].default
             return {name: self._options.get(cls.pool_option, default)}
-        controls = {}
-        for spec in self.pipeline.stages:
-            if spec.kind == "map":
-                n = self._overrides.get(spec.name, spec.concurrency)
-                controls[spec.name] = run.runner.concurrency(spec.name) if live else n
-        return controls
+        return {s.name: run.runner.concurrency(s.name) if live else self._overrides.get(s.name, s.concurrency)
+                for s in self.pipeline.stages if s.kind == "map"}
 
     def _empty_stats(self) -> Snapshot:
         return empty_snapshot(self.runner, self.pipeline, self._overrides)

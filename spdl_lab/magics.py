@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import spdl_lab as lab
+from spdl_lab.interpreter import describe
 from spdl_lab.runners import RUNNERS
 
 __all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
@@ -33,8 +34,6 @@ class SpdlMagics(Magics):
     @line_magic
     def spdl_info(self, line: str) -> None:
         """Print the interpreter (GIL, cores, torch, CUDA), the spdl_lab version and its runners."""
-        from .interpreter import describe
-
         parse_argstring(self.spdl_info, line)
         for text in describe().lines():
             print(text)
@@ -46,19 +45,12 @@ class SpdlMagics(Magics):
     @argument("--runner", help=f"one of {', '.join(lab.RUNNERS)} (default: thread)")
     @argument("--steps", type=int, help="stop after this many steps")
     @argument("--duration", type=float, help="stop after this many seconds")
-    @argument("--name", default="spdl_session", help="the variable that receives the Session")
+    @argument("--name", default="spdl_session", help="the variable that receives the Session (default spdl_session)")
     @line_magic
     def spdl_run(self, line: str) -> Any:
-        """Start a training loop in the background; show its live dashboard.
-
-        The Session is stored in the notebook as ``--name`` (default ``spdl_session``).
-        """
-        args = parse_argstring(self.spdl_run, line)
-        pipeline = self._lookup("spdl_run", args.pipeline, _ANY_PIPELINE)
-        step = self._lookup("spdl_run", args.step, _STEP)
-        if args.runner is not None:
-            _check_runners("spdl_run", [args.runner])
-        _check_name("spdl_run", args.name)
+        """Start a training loop in the background; show its live dashboard."""
+        args = self._parse("spdl_run", line)
+        pipeline, step = self._inputs("spdl_run", args, _ANY_PIPELINE, [args.runner] if args.runner else None)
         session = lab.run(pipeline, step, runner=args.runner, steps=args.steps, duration=args.duration)
         return self._store_and_show("spdl_run", args.name, session, "the session")
 
@@ -71,19 +63,12 @@ class SpdlMagics(Magics):
     @argument("--warmup", type=int, help="warm-up steps per runner in each round (default 10)")
     @argument("--repeats", type=int, help="interleaved rounds; batches/s is the median of them (default 5)")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison")
+    @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison (default spdl_comparison)")
     @line_magic
     def spdl_compare(self, line: str) -> Any:
-        """Run the pipeline and step under each runner in interleaved rounds; show the Comparison.
-
-        The Comparison is stored in the notebook as ``--name`` (default ``spdl_comparison``).
-        """
-        args = parse_argstring(self.spdl_compare, line)
-        pipeline = self._lookup("spdl_compare", args.pipeline, "a lab.Pipeline")
-        step = self._lookup("spdl_compare", args.step, _STEP)
-        if args.runners is not None:
-            _check_runners("spdl_compare", args.runners)
-        _check_name("spdl_compare", args.name)
+        """Run the pipeline and step under each runner in interleaved rounds; show the Comparison."""
+        args = self._parse("spdl_compare", line)
+        pipeline, step = self._inputs("spdl_compare", args, "a lab.Pipeline", args.runners)
         # Only what was given, so lab.compare's defaults stay the one source of truth.
         given = {k: getattr(args, k) for k in ("runners", "steps", "warmup", "repeats")
                  if getattr(args, k) is not None}
@@ -98,16 +83,12 @@ class SpdlMagics(Magics):
     @argument("--no-processes", dest="processes", action="store_false",
               help="skip the process-pool sweep of stages that do not scale with threads")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    @argument("--name", default="spdl_diagnosis", help="the variable that receives the Diagnosis")
+    @argument("--name", default="spdl_diagnosis", help="the variable that receives the Diagnosis (default spdl_diagnosis)")
     @line_magic
     def spdl_diagnose(self, line: str) -> Any:
-        """Profile each stage alone, sweeping concurrency; show the verdicts.
-
-        The Diagnosis is stored in the notebook as ``--name`` (default ``spdl_diagnosis``).
-        """
-        args = parse_argstring(self.spdl_diagnose, line)
+        """Profile each stage alone, sweeping concurrency; show the verdicts."""
+        args = self._parse("spdl_diagnose", line)
         pipeline = self._lookup("spdl_diagnose", args.pipeline, "a lab.Pipeline")
-        _check_name("spdl_diagnose", args.name)
         given = {"concurrency": args.concurrency, "num_items": args.num_items}
         diagnosis = lab.diagnose(pipeline, processes=args.processes, progress=args.progress,
                                  **{k: v for k, v in given.items() if v is not None})
@@ -117,21 +98,33 @@ class SpdlMagics(Magics):
     @magic_arguments()
     @argument("run", help="the published run's name or pid (lab.attach() lists them)")
     @argument("--timeout", type=float, default=10.0, help="seconds to wait for the run to appear")
-    @argument("--name", default="spdl_remote", help="the variable that receives the RemoteSession")
+    @argument("--name", default="spdl_remote", help="the variable that receives the RemoteSession (default spdl_remote)")
     @line_magic
     def spdl_attach(self, line: str) -> Any:
-        """Attach to a run a script published (lab.publish, spdl-lab watch); show its dashboard.
-
-        The RemoteSession is stored in the notebook as ``--name`` (default ``spdl_remote``).
-        """
-        args = parse_argstring(self.spdl_attach, line)
-        _check_name("spdl_attach", args.name)
+        """Attach to a run a script published (lab.publish, spdl-lab watch); show its dashboard."""
+        args = self._parse("spdl_attach", line)
         run: str | int = int(args.run) if args.run.isdigit() else args.run
         try:
             remote = lab.attach(run, timeout=args.timeout)
         except lab.SpdlLabError as exc:
             raise UsageError(f"%spdl_attach: {exc}") from None
         return self._store_and_show("spdl_attach", args.name, remote, "the RemoteSession")
+
+    def _parse(self, magic: str, line: str) -> Any:
+        """The magic's arguments; ``--name`` must be a variable name."""
+        args = parse_argstring(getattr(self, magic), line)
+        if not args.name.isidentifier():
+            raise UsageError(f"%{magic}: --name {args.name!r} is not a valid variable name")
+        return args
+
+    def _inputs(self, magic: str, args: Any, what: str, runners: list[str] | None) -> tuple[Any, Any]:
+        """The pipeline and the step the line names; the runners it names must exist."""
+        pipeline, step = self._lookup(magic, args.pipeline, what), self._lookup(magic, args.step, _STEP)
+        unknown = [r for r in runners or [] if r not in RUNNERS]
+        if unknown:
+            raise UsageError(f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(RUNNERS)}")
+        return pipeline, step
 
     def _store_and_show(self, magic: str, name: str, session: Any, what: str) -> Any:
         """Store ``session`` as ``name`` in the notebook; return its dashboard, or itself when
@@ -171,20 +164,6 @@ class SpdlMagics(Magics):
                     f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute {attr!r}"
                 ) from None
         return obj
-
-
-def _check_runners(magic: str, runners: list[str]) -> None:
-    unknown = [r for r in runners if r not in RUNNERS]
-    if unknown:
-        raise UsageError(
-            f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(RUNNERS)}"
-        )
-
-
-def _check_name(magic: str, name: str) -> None:
-    if not name.isidentifier():
-        raise UsageError(f"%{magic}: --name {name!r} is not a valid variable name")
 
 
 def load_ipython_extension(ipython: Any) -> None:

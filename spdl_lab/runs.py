@@ -1,18 +1,15 @@
-"""A run of a pipeline under a runner, and what its owners share.
-
-``Run`` is one pass: a runner, its sampler and counters; ``iterate`` hands its
-items to a consumer and closes it at the end. ``RunOwner`` holds the current
-or last run for an owner that starts them (``lab.Loader``, and the SPDL
-monitor): extra sampler sources, reading, closing. Start hooks let the layers
-above act on a run before it starts, without this layer importing them.
-"""
+"""A run of a pipeline under a runner (``Run``), what the owners that start runs share
+(``RunOwner``: ``lab.Loader``, the SPDL monitor), and the start hooks through which the layers
+above act on a run before it starts, without this layer importing them."""
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -26,7 +23,7 @@ from .telemetry.ring import Ring
 from .telemetry.sampler import Sampler, Source
 from .telemetry.snapshot import QueueStats, Snapshot, StageStats
 
-__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "empty_snapshot", "iterate",
+__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
            "run_start_hooks"]
 
 #: How often a consumer blocked on the next item re-checks for stop and errors.
@@ -62,12 +59,9 @@ _Owner = TypeVar("_Owner", bound="RunOwner")
 
 
 class RunOwner:
-    """What every owner of runs shares (``Loader``, and the SPDL monitor):
-    extra sampler sources, reading the current or last run, and closing.
-
-    Subclasses call ``__init__`` with their sampling and closing settings, and
-    say what ``stats()`` is before any run (``_empty_stats``).
-    """
+    """What every owner of runs shares (``Loader``, and the SPDL monitor): extra sampler
+    sources, reading the current or last run, and closing. Subclasses say what ``stats()``
+    is before any run (``_empty_stats``)."""
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
         self._sample_hz = float(sample_hz)
@@ -80,12 +74,8 @@ class RunOwner:
         self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
     def add_source(self, source: Source) -> None:
-        """Sample ``source`` with these meters, in this run and every later one.
-
-        A source is a callable taking the seconds since the last tick and
-        returning ``(series, stage, value)`` rows; sessions add the training
-        step and the probes this way, so one ring holds everything.
-        """
+        """Sample ``source`` (``telemetry.sampler.Source``) with these meters, in this run and
+        every later one: sessions add the step and the probes, so one ring holds everything."""
         self._sources.append(source)
         run = self._state.run
         if run is not None and run.sampler is not None and not run.finished:
@@ -130,7 +120,17 @@ class RunOwner:
         run = self._state.run
         return run.sampler if run is not None else None
 
-    def _consumed(self, items: Iterator[Any]) -> Iterator[Any]:
+    def _start(self, runner: Runner) -> Iterator[Any]:
+        """Start a run of ``runner`` as the current one; its items, for the consumer."""
+        run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
+        self._state.run = run
+        try:
+            run.start()
+        except BaseException:
+            run.finish(self._close_timeout)
+            raise
+        # The generator holds its owner, so `for x in Loader(p)` keeps the Loader alive.
+        items = _iterate(self, run, self._close_timeout)
         return items if self.consumer is None else self.consumer(items)
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
@@ -154,7 +154,6 @@ class RunOwner:
         """"running" (a run in progress), "idle" (none yet, or the last one ended) or "closed"."""
         run = self._state.run
         return "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
-
 
 
 class Run:
@@ -282,7 +281,7 @@ class _State:
         self.end_run(timeout)
 
 
-def iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
+def _iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
     get = run.runner.get
     try:
         while True:
@@ -332,3 +331,13 @@ def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -
         for s in pipeline.stages
     }
     return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
+
+
+def caller_line() -> str:
+    """``SCRIPT-LINE`` of the innermost frame outside spdl_lab: the user's line that started a run
+    (the name of a published run)."""
+    frame = inspect.currentframe()
+    # spdl_lab's own frames, the watch hook's (module ``spdl_lab_watch_hook``) among them
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
+        frame = frame.f_back
+    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"

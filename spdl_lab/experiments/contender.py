@@ -1,14 +1,9 @@
-"""One runner in a comparison: its Loader stays open, and it is measured one window at a time.
-
-Between its windows the runner is idle, not closed: its queues fill and its
-workers block, so it costs the machine nothing while the others are measured,
-and no round pays its start-up again. Each window first takes ``warmup``
-steps (draining what was prefetched while idle, and in the first window the
-start-up), then ``steps`` measured steps, all in the calling thread.
-"""
+"""One runner in a comparison: its Loader stays open, and it is measured one window at a time
+(``Window``), with the machine's CPU and the GIL probe read around each window."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -76,7 +71,12 @@ class MachineClock:
 
 
 class Contender:
-    """A runner's Loader, clock and iterator, kept across the rounds of a comparison."""
+    """A runner's Loader, clock and iterator, kept across the rounds of a comparison.
+
+    Between its windows the runner is idle, not closed: its queues fill and its workers
+    block, so it costs nothing while the others are measured, and no round pays its
+    start-up again. A window's ``warmup`` steps drain what was prefetched meanwhile.
+    """
 
     def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
                  options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
@@ -97,7 +97,6 @@ class Contender:
             self.loader.add_source(source)
         self._t0 = t0
         self._batches: Iterator[Any] | None = None
-        self._ended = False
 
     def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
                timeout: float | None, max_s: float | None = None) -> Window:
@@ -106,10 +105,7 @@ class Contender:
         ``max_s`` ends the measured part early, after at least two steps, once that many
         seconds have passed (the tuner's windows are sized in time, not steps).
         """
-        if self._batches is None:
-            self._batches = iter(self.loader)
-        watchdog = _Watchdog(self.loader, timeout)
-        try:
+        with self._watchdog(timeout) as watchdog:
             self._run(warmup, watchdog)
             first = len(self.clock.records())
             started = time.perf_counter() - self._t0
@@ -118,8 +114,6 @@ class Contender:
             self._run(steps, watchdog, max_s)
             t_b, ours_b, busy_b, gil_b = machine.read()
             device_b = self.device.totals() if self.device is not None else None
-        finally:
-            watchdog.cancel()
         span = max(t_b - t_a, 1e-9)
         ours = max(0.0, ours_b - ours_a) / span * 100.0
         machine_busy = max(0.0, busy_b - busy_a) / span * 100.0
@@ -144,25 +138,30 @@ class Contender:
         """
         if max_steps <= 0:
             return 0
-        if self._batches is None:
-            self._batches = iter(self.loader)
         before = self.clock.steps
-        watchdog = _Watchdog(self.loader, timeout)
-        try:
-            self._run(max_steps, watchdog, max_s, until=_Waited(self.clock, before))
-        finally:
-            watchdog.cancel()
+        with self._watchdog(timeout) as watchdog:
+            self._run(max_steps, watchdog, max_s, waited_after=before)
         return self.clock.steps - before
 
+    @contextlib.contextmanager
+    def _watchdog(self, timeout: float | None) -> Iterator[_Watchdog]:
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        watchdog = _Watchdog(self.loader, timeout)
+        try:
+            yield watchdog
+        finally:
+            watchdog.cancel()
+
     def _run(self, steps: int, watchdog: _Watchdog, max_s: float | None = None,
-             until: _Waited | None = None) -> None:
+             waited_after: int | None = None) -> None:
         if steps <= 0:
             return
         assert self._batches is not None
-        if max_s is not None and steps > 2 and until is None:
+        if max_s is not None and steps > 2 and waited_after is None:
             self._run(2, watchdog)
             steps -= 2
-        out_of_time = _Deadline(max_s, until)
+        out_of_time = _Deadline(max_s, self.clock, waited_after)
         try:
             done = self.clock.run(self._batches, self.step, steps=steps, stop_event=out_of_time)
         except KeyboardInterrupt:
@@ -183,33 +182,27 @@ class Contender:
         self.loader.close()
 
 
-class _Waited:
-    """Set once a step since ``after`` (a step count) waited for its batch: the ready ones are used up."""
+class _Deadline:
+    """A stop event for StepClock.run: set ``seconds`` after it is made (never with None), or,
+    with ``waited_after`` (a step count), once a later step waited for its batch (the ready
+    ones are used up)."""
 
-    def __init__(self, clock: StepClock, after: int) -> None:
+    def __init__(self, seconds: float | None, clock: StepClock, waited_after: int | None = None) -> None:
+        self._at = None if seconds is None else time.monotonic() + seconds
         self._clock = clock
-        self._after = after
+        self._after = waited_after
 
     def is_set(self) -> bool:
+        if self._after is not None and self._waited():
+            return True
+        return self._at is not None and time.monotonic() >= self._at
+
+    def _waited(self) -> bool:
         last = self._clock.last()
         if last is None or last.index < self._after:
             return False
         # A batch that was ready comes in tens of microseconds (more when the GIL is busy).
         return last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s)
-
-
-class _Deadline:
-    """A stop event for StepClock.run that sets itself ``seconds`` after it is made (never with None),
-    or when ``until`` is set."""
-
-    def __init__(self, seconds: float | None, until: _Waited | None = None) -> None:
-        self._at = None if seconds is None else time.monotonic() + seconds
-        self._until = until
-
-    def is_set(self) -> bool:
-        if self._until is not None and self._until.is_set():
-            return True
-        return self._at is not None and time.monotonic() >= self._at
 
 
 class _Watchdog:

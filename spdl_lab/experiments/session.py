@@ -1,13 +1,12 @@
 """``lab.run``: a training loop over a loader, in a background thread, with telemetry.
 
-A Session owns one loop: the loader (a Pipeline under a runner, or any
-iterable), the step, a StepClock, and the GIL and CPU probes, all sampled into
-one ring. The cell that starts it returns at once; the loop runs until its
-steps or duration are done, the data ends, it fails, or ``stop()``.
+A Session owns one loop: the loader, the step, a StepClock, and the GIL and CPU probes,
+all sampled into one ring. The cell that starts it returns at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -23,8 +22,9 @@ from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
 from ..pipeline import Pipeline
 from ..runs import run_start_hooks
-from ..telemetry.frames import FrameChunk, chunk_since
+from ..telemetry.frames import FrameChunk, chunk_since, to_frame
 from ..telemetry.probes import CpuProbe, GilProbe
+from ..telemetry.ring import Ring
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..telemetry.snapshot import Snapshot
 from ..training import SimulatedDevice, StepClock
@@ -70,16 +70,8 @@ def run(
     if isinstance(pipeline_or_iterable, (Pipeline, Loader)):
         pipeline = pipeline_or_iterable
         run_start_hooks("pipeline", pipeline if isinstance(pipeline, Pipeline) else pipeline.pipeline)
-    return Session(
-        pipeline_or_iterable,
-        step=step,
-        runner=runner,
-        steps=steps,
-        duration=duration,
-        sample_hz=sample_hz,
-        probes=probes,
-        loader_options=loader_options,
-    )
+    return Session(pipeline_or_iterable, step=step, runner=runner, steps=steps, duration=duration,
+                   sample_hz=sample_hz, probes=probes, loader_options=loader_options)
 
 
 class Session:
@@ -251,9 +243,7 @@ class Session:
                  on_log: Callable[[str], None] | None = None) -> Any:
         """Tune this running session's concurrency in the background; return the ``AutoTuner``.
 
-        The tuner moves the knobs through ``set_concurrency`` (a dashboard's
-        sliders follow), keeps a move only beyond the noise, and leaves the
-        session at the best setting. Move a knob yourself to take over::
+        A dashboard's sliders follow its moves; move a knob yourself to take over::
 
             tuner = session.autotune(budget_s=60)
             tuner.wait(90); tuner.log; tuner.best
@@ -275,14 +265,9 @@ class Session:
             )
         self.stop()
         if runner is None or runner == self.runner:
-            runner, options = (self.runner if isinstance(source, Pipeline) else None), {
-                **spec["loader_options"], **loader_options}
-        else:
-            options = loader_options
-        return Session(
-            source, step=spec["step"], runner=runner, steps=spec["steps"], duration=spec["duration"],
-            sample_hz=spec["sample_hz"], probes=spec["probes"], loader_options=options,
-        )
+            runner = self.runner if isinstance(source, Pipeline) else None
+            loader_options = {**spec["loader_options"], **loader_options}
+        return Session(**{**spec, "runner": runner, "loader_options": loader_options})
 
     def _check_length(self) -> None:
         """A loader with a len() shorter than ``steps``: say so now, not after a silent stop."""
@@ -336,38 +321,27 @@ class Session:
         else:
             snap = Snapshot(runner=self.runner, running=self.running, elapsed_s=self.elapsed_s,
                             items_out=self.clock.summary().steps, stages={})
-        return Snapshot(
-            runner=snap.runner, running=self.running, elapsed_s=snap.elapsed_s,
-            items_out=snap.items_out, stages=snap.stages, source=snap.source,
-            queues=snap.queues, step=self.clock.summary(),
-        )
-
-    def frames(self) -> pd.DataFrame:
-        """Every series of this session (stages, queues, step, probes), long format."""
-        if self.loader is not None:
-            return self.loader.frames()
-        if self._sampler is not None:
-            return self._sampler.frames()
-        return Sampler([]).frames()
+        return dataclasses.replace(snap, running=self.running, step=self.clock.summary())
 
     @property
     def sampler(self) -> Sampler | None:
         """The sampler whose ring holds this session's ticks."""
         return self.loader.sampler if self.loader is not None else self._sampler
 
+    def frames(self) -> pd.DataFrame:
+        """Every series of this session (stages, queues, step, probes), long format."""
+        return self.sampler.frames() if self.sampler is not None else to_frame(Ring(2))
+
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The ticks after ``cursor``, wide format: how live readers follow a session."""
-        if self.loader is not None:
-            return self.loader.frames_since(cursor)
-        return chunk_since(self._sampler.ring if self._sampler is not None else None, cursor)
+        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
 
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the step."""
         snap = self.stats()
         table = snap.table() if snap.stages else pd.DataFrame()
         row = summary_row(snap.step.to_dict())
-        frame = pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
-        return frame
+        return pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
 
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard widget (``lab.Dashboard``; options: ``hz``, ``rollover``)."""

@@ -1,9 +1,5 @@
-"""What ``lab.run`` iterates: a Pipeline under a runner, a Loader, an SPDL pipeline or any iterable.
-
-``open_source`` turns the first argument of ``run`` into the Loader to sample
-(None for a plain iterable), the iterable the loop runs over, and the runner's
-name; the checks name what was wrong and what to pass instead.
-"""
+"""What ``lab.run`` iterates: a Pipeline under a runner, a Loader, an SPDL pipeline or any
+iterable, with checks that name what was wrong and what to pass instead."""
 
 from __future__ import annotations
 
@@ -11,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import PipelineSpecError
+from ..integrations import is_spdl_spec, open_spdl
 from ..loader import Loader
 from ..pipeline import Pipeline
 
@@ -20,6 +17,7 @@ __all__ = ["check_limits", "open_source"]
 def open_source(
     source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
 ) -> tuple[Loader | None, Iterable[Any], str]:
+    """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
     if isinstance(source, Pipeline):
         if runner == "cache" and not {"forever", "num_outputs"} & set(options):
             # The session decides when to stop; headspace replays until then
@@ -34,8 +32,6 @@ def open_source(
             )
         return source, source, source.runner
     # SPDL pipelines (spdl_lab.integrations): monitored as SPDL runs them, or converted for a lab runner.
-    from ..integrations import is_spdl_spec, open_spdl
-
     if is_spdl_spec(source):
         return open_spdl(source, runner, sample_hz, options)
     if runner is not None or options:

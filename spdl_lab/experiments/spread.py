@@ -1,13 +1,6 @@
-"""From a comparison's windows to its table and its warnings.
-
-A runner's batches/s is the median of its per-round rates; ``_lo``/``_hi`` are
-the smallest and largest round: for the median of ``n`` rounds that range is a
-distribution-free confidence interval of coverage ``1 - 2**(1 - n)`` (94% for
-5 rounds). Ratios to the headspace pair each round of a runner with the cache's
-window of the same round (measured a few seconds apart), so a slow spell of
-the machine that hits both cancels; their range is taken the same way. Two
-runners whose ranges overlap are within noise of each other.
-"""
+"""From a comparison's windows to its table and its warnings. A runner's batches/s is the median
+of its rounds and ``_lo``/``_hi`` their range (see ``coverage``); ratios to the headspace pair
+rounds measured seconds apart, so a slow spell of the machine that hits both cancels."""
 
 from __future__ import annotations
 
@@ -31,7 +24,8 @@ BEATS_HEADSPACE = 1.03
 
 
 def coverage(rounds: int) -> float:
-    """Coverage of [min, max] of ``rounds`` values as a confidence interval of their median."""
+    """Coverage of [min, max] of ``rounds`` values as a distribution-free confidence interval of
+    their median (94% for 5 rounds); two runners whose ranges overlap are within noise."""
     return 1.0 - 2.0 ** (1 - rounds) if rounds > 1 else 0.0
 
 

@@ -17,7 +17,7 @@ from ..engine.engine import EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from ..runners.base import Runner
-from ..runs import CLOSE_TIMEOUT_S, Run, RunOwner, empty_snapshot, iterate, run_start_hooks
+from ..runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from ..telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ..telemetry.snapshot import Snapshot
 from ._spdl_config import SpdlSpec, op_kind, pipe_fields, read_spec
@@ -76,15 +76,7 @@ class SpdlMonitor(RunOwner):
             raise SpdlLabError("this SpdlMonitor is closed; create a new one to iterate again")
         run_start_hooks("spdl", self.pipeline.config)  # when used directly; lab.run checked already
         self._state.end_run(self._close_timeout)
-        runner = SpdlRunner(self.pipeline, self._build_options, self._start_timeout)
-        run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
-        self._state.run = run
-        try:
-            run.start()
-        except BaseException:
-            run.finish(self._close_timeout)
-            raise
-        return self._consumed(iterate(self, run, self._close_timeout))  # type: ignore[arg-type]
+        return self._start(SpdlRunner(self.pipeline, self._build_options, self._start_timeout))
 
     @property
     def options(self) -> dict[str, Any]:

@@ -1,12 +1,6 @@
-"""``lab.attach``: a notebook watches a published run (``lab.publish``) on this host.
-
-``attach()`` lists the published runs; ``attach(name_or_pid)`` returns a
-``RemoteSession``, which a ``Dashboard`` reads as it reads a local Session.
-A poller thread asks the run's endpoint for new frames and its state every
-``POLL_S`` and keeps the ticks in a local ring, so the frames stay readable
-after the script has ended. When the endpoint goes away (the script ended,
-or was killed), the state comes from the run's record: "finished",
-"failed", or "killed" when its process is gone without closing it.
+"""``lab.attach``: a notebook watches a published run (``lab.publish``) on this host, and
+``lab.open`` reads one's record. A ``RemoteSession`` has the read API of a Session, so a
+``Dashboard`` reads it as it reads a local one.
 """
 
 from __future__ import annotations
@@ -25,6 +19,11 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..telemetry.frames import FrameChunk, chunk_since, to_frame
 from ..telemetry.ring import Ring
 from ..telemetry.sampler import DEFAULT_TICKS
+from ..training.steps import summary_row
+from .client import EndpointClient
+from .discovery import list_endpoints
+from .protocol import chunk_from_json
+from .records import read_record, record_meta
 
 __all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
 
@@ -44,12 +43,12 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
         remote.dashboard()
     """
     if name_or_pid is None:
-        return pd.DataFrame([_row(entry) for entry in _endpoints()], columns=_COLUMNS)
+        return pd.DataFrame([_row(entry) for entry in list_endpoints()], columns=_COLUMNS)
     if isinstance(name_or_pid, bool) or not isinstance(name_or_pid, (str, int)):
         raise PipelineSpecError(f"lab.attach takes a run's name or pid, got {name_or_pid!r}")
     deadline = time.monotonic() + timeout
     while True:
-        found = [e for e in _endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
+        found = [e for e in list_endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
         if len(found) > 1:
             pids = ", ".join(str(e["pid"]) for e in found)
             raise SpdlLabError(f"lab.attach: {len(found)} published runs are named {name_or_pid!r} "
@@ -57,7 +56,7 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
         if found:
             return RemoteSession(found[0])
         if time.monotonic() >= deadline:
-            names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in _endpoints()) or "none"
+            names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in list_endpoints()) or "none"
             raise SpdlLabError(f"lab.attach: no published run {name_or_pid!r} appeared within {timeout:g} s "
                                f"(published now: {names}); start the script with lab.publish(...) or "
                                f"spdl-lab watch, or pass a longer timeout=")
@@ -73,12 +72,6 @@ def open_record(path: str | os.PathLike) -> RemoteSession:
     return RemoteSession.from_record(path)
 
 
-def _endpoints() -> list[dict[str, Any]]:
-    from .discovery import list_endpoints
-
-    return list_endpoints()
-
-
 def _row(entry: dict[str, Any]) -> dict[str, Any]:
     return {"name": entry["name"], "pid": entry["pid"], "started": entry["started"],
             "state": _record_state(entry.get("record"), "running"), "runner": entry.get("runner"),
@@ -86,8 +79,6 @@ def _row(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _record_state(record: str | None, default: str) -> str:
-    from .records import record_meta
-
     if not record:
         return default
     try:
@@ -100,29 +91,34 @@ class RemoteSession:
     """A published run seen from here: the read API of a Session, plus ``set_concurrency``.
 
     ``stats()``, ``frames()``, ``frames_since(cursor)``, ``summary()``, ``dashboard()``,
-    ``state`` ("running" | "finished" | "failed" | "killed"), ``close()``. Closing
-    stops watching; the script goes on.
+    ``state`` ("running" | "finished" | "failed" | "killed"), ``close()``. A poller thread
+    asks the run's endpoint for new frames and its state every ``POLL_S`` and keeps the ticks
+    here, so they stay readable after the script has ended. Once the endpoint is gone the
+    state comes from the run's record ("killed": its process is gone without closing it).
+    Closing stops watching; the script goes on.
     """
 
     pipeline = None  # the Pipeline object lives in the script: no runner switch from here
     steps = None
     error = None
 
-    def __init__(self, entry: dict[str, Any]) -> None:
-        from .client import EndpointClient
-
-        self.name, self.pid = entry["name"], entry["pid"]
+    def __init__(self, entry: dict[str, Any], ring: Ring | None = None, state: str = "running") -> None:
+        """Watch the run a discovery ``entry`` names; given a ``ring`` (a record's), show it instead."""
+        self.name, self.pid, self.record = entry["name"], entry["pid"], entry.get("record")
         self.runner = entry.get("runner") or "?"
-        self.record = entry.get("record")
-        self._client = EndpointClient(entry["socket"])
-        self._ring = Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
+        self._client = EndpointClient(entry["socket"]) if ring is None else None
+        self._ring = ring if ring is not None else Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
         self._remote_cursor = 0
-        self._state = "running"
+        self._state = state
         self._stats: dict[str, Any] = {}
         self._controls: dict[str, int] = {}
         self._t0 = time.monotonic()
         self._lock = threading.Lock()  # one request at a time on the client
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._client is None:
+            self._stop.set()
+            return
         self._poll()  # the first frames before the call returns
         self._thread = threading.Thread(target=self._loop, name="spdl_lab:attach", daemon=True)
         self._thread.start()
@@ -130,22 +126,14 @@ class RemoteSession:
     @classmethod
     def from_record(cls, path: str | os.PathLike) -> RemoteSession:
         """The run a record file holds, its frames and its state; nothing to poll or steer."""
-        from .records import read_record, record_meta
-
         meta = record_meta(path)
-        frames = read_record(path)
-        self = cls.__new__(cls)
-        self.name, self.runner, self.record = meta.get("name", "?"), meta.get("runner", "?"), str(path)
-        self.pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
-        self._client, self._thread, self._stop = None, None, threading.Event()
-        self._stop.set()
-        self._lock = threading.Lock()
-        self._state, self._stats, self._controls, self._t0 = meta.get("state", "?"), {}, {}, time.monotonic()
-        ticks = frames.groupby("time_s", sort=True)
-        self._ring = Ring(max(2, ticks.ngroups))
+        ticks = read_record(path).groupby("time_s", sort=True)
+        ring = Ring(max(2, ticks.ngroups))
         for t, rows in ticks:
-            self._ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
-        return self
+            ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
+        pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
+        entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path)}
+        return cls(entry, ring=ring, state=meta.get("state", "?"))
 
     # -- polling -----------------------------------------------------------------
     def _loop(self) -> None:
@@ -155,8 +143,6 @@ class RemoteSession:
 
     def _poll(self) -> bool:
         """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""
-        from .protocol import chunk_from_json
-
         try:
             with self._lock:
                 reply = self._client.request("frames_since", cursor=self._remote_cursor)
@@ -215,8 +201,6 @@ class RemoteSession:
         step = stats.get("step")
         if not step:
             return frame
-        from ..training.steps import summary_row
-
         step_frame = pd.DataFrame([summary_row(step)], index=pd.Index(["step"], name="name"))
         step_frame = step_frame.astype(float, errors="ignore")
         return pd.concat([frame, step_frame]) if not frame.empty else step_frame
@@ -238,17 +222,13 @@ class RemoteSession:
         self._controls[stage] = n
 
     def dashboard(self, **options: Any) -> Any:
-        Dashboard = view("dashboard")
-
-        return Dashboard(self, **options)
+        return view("dashboard")(self, **options)
 
     def to_html(self, path: str | os.PathLike) -> Any:
         """The run's record as one self-contained HTML page (as ``spdl-lab report RECORD``)."""
-        write_run_report = view("run_report")
-
         if not self.record:
             raise SpdlLabError(f"the published run {self.name!r} has no record file to report")
-        return write_run_report(self.record, path)
+        return view("run_report")(self.record, path)
 
     def restart(self, runner: str | None = None, **_: Any) -> Any:
         raise SpdlLabError("a RemoteSession cannot restart the script's run; restart the script")

@@ -1,24 +1,16 @@
-"""Publishing with no code change: ``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``).
-
-With it in the environment, every ``lab.run`` session and every ``lab.Loader``
-that a script iterates (and that no session owns) is published on first use, and
-so is every torch DataLoader and built SPDL pipeline the script iterates, even in a
-script that never imports spdl_lab (``hook``, installed at interpreter start). Each is
-named ``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or after the line that
-started it, with the rank of a ``torchrun`` job (``$RANK``) appended. A second
-run of the same name in one script gets ``-2``, ``-3``...
-"""
+"""Publishing with no code change: ``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``) publishes
+every ``lab.run`` session, every Loader no session owns, and (through ``hook``) every torch
+DataLoader and SPDL pipeline a script iterates, each under a name of its own."""
 
 from __future__ import annotations
 
-import inspect
-import itertools
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "ENV_NAME", "caller_line", "enabled", "published_epoch", "publish_once", "start_hook"]
+from ..runs import caller_line
+
+__all__ = ["ENV", "ENV_NAME", "enabled", "published_epoch", "publish_once", "start_hook"]
 
 ENV = "SPDL_LAB_WATCH"
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
@@ -32,8 +24,7 @@ def enabled() -> bool:
 
 
 def publish_once(obj: Any) -> Any:
-    """Publish ``obj`` unless it already is, and return its Publisher; named as the module
-    docstring says, after the line of the user's code that started it."""
+    """Publish ``obj`` unless it already is, and return its Publisher."""
     from .publish import Publisher, published_by
 
     with _lock:
@@ -56,24 +47,19 @@ def published_epoch(obj: Any, items: Any) -> Any:
     return publish_once(obj).source.epoch(items)
 
 
-def caller_line(*_: Any) -> str:
-    """``SCRIPT-LINE`` of the innermost frame outside spdl_lab: the user's line that started it."""
-    frame = inspect.currentframe()
-    # spdl_lab's own frames, the watch hook (module ``spdl_lab_watch_hook``) among them
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
-        frame = frame.f_back
-    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"
-
-
 def _base_name() -> str:
+    """``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or the line that started the run, with
+    the rank of a ``torchrun`` job (``$RANK``) appended."""
     name = os.environ.get(ENV_NAME, "") or caller_line()
     rank = os.environ.get("RANK", "")
     return f"{name}-rank{rank}" if rank.isdigit() else name
 
 
 def _unique(name: str) -> str:
-    for candidate in itertools.chain([name], (f"{name}-{i}" for i in itertools.count(2))):
-        if candidate not in _taken:
-            _taken.add(candidate)
-            return candidate
-    raise AssertionError("unreachable")
+    """``name``, or ``name-2``, ``name-3``... for a second run of that name in this script."""
+    candidate, n = name, 1
+    while candidate in _taken:
+        n += 1
+        candidate = f"{name}-{n}"
+    _taken.add(candidate)
+    return candidate

@@ -1,16 +1,6 @@
 """The interpreter-start hook behind ``SPDL_LAB_WATCH=1``: publish a script's torch
-DataLoaders and SPDL pipelines without the script importing spdl_lab.
-
-``spdl_lab_watch.pth`` (installed beside the package) and ``spdl-lab watch`` (through
-``boot/sitecustomize.py``) load this file at interpreter start when the variable is set,
-as module ``spdl_lab_watch_hook`` (so ``import spdl_lab`` and its 0.4 s wait until the
-script needs it), and call ``install()``. It only adds an import hook, so an interpreter that never imports torch pays
-nothing: when ``torch.utils.data.dataloader`` (or ``spdl.pipeline._pipeline``) is first
-imported, its iterator factory is wrapped so that each epoch a script starts is timed
-and published (``auto.published_epoch``). Iterations started by spdl_lab's own code (a
-``process`` runner's DataLoader, ``lab.run``) are left alone. This module imports
-nothing but the standard library until then.
-"""
+DataLoaders and SPDL pipelines without the script importing spdl_lab. Standard library only,
+so that it can load before anything else."""
 
 from __future__ import annotations
 
@@ -33,7 +23,14 @@ TARGETS = {
 
 
 def install() -> bool:
-    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent."""
+    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent.
+
+    ``spdl_lab_watch.pth`` and ``spdl-lab watch`` (``boot/sitecustomize.py``) load this file as
+    module ``spdl_lab_watch_hook`` at interpreter start, so ``import spdl_lab`` waits until the
+    script needs it. Once ``torch.utils.data.dataloader`` (or ``spdl.pipeline._pipeline``) is
+    imported, each epoch the script starts is timed and published (``auto.published_epoch``);
+    those spdl_lab starts itself (a ``process`` runner's DataLoader) are left alone.
+    """
     if os.environ.get(ENV, "") != "1":
         return False
     if not installed():

@@ -40,11 +40,11 @@ def publish(obj: Any, name: str | None = None) -> Any:
 
     and in a notebook: ``lab.attach()`` lists it, ``lab.attach("resnet")`` watches it.
     """
-    from .auto import caller_line
+    from ..runs import caller_line
 
     if id(obj) in _PUBLISHED:
         return _PUBLISHED[id(obj)].source.published
-    return Publisher(obj, name or caller_line(0)).source.published
+    return Publisher(obj, name or caller_line()).source.published
 
 
 def published_by(obj: Any) -> Publisher | None:
