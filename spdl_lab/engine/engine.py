@@ -37,7 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PipelineError
+from ..errors import stage_failure
 from ..pipeline import Pipeline, Stage
 from ..telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, bucket_of
 from ..telemetry.meters import (
@@ -53,15 +53,11 @@ from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
 
 __all__ = ["Engine", "EngineReading", "END", "TIMEOUT"]
 
-#: Capacity of queues that carry single items between stages. Large enough
-#: that a thread hands over many items per GIL switch, small enough to bound
-#: memory (items are typically decoded samples, not batches).
+#: Capacity of queues that carry single items: many items per GIL switch, bounded memory.
 ITEM_QUEUE_SIZE = 32
 
-#: Outputs held ready for the consumer when the caller does not say: a few
-#: batches, or as many items as an item queue holds when the pipeline has no
-#: batch stage (a 3-item buffer makes producer and consumer trade the GIL
-#: every other item, which cut item throughput by more than half).
+#: Outputs held ready for the consumer when the caller does not say: a few batches, or an
+#: item queue's worth without a batch stage (a small item buffer halves item throughput).
 DEFAULT_BATCH_BUFFER = 3
 
 
@@ -240,7 +236,7 @@ class Engine:
         self._map_stages[name].set_concurrency(n)
 
     # -- failures ----------------------------------------------------------------
-    def tolerate(self, stage: str, index: int, exc: Exception) -> bool:
+    def tolerate(self) -> bool:
         """Count a failed item; True if it may be dropped under ``max_failures``."""
         with self._fail_lock:
             if self.failures < self.max_failures and not self.stopping:
@@ -252,7 +248,8 @@ class Engine:
         """Record the pipeline's first error and stop everything."""
         with self._fail_lock:
             if self.error is None and not self._closed:
-                self.error = _pipeline_error(stage, index, exc, self.failures, self.max_failures)
+                self.error = stage_failure(stage, index, exc, dropped=self.failures,
+                                           max_failures=self.max_failures)
         self._stop()
 
     # -- stopping ----------------------------------------------------------------
@@ -319,24 +316,3 @@ def _abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float
         f"runner='subprocess-threads' or 'process', whose workers close() can kill."
     )
 
-
-def _pipeline_error(
-    stage: str, index: int | None, exc: BaseException, dropped: int, max_failures: int
-) -> PipelineError:
-    where = f"stage {stage!r}" if stage != "source" else "the source"
-    item = f" on item {index}" if index is not None else ""
-    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if stage == "source":
-        advice = "Fix the source; a source that raised cannot be resumed."
-    elif max_failures:
-        advice = (
-            f"{dropped} failing item(s) were already dropped (max_failures={max_failures}); "
-            f"raise max_failures to drop more."
-        )
-    else:
-        advice = "Pass max_failures=N to drop and count up to N failing items instead."
-    error = PipelineError(
-        f"{where} failed{item}: {what}. The pipeline stopped. {advice}", stage=stage, index=index
-    )
-    error.__cause__ = exc
-    return error

@@ -45,8 +45,8 @@ class BoundedQueue:
 
     A blocked reader is woken only when no reader already woken will take the
     new item, and a blocked writer only once the queue has drained to half its
-    capacity, not on every get: waking it per item makes the two threads trade
-    the GIL once per item (a convoy), which cost 4x throughput in measurement.
+    capacity, not on every get, which would make the two threads trade the GIL
+    once per item (a convoy).
     """
 
     def __init__(self, name: str, capacity: int) -> None:

@@ -162,7 +162,6 @@ def _describe_error(err: BaseException) -> dict[str, Any]:
         "stage": getattr(err, "stage", None),
         "index": getattr(err, "index", None),
         "cause": cause_bytes,
-        "cause_type": type(cause).__name__ if cause is not None else None,
         "traceback": text,
     }
 

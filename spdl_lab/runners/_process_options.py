@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import PipelineSpecError
 from ..pipeline import MAX_CONCURRENCY
+from .children import MainFreeSpawnContext
 
 __all__ = ["check_num_workers", "check_timeout", "check_prefetch", "context", "passed_through"]
 
@@ -47,8 +48,6 @@ def check_prefetch(prefetch_factor: object) -> int | None:
 def context(context: object) -> Any:
     """A multiprocessing context; never fork, since this process runs threads."""
     if context == "spawn":
-        from ._spawn import MainFreeSpawnContext
-
         return MainFreeSpawnContext()  # the pipeline travels by value: workers need no __main__
     if isinstance(context, str):
         try:

@@ -33,19 +33,9 @@ class CacheRunner(Runner):
 
     name = "cache"
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None,
-        max_failures: int,
-        metered: bool,
-        source_runner: str = "thread",
-        num_caches: int = 8,
-        forever: bool = False,
-        num_outputs: int | None = None,
-        **source_options: Any,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
+                 source_runner: str = "thread", num_caches: int = 8, forever: bool = False,
+                 num_outputs: int | None = None, **source_options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         from . import runner_class
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..engine.engine import Engine, EngineReading
 from ..engine.queues import END, TIMEOUT
-from ..errors import PipelineError, RunnerError
+from ..errors import PipelineError, RunnerError, stage_failure
 from ..pipeline import Pipeline
 from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
@@ -39,16 +39,8 @@ START_TIMEOUT_S = 60.0
 class SubprocessThreadsRunner(Runner):
     name = "subprocess-threads"
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None,
-        max_failures: int,
-        metered: bool,
-        slots: int = SLOTS,
-        start_timeout: float = START_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
+                 slots: int = SLOTS, start_timeout: float = START_TIMEOUT_S) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._payload = ship(pipeline, "subprocess-threads", "the child process")
         self._slots = slots
@@ -78,23 +70,16 @@ class SubprocessThreadsRunner(Runner):
         self._meters = SeqlockBlock(meters)
         child = spawn(["-m", "spdl_lab.runners._child"])
         self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
-        self._send(
-
-                {
-                    "pipeline": self._payload,
-                    "engine_options": {
-                        "buffer_size": self.buffer_size,
-                        "max_failures": self.max_failures,
-                        "metered": self.metered,
-                    },
-                    "sys_path": list(sys.path),
-                    "prefix": self._prefix,
-                    "slots": self._slots,
-                    "meters": meters.name,
-                    "meters_size": meters.size,
-                }
-
-        )
+        self._send({
+            "pipeline": self._payload,
+            "engine_options": {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
+                               "metered": self.metered},
+            "sys_path": list(sys.path),
+            "prefix": self._prefix,
+            "slots": self._slots,
+            "meters": meters.name,
+            "meters_size": meters.size,
+        })
         message = self._recv(self._start_timeout, starting=True)
         if message is TIMEOUT:
             raise RunnerError(
@@ -170,7 +155,7 @@ class SubprocessThreadsRunner(Runner):
 
     def _died(self, child_traceback: str | None) -> RunnerError:
         assert self._proc is not None
-        how = exit_reason(self._proc)
+        how = exit_reason(self._proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
         self._ended = True
         hint = (
             " The child's traceback follows." if child_traceback
@@ -233,7 +218,7 @@ class SubprocessThreadsRunner(Runner):
 
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:
-    error = PipelineError(info["message"], stage=info["stage"], index=info["index"])
+    """The child's stage failure (worded there by ``stage_failure``), its cause rebuilt here."""
     cause = None
     if info["cause"] is not None:
         try:
@@ -246,8 +231,7 @@ def _pipeline_error(info: dict[str, Any]) -> PipelineError:
         cause = remote
     elif remote is not None:
         cause.__cause__ = remote
-    error.__cause__ = cause
-    return error
+    return stage_failure(info["stage"], info["index"], cause, message=info["message"])
 
 
 def _with_concurrency(reading: EngineReading, stage: str, n: int) -> EngineReading:
