@@ -76,21 +76,19 @@ class BoundedQueue:
             self._append(index, value)
 
     def _wait_for_room(self) -> None:
-        """Block (lock held) until there is room; raise QueueClosed on stop."""
+        """Block (lock held) until there is room; raise QueueClosed on stop (close() empties
+        the queue, so a writer it wakes must not take that for room)."""
+        if len(self._items) >= self.capacity and not self._closed:
+            t0 = time.perf_counter_ns()
+            self._putters_waiting += 1
+            try:
+                while len(self._items) >= self.capacity and not self._closed:
+                    self._not_full.wait(0.5)
+            finally:
+                self._putters_waiting -= 1
+                self.put_blocked_ns += time.perf_counter_ns() - t0
         if self._closed:
             raise QueueClosed(self.name)
-        if len(self._items) < self.capacity:
-            return
-        t0 = time.perf_counter_ns()
-        self._putters_waiting += 1
-        try:
-            while len(self._items) >= self.capacity:
-                if self._closed:
-                    raise QueueClosed(self.name)
-                self._not_full.wait(0.5)
-        finally:
-            self._putters_waiting -= 1
-            self.put_blocked_ns += time.perf_counter_ns() - t0
 
     def _append(self, index: int, value: Any) -> None:
         self._items.append((self.puts, index, value))
