@@ -51,7 +51,7 @@ from .batcher import Batcher, Sink
 from .map_stage import MapStage
 from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
 
-__all__ = ["Engine", "EngineReading", "END", "TIMEOUT"]
+__all__ = ["Engine", "EngineReading", "END", "TIMEOUT", "abandoned_message", "default_buffer_size"]
 
 #: Capacity of queues that carry single items: many items per GIL switch, bounded memory.
 ITEM_QUEUE_SIZE = 32
@@ -79,15 +79,8 @@ class EngineReading:
 
 
 class Engine:
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None = None,
-        max_failures: int = 0,
-        metered: bool = True,
-        item_queue_size: int = ITEM_QUEUE_SIZE,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None = None, max_failures: int = 0,
+                 metered: bool = True, item_queue_size: int = ITEM_QUEUE_SIZE) -> None:
         if buffer_size is None:
             buffer_size = default_buffer_size(pipeline)
         self.pipeline = pipeline
@@ -277,7 +270,7 @@ class Engine:
             if thread.is_alive():
                 stuck.append((owner, thread))
         if stuck and first:
-            warnings.warn(_abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
+            warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
         return [thread for _, thread in stuck]
 
     def threads(self) -> list[threading.Thread]:
@@ -293,18 +286,18 @@ class Engine:
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
         now = time.perf_counter_ns()
-        return EngineReading(
-            source=self._source_meter.read(now),
-            stages=[meter.read(now) for meter in self._meters.values()],
-            inputs={name: q.read() for name, q in self._inputs.items()},
-            queues=[q.read() for q in self._queues],
-        )
+        return EngineReading(source=self._source_meter.read(now),
+                             stages=[meter.read(now) for meter in self._meters.values()],
+                             inputs={name: q.read() for name, q in self._inputs.items()},
+                             queues=[q.read() for q in self._queues])
 
     def concurrency(self, name: str) -> int:
         return self._map_stages[name].concurrency
 
 
-def _abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float) -> str:
+def abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float,
+                      fix: str = "run it under runner='subprocess-threads' or 'process'") -> str:
+    """The warning naming threads that close() left inside user code, by what runs in them."""
     by_owner: dict[str, list[str]] = {}
     for owner, thread in stuck:
         by_owner.setdefault(owner, []).append(thread.name)
@@ -312,7 +305,5 @@ def _abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float
     return (
         f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned as "
         f"daemon threads: each exits when its call returns and gets no more work. If a stage can "
-        f"block for ever, give its blocking calls a timeout, or run it under "
-        f"runner='subprocess-threads' or 'process', whose workers close() can kill."
+        f"block for ever, give its blocking calls a timeout, or {fix}, whose workers close() can kill."
     )
-

@@ -41,15 +41,8 @@ class FailureRule(Protocol):
 
 
 class MapStage:
-    def __init__(
-        self,
-        spec: Stage,
-        inq: BoundedQueue,
-        out: Sink,
-        rule: FailureRule,
-        meter: StageMeter,
-        metered: bool,
-    ) -> None:
+    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: FailureRule, meter: StageMeter,
+                 metered: bool) -> None:
         self.spec = spec
         self.name = spec.name
         self._fn = spec.fn
@@ -101,12 +94,8 @@ class MapStage:
             self._live += 1
             self._spawned += 1
             meter = self._meter.new_worker()
-            thread = threading.Thread(
-                target=self._run,
-                args=(meter,),
-                name=f"spdl_lab:{self.name}:{self._spawned}",
-                daemon=True,
-            )
+            thread = threading.Thread(target=self._run, args=(meter,), name=f"spdl_lab:{self.name}:{self._spawned}",
+                                      daemon=True)
             self._threads.append(thread)
             thread.start()
 

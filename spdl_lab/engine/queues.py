@@ -165,12 +165,5 @@ class BoundedQueue:
         return len(self._items)
 
     def read(self) -> QueueReading:
-        return QueueReading(
-            name=self.name,
-            depth=len(self._items),
-            capacity=self.capacity,
-            puts=self.puts,
-            gets=self.gets,
-            put_blocked_ns=self.put_blocked_ns,
-            get_blocked_ns=self.get_blocked_ns,
-        )
+        return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity, puts=self.puts,
+                            gets=self.gets, put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)

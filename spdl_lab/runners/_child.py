@@ -157,13 +157,8 @@ def _describe_error(err: BaseException) -> dict[str, Any]:
             pickle.loads(cause_bytes)  # some exceptions pickle but cannot be rebuilt
         except Exception:
             cause_bytes = None  # the parent gets the traceback text alone
-    return {
-        "message": str(err),
-        "stage": getattr(err, "stage", None),
-        "index": getattr(err, "index", None),
-        "cause": cause_bytes,
-        "traceback": text,
-    }
+    return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
+            "cause": cause_bytes, "traceback": text}
 
 
 def _send_quietly(conn: Connection, message: tuple) -> None:

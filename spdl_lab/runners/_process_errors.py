@@ -34,14 +34,10 @@ def dead_worker_error(pid: int, killed: bool, code: int) -> RunnerError:
     if killed:
         advice = "SIGKILL is often the out-of-memory killer (see dmesg): use fewer workers or smaller batches."
     else:
-        advice = (
-            "See its traceback above. A worker that exits while starting under 'spawn' usually "
-            "means the main script lacks an `if __name__ == '__main__':` guard."
-        )
-    return RunnerError(
-        f"process runner: DataLoader worker pid {pid} {ended(killed, code)} while the pipeline ran; "
-        f"the run stopped. {advice}"
-    )
+        advice = ("See its traceback above. A worker that exits while starting under 'spawn' usually "
+                  "means the main script lacks an `if __name__ == '__main__':` guard.")
+    return RunnerError(f"process runner: DataLoader worker pid {pid} {ended(killed, code)} while the pipeline "
+                       f"ran; the run stopped. {advice}")
 
 
 def torch_error(exc: BaseException, it: Any = None) -> RunnerError:

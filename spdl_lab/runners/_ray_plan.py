@@ -185,26 +185,12 @@ class _Stages:
         return _block_of(rows)
 
     def _read(self, chunk_ids: np.ndarray) -> list[Row]:
+        """The source's items of these chunks, read as a stage whose failure always ends the run."""
         source, start, end, chunk = self.source
-        items = _items(source)
-        rows = []
-        for c in chunk_ids.tolist():
-            for index in range(start + c * chunk, min(start + (c + 1) * chunk, end)):
-                record(self.key, self.board, "source", "started")
-                t0 = time.perf_counter_ns()
-                try:
-                    item = items[index]
-                except Exception as exc:  # noqa: BLE001 - a source that raised ends the run (as under every runner)
-                    what = describe(exc)
-                    record(self.key, self.board, "source", "failed", time.perf_counter_ns() - t0,
-                           ("source", index, what, time.time()))
-                    raise StageFailure("source", index, what, "".join(traceback.format_exception(exc)),
-                                       _picklable(exc)) from None
-                record(self.key, self.board, "source", "done", time.perf_counter_ns() - t0)
-                rows.append((index, item))
-        return rows
+        indices = [i for c in chunk_ids.tolist() for i in range(start + c * chunk, min(start + (c + 1) * chunk, end))]
+        return self._map("source", _items(source).__getitem__, 1, [(i, i) for i in indices], strict=True)
 
-    def _map(self, name: str, fn: Any, span: int, rows: list[Row]) -> list[Row]:
+    def _map(self, name: str, fn: Any, span: int, rows: list[Row], strict: bool = False) -> list[Row]:
         out = []
         for index, item in rows:
             record(self.key, self.board, name, "started")
@@ -214,7 +200,7 @@ class _Stages:
             except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
                 number, what = _first(index) // span, describe(exc)
                 record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0, (name, number, what, time.time()))
-                if self.strict:
+                if strict or self.strict:
                     text = "".join(traceback.format_exception(exc))
                     raise StageFailure(name, number, what, text, _picklable(exc)) from None
                 continue

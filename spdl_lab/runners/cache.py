@@ -140,11 +140,9 @@ def expected_outputs(pipeline: Pipeline) -> int:
         for _ in pipeline.open_source():
             n += 1
             if n > MAX_COUNTED_ITEMS:
-                raise PipelineSpecError(
-                    f"cache runner: the source has no len() and more than {MAX_COUNTED_ITEMS:,} "
-                    f"items (it may be endless), so the number of outputs to replay is unknown; "
-                    f"pass num_outputs=N or forever=True"
-                ) from None
+                raise PipelineSpecError(f"cache runner: the source has no len() and more than "
+                                        f"{MAX_COUNTED_ITEMS:,} items (it may be endless), so the number of "
+                                        f"outputs to replay is unknown; pass num_outputs=N or forever=True") from None
     for stage in pipeline.stages:
         if stage.kind == "batch":
             size = stage.size or 1

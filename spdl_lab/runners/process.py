@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from ..engine.engine import EngineReading, default_buffer_size
+from ..engine.engine import EngineReading, abandoned_message, default_buffer_size
 from ..engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks
 from ..pipeline import Pipeline
@@ -96,11 +96,9 @@ class ProcessRunner(Runner):
         self._num_workers = check_num_workers(num_workers, WORKERS)
         self._timeout = check_timeout(timeout)
         self._base_options = {"pin_memory": bool(pin_memory), **passed_through(options)}
-        self._worker_options = {
-            "prefetch_factor": check_prefetch(prefetch_factor),
-            "persistent_workers": bool(persistent_workers),
-            "multiprocessing_context": context(multiprocessing_context),
-        }
+        self._worker_options = {"prefetch_factor": check_prefetch(prefetch_factor),
+                                "persistent_workers": bool(persistent_workers),
+                                "multiprocessing_context": context(multiprocessing_context)}
         capacity = buffer_size if buffer_size is not None else default_buffer_size(pipeline)
         self._output = BoundedQueue("workers→output", capacity)
         self._delivered = Delivered()
@@ -188,19 +186,15 @@ class ProcessRunner(Runner):
             if block.layout.slots < workers:
                 block = self._block = block.resized(workers)
             block.clear_workers()  # the last generation's workers have all exited
-        dataset = PipelineDataset(
-            self._payload, self._plan, self._delivered.skip(), block.name, block.layout,
-            self.max_failures, self.metered,
-        )
+        dataset = PipelineDataset(self._payload, self._plan, self._delivered.skip(), block.name, block.layout,
+                                  self.max_failures, self.metered)
         options: dict[str, Any] = dict(self._base_options)
         if workers:
             options.update(self._worker_options, worker_init_fn=dataset.init_worker, timeout=_POLL_S)
         else:
             dataset.use_block(block)
-        return DataLoader(
-            dataset, batch_size=self._plan.batch_size, drop_last=self._plan.drop_last,
-            collate_fn=dataset.collate, num_workers=workers, **options,
-        )
+        return DataLoader(dataset, batch_size=self._plan.batch_size, drop_last=self._plan.drop_last,
+                          collate_fn=dataset.collate, num_workers=workers, **options)
 
     def _deliver(self, item: tuple[list[int], Any]) -> None:
         indices, value = item
@@ -267,10 +261,8 @@ class ProcessRunner(Runner):
         if stage == WORKERS:
             return
         if self.pipeline.stage(stage).kind != "map":
-            raise PipelineSpecError(
-                f"stage {stage!r} is a batch stage; under the process runner pass a map stage "
-                f"or {WORKERS!r} to change num_workers"
-            )
+            raise PipelineSpecError(f"stage {stage!r} is a batch stage; under the process runner pass a map "
+                                    f"stage or {WORKERS!r} to change num_workers")
 
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
@@ -301,19 +293,11 @@ class ProcessRunner(Runner):
                 self._kill_workers()
                 pump.join(1.0)
             if pump.is_alive() and first:
-                warnings.warn(self._abandoned_message(pump, timeout), RuntimeWarning, stacklevel=2)
+                busy = " and ".join(f"stage {r.name!r}" for r in self.read().stages if r.in_flight) or "a stage"
+                message = abandoned_message([(busy, pump)], timeout, "use num_workers >= 1 (0 runs the stages here)")
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
         self._kill_workers()
         self._release_block()
-
-    def _abandoned_message(self, pump: threading.Thread, timeout: float) -> str:
-        busy = [f"stage {r.name!r}" for r in self.read().stages if r.in_flight] or ["a stage"]
-        return (
-            f"spdl_lab: the process runner's pump thread ({pump.name}) is still inside "
-            f"{' and '.join(busy)} {timeout:g}s after close(); with num_workers=0 the stages run in "
-            f"it. It is abandoned as a daemon thread and exits when that call returns. If a stage "
-            f"can block for ever, give its blocking calls a timeout, or use num_workers >= 1, "
-            f"whose workers close() can kill."
-        )
 
     def _kill_workers(self) -> None:
         """SIGKILL workers stuck in a stage; multiprocessing then reaps them."""

@@ -82,10 +82,8 @@ class SubprocessThreadsRunner(Runner):
         })
         message = self._recv(self._start_timeout, starting=True)
         if message is TIMEOUT:
-            raise RunnerError(
-                f"subprocess-threads: the child process did not start within {self._start_timeout:g} s; "
-                f"pass start_timeout= to wait longer"
-            )
+            raise RunnerError(f"subprocess-threads: the child process did not start within "
+                              f"{self._start_timeout:g} s; pass start_timeout= to wait longer")
 
     # -- iterating ---------------------------------------------------------------
     def get(self, timeout: float) -> Any:
@@ -157,10 +155,8 @@ class SubprocessThreadsRunner(Runner):
         assert self._proc is not None
         how = exit_reason(self._proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
         self._ended = True
-        hint = (
-            " The child's traceback follows." if child_traceback
-            else " If it ran out of memory, make batches or concurrency smaller."
-        )
+        hint = (" The child's traceback follows." if child_traceback
+                else " If it ran out of memory, make batches or concurrency smaller.")
         error = RunnerError(f"subprocess-threads: the child process (pid {self._proc.pid}) {how}.{hint}")
         if child_traceback:
             error.__cause__ = ChildTraceback(child_traceback)

@@ -209,11 +209,8 @@ class StepClock:
     def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
         self.device_hist[bucket_of(max(0, device_ns))] += 1
-        return t._replace(
-            device_steps=t.device_steps + 1,
-            device_ns=t.device_ns + device_ns,
-            device_step_ns=t.device_step_ns + round(record.step_s * 1e9),
-        )
+        return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
+                          device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
 
     # -- readers ----------------------------------------------------------
 

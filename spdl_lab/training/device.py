@@ -244,10 +244,8 @@ class SimulatedDevice:
         return self._totals
 
     def __repr__(self) -> str:
-        return (
-            f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
-            f"kernel_us={self.kernel_us:g}, name={self.name!r})"
-        )
+        return (f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
+                f"kernel_us={self.kernel_us:g}, name={self.name!r})")
 
 
 def _check_positive(argument: str, value: object, unit: str, *, allow_zero: bool) -> None:
