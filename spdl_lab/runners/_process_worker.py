@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..errors import PipelineSpecError, RunnerError, describe
 from ..pipeline import Pipeline
 from ._delivered import Skip
-from ._shipping import output_stage, pickling_error
+from ._shipping import output_stage, pickled, pickling_error
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
 
 __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
@@ -254,10 +254,5 @@ class PipelineDataset(IterableDataset):
 
 
 def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` itself if it survives the trip to the parent, else a RuntimeError with its text."""
-    # torch sends results with plain pickle, so test with that, not cloudpickle.
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    """``exc`` itself if it survives torch's (plain) pickle to the parent, else a RuntimeError with its text."""
+    return exc if pickled(exc) is not None else RuntimeError(describe(exc))

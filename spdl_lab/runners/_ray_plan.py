@@ -53,6 +53,7 @@ import numpy as np
 from ..errors import describe
 from ..pipeline import Pipeline, Stage
 from ._ray_meters import record
+from ._shipping import pickled
 
 __all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size",
            "find_failure", "groups", "rows_of", "uses_actors", "window_items"]
@@ -253,11 +254,7 @@ def _first(index: Any) -> int:
 
 
 def _picklable(exc: BaseException) -> BaseException | None:
-    try:
-        cloudpickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - any failure to pickle: the text has to do
-        return None
-    return exc
+    return exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: the text has to do
 
 
 def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:

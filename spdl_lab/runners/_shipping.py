@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 from ..errors import PipelineError, PipelineSpecError, describe, stage_failure
 from ..pipeline import Pipeline
 
-__all__ = ["ship", "output_stage", "pickling_error", "unsendable_output"]
+__all__ = ["ship", "output_stage", "pickled", "pickling_error", "unsendable_output"]
 
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
@@ -81,6 +82,16 @@ class _StructureProbe(ForkingPickler):
         if torch is not None and isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
             return 0
         return None
+
+
+def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes | None:
+    """An exception as bytes that load back (some pickle, yet cannot be rebuilt), or None."""
+    try:
+        data = dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data
 
 
 def pickling_error(value: Any) -> Exception | None:

@@ -1,13 +1,12 @@
 """``ray``: the Pipeline on Ray Data, on a local Ray instance or a real cluster.
 
-The Dataset is built by ``_ray_plan`` (runs of map stages with one setting a Ray Data
-operation at that concurrency, the source and ``batch`` inside them); a pump thread iterates its rows on the training side into a
-bounded queue, in order when the pipeline asks for order. Meters run inside the
-Ray workers and add up in an actor (``_ray_meters``). ``set_concurrency``
-cannot resize a running Ray Data operation (its pools are fixed when the
-execution plan starts), so it restarts the execution from the first item not
-yet delivered, as the process runner restarts its workers; items in flight are
-made again and never delivered twice.
+The Dataset is built by ``_ray_plan`` (runs of map stages with one setting make a Ray Data
+operation, the source and ``batch`` inside them); a pump thread iterates its rows into a
+bounded queue here, in order when the pipeline asks for order. Meters run inside the Ray
+workers and add up in an actor (``_ray_meters``). ``set_concurrency`` cannot resize a
+running Ray Data operation, so it restarts the execution from the first item not yet
+delivered, as the process runner restarts its workers: items in flight are made again,
+never delivered twice.
 """
 
 from __future__ import annotations

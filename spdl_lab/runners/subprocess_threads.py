@@ -64,9 +64,8 @@ class SubprocessThreadsRunner(Runner):
 
     # -- starting ----------------------------------------------------------------
     def start(self) -> None:
-        meters = ShmFile(
-            f"{self._prefix}meters", _METERS_SIZE, create=True, purpose="the subprocess-threads runner's meters"
-        )
+        meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
+                         purpose="the subprocess-threads runner's meters")
         self._meters = SeqlockBlock(meters)
         child = spawn(["-m", "spdl_lab.runners._child"])
         self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
