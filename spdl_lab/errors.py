@@ -6,16 +6,8 @@ and, where there is one, what to do about it.
 
 from __future__ import annotations
 
-__all__ = [
-    "SpdlLabError",
-    "PipelineSpecError",
-    "PipelineError",
-    "RunnerError",
-    "FileFormatError",
-    "describe",
-    "drop_tracebacks",
-    "stage_failure",
-]
+__all__ = ["SpdlLabError", "PipelineSpecError", "PipelineError", "RunnerError", "FileFormatError", "describe",
+           "drop_tracebacks", "stage_failure"]
 
 
 class SpdlLabError(Exception):

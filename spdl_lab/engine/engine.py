@@ -112,8 +112,7 @@ class Engine:
             else:
                 groups.append((stage, []))
         batched = False
-        sinks: list[Sink] = []
-        readers: list[BoundedQueue] = []
+        previous: BoundedQueue | None = None  # the queue the last producer writes
         for i, (producer, batch_stages) in enumerate(groups):
             batched = batched or bool(batch_stages)
             last = i == len(groups) - 1
@@ -123,30 +122,22 @@ class Engine:
             queue = BoundedQueue(f"{producer_name}→{consumer_name}", capacity)
             self._queues.append(queue)
             sink: Sink = queue
-            for spec in reversed(batch_stages):
+            for spec in reversed(batch_stages):  # each batch stage's input is the batcher in front of it
                 meter = StageMeter(spec.name, "batch", 1)
                 self._meters[spec.name] = meter
                 batcher = Batcher(spec.name, spec.size or 1, spec.drop_last, sink, meter.new_worker())
+                self._inputs[spec.name] = sink = batcher
                 self._batchers.append(batcher)
-                sink = batcher
-            # A batch stage's input is the batcher in front of it.
-            chain = sink
-            for spec in batch_stages:
-                self._inputs[spec.name] = chain  # type: ignore[assignment]
-                chain = chain.downstream  # type: ignore[union-attr]
-            sinks.append(sink)
-            readers.append(queue)
-        # Producer i writes sinks[i]; map stage i (group i+1's producer) reads readers[i].
-        self._source_sink = sinks[0]
-        for i, (producer, _) in enumerate(groups[1:], start=1):
-            assert producer is not None
-            meter = StageMeter(producer.name, "map", producer.concurrency)
-            self._meters[producer.name] = meter
-            self._inputs[producer.name] = readers[i - 1]
-            self._map_stages[producer.name] = MapStage(
-                producer, readers[i - 1], sinks[i], self, meter, self._metered
-            )
-        self._output = readers[-1]
+            if producer is None:
+                self._source_sink = sink
+            else:  # a map stage: reads the queue before it, writes through its batchers to its queue
+                assert previous is not None
+                meter = self._meters[producer.name] = StageMeter(producer.name, "map", producer.concurrency)
+                self._inputs[producer.name] = previous
+                self._map_stages[producer.name] = MapStage(producer, previous, sink, self, meter, self._metered)
+            previous = queue
+        assert previous is not None
+        self._output = previous
         # Meters in pipeline order.
         self._meters = {s.name: self._meters[s.name] for s in stages}
 

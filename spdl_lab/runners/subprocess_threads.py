@@ -163,10 +163,8 @@ class SubprocessThreadsRunner(Runner):
 
     # -- control -----------------------------------------------------------------
     def set_concurrency(self, stage: str, n: int) -> None:
-        self._concurrency[stage] = n
+        self._concurrency[stage] = n  # read() shows it at once, before the child's next meters
         self._send(("concurrency", stage, n))
-        # Seen at once in stats(), before the child's next meter publication.
-        self._blank = _with_concurrency(self._blank, stage, n)
 
     def concurrency(self, stage: str) -> int:
         return self._concurrency[stage]
@@ -181,16 +179,14 @@ class SubprocessThreadsRunner(Runner):
 
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
-        if self._meters is not None:
-            payload = self._meters.latest()
-            if payload is not None:
-                # Our own child wrote these bytes into a segment only we share.
-                reading = pickle.loads(payload)
-                for stage in reading.stages:
-                    if stage.name in self._concurrency:
-                        stage.concurrency = self._concurrency[stage.name]
-                return reading
-        return self._blank
+        reading = self._blank
+        payload = self._meters.latest() if self._meters is not None else None
+        if payload is not None:
+            reading = pickle.loads(payload)  # our own child wrote these bytes into a segment only we share
+        for stage in reading.stages:
+            if stage.name in self._concurrency:
+                stage.concurrency = self._concurrency[stage.name]
+        return reading
 
     # -- closing -----------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
@@ -228,9 +224,3 @@ def _pipeline_error(info: dict[str, Any]) -> PipelineError:
         cause.__cause__ = remote
     return stage_failure(info["stage"], info["index"], cause, message=info["message"])
 
-
-def _with_concurrency(reading: EngineReading, stage: str, n: int) -> EngineReading:
-    for s in reading.stages:
-        if s.name == stage:
-            s.concurrency = n
-    return reading
