@@ -15,24 +15,20 @@ its own would hold CPUs to do next to nothing; and an operation after a row-coun
 one may get blocks of thousands of rows, delaying the first batch. Blocks here hold whole
 batches (``chunk`` items), one batch each at first, then more (``block_sizes``).
 
-Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs
-as Ray tasks, stateless and scheduled anywhere, at most ``concurrency`` at once
-(``TaskPoolStrategy``). A callable object (a class instance holding state: a
-tokenizer, a decoder with buffers) runs in a pool of ``concurrency`` actors
-(``ActorPoolStrategy``), so its state is unpickled once per actor rather than
-once per task.
+Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs as
+stateless Ray tasks, at most ``concurrency`` at once (``TaskPoolStrategy``); a callable
+object (state: a tokenizer, a decoder with buffers) runs in a pool of ``concurrency``
+actors (``ActorPoolStrategy``), so its state is unpickled once per actor, not per task.
 
 Batches: a batch stage groups the items whose source indices fall in the same
 ``size``-aligned window, in order, so batches are the other runners' batches.
 An item dropped under ``max_failures`` makes its batch one shorter (the other
 runners fill it from the next item); ``drop_last`` drops only a short last batch.
 
-Failures: with ``max_failures=0`` the first exception fails the run, and Ray
-never retries it (application errors are not retried; ``retry_exceptions`` is
-off, as Ray Data leaves it), so a deterministic error cannot hide behind retries.
-Above 0, a failing item is dropped and counted, and the runner ends the run once
-more than ``max_failures`` were counted. A task whose worker dies is retried by
-Ray, as Ray does for system failures.
+Failures: with ``max_failures=0`` the first exception fails the run, never retried
+(Ray does not retry application errors), so a deterministic error cannot hide behind
+retries. Above 0, a failing item is dropped and counted, and the runner ends the run
+once more than ``max_failures`` were counted. A task whose worker dies is retried by Ray.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Every child process spdl_lab starts: a fresh interpreter (spawn, never a fork of this
-threaded process) that does not run the user's script again, stopped with escalation, and
-how each ended, said in words.
+"""Every child process the runners and diagnose start: a fresh interpreter (spawn, never a
+fork of this threaded process) that does not run the user's script again, stopped with
+escalation, and how each ended, said in words.
 
 Our own children (the subprocess-threads engine, diagnose's interpreter and its sweep
 workers) come from ``spawn``: ``python ARGS... DATA_FD CTRL_FD`` with two pipes, ``data``
