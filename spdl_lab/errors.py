@@ -1,4 +1,4 @@
-"""Exceptions raised by spdl_lab.
+"""Exceptions raised by spdl_lab, and the one stage-failure message every runner raises.
 
 Every message says what failed, where (which stage, which item, which runner)
 and, where there is one, what to do about it.
@@ -6,14 +6,8 @@ and, where there is one, what to do about it.
 
 from __future__ import annotations
 
-__all__ = [
-    "SpdlLabError",
-    "PipelineSpecError",
-    "PipelineError",
-    "RunnerError",
-    "FileFormatError",
-    "UsageError",
-]
+__all__ = ["FileFormatError", "PipelineError", "PipelineSpecError", "RunnerError", "SpdlLabError", "UsageError",
+           "describe", "drop_tracebacks", "stage_failure"]
 
 
 class SpdlLabError(Exception):
@@ -56,3 +50,64 @@ class FileFormatError(SpdlLabError, ValueError):
 
 class UsageError(SpdlLabError, ValueError):
     """A command line named something that cannot be used; the message says what to do."""
+
+
+def describe(exc: BaseException) -> str:
+    """``ValueError: bad record``, or the type's name alone when the message is empty."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def stage_failure(
+    stage: str,
+    index: int | None,
+    cause: BaseException | None,
+    *,
+    what: str | None = None,
+    where: str = "",
+    dropped: int = 0,
+    max_failures: int = 0,
+    per_worker: bool = False,
+    message: str | None = None,
+) -> PipelineError:
+    """The error a failing stage (or the source) ends a run with, under every runner.
+
+    ``what`` is the failure as text when ``cause`` did not survive the trip from
+    a worker; ``where`` says where it ran ("in a Ray worker"); ``per_worker``:
+    ``max_failures`` counts per worker process (``process``). ``message`` is
+    one this function worded in a child process, sent back as text.
+    """
+    if message is None:
+        place = "the source" if stage == "source" else f"stage {stage!r}"
+        item = f" on item {index}" if index is not None else ""
+        what = what or (describe(cause) if cause is not None else "an error")
+        ran = f" ({where})" if where else ""
+        message = f"{place} failed{item}: {what}{ran}. The pipeline stopped. " + _advice(
+            stage, dropped, max_failures, per_worker)
+    error = PipelineError(message, stage=stage, index=index)
+    error.__cause__ = cause
+    return error
+
+
+def _advice(stage: str, dropped: int, max_failures: int, per_worker: bool) -> str:
+    if stage == "source":
+        return "Fix the source; a source that raised cannot be resumed."
+    if not max_failures:
+        each = " per worker" if per_worker else ""
+        return f"Pass max_failures=N to drop and count up to N failing items{each} instead."
+    if per_worker:
+        return (f"That worker had already dropped {dropped} failing item(s) (max_failures="
+                f"{max_failures} applies per worker process); raise max_failures to drop more.")
+    return (f"{dropped} failing item(s) were already dropped (max_failures={max_failures}); "
+            f"raise max_failures to drop more.")
+
+
+def drop_tracebacks(exc: BaseException | None) -> None:
+    """Clear the tracebacks along an error's chain: a stored error then holds no frames (of an
+    iterator, a prefetch thread, a DataLoader) that would keep workers or threads alive."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        if exc.__context__ is not None and exc.__context__ is not exc.__cause__:
+            drop_tracebacks(exc.__context__)
+        exc = exc.__cause__

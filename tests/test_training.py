@@ -79,7 +79,8 @@ def test_clock_counts_the_gap_as_wait_without_iterate():
     assert all(w > 0.008 for w in waits[1:])
 
 
-def test_rows_before_and_after_steps():
+def rows_of_four_steps() -> tuple[StepClock, dict[str, float]]:
+    """A clock before and after four steps of a small device, and the rows of that tick."""
     clock = StepClock(device=small_device())
     assert series(clock.rows(0.0)) == {"steps": 0.0}
     assert series(clock.rows(0.1)) == {"steps": 0.0, "batches_per_s": 0.0}
@@ -87,16 +88,26 @@ def test_rows_before_and_after_steps():
     for batch in clock.iterate(range(4)):
         with clock.step():
             clock.device(batch)
-    rows = series(clock.rows(0.5))
+    return clock, series(clock.rows(0.5))
+
+
+def test_rows_before_and_after_steps():
+    clock, rows = rows_of_four_steps()
     assert rows["steps"] == 4 and rows["batches_per_s"] == pytest.approx(8.0)
-    assert 0 < rows["data_wait_ms"] < rows["step_ms"]
-    assert 0.5 < rows["step_ms"] < 50  # ~1 ms of kernels
-    assert 0 <= rows["data_wait_frac"] < 0.5
     assert rows["device_ms"] == pytest.approx(1.0)  # 5 kernels x 200 us
     assert 0 < rows["device_util"] <= 1.0
+    assert {"data_wait_ms", "step_ms", "data_wait_frac"} <= set(rows)
 
     # A tick with no completed step has only the counters.
     assert series(clock.rows(0.1)) == {"steps": 4.0, "batches_per_s": 0.0}
+
+
+@pytest.mark.measurement
+def test_rows_time_the_wait_and_the_step():
+    _, rows = rows_of_four_steps()
+    assert 0 < rows["data_wait_ms"] < rows["step_ms"]
+    assert 0.5 < rows["step_ms"] < 50  # ~1 ms of kernels
+    assert 0 <= rows["data_wait_frac"] < 0.5
 
 
 def test_rows_feed_a_sampler_while_the_loop_runs(no_thread_leak):
@@ -470,9 +481,13 @@ def test_totals_add_up_and_can_be_read_from_another_thread(no_thread_leak):
     assert 0 < totals.device_util <= 1.0
 
 
+@pytest.mark.measurement
+def test_calibration_measures_a_plausible_loop_speed():
+    assert SimulatedDevice.calibrate() > 0.5  # iterations per microsecond: any CPython does far more
+
+
 def test_calibration_is_cached_and_can_be_skipped():
     rate = SimulatedDevice.calibrate()
-    assert rate > 0.5  # iterations per microsecond: any CPython does far more
     assert SimulatedDevice.calibrate(force=False) == rate
     device = SimulatedDevice(kernels=2, launch_us=10, kernel_us=10, iterations_per_us=3.0)
     assert device.iterations_per_us == 3.0 and device.launch_iterations == 30

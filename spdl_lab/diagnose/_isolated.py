@@ -82,10 +82,10 @@ def _stop(proc: subprocess.Popen, ctrl: Connection) -> None:
 
 
 def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:
-    from ..errors import PipelineError, PipelineSpecError
+    from ..errors import PipelineSpecError, stage_failure
 
-    if kind == "PipelineError":
-        error: SpdlLabError = PipelineError(message, stage=stage, index=index)
+    if kind == "PipelineError":  # worded by stage_failure in the child
+        error: SpdlLabError = stage_failure(stage or "", index, None, message=message)
     elif kind == "PipelineSpecError":
         error = PipelineSpecError(message)
     else:

@@ -76,12 +76,5 @@ class Batcher:
 
     def read(self) -> QueueReading:
         """The partial batch, as a queue: depth items of ``size``."""
-        return QueueReading(
-            name=self.name,
-            depth=len(self._pending),
-            capacity=self.size,
-            puts=0,
-            gets=0,
-            put_blocked_ns=0,
-            get_blocked_ns=0,
-        )
+        return QueueReading(name=self.name, depth=len(self._pending), capacity=self.size, puts=0, gets=0,
+                            put_blocked_ns=0, get_blocked_ns=0)

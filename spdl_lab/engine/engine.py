@@ -37,7 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PipelineError
+from ..errors import stage_failure
 from ..pipeline import Pipeline, Stage
 from ..telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, bucket_of
 from ..telemetry.meters import (
@@ -51,17 +51,13 @@ from .batcher import Batcher, Sink
 from .map_stage import MapStage
 from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
 
-__all__ = ["Engine", "EngineReading", "END", "TIMEOUT"]
+__all__ = ["Engine", "EngineReading", "END", "TIMEOUT", "abandoned_message", "default_buffer_size"]
 
-#: Capacity of queues that carry single items between stages. Large enough
-#: that a thread hands over many items per GIL switch, small enough to bound
-#: memory (items are typically decoded samples, not batches).
+#: Capacity of queues that carry single items: many items per GIL switch, bounded memory.
 ITEM_QUEUE_SIZE = 32
 
-#: Outputs held ready for the consumer when the caller does not say: a few
-#: batches, or as many items as an item queue holds when the pipeline has no
-#: batch stage (a 3-item buffer makes producer and consumer trade the GIL
-#: every other item, which cut item throughput by more than half).
+#: Outputs held ready for the consumer when the caller does not say: a few batches, or an
+#: item queue's worth without a batch stage (a small item buffer halves item throughput).
 DEFAULT_BATCH_BUFFER = 3
 
 
@@ -83,15 +79,8 @@ class EngineReading:
 
 
 class Engine:
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None = None,
-        max_failures: int = 0,
-        metered: bool = True,
-        item_queue_size: int = ITEM_QUEUE_SIZE,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None = None, max_failures: int = 0,
+                 metered: bool = True, item_queue_size: int = ITEM_QUEUE_SIZE) -> None:
         if buffer_size is None:
             buffer_size = default_buffer_size(pipeline)
         self.pipeline = pipeline
@@ -123,8 +112,7 @@ class Engine:
             else:
                 groups.append((stage, []))
         batched = False
-        sinks: list[Sink] = []
-        readers: list[BoundedQueue] = []
+        previous: BoundedQueue | None = None  # the queue the last producer writes
         for i, (producer, batch_stages) in enumerate(groups):
             batched = batched or bool(batch_stages)
             last = i == len(groups) - 1
@@ -134,30 +122,22 @@ class Engine:
             queue = BoundedQueue(f"{producer_name}→{consumer_name}", capacity)
             self._queues.append(queue)
             sink: Sink = queue
-            for spec in reversed(batch_stages):
+            for spec in reversed(batch_stages):  # each batch stage's input is the batcher in front of it
                 meter = StageMeter(spec.name, "batch", 1)
                 self._meters[spec.name] = meter
                 batcher = Batcher(spec.name, spec.size or 1, spec.drop_last, sink, meter.new_worker())
+                self._inputs[spec.name] = sink = batcher
                 self._batchers.append(batcher)
-                sink = batcher
-            # A batch stage's input is the batcher in front of it.
-            chain = sink
-            for spec in batch_stages:
-                self._inputs[spec.name] = chain  # type: ignore[assignment]
-                chain = chain.downstream  # type: ignore[union-attr]
-            sinks.append(sink)
-            readers.append(queue)
-        # Producer i writes sinks[i]; map stage i (group i+1's producer) reads readers[i].
-        self._source_sink = sinks[0]
-        for i, (producer, _) in enumerate(groups[1:], start=1):
-            assert producer is not None
-            meter = StageMeter(producer.name, "map", producer.concurrency)
-            self._meters[producer.name] = meter
-            self._inputs[producer.name] = readers[i - 1]
-            self._map_stages[producer.name] = MapStage(
-                producer, readers[i - 1], sinks[i], self, meter, self._metered
-            )
-        self._output = readers[-1]
+            if producer is None:
+                self._source_sink = sink
+            else:  # a map stage: reads the queue before it, writes through its batchers to its queue
+                assert previous is not None
+                meter = self._meters[producer.name] = StageMeter(producer.name, "map", producer.concurrency)
+                self._inputs[producer.name] = previous
+                self._map_stages[producer.name] = MapStage(producer, previous, sink, self, meter, self._metered)
+            previous = queue
+        assert previous is not None
+        self._output = previous
         # Meters in pipeline order.
         self._meters = {s.name: self._meters[s.name] for s in stages}
 
@@ -240,7 +220,7 @@ class Engine:
         self._map_stages[name].set_concurrency(n)
 
     # -- failures ----------------------------------------------------------------
-    def tolerate(self, stage: str, index: int, exc: Exception) -> bool:
+    def tolerate(self) -> bool:
         """Count a failed item; True if it may be dropped under ``max_failures``."""
         with self._fail_lock:
             if self.failures < self.max_failures and not self.stopping:
@@ -252,7 +232,8 @@ class Engine:
         """Record the pipeline's first error and stop everything."""
         with self._fail_lock:
             if self.error is None and not self._closed:
-                self.error = _pipeline_error(stage, index, exc, self.failures, self.max_failures)
+                self.error = stage_failure(stage, index, exc, dropped=self.failures,
+                                           max_failures=self.max_failures)
         self._stop()
 
     # -- stopping ----------------------------------------------------------------
@@ -280,7 +261,7 @@ class Engine:
             if thread.is_alive():
                 stuck.append((owner, thread))
         if stuck and first:
-            warnings.warn(_abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
+            warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
         return [thread for _, thread in stuck]
 
     def threads(self) -> list[threading.Thread]:
@@ -296,18 +277,18 @@ class Engine:
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
         now = time.perf_counter_ns()
-        return EngineReading(
-            source=self._source_meter.read(now),
-            stages=[meter.read(now) for meter in self._meters.values()],
-            inputs={name: q.read() for name, q in self._inputs.items()},
-            queues=[q.read() for q in self._queues],
-        )
+        return EngineReading(source=self._source_meter.read(now),
+                             stages=[meter.read(now) for meter in self._meters.values()],
+                             inputs={name: q.read() for name, q in self._inputs.items()},
+                             queues=[q.read() for q in self._queues])
 
     def concurrency(self, name: str) -> int:
         return self._map_stages[name].concurrency
 
 
-def _abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float) -> str:
+def abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float,
+                      fix: str = "run it under runner='subprocess-threads' or 'process'") -> str:
+    """The warning naming threads that close() left inside user code, by what runs in them."""
     by_owner: dict[str, list[str]] = {}
     for owner, thread in stuck:
         by_owner.setdefault(owner, []).append(thread.name)
@@ -315,28 +296,5 @@ def _abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float
     return (
         f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned as "
         f"daemon threads: each exits when its call returns and gets no more work. If a stage can "
-        f"block for ever, give its blocking calls a timeout, or run it under "
-        f"runner='subprocess-threads' or 'process', whose workers close() can kill."
+        f"block for ever, give its blocking calls a timeout, or {fix}, whose workers close() can kill."
     )
-
-
-def _pipeline_error(
-    stage: str, index: int | None, exc: BaseException, dropped: int, max_failures: int
-) -> PipelineError:
-    where = f"stage {stage!r}" if stage != "source" else "the source"
-    item = f" on item {index}" if index is not None else ""
-    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if stage == "source":
-        advice = "Fix the source; a source that raised cannot be resumed."
-    elif max_failures:
-        advice = (
-            f"{dropped} failing item(s) were already dropped (max_failures={max_failures}); "
-            f"raise max_failures to drop more."
-        )
-    else:
-        advice = "Pass max_failures=N to drop and count up to N failing items instead."
-    error = PipelineError(
-        f"{where} failed{item}: {what}. The pipeline stopped. {advice}", stage=stage, index=index
-    )
-    error.__cause__ = exc
-    return error

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..pipeline import Stage
 from ..telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of
@@ -21,10 +21,7 @@ from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
 
 assert FAST_SHIFT == 4  # the worker loop below inlines the shift
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["MapStage", "reorder_window"]
+__all__ = ["FailureRule", "MapStage", "reorder_window"]
 
 _DROPPED = object()
 
@@ -33,22 +30,25 @@ _DROPPED = object()
 _IDLE_POLL_S = 0.1
 
 
+class FailureRule(Protocol):
+    """What a stage asks of its run (the Engine) when an item fails, and whether it stops."""
+
+    stopping: bool
+
+    def tolerate(self) -> bool: ...
+
+    def fail(self, stage: str, index: int | None, exc: BaseException) -> None: ...
+
+
 class MapStage:
-    def __init__(
-        self,
-        spec: Stage,
-        inq: BoundedQueue,
-        out: Sink,
-        engine: Engine,
-        meter: StageMeter,
-        metered: bool,
-    ) -> None:
+    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: FailureRule, meter: StageMeter,
+                 metered: bool) -> None:
         self.spec = spec
         self.name = spec.name
         self._fn = spec.fn
         self._inq = inq
         self._out = out
-        self._engine = engine
+        self._rule = rule
         self._meter = meter
         self._metered = metered
         self._target = spec.concurrency
@@ -94,12 +94,8 @@ class MapStage:
             self._live += 1
             self._spawned += 1
             meter = self._meter.new_worker()
-            thread = threading.Thread(
-                target=self._run,
-                args=(meter,),
-                name=f"spdl_lab:{self.name}:{self._spawned}",
-                daemon=True,
-            )
+            thread = threading.Thread(target=self._run, args=(meter,), name=f"spdl_lab:{self.name}:{self._spawned}",
+                                      daemon=True)
             self._threads.append(thread)
             thread.start()
 
@@ -129,10 +125,10 @@ class MapStage:
         except QueueClosed:
             pass
         except BaseException as exc:  # a bug in the engine itself: stop loudly
-            self._engine.fail(self.name, None, exc)
+            self._rule.fail(self.name, None, exc)
 
     def _loop(self, meter: WorkerMeter) -> None:
-        inq, fn, engine = self._inq, self._fn, self._engine
+        inq, fn, rule = self._inq, self._fn, self._rule
         ordered = self._ordered
         emit_ordered, put = self._emit_ordered, self._out.put
         clock = time.perf_counter_ns
@@ -164,8 +160,8 @@ class MapStage:
             except BaseException as exc:
                 meter.started_ns = 0
                 meter.failures += 1
-                if not isinstance(exc, Exception) or not engine.tolerate(self.name, index, exc):
-                    engine.fail(self.name, index, exc)
+                if not isinstance(exc, Exception) or not rule.tolerate():
+                    rule.fail(self.name, index, exc)
                     return
                 if not ordered:
                     continue
@@ -224,7 +220,7 @@ class MapStage:
             self._window_waiters += 1
             try:
                 while seq - self._next_seq >= self._window:
-                    if self._engine.stopping:
+                    if self._rule.stopping:
                         raise QueueClosed(self.name)
                     self._order_cond.wait(_IDLE_POLL_S)
             finally:

@@ -45,8 +45,8 @@ class BoundedQueue:
 
     A blocked reader is woken only when no reader already woken will take the
     new item, and a blocked writer only once the queue has drained to half its
-    capacity, not on every get: waking it per item makes the two threads trade
-    the GIL once per item (a convoy), which cost 4x throughput in measurement.
+    capacity, not on every get, which would make the two threads trade the GIL
+    once per item (a convoy).
     """
 
     def __init__(self, name: str, capacity: int) -> None:
@@ -76,21 +76,19 @@ class BoundedQueue:
             self._append(index, value)
 
     def _wait_for_room(self) -> None:
-        """Block (lock held) until there is room; raise QueueClosed on stop."""
+        """Block (lock held) until there is room; raise QueueClosed on stop (close() empties
+        the queue, so a writer it wakes must not take that for room)."""
+        if len(self._items) >= self.capacity and not self._closed:
+            t0 = time.perf_counter_ns()
+            self._putters_waiting += 1
+            try:
+                while len(self._items) >= self.capacity and not self._closed:
+                    self._not_full.wait(0.5)
+            finally:
+                self._putters_waiting -= 1
+                self.put_blocked_ns += time.perf_counter_ns() - t0
         if self._closed:
             raise QueueClosed(self.name)
-        if len(self._items) < self.capacity:
-            return
-        t0 = time.perf_counter_ns()
-        self._putters_waiting += 1
-        try:
-            while len(self._items) >= self.capacity:
-                if self._closed:
-                    raise QueueClosed(self.name)
-                self._not_full.wait(0.5)
-        finally:
-            self._putters_waiting -= 1
-            self.put_blocked_ns += time.perf_counter_ns() - t0
 
     def _append(self, index: int, value: Any) -> None:
         self._items.append((self.puts, index, value))
@@ -167,12 +165,5 @@ class BoundedQueue:
         return len(self._items)
 
     def read(self) -> QueueReading:
-        return QueueReading(
-            name=self.name,
-            depth=len(self._items),
-            capacity=self.capacity,
-            puts=self.puts,
-            gets=self.gets,
-            put_blocked_ns=self.put_blocked_ns,
-            get_blocked_ns=self.get_blocked_ns,
-        )
+        return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity, puts=self.puts,
+                            gets=self.gets, put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)

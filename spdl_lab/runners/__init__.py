@@ -35,8 +35,6 @@ def runner_class(name: str) -> type[Runner]:
     try:
         module, cls = _REGISTRY[name]
     except KeyError:
-        raise RunnerError(
-            f"runner {name!r} is not available in this version of spdl_lab; "
-            f"available now: {', '.join(map(repr, _REGISTRY))}"
-        ) from None
+        raise RunnerError(f"runner {name!r} is not available in this version of spdl_lab; "
+                          f"available now: {', '.join(map(repr, _REGISTRY))}") from None
     return getattr(importlib.import_module(f".{module}", __name__), cls)

@@ -148,23 +148,13 @@ class _ChildRun:
 
 
 def _describe_error(err: BaseException) -> dict[str, Any]:
+    from ._shipping import pickled
+
     cause = err.__cause__
     text = "".join(traceback.format_exception(cause)) if cause is not None else ""
-    cause_bytes = None
-    if cause is not None:
-        try:
-            cause_bytes = pickle.dumps(cause)
-            pickle.loads(cause_bytes)  # some exceptions pickle but cannot be rebuilt
-        except Exception:
-            cause_bytes = None  # the parent gets the traceback text alone
-    return {
-        "message": str(err),
-        "stage": getattr(err, "stage", None),
-        "index": getattr(err, "index", None),
-        "cause": cause_bytes,
-        "cause_type": type(cause).__name__ if cause is not None else None,
-        "traceback": text,
-    }
+    cause_bytes = pickled(cause) if cause is not None else None  # None: the traceback text alone
+    return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
+            "cause": cause_bytes, "traceback": text}
 
 
 def _send_quietly(conn: Connection, message: tuple) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import PipelineSpecError
 from ..pipeline import MAX_CONCURRENCY
+from .children import MainFreeSpawnContext
 
 __all__ = ["check_num_workers", "check_timeout", "check_prefetch", "context", "passed_through"]
 
@@ -21,10 +22,8 @@ _PASSED_THROUGH = ("pin_memory_device", "in_order")
 
 def check_num_workers(n: object, stage: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_CONCURRENCY:
-        raise PipelineSpecError(
-            f"process runner, {stage!r}: num_workers must be an int in 0..{MAX_CONCURRENCY} "
-            f"(0 runs in this process), got {n!r}"
-        )
+        raise PipelineSpecError(f"process runner, {stage!r}: num_workers must be an int in "
+                                f"0..{MAX_CONCURRENCY} (0 runs in this process), got {n!r}")
     return n
 
 
@@ -47,8 +46,6 @@ def check_prefetch(prefetch_factor: object) -> int | None:
 def context(context: object) -> Any:
     """A multiprocessing context; never fork, since this process runs threads."""
     if context == "spawn":
-        from ._spawn import MainFreeSpawnContext
-
         return MainFreeSpawnContext()  # the pipeline travels by value: workers need no __main__
     if isinstance(context, str):
         try:
@@ -59,21 +56,17 @@ def context(context: object) -> Any:
             ) from exc
     method = getattr(context, "get_start_method", lambda: None)()
     if method not in ("spawn", "forkserver"):
-        raise PipelineSpecError(
-            f"process runner: multiprocessing_context must be 'spawn' or 'forkserver', got "
-            f"{method or context!r}: forking a process that runs threads (the pump, the sampler) "
-            f"can deadlock the child."
-        )
+        raise PipelineSpecError(f"process runner: multiprocessing_context must be 'spawn' or 'forkserver', "
+                                f"got {method or context!r}: forking a process that runs threads (the "
+                                f"pump, the sampler) can deadlock the child.")
     return context
 
 
 def passed_through(options: dict[str, Any]) -> dict[str, Any]:
     for name in options:
         if name in _SET_BY_RUNNER:
-            raise PipelineSpecError(
-                f"process runner: the DataLoader option {name!r} is set from the pipeline "
-                f"(batch stage, per-batch maps, sharding); do not pass it"
-            )
+            raise PipelineSpecError(f"process runner: the DataLoader option {name!r} is set from the "
+                                    f"pipeline (batch stage, per-batch maps, sharding); do not pass it")
         if name not in _PASSED_THROUGH:
             known = ("num_workers", "prefetch_factor", "persistent_workers",
                      "multiprocessing_context", "pin_memory", "timeout", *_PASSED_THROUGH)

@@ -16,12 +16,13 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import PipelineSpecError, RunnerError
+from ..errors import PipelineSpecError, RunnerError, describe
 from ..pipeline import Pipeline
-from ._shipping import output_stage, pickling_error
+from ._delivered import Skip
+from ._shipping import output_stage, pickled, pickling_error
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
 
-__all__ = ["Plan", "Skip", "Dropped", "Failure", "PipelineDataset"]
+__all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
 
 
 @dataclass(frozen=True)
@@ -50,33 +51,16 @@ class Plan:
         for position, stage in enumerate(pipeline.stages):
             if stage.kind == "batch":
                 if batch is not None:
-                    raise PipelineSpecError(
-                        f"process runner: stage {stage.name!r} is a second batch stage; torch's "
-                        f"DataLoader batches once (batch_size). Batch once and regroup inside a "
-                        f"per-batch map, or use runner='thread' for nested batches."
-                    )
+                    raise PipelineSpecError(f"process runner: stage {stage.name!r} is a second batch stage; "
+                                            f"torch's DataLoader batches once (batch_size). Batch once and "
+                                            f"regroup inside a per-batch map, or use runner='thread' for "
+                                            f"nested batches.")
                 batch = position
             else:
                 (batch_maps if batch is not None else item_maps).append(position)
         spec = pipeline.stages[batch] if batch is not None else None
-        return cls(
-            item_maps=tuple(item_maps),
-            batch=batch,
-            batch_size=spec.size if spec else None,
-            drop_last=spec.drop_last if spec else False,
-            batch_maps=tuple(batch_maps),
-        )
-
-
-@dataclass(frozen=True)
-class Skip:
-    """Chunks already delivered before a restart: every chunk below ``below``, and ``extra``."""
-
-    below: int = 0
-    extra: frozenset[int] = frozenset()
-
-    def __contains__(self, chunk: int) -> bool:
-        return chunk < self.below or chunk in self.extra
+        return cls(item_maps=tuple(item_maps), batch=batch, batch_size=spec.size if spec else None,
+                   drop_last=spec.drop_last if spec else False, batch_maps=tuple(batch_maps))
 
 
 class Dropped:
@@ -117,16 +101,8 @@ class PipelineDataset(IterableDataset):
     one the thread runner would make, in the order torch asks for them.
     """
 
-    def __init__(
-        self,
-        payload: bytes,
-        plan: Plan,
-        skip: Skip,
-        meters_name: str,
-        layout: Layout,
-        max_failures: int,
-        metered: bool,
-    ) -> None:
+    def __init__(self, payload: bytes, plan: Plan, skip: Skip, meters_name: str, layout: Layout,
+                 max_failures: int, metered: bool) -> None:
         self.payload = payload
         self.plan = plan
         self.skip = skip
@@ -159,11 +135,9 @@ class PipelineDataset(IterableDataset):
         try:
             pipeline = pickle.loads(self.payload)
         except Exception as exc:
-            raise RunnerError(
-                f"process runner: worker {slot} (pid {os.getpid()}) could not load the pipeline: "
-                f"{type(exc).__name__}: {exc}. Define stage functions in an importable module, "
-                f"in __main__ or in a notebook cell."
-            ) from exc
+            raise RunnerError(f"process runner: worker {slot} (pid {os.getpid()}) could not load the "
+                              f"pipeline: {describe(exc)}. Define stage functions in an importable "
+                              f"module, in __main__ or in a notebook cell.") from exc
         block = self._parent_block or MeterBlock.attach(self.meters_name, self.layout)
         self._loaded = _Loaded(pipeline, block.slot(slot, metered=self.metered), block)
         return self._loaded
@@ -174,9 +148,7 @@ class PipelineDataset(IterableDataset):
         loaded = self._load(slot)
         return self._items(loaded.pipeline, loaded.meter, slot, workers)
 
-    def _items(
-        self, pipeline: Pipeline, meter: SlotMeter, slot: int, workers: int
-    ) -> Iterator[tuple[int, Any]]:
+    def _items(self, pipeline: Pipeline, meter: SlotMeter, slot: int, workers: int) -> Iterator[tuple[int, Any]]:
         try:
             iterator = pipeline.open_source()
         except Exception as exc:
@@ -259,9 +231,8 @@ class PipelineDataset(IterableDataset):
         batch_index = indices[0] // self.plan.chunk
         return indices, self._apply(loaded.pipeline, self.plan.batch_maps, batch_index, batch, meter)
 
-    def _apply(
-        self, pipeline: Pipeline, positions: tuple[int, ...], index: int, value: Any, meter: SlotMeter
-    ) -> Any:
+    def _apply(self, pipeline: Pipeline, positions: tuple[int, ...], index: int, value: Any,
+               meter: SlotMeter) -> Any:
         """Run the map stages at ``positions`` on one item or batch; Dropped or Failure if one raised."""
         for position in positions:
             stage, row = pipeline.stages[position], position + 1
@@ -283,10 +254,5 @@ class PipelineDataset(IterableDataset):
 
 
 def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` itself if it survives the trip to the parent, else a RuntimeError with its text."""
-    # torch sends results with plain pickle, so test with that, not cloudpickle.
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    """``exc`` itself if it survives torch's (plain) pickle to the parent, else a RuntimeError with its text."""
+    return exc if pickled(exc) is not None else RuntimeError(describe(exc))

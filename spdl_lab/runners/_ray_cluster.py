@@ -98,14 +98,13 @@ class RayConnection:
         options = dict(num_cpus=psutil.cpu_count() or 1, include_dashboard=False, _temp_dir=temp_dir,
                        log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
-        with _environment(PYTHONPATH=path, **_LOOPBACK_ENV), _loopback_node(ray):
+        with _loopback(PYTHONPATH=path, **_LOOPBACK_ENV):
             try:
                 ray.init(**options)
             except Exception as exc:
                 shutil.rmtree(temp_dir, ignore_errors=True)
                 raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
                                   f"{exc}") from exc
-        logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines are per execution
         _LOCAL["temp_dir"] = temp_dir
         _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
 
@@ -158,29 +157,22 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+def _loopback(**env: str) -> Iterator[None]:
+    """``env`` set, and Ray's cluster switch off in this process, while a local instance starts."""
+    from ray._private import ray_constants
+
+    saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(env)
+    ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-@contextlib.contextmanager
-def _loopback_node(ray: Any) -> Iterator[None]:
-    from ray._private import ray_constants
-
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _reap(timeout: float) -> None:

@@ -9,40 +9,33 @@ group the pieces run one after another on the block's rows, as plain Python
 two stages of a group). Ray Data is used as it is: its streaming executor, its
 object store between groups and to the training side, its concurrency caps.
 
-Why groups and not one operation per stage. An operation takes a CPU per task
-from the instance's budget and Ray Data splits that budget among operations: a
-source and a batch stage as operations of their own would hold CPUs to do next
-to nothing (on 2 cores, a pipeline ran at a third of its speed), and an
-operation chained after a row-count-changing one may get blocks of thousands of
-rows, so the first batch came only after most of the data was made. Blocks here
-hold whole batches (``chunk`` items, a multiple of every batch stage's size),
-the first ones one batch each and then larger (``block_sizes``), so the first batch costs
-about one batch's work and later blocks spread Ray Data's per-task cost over several.
+Why groups and not one operation per stage: an operation holds a CPU per task from the
+instance's budget, which Ray Data splits among operations, so a source or a batch stage of
+its own would hold CPUs to do next to nothing; and an operation after a row-count-changing
+one may get blocks of thousands of rows, delaying the first batch. Blocks here hold whole
+batches (``chunk`` items), one batch each at first, then more (``block_sizes``).
 
-Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs
-as Ray tasks, stateless and scheduled anywhere, at most ``concurrency`` at once
-(``TaskPoolStrategy``). A callable object (a class instance holding state: a
-tokenizer, a decoder with buffers) runs in a pool of ``concurrency`` actors
-(``ActorPoolStrategy``), so its state is unpickled once per actor rather than
-once per task.
+Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs as
+stateless Ray tasks, at most ``concurrency`` at once (``TaskPoolStrategy``); a callable
+object (state: a tokenizer, a decoder with buffers) runs in a pool of ``concurrency``
+actors (``ActorPoolStrategy``), so its state is unpickled once per actor, not per task.
 
 Batches: a batch stage groups the items whose source indices fall in the same
 ``size``-aligned window, in order, so batches are the other runners' batches.
 An item dropped under ``max_failures`` makes its batch one shorter (the other
 runners fill it from the next item); ``drop_last`` drops only a short last batch.
 
-Failures: with ``max_failures=0`` the first exception fails the run, and Ray
-never retries it (application errors are not retried; ``retry_exceptions`` is
-off, as Ray Data leaves it), so a deterministic error cannot hide behind retries.
-Above 0, a failing item is dropped and counted, and the runner ends the run once
-more than ``max_failures`` were counted. A task whose worker dies is retried by
-Ray, as Ray does for system failures.
+Failures: with ``max_failures=0`` the first exception fails the run, never retried
+(Ray does not retry application errors), so a deterministic error cannot hide behind
+retries. Above 0, a failing item is dropped and counted, and the runner ends the run
+once more than ``max_failures`` were counted. A task whose worker dies is retried by Ray.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import traceback
 import types
@@ -53,19 +46,18 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from ..errors import describe
 from ..pipeline import Pipeline, Stage
 from ._ray_meters import record
+from ._shipping import pickled
 
-__all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size", "groups",
-           "plain", "plain_scalar", "uses_actors", "window_items"]
+__all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size",
+           "find_failure", "groups", "rows_of", "uses_actors", "window_items"]
 
-#: Chunks (whole batches) a block holds at most. Blocks start at one chunk, so the first batch
-#: costs one chunk's work, and double with every block up to this: Ray Data holds an
-#: operation's task slot for tens of milliseconds after the task ends (on a 2-core host), a
-#: cost paid per block, so small blocks all the way would cap a cheap stage near 20 blocks/s.
+#: Chunks (whole batches) a block holds at most; blocks double up to it from one chunk, as
+#: Ray Data's cost per block would cap a cheap stage if they stayed small.
 MAX_BLOCK_CHUNKS = 64
-#: Chunks one execution runs at most: a larger source runs as several executions, one after
-#: the other (the driver puts each execution's blocks, a few hundred, in the object store).
+#: Chunks one execution runs at most: a larger source runs as several executions in turn.
 WINDOW_CHUNKS = 4096
 
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
@@ -82,6 +74,34 @@ class StageFailure(Exception):
 
     def __str__(self) -> str:
         return f"StageFailure: stage {self.stage!r} failed on item {self.index}: {self.what}"
+
+
+_FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+): (.*)")
+
+
+def find_failure(exc: BaseException | None) -> StageFailure | None:
+    """Our StageFailure inside whatever Ray wrapped it in (RayTaskError, UserCodeException, ...).
+
+    At times Ray keeps the chain as text only: then its StageFailure line is read back.
+    """
+    found = _in_chain(exc)
+    if found is not None or exc is None:
+        return found
+    match = _FAILURE_LINE.search(str(exc))
+    return None if match is None else StageFailure(match[1], int(match[2]), match[3], str(exc), None)
+
+
+def _in_chain(exc: BaseException | None) -> StageFailure | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StageFailure):
+            return exc
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and (found := _in_chain(cause)) is not None:
+            return found
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def uses_actors(stage: Stage) -> bool:
@@ -156,32 +176,18 @@ class _Stages:
                        for kind, name, arg, span in pieces]
 
     def __call__(self, block: dict[str, np.ndarray]) -> dict[str, Any]:
-        rows = self._read(block["data"]) if self.source is not None else _rows_of(block, self.batches_in)
+        rows = self._read(block["data"]) if self.source is not None else rows_of(block, self.batches_in)
         for kind, name, arg, span in self.pieces:
             rows = self._map(name, arg, span, rows) if kind == "map" else self._batch(name, arg, span, rows)
         return _block_of(rows)
 
     def _read(self, chunk_ids: np.ndarray) -> list[Row]:
+        """The source's items of these chunks, read as a stage whose failure always ends the run."""
         source, start, end, chunk = self.source
-        items = _items(source)
-        rows = []
-        for c in chunk_ids.tolist():
-            for index in range(start + c * chunk, min(start + (c + 1) * chunk, end)):
-                record(self.key, self.board, "source", "started")
-                t0 = time.perf_counter_ns()
-                try:
-                    item = items[index]
-                except Exception as exc:  # noqa: BLE001 - a source that raised ends the run (as under every runner)
-                    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                    record(self.key, self.board, "source", "failed", time.perf_counter_ns() - t0,
-                           ("source", index, what, time.time()))
-                    raise StageFailure("source", index, what, "".join(traceback.format_exception(exc)),
-                                       _picklable(exc)) from None
-                record(self.key, self.board, "source", "done", time.perf_counter_ns() - t0)
-                rows.append((index, item))
-        return rows
+        indices = [i for c in chunk_ids.tolist() for i in range(start + c * chunk, min(start + (c + 1) * chunk, end))]
+        return self._map("source", _items(source).__getitem__, 1, [(i, i) for i in indices], strict=True)
 
-    def _map(self, name: str, fn: Any, span: int, rows: list[Row]) -> list[Row]:
+    def _map(self, name: str, fn: Any, span: int, rows: list[Row], strict: bool = False) -> list[Row]:
         out = []
         for index, item in rows:
             record(self.key, self.board, name, "started")
@@ -189,9 +195,9 @@ class _Stages:
             try:
                 value = fn(item)
             except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
-                number, what = _first(index) // span, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                number, what = _first(index) // span, describe(exc)
                 record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0, (name, number, what, time.time()))
-                if self.strict:
+                if strict or self.strict:
                     text = "".join(traceback.format_exception(exc))
                     raise StageFailure(name, number, what, text, _picklable(exc)) from None
                 continue
@@ -244,15 +250,12 @@ def _first(index: Any) -> int:
 
 
 def _picklable(exc: BaseException) -> BaseException | None:
-    try:
-        cloudpickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - any failure to pickle: the text has to do
-        return None
-    return exc
+    return exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: the text has to do
 
 
-def _rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
-    """A block from the group before as rows: plain Python indices and scalars; a batch as a list."""
+def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
+    """A block (from the group before, or the last one) as rows: plain Python indices and
+    scalars; a batch as a list."""
     values = block["item"]
     if batches:
         return [(plain(i), [plain_scalar(x) for x in v]) for i, v in zip(block["idx"], values)]

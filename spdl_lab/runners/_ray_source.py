@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..engine.queues import QueueClosed
-from ..errors import PipelineSpecError
+from ..errors import PipelineSpecError, stage_failure
 from ..pipeline import Pipeline
-from ._ray_errors import pipeline_error
 
 __all__ = ["MAX_MATERIALIZED", "indexable"]
 
@@ -31,9 +30,7 @@ def indexable(pipeline: Pipeline, stopping: Any = lambda: False) -> tuple[Any, i
         except StopIteration:
             return items, len(items)
         except Exception as exc:  # noqa: BLE001 - the user's source: the run's error, naming the item
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            error = pipeline_error("source", len(items), what, 0, 0, "read here, before Ray starts")
-            raise error from exc
+            raise stage_failure("source", len(items), exc, where="read here, before Ray starts") from exc
         if stopping():
             raise QueueClosed("closed while the source was read")
         if len(items) > MAX_MATERIALIZED:

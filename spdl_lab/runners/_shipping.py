@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pickle
 import sys
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import cloudpickle
 import numpy as np
 
-from ..errors import PipelineError, PipelineSpecError
+from ..errors import PipelineError, PipelineSpecError, describe, stage_failure
 from ..pipeline import Pipeline
 
-__all__ = ["ship", "output_stage", "pickling_error", "unsendable_output"]
+__all__ = ["ship", "output_stage", "pickled", "pickling_error", "unsendable_output"]
 
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
@@ -27,9 +28,8 @@ def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
     except Exception as exc:
         raise PipelineSpecError(
             f"{runner} runner: {_unpicklable_part(pipeline)} cannot be pickled to send it to "
-            f"{destination} ({type(exc).__name__}: {exc}). Create locks, open files and clients "
-            f"inside the function instead of capturing them, or use runner='thread'."
-        ) from exc
+            f"{destination} ({describe(exc)}). Create locks, open files and clients "
+            f"inside the function instead of capturing them, or use runner='thread'.") from exc
 
 
 def _unpicklable_part(pipeline: Pipeline) -> str:
@@ -50,22 +50,16 @@ def output_stage(pipeline: Pipeline) -> str:
     return maps[-1] if maps else "source"
 
 
-def unsendable_output(
-    stage: str, index: int | None, exc: BaseException, runner: str, destination: str
-) -> PipelineError:
+def unsendable_output(stage: str, index: int | None, exc: BaseException, runner: str,
+                      destination: str) -> PipelineError:
     """The error for an output that cannot be pickled back to ``destination``."""
     where = "the source" if stage == "source" else f"stage {stage!r}"
     item = f" on item {index}" if index is not None else ""
-    error = PipelineError(
+    return stage_failure(stage, index, exc, message=(
         f"{runner} runner: {where} returned an object{item} that cannot be sent to {destination} "
-        f"({type(exc).__name__}: {exc}). The pipeline stopped. Return picklable values from it "
-        f"(arrays, tensors, numbers, strings, and lists, tuples or dicts of them): create locks, "
-        f"generators and open files where the batch is used instead, or use runner='thread'.",
-        stage=stage,
-        index=index,
-    )
-    error.__cause__ = exc
-    return error
+        f"({describe(exc)}). The pipeline stopped. Return picklable values from it (arrays, "
+        f"tensors, numbers, strings, and lists, tuples or dicts of them): create locks, "
+        f"generators and open files where the batch is used instead, or use runner='thread'."))
 
 
 class _Discard:
@@ -88,6 +82,16 @@ class _StructureProbe(ForkingPickler):
         if torch is not None and isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
             return 0
         return None
+
+
+def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes | None:
+    """An exception as bytes that load back (some pickle, yet cannot be rebuilt), or None."""
+    try:
+        data = dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data
 
 
 def pickling_error(value: Any) -> Exception | None:

@@ -106,11 +106,9 @@ def _reserve(fd: int, size: int, path: str, purpose: str) -> None:
 
 
 def _no_room(purpose: str, size: int, directory: str) -> str:
-    return (
-        f"not enough shared memory for {purpose} ({_human(size)}) in {directory} "
-        f"({_human(free_bytes(directory))} free); make batches smaller, free space in {directory}, "
-        f"or give the machine more shared memory (docker run --shm-size=...)"
-    )
+    return (f"not enough shared memory for {purpose} ({_human(size)}) in {directory} "
+            f"({_human(free_bytes(directory))} free); make batches smaller, free space in {directory}, "
+            f"or give the machine more shared memory (docker run --shm-size=...)")
 
 
 def _human(nbytes: int) -> str:

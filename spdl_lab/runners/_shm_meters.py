@@ -88,44 +88,25 @@ class MeterBlock:
         """One reading per row, summed over the slots; tasks in progress add to busy time."""
         now = time.monotonic_ns()
         snap = np.array(self.counters)  # one copy, so every figure is of the same instant
-        return readings(snap, names, kinds, concurrency, now)
+        started = snap[:, :, STARTED_NS]
+        running = np.where(started > 0, np.maximum(now - started, 0), 0).sum(axis=0)
+        in_flight = (started > 0).sum(axis=0)
+        sums = snap.sum(axis=0)
+        out = []
+        for row, (name, kind) in enumerate(zip(names, kinds)):
+            busy = int(sums[row, BUSY_NS])
+            out.append(StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
+                                    failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
+                                    busy_ns=busy + int(running[row]), concurrency=concurrency,
+                                    hist=sums[row, HIST:].tolist(), busy_done_ns=busy))
+        return out
 
     def release(self) -> None:
         """Unmap and unlink the file (the parent's side). Safe to call twice."""
-        self.detach()
-        self._shm.unlink()
-
-    def detach(self) -> None:
-        """Unmap without unlinking. The numpy views go first: a mapping with views cannot close."""
+        # The numpy views go first: a mapping with views cannot close.
         self.pids = self.counters = np.zeros((0, 0, 0), np.int64)
         self._shm.close()
-
-
-def readings(
-    snap: np.ndarray, names: list[str], kinds: list[str], concurrency: int, now_ns: int
-) -> list[StageReading]:
-    """StageReadings from a copy of the counters, shape (slots, rows, ROW_LEN)."""
-    started = snap[:, :, STARTED_NS]
-    running = np.where(started > 0, np.maximum(now_ns - started, 0), 0).sum(axis=0)
-    in_flight = (started > 0).sum(axis=0)
-    sums = snap.sum(axis=0)
-    out = []
-    for row, (name, kind) in enumerate(zip(names, kinds)):
-        busy = int(sums[row, BUSY_NS])
-        out.append(
-            StageReading(
-                name=name,
-                kind=kind,
-                tasks=int(sums[row, TASKS]),
-                failures=int(sums[row, FAILURES]),
-                in_flight=int(in_flight[row]),
-                busy_ns=busy + int(running[row]),
-                concurrency=concurrency,
-                hist=sums[row, HIST:].tolist(),
-                busy_done_ns=busy,
-            )
-        )
-    return out
+        self._shm.unlink()
 
 
 class SlotMeter:

@@ -30,7 +30,7 @@ import sys
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib.format import descr_to_dtype, dtype_to_descr
@@ -46,15 +46,12 @@ _MIN_SLOT = 1 << 20
 _GROWTH = 1.25
 
 
-class Encoded:
-    """An output ready to send: pickle bytes plus the arrays to copy into a slot."""
+class Encoded(NamedTuple):
+    """An output ready to send: pickle bytes plus the arrays to copy into a slot (at their offsets)."""
 
-    __slots__ = ("meta", "arrays", "nbytes")
-
-    def __init__(self, meta: bytes, arrays: list[tuple[int, Any]], nbytes: int) -> None:
-        self.meta = meta
-        self.arrays = arrays
-        self.nbytes = nbytes
+    meta: bytes
+    arrays: list[tuple[int, Any]]
+    nbytes: int
 
 
 class _Encoder(pickle.Pickler):
@@ -80,14 +77,8 @@ class _Encoder(pickle.Pickler):
 
 
 def _plain_cpu_tensor(t: Any, torch: Any) -> bool:
-    return (
-        t.device.type == "cpu"
-        and t.layout == torch.strided
-        and not t.requires_grad
-        and not t.is_quantized
-        and not t.is_conj()
-        and not t.is_neg()
-    )
+    return (t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
+            and not t.is_quantized and not t.is_conj() and not t.is_neg())
 
 
 def encode(obj: Any) -> Encoded:
@@ -100,9 +91,8 @@ def encode(obj: Any) -> Encoded:
 def write_arrays(encoded: Encoded, shm: ShmFile, copier: Copier | None = None) -> None:
     """Copy each array's bytes into the slot at its offset (one copy, strides honoured).
 
-    With a ``copier`` a large output is copied by several threads at once: one
-    thread copies about 3 GB/s here, and at a 154 MB batch every 50 ms that one
-    thread was the pipeline's limit while the cores had time to spare.
+    With a ``copier`` a large output is copied by several threads at once, as one
+    copying thread can be the pipeline's limit while the cores have time to spare.
     """
     pieces = [piece for offset, obj in encoded.arrays for piece in _pieces(offset, obj, shm)]
     if copier is None or encoded.nbytes < SPLIT_BYTES or len(pieces) < 2:
@@ -248,10 +238,6 @@ class Leases:
         self._lent -= len(back)
         return back
 
-    @property
-    def lent(self) -> int:
-        return self._lent
-
 
 class SlotWriter:
     """Child side: ``count`` reusable segments; a slot is busy until the parent releases it."""
@@ -282,10 +268,8 @@ class SlotWriter:
             self._made += 1
             size = max(_MIN_SLOT, int(nbytes * _GROWTH))
             try:
-                shm = ShmFile(
-                    f"{self._prefix}slot{slot_id}_{self._made}", size, create=True,
-                    purpose="the transfer buffer of an output",
-                )
+                shm = ShmFile(f"{self._prefix}slot{slot_id}_{self._made}", size, create=True,
+                              purpose="the transfer buffer of an output")
             except BaseException:
                 self._free.put(slot_id)
                 raise

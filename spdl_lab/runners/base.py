@@ -13,11 +13,7 @@ from ..engine.engine import EngineReading
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 
-__all__ = ["Runner", "RunnerOptions"]
-
-
-class RunnerOptions(dict):
-    """Options specific to one runner (e.g. ``num_workers`` for ``process``)."""
+__all__ = ["Runner"]
 
 
 class Runner(ABC):
@@ -36,9 +32,7 @@ class Runner(ABC):
     pool_stage: str | None = None
     pool_option: str | None = None
 
-    def __init__(
-        self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool) -> None:
         self.pipeline = pipeline
         self.buffer_size = buffer_size
         self.max_failures = max_failures
@@ -56,10 +50,8 @@ class Runner(ABC):
         unknown = [k for k in options if k not in params]
         if unknown:
             known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
-            raise PipelineSpecError(
-                f"runner {cls.name!r} does not take option(s) {', '.join(map(repr, unknown))}; "
-                f"it takes: {', '.join(known)}"
-            )
+            raise PipelineSpecError(f"runner {cls.name!r} does not take option(s) "
+                                    f"{', '.join(map(repr, unknown))}; it takes: {', '.join(known)}")
 
     @abstractmethod
     def start(self) -> None: ...

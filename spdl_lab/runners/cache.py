@@ -15,6 +15,7 @@ from ..engine.engine import EngineReading
 from ..engine.queues import END, TIMEOUT
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
+from . import runner_class
 from .base import Runner
 
 __all__ = ["CacheRunner", "expected_outputs", "MAX_COUNTED_ITEMS"]
@@ -33,26 +34,13 @@ class CacheRunner(Runner):
 
     name = "cache"
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None,
-        max_failures: int,
-        metered: bool,
-        source_runner: str = "thread",
-        num_caches: int = 8,
-        forever: bool = False,
-        num_outputs: int | None = None,
-        **source_options: Any,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
+                 source_runner: str = "thread", num_caches: int = 8, forever: bool = False,
+                 num_outputs: int | None = None, **source_options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        from . import runner_class
-
         self.check_options(pipeline, {"source_runner": source_runner, "num_caches": num_caches})
-        self._source = runner_class(source_runner)(
-            pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered, **source_options
-        )
+        self._source = runner_class(source_runner)(pipeline, buffer_size=buffer_size, max_failures=max_failures,
+                                                   metered=metered, **source_options)
         self._num_caches = num_caches
         self._forever = forever
         self._num_outputs = num_outputs
@@ -65,8 +53,6 @@ class CacheRunner(Runner):
 
     @classmethod
     def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
-        from . import runner_class
-
         source_runner = options.get("source_runner", "thread")
         if source_runner == "cache":
             raise PipelineSpecError("cache runner: source_runner must be another runner than 'cache'")
@@ -150,11 +136,9 @@ def expected_outputs(pipeline: Pipeline) -> int:
         for _ in pipeline.open_source():
             n += 1
             if n > MAX_COUNTED_ITEMS:
-                raise PipelineSpecError(
-                    f"cache runner: the source has no len() and more than {MAX_COUNTED_ITEMS:,} "
-                    f"items (it may be endless), so the number of outputs to replay is unknown; "
-                    f"pass num_outputs=N or forever=True"
-                ) from None
+                raise PipelineSpecError(f"cache runner: the source has no len() and more than "
+                                        f"{MAX_COUNTED_ITEMS:,} items (it may be endless), so the number of "
+                                        f"outputs to replay is unknown; pass num_outputs=N or forever=True") from None
     for stage in pipeline.stages:
         if stage.kind == "batch":
             size = stage.size or 1

@@ -1,12 +1,14 @@
-"""Child processes this package starts, in one place: spawned with two pipes, stopped with
+"""Every child process the runners and diagnose start: a fresh interpreter (spawn, never a
+fork of this threaded process) that does not run the user's script again, stopped with
 escalation, and how each ended, said in words.
 
-Used by the subprocess-threads runner, the diagnose child interpreter and the
-diagnose sweep's workers. A child gets two pipes: ``data`` (child -> parent)
-and ``ctrl`` (parent -> child); their file descriptors are its last two
-arguments. Each starts in its own session, so Ctrl-C reaches only the
-parent, which then stops its children. A child ships its traceback as text;
-the parent chains it as ``ChildTraceback`` under the error it raises.
+Our own children (the subprocess-threads engine, diagnose's interpreter and its sweep
+workers) come from ``spawn``: ``python ARGS... DATA_FD CTRL_FD`` with two pipes, ``data``
+(child -> parent) and ``ctrl`` (parent -> child), each in a session of its own, so Ctrl-C
+reaches only the parent, which stops them (``stop_process``). A child ships its traceback
+as text; the parent chains it as ``ChildTraceback``. DataLoader workers are started by torch
+itself, through the context it is given: ``MainFreeSpawnContext``. ``ended`` words the end
+of either kind; ``kill`` ends DataLoader workers stuck in a stage.
 """
 
 from __future__ import annotations
@@ -15,10 +17,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import Any
 
-__all__ = ["Child", "ChildTraceback", "exit_reason", "spawn", "stop_process"]
+import psutil
+
+__all__ = ["Child", "ChildTraceback", "MainFreeSpawnContext", "ended", "exit_reason", "exit_status",
+           "kill", "spawn", "stop_process"]
 
 
 class ChildTraceback(Exception):
@@ -32,10 +45,6 @@ class Child:
     proc: subprocess.Popen
     data: Connection
     ctrl: Connection
-
-    def close_pipes(self) -> None:
-        for conn in (self.ctrl, self.data):
-            conn.close()
 
 
 def spawn(args: list[str]) -> Child:
@@ -56,19 +65,23 @@ def spawn(args: list[str]) -> Child:
     return Child(proc, Connection(data_r, writable=False), Connection(ctrl_w, readable=False))
 
 
+def ended(killed: bool, code: int) -> str:
+    """"was killed by signal SIGKILL" or "exited with status 3"."""
+    if not killed:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by signal {signal.Signals(code).name}"
+    except ValueError:
+        return f"was killed by signal {code}"
+
+
 def exit_reason(proc: subprocess.Popen, wait_s: float = 2.0) -> str:
-    """How the child ended: "exited with status 3", "was killed by signal SIGKILL", or
-    "closed its pipe" (still running after ``wait_s``)."""
+    """How a spawned child ended (``ended``), or "closed its pipe" if still running after ``wait_s``."""
     try:
         code = proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         return "closed its pipe"
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
+    return ended(code < 0, abs(code))
 
 
 def stop_process(proc: subprocess.Popen, timeout: float) -> None:
@@ -82,3 +95,89 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
             return
         except subprocess.TimeoutExpired:
             pass
+
+
+# -- DataLoader workers: started and reaped by torch's Process objects --------------------
+def exit_status(pid: int) -> tuple[bool, int] | None:
+    """(killed by a signal, the signal or status) once child ``pid`` has exited, else None
+    (running, reaped already, or not our child). WNOWAIT leaves the reaping to its Process."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    return info.si_code in (os.CLD_KILLED, os.CLD_DUMPED), info.si_status
+
+
+def kill(pids: list[int], wait_s: float = 1.0) -> None:
+    """SIGKILL those of ``pids`` that are this process's children and still run; wait for them
+    to exit. They are not reaped here: their Process objects would then believe them alive,
+    and a later terminate() could hit a reused pid."""
+    me, killed = os.getpid(), []
+    for pid in pids:
+        try:
+            child = psutil.Process(pid)
+            if child.ppid() == me and _running(pid):
+                child.kill()
+                killed.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(map(_running, killed)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+# ``spawn`` starts a worker by re-running the parent's ``__main__`` (as ``__mp_main__``), so
+# that functions defined there can be found by name: why a script that starts DataLoader
+# workers needs an ``if __name__ == "__main__":`` guard. Our workers need nothing from
+# ``__main__`` (the pipeline travels by value, cloudpickle), so while one is launched,
+# ``__main__`` is shown to multiprocessing with a spec named "__main__", which the child takes
+# as "nothing to import" (``multiprocessing.spawn._fixup_main_from_name``). Every other
+# attribute is the real module's. A user's own DataLoader (``lab.run(dl)``) keeps torch's ways.
+_swapping = threading.Lock()
+
+
+class _MainByName(types.ModuleType):
+    """``__main__`` as multiprocessing should see it while launching: named, not a path."""
+
+    def __init__(self, real: types.ModuleType) -> None:
+        super().__init__("__main__")
+        self.__dict__["_real_main"] = real
+        self.__spec__ = ModuleSpec("__main__", None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_real_main"], name)
+
+
+@contextmanager
+def _main_by_name() -> Iterator[None]:
+    with _swapping:
+        real = sys.modules.get("__main__")
+        if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
+            yield  # run with -m, or no main: spawn imports it by name, which the guard is not needed for
+            return
+        sys.modules["__main__"] = _MainByName(real)
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = real
+
+
+class MainFreeProcess(SpawnProcess):
+    def start(self) -> None:
+        with _main_by_name():
+            super().start()
+
+
+class MainFreeSpawnContext(SpawnContext):
+    """``multiprocessing.get_context("spawn")``, but workers do not re-run ``__main__``."""
+
+    Process = MainFreeProcess

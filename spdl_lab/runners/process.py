@@ -14,23 +14,16 @@ import time
 import warnings
 from typing import Any
 
-import psutil
 from torch.utils.data import DataLoader
 
-from ..engine.engine import EngineReading, default_buffer_size
+from ..engine.engine import EngineReading, abandoned_message, default_buffer_size
 from ..engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
-from ..errors import PipelineSpecError, RunnerError, SpdlLabError
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks
 from ..pipeline import Pipeline
 from ..telemetry.histogram import new_counts
 from ..telemetry.meters import StageReading
-from ._process_errors import (
-    dead_worker_error,
-    describe,
-    drop_tracebacks,
-    exit_status,
-    pipeline_error,
-    torch_error,
-)
+from ._delivered import Delivered
+from ._process_errors import dead_worker_error, pipeline_error, torch_error
 from ._process_options import (
     check_num_workers,
     check_prefetch,
@@ -38,10 +31,11 @@ from ._process_options import (
     context,
     passed_through,
 )
-from ._process_worker import Dropped, Failure, PipelineDataset, Plan, Skip
+from ._process_worker import Dropped, Failure, PipelineDataset, Plan
 from ._shipping import ship
 from ._shm_meters import Layout, MeterBlock
 from .base import Runner
+from .children import exit_status, kill
 
 __all__ = ["ProcessRunner", "WORKERS"]
 
@@ -59,75 +53,55 @@ _CHECK_S = 0.1
 class ProcessRunner(Runner):
     """Runs the pipeline in ``torch.utils.data.DataLoader`` worker processes.
 
-    Options (keyword arguments of ``lab.Loader``): ``num_workers`` (default 2;
-    0 runs everything in this process), ``prefetch_factor``,
-    ``persistent_workers``, ``multiprocessing_context`` (default ``"spawn"``;
-    ``"fork"`` is refused because this process runs threads), ``pin_memory``,
-    ``pin_memory_device``, ``in_order``, and ``timeout`` (seconds without a
-    batch before the run fails; 0 waits for ever). Example::
+    Options (keyword arguments of ``lab.Loader``): ``num_workers`` (default 2; 0 runs
+    everything in this process), ``prefetch_factor``, ``persistent_workers``,
+    ``multiprocessing_context`` (default ``"spawn"``; ``"fork"`` is refused because this
+    process runs threads), ``pin_memory``, ``pin_memory_device``, ``in_order``, and
+    ``timeout`` (seconds without a batch before the run fails; 0 waits for ever). Example::
 
         with lab.Loader(p, runner="process", num_workers=4, prefetch_factor=2) as loader:
             for batch in loader: ...
 
-    Workers are DataLoader's, started with ``spawn``, except that they do not
-    run the user's script again (``_spawn``): functions travel as cloudpickle
-    bytes, so lambdas and functions defined in ``__main__`` or a notebook cell
-    work, and a script needs no ``if __name__ == "__main__":`` guard. (A
+    Workers do not run the user's script again (``children.MainFreeSpawnContext``):
+    functions travel as cloudpickle bytes, so lambdas and functions defined in ``__main__``
+    or a notebook cell work, and a script needs no ``if __name__ == "__main__":`` guard. (A
     DataLoader of the user's own, passed to ``lab.run``, behaves as torch's.)
 
-    Each worker runs the per-item maps, makes its batches (``batch`` becomes
-    ``batch_size``) and runs the per-batch maps as the collate step. Worker w
-    of W processes the w-th of every W chunks of ``batch size`` source items,
-    so batches and their order match the thread runner's. At most one
-    ``batch`` stage is supported.
+    Each worker runs the per-item maps, makes its batches (``batch`` becomes ``batch_size``;
+    one ``batch`` stage at most) and runs the per-batch maps as the collate step. Worker w
+    of W takes the w-th of every W chunks of ``batch size`` source items, so batches and
+    their order match the thread runner's.
 
-    ``set_concurrency(stage, n)`` changes ``num_workers``: every worker runs
-    every stage, so any map stage name, or the pseudo-stage ``"workers"``,
-    means the pool. The DataLoader is restarted with ``n`` workers, skipping
-    what was already delivered: nothing is lost or repeated, but batches in
-    flight are computed again. ``concurrency(stage)`` is ``num_workers``.
+    ``set_concurrency(stage, n)`` with any map stage, or the pseudo-stage ``"workers"``
+    (every worker runs every stage), restarts the DataLoader with ``n`` workers, skipping
+    what was delivered: nothing is lost or repeated, batches in flight are made again.
 
-    Failures: a stage raising in a worker ends the run with ``PipelineError``
-    naming the stage and item. ``max_failures`` is counted per worker process
-    (each may drop that many items), since workers share no lock. A worker
-    that dies (e.g. SIGKILL by the OOM killer) ends the run with
-    ``RunnerError`` naming its pid and signal within a fraction of a second.
-    ``close`` stops the pump, shuts the workers down, kills any still alive
-    after ``timeout`` and removes the shared-memory meter block.
+    Failures: a stage raising ends the run with ``PipelineError`` naming the stage and
+    item; ``max_failures`` counts per worker process (workers share no lock). A worker that
+    dies (SIGKILL by the OOM killer) ends it with ``RunnerError`` naming its pid and signal
+    within a fraction of a second. ``close`` stops the pump and the workers, kills any still
+    alive after ``timeout`` and removes the shared-memory meter block.
     """
 
     name = "process"
     pool_stage = WORKERS
     pool_option = "num_workers"
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None,
-        max_failures: int,
-        metered: bool,
-        num_workers: int = DEFAULT_NUM_WORKERS,
-        prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
-        multiprocessing_context: str | Any = "spawn",
-        pin_memory: bool = False,
-        timeout: float = 0.0,
-        **options: Any,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
+                 num_workers: int = DEFAULT_NUM_WORKERS, prefetch_factor: int | None = None,
+                 persistent_workers: bool = False, multiprocessing_context: str | Any = "spawn",
+                 pin_memory: bool = False, timeout: float = 0.0, **options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._plan = Plan.of(pipeline)
         self._num_workers = check_num_workers(num_workers, WORKERS)
         self._timeout = check_timeout(timeout)
         self._base_options = {"pin_memory": bool(pin_memory), **passed_through(options)}
-        self._worker_options = {
-            "prefetch_factor": check_prefetch(prefetch_factor),
-            "persistent_workers": bool(persistent_workers),
-            "multiprocessing_context": context(multiprocessing_context),
-        }
+        self._worker_options = {"prefetch_factor": check_prefetch(prefetch_factor),
+                                "persistent_workers": bool(persistent_workers),
+                                "multiprocessing_context": context(multiprocessing_context)}
         capacity = buffer_size if buffer_size is not None else default_buffer_size(pipeline)
         self._output = BoundedQueue("workers→output", capacity)
-        self._delivered = _Delivered()
+        self._delivered = Delivered()
         self._names = ["source", *(s.name for s in pipeline.stages)]
         self._kinds = ["source", *(s.kind for s in pipeline.stages)]
         self._payload = b""
@@ -171,9 +145,7 @@ class ProcessRunner(Runner):
         except SpdlLabError as exc:
             self._fail(exc)
         except BaseException as exc:
-            error = RunnerError(f"process runner: the DataLoader failed: {describe(exc)}")
-            error.__cause__ = exc
-            self._fail(error)
+            self._fail(torch_error(exc))
 
     def _run_generation(self, workers: int) -> bool:
         """Iterate one DataLoader until the data ends (True), or a stop or restart (False)."""
@@ -214,19 +186,15 @@ class ProcessRunner(Runner):
             if block.layout.slots < workers:
                 block = self._block = block.resized(workers)
             block.clear_workers()  # the last generation's workers have all exited
-        dataset = PipelineDataset(
-            self._payload, self._plan, self._delivered.skip(), block.name, block.layout,
-            self.max_failures, self.metered,
-        )
+        dataset = PipelineDataset(self._payload, self._plan, self._delivered.skip(), block.name, block.layout,
+                                  self.max_failures, self.metered)
         options: dict[str, Any] = dict(self._base_options)
         if workers:
             options.update(self._worker_options, worker_init_fn=dataset.init_worker, timeout=_POLL_S)
         else:
             dataset.use_block(block)
-        return DataLoader(
-            dataset, batch_size=self._plan.batch_size, drop_last=self._plan.drop_last,
-            collate_fn=dataset.collate, num_workers=workers, **options,
-        )
+        return DataLoader(dataset, batch_size=self._plan.batch_size, drop_last=self._plan.drop_last,
+                          collate_fn=dataset.collate, num_workers=workers, **options)
 
     def _deliver(self, item: tuple[list[int], Any]) -> None:
         indices, value = item
@@ -235,7 +203,7 @@ class ProcessRunner(Runner):
         chunk = indices[0] // self._plan.chunk
         if not isinstance(value, Dropped):
             self._output.put(chunk, value)
-        self._delivered.add(chunk)
+        self._delivered.add([chunk])
 
     def _fail(self, error: SpdlLabError) -> None:
         drop_tracebacks(error)  # a traceback into torch would keep its iterator and workers alive
@@ -293,10 +261,8 @@ class ProcessRunner(Runner):
         if stage == WORKERS:
             return
         if self.pipeline.stage(stage).kind != "map":
-            raise PipelineSpecError(
-                f"stage {stage!r} is a batch stage; under the process runner pass a map stage "
-                f"or {WORKERS!r} to change num_workers"
-            )
+            raise PipelineSpecError(f"stage {stage!r} is a batch stage; under the process runner pass a map "
+                                    f"stage or {WORKERS!r} to change num_workers")
 
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
@@ -327,39 +293,15 @@ class ProcessRunner(Runner):
                 self._kill_workers()
                 pump.join(1.0)
             if pump.is_alive() and first:
-                warnings.warn(self._abandoned_message(pump, timeout), RuntimeWarning, stacklevel=2)
+                busy = " and ".join(f"stage {r.name!r}" for r in self.read().stages if r.in_flight) or "a stage"
+                message = abandoned_message([(busy, pump)], timeout, "use num_workers >= 1 (0 runs the stages here)")
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
         self._kill_workers()
         self._release_block()
 
-    def _abandoned_message(self, pump: threading.Thread, timeout: float) -> str:
-        busy = [f"stage {r.name!r}" for r in self.read().stages if r.in_flight] or ["a stage"]
-        return (
-            f"spdl_lab: the process runner's pump thread ({pump.name}) is still inside "
-            f"{' and '.join(busy)} {timeout:g}s after close(); with num_workers=0 the stages run in "
-            f"it. It is abandoned as a daemon thread and exits when that call returns. If a stage "
-            f"can block for ever, give its blocking calls a timeout, or use num_workers >= 1, "
-            f"whose workers close() can kill."
-        )
-
     def _kill_workers(self) -> None:
-        """SIGKILL workers still running (stuck in a stage); multiprocessing then reaps them.
-
-        Reaping them here instead would leave torch's Process objects believing
-        them alive, and a later terminate() could hit a reused pid.
-        """
-        me = os.getpid()
-        killed = []
-        for pid in self.worker_pids():
-            try:
-                child = psutil.Process(pid)
-                if child.ppid() == me and _running(pid):
-                    child.kill()
-                    killed.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        deadline = time.monotonic() + 1.0
-        while any(map(_running, killed)) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        """SIGKILL workers stuck in a stage; multiprocessing then reaps them."""
+        kill(self.worker_pids())
         multiprocessing.active_children()  # reaps exited workers through their Process objects
 
     def _release_block(self) -> None:
@@ -370,35 +312,3 @@ class ProcessRunner(Runner):
             block.clear_workers()  # nothing runs any more, so nothing is in flight
             self._final = block.read(self._names, self._kinds, self._num_workers)
             block.release()
-
-
-class _Delivered:
-    """Chunks handed to the consumer, so a restart neither loses nor repeats one.
-
-    Written only by the pump. Chunks mostly arrive in order, so a watermark plus
-    the few out-of-order ones stays small however long the run.
-    """
-
-    def __init__(self) -> None:
-        self.below = 0
-        self.extra: set[int] = set()
-
-    def add(self, chunk: int) -> None:
-        if chunk != self.below:
-            self.extra.add(chunk)
-            return
-        self.below += 1
-        while self.below in self.extra:
-            self.extra.remove(self.below)
-            self.below += 1
-
-    def skip(self) -> Skip:
-        return Skip(self.below, frozenset(self.extra))
-
-
-def _running(pid: int) -> bool:
-    """Whether child ``pid`` has not exited yet; WNOWAIT leaves it for its Process to reap."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-    except ChildProcessError:
-        return False

@@ -1,13 +1,12 @@
 """``ray``: the Pipeline on Ray Data, on a local Ray instance or a real cluster.
 
-The Dataset is built by ``_ray_plan`` (runs of map stages with one setting a Ray Data
-operation at that concurrency, the source and ``batch`` inside them); a pump thread iterates its rows on the training side into a
-bounded queue, in order when the pipeline asks for order. Meters run inside the
-Ray workers and add up in an actor (``_ray_meters``). ``set_concurrency``
-cannot resize a running Ray Data operation (its pools are fixed when the
-execution plan starts), so it restarts the execution from the first item not
-yet delivered, as the process runner restarts its workers; items in flight are
-made again and never delivered twice.
+The Dataset is built by ``_ray_plan`` (runs of map stages with one setting make a Ray Data
+operation, the source and ``batch`` inside them); a pump thread iterates its rows into a
+bounded queue here, in order when the pipeline asks for order. Meters run inside the Ray
+workers and add up in an actor (``_ray_meters``). ``set_concurrency`` cannot resize a
+running Ray Data operation, so it restarts the execution from the first item not yet
+delivered, as the process runner restarts its workers: items in flight are made again,
+never delivered twice.
 """
 
 from __future__ import annotations
@@ -15,18 +14,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..engine.engine import EngineReading, default_buffer_size
 from ..engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
-from ..errors import PipelineSpecError, RunnerError, SpdlLabError
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks, stage_failure
 from ..pipeline import Pipeline, validate_concurrency
 from ..telemetry.meters import QueueReading
+from ._delivered import Delivered
 from ._ray_cluster import RayConnection
-from ._ray_errors import drop_tracebacks, pipeline_error, stage_failure
 from ._ray_meters import FLUSH_S, board_class, reading_of
-from ._ray_plan import build, chunk_size, groups, plain, plain_scalar, window_items
+from ._ray_plan import build, chunk_size, find_failure, groups, rows_of, window_items
 from ._ray_source import indexable
 from .base import Runner
 
@@ -42,6 +40,8 @@ _FINAL_READ_S = 2.0
 #: How long the end of the data may wait for complete counts (the meter actor can take seconds to
 #: start on a loaded machine; complete counts end the wait at once).
 _SETTLE_S = 10.0
+#: Where a stage's failure happened, as its error says.
+_IN_RAY = "in a Ray worker"
 
 
 class RayRunner(Runner):
@@ -79,7 +79,7 @@ class RayRunner(Runner):
         self._read_at = 0.0
         self._asked: Any = None  # a board reading asked for and not yet taken
         self._read_lock = threading.Lock()
-        self._delivered = _Delivered()
+        self._delivered = Delivered()
         self._seq = 0
         self._generation = 0
         self._error: SpdlLabError | None = None
@@ -128,10 +128,10 @@ class RayRunner(Runner):
             # Its traceback runs through Ray Data's iterator frames, which hold a prefetch thread:
             # kept with the error, the thread would outlive the run.
             drop_tracebacks(exc)
-            failure = stage_failure(exc)
+            failure = find_failure(exc)
             if failure is not None:
-                error: SpdlLabError = pipeline_error(failure.stage, failure.index, failure.what, 0, 0)
-                error.__cause__ = failure.error or exc
+                error: SpdlLabError = stage_failure(failure.stage, failure.index, failure.error or exc,
+                                                    what=failure.what, where=_IN_RAY)
             else:
                 error = RunnerError(f"ray runner: the Ray Data execution failed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
@@ -156,7 +156,7 @@ class RayRunner(Runner):
             generation = self._generation
             concurrency = dict(self._concurrency)
         chunk = chunk_size(self.pipeline)
-        start = self._delivered.first_missing() // chunk * chunk  # a batch boundary
+        start = self._delivered.below // chunk * chunk  # a batch boundary
         if start >= self._count:
             return True
         end = min(self._count, start + window_items(self.pipeline))
@@ -175,9 +175,10 @@ class RayRunner(Runner):
             self._groups = groups(self.pipeline, concurrency, self._resources)
         bundles = ds._build_bundle_iterator(executor)
         try:
+            batches = self._kinds[self.pipeline.stages[-1].name] == "batch"
             for bundle in bundles:
                 for ref in bundle.block_refs:
-                    for row in _rows(self._get_block(ref)):
+                    for row in rows_of(_columns(self._get_block(ref)), batches):
                         if self._stopping or self._generation != generation:
                             return False
                         self._deliver(row, chunk)
@@ -204,6 +205,7 @@ class RayRunner(Runner):
                     raise QueueClosed("closed while a block was fetched") from None
 
     def _deliver(self, row: tuple[Any, Any], chunk: int) -> None:
+        """Hand one row (plain Python: ``rows_of``) to the consumer, unless it was handed before."""
         idx, value = row
         indices = idx if isinstance(idx, list) else [idx]
         if self._delivered.seen(indices):
@@ -212,10 +214,6 @@ class RayRunner(Runner):
             # In order, every item before this row's batch was delivered or dropped: a restart
             # must not make a dropped one again (and count its failure twice).
             self._delivered.cover(indices[0] // chunk * chunk)
-        if self._kinds[self.pipeline.stages[-1].name] == "batch":
-            value = [plain_scalar(x) for x in value]
-        else:
-            value = plain_scalar(value)
         self._output.put(self._seq, value)
         self._seq += 1
         self._delivered.add(indices)
@@ -236,7 +234,8 @@ class RayRunner(Runner):
             # The one too many in item order (tasks finish out of order), as the other runners name it.
             seen = sorted((f for t in totals.values() for f in t["failed"]), key=lambda f: (f[1], f[3]))
             stage, index, what, _ = seen[min(self.max_failures, len(seen) - 1)]
-            raise pipeline_error(stage, index, what, failed - 1, self.max_failures)
+            raise stage_failure(stage, index, None, what=what, where=_IN_RAY, dropped=failed - 1,
+                                max_failures=self.max_failures)
 
     def _settle(self) -> None:
         """At the end of the data, wait for the workers' last counts (up to ``_SETTLE_S``).
@@ -397,36 +396,6 @@ class RayRunner(Runner):
             self._connection.close(timeout)
 
 
-class _Delivered:
-    """Source indices delivered: a contiguous prefix plus those beyond it (for restarts)."""
-
-    def __init__(self) -> None:
-        self._prefix = 0
-        self._beyond: set[int] = set()
-
-    def seen(self, indices: Sequence[int]) -> bool:
-        return bool(indices) and all(i < self._prefix or i in self._beyond for i in indices)
-
-    def add(self, indices: Sequence[int]) -> None:
-        self._beyond.update(indices)
-        self._advance()
-
-    def cover(self, end: int) -> None:
-        """Every index below ``end`` is done with (delivered, or dropped as a failure)."""
-        if end > self._prefix:
-            self._prefix = end
-            self._beyond = {i for i in self._beyond if i >= end}
-            self._advance()
-
-    def _advance(self) -> None:
-        while self._prefix in self._beyond:
-            self._beyond.discard(self._prefix)
-            self._prefix += 1
-
-    def first_missing(self) -> int:
-        return self._prefix
-
-
 def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, float]]:
     if resources is None:
         return {}
@@ -451,10 +420,8 @@ def _stop(executor: Any) -> None:
             output[1].mark_finished()  # its consumer's wait for output ends (StopIteration)
 
 
-def _rows(block: Any) -> Iterator[tuple[Any, Any]]:
-    """A block's rows as (source index or list of them, value), the value as Ray gives it back."""
+def _columns(block: Any) -> Any:
+    """A block fetched from Ray, as Ray Data's numpy columns (``idx``, ``item``)."""
     from ray.data.block import BlockAccessor
 
-    columns = BlockAccessor.for_block(block).to_batch_format("numpy")
-    for idx, value in zip(columns["idx"], columns["item"]):
-        yield plain(idx), value
+    return BlockAccessor.for_block(block).to_batch_format("numpy")

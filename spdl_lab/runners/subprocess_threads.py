@@ -18,7 +18,7 @@ from typing import Any
 
 from ..engine.engine import Engine, EngineReading
 from ..engine.queues import END, TIMEOUT
-from ..errors import PipelineError, RunnerError
+from ..errors import PipelineError, RunnerError, stage_failure
 from ..pipeline import Pipeline
 from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
@@ -39,16 +39,8 @@ START_TIMEOUT_S = 60.0
 class SubprocessThreadsRunner(Runner):
     name = "subprocess-threads"
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None,
-        max_failures: int,
-        metered: bool,
-        slots: int = SLOTS,
-        start_timeout: float = START_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
+                 slots: int = SLOTS, start_timeout: float = START_TIMEOUT_S) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._payload = ship(pipeline, "subprocess-threads", "the child process")
         self._slots = slots
@@ -72,35 +64,25 @@ class SubprocessThreadsRunner(Runner):
 
     # -- starting ----------------------------------------------------------------
     def start(self) -> None:
-        meters = ShmFile(
-            f"{self._prefix}meters", _METERS_SIZE, create=True, purpose="the subprocess-threads runner's meters"
-        )
+        meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
+                         purpose="the subprocess-threads runner's meters")
         self._meters = SeqlockBlock(meters)
         child = spawn(["-m", "spdl_lab.runners._child"])
         self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
-        self._send(
-
-                {
-                    "pipeline": self._payload,
-                    "engine_options": {
-                        "buffer_size": self.buffer_size,
-                        "max_failures": self.max_failures,
-                        "metered": self.metered,
-                    },
-                    "sys_path": list(sys.path),
-                    "prefix": self._prefix,
-                    "slots": self._slots,
-                    "meters": meters.name,
-                    "meters_size": meters.size,
-                }
-
-        )
+        self._send({
+            "pipeline": self._payload,
+            "engine_options": {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
+                               "metered": self.metered},
+            "sys_path": list(sys.path),
+            "prefix": self._prefix,
+            "slots": self._slots,
+            "meters": meters.name,
+            "meters_size": meters.size,
+        })
         message = self._recv(self._start_timeout, starting=True)
         if message is TIMEOUT:
-            raise RunnerError(
-                f"subprocess-threads: the child process did not start within {self._start_timeout:g} s; "
-                f"pass start_timeout= to wait longer"
-            )
+            raise RunnerError(f"subprocess-threads: the child process did not start within "
+                              f"{self._start_timeout:g} s; pass start_timeout= to wait longer")
 
     # -- iterating ---------------------------------------------------------------
     def get(self, timeout: float) -> Any:
@@ -170,12 +152,10 @@ class SubprocessThreadsRunner(Runner):
 
     def _died(self, child_traceback: str | None) -> RunnerError:
         assert self._proc is not None
-        how = exit_reason(self._proc)
+        how = exit_reason(self._proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
         self._ended = True
-        hint = (
-            " The child's traceback follows." if child_traceback
-            else " If it ran out of memory, make batches or concurrency smaller."
-        )
+        hint = (" The child's traceback follows." if child_traceback
+                else " If it ran out of memory, make batches or concurrency smaller.")
         error = RunnerError(f"subprocess-threads: the child process (pid {self._proc.pid}) {how}.{hint}")
         if child_traceback:
             error.__cause__ = ChildTraceback(child_traceback)
@@ -183,10 +163,8 @@ class SubprocessThreadsRunner(Runner):
 
     # -- control -----------------------------------------------------------------
     def set_concurrency(self, stage: str, n: int) -> None:
-        self._concurrency[stage] = n
+        self._concurrency[stage] = n  # read() shows it at once, before the child's next meters
         self._send(("concurrency", stage, n))
-        # Seen at once in stats(), before the child's next meter publication.
-        self._blank = _with_concurrency(self._blank, stage, n)
 
     def concurrency(self, stage: str) -> int:
         return self._concurrency[stage]
@@ -201,16 +179,14 @@ class SubprocessThreadsRunner(Runner):
 
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
-        if self._meters is not None:
-            payload = self._meters.latest()
-            if payload is not None:
-                # Our own child wrote these bytes into a segment only we share.
-                reading = pickle.loads(payload)
-                for stage in reading.stages:
-                    if stage.name in self._concurrency:
-                        stage.concurrency = self._concurrency[stage.name]
-                return reading
-        return self._blank
+        reading = self._blank
+        payload = self._meters.latest() if self._meters is not None else None
+        if payload is not None:
+            reading = pickle.loads(payload)  # our own child wrote these bytes into a segment only we share
+        for stage in reading.stages:
+            if stage.name in self._concurrency:
+                stage.concurrency = self._concurrency[stage.name]
+        return reading
 
     # -- closing -----------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
@@ -233,7 +209,7 @@ class SubprocessThreadsRunner(Runner):
 
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:
-    error = PipelineError(info["message"], stage=info["stage"], index=info["index"])
+    """The child's stage failure (worded there by ``stage_failure``), its cause rebuilt here."""
     cause = None
     if info["cause"] is not None:
         try:
@@ -246,12 +222,5 @@ def _pipeline_error(info: dict[str, Any]) -> PipelineError:
         cause = remote
     elif remote is not None:
         cause.__cause__ = remote
-    error.__cause__ = cause
-    return error
+    return stage_failure(info["stage"], info["index"], cause, message=info["message"])
 
-
-def _with_concurrency(reading: EngineReading, stage: str, n: int) -> EngineReading:
-    for s in reading.stages:
-        if s.name == stage:
-            s.concurrency = n
-    return reading

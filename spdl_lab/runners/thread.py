@@ -14,15 +14,8 @@ __all__ = ["ThreadRunner"]
 class ThreadRunner(Runner):
     name = "thread"
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        buffer_size: int | None,
-        max_failures: int,
-        metered: bool,
-        item_queue_size: int | None = None,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
+                 item_queue_size: int | None = None) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         extra = {} if item_queue_size is None else {"item_queue_size": item_queue_size}
         self._engine = Engine(

@@ -8,12 +8,5 @@ from __future__ import annotations
 from .clock import DEFAULT_HISTORY, StepClock, StepRecord, StepSummary
 from .device import DeviceStep, DeviceTotals, SimulatedDevice
 
-__all__ = [
-    "DEFAULT_HISTORY",
-    "DeviceStep",
-    "DeviceTotals",
-    "SimulatedDevice",
-    "StepClock",
-    "StepRecord",
-    "StepSummary",
-]
+__all__ = ["DEFAULT_HISTORY", "DeviceStep", "DeviceTotals", "SimulatedDevice", "StepClock", "StepRecord",
+           "StepSummary"]

@@ -48,70 +48,42 @@ class StepClock:
         >>> clock.summary().steps
         3
 
-    Data wait is the time spent in ``next()`` on the iterator ``iterate``
-    wraps, since the previous step. Steps whose batch did not come through
-    ``iterate`` count the gap since the previous step's end instead (the
-    first such step waits 0).
+    Data wait is the time in ``next()`` on the iterator ``iterate`` wraps; a step whose
+    batch did not come through it counts the gap since the previous step's end (the first
+    such step waits 0).
 
-    Device time comes from, in order: ``device`` (a SimulatedDevice: its busy
-    time during the step), the step function of ``run`` when it is a
-    SimulatedDevice, or CUDA events on the current stream (``cuda=True``, or
-    ``cuda=None`` and CUDA available). CUDA times are resolved lazily, never
-    synchronizing per step, so the latest steps lack device time until the
-    GPU passes them; ``summary()`` synchronizes once. Event time is the
-    stream's span over the step, which includes gaps where it waited for
-    late launches: it is busy time only while the stream stays fed.
+    Device time comes from ``device`` (a SimulatedDevice), the step function of ``run`` when
+    it is one, or CUDA events on the current stream (``cuda=True``, or ``cuda=None`` with
+    CUDA there), resolved lazily, never synchronizing per step (``summary()`` synchronizes
+    once). An event pair spans the stream's gaps too: it is busy time only while the
+    stream stays fed.
 
-    Sampler rows (``rows``), all with stage ``"step"``:
+    ``rows`` (a sampler source) gives rows of stage ``"step"``: ``steps`` (cumulative), and
+    per tick ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``,
+    ``data_wait_frac`` (wait / (wait + step)), ``device_ms`` and ``device_util`` (device
+    time / step time); a tick with no step (no resolved device time, for the last two) has
+    none of them. It remembers the previous tick: one sampler per clock.
 
-    ``steps``          steps completed (cumulative)
-    ``batches_per_s``  steps completed in the tick per second
-    ``data_wait_ms``   mean data wait of the steps completed in the tick
-    ``step_ms``        mean step wall time of those steps
-    ``data_wait_frac`` wait / (wait + step) over those steps
-    ``device_ms``      mean device time of the steps resolved in the tick
-    ``device_util``    their device time / their step wall time
-
-    The per-tick series are omitted for a tick in which no step completed
-    (no device time was resolved, for the last two). ``rows`` remembers the
-    previous tick's totals, so one sampler should read a clock.
-
-    One thread runs the loop and is the only writer. Any thread may call
-    ``rows``, ``records`` or ``summary``: they read a published snapshot and
-    never block the step (a reader may be one step behind). The exception is
-    ``summary()`` with CUDA events pending: while it waits for the GPU, the
-    next step's bookkeeping waits too. ``cuda=None`` imports torch to ask.
+    One thread runs the loop and is the only writer. Any thread may call ``rows``,
+    ``records`` or ``summary``: they read a published snapshot and never block the step,
+    except ``summary()`` waiting for pending CUDA events. ``cuda=None`` imports torch.
     """
 
-    def __init__(
-        self,
-        device: SimulatedDevice | None = None,
-        *,
-        cuda: bool | None = None,
-        history: int = DEFAULT_HISTORY,
-    ) -> None:
+    def __init__(self, device: SimulatedDevice | None = None, *, cuda: bool | None = None,
+                 history: int = DEFAULT_HISTORY) -> None:
         if device is not None and not isinstance(device, SimulatedDevice):
-            raise PipelineSpecError(
-                f"StepClock: device must be a SimulatedDevice or None, got {type(device).__name__}; "
-                "for a real GPU pass cuda=True instead"
-            )
+            raise PipelineSpecError(f"StepClock: device must be a SimulatedDevice or None, got "
+                                    f"{type(device).__name__}; for a real GPU pass cuda=True instead")
         if cuda not in (None, True, False):
-            raise PipelineSpecError(
-                f"StepClock: cuda must be True, False or None (auto), got {cuda!r}"
-            )
+            raise PipelineSpecError(f"StepClock: cuda must be True, False or None (auto), got {cuda!r}")
         if cuda and device is not None:
-            raise PipelineSpecError(
-                "StepClock: pass either device= (a SimulatedDevice) or cuda=True, not both"
-            )
+            raise PipelineSpecError("StepClock: pass either device= (a SimulatedDevice) or cuda=True, not both")
         if isinstance(history, bool) or not isinstance(history, int) or history < 0:
-            raise PipelineSpecError(
-                f"StepClock: history must be an int >= 0 (per-step records kept), got {history!r}"
-            )
+            raise PipelineSpecError(f"StepClock: history must be an int >= 0 (per-step records kept), "
+                                    f"got {history!r}")
         if cuda and not cuda_available():
-            raise PipelineSpecError(
-                "StepClock: cuda=True but torch.cuda.is_available() is False; "
-                "pass cuda=None (auto) or a SimulatedDevice instead"
-            )
+            raise PipelineSpecError("StepClock: cuda=True but torch.cuda.is_available() is False; "
+                                    "pass cuda=None (auto) or a SimulatedDevice instead")
         self.device = device
         self._cuda_explicit = bool(cuda)
         use_cuda = device is None and (cuda or (cuda is None and cuda_available()))
@@ -165,14 +137,8 @@ class StepClock:
         """A context manager timing one training step."""
         return self._scope
 
-    def run(
-        self,
-        iterable: Iterable[T],
-        step_fn: Callable[[T], object],
-        steps: int | None = None,
-        stop_event: _StopEvent | None = None,
-        gate: Callable[[], None] | None = None,
-    ) -> int:
+    def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
+            stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
         """Run ``step_fn`` on each batch of ``iterable``, timed; return the steps run.
 
         Stops after ``steps`` steps, when the iterable ends, or when
@@ -184,25 +150,17 @@ class StepClock:
         is neither data wait nor step.
         """
         if not callable(step_fn):
-            raise PipelineSpecError(
-                f"StepClock.run: step_fn must be callable (batch -> anything), got {step_fn!r}"
-            )
-        if steps is not None and (
-            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
-        ):
-            raise PipelineSpecError(
-                f"StepClock.run: steps must be an int >= 0 or None, got {steps!r}"
-            )
+            raise PipelineSpecError(f"StepClock.run: step_fn must be callable (batch -> anything), "
+                                    f"got {step_fn!r}")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+            raise PipelineSpecError(f"StepClock.run: steps must be an int >= 0 or None, got {steps!r}")
         if stop_event is not None and not callable(getattr(stop_event, "is_set", None)):
-            raise PipelineSpecError(
-                f"StepClock.run: stop_event must have is_set() (a threading.Event), got {stop_event!r}"
-            )
+            raise PipelineSpecError(f"StepClock.run: stop_event must have is_set() (a threading.Event), "
+                                    f"got {stop_event!r}")
         if isinstance(step_fn, SimulatedDevice) and self.device is None:
             if self._cuda_explicit:
-                raise PipelineSpecError(
-                    "StepClock.run: the step is a SimulatedDevice but the clock was made with "
-                    "cuda=True; make it with StepClock(device=...) or cuda=None"
-                )
+                raise PipelineSpecError("StepClock.run: the step is a SimulatedDevice but the clock was made "
+                                        "with cuda=True; make it with StepClock(device=...) or cuda=None")
             self.device, self._cuda = step_fn, None
         batches = self._timed(_iter_of(iterable, "StepClock.run"))
         done = 0
@@ -233,25 +191,13 @@ class StepClock:
         step_ns = end_ns - start_ns
         with self._write_lock:
             t = self._totals
-            record = StepRecord(
-                index=t.steps,
-                end_s=(end_ns - self._origin_ns) / 1e9,
-                data_wait_s=wait_ns / 1e9,
-                step_s=step_ns / 1e9,
-                device_s=math.nan,
-            )
+            record = StepRecord(index=t.steps, end_s=(end_ns - self._origin_ns) / 1e9,
+                                data_wait_s=wait_ns / 1e9, step_s=step_ns / 1e9, device_s=math.nan)
             self._records.append(record)
             self.step_hist[bucket_of(step_ns)] += 1
             self.wait_hist[bucket_of(wait_ns)] += 1
-            t = Totals(
-                t.steps + 1,
-                t.wait_ns + wait_ns,
-                t.step_ns + step_ns,
-                end_ns,
-                t.device_steps,
-                t.device_ns,
-                t.device_step_ns,
-            )
+            t = t._replace(steps=t.steps + 1, wait_ns=t.wait_ns + wait_ns, step_ns=t.step_ns + step_ns,
+                           last_end_ns=end_ns)
             if device_ns is not None:
                 t = self._add_device(t, record, device_ns)
             elif self._cuda is not None:
@@ -263,11 +209,8 @@ class StepClock:
     def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
         self.device_hist[bucket_of(max(0, device_ns))] += 1
-        return t._replace(
-            device_steps=t.device_steps + 1,
-            device_ns=t.device_ns + device_ns,
-            device_step_ns=t.device_step_ns + round(record.step_s * 1e9),
-        )
+        return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
+                          device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
 
     # -- readers ----------------------------------------------------------
 
@@ -355,9 +298,7 @@ def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
     try:
         return iter(iterable)
     except TypeError:
-        raise PipelineSpecError(
-            f"{where}: expected an iterable of batches, got {type(iterable).__name__}"
-        ) from None
+        raise PipelineSpecError(f"{where}: expected an iterable of batches, got {type(iterable).__name__}") from None
 
 
 def _mean_ms(total_ns: int, count: int) -> float:
@@ -391,12 +332,8 @@ class _StepScope:
         self._start_ns = time.perf_counter_ns()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         end_ns = time.perf_counter_ns()
         self._open = False
         clock = self._clock

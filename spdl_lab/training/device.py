@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ..errors import PipelineSpecError
@@ -16,30 +16,13 @@ from ..telemetry.schedstat import runqueue_ns
 
 __all__ = ["SimulatedDevice", "DeviceStep", "DeviceTotals"]
 
-#: Defaults. 200 kernels of 400 us make an uncontended step of about 80 ms,
-#: in the range of a real training step and long enough that sleep wake-up
-#: (~60 us) and clock noise vanish. A launch costs 380 us of CPU, 95% of a
-#: kernel: uncontended, the stream just stays fed (device-bound, util ~0.99)
-#: while launching takes nearly the whole step, so almost any GIL time another
-#: thread takes makes launches fall behind the stream, and the lost time shows
-#: up as device idle, as in the noisy neighbour study. Not 100%: the same
-#: bytecode's CPU cost drifts (+-15% within seconds; on a shared virtual core
-#: up to 1.8x, with whatever runs on the sibling hyperthread), and a slightly
-#: slow moment should leave an uncontended step at most slightly launch-bound
-#: (each record's ``launch_cpu_s`` shows the cost of the moment). Both are
-#: scaled up from real ones (the Python side of a launch is 5-20 us) so that a
-#: launch spans thousands of bytecodes and the GIL switch interval (5 ms)
-#: covers ~13 launches, not hundreds; starvation depends only on the
-#: launch/kernel ratio and on how much of the GIL is taken.
+#: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
+#: fed and almost any GIL time another thread takes shows up as device idle (the noisy
+#: neighbour); the reasons for each number are in docs/measurements.md.
 DEFAULT_KERNELS = 200
 DEFAULT_LAUNCH_US = 380.0
 DEFAULT_KERNEL_US = 400.0
-
-
-#: Calibration: a warm-up of ~30 ms of CPU (a cold core runs this loop
-#: slower until its clock ramps up), then trials of ~1 ms whose median
-#: is taken: the typical speed, robust to a trial that lost its core or ran
-#: on a briefly faster one.
+#: Calibration: a warm-up (a cold core runs the loop slower), then the median of short trials.
 _CALIBRATION_WARMUP_NS = 30_000_000
 _CALIBRATION_ITERATIONS = 40_000
 _CALIBRATION_TRIALS = 15
@@ -114,16 +97,9 @@ class DeviceTotals:
         return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
 
     def add(self, step: DeviceStep) -> DeviceTotals:
-        return DeviceTotals(
-            steps=self.steps + 1,
-            wall_s=self.wall_s + step.wall_s,
-            busy_s=self.busy_s + step.busy_s,
-            idle_s=self.idle_s + step.idle_s,
-            starved_s=self.starved_s + step.starved_s,
-            launch_cpu_s=self.launch_cpu_s + step.launch_cpu_s,
-            launch_wall_s=self.launch_wall_s + step.launch_wall_s,
-            launch_runqueue_s=self.launch_runqueue_s + step.launch_runqueue_s,
-        )
+        summed = {f.name: getattr(self, f.name) + getattr(step, f.name)
+                  for f in fields(self) if f.name != "steps"}
+        return DeviceTotals(steps=self.steps + 1, **summed)
 
 
 class SimulatedDevice:
@@ -137,32 +113,22 @@ class SimulatedDevice:
     core. Each launch then enqueues a kernel of ``kernel_us`` on the stream,
     and the step ends with ``synchronize()``.
 
-    The stream is a timeline, not a thread. A device thread would take
-    kernels from a FIFO in order and run each for ``kernel_us`` as soon as it
-    is both enqueued and the previous kernel is done, so kernel ``k`` starts
-    at ``max(launch_k, end_{k-1})`` and ends ``kernel_us`` later. Computing
-    that recurrence at each launch gives exactly the same timeline, without
-    a Python thread that would itself need the GIL to wake up (and add ~60 us
-    of sleep granularity per kernel) and so disturb what is measured. The
-    real device needs no GIL either. ``synchronize()`` sleeps until the last
-    kernel's end, releasing the GIL as ``torch.cuda.synchronize()`` does, so
-    only launches compete for the GIL. When launches come late the stream
-    runs dry, the device idles and the step stretches: the noisy neighbour.
+    The stream is a timeline, not a thread: kernel ``k`` starts at ``max(launch_k,
+    end_{k-1})`` and ends ``kernel_us`` later, computed at each launch, so no Python thread
+    (which would itself need the GIL to wake) disturbs what is measured. ``synchronize()``
+    sleeps until the last kernel's end, releasing the GIL as ``torch.cuda.synchronize()``
+    does. When launches come late the stream runs dry, the device idles and the step
+    stretches: the noisy neighbour.
 
     Args:
         kernels: launches per step (default 200).
-        launch_us: CPU cost of one launch, uncontended (default 380 us, 95% of
-            a kernel: the stream stays fed, yet a thread taking more than ~5%
-            of the GIL starves it).
+        launch_us: CPU cost of one launch, uncontended (default 380 us, 95% of a kernel).
         kernel_us: device time of one kernel (default 400 us; a step is ~80 ms).
         name: a label for reports.
-        gil_release_every: after every this many launches, drop the GIL for a
-            moment (default 0: never), as real steps do in C calls that
-            release it (allocator, event queries, host copies). Each release
-            is nearly free alone, but a CPU-bound thread in the same process
-            takes the GIL and keeps it for a switch interval (5 ms) before
-            the training thread gets it back: the convoy effect, the sharpest
-            form of the noisy neighbour.
+        gil_release_every: after every this many launches, drop the GIL for a moment
+            (default 0: never), as real steps do in C calls (allocator, event queries, host
+            copies); a CPU-bound thread then keeps the GIL for a switch interval (5 ms): the
+            convoy effect, the sharpest form of the noisy neighbour.
         iterations_per_us: skip calibration and use this loop speed.
 
     Example:
@@ -178,20 +144,12 @@ class SimulatedDevice:
     #: Loop iterations per microsecond of CPU, measured once per process.
     _calibrated_iterations_per_us: ClassVar[float | None] = None
 
-    def __init__(
-        self,
-        kernels: int = DEFAULT_KERNELS,
-        launch_us: float = DEFAULT_LAUNCH_US,
-        kernel_us: float = DEFAULT_KERNEL_US,
-        name: str = "sim",
-        *,
-        gil_release_every: int = 0,
-        iterations_per_us: float | None = None,
-    ) -> None:
+    def __init__(self, kernels: int = DEFAULT_KERNELS, launch_us: float = DEFAULT_LAUNCH_US,
+                 kernel_us: float = DEFAULT_KERNEL_US, name: str = "sim", *, gil_release_every: int = 0,
+                 iterations_per_us: float | None = None) -> None:
         if isinstance(kernels, bool) or not isinstance(kernels, int) or kernels < 1:
-            raise PipelineSpecError(
-                f"SimulatedDevice: kernels must be an int >= 1 (launches per step), got {kernels!r}"
-            )
+            raise PipelineSpecError(f"SimulatedDevice: kernels must be an int >= 1 (launches per step), "
+                                    f"got {kernels!r}")
         _check_positive("launch_us", launch_us, "microseconds", allow_zero=True)
         _check_positive("kernel_us", kernel_us, "microseconds", allow_zero=False)
         if not isinstance(name, str) or not name:
@@ -199,14 +157,10 @@ class SimulatedDevice:
         if iterations_per_us is None:
             iterations_per_us = self.calibrate(force=False)
         else:
-            _check_positive(
-                "iterations_per_us", iterations_per_us, "loop iterations", allow_zero=False
-            )
+            _check_positive("iterations_per_us", iterations_per_us, "loop iterations", allow_zero=False)
         if isinstance(gil_release_every, bool) or not isinstance(gil_release_every, int) or gil_release_every < 0:
-            raise PipelineSpecError(
-                f"SimulatedDevice: gil_release_every must be an int >= 0 (0: never), "
-                f"got {gil_release_every!r}"
-            )
+            raise PipelineSpecError(f"SimulatedDevice: gil_release_every must be an int >= 0 (0: never), "
+                                    f"got {gil_release_every!r}")
         self.gil_release_every = gil_release_every
         self.kernels = kernels
         self.launch_us = float(launch_us)
@@ -258,11 +212,7 @@ class SimulatedDevice:
         for k in range(self.kernels):
             _spin(iterations)
             if every and k % every == every - 1:
-                # A C call that drops the GIL for a moment (allocator, event
-                # query, host copy). Uncontended it costs ~1 us; with a
-                # CPU-bound thread waiting, the GIL goes to that thread and
-                # comes back only after its switch interval: the convoy effect.
-                time.sleep(0)
+                time.sleep(0)  # a C call that drops the GIL for a moment (gil_release_every)
             launched = perf()
             if launched > free_at:  # the stream ran dry waiting for this launch
                 starved += launched - free_at
@@ -276,16 +226,9 @@ class SimulatedDevice:
         self.synchronize()
         wall = perf() - t0
         busy = self.kernels * self.kernel_us / 1e6
-        step = DeviceStep(
-            wall_s=wall,
-            busy_s=busy,
-            idle_s=max(0.0, wall - busy),
-            starved_s=starved,
-            launch_cpu_s=launch_cpu,
-            launch_wall_s=launch_wall,
-            launch_runqueue_s=runqueue,
-            kernels=self.kernels,
-        )
+        step = DeviceStep(wall_s=wall, busy_s=busy, idle_s=max(0.0, wall - busy), starved_s=starved,
+                          launch_cpu_s=launch_cpu, launch_wall_s=launch_wall, launch_runqueue_s=runqueue,
+                          kernels=self.kernels)
         # Two reference assignments: a reader sees each record whole.
         self.last_step = step
         self._totals = self._totals.add(step)
@@ -301,21 +244,13 @@ class SimulatedDevice:
         return self._totals
 
     def __repr__(self) -> str:
-        return (
-            f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
-            f"kernel_us={self.kernel_us:g}, name={self.name!r})"
-        )
+        return (f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
+                f"kernel_us={self.kernel_us:g}, name={self.name!r})")
 
 
 def _check_positive(argument: str, value: object, unit: str, *, allow_zero: bool) -> None:
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value >= 0 if allow_zero else value > 0)
-    )
-    if not ok:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not (value >= 0 if allow_zero else value > 0):  # type: ignore[operator]
         bound = ">= 0" if allow_zero else "> 0"
-        raise PipelineSpecError(
-            f"SimulatedDevice: {argument} must be a finite number {bound} ({unit}), got {value!r}"
-        )
+        raise PipelineSpecError(f"SimulatedDevice: {argument} must be a finite number {bound} ({unit}), "
+                                f"got {value!r}")

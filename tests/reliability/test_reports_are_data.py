@@ -425,12 +425,10 @@ ALLOWED = {
         "the pipeline the parent pickled for this child; it runs user code by design",
     "spdl_lab/runners/_child.py::_ChildRun._control::.recv()":
         "control messages from the parent that spawned this child, over its inherited pipe",
-    "spdl_lab/runners/_child.py::_describe_error::pickle.loads":
-        "round-trips an exception this child just pickled, to check the parent could rebuild it",
+    "spdl_lab/runners/_shipping.py::pickled::pickle.loads":
+        "round-trips an exception this process just pickled, to check another process could rebuild it",
     "spdl_lab/runners/_process_worker.py::PipelineDataset._load::pickle.loads":
         "the pipeline this DataLoader worker's parent pickled into the dataset; user code by design",
-    "spdl_lab/runners/_process_worker.py::_picklable::pickle.loads":
-        "round-trips an exception raised in this worker, to check it survives torch's result queue",
     "spdl_lab/runners/_transport.py::<module>::subclass of pickle.Unpickler":
         "decodes outputs of our own subprocess-threads child; array ids only point into slots the parent made",
     "spdl_lab/runners/process.py::ProcessRunner._new_dataloader::torch.utils.data.DataLoader":

@@ -174,7 +174,9 @@ def test_stage_failure_in_a_worker_names_stage_and_item():
     assert isinstance(err.__cause__, ValueError) and "corrupt record 13" in str(err.__cause__)
 
 
-def test_killed_worker_gives_runner_error_naming_pid_and_signal(wait_until):
+def kill_a_worker(wait_until) -> float:
+    """SIGKILL a worker mid-run; the seconds until its RunnerError came."""
+
     def slow(x):
         time.sleep(0.01)
         return x
@@ -190,14 +192,25 @@ def test_killed_worker_gives_runner_error_naming_pid_and_signal(wait_until):
         with pytest.raises(lab.RunnerError) as info:
             while time.monotonic() - t0 < 10:
                 r.get(0.1)
-        assert time.monotonic() - t0 < 10
+        took = time.monotonic() - t0
     finally:
         r.close()
     assert f"pid {victim}" in str(info.value) and "SIGKILL" in str(info.value)
     r.close()  # twice, after an error, is fine
+    return took
 
 
-def test_close_mid_run_is_prompt_and_leaves_nothing():
+def test_killed_worker_gives_runner_error_naming_pid_and_signal(wait_until):
+    kill_a_worker(wait_until)
+
+
+@pytest.mark.measurement
+def test_killed_worker_is_reported_promptly(wait_until):
+    assert kill_a_worker(wait_until) < 10
+
+
+def close_mid_run() -> float:
+    """Close a loader while its worker runs; the seconds close() took."""
     p = lab.Pipeline(range(10**9)).map(lambda x: x + 1, name="inc").batch(8)
     loader = lab.Loader(p, runner="process", num_workers=1)
     it = iter(loader)
@@ -205,9 +218,19 @@ def test_close_mid_run_is_prompt_and_leaves_nothing():
         next(it)
     t0 = time.monotonic()
     loader.close()
-    assert time.monotonic() - t0 < 4.0
+    took = time.monotonic() - t0
     assert loader.stats().stages["inc"].tasks >= 160
     loader.close()
+    return took
+
+
+def test_close_mid_run_leaves_nothing():
+    close_mid_run()
+
+
+@pytest.mark.measurement
+def test_close_mid_run_is_prompt():
+    assert close_mid_run() < 4.0
 
 
 # -- checked before anything starts -------------------------------------------------

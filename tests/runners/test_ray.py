@@ -137,7 +137,8 @@ def nap(i):
     return i
 
 
-def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated():
+def kill_a_task_worker() -> float:
+    """SIGKILL a busy Ray worker mid-run; the seconds the rest of the run took."""
     import signal
 
     with lab.Loader(lab.Pipeline(range(2000)).map(nap, concurrency=2, name="nap").batch(8), runner="ray") as loader:
@@ -152,8 +153,18 @@ def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated(
         t0 = time.monotonic()
         for batch in it:
             items += list(batch)
-        assert time.monotonic() - t0 < 60
+        took = time.monotonic() - t0
     assert items == list(range(2000))  # Ray made the killed worker's items again; delivered once, in order
+    return took
+
+
+def test_a_killed_task_worker_is_retried_by_ray_and_nothing_is_lost_or_repeated():
+    kill_a_task_worker()
+
+
+@pytest.mark.measurement
+def test_a_killed_task_worker_is_replaced_within_a_minute():
+    assert kill_a_task_worker() < 60
 
 
 

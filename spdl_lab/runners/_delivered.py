@@ -1,0 +1,51 @@
+"""What a restarting runner has handed over: the numbers (source items, or chunks of them)
+delivered or dropped, so a restart (a new worker count, a new concurrency) neither loses nor
+repeats one. They mostly come in order: a contiguous prefix plus the few beyond it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Delivered", "Skip"]
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A picklable snapshot of ``Delivered``: every number below ``below``, and ``extra``."""
+
+    below: int = 0
+    extra: frozenset[int] = frozenset()
+
+    def __contains__(self, number: int) -> bool:
+        return number < self.below or number in self.extra
+
+
+class Delivered:
+    """Numbers done with; written by one thread (the runner's pump)."""
+
+    def __init__(self) -> None:
+        self.below = 0
+        self._beyond: set[int] = set()
+
+    def seen(self, numbers: Sequence[int]) -> bool:
+        return bool(numbers) and all(n < self.below or n in self._beyond for n in numbers)
+
+    def add(self, numbers: Iterable[int]) -> None:
+        self._beyond.update(numbers)
+        self._advance()
+
+    def cover(self, end: int) -> None:
+        """Every number below ``end`` is done with (delivered, or dropped as a failure)."""
+        if end > self.below:
+            self.below = end
+            self._beyond = {n for n in self._beyond if n >= end}
+            self._advance()
+
+    def skip(self) -> Skip:
+        return Skip(self.below, frozenset(self._beyond))
+
+    def _advance(self) -> None:
+        while self.below in self._beyond:
+            self._beyond.discard(self.below)
+            self.below += 1
