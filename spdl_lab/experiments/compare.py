@@ -1,12 +1,6 @@
-"""``lab.compare``: the same pipeline and step under several runners, side by side.
-
-Runners are measured in interleaved rounds: every round gives each runner one
-short window (``warmup`` steps, then its share of ``steps``), the order
-rotating from round to round, so a slow spell of a shared machine hits every
-runner alike instead of whichever ran during it. Runners stay open between
-their windows (idle, not restarted). A runner's figure is the median of its
-rounds, with their range as its spread (``_spread``); ratios to ``cache`` (the
-headspace, loading made free) pair rounds measured seconds apart.
+"""``lab.compare``: the same pipeline and step under several runners, side by side, in interleaved
+rounds (each runner one window a round, the order rotating), so a slow spell of a shared machine
+hits every runner alike; runners stay open, idle, between their windows.
 """
 
 from __future__ import annotations
@@ -51,12 +45,9 @@ def compare(
 ) -> Comparison:
     """Run ``pipeline`` and ``step`` under each runner in interleaved rounds; return a Comparison.
 
-    ``steps`` measured steps per runner are split over ``repeats`` rounds
-    (default ``DEFAULT_REPEATS``, or ``steps`` when fewer);
-    each runner's window in a round starts with ``warmup`` unmeasured steps.
-    ``runner_options`` maps a runner to its Loader options, e.g.
-    ``{"process": {"num_workers": 4}}``. ``timeout`` bounds each runner's time
-    in seconds, all its windows together. Example::
+    ``steps`` measured steps per runner are split over ``repeats`` rounds, each window after
+    ``warmup`` unmeasured steps; ``runner_options`` maps a runner to its Loader options;
+    ``timeout`` bounds each runner's seconds, all its windows together. Example::
 
         cmp = lab.compare(*lab.workloads.noisy_neighbour(), steps=100)
         cmp.table          # batches_per_s [_lo, _hi], vs_cache, step_p50_ms, data_wait_frac, ...
@@ -140,7 +131,7 @@ def _check(pipeline: Any, runners: Sequence[str], steps: Any, warmup: Any, repea
 
 def _check_length(pipeline: Pipeline, needed: int, repeats: int, warmup: int, steps: int) -> None:
     """Refuse before running when the pipeline's source is known to run out."""
-    available = pipeline_length(pipeline)
+    available = _pipeline_length(pipeline)
     if available is not None and available < needed:
         raise PipelineSpecError(
             f"compare: the pipeline yields {available} outputs per epoch; each runner needs {needed} "
@@ -149,7 +140,7 @@ def _check_length(pipeline: Pipeline, needed: int, repeats: int, warmup: int, st
         )
 
 
-def pipeline_length(pipeline: Pipeline) -> int | None:
+def _pipeline_length(pipeline: Pipeline) -> int | None:
     """Outputs of one pass of ``pipeline`` when its source has a ``len()``; None when unknown."""
     if pipeline.source_is_factory:
         return None

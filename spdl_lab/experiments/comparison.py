@@ -1,10 +1,6 @@
 """What ``lab.compare`` returns: a Comparison, its table's rows and rounds, as text and as JSON.
-
-The dataclasses below are also the JSON file's description, checked by pydantic: reading is strict
-and executes nothing. ``frames`` are held in wide form, as the sampler's ring holds them: per runner
-the tick times, strictly increasing, then one array per (series, stage) lined up with them, null
-where the series had no value in that tick. Version 1 files (one run per runner, no spread) are
-still read: their new columns are NaN, ``repeats`` 1, no warnings and no rounds.
+The dataclasses are the file's description, checked by pydantic; ``frames`` are saved wide (tick
+times, then one array per series, null: no value). Version 1 files (no spread) still read.
 """
 
 from __future__ import annotations
@@ -52,7 +48,7 @@ Label = string(1000)  # a series or stage name (queues are named "a→b")
 
 
 class ComparisonFormatError(FileFormatError):
-    """A comparison file (or a Comparison being written) does not fit the format; ``field`` is its JSON path."""
+    """A comparison file (or one being written) does not fit the format; ``field`` is its JSON path."""
 
 
 @dataclass(kw_only=True)
@@ -196,8 +192,7 @@ class Comparison(Saved):
                 f"each window after {self.warmup} warm-up steps{spread}")
 
     def columns(self) -> list[tuple[str, Callable[[pd.Series], str]]]:
-        """(heading, cell) of the table's columns that apply here, most important first: no device,
-        no ``device_util``; a step that is not a SimulatedDevice, no training-thread waits."""
+        """(heading, cell) of the table's columns that have a value, most important first."""
         def rate(row: pd.Series) -> str:
             return spread(row["batches_per_s"], row["batches_per_s_lo"], row["batches_per_s_hi"])
 

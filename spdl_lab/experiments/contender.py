@@ -71,12 +71,9 @@ class MachineClock:
 
 
 class Contender:
-    """A runner's Loader, clock and iterator, kept across the rounds of a comparison.
-
-    Between its windows the runner is idle, not closed: its queues fill and its workers
-    block, so it costs nothing while the others are measured, and no round pays its
-    start-up again. A window's ``warmup`` steps drain what was prefetched meanwhile.
-    """
+    """A runner's Loader, clock and iterator, kept across the rounds of a comparison: idle, not
+    closed, between its windows (its queues full, its workers blocked), so no round pays its
+    start-up again; a window's ``warmup`` steps drain what was prefetched meanwhile."""
 
     def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
                  options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
@@ -101,10 +98,7 @@ class Contender:
     def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
                timeout: float | None, max_s: float | None = None) -> Window:
         """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.
-
-        ``max_s`` ends the measured part early, after at least two steps, once that many
-        seconds have passed (the tuner's windows are sized in time, not steps).
-        """
+        ``max_s`` ends it after that many seconds and at least two steps (the tuner's windows)."""
         with self._watchdog(timeout) as watchdog:
             self._run(warmup, watchdog)
             first = len(self.clock.records())
@@ -129,13 +123,9 @@ class Contender:
         )
 
     def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
-        """Unmeasured steps while batches come ready, made before (under another setting, or
-        while this runner sat idle): up to ``max_steps``, ending after the first step that
-        waited for its batch. Returns the steps taken.
-
-        Buffers a runner's readings do not show (a reorder buffer, workers holding a finished
-        item for a full queue) would otherwise be counted as the new setting's speed.
-        """
+        """Unmeasured steps, up to ``max_steps``, while the batches made before (under another
+        setting, or while idle) last: buffers a runner's readings do not show would otherwise
+        count as the new setting's speed. Returns the steps taken."""
         if max_steps <= 0:
             return 0
         before = self.clock.steps
@@ -183,9 +173,8 @@ class Contender:
 
 
 class _Deadline:
-    """A stop event for StepClock.run: set ``seconds`` after it is made (never with None), or,
-    with ``waited_after`` (a step count), once a later step waited for its batch (the ready
-    ones are used up)."""
+    """A stop event for StepClock.run: set ``seconds`` after it is made, or, with ``waited_after``
+    (a step count), once a later step waited for its batch."""
 
     def __init__(self, seconds: float | None, clock: StepClock, waited_after: int | None = None) -> None:
         self._at = None if seconds is None else time.monotonic() + seconds
@@ -229,11 +218,8 @@ class _Watchdog:
 
 
 class _GilView:
-    """Sampler source: one runner's view of the comparison's single GIL probe.
-
-    One probe thread for all runners (several would wake each other and count
-    each other's GIL holding); each view keeps its own baseline.
-    """
+    """Sampler source: one runner's view of the comparison's one GIL probe (several probes would
+    count each other's GIL holding), from a baseline of its own."""
 
     def __init__(self, probe: GilProbe) -> None:
         self._probe = probe

@@ -18,6 +18,7 @@ import pandas as pd
 
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
+from ..integrations import is_spdl_spec, open_spdl
 from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from ..loader import Loader
 from ..pipeline import Pipeline
@@ -30,7 +31,6 @@ from ..telemetry.snapshot import Snapshot
 from ..training import SimulatedDevice, StepClock
 from ..training.steps import summary_row
 from ..training.waits import TrainingThreadWaits
-from .session_source import check_limits, open_source
 
 __all__ = ["Session", "live_sessions", "run"]
 
@@ -55,12 +55,9 @@ def run(
 ) -> Session:
     """Start a training loop in the background and return its Session at once.
 
-    ``pipeline_or_iterable`` is a ``lab.Pipeline`` (run under ``runner``, default
-    ``"thread"``, with full per-stage telemetry), a ``lab.Loader``, or any
-    iterable such as an existing ``torch.utils.data.DataLoader`` (then only the
-    step side, data wait and the probes are measured). ``step`` takes a batch;
-    a ``lab.SimulatedDevice`` works as one. The loop ends after ``steps``
-    steps or ``duration`` seconds, when the data ends, or on ``stop()``::
+    A ``lab.Pipeline`` runs under ``runner`` (default ``"thread"``) with per-stage telemetry; a
+    plain iterable (a torch DataLoader) gets the step side and the probes. The loop ends after
+    ``steps`` steps or ``duration`` seconds, when the data ends, or on ``stop()``::
 
         session = lab.run(p, step=train_step, runner="subprocess-threads", steps=500)
         session.set_concurrency("decode", 8)
@@ -89,7 +86,7 @@ class Session:
         probes: bool,
         loader_options: dict[str, Any],
     ) -> None:
-        check_limits(steps, duration)
+        _check_limits(steps, duration)
         if not callable(step):
             raise PipelineSpecError(
                 f"run: step must be a callable taking a batch (or a lab.SimulatedDevice), "
@@ -112,7 +109,7 @@ class Session:
         self._held = threading.Event()  # set while the loop waits at the gate
         self._ran_out = False
         self._error_reported = False
-        self.loader, self._iterable, self.runner = open_source(source, runner, sample_hz, loader_options)
+        self.loader, self._iterable, self.runner = _open_source(source, runner, sample_hz, loader_options)
         if self.loader is not None:
             self.loader.managed = True
         self._check_length()
@@ -192,11 +189,8 @@ class Session:
 
     # -- control -----------------------------------------------------------------
     def pause(self, timeout: float = 10.0) -> bool:
-        """Hold the loop before its next batch (the loader fills its buffer, then idles).
-
-        Returns True once the current step has ended (False: still in it after
-        ``timeout`` s). ``resume()`` goes on; the held time is neither data wait nor step.
-        """
+        """Hold the loop before its next batch (the held time is neither data wait nor step);
+        True once the current step has ended, False if it is still in it after ``timeout`` s."""
         self._go.clear()
         deadline = time.monotonic() + timeout
         while self.running and not self._held.wait(0.05):
@@ -217,8 +211,8 @@ class Session:
         self._thread.join(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the loop to end; True if it has. Raises the loop's error, once; warns once
-        of each of ``warnings``."""
+        """Wait for the loop to end; True if it has. Raises the loop's error and warns of each
+        of ``warnings``, once."""
         finished = self._done.wait(timeout)
         if finished:
             self._thread.join(1.0)
@@ -241,21 +235,13 @@ class Session:
 
     def autotune(self, budget_s: float = 60.0, *, window_s: float | None = None,
                  on_log: Callable[[str], None] | None = None) -> Any:
-        """Tune this running session's concurrency in the background; return the ``AutoTuner``.
-
-        A dashboard's sliders follow its moves; move a knob yourself to take over::
-
-            tuner = session.autotune(budget_s=60)
-            tuner.wait(90); tuner.log; tuner.best
-        """
+        """Tune this running session's concurrency in the background; return the ``AutoTuner``
+        (moving a knob yourself takes over). ``tuner.wait(90); tuner.log; tuner.best``."""
         return view("session_autotuner")(self, budget_s=budget_s, window_s=window_s, on_log=on_log)
 
     def restart(self, runner: str | None = None, **loader_options: Any) -> Session:
-        """Stop this session and start the same loop again, under ``runner`` if given.
-
-        Returns the new Session (this one stays stopped). Loader options carry
-        over when the runner stays the same; pass new ones for another runner.
-        """
+        """Stop this session and return a new one running the same loop, under ``runner`` if
+        given; loader options carry over when the runner stays the same."""
         spec = self._spec
         source = spec["source"]
         if runner is not None and not isinstance(source, Pipeline):
@@ -360,3 +346,42 @@ class Session:
         if self.error is not None:
             parts.append(f"error={type(self.error).__name__}: {self.error}")
         return f"Session({', '.join(parts)})"
+
+
+def _open_source(
+    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
+) -> tuple[Loader | None, Iterable[Any], str]:
+    """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
+    if isinstance(source, Pipeline):
+        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
+            # The session decides when to stop; headspace replays until then
+            # rather than counting the source first (which may be endless).
+            options = {**options, "forever": True}
+        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
+        return loader, loader, loader.runner
+    if isinstance(source, Loader):
+        if runner is not None and runner != source.runner or options:
+            raise PipelineSpecError(
+                "run: pass runner options to the lab.Loader itself, not to run(), when giving a Loader"
+            )
+        return source, source, source.runner
+    # SPDL pipelines (spdl_lab.integrations): monitored as SPDL runs them, or converted for a lab runner.
+    if is_spdl_spec(source):
+        return open_spdl(source, runner, sample_hz, options)
+    if runner is not None or options:
+        raise PipelineSpecError(
+            f"run: runner= and loader options apply to a lab.Pipeline; "
+            f"{type(source).__name__} is iterated as it is"
+        )
+    if not hasattr(source, "__iter__"):
+        raise PipelineSpecError(
+            f"run: expected a lab.Pipeline, a lab.Loader or an iterable, got {type(source).__name__}"
+        )
+    return None, source, type(source).__name__
+
+
+def _check_limits(steps: int | None, duration: float | None) -> None:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
+    if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
+        raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, got {duration!r}")

@@ -1,13 +1,11 @@
 """The live dashboard: a header, concurrency controls, five Bokeh plots, a stage table and a verdict.
-
-It reads only the session's frames (``frames_since``) and acts only through
-the Session's control methods. One publisher thread pushes new ticks at
-``hz`` (2 by default); every Document change and every session swap happens
-under one lock, because slider callbacks may arrive on a kernel subshell thread.
+It reads only the session's frames and acts only through its control methods; one publisher thread
+pushes new ticks at ``hz``, under the lock every change takes (slider callbacks come on subshells).
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import threading
@@ -25,29 +23,25 @@ from .live_plots import DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 __all__ = ["Dashboard"]
 
-#: Plot pushes per second: each push is comm messages that take the GIL from the training loop,
-#: and twice a second keeps a 2 s moving average moving smoothly.
+#: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
 #: The stage table averages over this many seconds (the verdict over its own window).
 TABLE_WINDOW_S = 2.0
-#: The header, stage table and verdict are rewritten at most this often (and when the session's
-#: state changes): each rewrite is a comm message, GIL time taken from the training thread.
+#: The header, stage table and verdict are rewritten at most this often (or on a state change).
 TEXT_EVERY_S = 1.0
 #: The "auto" toggle's budget (seconds), and how many of its latest moves are shown.
 AUTO_BUDGET_S = 60.0
 AUTO_LOG_LINES = 8
+#: The stage table's columns after stage and concurrency: (series, format).
+_TABLE = (("qps", "{:.1f}"), ("p50_ms", "{:.2f}"), ("p99_ms", "{:.2f}"), ("busy_frac", "{:.0%}"))
 #: Plots wait this long for the runner to name its queues (a child process takes a while).
 QUEUE_WAIT_S = 10.0
 
 
 class Dashboard(widgets.VBox):
-    """A live view of one Session (``session.dashboard()`` or ``lab.Dashboard(session)``).
-
-    ``dashboard.sliders[stage].value = 8`` does what moving the slider does.
-    ``session`` is the session shown now: the runner selector and the start
-    button replace it with a new one. ``close()`` stops the publisher; the
-    session keeps running until it is stopped.
-    """
+    """A live view of one Session (``session.dashboard()``); ``sliders[stage].value = 8`` moves a
+    slider. The runner selector and the start button replace ``session`` with a new one;
+    ``close()`` stops the publisher, not the session."""
 
     def __init__(self, session: Any, *, hz: float = DEFAULT_HZ, rollover: int = DEFAULT_ROLLOVER) -> None:
         self._closed = threading.Event()  # first: ipywidgets' __del__ calls close() even then
@@ -71,10 +65,7 @@ class Dashboard(widgets.VBox):
         self._text_state = ""
         self._attaching = False
 
-        self.header = widgets.HTML()
-        self.verdict = widgets.HTML()
-        self.table = widgets.HTML()
-        self.message = widgets.HTML()
+        self.header, self.verdict, self.table, self.message = (widgets.HTML() for _ in range(4))
         self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
         self.start_button = widgets.Button(description="start", icon="play", layout=widgets.Layout(width="90px"))
         self.stop_button = widgets.Button(description="stop", icon="stop", layout=widgets.Layout(width="90px"))
@@ -100,24 +91,19 @@ class Dashboard(widgets.VBox):
         self._slider_box = widgets.VBox()
         self._plot_box = widgets.Box()
         self.plots: LivePlots | None = None
-        self.children = [
-            self.header,
-            widgets.HBox([self.runner, self.start_button, self.stop_button, self.auto, self.window]),
-            self._slider_box,
-            self.verdict,
-            self.auto_log,
-            self._plot_box,
-            self.table,
-            self.message,
-        ]
+        buttons = [self.runner, self.start_button, self.stop_button, self.auto, self.window]
+        controls = widgets.HBox(buttons)
+        self.children = [self.header, controls, self._slider_box, self.verdict, self.auto_log,
+                         self._plot_box, self.table, self.message]
         with self._lock:
             self._attach(session)
 
     # -- showing a session -----------------------------------------------------
     def _attach(self, session: Any) -> None:
         """Show ``session``: fresh sliders, plots and window; start publishing."""
-        if getattr(self, "autotuner", None) is not None:
-            self._stop_auto()  # it tuned the session being replaced
+        if self.autotuner is not None:  # it tuned the session being replaced
+            self.autotuner.stop()
+            self._set_auto(False)
         self.session = session
         self._cursor = 0
         self._window = Window()
@@ -238,14 +224,10 @@ class Dashboard(widgets.VBox):
         bps = recent.get(("batches_per_s", "step"), math.nan)
         steps = self._window.latest(("steps", "step"))
         limit = f"/{session.steps}" if session.steps else ""
-        parts = [
-            f"runner <b>{html.escape(session.runner)}</b>",
-            f"<b>{session.state}</b>",
-            f"Python {self.interpreter.python}, {self.interpreter.gil}",
-            f"{session.elapsed_s:.0f} s",
-            f"steps {0 if math.isnan(steps) else int(steps)}{limit}",
-            f"{'–' if math.isnan(bps) else f'{bps:.2f}'} batches/s",
-        ]
+        parts = [f"runner <b>{html.escape(session.runner)}</b>", f"<b>{session.state}</b>",
+                 f"Python {self.interpreter.python}, {self.interpreter.gil}",
+                 f"{session.elapsed_s:.0f} s", f"steps {0 if math.isnan(steps) else int(steps)}{limit}",
+                 f"{_num(bps, '{:.2f}')} batches/s"]
         return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
 
     def _table_html(self, session: Any, means: dict) -> str:
@@ -258,17 +240,10 @@ class Dashboard(widgets.VBox):
         rows = []
         for stage in ["source", *(s.name for s in pipeline.stages)]:
             queue = queues.get(stage)
-            depth, cap = (means.get(("queue_depth", queue), math.nan),
-                          means.get(("queue_capacity", queue), math.nan)) if queue else (math.nan, math.nan)
-            cells = [
-                stage,
-                _num(self._window.latest(("concurrency", stage)), "{:.0f}"),
-                _num(means.get(("qps", stage), math.nan), "{:.1f}"),
-                _num(means.get(("p50_ms", stage), math.nan), "{:.2f}"),
-                _num(means.get(("p99_ms", stage), math.nan), "{:.2f}"),
-                _num(means.get(("busy_frac", stage), math.nan), "{:.0%}"),
-                f"{_num(depth, '{:.1f}')}/{_num(cap, '{:.0f}')}" if queue else "",
-            ]
+            depth, cap = (means.get((s, queue), math.nan) for s in ("queue_depth", "queue_capacity"))
+            cells = [stage, _num(self._window.latest(("concurrency", stage)), "{:.0f}"),
+                     *(_num(means.get((series, stage), math.nan), fmt) for series, fmt in _TABLE),
+                     f"{_num(depth, '{:.1f}')}/{_num(cap, '{:.0f}')}" if queue else ""]
             rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
         return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
 
@@ -316,11 +291,6 @@ class Dashboard(widgets.VBox):
         finally:
             self._auto_syncing = False
 
-    def _stop_auto(self) -> None:
-        if self.autotuner is not None:
-            self.autotuner.stop()
-        self._set_auto(False)
-
     def _on_window(self, change: dict[str, Any]) -> None:
         with self._lock:
             if self.plots is None:
@@ -344,8 +314,7 @@ class Dashboard(widgets.VBox):
                 self._swap(lambda: self.session.restart())
 
     def _stop(self) -> None:
-        session = self.session
-        session.stop()
+        self.session.stop()
         self.publish()
 
     def _swap(self, make: Any) -> None:
@@ -369,19 +338,14 @@ class Dashboard(widgets.VBox):
             self._bokeh.close()
         super().close()
 
-    def __repr__(self) -> str:
-        return f"Dashboard({self.session!r})"
-
 
 class _BokehView(BokehModel):
     """jupyter_bokeh's widget with a close() that may run twice: ipywidgets'
     ``__del__`` closes again, and the second removal raises KeyError."""
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(KeyError):
             super().close()
-        except KeyError:
-            pass
 
 
 def _set(widget: widgets.HTML, value: str) -> None:

@@ -1,7 +1,5 @@
-"""A Diagnosis shown: Bokeh figures of QPS against concurrency, an HTML verdict table, one report file.
-
-Everything the user controls (stage names, evidence, tracebacks) is escaped; the report
-embeds Bokeh INLINE, so it opens without a network.
+"""A Diagnosis shown: Bokeh figures of QPS against concurrency, an HTML verdict table, one report
+file. Everything the user controls (stage names, evidence, tracebacks) is escaped.
 """
 
 from __future__ import annotations
@@ -12,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from bokeh.embed import file_html
 from bokeh.layouts import column, gridplot
 from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
+
+from .report import write_page
 
 if TYPE_CHECKING:
     from ..diagnose.result import Diagnosis, Point, StageDiagnosis
@@ -185,15 +183,10 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 
 def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "spdl_lab diagnosis") -> Path:
     """Write the verdicts, figures and every measured point to one self-contained HTML file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # INLINE: Bokeh's code in the page, only the bundles this layout uses; nothing fetched.
     # Bokeh escapes the names inside its document JSON itself.
-    page = file_html(diagnosis_plot(diag), INLINE, title, template=_PAGE, template_variables={
-        "machine": _mapping_line("machine", diag.machine),
-        "settings": _mapping_line("settings", diag.settings),
-        "verdicts": diagnosis_html(diag, charts=False),  # the headline and verdicts; Bokeh draws the charts
-        "points": diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True),
-    })
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_page(diagnosis_plot(diag), path, title, template=_PAGE,
+                      machine=_mapping_line("machine", diag.machine),
+                      settings=_mapping_line("settings", diag.settings),
+                      verdicts=diagnosis_html(diag, charts=False),  # Bokeh draws the charts
+                      points=diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
+                                                escape=True))

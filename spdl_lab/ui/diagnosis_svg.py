@@ -1,8 +1,5 @@
 """QPS against concurrency per stage as plain inline SVG: the first thing a Diagnosis shows.
-
-No JavaScript, so it renders wherever HTML does (a notebook before any
-``output_notebook``, a static report, a browser offline). Bokeh's interactive
-figures stay in ``diagnosis_plot``.
+No JavaScript, so it renders wherever HTML does; Bokeh's interactive figures are ``diagnosis_plot``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The dashboard's Bokeh plots, fed from frame chunks through one ColumnDataSource.
-
-Every series shares the sampler's tick times, so one source with a column per (series, stage)
-carries them all: a publish is one patch message, however many lines are drawn. Rates, CPU and
-waits are drawn smoothed over SMOOTH_S (``frames()`` keeps the raw values); a stage has one
-colour in every plot, its input queue too; ``set_window`` shows the last 1, 5 or 30 minutes.
+"""The dashboard's Bokeh plots, fed from frame chunks through one ColumnDataSource: every series
+shares the tick times, so a publish is one message however many lines are drawn. Rates, CPU and
+waits are drawn smoothed over SMOOTH_S; a stage has one colour in every plot.
 """
 
 from __future__ import annotations
@@ -24,10 +21,9 @@ __all__ = ["DRAW_EVERY_S", "SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name
 
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
 SOURCE_NAME = "spdl_lab_frames"
-#: One point drawn per DRAW_EVERY_S bin of ticks (its last; rates are smoothed anyway): fewer
-#: points to redraw and send. The plots keep thirty minutes, the longest window.
+#: One point drawn per DRAW_EVERY_S bin of ticks (its last): fewer points to redraw and send.
 DRAW_EVERY_S = 0.25
-DEFAULT_ROLLOVER = int(1800 / DRAW_EVERY_S)
+DEFAULT_ROLLOVER = int(1800 / DRAW_EVERY_S)  # thirty minutes, the longest window
 #: The time windows the dashboard offers, in seconds.
 WINDOWS_S = (60.0, 300.0, 1800.0)
 #: Smoothing of the drawn rates (EWMA time constant, seconds).
@@ -88,8 +84,7 @@ class LivePlots:
         self.figures[3].add_layout(Span(location=ceiling, dimension="width", line_dash="dotted",
                                         line_color="#888"))  # what the machine has
         self.layout = gridplot(self.figures, ncols=2, toolbar_location="right")
-        # Per-step series have no value in a tick where no step ended (steps
-        # are longer than ticks): drawn as the last value instead of a gap.
+        # A per-step series has no value in a tick where no step ended: drawn as its last value.
         self._hold = {k for k in keys if k[1] in ("step", "train")}
         self._smooth = {k for k in keys if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
         self._last: dict[tuple[str, str], float] = {}
@@ -98,15 +93,14 @@ class LivePlots:
         self.window_s = rollover * DRAW_EVERY_S
 
     def set_window(self, seconds: float) -> None:
-        """Show the last ``seconds`` of every plot: the source keeps that many points. (Not a
-        following x range: the browser syncs each of its moves back, a stream of comm messages
-        that starved the kernel's own requests.)"""
+        """Show the last ``seconds`` of every plot: the source keeps that many points (a following
+        x range would sync each of its moves back, comm messages that starve the kernel)."""
         self.rollover = max(1, int(round(float(seconds) / DRAW_EVERY_S)))
         self.window_s = float(seconds)
 
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
         """The new data for ``source.stream`` from a chunk; None when it has no ticks. Lists, not
-        arrays: Bokeh sends each array as buffers of its own, lists in one message."""
+        arrays: Bokeh sends each array as buffers of its own."""
         n = len(chunk)
         if not n:
             return None

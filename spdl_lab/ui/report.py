@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bokeh.embed import file_html
 from bokeh.resources import INLINE
@@ -12,7 +12,7 @@ from bokeh.resources import INLINE
 if TYPE_CHECKING:
     from ..experiments.compare import Comparison
 
-__all__ = ["write_comparison_report"]
+__all__ = ["write_comparison_report", "write_page"]
 
 # Bokeh's own page (bokeh.core.templates.FILE) with our text and style around its plots;
 # Jinja escapes nothing by itself here, so every text the user gave passes through ``e``.
@@ -29,14 +29,19 @@ th:first-child, td:first-child { text-align: left; }
 """
 
 
+def write_page(layout: Any, path: str | Path, title: str, *, template: str = _PAGE,
+               **variables: str) -> Path:
+    """``layout`` in one HTML file, in ``template`` filled with ``variables``; return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # INLINE: Bokeh's code in the page, only the bundles this layout uses; nothing fetched.
+    page = file_html(layout, INLINE, title, template=template, template_variables=variables)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
 def write_comparison_report(cmp: Comparison, path: str | Path, *, title: str = "spdl_lab comparison",
                             note: str = "") -> Path:
     """Write the comparison's warnings, table and plots to one HTML file; return its path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     note = note or f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}."
-    # INLINE: Bokeh's code in the page, only the bundles this layout uses; nothing fetched.
-    page = file_html(cmp.plot(), INLINE, title, template=_PAGE,
-                     template_variables={"note": note, "table": cmp._repr_html_()})
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_page(cmp.plot(), path, title, note=note, table=cmp._repr_html_())

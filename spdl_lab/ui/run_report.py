@@ -1,9 +1,6 @@
 """A recorded training run (``lab.publish`` / ``spdl-lab watch``) as one self-contained HTML file.
-
-The record is data, never executed: its numbers are read as numbers (anything else
-is dropped), its names reach the page only escaped (the template's ``e``, pandas'
-``to_html``, Bokeh's plain-text titles and legends), and Bokeh's code is inlined, so
-the page opens with no network.
+The record is data: its numbers are read as numbers (anything else is dropped), its names reach
+the page only escaped, and Bokeh's code is inlined, so the page opens with no network.
 """
 
 from __future__ import annotations
@@ -12,15 +9,13 @@ import os
 from pathlib import Path
 
 import pandas as pd
-from bokeh.embed import file_html
 from bokeh.layouts import column
 from bokeh.models import Legend
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
 
 from ..watch.records import read_record, record_meta
 from .live_plots import stage_colors
-from .report import _PAGE
+from .report import write_page
 
 __all__ = ["duration_s", "read_run", "run_summary", "run_text", "write_run_page", "write_run_report"]
 
@@ -138,24 +133,16 @@ def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
 
 
 def write_run_report(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> Path:
-    """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path.
-
-    A file that is not a record raises ``FileFormatError`` naming it.
-    """
+    """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path."""
     meta, frames = read_run(record)
     return write_run_page(meta, frames, out, title=title or f"spdl_lab run: {meta.get('name', Path(record).stem)}")
 
 
 def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.PathLike, *, title: str) -> Path:
     """The page of a run already read (``read_run``): header, summary table, plots over time."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None]
     if not figures:
         figures = [figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
     summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
     tables = f"{_facts(meta, frames)}<h2>each series over the ticks: median, 10th and 90th percentile</h2>{summary}"
-    page = file_html(column(*figures), INLINE, title, template=_PAGE,
-                     template_variables={"note": _note(meta, frames), "table": tables})
-    out.write_text(page, encoding="utf-8")
-    return out
+    return write_page(column(*figures), out, title, note=_note(meta, frames), table=tables)

@@ -10,14 +10,12 @@ import html
 import time
 from pathlib import Path
 
-from bokeh.embed import file_html
 from bokeh.models import ColumnDataSource, HoverTool, Legend, Whisker
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
 
 from ..tune.result import Tuning
-from .report import _PAGE
+from .report import write_page
 
 __all__ = ["html_summary", "tuning_plot", "write_html"]
 
@@ -63,10 +61,5 @@ def html_summary(tuning: Tuning) -> str:
 
 def write_html(tuning: Tuning, path: str | Path, *, title: str = "spdl_lab tuning") -> Path:
     """One HTML file (Bokeh inline, nothing fetched): summary, code, log, trials and the plot."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     note = f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}; {tuning.cores} cores."
-    page = file_html(tuning_plot(tuning), INLINE, title, template=_PAGE,
-                     template_variables={"note": note, "table": html_summary(tuning)})
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_page(tuning_plot(tuning), path, title, note=note, table=html_summary(tuning))

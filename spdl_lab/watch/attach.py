@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -22,8 +21,8 @@ from ..telemetry.sampler import DEFAULT_TICKS
 from ..training.steps import summary_row
 from .client import EndpointClient
 from .discovery import list_endpoints
-from .protocol import chunk_from_json
 from .records import read_record, record_meta
+from .timeline import append_ticks
 
 __all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
 
@@ -43,7 +42,9 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
         remote.dashboard()
     """
     if name_or_pid is None:
-        return pd.DataFrame([_row(entry) for entry in list_endpoints()], columns=_COLUMNS)
+        runs = pd.DataFrame(list_endpoints(), columns=_COLUMNS)
+        runs["state"] = [_record_state(record, "running") for record in runs["record"]]
+        return runs
     if isinstance(name_or_pid, bool) or not isinstance(name_or_pid, (str, int)):
         raise PipelineSpecError(f"lab.attach takes a run's name or pid, got {name_or_pid!r}")
     deadline = time.monotonic() + timeout
@@ -72,12 +73,6 @@ def open_record(path: str | os.PathLike) -> RemoteSession:
     return RemoteSession.from_record(path)
 
 
-def _row(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"name": entry["name"], "pid": entry["pid"], "started": entry["started"],
-            "state": _record_state(entry.get("record"), "running"), "runner": entry.get("runner"),
-            "record": entry.get("record")}
-
-
 def _record_state(record: str | None, default: str) -> str:
     if not record:
         return default
@@ -90,12 +85,8 @@ def _record_state(record: str | None, default: str) -> str:
 class RemoteSession:
     """A published run seen from here: the read API of a Session, plus ``set_concurrency``.
 
-    ``stats()``, ``frames()``, ``frames_since(cursor)``, ``summary()``, ``dashboard()``,
-    ``state`` ("running" | "finished" | "failed" | "killed"), ``close()``. A poller thread
-    asks the run's endpoint for new frames and its state every ``POLL_S`` and keeps the ticks
-    here, so they stay readable after the script has ended. Once the endpoint is gone the
-    state comes from the run's record ("killed": its process is gone without closing it).
-    Closing stops watching; the script goes on.
+    A poller thread copies the run's new ticks here every ``POLL_S``, so they stay readable
+    after the script ends; then ``state`` comes from the run's record ("killed": no close).
     """
 
     pipeline = None  # the Pipeline object lives in the script: no runner switch from here
@@ -145,19 +136,16 @@ class RemoteSession:
         """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""
         try:
             with self._lock:
-                reply = self._client.request("frames_since", cursor=self._remote_cursor)
-                state = self._client.request("state")["state"]
-                controls = self._client.request("controls")["controls"]
+                chunk = self._client.request("frames_since", cursor=self._remote_cursor).chunk
+                state = self._client.request("state").state
+                controls = self._client.request("controls").controls
         except SpdlLabError:
-            self._state = _record_state(self.record, "killed")
-            if self._state == "running":
-                self._state = "killed"  # no endpoint and no record that says otherwise
+            state = _record_state(self.record, "killed")
+            self._state = "killed" if state == "running" else state  # gone, yet never closed
             return False
-        chunk = chunk_from_json(reply["chunk"])
-        self._remote_cursor = chunk.cursor
-        for i, t in enumerate(chunk.times):
-            self._ring.append(float(t), [(s, g, float(v[i])) for (s, g), v in chunk.columns.items()
-                                         if not math.isnan(v[i])])
+        frame = chunk.frame_chunk()
+        self._remote_cursor = frame.cursor
+        append_ticks(self._ring, frame.times, frame.columns)
         self._state, self._controls = state, dict(controls)
         return True
 
@@ -188,7 +176,7 @@ class RemoteSession:
         if self.running and self._client is not None:
             try:
                 with self._lock:
-                    self._stats = self._client.request("stats")["stats"]
+                    self._stats = self._client.request("stats").stats
             except SpdlLabError:
                 pass
         return dict(self._stats)

@@ -25,11 +25,8 @@ VERSION = 1
 
 
 def runtime_dir() -> Path:
-    """The per-user directory for sockets and discovery files, created with mode 0700.
-
-    ``$SPDL_LAB_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/spdl_lab`` when that is a
-    writable directory, else ``<tempdir>/spdl_lab-<uid>``.
-    """
+    """The per-user directory for sockets and discovery files, mode 0700: ``$SPDL_LAB_RUNTIME_DIR``,
+    else ``$XDG_RUNTIME_DIR/spdl_lab`` if writable, else ``<tempdir>/spdl_lab-<uid>``."""
     override = os.environ.get("SPDL_LAB_RUNTIME_DIR")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if override:
@@ -100,20 +97,13 @@ def _read_discovery(path: Path) -> dict | None:
 
 
 def list_endpoints() -> list[dict]:
-    """The published runs on this host whose process is alive, oldest first.
-
-    Discovery files of dead processes are removed with their socket; files that do
-    not parse are skipped (and removed only when the pid in their name is dead).
-    """
-    directory = runtime_dir()
+    """The published runs on this host whose process is alive, oldest first; the files of dead
+    processes are removed with their socket, those that do not parse are skipped."""
     found = []
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted(runtime_dir().glob("*.json")):
         info = _read_discovery(path)
-        if info is None:
-            match = re.search(r"-(\d+)\.json$", path.name)
-            pid = int(match.group(1)) if match else None
-        else:
-            pid = info["pid"]
+        named = re.search(r"-(\d+)\.json$", path.name)  # the pid in the name, if the file is no use
+        pid = info["pid"] if info is not None else int(named.group(1)) if named else None
         if pid is not None and not pid_alive(pid):
             # Only the socket beside it, never a path the file names: the file is data.
             path.with_suffix(".sock").unlink(missing_ok=True)

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import _json
 from ..errors import SpdlLabError
@@ -33,11 +32,8 @@ _POLL_S = 0.25
 
 @dataclass(frozen=True)
 class Handlers:
-    """What the publisher answers with; called on the endpoint's threads.
-
-    ``set_concurrency`` may raise SpdlLabError (or any exception): the viewer gets
-    ``"<ExcType>: <message>"``.
-    """
+    """What the publisher answers with, called on the endpoint's threads; an exception one
+    raises reaches the viewer as ``"<ExcType>: <message>"``."""
 
     frames_since: Callable[[int], FrameChunk]
     stats: Callable[[], dict]
@@ -52,17 +48,12 @@ class Endpoint:
     Its rules, so that a viewer can never hurt training:
 
     - Only a Unix socket, in the per-user 0700 ``runtime_dir``, with a discovery file beside it.
-    - An accept thread and one thread per viewer, all named ``spdl_lab:endpoint``: the training
-      loop never waits on them; the handlers run on them, so they must be thread-safe and quick.
-    - A message, once its first byte arrived, is complete within ``request_timeout`` seconds, or
-      the viewer is dropped.
-    - A request the models of ``protocol`` refuse gets a ``Failure`` and the connection stays;
-      broken framing closes it. Both count in ``rejected``, as do viewers over ``max_viewers``.
+    - An accept thread and a thread per viewer (``spdl_lab:endpoint``) run the handlers, so
+      those must be thread-safe and quick; the training loop never waits on them.
+    - A message is whole ``request_timeout`` s after its first byte, or the viewer is dropped.
+    - A request ``protocol`` refuses gets a ``Failure`` and the connection stays; broken framing
+      closes it. Both count in ``rejected``, as do viewers over ``max_viewers``.
     - ``close()`` (also run at exit) stops the threads and removes both files.
-
-    >>> endpoint = Endpoint("train", handlers)          # doctest: +SKIP
-    >>> EndpointClient(endpoint.socket_path).request("state")  # doctest: +SKIP
-    {'ok': True, 'state': 'running'}
     """
 
     def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
@@ -86,7 +77,14 @@ class Endpoint:
         self._viewers: dict[socket.socket, threading.Thread] = {}
 
         directory = runtime_dir()
-        stem = self._stem(directory, safe_name(name))
+        room = _MAX_SOCKET_PATH - len(os.fsencode(str(directory / f"-{self.pid}.sock")))
+        if room < 1:
+            raise SpdlLabError(
+                f"the runtime directory {directory} is too long a path for a Unix socket "
+                f"(at most {_MAX_SOCKET_PATH} bytes in all); set SPDL_LAB_RUNTIME_DIR to a "
+                "shorter directory"
+            )
+        stem = f"{safe_name(name)[:room]}-{self.pid}"
         self.socket_path = directory / f"{stem}.sock"
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
@@ -105,24 +103,14 @@ class Endpoint:
 
     # -- setting up -------------------------------------------------------------------
 
-    def _stem(self, directory: Path, safe: str) -> str:
-        room = _MAX_SOCKET_PATH - len(os.fsencode(str(directory / f"-{self.pid}.sock")))
-        if room < 1:
-            raise SpdlLabError(
-                f"the runtime directory {directory} is too long a path for a Unix socket "
-                f"(at most {_MAX_SOCKET_PATH} bytes in all); set SPDL_LAB_RUNTIME_DIR to a "
-                "shorter directory"
-            )
-        return f"{safe[:room]}-{self.pid}"
-
     def _listen(self) -> socket.socket:
         path = self.socket_path
         if path.exists() or path.is_symlink():
-            if self._answers(path):
-                raise SpdlLabError(
-                    f"an endpoint at {path} is already open in this process; close it or "
-                    "publish under another name"
-                )
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                if probe.connect_ex(str(path)) == 0:
+                    raise SpdlLabError(f"an endpoint at {path} is already open in this process; "
+                                       "close it or publish under another name")
             path.unlink()  # left by an earlier process with this pid
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -135,18 +123,6 @@ class Endpoint:
             path.unlink(missing_ok=True)
             raise SpdlLabError(f"cannot listen on {path}: {exc}") from None
         return listener
-
-    @staticmethod
-    def _answers(path: Path) -> bool:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
 
     # -- serving ----------------------------------------------------------------------
 
@@ -238,18 +214,18 @@ class Endpoint:
     def _call(self, request: wire.Request) -> wire.Reply:
         handlers = self.handlers
         match request:
-            case wire.Hello():
+            case wire.Ask(op="hello"):
                 return wire.HelloReply(name=self.name, pid=self.pid, runner=self.runner,
                                        version=VERSION)
-            case wire.FramesSince(cursor=cursor):
-                return wire.FramesReply(chunk=wire.Chunk.of(handlers.frames_since(cursor)))
-            case wire.Stats():
+            case wire.Ask(op="stats"):
                 return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
-            case wire.State():
+            case wire.Ask(op="state"):
                 return wire.StateReply(state=str(handlers.state()))
-            case wire.Controls():
+            case wire.Ask(op="controls"):
                 controls = {str(k): int(v) for k, v in handlers.controls().items()}
                 return wire.ControlsReply(controls=controls)
+            case wire.FramesSince(cursor=cursor):
+                return wire.FramesReply(chunk=wire.Chunk.of(handlers.frames_since(cursor)))
             case wire.SetConcurrency(stage=stage, n=n):
                 handlers.set_concurrency(stage, n)
                 return wire.Reply()
@@ -288,7 +264,3 @@ class Endpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"Endpoint({self.name!r}, {str(self.socket_path)!r}, {state})"

@@ -25,11 +25,9 @@ TARGETS = {
 def install() -> bool:
     """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent.
 
-    ``spdl_lab_watch.pth`` and ``spdl-lab watch`` (``boot/sitecustomize.py``) load this file as
-    module ``spdl_lab_watch_hook`` at interpreter start, so ``import spdl_lab`` waits until the
-    script needs it. Once ``torch.utils.data.dataloader`` (or ``spdl.pipeline._pipeline``) is
-    imported, each epoch the script starts is timed and published (``auto.published_epoch``);
-    those spdl_lab starts itself (a ``process`` runner's DataLoader) are left alone.
+    Loaded at interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
+    ``boot/sitecustomize.py``); each epoch a TARGETS class starts is then published
+    (``auto.published_epoch``), except those spdl_lab starts itself.
     """
     if os.environ.get(ENV, "") != "1":
         return False

@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -19,8 +19,8 @@ from ..pipeline import MAX_CONCURRENCY
 from ..telemetry.frames import FrameChunk
 
 __all__ = [  # the messages; their checks (read_*); the framing (send, recv)
-    "REQUESTS", "Chunk", "Controls", "ControlsReply", "Failure", "FramesReply", "FramesSince", "Hello",
-    "HelloReply", "Reply", "Request", "SetConcurrency", "State", "StateReply", "Stats", "StatsReply",
+    "REQUESTS", "Ask", "Chunk", "ControlsReply", "Failure", "FramesReply", "FramesSince", "HelloReply",
+    "Reply", "Request", "SetConcurrency", "StateReply", "StatsReply",
     "chunk_from_json", "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES",
     "MAX_REQUEST_BYTES", "MessageTimeout", "PeerClosed", "ProtocolError", "decode_message",
     "recv_message", "send_message",
@@ -66,7 +66,7 @@ class Failure(Message):
     error: str
 
 
-Cursor = Annotated[int, Field(ge=0, description="an integer (a cursor >= 0)")]
+Cursor = Annotated[int, Field(ge=0)]
 
 
 class HelloReply(Reply):
@@ -136,58 +136,33 @@ class ControlsReply(Reply):
     controls: dict[str, int]
 
 
-class _Request(Message):
-    """A request: ``op`` names it, ``reply`` is the model of its answer."""
+class Ask(Message):
+    """A request of no fields: who is publishing (name, pid, runner, protocol version), its stats,
+    its state, or its controls (each stage's concurrency, as the run can set it live)."""
 
-    reply: ClassVar[type[Reply]] = Reply
-
-
-class Hello(_Request):
-    """Who is publishing: name, pid, runner, protocol version."""
-
-    op: Literal["hello"] = "hello"
-    reply = HelloReply
+    op: Literal["hello", "stats", "state", "controls"]
 
 
-class FramesSince(_Request):
+class FramesSince(Message):
     """The ticks after ``cursor`` that the run still holds."""
 
     op: Literal["frames_since"] = "frames_since"
     cursor: Cursor
-    reply = FramesReply
 
 
-class Stats(_Request):
-    op: Literal["stats"] = "stats"
-    reply = StatsReply
-
-
-class State(_Request):
-    op: Literal["state"] = "state"
-    reply = StateReply
-
-
-class Controls(_Request):
-    """Each stage's concurrency, as the run can set it live."""
-
-    op: Literal["controls"] = "controls"
-    reply = ControlsReply
-
-
-class SetConcurrency(_Request):
+class SetConcurrency(Message):
     op: Literal["set_concurrency"] = "set_concurrency"
-    stage: str = Field(min_length=1, description="a non-empty string (a stage name)")
-    n: int = Field(ge=1, le=MAX_CONCURRENCY,
-                   description=f"an integer (a concurrency from 1 to {MAX_CONCURRENCY})")
+    stage: str = Field(min_length=1)
+    n: int = Field(ge=1, le=MAX_CONCURRENCY)
 
 
-Request = Annotated[Hello | FramesSince | Stats | State | Controls | SetConcurrency,
-                    Field(discriminator="op")]
+Request = Annotated[Ask | FramesSince | SetConcurrency, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
-#: Each request's model by its op.
-REQUESTS: dict[str, type[_Request]] = {
-    model.model_fields["op"].default: model
-    for model in (Hello, FramesSince, Stats, State, Controls, SetConcurrency)
+#: Each request's model and the model of its reply, by op.
+REQUESTS: dict[str, tuple[type[Message], type[Reply]]] = {
+    "hello": (Ask, HelloReply), "stats": (Ask, StatsReply), "state": (Ask, StateReply),
+    "controls": (Ask, ControlsReply), "frames_since": (FramesSince, FramesReply),
+    "set_concurrency": (SetConcurrency, Reply),
 }
 
 
@@ -200,16 +175,17 @@ def read_request(message: dict) -> Request:
         if exc.errors()[0]["type"].startswith("union_tag"):
             raise ProtocolError(f"unknown op {op!r}; send one of {sorted(REQUESTS)} as "
                                 '{"op": "...", ...fields}') from None
-        raise ProtocolError(_explain(exc, REQUESTS[op], f"op {op!r}", tagged=True)) from None
+        fields = sorted(set(REQUESTS[op][0].model_fields) - {"op"})
+        raise ProtocolError(_explain(exc, f"op {op!r} takes the fields {fields}", skip=1)) from None
 
 
 def read_reply(op: str, message: dict) -> Reply | Failure:
     """The reply to ``op`` in ``message``: its op's reply, or a Failure."""
-    model = REQUESTS[op].reply if message.get("ok") is True and op in REQUESTS else Failure
+    model = REQUESTS[op][1] if message.get("ok") is True and op in REQUESTS else Failure
     try:
         return model.model_validate(message)
     except ValidationError as exc:
-        raise ProtocolError(_explain(exc, model, f"the reply to {op!r}")) from None
+        raise ProtocolError(_explain(exc, f"the reply to {op!r}")) from None
 
 
 def chunk_to_json(chunk: FrameChunk) -> dict:
@@ -222,30 +198,18 @@ def chunk_from_json(data: Any) -> FrameChunk:
     try:
         return Chunk.model_validate(data).frame_chunk()
     except ValidationError as exc:
-        raise ProtocolError(_explain(exc, Chunk, "a frame chunk", prefix="chunk")) from None
+        raise ProtocolError(_explain(exc, "a frame chunk")) from None
 
 
-def _explain(exc: ValidationError, model: type[BaseModel], what: str, *, prefix: str = "",
-             tagged: bool = False) -> str:
-    """pydantic's errors about a ``what`` as one sentence: its fields, or its first bad value."""
-    errors = [(e["type"], e["loc"][tagged:], e) for e in exc.errors(include_url=False)]
-    missing = [loc[0] for kind, loc, _ in errors if kind == "missing" and len(loc) == 1]
-    extra = [loc[0] for kind, loc, _ in errors if kind == "extra_forbidden" and len(loc) == 1]
-    if missing or extra:
-        fields = sorted(set(model.model_fields) - {"op"})
-        problems = [f"missing {missing}"] * bool(missing) + [f"unexpected {extra}"] * bool(extra)
-        return f"{what} takes the fields {fields}; {'; '.join(problems)}"
-    kind, loc, error = errors[0]
-    if kind == "value_error":
-        return f"{what}: {error['ctx']['error']}"
-    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
-    where = (prefix + path).lstrip(".") or "it"
-    shown = repr(error["input"])
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    field = model.model_fields.get(loc[0]) if len(loc) == 1 else None
-    if field is not None and field.description:
-        return f"{where} must be {field.description}, not {shown}"
-    return f"{where}: {error['msg'][:1].lower()}{error['msg'][1:]}, not {shown}"
+def _explain(exc: ValidationError, what: str, skip: int = 0) -> str:
+    """pydantic's errors about ``what`` in one line, each after the field it is about."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"][skip:])
+        about_value = error["type"] not in ("missing", "extra_forbidden", "value_error")
+        shown = f", not {error['input']!r:.60}" if about_value else ""
+        problems.append(f"{loc.lstrip('.')}: {error['msg']}{shown}".lstrip(": "))
+    return f"{what}: {'; '.join(problems)}"
 
 
 # -- framing ----------------------------------------------------------------------------

@@ -26,19 +26,13 @@ _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
-    """Publish what the training loop iterates; returns the iterable to use in the loop.
+    """Publish what the training loop iterates (a Loader, a Session, a DataLoader, any iterable of
+    batches, an SPDL pipeline); returns what to iterate in its place. ``name``: ``SCRIPT-LINE``
+    of the call by default. A notebook then watches it with ``lab.attach("resnet")``::
 
-    ``obj``: a ``lab.Loader`` or a ``lab.run`` Session (returned as they are), a torch
-    DataLoader or another iterable of batches (returned wrapped: iterate it as the
-    original), or an SPDL ``PipelineBuilder``/``PipelineConfig`` (returned as a monitor to
-    iterate). ``name`` defaults to ``SCRIPT-LINE`` of the call. Example::
-
-        loader = lab.publish(torch.utils.data.DataLoader(ds, batch_size=32, num_workers=4), "resnet")
-        for epoch in range(epochs):
-            for batch in loader:
-                train(batch)
-
-    and in a notebook: ``lab.attach()`` lists it, ``lab.attach("resnet")`` watches it.
+        loader = lab.publish(torch.utils.data.DataLoader(ds, batch_size=32), "resnet")
+        for batch in loader:
+            train(batch)
     """
     from ..runs import caller_line
 
@@ -53,20 +47,18 @@ def published_by(obj: Any) -> Publisher | None:
 
 
 def unpublish(obj: Any) -> None:
-    """Stop publishing ``obj`` (what was published, or what ``publish`` returned) now;
-    otherwise it ends when the interpreter exits."""
+    """Stop publishing ``obj`` (what was published, or what ``publish`` returned) now."""
     for publisher in list(_PUBLISHED.values()):
         if obj is publisher.obj or obj is publisher.source.published:
             publisher.close()
 
 
 class Publisher:
-    """The record and the endpoint of one published run; ``close()`` ends both.
+    """The record and the endpoint of one published run; ``close()`` (or the exit) ends both.
 
     It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
-    record's buffer, and the endpoint's threads answer viewers from the timeline. The record
-    is closed with the run's state ("failed" after an uncaught exception); the endpoint stays
-    until ``close()`` or the interpreter exits, answering with the final state.
+    record's buffer; the endpoint's threads answer viewers from the timeline. The record is
+    closed with the run's state when it ends ("failed" after an uncaught exception).
     """
 
     def __init__(self, obj: Any, name: str) -> None:
@@ -114,7 +106,8 @@ class Publisher:
         self.timeline.pull(self.source.sampler())
         chunk = chunk_since(self.timeline.ring, self._recorded)
         self._recorded = chunk.cursor
-        self.writer.add(chunk)
+        if not self.writer.closed:  # the pump closes it when the run ends
+            self.writer.add(chunk)
 
     def _final_state(self) -> str:
         return "failed" if self.failed or self.source.state() == "failed" else "finished"

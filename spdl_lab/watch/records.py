@@ -24,6 +24,7 @@ from ..errors import FileFormatError, SpdlLabError
 from ..telemetry.frames import FRAME_COLUMNS, FrameChunk
 from ..telemetry.ring import Ring
 from .discovery import pid_alive, safe_name
+from .timeline import append_ticks
 
 __all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record",
            "record_meta"]
@@ -56,11 +57,7 @@ DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
 
 
 def default_record_path(name: str, pid: int) -> Path:
-    """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe).
-
-    >>> default_record_path("train.py:42 loader", 1234).name  # doctest: +SKIP
-    'train.py_42_loader-1234.sqlite'
-    """
+    """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe)."""
     override = os.environ.get(RECORD_ENV)
     if override:
         return Path(override)
@@ -68,20 +65,11 @@ def default_record_path(name: str, pid: int) -> Path:
 
 
 class RecordWriter:
-    """Writes frame chunks to an SQLite record from a thread of its own, ``spdl_lab:record``.
+    """Writes frame chunks to a new SQLite record from a thread of its own, ``spdl_lab:record``.
 
-    ``add`` never waits on the disk: it appends to a ring, written every ``flush_every_s`` in
-    one transaction. ``meta`` holds the run's facts (name, runner, ...); ``pid``, ``started``
-    (ISO time) and ``state="running"`` are filled in when missing. The file must not exist yet.
-    At most ``max_buffered_ticks`` ticks wait for a flush (older ones are dropped and
-    counted). A flush that fails in the thread is kept in ``error`` and raised by ``close``.
-
-    >>> writer = RecordWriter("run.sqlite", meta={"name": "demo"})  # doctest: +SKIP
-    >>> cursor = 0
-    >>> while training:
-    ...     chunk = loader.frames_since(cursor); cursor = chunk.cursor
-    ...     writer.add(chunk)
-    >>> writer.close()  # or close("failed")
+    ``add`` never waits on the disk: it appends to a ring of ``max_buffered_ticks`` (older ticks
+    are dropped and counted), written every ``flush_every_s`` in one transaction. ``meta`` gets
+    ``pid``, ``started`` and ``state="running"``. A failed flush is raised by ``close``.
     """
 
     def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
@@ -97,7 +85,7 @@ class RecordWriter:
         self._db_lock = threading.Lock()
         self._thinned_until = -math.inf
         self._newest_s = -math.inf
-        self._closed = False
+        self.closed = False
         self._stop = threading.Event()
         self._db = self._open(meta)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
@@ -130,11 +118,9 @@ class RecordWriter:
 
     def add(self, chunk: FrameChunk) -> None:
         """Queue a chunk for the next flush; never waits on the disk."""
-        if self._closed:
+        if self.closed:
             raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
-        columns = [(series, stage, values.tolist()) for (series, stage), values in chunk.columns.items()]
-        for i, t in enumerate(chunk.times.tolist()):
-            self._buffer.append(t, [(series, stage, values[i]) for series, stage, values in columns])
+        append_ticks(self._buffer, chunk.times, chunk.columns)
 
     def flush(self) -> None:
         """Write the buffered ticks now, in one transaction, then thin old ticks."""
@@ -147,13 +133,13 @@ class RecordWriter:
             self._written = cursor
             with self._db:
                 self._db.execute("BEGIN")
-                self._insert(FrameChunk(cursor, times, columns))
+                self._insert(times, columns)
                 self._thin()
                 self._db.execute(_SET_META, ("dropped_ticks", str(self.dropped_ticks)))
 
-    def _insert(self, chunk: FrameChunk) -> None:
-        times = np.asarray(chunk.times, dtype=float)
-        for (series, stage), values in chunk.columns.items():
+    def _insert(self, times: np.ndarray, columns: dict[tuple[str, str], np.ndarray]) -> None:
+        times = np.asarray(times, dtype=float)
+        for (series, stage), values in columns.items():
             values = np.asarray(values, dtype=float)
             keep = ~np.isnan(values)
             if not keep.any():
@@ -187,15 +173,12 @@ class RecordWriter:
                 self.error = e
 
     def close(self, state: str = "finished") -> None:
-        """Flush, set meta ``state`` (``"finished"`` or ``"failed"``) and close the file.
-
-        Safe to call twice; the background thread is gone when it returns.
-        """
+        """Flush, set meta ``state`` ("finished" or "failed") and close the file; idempotent."""
         if state not in ("finished", "failed"):
             raise SpdlLabError(f"close(state={state!r}): state must be 'finished' or 'failed'")
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self._stop.set()
         self._thread.join()
         try:

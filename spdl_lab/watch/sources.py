@@ -10,7 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import PipelineSpecError
+from ..experiments.session import Session
+from ..integrations import is_spdl_spec, open_spdl
 from ..integrations.torch_dataloader import WatchedDataLoader, is_dataloader
+from ..pipeline import Pipeline
+from ..runs import RunOwner
 from ..telemetry.probes import CpuProbe, GilProbe
 from ..telemetry.sampler import DEFAULT_HZ, Sampler
 from ..training import StepClock
@@ -20,11 +24,6 @@ __all__ = ["LoopSource", "OwnerSource", "SessionSource", "source_of"]
 
 def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
     """The source for ``obj``: a Session, a Loader, an SPDL pipeline, a DataLoader or an iterable."""
-    from ..experiments.session import Session
-    from ..integrations import is_spdl_spec, open_spdl
-    from ..pipeline import Pipeline
-    from ..runs import RunOwner
-
     if isinstance(obj, Session):
         return SessionSource(obj)
     if isinstance(obj, RunOwner):
@@ -78,10 +77,8 @@ class _Epoch(_Proxy):
 class _TimedLoop:
     """The step clock and probes of a loop ``lab.publish`` times; one epoch at a time.
 
-    ``children``: whether the CPU probe scans for child processes. The scan lists every
-    process on the machine, ten times a second for hours: it is left out where the
-    children are known another way (a DataLoader's workers) or there are none (the
-    thread runner), which halves the sampler's cost beside a GIL-bound training loop.
+    ``children=False`` skips the CPU probe's scan of every process on the machine for children,
+    where they are known another way (a DataLoader's workers) or there are none (threads).
     """
 
     def __init__(self, children: bool) -> None:
@@ -180,12 +177,9 @@ class LoopSource:
         self.obj = iterable
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
         self.loop = _TimedLoop(children=self.workers is None)
-        if self.workers is not None:
-            self.runner = "DataLoader"
-        elif type(iterable).__module__.split(".")[0] == "spdl":
-            self.runner = "spdl"
-        else:
-            self.runner = type(iterable).__name__
+        from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
+        self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
+                       else type(iterable).__name__)
         sources = [self.loop.clock.rows, *self.loop.probes, *([self.workers] if self.workers else [])]
         self._sampler = Sampler(sources, hz=DEFAULT_HZ)
         self._closed = False

@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
+
 from ..telemetry.frames import FrameChunk, chunk_since
 from ..telemetry.ring import Ring
 from ..telemetry.sampler import DEFAULT_TICKS, Sampler
 
-__all__ = ["Timeline"]
+__all__ = ["Timeline", "append_ticks"]
 
 
 class Timeline:
@@ -47,7 +49,12 @@ class Timeline:
 
     def _take(self, sampler: Sampler) -> None:
         self._cursor, ticks, values = sampler.ring.since(self._cursor)
-        shift = sampler.started_at - self.started_at
-        for i, t in enumerate(ticks.tolist()):
-            rows = [(series, stage, float(v[i])) for (series, stage), v in values.items()]
-            self.ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])
+        append_ticks(self.ring, ticks, values, shift=sampler.started_at - self.started_at)
+
+
+def append_ticks(ring: Ring, times: np.ndarray, columns: dict[tuple[str, str], np.ndarray],
+                 shift: float = 0.0) -> None:
+    """Append each tick of a chunk (``times`` and its ``columns``) to ``ring``, NaN left out."""
+    for i, t in enumerate(times.tolist()):
+        rows = [(series, stage, float(v[i])) for (series, stage), v in columns.items()]
+        ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])

@@ -121,10 +121,10 @@ def test_frame_chunk_with_nans_round_trips():
 
 @pytest.mark.parametrize("data, words", [
     ({"cursor": True, "times": [], "columns": []}, "cursor"),
-    ({"cursor": 1, "times": ["x"], "columns": []}, "chunk.times[0]"),
+    ({"cursor": 1, "times": ["x"], "columns": []}, "chunk: times[0]"),
     ({"cursor": 1, "times": [1.0], "columns": [{"series": "q", "stage": "", "values": []}]},
      "has 0 values"),
-    ({"cursor": 1, "times": [], "columns": [], "extra": 1}, "fields"),
+    ({"cursor": 1, "times": [], "columns": [], "extra": 1}, "extra: Extra inputs"),
 ])
 def test_bad_frame_chunk_is_refused(data, words):
     with pytest.raises(ProtocolError, match=words.replace("[", r"\[").replace("]", r"\]")):
@@ -176,16 +176,16 @@ def test_every_op_round_trips(endpoint):
     assert len(os.fsencode(str(endpoint.socket_path))) < 100
     with EndpointClient(info["socket"]) as client:
         hello = client.request("hello")
-        assert hello == {"ok": True, "name": "train.py:12", "pid": os.getpid(),
+        assert hello.model_dump() == {"ok": True, "name": "train.py:12", "pid": os.getpid(),
                          "runner": "thread", "version": 1}
-        chunk = chunk_from_json(client.request("frames_since", cursor=0)["chunk"])
+        chunk = client.request("frames_since", cursor=0).chunk.frame_chunk()
         assert chunk.cursor == 7 and np.isnan(chunk.columns[("qps", "decode")][1])
-        assert client.request("stats")["stats"] == {"decode": {"qps": 12.5, "p99_ms": None}}
-        assert client.request("state")["state"] == "running"
-        assert client.request("controls")["controls"] == {"decode": 2}
-        assert client.request("set_concurrency", stage="decode", n=5) == {"ok": True}
+        assert client.request("stats").stats == {"decode": {"qps": 12.5, "p99_ms": None}}
+        assert client.request("state").state == "running"
+        assert client.request("controls").controls == {"decode": 2}
+        assert client.request("set_concurrency", stage="decode", n=5).model_dump() == {"ok": True}
         assert endpoint.publisher.calls == [("decode", 5)]
-        assert client.request("controls")["controls"] == {"decode": 5}
+        assert client.request("controls").controls == {"decode": 5}
     assert endpoint.rejected == 0
 
 
@@ -193,21 +193,21 @@ def test_handler_that_raises_answers_with_its_error(endpoint):
     with EndpointClient(endpoint.socket_path) as client:
         with pytest.raises(SpdlLabError, match=r"PipelineSpecError: no stage named 'nope'"):
             client.request("set_concurrency", stage="nope", n=2)
-        assert client.request("state")["state"] == "running"  # still serving
+        assert client.request("state").state == "running"  # still serving
     assert endpoint.handler_errors == 1 and endpoint.rejected == 0
 
 
 @pytest.mark.parametrize("fields, words", [
     ({"op": "launch"}, "unknown op 'launch'"),
     ({"no_op": 1}, "unknown op None"),
-    ({"op": "frames_since"}, "missing \\['cursor'\\]"),
-    ({"op": "frames_since", "cursor": -1}, "cursor >= 0"),
-    ({"op": "frames_since", "cursor": "0"}, "must be an integer"),
-    ({"op": "set_concurrency", "stage": "decode", "n": True}, "must be an integer"),
-    ({"op": "set_concurrency", "stage": "decode", "n": 0}, "from 1 to 1024"),
-    ({"op": "set_concurrency", "stage": "decode", "n": 1025}, "from 1 to 1024"),
-    ({"op": "set_concurrency", "stage": 3, "n": 2}, "non-empty string"),
-    ({"op": "state", "extra": 1}, "unexpected \\['extra'\\]"),
+    ({"op": "frames_since"}, "cursor: Field required"),
+    ({"op": "frames_since", "cursor": -1}, "cursor: Input should be greater than or equal to 0"),
+    ({"op": "frames_since", "cursor": "0"}, "cursor: Input should be a valid integer"),
+    ({"op": "set_concurrency", "stage": "decode", "n": True}, "n: Input should be a valid integer"),
+    ({"op": "set_concurrency", "stage": "decode", "n": 0}, "n: Input should be greater than or equal to 1"),
+    ({"op": "set_concurrency", "stage": "decode", "n": 1025}, "n: Input should be less than or equal to 1024"),
+    ({"op": "set_concurrency", "stage": 3, "n": 2}, "stage: Input should be a valid string"),
+    ({"op": "state", "extra": 1}, "extra: Extra inputs are not permitted"),
 ])
 def test_bad_request_is_answered_and_the_connection_stays(endpoint, fields, words):
     sock = raw(endpoint)
@@ -223,9 +223,9 @@ def test_bad_request_is_answered_and_the_connection_stays(endpoint, fields, word
 
 def test_client_raises_the_servers_message(endpoint):
     with EndpointClient(endpoint.socket_path) as client:
-        with pytest.raises(SpdlLabError, match="from 1 to 1024"):
+        with pytest.raises(SpdlLabError, match="n: Input should be greater than or equal to 1"):
             client.request("set_concurrency", stage="decode", n=0)
-        assert client.request("state")["state"] == "running"
+        assert client.request("state").state == "running"
 
 
 def _header(n: int) -> bytes:
@@ -242,14 +242,14 @@ def _header(n: int) -> bytes:
 ])
 def test_bad_framing_is_rejected_and_closes_only_that_connection(endpoint, payload, words):
     with EndpointClient(endpoint.socket_path) as good:
-        assert good.request("state")["state"] == "running"
+        assert good.request("state").state == "running"
         bad = raw(endpoint)
         bad.sendall(payload)
         reply = read_reply_or_eof(bad)
         assert reply is not None and reply["ok"] is False and words in reply["error"]
         assert_closed(bad)
         bad.close()
-        assert good.request("stats")["ok"]
+        assert good.request("stats").ok
     assert endpoint.rejected == 1
 
 
@@ -261,7 +261,7 @@ def test_truncated_message_is_rejected(endpoint, wait_until):
         reply = read_reply_or_eof(bad)
         assert reply is not None and "truncated" in reply["error"]
         bad.close()
-        assert good.request("state")["state"] == "running"
+        assert good.request("state").state == "running"
     assert wait_until(lambda: endpoint.rejected == 1, 5.0)
 
 
@@ -270,7 +270,7 @@ def test_stalled_client_does_not_block_others(endpoint, wait_until):
     stalled.sendall(b"\x00\x00")  # half a header, then nothing
     with EndpointClient(endpoint.socket_path, timeout=2.0) as good:
         for _ in range(5):
-            assert good.request("state")["state"] == "running"
+            assert good.request("state").state == "running"
     # request_timeout=1.0: the stalled viewer is dropped and counted.
     reply = read_reply_or_eof(stalled)
     assert reply is not None and "did not arrive" in reply["error"]
@@ -287,7 +287,7 @@ def test_two_clients_at_once(endpoint):
             with EndpointClient(endpoint.socket_path) as client:
                 start.wait(5.0)
                 for cursor in range(50):
-                    assert client.request("frames_since", cursor=cursor)["chunk"]["cursor"] == 7
+                    assert client.request("frames_since", cursor=cursor).chunk.cursor == 7
         except BaseException as exc:  # collected for the assertion below
             errors.append(exc)
 
@@ -302,13 +302,13 @@ def test_two_clients_at_once(endpoint):
 def test_viewers_over_the_limit_are_refused(rt, no_thread_leak, wait_until):
     with Endpoint("small", FakePublisher().handlers(), max_viewers=1) as ep:
         with EndpointClient(ep.socket_path) as first:
-            assert first.request("state")["ok"]
+            assert first.request("state").ok
             with EndpointClient(ep.socket_path) as second:
                 # Refused and closed before the request is sent: the reason is still read.
                 assert wait_until(lambda: ep.rejected == 1, 5.0)
                 with pytest.raises(SpdlLabError, match="already has 1 viewers"):
                     second.request("state")
-            assert first.request("state")["ok"]
+            assert first.request("state").ok
         assert ep.rejected == 1
 
 
@@ -319,7 +319,7 @@ def test_close_removes_files_and_threads(rt, no_thread_leak, wait_until):
     ep = Endpoint("x" * 300, FakePublisher().handlers())  # a long name is shortened
     assert len(os.fsencode(str(ep.socket_path))) < 100
     client = EndpointClient(ep.socket_path)
-    assert client.request("hello")["ok"]
+    assert client.request("hello").ok
     stalled = raw(ep)
     stalled.sendall(b"\x00")
     assert [e["socket"] for e in list_endpoints()] == [str(ep.socket_path)]
@@ -341,7 +341,7 @@ def test_close_removes_files_and_threads(rt, no_thread_leak, wait_until):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_close_in_a_forked_child_leaves_the_parents_endpoint(endpoint):
     with EndpointClient(endpoint.socket_path) as client:
-        assert client.request("state")["ok"]
+        assert client.request("state").ok
         pid = os.fork()
         if pid == 0:  # the child, as in a DataLoader worker that runs atexit
             signal.alarm(10)  # a child that hangs in close() must not outlive the test
@@ -351,7 +351,7 @@ def test_close_in_a_forked_child_leaves_the_parents_endpoint(endpoint):
                 os._exit(0)
         os.waitpid(pid, 0)
         assert endpoint.socket_path.exists() and endpoint.discovery_path.exists()
-        assert client.request("state")["state"] == "running"
+        assert client.request("state").state == "running"
 
 
 def test_list_endpoints_cleans_dead_pids(rt, no_thread_leak):
