@@ -30,19 +30,11 @@ DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its w
 DEFAULT_REPEATS = 5  # rounds
 
 
-def compare(
-    pipeline: Pipeline,
-    step: Callable[[Any], Any] | SimulatedDevice,
-    *,
-    runners: Sequence[str] = LOCAL_RUNNERS,
-    steps: int = DEFAULT_STEPS,
-    warmup: int = DEFAULT_WARMUP,
-    repeats: int | None = None,
-    runner_options: dict[str, dict[str, Any]] | None = None,
-    timeout: float | None = None,
-    progress: bool = True,
-    probes: bool = True,
-) -> Comparison:
+def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
+            runners: Sequence[str] = LOCAL_RUNNERS, steps: int = DEFAULT_STEPS,
+            warmup: int = DEFAULT_WARMUP, repeats: int | None = None,
+            runner_options: dict[str, dict[str, Any]] | None = None, timeout: float | None = None,
+            progress: bool = True, probes: bool = True) -> Comparison:
     """Run ``pipeline`` and ``step`` under each runner in interleaved rounds; return a Comparison.
 
     ``steps`` measured steps per runner are split over ``repeats`` rounds, each window after
@@ -131,16 +123,15 @@ def _check(pipeline: Any, runners: Sequence[str], steps: Any, warmup: Any, repea
 
 def _check_length(pipeline: Pipeline, needed: int, repeats: int, warmup: int, steps: int) -> None:
     """Refuse before running when the pipeline's source is known to run out."""
-    available = _pipeline_length(pipeline)
+    available = pipeline_length(pipeline)
     if available is not None and available < needed:
         raise PipelineSpecError(
             f"compare: the pipeline yields {available} outputs per epoch; each runner needs {needed} "
             f"({repeats} rounds x {warmup} warm-up + {steps} measured steps). Pass fewer steps=, "
-            f"warmup= or repeats=, or a longer source (e.g. repeat the epoch in the source)"
-        )
+            f"warmup= or repeats=, or a longer source (e.g. repeat the epoch in the source)")
 
 
-def _pipeline_length(pipeline: Pipeline) -> int | None:
+def pipeline_length(pipeline: Pipeline) -> int | None:
     """Outputs of one pass of ``pipeline`` when its source has a ``len()``; None when unknown."""
     if pipeline.source_is_factory:
         return None

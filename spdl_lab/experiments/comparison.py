@@ -234,13 +234,10 @@ class Comparison(Saved):
         twice = next((i for i, r in enumerate(runners) if r in runners[:i]), None)
         if twice is not None:
             refuse(("table", twice, "runner"), f"runner {runners[twice]!r} appears twice")
-        no_row = f"no row for this runner in the table (runners: {', '.join(runners)})"
-        for runner in self.frames:
-            if runner not in runners:
-                refuse(("frames", runner), no_row)
-        for i, runner in enumerate(self.rounds["runner"]):
-            if runner not in runners:
-                refuse(("rounds", i, "runner"), no_row)
+        strays = [("frames", r) for r in self.frames if r not in runners]
+        strays += [("rounds", i, "runner") for i, r in enumerate(self.rounds["runner"]) if r not in runners]
+        if strays:
+            refuse(strays[0], f"no row for this runner in the table (runners: {', '.join(runners)})")
         return self
 
     def cells(self, cols: list[tuple[str, Callable[[pd.Series], str]]]) -> list[list[str]]:

@@ -11,13 +11,8 @@ from ..pipeline import Pipeline
 __all__ = ["headspace"]
 
 
-def headspace(
-    loader_or_pipeline: Loader | Pipeline,
-    *,
-    num_caches: int = 8,
-    forever: bool = False,
-    **options: Any,
-) -> Loader:
+def headspace(loader_or_pipeline: Loader | Pipeline, *, num_caches: int = 8, forever: bool = False,
+              **options: Any) -> Loader:
     """A Loader that replays the first ``num_caches`` outputs: loading made free.
 
     Given a Loader, its pipeline and runner (with its options) produce the
@@ -37,8 +32,7 @@ def headspace(
         merged = dict(options)
         pipeline = loader_or_pipeline
     else:
-        raise PipelineSpecError(
-            f"headspace takes a lab.Loader or lab.Pipeline, got {type(loader_or_pipeline).__name__}"
-        )
+        raise PipelineSpecError(f"headspace takes a lab.Loader or lab.Pipeline, "
+                                f"got {type(loader_or_pipeline).__name__}")
     merged.pop("metered", None)
     return Loader(pipeline, runner="cache", num_caches=num_caches, forever=forever, **merged)

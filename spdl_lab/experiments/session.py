@@ -42,17 +42,10 @@ def live_sessions() -> list[Session]:
     return [s for s in list(_LIVE) if s.running]
 
 
-def run(
-    pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
-    step: Callable[[Any], Any] | SimulatedDevice,
-    *,
-    runner: str | None = None,
-    steps: int | None = None,
-    duration: float | None = None,
-    sample_hz: float = DEFAULT_HZ,
-    probes: bool = True,
-    **loader_options: Any,
-) -> Session:
+def run(pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
+        step: Callable[[Any], Any] | SimulatedDevice, *, runner: str | None = None,
+        steps: int | None = None, duration: float | None = None, sample_hz: float = DEFAULT_HZ,
+        probes: bool = True, **loader_options: Any) -> Session:
     """Start a training loop in the background and return its Session at once.
 
     A ``lab.Pipeline`` runs under ``runner`` (default ``"thread"``) with per-stage telemetry; a
@@ -74,24 +67,14 @@ def run(
 class Session:
     """One background training loop and its telemetry. Made by ``lab.run``."""
 
-    def __init__(
-        self,
-        source: Pipeline | Loader | Iterable[Any],
-        *,
-        step: Callable[[Any], Any] | SimulatedDevice,
-        runner: str | None,
-        steps: int | None,
-        duration: float | None,
-        sample_hz: float,
-        probes: bool,
-        loader_options: dict[str, Any],
-    ) -> None:
+    def __init__(self, source: Pipeline | Loader | Iterable[Any], *,
+                 step: Callable[[Any], Any] | SimulatedDevice, runner: str | None, steps: int | None,
+                 duration: float | None, sample_hz: float, probes: bool,
+                 loader_options: dict[str, Any]) -> None:
         _check_limits(steps, duration)
         if not callable(step):
-            raise PipelineSpecError(
-                f"run: step must be a callable taking a batch (or a lab.SimulatedDevice), "
-                f"got {type(step).__name__}"
-            )
+            raise PipelineSpecError(f"run: step must be a callable taking a batch (or a "
+                                    f"lab.SimulatedDevice), got {type(step).__name__}")
         self.steps = steps
         self.duration = duration
         # What restart() needs to start the same loop again.
@@ -224,9 +207,8 @@ class Session:
 
     def set_concurrency(self, stage: str, n: int) -> None:
         if self.loader is None:
-            raise PipelineSpecError(
-                "set_concurrency needs a lab.Pipeline; this session runs an iterable it cannot resize"
-            )
+            raise PipelineSpecError("set_concurrency needs a lab.Pipeline; this session runs an "
+                                    "iterable it cannot resize")
         self.loader.set_concurrency(stage, n)
 
     def controls(self) -> dict[str, int]:
@@ -245,10 +227,8 @@ class Session:
         spec = self._spec
         source = spec["source"]
         if runner is not None and not isinstance(source, Pipeline):
-            raise PipelineSpecError(
-                f"restart(runner={runner!r}) needs a session started from a lab.Pipeline; "
-                f"this one runs a {type(source).__name__}"
-            )
+            raise PipelineSpecError(f"restart(runner={runner!r}) needs a session started from a "
+                                    f"lab.Pipeline; this one runs a {type(source).__name__}")
         self.stop()
         if runner is None or runner == self.runner:
             runner = self.runner if isinstance(source, Pipeline) else None
@@ -348,35 +328,28 @@ class Session:
         return f"Session({', '.join(parts)})"
 
 
-def _open_source(
-    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
-) -> tuple[Loader | None, Iterable[Any], str]:
+def _open_source(source: Any, runner: str | None, sample_hz: float,
+                 options: dict[str, Any]) -> tuple[Loader | None, Iterable[Any], str]:
     """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
     if isinstance(source, Pipeline):
         if runner == "cache" and not {"forever", "num_outputs"} & set(options):
-            # The session decides when to stop; headspace replays until then
-            # rather than counting the source first (which may be endless).
+            # The session decides when to stop, not the length of a source that may be endless.
             options = {**options, "forever": True}
         loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
         return loader, loader, loader.runner
     if isinstance(source, Loader):
         if runner is not None and runner != source.runner or options:
-            raise PipelineSpecError(
-                "run: pass runner options to the lab.Loader itself, not to run(), when giving a Loader"
-            )
+            raise PipelineSpecError("run: pass runner options to the lab.Loader itself, not to "
+                                    "run(), when giving a Loader")
         return source, source, source.runner
-    # SPDL pipelines (spdl_lab.integrations): monitored as SPDL runs them, or converted for a lab runner.
     if is_spdl_spec(source):
         return open_spdl(source, runner, sample_hz, options)
     if runner is not None or options:
-        raise PipelineSpecError(
-            f"run: runner= and loader options apply to a lab.Pipeline; "
-            f"{type(source).__name__} is iterated as it is"
-        )
+        raise PipelineSpecError(f"run: runner= and loader options apply to a lab.Pipeline; "
+                                f"{type(source).__name__} is iterated as it is")
     if not hasattr(source, "__iter__"):
-        raise PipelineSpecError(
-            f"run: expected a lab.Pipeline, a lab.Loader or an iterable, got {type(source).__name__}"
-        )
+        raise PipelineSpecError(f"run: expected a lab.Pipeline, a lab.Loader or an iterable, "
+                                f"got {type(source).__name__}")
     return None, source, type(source).__name__
 
 

@@ -38,7 +38,7 @@ def runner_row(windows: Sequence[Window]) -> dict[str, float]:
     device = [r.device_s for r in records if not math.isnan(r.device_s)]
     step_ms = np.array([r.step_s for r in records]) * 1e3
     weights = [w.loop_s for w in windows]
-    return {
+    row = {
         "batches_per_s": statistics.median(rates),
         "batches_per_s_lo": min(rates),
         "batches_per_s_hi": max(rates),
@@ -46,15 +46,14 @@ def runner_row(windows: Sequence[Window]) -> dict[str, float]:
         "step_p90_ms": float(np.percentile(step_ms, 90)) if len(step_ms) else math.nan,
         "data_wait_frac": wait / loop if loop > 0 else math.nan,
         "device_util": min(1.0, sum(device) / loop) if device and loop > 0 else math.nan,
-        "cpu_percent": _weighted([w.cpu_percent for w in windows], weights),
         "others_cpu_percent": _weighted([w.others_percent for w in windows], weights),
-        "train_gil_wait_frac": _weighted([w.train_gil_wait_frac for w in windows], weights),
-        "train_runqueue_wait_frac": _weighted([w.train_runqueue_wait_frac for w in windows], weights),
-        "gil_wait_frac": _weighted([w.gil_wait_frac for w in windows], weights),
-        "runqueue_wait_frac": _weighted([w.runqueue_wait_frac for w in windows], weights),
         "steps": float(len(records)),
         "elapsed_s": loop,
     }
+    for name in ("cpu_percent", "train_gil_wait_frac", "train_runqueue_wait_frac", "gil_wait_frac",
+                 "runqueue_wait_frac"):
+        row[name] = _weighted([getattr(w, name) for w in windows], weights)
+    return row
 
 
 def ratios(windows: Sequence[Window], to: Sequence[Window]) -> tuple[float, float, float]:

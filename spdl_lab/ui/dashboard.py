@@ -108,8 +108,7 @@ class Dashboard(widgets.VBox):
         self._cursor = 0
         self._window = Window()
         pipeline = session.pipeline
-        # Only a lab.Pipeline under a lab runner can restart under another (not an
-        # iterable, not an SPDL pipeline monitored as it is: runner "spdl").
+        # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
         options = list(RUNNERS) if switchable else [session.runner]
         self._applied = dict(session.controls())
@@ -134,11 +133,9 @@ class Dashboard(widgets.VBox):
             self._publisher.start()
 
     def _slider(self, name: str, value: int) -> widgets.IntSlider:
-        slider = widgets.IntSlider(
-            value=value, min=1, max=max(16, 2 * value), description=name,
-            continuous_update=False, layout=widgets.Layout(width="420px"),
-            style={"description_width": "80px"},
-        )
+        slider = widgets.IntSlider(value=value, min=1, max=max(16, 2 * value), description=name,
+                                   continuous_update=False, layout=widgets.Layout(width="420px"),
+                                   style={"description_width": "80px"})
         slider.add_class("spdl-lab-slider")
         slider.add_class(f"spdl-lab-slider-{name}")
         slider.observe(lambda change: self._on_slider(name, change["new"]), names="value")
@@ -176,11 +173,10 @@ class Dashboard(widgets.VBox):
             _set(self.message, "")
             self._draw(queues, session.frames_since(0))
         else:
-            data = self.plots.stream_chunk(chunk)
-            if data is not None:
-                self.plots.stream(data)
+            self.plots.stream(self.plots.stream_chunk(chunk))
         self._sync_sliders(session)
-        self._sync_auto()
+        if self.autotuner is not None and not self.autotuner.running and self.auto.value:
+            self._set_auto(False)  # the tuning ended: done, stopped, or taken over
         now = time.monotonic()
         if text or now - self._text_at >= TEXT_EVERY_S or session.state != self._text_state:
             self._text_at, self._text_state = now, session.state
@@ -203,9 +199,7 @@ class Dashboard(widgets.VBox):
     def _draw(self, queues: list[str], history: Any) -> None:
         self.plots = LivePlots(self._stages, queues, rollover=self.rollover)
         self.plots.set_window(self.window.value)
-        data = self.plots.stream_chunk(history)
-        if data is not None:
-            self.plots.stream(data)
+        self.plots.stream(self.plots.stream_chunk(history))
         old, self._bokeh = self._bokeh, _BokehView(self.plots.layout)
         self._plot_box.children = [self._bokeh]
         if old is not None:
@@ -277,12 +271,6 @@ class Dashboard(widgets.VBox):
         lines = (tuner.log if tuner is not None else [sentence])[-AUTO_LOG_LINES:]
         _set(self.auto_log, "<b>auto:</b><ul style='margin:0'>" + "".join(
             f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
-
-    def _sync_auto(self) -> None:
-        """The toggle goes off by itself when the tuning ends (done, stopped, or taken over)."""
-        tuner = self.autotuner
-        if tuner is not None and not tuner.running and self.auto.value:
-            self._set_auto(False)
 
     def _set_auto(self, value: bool) -> None:
         self._auto_syncing = True

@@ -24,11 +24,9 @@ __all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
 _THREAD, _PROCESS, _CPU, _GIL = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
 _VERDICT_COLORS = {"scales": "#2ca02c", "cpu-bound": "#d68910", "gil-bound": "#c0392b", "contended": "#8e44ad"}
 _FAILED = ("timeout", "error")
-_TOOLTIPS = [
-    ("executor", "@executor"), ("concurrency", "@concurrency"), ("qps", "@qps{0,0.0}"),
-    ("cpu util", "@cpu_util{0.00}"), ("GIL wait", "@gil_wait_frac{0.00}"),
-    ("task p50 (ms)", "@p50_ms{0.000}"), ("windows", "@repeats"), ("status", "@status"),
-]
+_TOOLTIPS = [("executor", "@executor"), ("concurrency", "@concurrency"), ("qps", "@qps{0,0.0}"),
+             ("cpu util", "@cpu_util{0.00}"), ("GIL wait", "@gil_wait_frac{0.00}"),
+             ("task p50 (ms)", "@p50_ms{0.000}"), ("windows", "@repeats"), ("status", "@status")]
 
 
 def _source(points: list[Point]) -> ColumnDataSource:
@@ -50,11 +48,9 @@ def _title(stage: StageDiagnosis) -> str:
 def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
     """One map stage: QPS per executor on the left axis, CPU and GIL wait (0..1) on the right."""
     concurrencies = sorted({p.concurrency for p in stage.points}) or [1]
-    fig = figure(
-        width=width, height=height, title=_title(stage), x_axis_type="log",
-        x_axis_label="concurrency", y_axis_label="items/s", toolbar_location="right",
-        x_range=Range1d(concurrencies[0] / 1.3, concurrencies[-1] * 1.3),
-    )
+    fig = figure(width=width, height=height, title=_title(stage), x_axis_type="log",
+                 x_axis_label="concurrency", y_axis_label="items/s", toolbar_location="right",
+                 x_range=Range1d(concurrencies[0] / 1.3, concurrencies[-1] * 1.3))
     fig.y_range.start = 0
     fig.xaxis.ticker = FixedTicker(ticks=concurrencies)
     fig.xaxis.major_label_overrides = {c: str(c) for c in concurrencies}  # "8", not "10^0.9"
@@ -164,9 +160,8 @@ def _mapping_line(label: str, values: dict) -> str:
     return f"<p class='note'><b>{label}:</b> {html.escape(items) or '-'}</p>"
 
 
-# Bokeh's own page (bokeh.core.templates.FILE) with the report around its plots. Jinja escapes
-# nothing by itself here: the title passes through ``e``; the HTML pieces were escaped by the
-# functions that made them.
+# Bokeh's own page with the report around its plots. Jinja escapes nothing by itself here: the
+# title passes through ``e``; the functions that made the HTML pieces escaped them.
 _PAGE = """
 {% block postamble %}<style>
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }

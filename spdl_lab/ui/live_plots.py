@@ -33,12 +33,10 @@ _TOOLS = "xwheel_zoom,xbox_zoom,reset,save"
 STEP_SERIES = (("data_wait_ms", "data wait"), ("step_ms", "step"), ("device_ms", "device"))
 CPU_SERIES = (("main", "this process"), ("children", "child processes"), ("total", "total"),
               ("machine", "whole machine"))
-WAIT_SERIES = (
-    ("gil_wait_frac", "train", "training thread: GIL wait"),
-    ("runqueue_wait_frac", "train", "training thread: run-queue wait"),
-    ("gil_wait_frac", "gil", "GIL probe: GIL wait"),
-    ("runqueue_wait_frac", "gil", "GIL probe: run-queue wait"),
-)
+WAIT_SERIES = (("gil_wait_frac", "train", "training thread: GIL wait"),
+               ("runqueue_wait_frac", "train", "training thread: run-queue wait"),
+               ("gil_wait_frac", "gil", "GIL probe: GIL wait"),
+               ("runqueue_wait_frac", "gil", "GIL probe: run-queue wait"))
 
 
 def column_name(series: str, stage: str) -> str:
@@ -48,10 +46,8 @@ def column_name(series: str, stage: str) -> str:
 class LivePlots:
     """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait."""
 
-    def __init__(
-        self, stages: Sequence[str], queues: Sequence[str], *, rollover: int = DEFAULT_ROLLOVER,
-        width: int = 460, height: int = 220,
-    ) -> None:
+    def __init__(self, stages: Sequence[str], queues: Sequence[str], *,
+                 rollover: int = DEFAULT_ROLLOVER, width: int = 460, height: int = 220) -> None:
         self.rollover = rollover
         self.queues = list(queues)
         keys = [("qps", s) for s in stages]
@@ -143,9 +139,10 @@ class LivePlots:
         self._last[key] = last
         return column
 
-    def stream(self, data: dict[str, list[float]]) -> None:
-        """Append ticks (call with the document lock held); keep the window's points."""
-        self.source.stream(data, rollover=self.rollover)
+    def stream(self, data: dict[str, list[float]] | None) -> None:
+        """Append ticks, if any (call with the document lock held); keep the window's points."""
+        if data is not None:
+            self.source.stream(data, rollover=self.rollover)
 
     def _figure(self, title: str, y_label: str, **size: int):
         fig = figure(title=title, x_axis_label="seconds since the run started", y_axis_label=y_label,

@@ -221,17 +221,16 @@ class RemoteSession:
     def restart(self, runner: str | None = None, **_: Any) -> Any:
         raise SpdlLabError("a RemoteSession cannot restart the script's run; restart the script")
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop watching (the script goes on); the frames received stay readable."""
-        self.close(timeout)
-
     def close(self, timeout: float = 5.0) -> None:
+        """Stop watching (the script goes on); the frames received stay readable."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         with self._lock:
             if self._client is not None:
                 self._client.close()
+
+    stop = close  # as a Session's
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"

@@ -41,10 +41,8 @@ def runtime_dir() -> Path:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise SpdlLabError(
-            f"cannot create the runtime directory {path}: {exc.strerror}; "
-            "set SPDL_LAB_RUNTIME_DIR to a directory you can write"
-        ) from None
+        raise SpdlLabError(f"cannot create the runtime directory {path}: {exc.strerror}; "
+                           "set SPDL_LAB_RUNTIME_DIR to a directory you can write") from None
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         problem = "is not a directory"
@@ -54,10 +52,8 @@ def runtime_dir() -> Path:
         problem = f"has mode {stat.S_IMODE(info.st_mode):o}, not 700"
     else:
         return path
-    raise SpdlLabError(
-        f"the runtime directory {path} {problem}, so other users could reach the published "
-        f"runs in it; remove it, or if it is yours run `chmod 700 {path}`"
-    )
+    raise SpdlLabError(f"the runtime directory {path} {problem}, so other users could reach the "
+                       f"published runs in it; remove it, or if it is yours run `chmod 700 {path}`")
 
 
 def safe_name(name: str) -> str:

@@ -79,11 +79,9 @@ class Endpoint:
         directory = runtime_dir()
         room = _MAX_SOCKET_PATH - len(os.fsencode(str(directory / f"-{self.pid}.sock")))
         if room < 1:
-            raise SpdlLabError(
-                f"the runtime directory {directory} is too long a path for a Unix socket "
-                f"(at most {_MAX_SOCKET_PATH} bytes in all); set SPDL_LAB_RUNTIME_DIR to a "
-                "shorter directory"
-            )
+            raise SpdlLabError(f"the runtime directory {directory} is too long a path for a Unix "
+                               f"socket (at most {_MAX_SOCKET_PATH} bytes in all); set "
+                               "SPDL_LAB_RUNTIME_DIR to a shorter directory")
         stem = f"{safe_name(name)[:room]}-{self.pid}"
         self.socket_path = directory / f"{stem}.sock"
         self.discovery_path = directory / f"{stem}.json"

@@ -16,10 +16,8 @@ __all__ = ["install", "installed"]
 
 ENV = "SPDL_LAB_WATCH"
 #: module -> (class, method) whose result is an epoch's iterator
-TARGETS = {
-    "torch.utils.data.dataloader": ("DataLoader", "__iter__"),
-    "spdl.pipeline._pipeline": ("Pipeline", "get_iterator"),
-}
+TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
+           "spdl.pipeline._pipeline": ("Pipeline", "get_iterator")}
 
 
 def install() -> bool:

@@ -93,10 +93,8 @@ class RecordWriter:
 
     def _open(self, meta: dict[str, str]) -> sqlite3.Connection:
         if self.path.exists():
-            raise SpdlLabError(
-                f"record file {self.path} already exists; choose another path "
-                f"(--record or ${RECORD_ENV}) or delete the old record"
-            )
+            raise SpdlLabError(f"record file {self.path} already exists; choose another path "
+                               f"(--record or ${RECORD_ENV}) or delete the old record")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -106,10 +104,8 @@ class RecordWriter:
             db.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks after each checkpoint
             db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
-            raise SpdlLabError(
-                f"cannot create record file {self.path}: {e}; pick a writable path "
-                f"(--record or ${RECORD_ENV})"
-            ) from e
+            raise SpdlLabError(f"cannot create record file {self.path}: {e}; pick a writable path "
+                               f"(--record or ${RECORD_ENV})") from e
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         facts = {"pid": os.getpid(), "started": started, **meta, "state": "running", "dropped_ticks": 0}
         with db:
@@ -197,10 +193,8 @@ class RecordWriter:
                 db.execute("PRAGMA journal_mode=DELETE")
             db.close()
         if self.error is not None:
-            raise SpdlLabError(
-                f"some flushes of record {self.path} failed ({self.error}); "
-                "the record may miss ticks: check the disk"
-            ) from self.error
+            raise SpdlLabError(f"some flushes of record {self.path} failed ({self.error}); "
+                               "the record may miss ticks: check the disk") from self.error
 
     def __enter__(self) -> RecordWriter:
         return self

@@ -83,7 +83,7 @@ class _TimedLoop:
 
     def __init__(self, children: bool) -> None:
         self.clock = StepClock()
-        self.gil = GilProbe()
+        self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
         self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
         self._epoch: _Epoch | None = None
         self._lock = threading.Lock()
@@ -96,15 +96,6 @@ class _TimedLoop:
         if previous is not None:
             previous.close()
         return epoch
-
-    def start(self) -> None:
-        self.gil.start()  # the CPU probe reads as it is called: nothing to start
-
-    def stop(self) -> None:
-        self.gil.stop()
-
-    def step_stats(self) -> dict[str, Any]:
-        return self.clock.summary().to_dict()
 
 
 class _RunSource:
@@ -153,10 +144,10 @@ class OwnerSource(_RunSource):
         for source in self._sources:
             owner.add_source(source)
         owner.consumer = self.loop.epoch
-        self.loop.start()
+        self.loop.gil.start()
 
     def stats(self) -> dict[str, Any]:
-        return {**_snapshot_dict(self.obj.stats()), "step": self.loop.step_stats()}
+        return {**_snapshot_dict(self.obj.stats()), "step": self.loop.clock.summary().to_dict()}
 
     def state(self) -> str:
         """"running" until the Loader is closed (between epochs too), then "finished"."""
@@ -166,7 +157,7 @@ class OwnerSource(_RunSource):
         self.obj.consumer = None
         for source in self._sources:
             self.obj.remove_source(source)
-        self.loop.stop()
+        self.loop.gil.stop()
 
 
 class LoopSource:
@@ -184,7 +175,7 @@ class LoopSource:
         self._sampler = Sampler(sources, hz=DEFAULT_HZ)
         self._closed = False
         self.published = PublishedLoop(self)
-        self.loop.start()
+        self.loop.gil.start()
         self._sampler.start()
 
     def epoch(self, items: Iterator[Any]) -> _Epoch:
@@ -197,7 +188,7 @@ class LoopSource:
         return self._sampler
 
     def stats(self) -> dict[str, Any]:
-        step = self.loop.step_stats()
+        step = self.loop.clock.summary().to_dict()
         return {"runner": self.runner, "running": not self._closed, "elapsed_s": self._sampler.elapsed_s,
                 "items_out": step["steps"], "stages": [], "step": step}
 
@@ -221,7 +212,7 @@ class LoopSource:
     def close(self) -> None:
         self._closed = True
         self._sampler.stop()
-        self.loop.stop()
+        self.loop.gil.stop()
 
 
 class PublishedLoop(_Proxy):
