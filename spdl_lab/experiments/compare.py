@@ -42,9 +42,7 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
     ``timeout`` bounds each runner's seconds, all its windows together. Example::
 
         cmp = lab.compare(*lab.workloads.noisy_neighbour(), steps=100)
-        cmp.table          # batches_per_s [_lo, _hi], vs_cache, step_p50_ms, data_wait_frac, ...
-        cmp.warnings       # what makes it less than trustworthy, in sentences
-        cmp.plot()
+        cmp.table; cmp.warnings; cmp.plot()
     """
     if repeats is None and isinstance(steps, int) and not isinstance(steps, bool):
         repeats = max(1, min(DEFAULT_REPEATS, steps))

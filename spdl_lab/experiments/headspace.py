@@ -13,12 +13,8 @@ __all__ = ["headspace"]
 
 def headspace(loader_or_pipeline: Loader | Pipeline, *, num_caches: int = 8, forever: bool = False,
               **options: Any) -> Loader:
-    """A Loader that replays the first ``num_caches`` outputs: loading made free.
-
-    Given a Loader, its pipeline and runner (with its options) produce the
-    cached outputs; given a Pipeline, the ``thread`` runner does, unless
-    ``source_runner=`` says otherwise. Iterate it in place of the original to
-    see the step time when data is never waited for::
+    """A Loader that replays the first ``num_caches`` outputs of a Loader (its runner makes them)
+    or a Pipeline (``source_runner=``, default thread): the step time when loading is free::
 
         with lab.headspace(loader) as fast:
             for batch in fast:

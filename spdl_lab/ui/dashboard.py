@@ -13,6 +13,10 @@ import time
 from typing import Any
 
 import ipywidgets as widgets
+from bokeh.io import output_notebook
+from bokeh.io.state import curstate
+from bokeh.resources import INLINE
+from IPython import get_ipython
 from jupyter_bokeh.widgets import BokehModel
 
 from ..errors import PipelineSpecError, SpdlLabError
@@ -351,14 +355,5 @@ def _num(value: float, fmt: str) -> str:
 
 def _load_bokehjs() -> None:
     """Load BokehJS into the notebook once, from INLINE resources (no CDN: offline)."""
-    from bokeh.io import output_notebook
-    from bokeh.io.state import curstate
-    from bokeh.resources import INLINE
-
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    if get_ipython() is None or curstate().notebook:
-        return
-    output_notebook(INLINE, hide_banner=True)
+    if get_ipython() is not None and not curstate().notebook:
+        output_notebook(INLINE, hide_banner=True)

@@ -14,6 +14,7 @@ from bokeh.layouts import column, gridplot
 from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
 from bokeh.plotting import figure
 
+from .diagnosis_svg import qps_charts
 from .report import write_page
 
 if TYPE_CHECKING:
@@ -125,8 +126,6 @@ def _row(stage: StageDiagnosis) -> str:
 def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
     """The diagnosis as an HTML fragment: the limiting stage, QPS against concurrency per stage
     (inline SVG), the verdict table, then the details (no Bokeh: ``.plot()`` for those figures)."""
-    from .diagnosis_svg import qps_charts
-
     heads = ("stage", "kind", "verdict", "best concurrency", "peak thread QPS", "evidence", "recommendation")
     elapsed = f" in {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
     created = f", started {diag.created}" if diag.created else ""

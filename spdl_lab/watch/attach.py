@@ -32,14 +32,10 @@ _COLUMNS = ["name", "pid", "started", "state", "runner", "record"]
 
 
 def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
-    """The published runs on this host (a DataFrame), or a ``RemoteSession`` watching one.
+    """The published runs on this host (a DataFrame), or a ``RemoteSession`` watching the one of
+    that name (as given to ``lab.publish``) or pid, waiting up to ``timeout`` s for it::
 
-    ``name_or_pid`` is a run's name (as given to ``lab.publish``) or its process id; the
-    call waits up to ``timeout`` seconds for such a run to appear. Example::
-
-        lab.attach()                      # name, pid, started, state, runner, record
-        remote = lab.attach("resnet")
-        remote.dashboard()
+        lab.attach("resnet").dashboard()
     """
     if name_or_pid is None:
         runs = pd.DataFrame(list_endpoints(), columns=_COLUMNS)
@@ -65,10 +61,9 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
 
 
 def open_record(path: str | os.PathLike) -> RemoteSession:
-    """A published run's record file as a RemoteSession (read only), live or ended. Example::
+    """A published run's record file as a RemoteSession (read only), live or ended::
 
-        run = lab.open("spdl_lab_runs/resnet-4242.sqlite")
-        run.state; run.frames(); run.dashboard()
+        lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()
     """
     return RemoteSession.from_record(path)
 

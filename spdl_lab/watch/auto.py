@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from ..runs import caller_line
+from .publish import Publisher, published_by
 
 __all__ = ["ENV", "ENV_NAME", "enabled", "published_epoch", "publish_once", "start_hook"]
 
@@ -25,8 +26,6 @@ def enabled() -> bool:
 
 def publish_once(obj: Any) -> Any:
     """Publish ``obj`` unless it already is, and return its Publisher."""
-    from .publish import Publisher, published_by
-
     with _lock:
         publisher = published_by(obj)
         if publisher is None:

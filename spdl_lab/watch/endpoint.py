@@ -61,12 +61,10 @@ class Endpoint:
                  request_timeout: float = 5.0) -> None:
         self.name = name
         self.handlers = handlers
-        self.record = record
         self.runner = runner
         self.max_viewers = max_viewers
         self.request_timeout = request_timeout
         self.pid = os.getpid()
-        self.started = datetime.datetime.now(datetime.timezone.utc).isoformat()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
@@ -87,7 +85,8 @@ class Endpoint:
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
         try:
-            info = Discovery(name=name, pid=self.pid, started=self.started, socket=str(self.socket_path),
+            started = datetime.datetime.now(datetime.timezone.utc).isoformat()
+            info = Discovery(name=name, pid=self.pid, started=started, socket=str(self.socket_path),
                              record=record, runner=runner)
             _json.dump_file(info.model_dump(), self.discovery_path, compact=True)  # atomically
         except BaseException:

@@ -11,7 +11,11 @@ import sys
 import threading
 from typing import Any
 
+from ..runs import caller_line
 from ..telemetry.frames import chunk_since
+from .discovery import safe_name
+from .endpoint import Endpoint, Handlers
+from .records import RecordWriter, default_record_path
 from .sources import source_of
 from .timeline import Timeline
 
@@ -34,8 +38,6 @@ def publish(obj: Any, name: str | None = None) -> Any:
         for batch in loader:
             train(batch)
     """
-    from ..runs import caller_line
-
     if id(obj) in _PUBLISHED:
         return _PUBLISHED[id(obj)].source.published
     return Publisher(obj, name or caller_line()).source.published
@@ -62,10 +64,6 @@ class Publisher:
     """
 
     def __init__(self, obj: Any, name: str) -> None:
-        from .discovery import safe_name
-        from .endpoint import Endpoint, Handlers
-        from .records import RecordWriter, default_record_path
-
         self.timeline = Timeline()  # first: every tick of the source counts from here, none before
         self.source = source_of(obj)
         self.obj = obj

@@ -10,7 +10,6 @@ import math
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from itertools import repeat
@@ -59,9 +58,7 @@ DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
 def default_record_path(name: str, pid: int) -> Path:
     """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe)."""
     override = os.environ.get(RECORD_ENV)
-    if override:
-        return Path(override)
-    return Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
+    return Path(override) if override else Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
 
 
 class RecordWriter:
@@ -159,9 +156,7 @@ class RecordWriter:
         self._thinned_until = until
 
     def _run(self) -> None:
-        deadline = time.monotonic() + self.flush_every_s
-        while not self._stop.wait(max(0.0, deadline - time.monotonic())):
-            deadline = time.monotonic() + self.flush_every_s
+        while not self._stop.wait(self.flush_every_s):
             try:
                 self.flush()
             except Exception as e:
