@@ -33,7 +33,7 @@ from ..file_checks import (
     string,
 )
 from ..runners import RUNNERS
-from ..telemetry.frames import FRAME_COLUMNS
+from ..telemetry.frames import FRAME_COLUMNS, long_frame
 from .spread import beats_headspace, coverage
 
 __all__ = ["ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round", "Row"]
@@ -269,19 +269,8 @@ class Comparison(Saved):
 
 def _long(frames: Frames) -> pd.DataFrame:
     """One runner's frames, back to the long form ``Session.frames()`` gives."""
-    times, parts = np.array(frames.time_s, dtype=float), []
-    for one in frames.series:
-        values = np.array(one.values, dtype=float)  # null becomes NaN
-        keep = ~np.isnan(values)
-        if keep.any():
-            # As telemetry.frames.to_frame builds it from the ring, so a round trip is exact.
-            parts.append(pd.DataFrame({"time_s": times[keep], "series": one.series, "stage": one.stage,
-                                       "value": values[keep]}))
-    if not parts:
-        dtypes = ["float64", "object", "object", "float64"]
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, dtypes)})
-    frame = pd.concat(parts, ignore_index=True)
-    return frame.sort_values(["time_s", "series", "stage"], kind="stable", ignore_index=True)
+    columns = {(one.series, one.stage): np.array(one.values, dtype=float) for one in frames.series}
+    return long_frame(np.array(frames.time_s, dtype=float), columns)  # null becomes NaN
 
 
 def _wide(frame: Any, runner: str) -> dict[str, Any]:

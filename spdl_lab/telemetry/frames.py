@@ -20,7 +20,7 @@ from .histogram import quantile_ns
 from .meters import QueueReading, StageReading
 from .ring import Ring
 
-__all__ = ["FRAME_COLUMNS", "FrameChunk", "chunk_since", "queue_rows", "stage_rows", "to_frame"]
+__all__ = ["FRAME_COLUMNS", "FrameChunk", "chunk_since", "long_frame", "queue_rows", "stage_rows", "to_frame"]
 
 FRAME_COLUMNS = ["time_s", "series", "stage", "value"]
 
@@ -87,7 +87,11 @@ def queue_rows(now: QueueReading, before: QueueReading | None, dt_s: float,
 
 def to_frame(ring: Ring) -> pd.DataFrame:
     """The ring as a long-format DataFrame (FRAME_COLUMNS), sorted by time."""
-    times, columns = ring.view()
+    return long_frame(*ring.view())
+
+
+def long_frame(times: np.ndarray, columns: dict[tuple[str, str], np.ndarray]) -> pd.DataFrame:
+    """Ticks in wide form (NaN: no value) as a long-format DataFrame, sorted by time."""
     parts = []
     for (series, stage), values in columns.items():
         keep = ~np.isnan(values)

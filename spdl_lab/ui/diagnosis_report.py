@@ -34,9 +34,8 @@ def _source(points: list[Point]) -> ColumnDataSource:
     # Arrays, not lists: NaN stays NaN (a gap in the line) rather than a JSON problem.
     cols = ("concurrency", "qps", "cpu_util", "gil_wait_frac", "p50_ms", "repeats")
     data = {c: np.array([getattr(p, c) for p in points], dtype=float) for c in cols}
-    data["executor"] = [p.executor for p in points]
-    data["status"] = [p.status for p in points]
-    return ColumnDataSource(data)
+    return ColumnDataSource({**data, "executor": [p.executor for p in points],
+                             "status": [p.status for p in points]})
 
 
 def _title(stage: StageDiagnosis) -> str:
@@ -112,15 +111,11 @@ def _row(stage: StageDiagnosis) -> str:
     verdict = e(stage.verdict or stage.shown_status())
     best = "" if stage.best_concurrency is None else str(stage.best_concurrency)
     peak = stage.peak_qps()
-    error = ""
-    if stage.error:
-        error = f"<details><summary>error</summary><pre>{e(stage.error)}</pre></details>"
-    return (
-        f"<tr><td>{e(stage.name)}</td><td>{e(stage.kind)}</td>"
-        f"<td class='verdict' style='color:{color}'>{verdict}</td><td class='num'>{best}</td>"
-        f"<td class='num'>{'' if math.isnan(peak) else f'{peak:,.1f}'}</td><td>{e(stage.evidence)}{error}</td>"
-        f"<td>{e(stage.recommendation)}</td></tr>"
-    )
+    error = f"<details><summary>error</summary><pre>{e(stage.error)}</pre></details>" if stage.error else ""
+    return (f"<tr><td>{e(stage.name)}</td><td>{e(stage.kind)}</td>"
+            f"<td class='verdict' style='color:{color}'>{verdict}</td><td class='num'>{best}</td>"
+            f"<td class='num'>{'' if math.isnan(peak) else f'{peak:,.1f}'}</td>"
+            f"<td>{e(stage.evidence)}{error}</td><td>{e(stage.recommendation)}</td></tr>")
 
 
 def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
@@ -147,10 +142,8 @@ def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
 
 def _details(stages: list[StageDiagnosis]) -> str:
     """Per stage, the numbers behind its one-sentence evidence."""
-    items = "".join(
-        f"<li><b>{html.escape(s.name)}</b>: " + " ".join(html.escape(n) for n in s.notes) + "</li>"
-        for s in stages if s.notes
-    )
+    items = "".join(f"<li><b>{html.escape(s.name)}</b>: " + " ".join(html.escape(n) for n in s.notes)
+                    + "</li>" for s in stages if s.notes)
     return f"<details><summary>details</summary><ul>{items}</ul></details>" if items else ""
 
 

@@ -56,25 +56,21 @@ class LivePlots:
         keys += [("cpu_percent", stage) for stage, _ in CPU_SERIES]
         keys += [(series, stage) for series, stage, _ in WAIT_SERIES]
         self.keys = keys
-        self.source = ColumnDataSource(
-            {"time_s": [], **{column_name(*k): [] for k in keys}}, name=SOURCE_NAME
-        )
-        size = dict(width=width, height=height)
+        self.source = ColumnDataSource({"time_s": [], **{column_name(*k): [] for k in keys}},
+                                       name=SOURCE_NAME)
+        self._size = dict(width=width, height=height)
         self.colors = stage_colors(stages)
         smooth = f"{SMOOTH_S:g} s average"
         self.figures = [
             self._lines(f"throughput per stage ({smooth})", "items/s",
-                        [(("qps", s), s, self.colors[s]) for s in stages], **size),
-            self._queues(queues, **size),
+                        [(("qps", s), s, self.colors[s]) for s in stages]),
+            self._queues(queues),
             self._lines("training step (per step)", "ms",
-                        [((s, "step"), label, Category10_10[i]) for i, (s, label) in enumerate(STEP_SERIES)],
-                        **size),
+                        [((s, "step"), label, Category10_10[i]) for i, (s, label) in enumerate(STEP_SERIES)]),
             self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
-                        [(("cpu_percent", s), label, Category10_10[i]) for i, (s, label) in enumerate(CPU_SERIES)],
-                        **size),
+                        [(("cpu_percent", s), label, Category10_10[i]) for i, (s, label) in enumerate(CPU_SERIES)]),
             self._lines(f"waiting: GIL vs CPU run queue ({smooth})", "share of time",
-                        [((s, g), label, Category10_10[i]) for i, (s, g, label) in enumerate(WAIT_SERIES)],
-                        **size),
+                        [((s, g), label, Category10_10[i]) for i, (s, g, label) in enumerate(WAIT_SERIES)]),
         ]
         ceiling = 100.0 * (os.cpu_count() or 1)
         self.figures[3].add_layout(Span(location=ceiling, dimension="width", line_dash="dotted",
@@ -144,15 +140,15 @@ class LivePlots:
         if data is not None:
             self.source.stream(data, rollover=self.rollover)
 
-    def _figure(self, title: str, y_label: str, **size: int):
+    def _figure(self, title: str, y_label: str):
         fig = figure(title=title, x_axis_label="seconds since the run started", y_axis_label=y_label,
-                     tools=_TOOLS, active_scroll="xwheel_zoom", **size)
+                     tools=_TOOLS, active_scroll="xwheel_zoom", **self._size)
         fig.title.text_font_size = "11px"
         fig.xaxis.axis_label_text_font_size = fig.yaxis.axis_label_text_font_size = "10px"
         return fig
 
-    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]], **size: int):
-        fig = self._figure(title, y_label, **size)
+    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]]):
+        fig = self._figure(title, y_label)
         items = []
         for key, label, color in lines:
             r = fig.line("time_s", column_name(*key), source=self.source, color=color, line_width=2)
@@ -162,8 +158,8 @@ class LivePlots:
         _legend(fig, items)
         return fig
 
-    def _queues(self, queues: Sequence[str], **size: int):
-        fig = self._figure("queue depth (solid) against capacity (dashed)", "items", **size)
+    def _queues(self, queues: Sequence[str]):
+        fig = self._figure("queue depth (solid) against capacity (dashed)", "items")
         items = []
         for q in queues:
             color = self.colors.get(q.split("→")[-1], "#555555")  # the colour of the stage it feeds

@@ -98,11 +98,13 @@ class _TimedLoop:
         return epoch
 
 
-class _RunSource:
-    """What a Session and a Loader share: they are published as they are, and steered live."""
+class SessionSource:
+    """A ``lab.run`` Session, published as it is and steered live; it has its own step clock and
+    probes. ``OwnerSource`` adds them to a Loader."""
 
     def __init__(self, obj: Any) -> None:
         self.published = self.obj = obj
+        self.runner = obj.runner
 
     def sampler(self) -> Sampler | None:
         return self.obj.sampler
@@ -112,14 +114,6 @@ class _RunSource:
 
     def controls(self) -> dict[str, int]:
         return dict(self.obj.controls())
-
-
-class SessionSource(_RunSource):
-    """A ``lab.run`` Session: it has its own step clock and probes."""
-
-    def __init__(self, session: Any) -> None:
-        super().__init__(session)
-        self.runner = session.runner
 
     def stats(self) -> dict[str, Any]:
         return _snapshot_dict(self.obj.stats())
@@ -131,7 +125,7 @@ class SessionSource(_RunSource):
         pass  # the session's own stop() or end closes what it started
 
 
-class OwnerSource(_RunSource):
+class OwnerSource(SessionSource):
     """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters come from
     its runs; the loop's steps are timed by wrapping each run's iterator (``RunOwner.consumer``),
     and the step clock and the probes join its sampler."""
@@ -147,7 +141,7 @@ class OwnerSource(_RunSource):
         self.loop.gil.start()
 
     def stats(self) -> dict[str, Any]:
-        return {**_snapshot_dict(self.obj.stats()), "step": self.loop.clock.summary().to_dict()}
+        return {**super().stats(), "step": self.loop.clock.summary().to_dict()}
 
     def state(self) -> str:
         """"running" until the Loader is closed (between epochs too), then "finished"."""
