@@ -207,11 +207,10 @@ class Comparison(Saved):
             return lambda row: num(row[col], fmt) if fmt else pct(row[col])
 
         shown = self.table.notna().any()
-        cols = [("batches/s [lo-hi]", rate)]
-        if shown["vs_cache"]:
-            cols.append(("vs cache [lo-hi]", vs_cache))
-        cols += [("step p50 ms", column("step_p50_ms", ".1f")), ("data wait", column("data_wait_frac", None))]
-        optional = [("device", "device_util", None), ("train GIL", "train_gil_wait_frac", None),
+        shown["step_p50_ms"] = shown["data_wait_frac"] = True  # even with no value
+        cols = [("batches/s [lo-hi]", rate)] + [("vs cache [lo-hi]", vs_cache)] * bool(shown["vs_cache"])
+        optional = [("step p50 ms", "step_p50_ms", ".1f"), ("data wait", "data_wait_frac", None),
+                    ("device", "device_util", None), ("train GIL", "train_gil_wait_frac", None),
                     ("CPU %", "cpu_percent", ".0f"), ("GIL wait", "gil_wait_frac", None),
                     ("others CPU %", "others_cpu_percent", ".0f")]
         return cols + [(head, column(col, fmt)) for head, col, fmt in optional if shown[col]]

@@ -114,13 +114,11 @@ class Contender:
         gil, queued = gil_fracs(gil_a, gil_b)
         train_gil, train_queued = training_waits(device_a, device_b)
         ceiling = 100.0 * machine.cores
-        return Window(
-            runner=self.runner, round=round_, started_s=started,
-            records=tuple(self.clock.records()[first:]),
-            cpu_percent=min(ours, ceiling), others_percent=min(ceiling, max(0.0, machine_busy - ours)),
-            gil_wait_frac=gil, runqueue_wait_frac=queued,
-            train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued,
-        )
+        return Window(runner=self.runner, round=round_, started_s=started,
+                      records=tuple(self.clock.records()[first:]), cpu_percent=min(ours, ceiling),
+                      others_percent=min(ceiling, max(0.0, machine_busy - ours)),
+                      gil_wait_frac=gil, runqueue_wait_frac=queued,
+                      train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued)
 
     def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
         """Unmeasured steps, up to ``max_steps``, while the batches made before (under another

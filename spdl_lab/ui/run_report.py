@@ -102,9 +102,8 @@ def run_text(meta: dict[str, str], frames: pd.DataFrame) -> str:
 
 def _facts(meta: dict[str, str], frames: pd.DataFrame) -> str:
     """The run's header as an HTML table; every value from the file is escaped by pandas."""
-    facts = [("name", meta.get("name", "?")), ("pid", meta.get("pid", "?")),
-             ("started", meta.get("started", "?")), ("runner", meta.get("runner", "?")),
-             ("state", meta.get("state", "?")), ("duration recorded", f"{duration_s(frames):.1f} s")]
+    facts = [(key, meta.get(key, "?")) for key in ("name", "pid", "started", "runner", "state")]
+    facts.append(("duration recorded", f"{duration_s(frames):.1f} s"))
     if meta.get("dropped_ticks", "0") not in ("0", ""):
         facts.append(("ticks dropped", meta["dropped_ticks"]))
     return pd.DataFrame(facts, columns=["run", ""]).to_html(index=False, escape=True)

@@ -123,9 +123,8 @@ class RemoteSession:
 
     # -- polling -----------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S):
-            if not self._poll():
-                return
+        while not self._stop.wait(POLL_S) and self._poll():
+            pass
 
     def _poll(self) -> bool:
         """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""
