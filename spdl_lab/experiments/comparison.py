@@ -140,7 +140,8 @@ def _frames(value: Any) -> dict[str, pd.DataFrame]:
         if values > MAX_VALUES:
             refuse((runner, "series"), f"{len(series)} series of {len(times)} ticks: more than the limit of "
                                        f"{MAX_VALUES} values in the file")
-        frames[runner] = _long(wide)
+        columns = {(one.series, one.stage): np.array(one.values, dtype=float) for one in series}
+        frames[runner] = long_frame(np.array(times, dtype=float), columns)  # null becomes NaN
     return frames
 
 
@@ -264,12 +265,6 @@ class Comparison(Saved):
         for warning in self.warnings:
             out += textwrap.wrap(warning, WIDTH, initial_indent="- ", subsequent_indent="  ")
         return "\n".join(out)
-
-
-def _long(frames: Frames) -> pd.DataFrame:
-    """One runner's frames, back to the long form ``Session.frames()`` gives."""
-    columns = {(one.series, one.stage): np.array(one.values, dtype=float) for one in frames.series}
-    return long_frame(np.array(frames.time_s, dtype=float), columns)  # null becomes NaN
 
 
 def _wide(frame: Any, runner: str) -> dict[str, Any]:

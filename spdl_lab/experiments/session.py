@@ -99,8 +99,8 @@ class Session:
         #: the SimulatedDevice when the step is one (its totals say where the training thread waited)
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
-        self._probes: list[Any] = [GilProbe(), CpuProbe()] if probes else []
-        sources = [self.clock.rows, *self._probes]
+        self._gil = GilProbe() if probes else None  # the CPU probe reads as called: nothing to start
+        sources = [self.clock.rows, *([self._gil, CpuProbe()] if probes else [])]
         if self.device is not None:
             sources.append(TrainingThreadWaits(self.device))
         if self.loader is None and is_dataloader(self._iterable):
@@ -115,9 +115,8 @@ class Session:
             self._sampler = Sampler(sources, hz=sample_hz)
         self._t0 = time.perf_counter()
         self._t_end: float | None = None
-        for probe in self._probes:
-            if hasattr(probe, "start"):
-                probe.start()
+        if self._gil is not None:
+            self._gil.start()
         if self._sampler is not None:
             self._sampler.start()
         self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
@@ -153,9 +152,8 @@ class Session:
             if self.loader is not None:
                 self.loader.close()
         finally:
-            for probe in self._probes:
-                if hasattr(probe, "stop"):
-                    probe.stop()
+            if self._gil is not None:
+                self._gil.stop()
             if self._sampler is not None:
                 self._sampler.stop()
             self._done.set()

@@ -63,7 +63,6 @@ class Dashboard(widgets.VBox):
         self.publisher_cpu_s = 0.0
         self.publishes = 0
         self._lock = threading.RLock()
-        self._applied: dict[str, int] = {}
         self.last_verdict: Any = None
         self._text_at = -math.inf
         self._text_state = ""
@@ -91,7 +90,6 @@ class Dashboard(widgets.VBox):
         self.auto_log = widgets.HTML()
         self.auto_log.add_class("spdl-lab-auto-log")
         self._auto_syncing = False
-        self.sliders: dict[str, widgets.IntSlider] = {}
         self._slider_box = widgets.VBox()
         self._plot_box = widgets.Box()
         self.plots: LivePlots | None = None
@@ -115,7 +113,7 @@ class Dashboard(widgets.VBox):
         # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
         options = list(RUNNERS) if switchable else [session.runner]
-        self._applied = dict(session.controls())
+        self._applied: dict[str, int] = dict(session.controls())
         self._attaching = True  # setting options moves the value: not a user's choice
         try:
             self.runner.options = options

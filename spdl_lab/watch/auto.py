@@ -11,17 +11,13 @@ from typing import Any
 from ..runs import caller_line
 from .publish import Publisher, published_by
 
-__all__ = ["ENV", "ENV_NAME", "enabled", "published_epoch", "publish_once", "start_hook"]
+__all__ = ["ENV", "ENV_NAME", "published_epoch", "publish_once", "start_hook"]
 
 ENV = "SPDL_LAB_WATCH"
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
 
 _taken: set[str] = set()
 _lock = threading.Lock()
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "") == "1"
 
 
 def publish_once(obj: Any) -> Any:
@@ -36,13 +32,13 @@ def publish_once(obj: Any) -> Any:
 def start_hook(event: str, subject: Any) -> None:
     """The start hook (``spdl_lab.runs.StartHook``): with ``SPDL_LAB_WATCH=1``, a session or a
     Loader that no session owns is published when it starts."""
-    if event in ("loader", "session") and enabled():
+    if event in ("loader", "session") and os.environ.get(ENV, "") == "1":
         publish_once(subject)
 
 
 def published_epoch(obj: Any, items: Any) -> Any:
-    """``items``, an iterator of ``obj`` (a DataLoader, an SPDL pipeline) that the script
-    just made, timed for ``obj``'s published run (published now if it is not yet)."""
+    """``items``, an epoch's iterator the script just made from ``obj`` (a DataLoader, an SPDL
+    pipeline), timed for ``obj``'s published run."""
     return publish_once(obj).source.epoch(items)
 
 

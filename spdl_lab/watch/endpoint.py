@@ -67,7 +67,6 @@ class Endpoint:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._closed = False
         #: messages rejected (malformed, unknown op, bad fields) and viewers refused
         self.rejected = 0
         #: requests whose handler raised (answered with the error, not counted as rejected)
@@ -238,9 +237,8 @@ class Endpoint:
             # the lock: a fork can copy it held by a viewer thread, which the child does not have.
             return
         with self._lock:
-            if self._closed:
+            if self._stop.is_set():
                 return
-            self._closed = True
             self._stop.set()
             viewers = dict(self._viewers)
         atexit.unregister(self.close)

@@ -75,7 +75,6 @@ class Publisher:
         self.failed = False
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._stop = threading.Event()
-        self._closed = False
         self._lock = threading.Lock()
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
                             state=self.state, set_concurrency=self.source.set_concurrency,
@@ -122,10 +121,9 @@ class Publisher:
     def close(self) -> None:
         """Stop publishing: the record gets the run's last frames and state, the endpoint goes."""
         with self._lock:
-            if self._closed:
+            if self._stop.is_set():
                 return
-            self._closed = True
-        self._stop.set()
+            self._stop.set()
         self._pump.join(5.0)
         state = self._final_state()
         self.source.close()  # a source's sampler takes its last tick as it stops

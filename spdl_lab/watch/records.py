@@ -126,23 +126,14 @@ class RecordWriter:
             self._written = cursor
             with self._db:
                 self._db.execute("BEGIN")
-                self._insert(times, columns)
+                for (series, stage), values in columns.items():
+                    keep = ~np.isnan(values)
+                    self._db.executemany("INSERT INTO frames VALUES (?, ?, ?, ?)", zip(
+                        times[keep].tolist(), repeat(series), repeat(stage), values[keep].tolist()))
+                if len(times):
+                    self._newest_s = max(self._newest_s, float(times.max()))
                 self._thin()
                 self._db.execute(_SET_META, ("dropped_ticks", str(self.dropped_ticks)))
-
-    def _insert(self, times: np.ndarray, columns: dict[tuple[str, str], np.ndarray]) -> None:
-        times = np.asarray(times, dtype=float)
-        for (series, stage), values in columns.items():
-            values = np.asarray(values, dtype=float)
-            keep = ~np.isnan(values)
-            if not keep.any():
-                continue
-            self._db.executemany(
-                "INSERT INTO frames VALUES (?, ?, ?, ?)",
-                zip(times[keep].tolist(), repeat(series), repeat(stage), values[keep].tolist()),
-            )
-        if len(times):
-            self._newest_s = max(self._newest_s, float(times.max()))
 
     def _thin(self) -> None:
         # Whole buckets only, so a bucket is thinned once, when it is complete.
