@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 from bokeh.layouts import gridplot
 from bokeh.models import ColumnDataSource, HoverTool, Legend, Span
 from bokeh.palettes import Category10_10
@@ -107,7 +108,8 @@ class LivePlots:
             values = chunk.columns.get(key)
             column = [math.nan] * n if values is None else np.asarray(values, dtype=float).tolist()
             if key in self._hold:
-                column = self._held(key, column)
+                column = pd.Series([self._last.get(key, math.nan), *column]).ffill().tolist()[1:]
+                self._last[key] = column[-1]
             elif key in self._smooth:
                 column = self._smoothed(key, column, gaps)
             # a fresh list per column: Bokeh may keep it and extend it in place
@@ -123,16 +125,6 @@ class LivePlots:
                 avg = value if avg != avg else avg + weight * (value - avg)
             column[i] = avg
         self._avg[key] = avg
-        return column
-
-    def _held(self, key: tuple[str, str], column: list[float]) -> list[float]:
-        last = self._last.get(key, math.nan)
-        for i, value in enumerate(column):
-            if value != value:  # NaN
-                column[i] = last
-            else:
-                last = value
-        self._last[key] = last
         return column
 
     def stream(self, data: dict[str, list[float]] | None) -> None:

@@ -78,11 +78,8 @@ def _record_state(record: str | None, default: str) -> str:
 
 
 class RemoteSession:
-    """A published run seen from here: the read API of a Session, plus ``set_concurrency``.
-
-    A poller thread copies the run's new ticks here every ``POLL_S``, so they stay readable
-    after the script ends; then ``state`` comes from the run's record ("killed": no close).
-    """
+    """A published run seen from here: the read API of a Session, plus ``set_concurrency``. A
+    poller copies its new ticks here every ``POLL_S``, so they stay readable after it ends."""
 
     pipeline = None  # the Pipeline object lives in the script: no runner switch from here
     steps = None

@@ -14,12 +14,8 @@ __all__ = ["EndpointClient"]
 
 
 class EndpointClient:
-    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure.
-
-    >>> client = EndpointClient(list_endpoints()[0]["socket"])   # doctest: +SKIP
-    >>> client.request("state").state   # doctest: +SKIP
-    'running'
-    """
+    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure:
+    ``EndpointClient(list_endpoints()[0]["socket"]).request("state").state``."""
 
     def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
         self.socket_path = str(socket_path)

@@ -43,9 +43,8 @@ class Handlers:
 
 
 class Endpoint:
-    """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed.
-
-    Its rules, so that a viewer can never hurt training:
+    """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed, by
+    rules that keep a viewer from ever hurting training:
 
     - Only a Unix socket, in the per-user 0700 ``runtime_dir``, with a discovery file beside it.
     - An accept thread and a thread per viewer (``spdl_lab:endpoint``) run the handlers, so

@@ -57,11 +57,8 @@ def unpublish(obj: Any) -> None:
 
 class Publisher:
     """The record and the endpoint of one published run; ``close()`` (or the exit) ends both.
-
     It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
-    record's buffer; the endpoint's threads answer viewers from the timeline. The record is
-    closed with the run's state when it ends ("failed" after an uncaught exception).
-    """
+    record's buffer; the endpoint's threads answer viewers from the timeline."""
 
     def __init__(self, obj: Any, name: str) -> None:
         self.timeline = Timeline()  # first: every tick of the source counts from here, none before

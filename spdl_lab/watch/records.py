@@ -63,11 +63,8 @@ def default_record_path(name: str, pid: int) -> Path:
 
 class RecordWriter:
     """Writes frame chunks to a new SQLite record from a thread of its own, ``spdl_lab:record``.
-
     ``add`` never waits on the disk: it appends to a ring of ``max_buffered_ticks`` (older ticks
-    are dropped and counted), written every ``flush_every_s`` in one transaction. ``meta`` gets
-    ``pid``, ``started`` and ``state="running"``. A failed flush is raised by ``close``.
-    """
+    are dropped and counted), written every ``flush_every_s``; ``close`` raises a failed flush."""
 
     def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
                  max_buffered_ticks: int = 6000) -> None:

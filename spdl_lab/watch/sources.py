@@ -75,11 +75,9 @@ class _Epoch(_Proxy):
 
 
 class _TimedLoop:
-    """The step clock and probes of a loop ``lab.publish`` times; one epoch at a time.
-
+    """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time.
     ``children=False`` skips the CPU probe's scan of every process on the machine for children,
-    where they are known another way (a DataLoader's workers) or there are none (threads).
-    """
+    where they are known another way (a DataLoader's workers) or there are none (threads)."""
 
     def __init__(self, children: bool) -> None:
         self.clock = StepClock()

@@ -19,9 +19,7 @@ __all__ = ["Timeline", "append_ticks"]
 
 class Timeline:
     """The ticks of every sampler ``pull`` was given, times from ``started_at``; thread-safe reads.
-
-    When the sampler changes, the old one's last ticks are taken first: an epoch's end is kept.
-    """
+    When the sampler changes, the old one's last ticks are taken first: an epoch's end is kept."""
 
     def __init__(self, capacity: int = DEFAULT_TICKS) -> None:
         self.ring = Ring(capacity)
