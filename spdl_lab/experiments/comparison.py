@@ -147,10 +147,8 @@ def _frames(value: Any) -> dict[str, pd.DataFrame]:
 
 @dataclass
 class Comparison(Saved):
-    """What ``compare`` measured: ``table`` (one row per runner), ``warnings``, ``rounds``, ``frames``.
-
-    ``to_json(path)`` saves it and ``Comparison.from_json(path)`` reads it back.
-    """
+    """What ``compare`` measured: ``table`` (one row per runner), ``warnings``, ``rounds``, ``frames``;
+    ``to_json(path)`` saves it and ``Comparison.from_json(path)`` reads it back."""
 
     __pydantic_config__ = RECORD
     VERSIONS: ClassVar = (1, 2)

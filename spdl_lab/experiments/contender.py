@@ -180,16 +180,11 @@ class _Deadline:
         self._after = waited_after
 
     def is_set(self) -> bool:
-        if self._after is not None and self._waited():
-            return True
-        return self._at is not None and time.monotonic() >= self._at
-
-    def _waited(self) -> bool:
-        last = self._clock.last()
-        if last is None or last.index < self._after:
-            return False
+        last = self._clock.last() if self._after is not None else None
         # A batch that was ready comes in tens of microseconds (more when the GIL is busy).
-        return last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s)
+        waited = last is not None and last.index >= self._after and (
+            last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s))
+        return waited or (self._at is not None and time.monotonic() >= self._at)
 
 
 class _Watchdog:

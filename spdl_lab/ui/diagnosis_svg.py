@@ -21,11 +21,10 @@ _COLORS = {"thread": "#1f77b4", "process": "#ff7f0e"}
 
 def qps_charts(diag: Diagnosis) -> str:
     """One small chart per measured map stage, the limiting stage first, in a flex row."""
-    limit = diag.bottleneck
     stages = [s for s in diag.in_order() if s.kind == "map" and s.points]
     if not stages:
         return ""
-    charts = "".join(_chart(s, s.name == limit) for s in stages)
+    charts = "".join(_chart(s, s.name == diag.bottleneck) for s in stages)
     legend = ("<span style='color:#1f77b4'>&#9644; threads</span> &nbsp; "
               "<span style='color:#ff7f0e'>&#9644; processes</span> &nbsp; items/s against concurrency")
     return (f"<div style='display:flex;flex-wrap:wrap;gap:8px'>{charts}</div>"
