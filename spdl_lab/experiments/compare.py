@@ -1,7 +1,6 @@
 """``lab.compare``: the same pipeline and step under several runners, side by side, in interleaved
 rounds (each runner one window a round, the order rotating), so a slow spell of a shared machine
-hits every runner alike; runners stay open, idle, between their windows.
-"""
+hits every runner alike; runners stay open, idle, between their windows."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What ``lab.compare`` returns: a Comparison, its table's rows and rounds, as text and as JSON.
 The dataclasses are the file's description, checked by pydantic; ``frames`` are saved wide (tick
-times, then one array per series, null: no value). Version 1 files (no spread) still read.
-"""
+times, then one array per series, null: no value). Version 1 files (no spread) still read."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``lab.run``: a training loop over a loader, in a background thread, with telemetry.
-
-A Session owns one loop: the loader, the step, a StepClock, and the GIL and CPU probes,
-all sampled into one ring. The cell that starts it returns at once.
-"""
+"""``lab.run``: a training loop over a loader, in a background thread, with telemetry. A Session
+owns one loop: the loader, the step, a StepClock, and the GIL and CPU probes, all sampled into one
+ring; what it iterates is checked first, with errors that say what to pass instead."""
 
 from __future__ import annotations
 
@@ -53,9 +51,7 @@ def run(pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
     ``steps`` steps or ``duration`` seconds, when the data ends, or on ``stop()``::
 
         session = lab.run(p, step=train_step, runner="subprocess-threads", steps=500)
-        session.set_concurrency("decode", 8)
-        session.wait(timeout=60)
-        session.summary()
+        session.set_concurrency("decode", 8); session.wait(timeout=60); session.summary()
     """
     if isinstance(pipeline_or_iterable, (Pipeline, Loader)):
         pipeline = pipeline_or_iterable

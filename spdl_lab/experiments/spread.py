@@ -18,8 +18,7 @@ __all__ = ["BUSY_MACHINE", "WIDE_SPREAD", "coverage", "runner_row", "ratios", "w
 BUSY_MACHINE = 0.25
 #: A runner whose fastest round is this much faster than its slowest is named in a warning.
 WIDE_SPREAD = 1.25
-#: A runner is said to beat the headspace when every round's ratio is above 1 and the
-#: median is above this: below it, the difference is the cache's own noise.
+#: A runner beats the headspace when every round's ratio is above 1 and the median above this.
 BEATS_HEADSPACE = 1.03
 
 

@@ -75,7 +75,6 @@ class Dashboard(widgets.VBox):
         self.start_button.on_click(lambda _: self._start())
         self.stop_button.on_click(lambda _: self._stop())
         self.runner.observe(self._on_runner, names="value")
-        #: the time window of every plot: the last 1, 5 or 30 minutes
         self.window = widgets.ToggleButtons(
             options=[(f"last {w / 60:g} min", w) for w in WINDOWS_S], value=WINDOWS_S[1],
             description="show", style={"button_width": "90px"})

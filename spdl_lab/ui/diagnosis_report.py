@@ -1,6 +1,5 @@
 """A Diagnosis shown: Bokeh figures of QPS against concurrency, an HTML verdict table, one report
-file. Everything the user controls (stage names, evidence, tracebacks) is escaped.
-"""
+file. Everything the user controls (stage names, evidence, tracebacks) is escaped."""
 
 from __future__ import annotations
 

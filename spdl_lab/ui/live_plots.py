@@ -1,7 +1,6 @@
 """The dashboard's Bokeh plots, fed from frame chunks through one ColumnDataSource: every series
 shares the tick times, so a publish is one message however many lines are drawn. Rates, CPU and
-waits are drawn smoothed over SMOOTH_S; a stage has one colour in every plot.
-"""
+waits are drawn smoothed over SMOOTH_S; a stage has one colour in every plot."""
 
 from __future__ import annotations
 

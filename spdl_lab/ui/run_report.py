@@ -1,7 +1,6 @@
 """A recorded training run (``lab.publish`` / ``spdl-lab watch``) as one self-contained HTML file.
 The record is data: its numbers are read as numbers (anything else is dropped), its names reach
-the page only escaped, and Bokeh's code is inlined, so the page opens with no network.
-"""
+the page only escaped, and Bokeh's code is inlined, so the page opens with no network."""
 
 from __future__ import annotations
 
@@ -41,10 +40,9 @@ PLOTS = [("training step: batches/s", "batches_per_s", "batches/s"),
 
 def _numbers(frames: pd.DataFrame) -> pd.DataFrame:
     """Only finite numeric rows: a record from elsewhere may hold anything."""
-    out = frames.copy()
-    out["time_s"] = pd.to_numeric(out["time_s"], errors="coerce")
-    out["value"] = pd.to_numeric(out["value"], errors="coerce")
-    out["series"], out["stage"] = out["series"].astype(str), out["stage"].astype(str)
+    out = frames.assign(time_s=pd.to_numeric(frames["time_s"], errors="coerce"),
+                        value=pd.to_numeric(frames["value"], errors="coerce"),
+                        series=frames["series"].astype(str), stage=frames["stage"].astype(str))
     return out.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
 
 

@@ -1,8 +1,6 @@
 """A Tuning drawn and written: measured vs predicted trial by trial, and a self-contained page.
-
-Every string that reaches the page (the log, stage names in the code) is escaped:
-a tuning file read from elsewhere is data, never markup.
-"""
+Every string that reaches the page (the log, stage names in the code) is escaped: a tuning file
+read from elsewhere is data, never markup."""
 
 from __future__ import annotations
 

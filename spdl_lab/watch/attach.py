@@ -1,7 +1,6 @@
 """``lab.attach``: a notebook watches a published run (``lab.publish``) on this host, and
 ``lab.open`` reads one's record. A ``RemoteSession`` has the read API of a Session, so a
-``Dashboard`` reads it as it reads a local one.
-"""
+``Dashboard`` reads it as it reads a local one."""
 
 from __future__ import annotations
 

@@ -52,9 +52,8 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
 
 
 def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
-    """SIGTERM and SIGHUP to this command go to the script too (a job scheduler or a
-    notebook stopping ``spdl-lab watch`` must not leave the script running); returns the
-    handlers to put back."""
+    """SIGTERM and SIGHUP to this command go to the script too (a scheduler stopping ``spdl-lab
+    watch`` must not leave the script running); returns the handlers to put back."""
     def forward(sig: int, _frame: object) -> None:
         if proc.poll() is None:
             proc.send_signal(sig)

@@ -1,7 +1,6 @@
 """Where published runs are found: the per-user 0700 runtime directory, with a Unix socket
 and a discovery file (JSON, a ``Discovery``) for each; ``list_endpoints`` reads the files
-strictly and removes those of processes that are gone.
-"""
+strictly and removes those of processes that are gone."""
 
 from __future__ import annotations
 

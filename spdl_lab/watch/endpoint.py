@@ -1,6 +1,5 @@
 """The local endpoint of a published run: a Unix socket that viewers on this host ask for
-frames, stats and state, and through which they send ``set_concurrency``.
-"""
+frames, stats and state, and through which they send ``set_concurrency``."""
 
 from __future__ import annotations
 

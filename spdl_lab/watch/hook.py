@@ -38,8 +38,7 @@ def install() -> bool:
 
 
 def installed() -> bool:
-    # By a marker, not the class: the .pth loads this file as its own module, and a
-    # later ``import spdl_lab.watch.hook`` makes a second copy of the class.
+    # By a marker: ``import spdl_lab.watch.hook`` makes a second copy of the .pth's class.
     return any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path)
 
 

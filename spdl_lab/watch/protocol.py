@@ -1,7 +1,6 @@
 """The wire format between a published run and its viewers: a 4-byte big-endian length and
 that many bytes of strict UTF-8 JSON (``_json``), never pickle; every request and reply is one
-of the pydantic models below, checked on arrival.
-"""
+of the pydantic models below, checked on arrival."""
 
 from __future__ import annotations
 
@@ -20,10 +19,9 @@ from ..telemetry.frames import FrameChunk
 
 __all__ = [  # the messages; their checks (read_*); the framing (send, recv)
     "REQUESTS", "Ask", "Chunk", "ControlsReply", "Failure", "FramesReply", "FramesSince", "HelloReply",
-    "Reply", "Request", "SetConcurrency", "StateReply", "StatsReply",
-    "chunk_from_json", "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES",
-    "MAX_REQUEST_BYTES", "MessageTimeout", "PeerClosed", "ProtocolError", "decode_message",
-    "recv_message", "send_message",
+    "Reply", "Request", "SetConcurrency", "StateReply", "StatsReply", "chunk_from_json",
+    "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES",
+    "MessageTimeout", "PeerClosed", "ProtocolError", "decode_message", "recv_message", "send_message",
 ]
 
 MAX_REQUEST_BYTES = 64 * 1024

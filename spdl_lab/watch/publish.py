@@ -1,6 +1,5 @@
 """``lab.publish``: a training script makes its run visible to notebooks on this host, through
-a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates.
-"""
+a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates."""
 
 from __future__ import annotations
 

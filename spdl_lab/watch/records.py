@@ -1,7 +1,6 @@
 """Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
 viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
-directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``.
-"""
+directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``."""
 
 from __future__ import annotations
 

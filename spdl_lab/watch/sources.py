@@ -1,7 +1,6 @@
 """What a publisher reads from the thing it publishes, with one interface: ``sampler()``,
 ``stats()``, ``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published``
-(what ``lab.publish`` hands back to the training loop).
-"""
+(what ``lab.publish`` hands back to the training loop)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """One published run's ticks on one clock, across the runs of what it publishes: a
 ``lab.Loader`` starts a new run, with a new sampler and ring, each epoch; viewers and the
-record see one continuous run.
-"""
+record see one continuous run."""
 
 from __future__ import annotations
 
@@ -40,9 +39,7 @@ class Timeline:
 
     def frames_since(self, cursor: int) -> FrameChunk:
         """The ticks after ``cursor`` that the ring still holds (the oldest go first, counted)."""
-        oldest = self.ring.count - len(self.ring)
-        if cursor < oldest:
-            self.skipped_by_viewers += oldest - cursor
+        self.skipped_by_viewers += max(0, self.ring.count - len(self.ring) - cursor)
         return chunk_since(self.ring, cursor)
 
     def _take(self, sampler: Sampler) -> None:
