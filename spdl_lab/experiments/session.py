@@ -67,7 +67,11 @@ class Session:
                  step: Callable[[Any], Any] | SimulatedDevice, runner: str | None, steps: int | None,
                  duration: float | None, sample_hz: float, probes: bool,
                  loader_options: dict[str, Any]) -> None:
-        _check_limits(steps, duration)
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
+        if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
+            raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, "
+                                    f"got {duration!r}")
         if not callable(step):
             raise PipelineSpecError(f"run: step must be a callable taking a batch (or a "
                                     f"lab.SimulatedDevice), got {type(step).__name__}")
@@ -345,10 +349,3 @@ def _open_source(source: Any, runner: str | None, sample_hz: float,
         raise PipelineSpecError(f"run: expected a lab.Pipeline, a lab.Loader or an iterable, "
                                 f"got {type(source).__name__}")
     return None, source, type(source).__name__
-
-
-def _check_limits(steps: int | None, duration: float | None) -> None:
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
-    if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
-        raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, got {duration!r}")

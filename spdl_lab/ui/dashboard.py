@@ -165,8 +165,7 @@ class Dashboard(widgets.VBox):
         self._cursor = chunk.cursor
         self._window.add(chunk)
         queues = [stage for series, stage in chunk.columns if series == "queue_depth"]
-        # Drawn once the runner names its queues (or after QUEUE_WAIT_S), and drawn again, with
-        # the whole history, if new ones appear.
+        # Drawn once the runner names its queues (or after QUEUE_WAIT_S); redrawn when new ones appear.
         early = self.plots is None and not queues and self._stages and session.running
         if early and session.elapsed_s < QUEUE_WAIT_S:
             _set(self.message, "waiting for the runner's first sample…")

@@ -60,10 +60,8 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
 
 
 def open_record(path: str | os.PathLike) -> RemoteSession:
-    """A published run's record file as a RemoteSession (read only), live or ended::
-
-        lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()
-    """
+    """A published run's record file as a RemoteSession (read only), live or ended:
+    ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
     return RemoteSession.from_record(path)
 
 
