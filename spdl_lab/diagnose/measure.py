@@ -22,6 +22,7 @@ from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
 from ._first_pass import StageRun, run_once
+from ._isolated import diagnose_in_child
 from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
 from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting
@@ -96,8 +97,6 @@ def diagnose(
     payload = _shippable(pipeline) if isolated else None
     with sessions_paused() as paused:
         if payload is not None:
-            from ._isolated import diagnose_in_child
-
             diag = diagnose_in_child(payload, options, progress)
         else:
             diag = diagnose_here(pipeline, **options, isolated=False,
