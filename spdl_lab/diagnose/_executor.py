@@ -1,20 +1,13 @@
-"""How a stage's points are measured on its workers, whether threads or worker processes.
+"""How a stage's points are measured on its workers, threads or worker processes alike.
 
-One executor per (stage, workers): the workers (``_sweep_worker``) start once, as
-many as the highest concurrency, and a point at concurrency c runs c of them: all
-of them at the top, and below it a different c each window, in turn (cores do not
-always run at one speed, and a worker tends to stay on its core).
+The workers start once, as many as the highest concurrency; a point at concurrency c runs
+a different c of them each window, in turn (cores do not all run at one speed).
 """
 
-# How a point is read, whatever runs it:
-# - Warm-up lasts ``warmup_s`` and until some task has finished (returned or raised);
-#   its median task time sizes the windows (``settings.window_for``).
-# - A window: read the paused workers' counts, tell them to run, sleep, tell them to
-#   pause, read again, and wait until none is inside the function (so no call spills
-#   into the next window). QPS = ``window_qps`` of the completion times up to the
-#   pause. CPU is read with each reading's time stamp; the GIL probe only for threads.
-# - A worker that dies -> "error"; one that does not answer, or a call that does not
-#   return after the pause -> "timeout" (the workers are then killed, or left behind).
+# A window: read the paused workers' counts, tell them to run, sleep, tell them to pause,
+# read again, and wait until none is inside the function (no call spills into the next
+# window). A worker that dies -> "error"; one that does not answer, or a call that does
+# not return after the pause -> "timeout" (the workers are then killed, or left behind).
 
 from __future__ import annotations
 
@@ -22,17 +15,32 @@ import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts
 from ..telemetry.probes import GilProbe, GilTotals
-from ._point import PointFailed, WindowReading
 from ._slices import window_qps
-from ._sweep_worker import Reading, ThreadWorkers, WorkerPool
+from ._sweep_worker import PointFailed, Reading, ThreadWorkers, WorkerPool
 from .settings import SweepSettings
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "WindowReading"]
+
+
+@dataclass
+class WindowReading:
+    """What an executor read over one window (CPU shares are of all the cores, 0..1)."""
+
+    qps: float
+    cpu: float
+    done: int  # calls that returned
+    failures: int  # calls that raised
+    hist: list[int]  # task times (``telemetry.histogram``)
+    gil: float = math.nan  # the GIL probe's wait share (threads only)
+    runq: float = math.nan
+    machine: float = math.nan  # the whole machine's busy share
+    others: float = math.nan  # other processes' share of the cores
 
 
 class Executor:

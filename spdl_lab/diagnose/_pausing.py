@@ -1,9 +1,5 @@
-"""Quiet the kernel before ``lab.diagnose`` measures: its running sessions wait meanwhile.
-
-The diagnosis's child interpreter still shares the cores: a session training
-beside it would make every stage read "cpu-bound". So the kernel's running
-sessions hold their loops for the diagnosis and resume after it; load from
-other processes is still named by ``Diagnosis.machine_load()``.
+"""Quiet the kernel before ``lab.diagnose`` measures: a session training beside the diagnosis
+would make every stage read "cpu-bound", so the kernel's running sessions wait meanwhile.
 """
 
 from __future__ import annotations

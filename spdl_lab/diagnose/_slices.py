@@ -1,15 +1,8 @@
 """QPS that a noisy shared machine moves as little as possible: per window, and per point.
 
-A core does not always run at one speed: plain Python slows down for seconds at
-a time (docs/measurement-noise.md). ``window_qps`` is a window's median rate over
-slices of at least ``MIN_TASKS_PER_SLICE`` completions, so moments shorter than
-half the window do not count (with fewer than ``MIN_SLICES`` slices: the
-completions over the span up to the last one, as slow tasks finish in step).
-``point_qps`` is a point's second-best window: interference only ever slows a
-function down (why ``timeit`` takes the best of its repeats), and the second
-best so that one odd window cannot set the number. ``quiet`` says when a point
-needs no more windows. A slow spell covering every window of a point cannot be
-told apart: the point is then low by the machine's factor.
+A core does not always run at one speed (docs/measurement-noise.md): a window's rate is
+the median over slices of it, and a point's the second-best window, since interference
+only ever slows a function down (why ``timeit`` takes the best of its repeats).
 """
 
 from __future__ import annotations
@@ -33,9 +26,9 @@ AGREEING = 3
 
 
 def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
-    """QPS over [start_ns, stop_ns) from the tasks' completion times (``perf_counter_ns``).
-
-    Completions outside the window are ignored. Example::
+    """QPS over [start_ns, stop_ns) from the completion times (``perf_counter_ns``) inside it: the
+    median over slices of ``MIN_TASKS_PER_SLICE`` completions, so moments shorter than half the
+    window do not count; with fewer than ``MIN_SLICES``, the rate up to the last completion. Example::
 
         window_qps([t0 + 1_000_000 * k for k in range(400)], t0, t0 + 400_000_000)  # ~1000.0
     """
@@ -56,9 +49,8 @@ def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
 
 
 def point_qps(windows: Sequence[float]) -> float:
-    """A point's QPS from its windows' QPS: the second best of three or more, else the median.
-
-    NaN windows (none finished) are left out; NaN when there are none. Example::
+    """A point's QPS: its second-best window of three or more (so one odd window cannot set it),
+    else the median; NaN windows are left out. Example::
 
         point_qps([660, 1100, 655, 1090, 670, 1120])  # 1100: the slow windows were the machine's
     """
@@ -69,11 +61,8 @@ def point_qps(windows: Sequence[float]) -> float:
 
 
 def quiet(windows: Sequence[float], within: float, at_least: int) -> bool:
-    """True once there are ``at_least`` windows and the fastest ``AGREEING`` of them
-    are within +-``within`` of the point's QPS (its second best).
-
-    The slow windows are the neighbours' (see ``point_qps``): they widen the
-    point's spread but do not make its QPS uncertain. Example::
+    """True once there are ``at_least`` windows and the fastest ``AGREEING`` are within
+    +-``within`` of the point's QPS: slow windows are the neighbours', not uncertainty. Example::
 
         quiet([1000, 990, 1010, 640], within=0.05, at_least=4)  # True: one slow spell
         quiet([1000, 800, 1010, 640], within=0.05, at_least=4)  # False: the fast ones disagree

@@ -1,19 +1,17 @@
 """``lab.diagnose``'s sweep: one point state machine, the executor a parameter.
 
-Every (stage, executor, concurrency) is a point, warmed up first (start-up never
-counts); then the points of every stage take turns, one window each per round,
-until each ends by ``_point.PointWindows``'s rule. A point's windows are thus
-spread over the whole sweep: seconds in which the machine ran slower touch one
-window of each point, and its QPS (its second-best window) leaves them out
-(docs/measurement-noise.md). The workers are threads or processes
-(``_sweep_worker``); one ``_executor.Executor`` measures a point on either.
+Every (stage, executor, concurrency) is a point, warmed up first; then the points of every
+stage take turns, one window each per round, so seconds in which the machine ran slower
+touch one window of each point, and its QPS (its second-best window) leaves them out
+(docs/measurement-noise.md). One ``_executor.Executor`` measures a point on threads or processes.
 """
 
-# Failure rules: a point that times out or errs (``PointFailed``) ends its stage's
-# sweep in that executor, since larger concurrencies would fail alike: the points
-# above it are not reported. Every call raising during the windows makes an "error"
-# point with qps 0 and ``failures`` counted: the number says nothing about the
-# function's speed. Why a point failed goes into the stage's ``notes``.
+# How a point ends, whatever its executor: settled ("ok") once it has ``min_windows`` and
+# its fastest windows agree (``_slices.quiet``); "unstable" at ``max_windows`` or when the
+# budget is spent (``settings.budget_cut``); "timeout" or "error" when its executor raises
+# ``PointFailed``, which also ends its stage's sweep in that executor (larger concurrencies
+# would fail alike). A point where every call raised is an "error" with qps 0. Every point
+# is worth ``max_windows`` windows on the progress bar however it ends, so its total never moves.
 
 from __future__ import annotations
 
@@ -25,13 +23,13 @@ from dataclasses import dataclass, field
 from ..errors import SpdlLabError
 from ..telemetry.histogram import quantile_ns
 from ..telemetry.probes import GilProbe
-from ._executor import Executor
-from ._point import PointFailed, PointWindows, StageFeed, WindowReading
-from ._sweep_worker import ThreadWorkers, start_processes
+from ._executor import Executor, WindowReading
+from ._slices import point_qps, quiet
+from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, start_processes
 from .result import Point
-from .settings import SweepSettings, window_for
+from .settings import SweepSettings, budget_cut, window_for
 
-__all__ = ["StageFeed", "StageSweep", "Sweep"]
+__all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
 
 FAILED = ("timeout", "error")
 
@@ -47,6 +45,60 @@ class StageSweep:
     error: SpdlLabError | None = None  # no worker started, or the function or inputs cannot be pickled
     abandoned: int = 0
     others: float = 0.0
+
+
+class PointWindows:
+    """The window QPS of one point, its status, and its share of the progress bar."""
+
+    def __init__(self, settings: SweepSettings, report: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self.qps: list[float] = []
+        self.status = "unstable"
+        self.done = False
+        self._report = report or (lambda n: None)
+        self._counted = 0
+
+    def wants_window(self, window_s: float, deadline: float) -> bool:
+        """Whether to take another window of ``window_s``; past the budget the point ends."""
+        if self.done:
+            return False
+        if budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
+            self.end("unstable")
+            return False
+        return True
+
+    def add(self, qps: float) -> None:
+        """One more window's QPS; the point ends once settled or at ``max_windows``."""
+        self.qps.append(qps)
+        self._count(1)
+        settings = self.settings
+        if quiet(self.qps, settings.stable_within, settings.min_windows):
+            self.end("ok")
+        elif len(self.qps) >= settings.max_windows:
+            self.end("unstable")
+
+    def end(self, status: str) -> None:
+        """End the point ("ok", "unstable", "timeout", "error"); the bar gets its remaining windows."""
+        self.status, self.done = status, True
+        self._count(self.settings.max_windows - self._counted)
+
+    @property
+    def value(self) -> float:
+        """The point's QPS: its second-best window (0.0 for a timeout with none, NaN otherwise)."""
+        if self.qps:
+            return point_qps(self.qps)
+        return 0.0 if self.status == "timeout" else math.nan
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / QPS over the windows; NaN with fewer than two."""
+        qps = self.value
+        return (max(self.qps) - min(self.qps)) / qps if len(self.qps) >= 2 and qps > 0 else math.nan
+
+    def _count(self, n: int) -> None:
+        if n > 0:
+            self._counted += n
+            self._report(n)
 
 
 class _Point(PointWindows):

@@ -1,10 +1,6 @@
-"""A worker process of ``lab.diagnose``'s process executor: the child's end of its pipes.
-
-Run as ``python -I .../_sweep_child.py DATA_FD CTRL_FD`` by ``_sweep_worker.WorkerPool``:
-a fresh interpreter (never a fork; never multiprocessing's spawn, which re-imports the
-user's script) that imports only the standard library and cloudpickle, so it starts
-fast; the parent sends its ``sys.path``. The main thread calls the stage function in
-a loop; a control thread obeys the parent: run, pause, read, stop.
+"""A worker process of ``lab.diagnose``'s sweep, run as ``python -I _sweep_child.py DATA_FD CTRL_FD``:
+it imports only the standard library and cloudpickle, so it starts fast. The main thread calls
+the stage function in a loop; a control thread obeys the parent: run, pause, read, stop.
 """
 
 from __future__ import annotations

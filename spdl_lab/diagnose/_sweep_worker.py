@@ -1,9 +1,5 @@
-"""The sweep's workers, as threads (``ThreadWorkers``) or processes (``WorkerPool``), one interface.
-
-Both run ``_sweep_child._Worker``: ``WorkerPool`` starts each as a fresh interpreter
-running ``_sweep_child.py`` with two pipes, control (parent -> child: run, pause,
-read, stop) and data (child -> parent: counts, completion times, crashes);
-``ThreadWorkers`` runs them as threads here and reads them directly.
+"""The sweep's workers, as threads (``ThreadWorkers``) or processes (``WorkerPool``), one interface:
+both run ``_sweep_child._Worker``, as threads here or each in a fresh interpreter with two pipes.
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -24,14 +21,31 @@ import psutil
 
 from ..errors import PipelineSpecError, RunnerError
 from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
-from ._point import PointFailed, StageFeed
 from ._sweep_child import _Worker
 from .settings import SweepSettings
 
-__all__ = ["Reading", "ThreadWorkers", "WorkerDied", "WorkerPool", "start_processes"]
+__all__ = ["PointFailed", "Reading", "StageFeed", "ThreadWorkers", "WorkerDied", "WorkerPool", "start_processes"]
 
 #: The script each worker runs.
 CHILD = Path(__file__).with_name("_sweep_child.py")
+
+
+@dataclass(frozen=True)
+class StageFeed:
+    """A stage to sweep: its function and the inputs it loops over."""
+
+    name: str
+    fn: Callable[[Any], Any]
+    inputs: Sequence[Any]
+
+
+class PointFailed(Exception):
+    """An executor cannot go on with a point: its status ("timeout" or "error") and why."""
+
+    def __init__(self, status: str, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
 
 @dataclass
 class Reading:

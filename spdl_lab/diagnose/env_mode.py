@@ -1,9 +1,6 @@
-"""Diagnostic mode without a code change (the SPDL RFC): ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``.
-
-With it set, the first iteration of any ``lab.Loader`` or ``lab.run`` diagnoses the
-pipeline instead of running it, writes the HTML and JSON reports, prints a
-summary and the report's path, and exits with status 1.
-"""
+"""Diagnostic mode without a code change (the SPDL RFC): with ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``,
+the first iteration of any ``lab.Loader`` or ``lab.run`` diagnoses the pipeline instead, writes
+the reports, prints a summary and their paths, and exits with status 1."""
 
 from __future__ import annotations
 

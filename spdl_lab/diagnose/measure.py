@@ -1,9 +1,7 @@
 """``lab.diagnose``: each stage alone, fed cached inputs, swept over concurrency; a verdict per stage.
 
-The source runs once to collect ``num_items`` inputs; each stage is fed the
-outputs of the stage before. A stage that hangs is cut off (its points marked
-``timeout``), a stage that raises is reported with its traceback, and the
-stages after either are reported as not measured. Rules: ``verdict_rules``.
+A stage that hangs is cut off, one that raises is reported with its traceback, and the stages
+after either are reported as not measured.
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import cloudpickle
+
 from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
@@ -25,7 +25,7 @@ from ._first_pass import StageRun, run_once
 from ._isolated import diagnose_in_child
 from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
-from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting
+from .result import BUSY_MACHINE, FAR_FASTER, Diagnosis, Point, StageDiagnosis, last_line, limiting
 from .rules import judge, rises
 from .settings import SweepSettings
 
@@ -33,15 +33,10 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
-#: Share of the cores used by other processes during a point above which the
-#: evidence warns that the machine was busy.
-BUSY_MACHINE = 0.25
-#: What the budget keeps back for a stage's process sweep, besides its windows
-#: (``min_windows`` per process point): the workers' start.
+#: What the budget keeps back for a stage's process sweep besides its windows: the workers' start.
 PROCESS_START_S = 0.5
-#: Thread points whose windows differ by more than this share of their QPS
-#: ((max - min) / QPS) are named in the evidence: the machine slowed for a while
-#: (docs/measurement-noise.md), or the inputs differ in cost.
+#: Thread points whose windows differ by more than this share of their QPS are named in the
+#: evidence: the machine slowed for a while (docs/measurement-noise.md), or inputs differ in cost.
 SLOW_SPELLS = 0.25
 
 
@@ -56,29 +51,14 @@ def diagnose(
     progress: bool = True,
     isolated: bool = True,
 ) -> Diagnosis:
-    """Profile each stage of ``pipeline`` alone and say what limits it.
-
-    The measurement runs in a clean child interpreter (``isolated=True``, see
-    ``_isolated``), so the notebook's other threads and heap cannot change the
-    verdicts; a pipeline that cannot be sent there (a function capturing a
-    lock) is measured here, and its ``settings["isolated"]`` says so. This
-    interpreter's running sessions (``lab.run``) are paused meanwhile, so they
-    do not take the cores (``settings["paused_sessions"]``; see ``_pausing``).
-
-    Example::
+    """Profile each stage of ``pipeline`` alone, in threads and (where threads do not help) in
+    worker processes at ``process_concurrency`` (default: 1 and the core count), and say what
+    limits it. It runs in a clean child interpreter unless ``isolated=False`` or the pipeline
+    cannot be pickled there; this kernel's running sessions are paused meanwhile. Example::
 
         diag = lab.diagnose(p, concurrency=(1, 2, 4, 8, 16))
         diag.stages["decode"].verdict          # "scales" | "cpu-bound" | "gil-bound" | "contended"
-        diag.stages["decode"].best_concurrency
         diag.table; diag.plot(); diag.to_html("report.html"); diag.to_json("report.json")
-
-    Every stage first runs once over its inputs (its outputs feed the next).
-    Then each (stage, concurrency) is a point, warmed up, whose windows take
-    turns with every other point's until they agree (``settings``, ``_sweep``);
-    a point's QPS is its second-best window (``_slices``). Stages whose threads
-    do not help are also run by worker processes at ``process_concurrency``
-    (default: 1 and the core count; ``processes=False`` skips them). Extra
-    windows stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
     """
     if not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}; "
@@ -94,7 +74,12 @@ def diagnose(
     settings = settings or SweepSettings()
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
                    process_concurrency=process_levels, settings=settings)
-    payload = _shippable(pipeline) if isolated else None
+    payload = None
+    if isolated:
+        try:
+            payload = cloudpickle.dumps(pipeline)
+        except Exception:
+            pass  # measured here; settings["isolated"] says so
     with sessions_paused() as paused:
         if payload is not None:
             diag = diagnose_in_child(payload, options, progress)
@@ -103,15 +88,6 @@ def diagnose(
                                  bar_factory=lambda total, unit: progress_bar(total, progress, unit))
     diag.settings["paused_sessions"] = paused
     return diag
-
-
-def _shippable(pipeline: Pipeline) -> bytes | None:
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(pipeline)
-    except Exception:
-        return None
 
 
 def diagnose_here(
@@ -128,14 +104,14 @@ def diagnose_here(
     """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
     cores = os.cpu_count() or 1
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    t0 = time.perf_counter()
     begun = time.monotonic()
-
     inputs = _collect(pipeline, num_items)
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
-    reserve = _process_reserve(len(maps), process_concurrency, settings) if processes else 0.0
+    # The thread sweep leaves room in the budget for every stage's process sweep.
+    point_s = settings.warmup_s + settings.min_windows * settings.window_s
+    reserve = len(maps) * (PROCESS_START_S + len(process_concurrency) * point_s) if processes else 0.0
     # The bar's total never changes mid-run: process windows are counted from the start,
     # and what a stage does not use (quiet points, no process sweep) is filled in at the end.
     per_stage = (len(concurrency) + (len(process_concurrency) if processes else 0)) * settings.max_windows
@@ -164,7 +140,7 @@ def diagnose_here(
     stages = _only_where_it_counts({s.name: done[s.name] for s in pipeline.stages})
     return Diagnosis(
         pipeline=repr(pipeline), stages=stages, created=started,
-        elapsed_s=time.perf_counter() - t0,
+        elapsed_s=time.monotonic() - begun,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
                   "num_items": num_items, "inputs_collected": collected,
                   **{k: v for k, v in asdict(settings).items() if k not in ("max_inputs", "start_timeout_s")},
@@ -211,7 +187,7 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
                 # error path. What it did produce still feeds the stages after it.
                 done[stage.name] = failed
                 if once.hung or not once.outputs:
-                    blocked = f"no inputs: stage {stage.name!r} produced none ({_short(failed)})"
+                    blocked = f"no inputs: stage {stage.name!r} produced none ({failed.evidence.split(';')[0]})"
                 inputs = once.outputs
                 continue
             feed = StageFeed(stage.name, stage.fn, once.ok_inputs)
@@ -231,18 +207,12 @@ def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun, settings: Swee
                               recommendation="find why it blocks (a lock, a network call without a timeout)",
                               error=why, **common)
     if once.failures:
-        kind = _exception_name(once.first_error)
+        kind = last_line(once.first_error).split(":", 1)[0].strip() or "an exception"
         return StageDiagnosis(verdict=None, best_concurrency=None,
                               evidence=f"failed: {kind} on {once.failures} of {len(inputs)} inputs",
                               recommendation="fix the error (first traceback below), then diagnose again",
                               error=once.first_error, **common)
     return None
-
-
-def _exception_name(traceback_text: str | None) -> str:
-    """The exception's type from a traceback's last line ("ValueError: bad" -> "ValueError")."""
-    lines = [ln for ln in (traceback_text or "").strip().splitlines() if ln.strip()]
-    return lines[-1].split(":", 1)[0].strip() if lines else "an exception"
 
 
 def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
@@ -252,12 +222,6 @@ def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
         return False
     threads_only = judge(points, cores=cores).verdict
     return not rises(points, cores) or threads_only in ("gil-bound", "contended")
-
-
-def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings) -> float:
-    """Seconds of the budget the thread sweep leaves for process sweeps of every stage."""
-    point_s = settings.warmup_s + settings.min_windows * settings.window_s
-    return stages * (PROCESS_START_S + len(levels) * point_s)
 
 
 def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[int], deadline: float,
@@ -388,6 +352,3 @@ def _check_levels(name: str, levels: Sequence[int]) -> tuple[int, ...]:
                                 f"(1, 2, 4, 8, 16)); got {levels!r}")
     return tuple(sorted(set(values)))
 
-
-def _short(result: StageDiagnosis) -> str:
-    return result.evidence.split(";")[0] if result.evidence else "it failed"

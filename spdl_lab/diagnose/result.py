@@ -36,7 +36,7 @@ from ..file_checks import (
 from ..pipeline import MAX_CONCURRENCY
 
 __all__ = ["BUSY_MACHINE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
-           "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting"]
+           "DiagnosisFormatError", "Point", "StageDiagnosis", "last_line", "limiting"]
 
 #: The verdict vocabulary (see ``rules``).
 VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
@@ -253,7 +253,7 @@ class Diagnosis(Saved):
         lines += ["", table[0], "-" * len(table[0])]
         for s, row in zip(order, table[1:]):
             lines.append(row)
-            for label, text in (("evidence", s.evidence), ("do", s.recommendation), ("error", _last_line(s.error))):
+            for label, text in (("evidence", s.evidence), ("do", s.recommendation), ("error", last_line(s.error))):
                 if text:
                     lines += textwrap.wrap(_printable(" ".join(text.split())), width, initial_indent=f"    {label}: ",
                                            subsequent_indent="      ", max_lines=4, placeholder=" ...")
@@ -303,7 +303,7 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _last_line(error: str | None) -> str:
+def last_line(error: str | None) -> str:
     """A traceback's last line is the exception and its message: enough for a terminal."""
     lines = [ln for ln in (error or "").strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else ""

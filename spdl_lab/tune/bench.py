@@ -1,9 +1,5 @@
-"""Measuring a configuration for real: the runner's Loader, the StepClock, windows until sure.
-
-Each runner's Loader stays open across trials (``Contender``); a trial sets its
-knobs live, drains what the old setting made, then takes windows of about
-``window_s`` until the rate is sure (``windows_until_sure``). The stages' figures
-come from two meter readings around the windows: this configuration's alone.
+"""Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
+its knobs live, drains what the old setting made, then takes windows until the rate is sure.
 """
 
 from __future__ import annotations
@@ -113,10 +109,6 @@ class Bench:
             guess = max(children) if children else _STARTUP_GUESS_S.get(config.runner, 0.0)
             cost += self.startup_s.get(config.runner, guess)
         return cost
-
-    @property
-    def cores(self) -> int:
-        return self.machine.cores
 
     def measure(self, config: Config, timeout: float, deadline: float | None = None) -> Trial:
         """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window.

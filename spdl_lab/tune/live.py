@@ -1,10 +1,6 @@
-"""``session.autotune()``: the same climb, on a running session, through its own ``set_concurrency``.
-
-It measures the session's own training loop over windows of steps, as a trial
-does, and moves only the running runner's knobs (a runner switch restarts the
-session: the user's call, which the log advises when the GIL makes it worth it).
-A knob found at a value the tuner did not set hands control back to the user; at
-the end the session runs the best configuration kept.
+"""``session.autotune()``: the same climb, on a running session's own loop, through its own
+``set_concurrency``. It moves only the running runner's knobs (a switch would restart the session);
+a knob found at a value it did not set hands control back to the user.
 """
 
 from __future__ import annotations
@@ -48,12 +44,7 @@ class _Stopped(Exception):
 
 class AutoTuner:
     """Tunes a running Session's concurrency in a background thread; made by ``session.autotune()``.
-
-    ``log`` grows one sentence per move as it happens; ``on_log`` (if given) is
-    called with each. ``stop()`` ends it early (the session keeps the best
-    setting so far); ``wait(timeout)`` waits for the end; ``steps`` are the
-    measured configurations.
-    """
+    ``log`` grows one sentence per move (each also passed to ``on_log``); ``stop()`` ends it early."""
 
     def __init__(self, session: Any, *, budget_s: float = 60.0, window_s: float | None = None,
                  on_log: Callable[[str], None] | None = None) -> None:

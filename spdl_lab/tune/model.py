@@ -1,12 +1,6 @@
-"""The rate model: from what trials measured, each stage's rate at a concurrency not yet tried.
-
-Operational analysis, as in tf.data's model and Plumber: a stage of ``c``
-workers whose tasks take ``t(c)`` s supplies ``c / (t(c) * k)`` batches/s when a
-batch needs ``k`` of its tasks (under ``process`` each worker runs the whole
-chain: ``n / sum(k * t)``). Training is bounded by the slowest stage, the step
-alone, and the CPU per batch the cores can pay for; the smallest is the limit.
-``t ~ c**alpha`` is fitted from two measured concurrencies (0: scales; 1: the GIL
-or a lock); before that a diagnosis's verdict, or the GIL probe, sets ``alpha``.
+"""The rate model (operational analysis, as in tf.data's model and Plumber): a stage of ``c``
+workers whose tasks take ``t(c) ~ c**alpha`` s supplies ``c / (t(c) * k)`` batches/s when a batch
+needs ``k`` of its tasks; training is bounded by the slowest stage, the step and the cores.
 """
 
 from __future__ import annotations

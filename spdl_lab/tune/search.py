@@ -1,12 +1,6 @@
-"""The search: which move to measure next, and whether a measured move is kept.
-
-A hill climb on the model's predictions (as tf.data's autotuner climbs its model;
-Plumber allocates to the bottleneck): from the best trial so far, every knob one
-rung up or down, a jump of the limiting stage to the concurrency the model says
-removes it, and each other runner; the best predicted gain beyond ``MIN_GAIN`` is
-measured next. Moves the model cannot see well are still measured once
-(``Climb._explorations``). A move is kept only beyond the noise of both trials,
-or within it at clearly less CPU (``decide``).
+"""The search: a hill climb on the model's predictions (as tf.data's autotuner climbs its model):
+from the best trial, each knob a rung up or down, a jump of the limiting stage, and each other
+runner; the best predicted gain is measured next, and kept only beyond the noise (``decide``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""What the tuner may set: a configuration (runner, knobs, options) and the moves between them.
-
-Knobs are what ``Loader.controls()`` offers under a runner: each map stage's
-threads, or the process runner's ``workers``. Values walk a ladder of rungs;
-workers stop at the cores unless more was measured to help.
-"""
+"""What the tuner may set: a configuration (runner, knobs as in ``Loader.controls()``, options)
+and the moves between them, up and down a ladder of rungs."""
 
 from __future__ import annotations
 
@@ -86,9 +82,9 @@ class Space:
         """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""
         options = dict(self.runner_options.get(runner, {}))
         if runner == "process":
-            workers = int(options.pop("num_workers", DEFAULT_NUM_WORKERS))
-            return Config.of(runner, {WORKERS: max(1, workers)}, options)
-        declared = {s.name: s.concurrency for s in self.pipeline.stages if s.kind == "map"}
+            declared = {WORKERS: max(1, int(options.pop("num_workers", DEFAULT_NUM_WORKERS)))}
+        else:
+            declared = {s.name: s.concurrency for s in self.pipeline.stages if s.kind == "map"}
         return Config.of(runner, {**declared, **(concurrency or {})}, options)
 
     def top(self, config: Config, knob: str) -> int:

@@ -1,9 +1,5 @@
-"""What one measured configuration showed: a ``Trial``, its stages, and how sure its rate is.
-
-A trial's rate is the median of short windows; its noise is the standard error of
-their mean, relative to it. A move is kept only beyond twice the two trials'
-combined noise, and never for less than ``MIN_GAIN``.
-"""
+"""What one measured configuration showed: a ``Trial`` (its rate the median of short windows),
+its stages, and how sure its rate is."""
 
 from __future__ import annotations
 
