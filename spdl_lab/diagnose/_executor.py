@@ -50,11 +50,6 @@ class Executor:
                  probe: GilProbe | None = None) -> None:
         self.workers, self.settings = workers, settings
         self.probe = probe if workers.kind == "thread" else None
-        self.kind, self.named = workers.kind, workers.named
-
-    @property
-    def first_error(self) -> str | None:
-        return self.workers.first_error
 
     def warm_up(self, c: int) -> tuple[float, int]:
         """Run ``warmup_s`` and until a task finished, then pause; (tasks per second, failures)."""
@@ -117,10 +112,6 @@ class Executor:
                 raise PointFailed("timeout", f"a call did not return within {timeout:g} s after the workers "
                                              f"were paused")
             time.sleep(0.001)
-
-    def close(self, kill: bool) -> int:
-        """Stop the workers; the threads left stuck in the function."""
-        return self.workers.close(kill)
 
     def _first(self, c: int, turn: int) -> int:
         """The first of the workers that the ``turn``-th window of c workers runs."""

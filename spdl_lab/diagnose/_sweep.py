@@ -25,7 +25,7 @@ from ..telemetry.histogram import quantile_ns
 from ..telemetry.probes import GilProbe
 from ._executor import Executor, WindowReading
 from ._slices import point_qps, quiet
-from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, start_processes
+from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, WorkerPool
 from .result import Point
 from .settings import SweepSettings, budget_cut, window_for
 
@@ -146,8 +146,8 @@ class _Point(PointWindows):
     def note(self) -> str:
         why = self.why
         if not why and self._all_raised():
-            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.first_error or ''}"
-        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.named}: {why}" if why else ""
+            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.workers.first_error or ''}"
+        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.workers.named}: {why}" if why else ""
 
     def summary(self) -> Point:
         status, qps, spread = self.status, self.value, self.spread
@@ -157,7 +157,7 @@ class _Point(PointWindows):
             status, qps, spread = "error", 0.0, math.nan
         hist = [sum(counts) for counts in zip(*(r.hist for r in self.readings))]
         return Point(
-            stage=self.stage, executor=self.executor.kind, concurrency=self.c, qps=qps, qps_spread=spread,
+            stage=self.stage, executor=self.executor.workers.kind, concurrency=self.c, qps=qps, qps_spread=spread,
             cpu_util=_median([r.cpu for r in self.readings]), gil_wait_frac=_median([r.gil for r in self.readings]),
             runqueue_wait_frac=_median([r.runq for r in self.readings]),
             p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
@@ -198,8 +198,7 @@ class Sweep:
         points: list[_Point] = []
         self._points[key] = points
         try:
-            workers = (ThreadWorkers(feed, levels[-1], self.settings.point_timeout_s) if kind == "thread"
-                       else start_processes(feed, levels[-1], self.settings))
+            workers = (ThreadWorkers if kind == "thread" else WorkerPool)(feed, levels[-1], self.settings)
         except SpdlLabError as exc:
             self._errors[key] = exc
             self._report(self.settings.max_windows * len(levels))
@@ -233,7 +232,7 @@ class Sweep:
         for key, executor in self._executors.items():
             if key not in self._abandoned:
                 kill = any(p.status == "timeout" for p in self._points[key])
-                self._abandoned[key] = executor.close(kill)
+                self._abandoned[key] = executor.workers.close(kill)
 
     def results(self, kind: str) -> dict[str, StageSweep]:
         """Each stage's points in ``kind`` so far, ascending, up to the first that failed."""

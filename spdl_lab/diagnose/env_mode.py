@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
+from .measure import DEFAULT_CONCURRENCY, DEFAULT_NUM_ITEMS, diagnose
 
 __all__ = ["ENV", "ENV_CONCURRENCY", "ENV_NUM_ITEMS", "ENV_REPORT_DIR", "enabled", "run_diagnostic_mode", "start_hook",
            "write_reports"]
@@ -36,8 +37,6 @@ def enabled() -> bool:
 
 
 def num_items() -> int:
-    from .measure import DEFAULT_NUM_ITEMS
-
     raw = os.environ.get(ENV_NUM_ITEMS, "").strip()
     if not raw:
         return DEFAULT_NUM_ITEMS
@@ -47,8 +46,6 @@ def num_items() -> int:
 
 
 def concurrency() -> tuple[int, ...]:
-    from .measure import DEFAULT_CONCURRENCY
-
     raw = os.environ.get(ENV_CONCURRENCY, "").strip()
     if not raw:
         return DEFAULT_CONCURRENCY
@@ -70,8 +67,6 @@ def write_reports(diagnosis, directory: str | os.PathLike | None = None, stem: s
 
 def run_diagnostic_mode(pipeline: Pipeline) -> NoReturn:
     """Diagnose ``pipeline``, write the reports, print where, and ``sys.exit(1)``."""
-    from .measure import diagnose
-
     count, levels = num_items(), concurrency()
     print(f"spdl_lab: {ENV}=1: diagnosing the pipeline instead of running it "
           f"({count} inputs, concurrency {', '.join(map(str, levels))})", flush=True)

@@ -37,20 +37,17 @@ class SweepSettings:
     start_timeout_s: float = 30.0  # for worker processes to start
 
     def __post_init__(self) -> None:
-        for name in ("warmup_s", "window_s", "point_timeout_s", "stage_budget_s", "start_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        for name, value in vars(self).items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if name.endswith("_s") and not (number and value > 0):
                 raise ValueError(f"SweepSettings: {name} must be a number of seconds > 0, got {value!r}")
-        for name in ("min_windows", "max_windows", "max_inputs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if name.endswith(("_windows", "_inputs")) and not (number and isinstance(value, int) and value >= 1):
                 raise ValueError(f"SweepSettings: {name} must be an int >= 1, got {value!r}")
+            if name == "stable_within" and not (number and 0 <= value < 1):
+                raise ValueError(f"SweepSettings: stable_within must be a share in [0, 1), got {value!r}")
         if self.min_windows > self.max_windows:
             raise ValueError(f"SweepSettings: min_windows ({self.min_windows}) is more than max_windows "
                              f"({self.max_windows}); lower min_windows or raise max_windows")
-        if isinstance(self.stable_within, bool) or not isinstance(self.stable_within, (int, float)) \
-                or not 0 <= self.stable_within < 1:
-            raise ValueError(f"SweepSettings: stable_within must be a share in [0, 1), got {self.stable_within!r}")
 
 
 #: Longest measurement window, however slow the function.

@@ -31,15 +31,11 @@ from .search import GIL_SWITCH, Climb, Step, climb
 from .space import Config, Space
 from .trial import Trial
 
-__all__ = ["AutoTuner", "TakenOver"]
+__all__ = ["AutoTuner"]
 
 
-class TakenOver(Exception):
-    """The user moved a knob while the tuner ran: it hands control back."""
-
-
-class _Stopped(Exception):
-    pass
+class _Ended(Exception):
+    """The tuning ends early: stopped, or the user moved a knob (it hands control back)."""
 
 
 class AutoTuner:
@@ -119,49 +115,39 @@ class AutoTuner:
                 if time.perf_counter() + longest > deadline:
                     ending = "budget spent"
                     break
-        except TakenOver as exc:
+        except _Ended as exc:
             ending = str(exc)
-        except _Stopped:
-            ending = "stopped"
         except BaseException as exc:  # noqa: BLE001 - reported, and the session goes on
             self.error = exc
             ending = f"failed: {type(exc).__name__}: {exc}"
         finally:
-            self._finish(ending)
-
-    def _finish(self, ending: str) -> None:
-        try:
-            taken = ending.startswith("you took over")
-            if self.steps and not taken and self.session.running:
-                best = self.best
-                self._set(best)
-                self._say(f"{ending}; the session runs {Config.of(self.session.runner, best).describe()}"
-                          + self._gil_advice())
-            else:
+            try:
+                if self.steps and not ending.startswith("you took over") and self.session.running:
+                    self._set(self.best)
+                    runs = Config.of(session.runner, self.best).describe()
+                    ending += f"; the session runs {runs}{self._gil_advice()}"
                 self._say(ending)
-        finally:
-            self._done.set()
+            finally:
+                self._done.set()
 
     def _gil_advice(self) -> str:
         kept = [s for s in self.steps if s.kept]
-        if not kept or self.session.runner != "thread":
+        wait = kept[-1].trial.train_gil_wait_frac if kept and self.session.runner == "thread" else math.nan
+        if not (math.isfinite(wait) and wait >= GIL_SWITCH):
             return ""
-        wait = kept[-1].trial.train_gil_wait_frac
-        if math.isfinite(wait) and wait >= GIL_SWITCH:
-            return (f". The training thread still waits for the GIL {wait:.0%} of its step: try the "
-                    f"subprocess-threads runner (the runner selector), or lab.tune across runners")
-        return ""
+        return (f". The training thread still waits for the GIL {wait:.0%} of its step: try the "
+                f"subprocess-threads runner (the runner selector), or lab.tune across runners")
 
     # -- measuring on the live loop ----------------------------------------------------
     def _check(self) -> None:
         if self._stop.is_set():
-            raise _Stopped()
+            raise _Ended("stopped")
         if not self.session.running:
             raise SpdlLabError("the session ended while it was being tuned")
         now = self.session.controls()
         for name, n in now.items():
             if self._ours.get(name) != n:
-                raise TakenOver(f"you took over: {name} was moved to {n}; autotune handed control back")
+                raise _Ended(f"you took over: {name} was moved to {n}; autotune handed control back")
 
     def _set(self, knobs: dict[str, int]) -> None:
         for name, n in knobs.items():

@@ -156,14 +156,10 @@ class RateModel:
             gil = near.train_gil_wait_frac if math.isfinite(near.train_gil_wait_frac) else 0.0
             step_s *= 1.0 - min(0.9, max(0.0, gil))
         elif config.runner == "thread" and near.config.runner != "thread":
-            gil = self._thread_gil_wait()
-            step_s /= 1.0 - min(0.9, gil)
+            seen = [t.train_gil_wait_frac for t in self.trials
+                    if t.config.runner == "thread" and math.isfinite(t.train_gil_wait_frac)]
+            step_s /= 1.0 - min(0.9, max(0.0, seen[-1]) if seen else 0.0)
         return 1.0 / step_s
-
-    def _thread_gil_wait(self) -> float:
-        seen = [t.train_gil_wait_frac for t in self.trials
-                if t.config.runner == "thread" and math.isfinite(t.train_gil_wait_frac)]
-        return max(0.0, seen[-1]) if seen else 0.0
 
     def _cpu_rate(self, config: Config) -> float:
         """Batches/s the machine's cores can pay for, at the CPU per batch measured nearest."""

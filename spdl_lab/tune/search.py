@@ -43,26 +43,25 @@ class Decision:
     kept: bool
     reason: str
     gain: float  # measured / best - 1
-    margin: float  # the gap that counts as beyond the noise
 
 
 def decide(best: Trial, new: Trial) -> Decision:
     """Keep ``new`` over ``best`` only when it is faster beyond the noise, or as fast for less CPU."""
     if not new.batches_per_s > 0:
-        return Decision(False, "no batches measured", math.nan, math.nan)
+        return Decision(False, "no batches measured", math.nan)
     gain = new.batches_per_s / best.batches_per_s - 1.0
     need = margin(best, new)
     if gain > need:
-        return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain, need)
+        return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain)
     cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
                if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
     # Cheaper only breaks a tie: a median lower by more than MIN_GAIN is never kept, however noisy.
     if gain >= -MIN_GAIN and cheaper:
         return Decision(True, f"{gain:+.0%}, within the noise (±{need:.0%}), for {new.cpu_percent:.0f}% CPU "
-                              f"instead of {best.cpu_percent:.0f}%", gain, need)
+                              f"instead of {best.cpu_percent:.0f}%", gain)
     if gain >= -need:
-        return Decision(False, f"{gain:+.0%}, within the noise (±{need:.0%})", gain, need)
-    return Decision(False, f"{gain:+.0%}, slower beyond the noise (±{need:.0%})", gain, need)
+        return Decision(False, f"{gain:+.0%}, within the noise (±{need:.0%})", gain)
+    return Decision(False, f"{gain:+.0%}, slower beyond the noise (±{need:.0%})", gain)
 
 
 class Climb:
