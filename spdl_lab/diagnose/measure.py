@@ -25,7 +25,7 @@ from ._first_pass import StageRun, run_once
 from ._isolated import diagnose_in_child
 from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
-from .result import BUSY_MACHINE, FAR_FASTER, Diagnosis, Point, StageDiagnosis, last_line, limiting
+from .result import BUSY_MACHINE, FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
 from .rules import judge, rises
 from .settings import SweepSettings
 
@@ -65,10 +65,8 @@ def diagnose(
                                 "for a DataLoader use lab.from_dataloader(dl)")
     concurrency = _check_levels("concurrency", concurrency)
     cores = os.cpu_count() or 1
-    process_levels = _check_levels(
-        "process_concurrency",
-        process_concurrency if process_concurrency is not None else sorted({1, min(cores, max(concurrency))}),
-    )
+    levels = process_concurrency if process_concurrency is not None else {1, min(cores, max(concurrency))}
+    process_levels = _check_levels("process_concurrency", levels)
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
         raise PipelineSpecError(f"diagnose: num_items must be an int >= 1, got {num_items!r}")
     settings = settings or SweepSettings()
@@ -163,11 +161,8 @@ class _Pass:
 
 def _passes(pipeline: Pipeline, inputs: list[Any],
             settings: SweepSettings) -> tuple[dict[str, StageDiagnosis], list[_Pass]]:
-    """Run every stage once, in order, each on the outputs of the one before.
-
-    Returns the stages already settled (batches; stages that hung, raised on every
-    input, or come after such a stage) and the map stages to sweep.
-    """
+    """Run every stage once, in order, each on the outputs of the one before; returns the stages
+    already settled (batches, failed stages and those after one) and the map stages to sweep."""
     done: dict[str, StageDiagnosis] = {}
     passes: list[_Pass] = []
     blocked: str | None = None  # why the stages after a failed one cannot be measured
@@ -182,37 +177,34 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
             assert stage.fn is not None
             once = run_once(stage.fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
             failed = _failed_pass(stage, inputs, once, settings, per_input)
-            if failed is not None:
+            if failed is None:
+                passes.append(_Pass(stage, len(inputs), StageFeed(stage.name, stage.fn, once.ok_inputs), once,
+                                    per_input))
+            else:
                 # A stage that raised gets no verdict: timing its exceptions would measure the
                 # error path. What it did produce still feeds the stages after it.
                 done[stage.name] = failed
                 if once.hung or not once.outputs:
                     blocked = f"no inputs: stage {stage.name!r} produced none ({failed.evidence.split(';')[0]})"
-                inputs = once.outputs
-                continue
-            feed = StageFeed(stage.name, stage.fn, once.ok_inputs)
-            passes.append(_Pass(stage, len(inputs), feed, once, per_input))
             inputs = once.outputs
     return done, passes
 
 
 def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun, settings: SweepSettings,
                  per_input: int) -> StageDiagnosis | None:
-    common = dict(name=stage.name, kind="map", inputs=len(inputs), outputs=len(once.outputs),
-                  status="failed", concurrency=stage.concurrency, items_per_input=per_input)
     if once.hung:
-        why = (f"an item did not finish within {settings.point_timeout_s:g} s; the stage was cut off"
-               f" ({once.abandoned_threads} thread(s) stuck in it were left running as daemons)")
-        return StageDiagnosis(verdict=None, best_concurrency=None, evidence=f"failed: {why}",
-                              recommendation="find why it blocks (a lock, a network call without a timeout)",
-                              error=why, **common)
-    if once.failures:
-        kind = last_line(once.first_error).split(":", 1)[0].strip() or "an exception"
-        return StageDiagnosis(verdict=None, best_concurrency=None,
-                              evidence=f"failed: {kind} on {once.failures} of {len(inputs)} inputs",
-                              recommendation="fix the error (first traceback below), then diagnose again",
-                              error=once.first_error, **common)
-    return None
+        error = (f"an item did not finish within {settings.point_timeout_s:g} s; the stage was cut off"
+                 f" ({once.abandoned_threads} thread(s) stuck in it were left running as daemons)")
+        evidence, advice = f"failed: {error}", "find why it blocks (a lock, a network call without a timeout)"
+    elif once.failures:
+        kind = (once.first_error or "").strip().splitlines()[-1].split(":", 1)[0].strip() or "an exception"
+        error, evidence = once.first_error, f"failed: {kind} on {once.failures} of {len(inputs)} inputs"
+        advice = "fix the error (first traceback below), then diagnose again"
+    else:
+        return None
+    return StageDiagnosis(name=stage.name, kind="map", verdict=None, best_concurrency=None, evidence=evidence,
+                          recommendation=advice, error=error, inputs=len(inputs), outputs=len(once.outputs),
+                          status="failed", concurrency=stage.concurrency, items_per_input=per_input)
 
 
 def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
@@ -244,18 +236,13 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
 def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: int,
            settings: SweepSettings) -> StageDiagnosis:
     points, once, inputs = threads.points, p.once, p.inputs
-    process_points: list[Point] = []
-    process_note = ""
-    if processes is not None:
-        if processes.error is not None:
-            # The thread verdict stands; say why processes could not be tried.
-            process_note = f" Processes were not tried: {processes.error}"
-        else:
-            process_points = processes.points
-            if processes.notes:
-                process_note = f" Processes: {processes.notes[0]}"
+    process_points = processes.points if processes is not None and processes.error is None else []
     verdict = judge(points, process_points, cores=cores)
-    notes = [n for n in (verdict.details, process_note.strip()) if n]
+    notes = [verdict.details] if verdict.details else []
+    if processes is not None and processes.error is not None:  # the thread verdict stands
+        notes.append(f"Processes were not tried: {processes.error}")
+    elif processes is not None and processes.notes:
+        notes.append(f"Processes: {processes.notes[0]}")
     timeouts = [pt.concurrency for pt in points if pt.status == "timeout"]
     if timeouts:
         notes.append(f"At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s; "
@@ -285,11 +272,11 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
 
 def _unstable(points: Sequence[Point]) -> bool:
     """The deciding points did not settle: the best thread point, or most of them, is unstable."""
-    usable = [pt for pt in points if pt.status in ("ok", "unstable") and pt.qps > 0]
-    if not usable:
+    ok = usable(points)
+    if not ok:
         return False
-    best = max(usable, key=lambda pt: pt.qps)
-    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in usable) > len(usable)
+    best = max(ok, key=lambda pt: pt.qps)
+    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in ok) > len(ok)
 
 
 def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:

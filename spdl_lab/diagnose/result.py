@@ -36,7 +36,7 @@ from ..file_checks import (
 from ..pipeline import MAX_CONCURRENCY
 
 __all__ = ["BUSY_MACHINE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
-           "DiagnosisFormatError", "Point", "StageDiagnosis", "last_line", "limiting"]
+           "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
 
 #: The verdict vocabulary (see ``rules``).
 VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
@@ -112,8 +112,7 @@ class StageDiagnosis:
         """Source items/s at its concurrency in the pipeline, from its thread points (NaN: unknown):
         the point measured there, or linear in log2(concurrency) between the nearest two, as the
         sweep's levels double; beyond the sweep, the nearest point."""
-        points = sorted((p for p in self.thread_points() if p.status in ("ok", "unstable") and p.qps > 0),
-                        key=lambda p: p.concurrency)
+        points = usable(self.thread_points())
         c = self.concurrency
         if not points or c is None:
             return math.nan
@@ -253,7 +252,7 @@ class Diagnosis(Saved):
         lines += ["", table[0], "-" * len(table[0])]
         for s, row in zip(order, table[1:]):
             lines.append(row)
-            for label, text in (("evidence", s.evidence), ("do", s.recommendation), ("error", last_line(s.error))):
+            for label, text in (("evidence", s.evidence), ("do", s.recommendation), ("error", _last_line(s.error))):
                 if text:
                     lines += textwrap.wrap(_printable(" ".join(text.split())), width, initial_indent=f"    {label}: ",
                                            subsequent_indent="      ", max_lines=4, placeholder=" ...")
@@ -287,6 +286,11 @@ class Diagnosis(Saved):
         return self.summary()
 
 
+def usable(points: Iterable[Point]) -> list[Point]:
+    """The points that finished with a rate, by concurrency."""
+    return sorted((p for p in points if p.status in ("ok", "unstable") and p.qps > 0), key=lambda p: p.concurrency)
+
+
 def limiting(stages: Iterable[StageDiagnosis]) -> tuple[StageDiagnosis, float, StageDiagnosis | None, float] | None:
     """(slowest stage, its rate, next slowest, its rate) among stages with a verdict, each stage
     compared at its concurrency in the pipeline and in source items/s (``rate_now``)."""
@@ -303,7 +307,7 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def last_line(error: str | None) -> str:
+def _last_line(error: str | None) -> str:
     """A traceback's last line is the exception and its message: enough for a terminal."""
     lines = [ln for ln in (error or "").strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else ""

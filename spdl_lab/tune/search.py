@@ -83,18 +83,14 @@ class Climb:
         best = self.best_by_runner.get(trial.config.runner)
         if best is None or trial.batches_per_s > best.batches_per_s:
             self.best_by_runner[trial.config.runner] = trial
-        self._open_more_workers(trial)
-
-    def _open_more_workers(self, trial: Trial) -> None:
-        """Rungs above the cores open once ``cores`` workers beat fewer beyond the noise."""
+        # Rungs above the cores open once ``cores`` workers beat fewer beyond the noise.
         if trial.config.runner != "process" or trial.config.knob(WORKERS) != self.space.cores:
             return
         fewer = [t for t in self.model.trials
                  if t.config.runner == "process" and t.config.knob(WORKERS) < self.space.cores]
         if fewer:
             verdict = decide(max(fewer, key=lambda t: t.batches_per_s), trial)
-            if verdict.kept and verdict.gain > 0:
-                self.space.allow_more_workers = True
+            self.space.allow_more_workers |= verdict.kept and verdict.gain > 0
 
     # -- proposing -----------------------------------------------------------------
     def candidates(self, best: Trial) -> list[Candidate]:
@@ -200,11 +196,9 @@ class Climb:
                 continue
             trial = config.with_knob(here.limit, rung)
             if self.model.predict(trial).stage_batches_per_s.get(here.limit, 0.0) >= target:
-                move = self.space.jump(config, here.limit, rung)
-                if move is None or one_rung:
-                    return move
+                move = Move("raise", trial, here.limit, config.knob(here.limit), rung)
                 neighbours = {m.config for m in self.space.neighbours(config)}
-                return move if move.config not in neighbours else None
+                return move if one_rung or move.config not in neighbours else None
         return None
 
     def _switches(self, best: Trial) -> list[Move]:

@@ -107,14 +107,5 @@ class Space:
             if down:
                 yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
 
-    def jump(self, config: Config, knob: str, needed: float) -> Move | None:
-        """The smallest rung at or above ``needed`` for ``knob``, when it is more than one rung up."""
-        value = config.knob(knob)
-        above = [n for n in self.rungs(config, knob) if n >= needed and n > value]
-        target = above[0] if above else self.top(config, knob)
-        if target <= value:
-            return None
-        return Move("raise", config.with_knob(knob, target), knob, value, target)
-
     def workers(self, config: Config, n: int) -> Config:
         return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))
