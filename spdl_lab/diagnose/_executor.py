@@ -21,9 +21,8 @@ import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts
 from ..telemetry.probes import GilProbe, GilTotals
-from ._slices import window_qps
 from ._sweep_worker import PointFailed, Reading, ThreadWorkers, WorkerPool
-from .settings import SweepSettings
+from .settings import SweepSettings, window_qps
 
 __all__ = ["Executor", "WindowReading"]
 

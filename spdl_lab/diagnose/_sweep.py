@@ -7,7 +7,7 @@ touch one window of each point, and its QPS (its second-best window) leaves them
 """
 
 # How a point ends, whatever its executor: settled ("ok") once it has ``min_windows`` and
-# its fastest windows agree (``_slices.quiet``); "unstable" at ``max_windows`` or when the
+# its fastest windows agree (``settings.quiet``); "unstable" at ``max_windows`` or when the
 # budget is spent (``settings.budget_cut``); "timeout" or "error" when its executor raises
 # ``PointFailed``, which also ends its stage's sweep in that executor (larger concurrencies
 # would fail alike). A point where every call raised is an "error" with qps 0. Every point
@@ -24,10 +24,9 @@ from ..errors import SpdlLabError
 from ..telemetry.histogram import quantile_ns
 from ..telemetry.probes import GilProbe
 from ._executor import Executor, WindowReading
-from ._slices import point_qps, quiet
 from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, WorkerPool
 from .result import Point
-from .settings import SweepSettings, budget_cut, window_for
+from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for
 
 __all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
 

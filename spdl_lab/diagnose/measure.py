@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -21,7 +23,6 @@ from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
-from ._first_pass import StageRun, run_once
 from ._isolated import diagnose_in_child
 from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
@@ -29,7 +30,7 @@ from .result import BUSY_MACHINE, FAR_FASTER, Diagnosis, Point, StageDiagnosis, 
 from .rules import judge, rises
 from .settings import SweepSettings
 
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "StageRun", "diagnose", "run_once"]
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
@@ -38,6 +39,7 @@ PROCESS_START_S = 0.5
 #: Thread points whose windows differ by more than this share of their QPS are named in the
 #: evidence: the machine slowed for a while (docs/measurement-noise.md), or inputs differ in cost.
 SLOW_SPELLS = 0.25
+_MISSING = object()
 
 
 def diagnose(
@@ -146,6 +148,55 @@ def diagnose_here(
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
                  "torch": interp.torch or ""},
     )
+
+
+@dataclass
+class StageRun:
+    """One pass of a stage over its inputs: what the next stage gets, and what went wrong."""
+
+    outputs: list[Any]
+    ok_inputs: list[Any]  # the inputs that did not raise: what the sweep is fed
+    failures: int
+    first_error: str | None  # traceback text of the first failure
+    hung: bool  # an item did not finish within the timeout
+    abandoned_threads: int
+
+
+def run_once(fn: Callable[[Any], Any], inputs: Sequence[Any], *, workers: int, timeout_s: float) -> StageRun:
+    """The first pass: apply ``fn`` to every input, ``workers`` threads at a time, keeping order;
+    failing items are dropped, and what raised or hung is reported, not swept."""
+    n = len(inputs)
+    results: list[Any] = [_MISSING] * n
+    errors: list[str | None] = [None] * n
+    counter = itertools.count()
+    progress = threading.Event()
+    done = threading.Event()
+
+    def work() -> None:
+        while not done.is_set():
+            i = next(counter)
+            if i >= n:
+                return
+            try:
+                results[i] = fn(inputs[i])
+            except Exception:
+                errors[i] = traceback.format_exc()
+            progress.set()
+
+    threads = [threading.Thread(target=work, name=f"spdl_lab:diagnose-pass-{i}", daemon=True)
+               for i in range(min(workers, max(1, n)))]
+    for t in threads:
+        t.start()
+    hung = False
+    while any(t.is_alive() for t in threads):
+        progress.clear()
+        if not progress.wait(timeout_s) and any(t.is_alive() for t in threads):
+            hung = True
+            break
+    done.set()
+    ok = [i for i in range(n) if errors[i] is None and results[i] is not _MISSING]
+    return StageRun([results[i] for i in ok], [inputs[i] for i in ok], sum(e is not None for e in errors),
+                    next((e for e in errors if e is not None), None), hung, sum(t.is_alive() for t in threads))
 
 
 @dataclass

@@ -70,7 +70,7 @@ class Point:
     stage: Name
     executor: Literal["thread", "process"]
     concurrency: Concurrency
-    qps: Rate  # items/s: the second-best window (_slices.point_qps; processes: _process_qps); NaN: none finished
+    qps: Rate  # items/s: the second-best window (settings.point_qps); NaN: none finished
     qps_spread: Rate  # (max - min) / qps over the windows; NaN with < 2 windows
     cpu_util: Share  # CPU of this process and its children / (wall time x cores): 0..1
     gil_wait_frac: Share  # the GIL probe during the windows (NaN for processes)
