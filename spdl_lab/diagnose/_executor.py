@@ -1,13 +1,7 @@
-"""How a stage's points are measured on its workers, threads or worker processes alike.
-
-The workers start once, as many as the highest concurrency; a point at concurrency c runs
-a different c of them each window, in turn (cores do not all run at one speed).
-"""
-
-# A window: read the paused workers' counts, tell them to run, sleep, tell them to pause,
-# read again, and wait until none is inside the function (no call spills into the next
-# window). A worker that dies -> "error"; one that does not answer, or a call that does
-# not return after the pause -> "timeout" (the workers are then killed, or left behind).
+"""How a stage's points are measured on its workers, threads or worker processes alike: a point
+at concurrency c runs a different c of them each window, in turn (cores do not all run at one
+speed). A worker that dies -> "error"; one that does not answer, or a call that does not return
+after the pause -> "timeout" (the workers are then killed, or left behind)."""
 
 from __future__ import annotations
 
@@ -71,6 +65,7 @@ class Executor:
         return (c / task_s if task_s > 0 else math.inf), now.failures - base.failures
 
     def window(self, c: int, seconds: float, turn: int) -> WindowReading:
+        """Read the paused workers, run them ``seconds``, pause them and read again."""
         first = self._first(c, turn)
         before = self._read(c, first)
         g0, m0 = self._gil(), _machine_busy()

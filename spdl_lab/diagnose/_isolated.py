@@ -47,7 +47,12 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
     finally:
         if bar is not None:
             bar.close()
-        _stop(proc, ctrl)
+        try:
+            ctrl.send(("stop",))
+        except OSError:
+            pass
+        ctrl.close()
+        stop_process(proc, timeout=3.0)
         data.close()
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -63,17 +68,7 @@ def _next(data: Connection, proc: subprocess.Popen) -> tuple:
         if proc.poll() is not None and not data.poll(0):
             break
     raise RunnerError(f"diagnose: the child interpreter measuring the stages {exit_reason(proc, 5.0)} "
-                      f"before it finished; "
-                      f"if it ran out of memory, pass a smaller num_items=")
-
-
-def _stop(proc: subprocess.Popen, ctrl: Connection) -> None:
-    try:
-        ctrl.send(("stop",))
-    except OSError:
-        pass
-    ctrl.close()
-    stop_process(proc, timeout=3.0)
+                      f"before it finished; if it ran out of memory, pass a smaller num_items=")
 
 
 def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:

@@ -6,12 +6,11 @@ touch one window of each point, and its QPS (its second-best window) leaves them
 (docs/measurement-noise.md). One ``_executor.Executor`` measures a point on threads or processes.
 """
 
-# How a point ends, whatever its executor: settled ("ok") once it has ``min_windows`` and
-# its fastest windows agree (``settings.quiet``); "unstable" at ``max_windows`` or when the
-# budget is spent (``settings.budget_cut``); "timeout" or "error" when its executor raises
-# ``PointFailed``, which also ends its stage's sweep in that executor (larger concurrencies
-# would fail alike). A point where every call raised is an "error" with qps 0. Every point
-# is worth ``max_windows`` windows on the progress bar however it ends, so its total never moves.
+# How a point ends: "ok" once it has ``min_windows`` and its fastest windows agree (``quiet``);
+# "unstable" at ``max_windows`` or past the budget (``budget_cut``); "timeout" or "error" when its
+# executor raises ``PointFailed``, which also ends its stage's sweep there (larger concurrencies
+# would fail alike); "error" with qps 0 when every call raised. Each point is worth ``max_windows``
+# windows on the progress bar however it ends, so its total never moves.
 
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ FAILED = ("timeout", "error")
 
 @dataclass
 class StageSweep:
-    """One stage's points in one executor (ascending), why any failed or why none could be
-    measured, the threads left stuck in its function, and the largest share of the cores
-    other processes used during one of its windows (a busy machine makes every number low)."""
+    """One stage's points in one executor (ascending), why any failed or none could be measured, the
+    threads left stuck in its function, and the most of the cores other processes used in a window."""
 
     points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -166,12 +164,8 @@ class _Point(PointWindows):
 
 
 class Sweep:
-    """Points of several stages and executors, measured a round at a time.
-
-    ``lab.diagnose`` adds a stage's process points while its thread points are
-    measured, and they take turns from then on. ``close`` (or leaving the
-    ``with`` block) stops every worker.
-    """
+    """Points of several stages and executors, measured a round at a time (points added later take
+    turns from then on); ``close`` (or leaving the ``with`` block) stops every worker."""
 
     def __init__(self, settings: SweepSettings | None = None, *, probe: GilProbe | None = None,
                  on_window: Callable[[int], None] | None = None) -> None:

@@ -114,8 +114,7 @@ class _Worker:
             os._exit(0)
 
     def counts(self) -> tuple:
-        """("counts", done, failures, times_ns, ends_ns, first_error, busy); the lists and the
-        error since the last reading."""
+        """("counts", done, failures, times_ns, ends_ns, first_error, busy); lists and error since the last."""
         with self.lock:
             reply = ("counts", self.done, self.failures, self.times_ns, self.ends_ns, self.first_error, self.busy)
             self.times_ns, self.ends_ns, self.first_error = [], [], None

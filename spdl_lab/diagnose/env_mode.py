@@ -59,8 +59,7 @@ def write_reports(diagnosis, directory: str | os.PathLike | None = None, stem: s
     """Write ``<stem>.html`` and ``<stem>.json`` under ``directory``; returns both paths."""
     folder = Path(directory or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
     if stem is None:
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        stem = f"diagnosis-{stamp}-{os.getpid()}"
+        stem = f"diagnosis-{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
     return diagnosis.to_html(folder / f"{stem}.html"), diagnosis.to_json(folder / f"{stem}.json")
 

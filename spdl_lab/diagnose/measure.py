@@ -42,17 +42,10 @@ SLOW_SPELLS = 0.25
 _MISSING = object()
 
 
-def diagnose(
-    pipeline: Pipeline,
-    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
-    *,
-    num_items: int = DEFAULT_NUM_ITEMS,
-    processes: bool = True,
-    process_concurrency: Sequence[int] | None = None,
-    settings: SweepSettings | None = None,
-    progress: bool = True,
-    isolated: bool = True,
-) -> Diagnosis:
+def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, *,
+             num_items: int = DEFAULT_NUM_ITEMS, processes: bool = True,
+             process_concurrency: Sequence[int] | None = None, settings: SweepSettings | None = None,
+             progress: bool = True, isolated: bool = True) -> Diagnosis:
     """Profile each stage of ``pipeline`` alone, in threads and (where threads do not help) in
     worker processes at ``process_concurrency`` (default: 1 and the core count), and say what
     limits it. It runs in a clean child interpreter unless ``isolated=False`` or the pipeline
@@ -90,17 +83,9 @@ def diagnose(
     return diag
 
 
-def diagnose_here(
-    pipeline: Pipeline,
-    concurrency: tuple[int, ...],
-    *,
-    num_items: int,
-    processes: bool,
-    process_concurrency: tuple[int, ...],
-    settings: SweepSettings,
-    bar_factory: Callable[[int, str], Any],
-    isolated: bool = True,
-) -> Diagnosis:
+def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items: int, processes: bool,
+                  process_concurrency: tuple[int, ...], settings: SweepSettings,
+                  bar_factory: Callable[[int, str], Any], isolated: bool = True) -> Diagnosis:
     """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
     cores = os.cpu_count() or 1
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -220,7 +205,9 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
     per_input = 1  # source items per input of the current stage
     for stage in pipeline.stages:
         if blocked is not None:
-            done[stage.name] = _not_measured(stage, blocked)
+            done[stage.name] = StageDiagnosis(name=stage.name, kind=stage.kind, verdict=None, best_concurrency=None,
+                                              evidence=f"not measured: {blocked}", recommendation="",
+                                              error=f"not measured: {blocked}", status="not measured")
         elif stage.kind == "batch":
             inputs, done[stage.name] = _batch(stage, inputs)
             per_input *= stage.size or 1
@@ -258,15 +245,6 @@ def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun, settings: Swee
                           status="failed", concurrency=stage.concurrency, items_per_input=per_input)
 
 
-def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
-    """Processes are tried where threads do not help: the stage does not rise, or
-    the GIL (or a lock) is what its threads wait for. Not after a timeout."""
-    if any(p.status == "timeout" for p in points):
-        return False
-    threads_only = judge(points, cores=cores).verdict
-    return not rises(points, cores) or threads_only in ("gil-bound", "contended")
-
-
 def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[int], deadline: float,
             cores: int, bar: Any) -> None:
     """Rounds until every point is done. A stage's process points start once a round of its
@@ -276,7 +254,11 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
         threads = sweep.results("thread")
         for feed in feeds:
             points = [pt for pt in threads[feed.name].points if pt.repeats or pt.status == "timeout"]
-            if process_levels and not sweep.has(feed.name, "process") and _processes_worth_trying(points, cores):
+            if not process_levels or sweep.has(feed.name, "process") or any(p.status == "timeout" for p in points):
+                continue
+            # Processes are tried where threads do not help: the stage does not rise, or the GIL
+            # (or a lock) is what its threads wait for.
+            if not rises(points, cores) or judge(points, cores=cores).verdict in ("gil-bound", "contended"):
                 sweep.add(feed, "process", process_levels, deadline)
         if sweep.done():
             return
@@ -356,12 +338,6 @@ def _batch(stage: Stage, items: list[Any]) -> tuple[list[Any], StageDiagnosis]:
     return batches, StageDiagnosis(name=stage.name, kind="batch", verdict=None, best_concurrency=None,
                                    evidence=note, recommendation="", inputs=len(items), outputs=len(batches),
                                    status="batch")
-
-
-def _not_measured(stage: Stage, why: str) -> StageDiagnosis:
-    return StageDiagnosis(name=stage.name, kind=stage.kind, verdict=None, best_concurrency=None,
-                          evidence=f"not measured: {why}", recommendation="", error=f"not measured: {why}",
-                          status="not measured")
 
 
 def _collect(pipeline: Pipeline, num_items: int) -> list[Any]:

@@ -1,9 +1,6 @@
-"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change.
-
-Plain data: the dataclasses below are also the JSON file's description (pydantic checks a file
-against their field types), so a Diagnosis round-trips through ``to_json`` / ``from_json``,
-never pickle. Its plots and HTML come from ``ui/`` through ``_views``.
-"""
+"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change. Plain
+data: the dataclasses are also the JSON file's description (checked by pydantic), never pickled; its
+plots and HTML come from ``ui/`` through ``_views``."""
 
 from __future__ import annotations
 

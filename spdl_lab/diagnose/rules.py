@@ -1,15 +1,8 @@
 """The diagnosis rules in one place: from a stage's measured points to a verdict, with the numbers.
 
-For a stage run alone in threads:
-
-* ``scales``    — QPS rises with concurrency, the GIL is not the wait, and the cores are not full;
-* ``cpu-bound`` — the cores are busy at the best point (this process's, or every process's);
-* ``gil-bound`` — the GIL probe waits at concurrency >= 2, or caps a rise that stopped short;
-* ``contended`` — it does not rise, yet neither the GIL nor the cores are full: a lock or
-  another shared resource serializes it.
-
-``best_concurrency`` is the smallest concurrency within the noise of the best QPS.
-The thresholds are the constants below.
+For a stage run alone in threads: ``scales`` (QPS rises, the GIL is not the wait, the cores are not
+full), ``cpu-bound`` (the cores are busy at the best point), ``gil-bound`` (the GIL probe waits at
+concurrency >= 2, or caps a rise that stopped short), ``contended`` (neither: a lock serializes it).
 """
 
 from __future__ import annotations

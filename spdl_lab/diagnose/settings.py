@@ -32,12 +32,10 @@ class SweepSettings:
     window_s: float = 0.3  # lengthened for slow functions: see window_for
     min_windows: int = 4
     max_windows: int = 10
-    # The fastest windows within +-10% of the QPS: no more needed; a tighter rule
-    # leaves most points at the cap on a shared machine (docs/measurements.md).
+    # A tighter rule leaves most points at the cap on a shared machine (docs/measurements.md).
     stable_within: float = 0.10
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
-    # Seconds per map stage, threads and processes together; past it, points take
-    # no window beyond min_windows, and stop at BUDGET_FLOOR (see budget_cut).
+    # Seconds per map stage, threads and processes together (see budget_cut).
     stage_budget_s: float = 16.0
     max_inputs: int = 64  # inputs sent to each worker process
     start_timeout_s: float = 30.0  # for worker processes to start

@@ -41,8 +41,7 @@ _SIZING_STEPS = 4
 
 
 def check_budget(budget_s: Any, who: str) -> float:
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
-            or not math.isfinite(budget_s):
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s < math.inf:
         raise PipelineSpecError(f"{who}: budget_s must be a number of seconds > 0, got {budget_s!r}")
     return float(budget_s)
 
@@ -137,7 +136,6 @@ class Bench:
             if self._probe is not None:
                 self._probe.stop()
 
-    # -- one trial -------------------------------------------------------------------
     def _switch_to(self, config: Config, timeout: float) -> Contender:
         """Set ``config`` on its runner (opened on first use), drain what the setting before made,
         then size the windows from a short run."""

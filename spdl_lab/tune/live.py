@@ -97,7 +97,6 @@ class AutoTuner:
             except Exception:  # noqa: BLE001 - a display's failure must not end the tuning
                 pass
 
-    # -- the loop -------------------------------------------------------------------
     def _main(self) -> None:
         session = self.session
         space = Space(session.pipeline, [session.runner], self._machine.cores)
@@ -138,7 +137,6 @@ class AutoTuner:
         return (f". The training thread still waits for the GIL {wait:.0%} of its step: try the "
                 f"subprocess-threads runner (the runner selector), or lab.tune across runners")
 
-    # -- measuring on the live loop ----------------------------------------------------
     def _check(self) -> None:
         if self._stop.is_set():
             raise _Ended("stopped")
@@ -183,7 +181,9 @@ class AutoTuner:
             self._stop.wait(0.02)
 
     def _window(self, deadline: float) -> Window:
-        rate = self._rate_guess()
+        recent = self.session.clock.records()[-20:]
+        loop = sum(r.data_wait_s + r.step_s for r in recent)
+        rate = len(recent) / loop if loop > 0 else 4.0 / self.window_s
         device = self.session.device
         t_a, ours_a, _, gil_a = self._machine.read()
         dev_a = device.totals() if device is not None else None
@@ -197,8 +197,3 @@ class AutoTuner:
                       cpu_percent=min(max(0.0, ours), 100.0 * self._machine.cores), others_percent=math.nan,
                       gil_wait_frac=gil, runqueue_wait_frac=queued, train_gil_wait_frac=train_gil,
                       train_runqueue_wait_frac=train_queued)
-
-    def _rate_guess(self) -> float:
-        records = self.session.clock.records()[-20:]
-        loop = sum(r.data_wait_s + r.step_s for r in records)
-        return len(records) / loop if loop > 0 else 4.0 / self.window_s

@@ -29,11 +29,8 @@ class Prediction:
     stage_batches_per_s: Mapping[str, float]
 
     def describe(self) -> str:
-        if self.limit == "step":
-            return "the training step sets the pace"
-        if self.limit == "cpu":
-            return "the machine's cores are the limit"
-        return f"{self.limit} limits"
+        known = {"step": "the training step sets the pace", "cpu": "the machine's cores are the limit"}
+        return known.get(self.limit, f"{self.limit} limits")
 
 
 def batch_items(pipeline: Pipeline) -> dict[str, float]:
@@ -70,7 +67,6 @@ class RateModel:
             if s.task_s > 0 and math.isfinite(s.task_s):
                 self._times.setdefault((family, s.name), {})[s.concurrency] = s.task_s
 
-    # -- task times ----------------------------------------------------------------
     def alpha(self, family: str, stage: str) -> float:
         """How task time grows with concurrency: fitted when two concurrencies were measured."""
         seen = self._times.get((family, stage), {})
@@ -107,7 +103,6 @@ class RateModel:
         c0 = min(seen, key=lambda n: (abs(math.log(n / c)), -n))
         return seen[c0] * (c / c0) ** self.alpha(family, stage)
 
-    # -- predictions ---------------------------------------------------------------
     def predict(self, config: Config) -> Prediction:
         family = _family(config.runner)
         knobs = dict(config.knobs)

@@ -92,7 +92,6 @@ class Climb:
             verdict = decide(max(fewer, key=lambda t: t.batches_per_s), trial)
             self.space.allow_more_workers |= verdict.kept and verdict.gain > 0
 
-    # -- proposing -----------------------------------------------------------------
     def candidates(self, best: Trial) -> list[Candidate]:
         """Every untried move from ``best``, with the model's prediction and the reason."""
         here = self.model.predict(best.config)

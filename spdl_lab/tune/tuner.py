@@ -39,19 +39,10 @@ TIGHT_WINDOWS = 40
 WINDOW_TIMEOUT_S = 60.0
 
 
-def tune(
-    pipeline: Pipeline | Any,
-    step: Callable[[Any], Any] | SimulatedDevice,
-    *,
-    runners: Sequence[str] = TUNABLE_RUNNERS,
-    budget_s: float = 60.0,
-    start: str | Mapping[str, Any] | None = None,
-    runner_options: Mapping[str, Mapping[str, Any]] | None = None,
-    diagnosis: Any = None,
-    window_s: float | None = None,
-    progress: bool = True,
-    probes: bool = True,
-) -> Tuning:
+def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice, *,
+         runners: Sequence[str] = TUNABLE_RUNNERS, budget_s: float = 60.0,
+         start: str | Mapping[str, Any] | None = None, runner_options: Mapping[str, Mapping[str, Any]] | None = None,
+         diagnosis: Any = None, window_s: float | None = None, progress: bool = True, probes: bool = True) -> Tuning:
     """Find the configuration with the most training batches/s for ``step`` within ``budget_s``
     seconds: each map stage's concurrency, the process runner's ``num_workers``, and the runner.
     ``pipeline`` may be a torch DataLoader (it starts as itself: the process runner); ``start``
@@ -65,8 +56,11 @@ def tune(
     pipeline, from_dl = _pipeline(pipeline)
     runners = _check(pipeline, step, runners, budget_s, window_s)
     options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
-    if from_dl:
-        options["process"] = {**_dataloader_options(source), **options.get("process", {})}
+    if from_dl:  # it starts as itself: the process runner at its num_workers and prefetch_factor
+        own = {"num_workers": max(1, source.num_workers)}
+        if source.num_workers > 0 and source.prefetch_factor is not None:
+            own["prefetch_factor"] = source.prefetch_factor
+        options["process"] = {**own, **options.get("process", {})}
     t0 = time.perf_counter()
     end = t0 + float(budget_s)  # with the runners closed: measuring ends bench.close_cost() before
     window_s = window_s if window_s is not None else window_for_budget(budget_s)
@@ -153,20 +147,12 @@ def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
         bar.update(done - bar.n)
 
 
-# -- input ---------------------------------------------------------------------------
 def _pipeline(source: Any) -> tuple[Pipeline, bool]:
     if isinstance(source, Pipeline):
         return source, False
     if is_dataloader(source):
         return from_dataloader(source), True
     raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(source).__name__}")
-
-
-def _dataloader_options(dl: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_workers": max(1, dl.num_workers)}
-    if dl.num_workers > 0 and dl.prefetch_factor is not None:
-        options["prefetch_factor"] = dl.prefetch_factor
-    return options
 
 
 def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s: Any) -> list[str]:
