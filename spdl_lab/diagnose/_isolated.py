@@ -1,8 +1,6 @@
-"""Diagnose in a clean child interpreter (``_isolated_child``), so nothing else in the notebook
-can touch the numbers: a kernel's other threads take the GIL and its heap lengthens the
-collector's pauses. The pipeline travels by value (cloudpickle), progress comes back to the
-notebook's bar, the Diagnosis as its JSON file. Ctrl-C, an error or a timeout stops the child.
-"""
+"""Diagnose in a clean child interpreter (``_isolated_child``): the kernel's other threads take the GIL
+and its heap lengthens the collector's pauses. The pipeline goes by value (cloudpickle); progress and
+the Diagnosis's JSON file come back. Ctrl-C, an error or a timeout stops the child."""
 
 from __future__ import annotations
 

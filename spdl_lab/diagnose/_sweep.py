@@ -1,10 +1,6 @@
-"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter.
-
-Every (stage, executor, concurrency) is a point, warmed up first; then the points of every
-stage take turns, one window each per round, so seconds in which the machine ran slower
-touch one window of each point, and its QPS (its second-best window) leaves them out
-(docs/measurement-noise.md). One ``_executor.Executor`` measures a point on threads or processes.
-"""
+"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter. The points of every
+stage take turns, one window each per round, so seconds in which the machine ran slower touch one
+window of each point, and its QPS (its second-best window) leaves them out (docs/measurement-noise.md)."""
 
 # How a point ends: "ok" once it has ``min_windows`` and its fastest windows agree (``quiet``);
 # "unstable" at ``max_windows`` or past the budget (``budget_cut``); "timeout" or "error" when its

@@ -1,7 +1,6 @@
 """A worker process of ``lab.diagnose``'s sweep, run as ``python -I _sweep_child.py DATA_FD CTRL_FD``:
 it imports only the standard library and cloudpickle, so it starts fast. The main thread calls
-the stage function in a loop; a control thread obeys the parent: run, pause, read, stop.
-"""
+the stage function in a loop; a control thread obeys the parent: run, pause, read, stop."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """``lab.diagnose``: each stage alone, fed cached inputs, swept over concurrency; a verdict per stage.
-
-A stage that hangs is cut off, one that raises is reported with its traceback, and the stages
-after either are reported as not measured.
-"""
+A stage that hangs is cut off, one that raises is reported with its traceback, and the stages after
+either are reported as not measured."""
 
 from __future__ import annotations
 

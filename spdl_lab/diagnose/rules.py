@@ -1,9 +1,6 @@
-"""The diagnosis rules in one place: from a stage's measured points to a verdict, with the numbers.
-
-For a stage run alone in threads: ``scales`` (QPS rises, the GIL is not the wait, the cores are not
-full), ``cpu-bound`` (the cores are busy at the best point), ``gil-bound`` (the GIL probe waits at
-concurrency >= 2, or caps a rise that stopped short), ``contended`` (neither: a lock serializes it).
-"""
+"""The diagnosis rules in one place: from a stage's points in threads to a verdict, with the numbers:
+``scales`` (QPS rises; neither the GIL nor the cores are full), ``cpu-bound`` (the cores are busy),
+``gil-bound`` (the GIL probe waits, or caps a rise), ``contended`` (neither: a lock serializes it)."""
 
 from __future__ import annotations
 

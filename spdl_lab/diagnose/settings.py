@@ -1,8 +1,6 @@
-"""How ``lab.diagnose`` measures, whether its workers are threads or processes: the settings, a
-window's length, the budget rule, and the QPS of a window and of a point. A core does not always
-run at one speed (docs/measurement-noise.md): a window's rate is the median over slices of it, and
-a point's its second-best window, as interference only ever slows a function down (why ``timeit``
-takes the best of its repeats)."""
+"""How ``lab.diagnose`` measures, threads or processes alike: the settings, a window's length, the
+budget rule, and the QPS of a window (the median over its slices) and of a point (its second-best
+window, as interference only slows a function down: docs/measurement-noise.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """``session.autotune()``: the same climb, on a running session's own loop, through its own
 ``set_concurrency``. It moves only the running runner's knobs (a switch would restart the session);
-a knob found at a value it did not set hands control back to the user.
-"""
+a knob found at a value it did not set hands control back to the user."""
 
 from __future__ import annotations
 

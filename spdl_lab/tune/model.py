@@ -1,7 +1,6 @@
 """The rate model (operational analysis, as in tf.data's model and Plumber): a stage of ``c``
 workers whose tasks take ``t(c) ~ c**alpha`` s supplies ``c / (t(c) * k)`` batches/s when a batch
-needs ``k`` of its tasks; training is bounded by the slowest stage, the step and the cores.
-"""
+needs ``k`` of its tasks; training is bounded by the slowest stage, the step and the cores."""
 
 from __future__ import annotations
 

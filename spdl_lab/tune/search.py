@@ -1,7 +1,6 @@
 """The search: a hill climb on the model's predictions (as tf.data's autotuner climbs its model):
 from the best trial, each knob a rung up or down, a jump of the limiting stage, and each other
-runner; the best predicted gain is measured next, and kept only beyond the noise (``decide``).
-"""
+runner; the best predicted gain is measured next, and kept only beyond the noise (``decide``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``lab.tune``: measure, model, move, keep only beyond the noise; then confirm side by side.
-
-A share of the budget measures the best and the start in alternating rounds, so the speedup
-is a side-by-side figure and a best measurably worse than the start is never returned.
-"""
+"""``lab.tune``: measure, model, move, keep only beyond the noise; then measure the best and the
+start in alternating rounds, so the speedup is side by side and a worse best is never returned."""
 
 from __future__ import annotations
 
