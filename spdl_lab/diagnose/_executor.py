@@ -1,20 +1,7 @@
-"""How a stage's points are measured on its workers, whether threads or worker processes.
-
-One executor per (stage, workers): the workers (``_sweep_worker``) start once, as
-many as the highest concurrency, and a point at concurrency c runs c of them: all
-of them at the top, and below it a different c each window, in turn (cores do not
-always run at one speed, and a worker tends to stay on its core).
-"""
-
-# How a point is read, whatever runs it:
-# - Warm-up lasts ``warmup_s`` and until some task has finished (returned or raised);
-#   its median task time sizes the windows (``settings.window_for``).
-# - A window: read the paused workers' counts, tell them to run, sleep, tell them to
-#   pause, read again, and wait until none is inside the function (so no call spills
-#   into the next window). QPS = ``window_qps`` of the completion times up to the
-#   pause. CPU is read with each reading's time stamp; the GIL probe only for threads.
-# - A worker that dies -> "error"; one that does not answer, or a call that does not
-#   return after the pause -> "timeout" (the workers are then killed, or left behind).
+"""How a stage's points are measured on its workers, threads or worker processes alike: a point
+at concurrency c runs a different c of them each window, in turn (cores do not all run at one
+speed). A worker that dies -> "error"; one that does not answer, or a call that does not return
+after the pause -> "timeout" (the workers are then killed, or left behind)."""
 
 from __future__ import annotations
 
@@ -22,17 +9,31 @@ import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import psutil
 
 from ..telemetry.histogram import bucket_of, new_counts
 from ..telemetry.probes import GilProbe, GilTotals
-from ._point import PointFailed, WindowReading
-from ._slices import window_qps
-from ._sweep_worker import Reading, ThreadWorkers, WorkerPool
-from .settings import SweepSettings
+from ._sweep_worker import PointFailed, Reading, ThreadWorkers, WorkerPool
+from .settings import SweepSettings, window_qps
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "WindowReading"]
+
+
+@dataclass
+class WindowReading:
+    """What an executor read over one window (CPU shares are of all the cores, 0..1)."""
+
+    qps: float
+    cpu: float
+    done: int  # calls that returned
+    failures: int  # calls that raised
+    hist: list[int]  # task times (``telemetry.histogram``)
+    gil: float = math.nan  # the GIL probe's wait share (threads only)
+    runq: float = math.nan
+    machine: float = math.nan  # the whole machine's busy share
+    others: float = math.nan  # other processes' share of the cores
 
 
 class Executor:
@@ -42,11 +43,6 @@ class Executor:
                  probe: GilProbe | None = None) -> None:
         self.workers, self.settings = workers, settings
         self.probe = probe if workers.kind == "thread" else None
-        self.kind, self.named = workers.kind, workers.named
-
-    @property
-    def first_error(self) -> str | None:
-        return self.workers.first_error
 
     def warm_up(self, c: int) -> tuple[float, int]:
         """Run ``warmup_s`` and until a task finished, then pause; (tasks per second, failures)."""
@@ -69,6 +65,7 @@ class Executor:
         return (c / task_s if task_s > 0 else math.inf), now.failures - base.failures
 
     def window(self, c: int, seconds: float, turn: int) -> WindowReading:
+        """Read the paused workers, run them ``seconds``, pause them and read again."""
         first = self._first(c, turn)
         before = self._read(c, first)
         g0, m0 = self._gil(), _machine_busy()
@@ -109,10 +106,6 @@ class Executor:
                 raise PointFailed("timeout", f"a call did not return within {timeout:g} s after the workers "
                                              f"were paused")
             time.sleep(0.001)
-
-    def close(self, kill: bool) -> int:
-        """Stop the workers; the threads left stuck in the function."""
-        return self.workers.close(kill)
 
     def _first(self, c: int, turn: int) -> int:
         """The first of the workers that the ``turn``-th window of c workers runs."""

@@ -1,12 +1,6 @@
-"""Diagnose in a clean child interpreter, so nothing else in the notebook can touch the numbers.
-
-A kernel's other threads take the GIL (an earlier run read every stage of a
-pipeline "gil-bound" beside a lab session), and its heap lengthens the
-collector's pauses. A child started afresh (not forked: a fork copies the
-kernel's locks and heap) has neither. The pipeline travels by value
-(cloudpickle), progress comes back as messages to the notebook's bar, and the
-Diagnosis as its validated JSON file. Ctrl-C, an error or a timeout stops the child.
-"""
+"""Diagnose in a clean child interpreter (``_isolated_child``): the kernel's other threads take the GIL
+and its heap lengthens the collector's pauses. The pipeline goes by value (cloudpickle); progress and
+the Diagnosis's JSON file come back. Ctrl-C, an error or a timeout stops the child."""
 
 from __future__ import annotations
 
@@ -15,23 +9,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunnerError, SpdlLabError
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError, stage_failure
 from ..progress import progress_bar
 from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
+from .result import Diagnosis
 
 __all__ = ["diagnose_in_child"]
 
-def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Any:
-    """Run ``diagnose_here`` in a fresh interpreter on the shipped pipeline; return its Diagnosis."""
-    from .result import Diagnosis
 
+def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Diagnosis:
+    """Run ``diagnose_here`` in a fresh interpreter on the shipped pipeline; return its Diagnosis."""
     folder = Path(tempfile.mkdtemp(prefix="spdl_lab_diagnose_"))
-    child = spawn(["-m", "spdl_lab.diagnose._isolated"])
+    child = spawn(["-m", "spdl_lab.diagnose._isolated_child"])
     proc, data, ctrl = child.proc, child.data, child.ctrl
     bar = None
     try:
@@ -52,7 +45,12 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
     finally:
         if bar is not None:
             bar.close()
-        _stop(proc, ctrl)
+        try:
+            ctrl.send(("stop",))
+        except OSError:
+            pass
+        ctrl.close()
+        stop_process(proc, timeout=3.0)
         data.close()
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -68,22 +66,10 @@ def _next(data: Connection, proc: subprocess.Popen) -> tuple:
         if proc.poll() is not None and not data.poll(0):
             break
     raise RunnerError(f"diagnose: the child interpreter measuring the stages {exit_reason(proc, 5.0)} "
-                      f"before it finished; "
-                      f"if it ran out of memory, pass a smaller num_items=")
-
-
-def _stop(proc: subprocess.Popen, ctrl: Connection) -> None:
-    try:
-        ctrl.send(("stop",))
-    except OSError:
-        pass
-    ctrl.close()
-    stop_process(proc, timeout=3.0)
+                      f"before it finished; if it ran out of memory, pass a smaller num_items=")
 
 
 def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:
-    from ..errors import PipelineSpecError, stage_failure
-
     if kind == "PipelineError":  # worded by stage_failure in the child
         error: SpdlLabError = stage_failure(stage or "", index, None, message=message)
     elif kind == "PipelineSpecError":
@@ -92,63 +78,3 @@ def _child_error(kind: str, message: str, text: str, stage: str | None, index: i
         error = SpdlLabError(f"diagnose failed in its child interpreter: {kind}: {message}")
     error.__cause__ = ChildTraceback(text)
     return error
-
-
-# -- the child -----------------------------------------------------------------------------
-
-class _RemoteBar:
-    """What ``diagnose_here`` uses of a progress bar, sent to the parent's bar."""
-
-    def __init__(self, data: Connection, total: int, unit: str) -> None:
-        self._data = data
-        self.total = total
-        self.n = 0
-        self._description = ""
-        data.send(("total", total, unit))
-
-    def set_description(self, text: str) -> None:
-        self._description = text
-        self._data.send(("progress", 0, text))
-
-    def update(self, n: int = 1) -> None:
-        if n:
-            self.n += n
-            self._data.send(("progress", n, self._description))
-
-    def close(self) -> None:
-        pass
-
-
-def _serve(data: Connection, ctrl: Connection) -> int:
-    init = ctrl.recv()
-    for entry in reversed(init["sys_path"]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    try:
-        os.chdir(init["cwd"])
-    except OSError:
-        pass
-    import cloudpickle
-
-    from .measure import diagnose_here
-
-    try:
-        pipeline = cloudpickle.loads(init["pipeline"])
-        diagnosis = diagnose_here(pipeline, **init["options"],
-                                  bar_factory=lambda total, unit: _RemoteBar(data, total, unit))
-        data.send(("done", str(diagnosis.to_json(init["result"]))))
-    except BaseException as exc:  # shipped to the parent, which raises it
-        data.send(("error", type(exc).__name__, str(exc), traceback.format_exc(),
-                   getattr(exc, "stage", None), getattr(exc, "index", None)))
-        return 1
-    return 0
-
-
-def main(data_fd: int, ctrl_fd: int) -> int:
-    data = Connection(data_fd, readable=False)
-    ctrl = Connection(ctrl_fd, writable=False)
-    return _serve(data, ctrl)
-
-
-if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

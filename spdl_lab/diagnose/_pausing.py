@@ -1,9 +1,5 @@
-"""Quiet the kernel before ``lab.diagnose`` measures: its running sessions wait meanwhile.
-
-The diagnosis's child interpreter still shares the cores: a session training
-beside it would make every stage read "cpu-bound". So the kernel's running
-sessions hold their loops for the diagnosis and resume after it; load from
-other processes is still named by ``Diagnosis.machine_load()``.
+"""Quiet the kernel before ``lab.diagnose`` measures: a session training beside the diagnosis
+would make every stage read "cpu-bound", so the kernel's running sessions wait meanwhile.
 """
 
 from __future__ import annotations
@@ -33,24 +29,19 @@ def sessions_paused(timeout_s: float = 5.0) -> Iterator[int]:
         deadline = time.monotonic() + timeout_s
         for session in paused:
             session.pause(max(0.0, deadline - time.monotonic()))
-        if paused:
-            _wait_idle(deadline)
+        if paused:  # wait until this process and its children idle
+            me = psutil.Process()
+            last = _cpu(me)
+            while time.monotonic() < deadline:
+                time.sleep(_TICK_S)
+                now = _cpu(me)
+                if now - last < IDLE_CORES * _TICK_S:
+                    break
+                last = now
         yield len(paused)
     finally:
         for session in paused:
             session.resume()
-
-
-def _wait_idle(deadline: float) -> None:
-    """Until this process and its children use under IDLE_CORES, or ``deadline``."""
-    me = psutil.Process()
-    last = _cpu(me)
-    while time.monotonic() < deadline:
-        time.sleep(_TICK_S)
-        now = _cpu(me)
-        if now - last < IDLE_CORES * _TICK_S:
-            return
-        last = now
 
 
 def _cpu(me: psutil.Process) -> float:

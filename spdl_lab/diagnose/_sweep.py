@@ -1,19 +1,12 @@
-"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter.
+"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter. The points of every
+stage take turns, one window each per round, so seconds in which the machine ran slower touch one
+window of each point, and its QPS (its second-best window) leaves them out (docs/measurement-noise.md)."""
 
-Every (stage, executor, concurrency) is a point, warmed up first (start-up never
-counts); then the points of every stage take turns, one window each per round,
-until each ends by ``_point.PointWindows``'s rule. A point's windows are thus
-spread over the whole sweep: seconds in which the machine ran slower touch one
-window of each point, and its QPS (its second-best window) leaves them out
-(docs/measurement-noise.md). The workers are threads or processes
-(``_sweep_worker``); one ``_executor.Executor`` measures a point on either.
-"""
-
-# Failure rules: a point that times out or errs (``PointFailed``) ends its stage's
-# sweep in that executor, since larger concurrencies would fail alike: the points
-# above it are not reported. Every call raising during the windows makes an "error"
-# point with qps 0 and ``failures`` counted: the number says nothing about the
-# function's speed. Why a point failed goes into the stage's ``notes``.
+# How a point ends: "ok" once it has ``min_windows`` and its fastest windows agree (``quiet``);
+# "unstable" at ``max_windows`` or past the budget (``budget_cut``); "timeout" or "error" when its
+# executor raises ``PointFailed``, which also ends its stage's sweep there (larger concurrencies
+# would fail alike); "error" with qps 0 when every call raised. Each point is worth ``max_windows``
+# windows on the progress bar however it ends, so its total never moves.
 
 from __future__ import annotations
 
@@ -25,28 +18,80 @@ from dataclasses import dataclass, field
 from ..errors import SpdlLabError
 from ..telemetry.histogram import quantile_ns
 from ..telemetry.probes import GilProbe
-from ._executor import Executor
-from ._point import PointFailed, PointWindows, StageFeed, WindowReading
-from ._sweep_worker import ThreadWorkers, start_processes
+from ._executor import Executor, WindowReading
+from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, WorkerPool
 from .result import Point
-from .settings import SweepSettings, window_for
+from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for
 
-__all__ = ["StageFeed", "StageSweep", "Sweep"]
+__all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
 
 FAILED = ("timeout", "error")
 
 
 @dataclass
 class StageSweep:
-    """One stage's points in one executor (ascending), why any failed or why none could be
-    measured, the threads left stuck in its function, and the largest share of the cores
-    other processes used during one of its windows (a busy machine makes every number low)."""
+    """One stage's points in one executor (ascending), why any failed or none could be measured, the
+    threads left stuck in its function, and the most of the cores other processes used in a window."""
 
     points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: SpdlLabError | None = None  # no worker started, or the function or inputs cannot be pickled
     abandoned: int = 0
     others: float = 0.0
+
+
+class PointWindows:
+    """The window QPS of one point, its status, and its share of the progress bar."""
+
+    def __init__(self, settings: SweepSettings, report: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self.qps: list[float] = []
+        self.status = "unstable"
+        self.done = False
+        self._report = report or (lambda n: None)
+        self._counted = 0
+
+    def wants_window(self, window_s: float, deadline: float) -> bool:
+        """Whether to take another window of ``window_s``; past the budget the point ends."""
+        if self.done:
+            return False
+        if budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
+            self.end("unstable")
+            return False
+        return True
+
+    def add(self, qps: float) -> None:
+        """One more window's QPS; the point ends once settled or at ``max_windows``."""
+        self.qps.append(qps)
+        self._count(1)
+        settings = self.settings
+        if quiet(self.qps, settings.stable_within, settings.min_windows):
+            self.end("ok")
+        elif len(self.qps) >= settings.max_windows:
+            self.end("unstable")
+
+    def end(self, status: str) -> None:
+        """End the point ("ok", "unstable", "timeout", "error"); the bar gets its remaining windows."""
+        self.status, self.done = status, True
+        self._count(self.settings.max_windows - self._counted)
+
+    @property
+    def value(self) -> float:
+        """The point's QPS: its second-best window (0.0 for a timeout with none, NaN otherwise)."""
+        if self.qps:
+            return point_qps(self.qps)
+        return 0.0 if self.status == "timeout" else math.nan
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / QPS over the windows; NaN with fewer than two."""
+        qps = self.value
+        return (max(self.qps) - min(self.qps)) / qps if len(self.qps) >= 2 and qps > 0 else math.nan
+
+    def _count(self, n: int) -> None:
+        if n > 0:
+            self._counted += n
+            self._report(n)
 
 
 class _Point(PointWindows):
@@ -94,8 +139,8 @@ class _Point(PointWindows):
     def note(self) -> str:
         why = self.why
         if not why and self._all_raised():
-            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.first_error or ''}"
-        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.named}: {why}" if why else ""
+            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.workers.first_error or ''}"
+        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.workers.named}: {why}" if why else ""
 
     def summary(self) -> Point:
         status, qps, spread = self.status, self.value, self.spread
@@ -105,7 +150,7 @@ class _Point(PointWindows):
             status, qps, spread = "error", 0.0, math.nan
         hist = [sum(counts) for counts in zip(*(r.hist for r in self.readings))]
         return Point(
-            stage=self.stage, executor=self.executor.kind, concurrency=self.c, qps=qps, qps_spread=spread,
+            stage=self.stage, executor=self.executor.workers.kind, concurrency=self.c, qps=qps, qps_spread=spread,
             cpu_util=_median([r.cpu for r in self.readings]), gil_wait_frac=_median([r.gil for r in self.readings]),
             runqueue_wait_frac=_median([r.runq for r in self.readings]),
             p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
@@ -115,12 +160,8 @@ class _Point(PointWindows):
 
 
 class Sweep:
-    """Points of several stages and executors, measured a round at a time.
-
-    ``lab.diagnose`` adds a stage's process points while its thread points are
-    measured, and they take turns from then on. ``close`` (or leaving the
-    ``with`` block) stops every worker.
-    """
+    """Points of several stages and executors, measured a round at a time (points added later take
+    turns from then on); ``close`` (or leaving the ``with`` block) stops every worker."""
 
     def __init__(self, settings: SweepSettings | None = None, *, probe: GilProbe | None = None,
                  on_window: Callable[[int], None] | None = None) -> None:
@@ -146,8 +187,7 @@ class Sweep:
         points: list[_Point] = []
         self._points[key] = points
         try:
-            workers = (ThreadWorkers(feed, levels[-1], self.settings.point_timeout_s) if kind == "thread"
-                       else start_processes(feed, levels[-1], self.settings))
+            workers = (ThreadWorkers if kind == "thread" else WorkerPool)(feed, levels[-1], self.settings)
         except SpdlLabError as exc:
             self._errors[key] = exc
             self._report(self.settings.max_windows * len(levels))
@@ -181,7 +221,7 @@ class Sweep:
         for key, executor in self._executors.items():
             if key not in self._abandoned:
                 kill = any(p.status == "timeout" for p in self._points[key])
-                self._abandoned[key] = executor.close(kill)
+                self._abandoned[key] = executor.workers.close(kill)
 
     def results(self, kind: str) -> dict[str, StageSweep]:
         """Each stage's points in ``kind`` so far, ascending, up to the first that failed."""

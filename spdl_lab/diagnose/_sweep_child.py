@@ -1,11 +1,6 @@
-"""A worker process of ``lab.diagnose``'s process executor: the child's end of its pipes.
-
-Run as ``python -I .../_sweep_child.py DATA_FD CTRL_FD`` by ``_sweep_worker.WorkerPool``:
-a fresh interpreter (never a fork; never multiprocessing's spawn, which re-imports the
-user's script) that imports only the standard library and cloudpickle, so it starts
-fast; the parent sends its ``sys.path``. The main thread calls the stage function in
-a loop; a control thread obeys the parent: run, pause, read, stop.
-"""
+"""A worker process of ``lab.diagnose``'s sweep, run as ``python -I _sweep_child.py DATA_FD CTRL_FD``:
+it imports only the standard library and cloudpickle, so it starts fast. The main thread calls
+the stage function in a loop; a control thread obeys the parent: run, pause, read, stop."""
 
 from __future__ import annotations
 
@@ -118,8 +113,7 @@ class _Worker:
             os._exit(0)
 
     def counts(self) -> tuple:
-        """("counts", done, failures, times_ns, ends_ns, first_error, busy); the lists and the
-        error since the last reading."""
+        """("counts", done, failures, times_ns, ends_ns, first_error, busy); lists and error since the last."""
         with self.lock:
             reply = ("counts", self.done, self.failures, self.times_ns, self.ends_ns, self.first_error, self.busy)
             self.times_ns, self.ends_ns, self.first_error = [], [], None

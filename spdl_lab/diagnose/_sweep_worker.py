@@ -1,9 +1,5 @@
-"""The sweep's workers, as threads (``ThreadWorkers``) or processes (``WorkerPool``), one interface.
-
-Both run ``_sweep_child._Worker``: ``WorkerPool`` starts each as a fresh interpreter
-running ``_sweep_child.py`` with two pipes, control (parent -> child: run, pause,
-read, stop) and data (child -> parent: counts, completion times, crashes);
-``ThreadWorkers`` runs them as threads here and reads them directly.
+"""The sweep's workers, as threads (``ThreadWorkers``) or processes (``WorkerPool``), one interface:
+both run ``_sweep_child._Worker``, as threads here or each in a fresh interpreter with two pipes.
 """
 
 from __future__ import annotations
@@ -14,8 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +19,32 @@ import cloudpickle
 import psutil
 
 from ..errors import PipelineSpecError, RunnerError
-from ..runners.children import ChildTraceback, exit_reason, spawn, stop_process
-from ._point import PointFailed, StageFeed
+from ..runners.children import Child, ChildTraceback, exit_reason, spawn, stop_process
 from ._sweep_child import _Worker
 from .settings import SweepSettings
 
-__all__ = ["Reading", "ThreadWorkers", "WorkerDied", "WorkerPool", "start_processes"]
+__all__ = ["PointFailed", "Reading", "StageFeed", "ThreadWorkers", "WorkerDied", "WorkerPool"]
 
 #: The script each worker runs.
 CHILD = Path(__file__).with_name("_sweep_child.py")
+
+
+@dataclass(frozen=True)
+class StageFeed:
+    """A stage to sweep: its function and the inputs it loops over."""
+
+    name: str
+    fn: Callable[[Any], Any]
+    inputs: Sequence[Any]
+
+
+class PointFailed(Exception):
+    """An executor cannot go on with a point: its status ("timeout" or "error") and why."""
+
+    def __init__(self, status: str, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
 
 @dataclass
 class Reading:
@@ -64,7 +77,7 @@ class ThreadWorkers:
     kind = "thread"
     named = "thread(s)"
 
-    def __init__(self, feed: StageFeed, n: int, stop_timeout_s: float) -> None:
+    def __init__(self, feed: StageFeed, n: int, settings: SweepSettings) -> None:
         count = len(feed.inputs)
         self.workers = [_Worker(feed.fn, feed.inputs, i * count // n) for i in range(n)]
         self.threads = [threading.Thread(target=w.loop, daemon=True, name=f"spdl_lab:diagnose-{feed.name}-{i}")
@@ -73,7 +86,7 @@ class ThreadWorkers:
             t.start()
         self.size = n
         self.first_error: str | None = None
-        self._stop_timeout_s = stop_timeout_s
+        self._stop_timeout_s = settings.point_timeout_s
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
         for worker in self.workers[first:first + c]:
@@ -108,43 +121,48 @@ class WorkerDied(PointFailed):
 
 
 class WorkerPool:
-    """Worker processes, each with a control pipe (parent -> child) and a data pipe (child -> parent)."""
+    """``n`` worker processes, each with a control pipe (parent -> child) and a data pipe
+    (child -> parent); all start before any is waited on, so their imports overlap."""
 
     kind = "process"
     named = "worker process(es)"
 
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-        self.procs: list[subprocess.Popen] = []
-        self.ctrls: list[Connection] = []
-        self.datas: list[Connection] = []
-        self.ps: list[psutil.Process] = []
+    def __init__(self, feed: StageFeed, n: int, settings: SweepSettings) -> None:
+        sample = list(itertools.islice(feed.inputs, settings.max_inputs))
+        if not sample:
+            raise PipelineSpecError(f"lab.diagnose: stage {feed.name!r} has no inputs to measure processes with")
+        init = {"fn": _pickled(feed.name, "its function", feed.fn, "Create locks, open files and clients "
+                               "inside the function instead of capturing them"),
+                "inputs": _pickled(feed.name, "its inputs", sample, "Its inputs (what the stage before "
+                                   "returns) must be picklable to reach worker processes"),
+                "sys_path": list(sys.path)}
+        self.stage, self.size = feed.name, n
         self.first_error: str | None = None
-
-    def start(self, n: int, init: dict[str, Any], timeout_s: float) -> None:
-        for _ in range(n):  # all start before any is waited on: imports overlap
-            child = spawn(["-I", str(CHILD)])
-            self.procs.append(child.proc)
-            self.datas.append(child.data)
-            self.ctrls.append(child.ctrl)
-            self.ps.append(psutil.Process(self.procs[-1].pid))
-        self.size = n
-        self.send(n, init)
-        deadline = time.monotonic() + timeout_s
+        self.children: list[Child] = []
+        self.ps: list[psutil.Process] = []
         try:
+            for _ in range(n):
+                self.children.append(spawn(["-I", str(CHILD)]))
+                self.ps.append(psutil.Process(self.children[-1].proc.pid))
+            self.send(n, init)
+            deadline = time.monotonic() + settings.start_timeout_s
             for i in range(n):
                 if self._recv(i, deadline) is None:
-                    raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process did not start "
-                                      f"within {timeout_s:g} s; pass start_timeout_s= to wait longer")
-        except WorkerDied as died:
-            raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process could not start: "
-                              f"{died.how}") from died.__cause__
+                    raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process did not "
+                                      f"start within {settings.start_timeout_s:g} s; pass start_timeout_s= "
+                                      f"to wait longer")
+        except BaseException as exc:
+            self.close(kill=True)
+            if isinstance(exc, WorkerDied):
+                raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process could not start: "
+                                  f"{exc.how}") from exc.__cause__
+            raise
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
         """To the c workers from ``first`` on."""
-        for ctrl in self.ctrls[first:first + c]:
+        for child in self.children[first:first + c]:
             try:
-                ctrl.send(message)
+                child.ctrl.send(message)
             except OSError:
                 pass  # that worker is gone; the next read says how
 
@@ -172,7 +190,7 @@ class WorkerPool:
         return reading
 
     def _recv(self, i: int, deadline: float) -> Any:
-        data, proc = self.datas[i], self.procs[i]
+        data, proc = self.children[i].data, self.children[i].proc
         while True:
             try:
                 if data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
@@ -191,32 +209,14 @@ class WorkerPool:
     def close(self, kill: bool) -> int:
         """Stop every worker (kill them after a timeout); nothing is left behind."""
         if not kill:
-            self.send(len(self.procs), ("stop",))
-        for proc in self.procs:
+            self.send(len(self.children), ("stop",))
+        for child in self.children:
             if kill:
-                proc.kill()
-            stop_process(proc, timeout=2.0)  # after a kill it only reaps
-        for conn in self.ctrls + self.datas:
-            conn.close()
+                child.proc.kill()
+            stop_process(child.proc, timeout=2.0)  # after a kill it only reaps
+            child.ctrl.close()
+            child.data.close()
         return 0
-
-
-def start_processes(feed: StageFeed, workers: int, plan: SweepSettings) -> WorkerPool:
-    sample = list(itertools.islice(feed.inputs, plan.max_inputs))
-    if not sample:
-        raise PipelineSpecError(f"lab.diagnose: stage {feed.name!r} has no inputs to measure processes with")
-    init = {"fn": _pickled(feed.name, "its function", feed.fn, "Create locks, open files and clients inside "
-                           "the function instead of capturing them"),
-            "inputs": _pickled(feed.name, "its inputs", sample, "Its inputs (what the stage before returns) "
-                               "must be picklable to reach worker processes"),
-            "sys_path": list(sys.path)}
-    pool = WorkerPool(feed.name)
-    try:
-        pool.start(workers, init, plan.start_timeout_s)
-    except BaseException:
-        pool.close(kill=True)
-        raise
-    return pool
 
 
 def _pickled(stage: str, what: str, value: Any, hint: str) -> bytes:

@@ -1,9 +1,6 @@
-"""Diagnostic mode without a code change (the SPDL RFC): ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``.
-
-With it set, the first iteration of any ``lab.Loader`` or ``lab.run`` diagnoses the
-pipeline instead of running it, writes the HTML and JSON reports, prints a
-summary and the report's path, and exits with status 1.
-"""
+"""Diagnostic mode without a code change (the SPDL RFC): with ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``,
+the first iteration of any ``lab.Loader`` or ``lab.run`` diagnoses the pipeline instead, writes
+the reports, prints a summary and their paths, and exits with status 1."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ from typing import Any, NoReturn
 
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
+from .measure import DEFAULT_CONCURRENCY, DEFAULT_NUM_ITEMS, diagnose
 
 __all__ = ["ENV", "ENV_CONCURRENCY", "ENV_NUM_ITEMS", "ENV_REPORT_DIR", "enabled", "run_diagnostic_mode", "start_hook",
            "write_reports"]
@@ -39,8 +37,6 @@ def enabled() -> bool:
 
 
 def num_items() -> int:
-    from .measure import DEFAULT_NUM_ITEMS
-
     raw = os.environ.get(ENV_NUM_ITEMS, "").strip()
     if not raw:
         return DEFAULT_NUM_ITEMS
@@ -50,8 +46,6 @@ def num_items() -> int:
 
 
 def concurrency() -> tuple[int, ...]:
-    from .measure import DEFAULT_CONCURRENCY
-
     raw = os.environ.get(ENV_CONCURRENCY, "").strip()
     if not raw:
         return DEFAULT_CONCURRENCY
@@ -65,16 +59,13 @@ def write_reports(diagnosis, directory: str | os.PathLike | None = None, stem: s
     """Write ``<stem>.html`` and ``<stem>.json`` under ``directory``; returns both paths."""
     folder = Path(directory or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR)
     if stem is None:
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        stem = f"diagnosis-{stamp}-{os.getpid()}"
+        stem = f"diagnosis-{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
     return diagnosis.to_html(folder / f"{stem}.html"), diagnosis.to_json(folder / f"{stem}.json")
 
 
 def run_diagnostic_mode(pipeline: Pipeline) -> NoReturn:
     """Diagnose ``pipeline``, write the reports, print where, and ``sys.exit(1)``."""
-    from .measure import diagnose
-
     count, levels = num_items(), concurrency()
     print(f"spdl_lab: {ENV}=1: diagnosing the pipeline instead of running it "
           f"({count} inputs, concurrency {', '.join(map(str, levels))})", flush=True)

@@ -1,103 +1,78 @@
 """``lab.diagnose``: each stage alone, fed cached inputs, swept over concurrency; a verdict per stage.
-
-The source runs once to collect ``num_items`` inputs; each stage is fed the
-outputs of the stage before. A stage that hangs is cut off (its points marked
-``timeout``), a stage that raises is reported with its traceback, and the
-stages after either are reported as not measured. Rules: ``verdict_rules``.
-"""
+A stage that hangs is cut off, one that raises is reported with its traceback, and the stages after
+either are reported as not measured."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
 import os
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+import cloudpickle
 
 from ..errors import PipelineError, PipelineSpecError
 from ..interpreter import describe
 from ..pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from ..progress import progress_bar
 from ..telemetry.probes import GilProbe
-from ._first_pass import StageRun, run_once
+from ._isolated import diagnose_in_child
 from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
-from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting
+from .result import BUSY_MACHINE, FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
 from .rules import judge, rises
 from .settings import SweepSettings
 
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "diagnose"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "StageRun", "diagnose", "run_once"]
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
-#: Share of the cores used by other processes during a point above which the
-#: evidence warns that the machine was busy.
-BUSY_MACHINE = 0.25
-#: What the budget keeps back for a stage's process sweep, besides its windows
-#: (``min_windows`` per process point): the workers' start.
+#: What the budget keeps back for a stage's process sweep besides its windows: the workers' start.
 PROCESS_START_S = 0.5
-#: Thread points whose windows differ by more than this share of their QPS
-#: ((max - min) / QPS) are named in the evidence: the machine slowed for a while
-#: (docs/measurement-noise.md), or the inputs differ in cost.
+#: Thread points whose windows differ by more than this share of their QPS are named in the
+#: evidence: the machine slowed for a while (docs/measurement-noise.md), or inputs differ in cost.
 SLOW_SPELLS = 0.25
+_MISSING = object()
 
 
-def diagnose(
-    pipeline: Pipeline,
-    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
-    *,
-    num_items: int = DEFAULT_NUM_ITEMS,
-    processes: bool = True,
-    process_concurrency: Sequence[int] | None = None,
-    settings: SweepSettings | None = None,
-    progress: bool = True,
-    isolated: bool = True,
-) -> Diagnosis:
-    """Profile each stage of ``pipeline`` alone and say what limits it.
-
-    The measurement runs in a clean child interpreter (``isolated=True``, see
-    ``_isolated``), so the notebook's other threads and heap cannot change the
-    verdicts; a pipeline that cannot be sent there (a function capturing a
-    lock) is measured here, and its ``settings["isolated"]`` says so. This
-    interpreter's running sessions (``lab.run``) are paused meanwhile, so they
-    do not take the cores (``settings["paused_sessions"]``; see ``_pausing``).
-
-    Example::
+def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, *,
+             num_items: int = DEFAULT_NUM_ITEMS, processes: bool = True,
+             process_concurrency: Sequence[int] | None = None, settings: SweepSettings | None = None,
+             progress: bool = True, isolated: bool = True) -> Diagnosis:
+    """Profile each stage of ``pipeline`` alone, in threads and (where threads do not help) in
+    worker processes at ``process_concurrency`` (default: 1 and the core count), and say what
+    limits it. It runs in a clean child interpreter unless ``isolated=False`` or the pipeline
+    cannot be pickled there; this kernel's running sessions are paused meanwhile. Example::
 
         diag = lab.diagnose(p, concurrency=(1, 2, 4, 8, 16))
         diag.stages["decode"].verdict          # "scales" | "cpu-bound" | "gil-bound" | "contended"
-        diag.stages["decode"].best_concurrency
         diag.table; diag.plot(); diag.to_html("report.html"); diag.to_json("report.json")
-
-    Every stage first runs once over its inputs (its outputs feed the next).
-    Then each (stage, concurrency) is a point, warmed up, whose windows take
-    turns with every other point's until they agree (``settings``, ``_sweep``);
-    a point's QPS is its second-best window (``_slices``). Stages whose threads
-    do not help are also run by worker processes at ``process_concurrency``
-    (default: 1 and the core count; ``processes=False`` skips them). Extra
-    windows stop when the budget (``settings.stage_budget_s`` per map stage) is spent.
     """
     if not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"diagnose takes a lab.Pipeline, got {type(pipeline).__name__}; "
                                 "for a DataLoader use lab.from_dataloader(dl)")
     concurrency = _check_levels("concurrency", concurrency)
     cores = os.cpu_count() or 1
-    process_levels = _check_levels(
-        "process_concurrency",
-        process_concurrency if process_concurrency is not None else sorted({1, min(cores, max(concurrency))}),
-    )
+    levels = process_concurrency if process_concurrency is not None else {1, min(cores, max(concurrency))}
+    process_levels = _check_levels("process_concurrency", levels)
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
         raise PipelineSpecError(f"diagnose: num_items must be an int >= 1, got {num_items!r}")
     settings = settings or SweepSettings()
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
                    process_concurrency=process_levels, settings=settings)
-    payload = _shippable(pipeline) if isolated else None
+    payload = None
+    if isolated:
+        try:
+            payload = cloudpickle.dumps(pipeline)
+        except Exception:
+            pass  # measured here; settings["isolated"] says so
     with sessions_paused() as paused:
         if payload is not None:
-            from ._isolated import diagnose_in_child
-
             diag = diagnose_in_child(payload, options, progress)
         else:
             diag = diagnose_here(pipeline, **options, isolated=False,
@@ -106,37 +81,20 @@ def diagnose(
     return diag
 
 
-def _shippable(pipeline: Pipeline) -> bytes | None:
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(pipeline)
-    except Exception:
-        return None
-
-
-def diagnose_here(
-    pipeline: Pipeline,
-    concurrency: tuple[int, ...],
-    *,
-    num_items: int,
-    processes: bool,
-    process_concurrency: tuple[int, ...],
-    settings: SweepSettings,
-    bar_factory: Callable[[int, str], Any],
-    isolated: bool = True,
-) -> Diagnosis:
+def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items: int, processes: bool,
+                  process_concurrency: tuple[int, ...], settings: SweepSettings,
+                  bar_factory: Callable[[int, str], Any], isolated: bool = True) -> Diagnosis:
     """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
     cores = os.cpu_count() or 1
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    t0 = time.perf_counter()
     begun = time.monotonic()
-
     inputs = _collect(pipeline, num_items)
     collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
-    reserve = _process_reserve(len(maps), process_concurrency, settings) if processes else 0.0
+    # The thread sweep leaves room in the budget for every stage's process sweep.
+    point_s = settings.warmup_s + settings.min_windows * settings.window_s
+    reserve = len(maps) * (PROCESS_START_S + len(process_concurrency) * point_s) if processes else 0.0
     # The bar's total never changes mid-run: process windows are counted from the start,
     # and what a stage does not use (quiet points, no process sweep) is filled in at the end.
     per_stage = (len(concurrency) + (len(process_concurrency) if processes else 0)) * settings.max_windows
@@ -165,7 +123,7 @@ def diagnose_here(
     stages = _only_where_it_counts({s.name: done[s.name] for s in pipeline.stages})
     return Diagnosis(
         pipeline=repr(pipeline), stages=stages, created=started,
-        elapsed_s=time.perf_counter() - t0,
+        elapsed_s=time.monotonic() - begun,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
                   "num_items": num_items, "inputs_collected": collected,
                   **{k: v for k, v in asdict(settings).items() if k not in ("max_inputs", "start_timeout_s")},
@@ -173,6 +131,55 @@ def diagnose_here(
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
                  "torch": interp.torch or ""},
     )
+
+
+@dataclass
+class StageRun:
+    """One pass of a stage over its inputs: what the next stage gets, and what went wrong."""
+
+    outputs: list[Any]
+    ok_inputs: list[Any]  # the inputs that did not raise: what the sweep is fed
+    failures: int
+    first_error: str | None  # traceback text of the first failure
+    hung: bool  # an item did not finish within the timeout
+    abandoned_threads: int
+
+
+def run_once(fn: Callable[[Any], Any], inputs: Sequence[Any], *, workers: int, timeout_s: float) -> StageRun:
+    """The first pass: apply ``fn`` to every input, ``workers`` threads at a time, keeping order;
+    failing items are dropped, and what raised or hung is reported, not swept."""
+    n = len(inputs)
+    results: list[Any] = [_MISSING] * n
+    errors: list[str | None] = [None] * n
+    counter = itertools.count()
+    progress = threading.Event()
+    done = threading.Event()
+
+    def work() -> None:
+        while not done.is_set():
+            i = next(counter)
+            if i >= n:
+                return
+            try:
+                results[i] = fn(inputs[i])
+            except Exception:
+                errors[i] = traceback.format_exc()
+            progress.set()
+
+    threads = [threading.Thread(target=work, name=f"spdl_lab:diagnose-pass-{i}", daemon=True)
+               for i in range(min(workers, max(1, n)))]
+    for t in threads:
+        t.start()
+    hung = False
+    while any(t.is_alive() for t in threads):
+        progress.clear()
+        if not progress.wait(timeout_s) and any(t.is_alive() for t in threads):
+            hung = True
+            break
+    done.set()
+    ok = [i for i in range(n) if errors[i] is None and results[i] is not _MISSING]
+    return StageRun([results[i] for i in ok], [inputs[i] for i in ok], sum(e is not None for e in errors),
+                    next((e for e in errors if e is not None), None), hung, sum(t.is_alive() for t in threads))
 
 
 @dataclass
@@ -188,18 +195,17 @@ class _Pass:
 
 def _passes(pipeline: Pipeline, inputs: list[Any],
             settings: SweepSettings) -> tuple[dict[str, StageDiagnosis], list[_Pass]]:
-    """Run every stage once, in order, each on the outputs of the one before.
-
-    Returns the stages already settled (batches; stages that hung, raised on every
-    input, or come after such a stage) and the map stages to sweep.
-    """
+    """Run every stage once, in order, each on the outputs of the one before; returns the stages
+    already settled (batches, failed stages and those after one) and the map stages to sweep."""
     done: dict[str, StageDiagnosis] = {}
     passes: list[_Pass] = []
     blocked: str | None = None  # why the stages after a failed one cannot be measured
     per_input = 1  # source items per input of the current stage
     for stage in pipeline.stages:
         if blocked is not None:
-            done[stage.name] = _not_measured(stage, blocked)
+            done[stage.name] = StageDiagnosis(name=stage.name, kind=stage.kind, verdict=None, best_concurrency=None,
+                                              evidence=f"not measured: {blocked}", recommendation="",
+                                              error=f"not measured: {blocked}", status="not measured")
         elif stage.kind == "batch":
             inputs, done[stage.name] = _batch(stage, inputs)
             per_input *= stage.size or 1
@@ -207,58 +213,34 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
             assert stage.fn is not None
             once = run_once(stage.fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
             failed = _failed_pass(stage, inputs, once, settings, per_input)
-            if failed is not None:
+            if failed is None:
+                passes.append(_Pass(stage, len(inputs), StageFeed(stage.name, stage.fn, once.ok_inputs), once,
+                                    per_input))
+            else:
                 # A stage that raised gets no verdict: timing its exceptions would measure the
                 # error path. What it did produce still feeds the stages after it.
                 done[stage.name] = failed
                 if once.hung or not once.outputs:
-                    blocked = f"no inputs: stage {stage.name!r} produced none ({_short(failed)})"
-                inputs = once.outputs
-                continue
-            feed = StageFeed(stage.name, stage.fn, once.ok_inputs)
-            passes.append(_Pass(stage, len(inputs), feed, once, per_input))
+                    blocked = f"no inputs: stage {stage.name!r} produced none ({failed.evidence.split(';')[0]})"
             inputs = once.outputs
     return done, passes
 
 
 def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun, settings: SweepSettings,
                  per_input: int) -> StageDiagnosis | None:
-    common = dict(name=stage.name, kind="map", inputs=len(inputs), outputs=len(once.outputs),
-                  status="failed", concurrency=stage.concurrency, items_per_input=per_input)
     if once.hung:
-        why = (f"an item did not finish within {settings.point_timeout_s:g} s; the stage was cut off"
-               f" ({once.abandoned_threads} thread(s) stuck in it were left running as daemons)")
-        return StageDiagnosis(verdict=None, best_concurrency=None, evidence=f"failed: {why}",
-                              recommendation="find why it blocks (a lock, a network call without a timeout)",
-                              error=why, **common)
-    if once.failures:
-        kind = _exception_name(once.first_error)
-        return StageDiagnosis(verdict=None, best_concurrency=None,
-                              evidence=f"failed: {kind} on {once.failures} of {len(inputs)} inputs",
-                              recommendation="fix the error (first traceback below), then diagnose again",
-                              error=once.first_error, **common)
-    return None
-
-
-def _exception_name(traceback_text: str | None) -> str:
-    """The exception's type from a traceback's last line ("ValueError: bad" -> "ValueError")."""
-    lines = [ln for ln in (traceback_text or "").strip().splitlines() if ln.strip()]
-    return lines[-1].split(":", 1)[0].strip() if lines else "an exception"
-
-
-def _processes_worth_trying(points: Sequence[Point], cores: int) -> bool:
-    """Processes are tried where threads do not help: the stage does not rise, or
-    the GIL (or a lock) is what its threads wait for. Not after a timeout."""
-    if any(p.status == "timeout" for p in points):
-        return False
-    threads_only = judge(points, cores=cores).verdict
-    return not rises(points, cores) or threads_only in ("gil-bound", "contended")
-
-
-def _process_reserve(stages: int, levels: Sequence[int], settings: SweepSettings) -> float:
-    """Seconds of the budget the thread sweep leaves for process sweeps of every stage."""
-    point_s = settings.warmup_s + settings.min_windows * settings.window_s
-    return stages * (PROCESS_START_S + len(levels) * point_s)
+        error = (f"an item did not finish within {settings.point_timeout_s:g} s; the stage was cut off"
+                 f" ({once.abandoned_threads} thread(s) stuck in it were left running as daemons)")
+        evidence, advice = f"failed: {error}", "find why it blocks (a lock, a network call without a timeout)"
+    elif once.failures:
+        kind = (once.first_error or "").strip().splitlines()[-1].split(":", 1)[0].strip() or "an exception"
+        error, evidence = once.first_error, f"failed: {kind} on {once.failures} of {len(inputs)} inputs"
+        advice = "fix the error (first traceback below), then diagnose again"
+    else:
+        return None
+    return StageDiagnosis(name=stage.name, kind="map", verdict=None, best_concurrency=None, evidence=evidence,
+                          recommendation=advice, error=error, inputs=len(inputs), outputs=len(once.outputs),
+                          status="failed", concurrency=stage.concurrency, items_per_input=per_input)
 
 
 def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[int], deadline: float,
@@ -270,7 +252,11 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
         threads = sweep.results("thread")
         for feed in feeds:
             points = [pt for pt in threads[feed.name].points if pt.repeats or pt.status == "timeout"]
-            if process_levels and not sweep.has(feed.name, "process") and _processes_worth_trying(points, cores):
+            if not process_levels or sweep.has(feed.name, "process") or any(p.status == "timeout" for p in points):
+                continue
+            # Processes are tried where threads do not help: the stage does not rise, or the GIL
+            # (or a lock) is what its threads wait for.
+            if not rises(points, cores) or judge(points, cores=cores).verdict in ("gil-bound", "contended"):
                 sweep.add(feed, "process", process_levels, deadline)
         if sweep.done():
             return
@@ -281,18 +267,13 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
 def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: int,
            settings: SweepSettings) -> StageDiagnosis:
     points, once, inputs = threads.points, p.once, p.inputs
-    process_points: list[Point] = []
-    process_note = ""
-    if processes is not None:
-        if processes.error is not None:
-            # The thread verdict stands; say why processes could not be tried.
-            process_note = f" Processes were not tried: {processes.error}"
-        else:
-            process_points = processes.points
-            if processes.notes:
-                process_note = f" Processes: {processes.notes[0]}"
+    process_points = processes.points if processes is not None and processes.error is None else []
     verdict = judge(points, process_points, cores=cores)
-    notes = [n for n in (verdict.details, process_note.strip()) if n]
+    notes = [verdict.details] if verdict.details else []
+    if processes is not None and processes.error is not None:  # the thread verdict stands
+        notes.append(f"Processes were not tried: {processes.error}")
+    elif processes is not None and processes.notes:
+        notes.append(f"Processes: {processes.notes[0]}")
     timeouts = [pt.concurrency for pt in points if pt.status == "timeout"]
     if timeouts:
         notes.append(f"At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s; "
@@ -322,11 +303,11 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
 
 def _unstable(points: Sequence[Point]) -> bool:
     """The deciding points did not settle: the best thread point, or most of them, is unstable."""
-    usable = [pt for pt in points if pt.status in ("ok", "unstable") and pt.qps > 0]
-    if not usable:
+    ok = usable(points)
+    if not ok:
         return False
-    best = max(usable, key=lambda pt: pt.qps)
-    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in usable) > len(usable)
+    best = max(ok, key=lambda pt: pt.qps)
+    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in ok) > len(ok)
 
 
 def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:
@@ -357,12 +338,6 @@ def _batch(stage: Stage, items: list[Any]) -> tuple[list[Any], StageDiagnosis]:
                                    status="batch")
 
 
-def _not_measured(stage: Stage, why: str) -> StageDiagnosis:
-    return StageDiagnosis(name=stage.name, kind=stage.kind, verdict=None, best_concurrency=None,
-                          evidence=f"not measured: {why}", recommendation="", error=f"not measured: {why}",
-                          status="not measured")
-
-
 def _collect(pipeline: Pipeline, num_items: int) -> list[Any]:
     items: list[Any] = []
     try:
@@ -389,6 +364,3 @@ def _check_levels(name: str, levels: Sequence[int]) -> tuple[int, ...]:
                                 f"(1, 2, 4, 8, 16)); got {levels!r}")
     return tuple(sorted(set(values)))
 
-
-def _short(result: StageDiagnosis) -> str:
-    return result.evidence.split(";")[0] if result.evidence else "it failed"

@@ -1,9 +1,6 @@
-"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change.
-
-Plain data: the dataclasses below are also the JSON file's description (pydantic checks a file
-against their field types), so a Diagnosis round-trips through ``to_json`` / ``from_json``,
-never pickle. Its plots and HTML come from ``ui/`` through ``_views``.
-"""
+"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change. Plain
+data: the dataclasses are also the JSON file's description (checked by pydantic), never pickled; its
+plots and HTML come from ``ui/`` through ``_views``."""
 
 from __future__ import annotations
 
@@ -36,7 +33,7 @@ from ..file_checks import (
 from ..pipeline import MAX_CONCURRENCY
 
 __all__ = ["BUSY_MACHINE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
-           "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting"]
+           "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
 
 #: The verdict vocabulary (see ``rules``).
 VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
@@ -70,7 +67,7 @@ class Point:
     stage: Name
     executor: Literal["thread", "process"]
     concurrency: Concurrency
-    qps: Rate  # items/s: the second-best window (_slices.point_qps; processes: _process_qps); NaN: none finished
+    qps: Rate  # items/s: the second-best window (settings.point_qps); NaN: none finished
     qps_spread: Rate  # (max - min) / qps over the windows; NaN with < 2 windows
     cpu_util: Share  # CPU of this process and its children / (wall time x cores): 0..1
     gil_wait_frac: Share  # the GIL probe during the windows (NaN for processes)
@@ -112,8 +109,7 @@ class StageDiagnosis:
         """Source items/s at its concurrency in the pipeline, from its thread points (NaN: unknown):
         the point measured there, or linear in log2(concurrency) between the nearest two, as the
         sweep's levels double; beyond the sweep, the nearest point."""
-        points = sorted((p for p in self.thread_points() if p.status in ("ok", "unstable") and p.qps > 0),
-                        key=lambda p: p.concurrency)
+        points = usable(self.thread_points())
         c = self.concurrency
         if not points or c is None:
             return math.nan
@@ -285,6 +281,11 @@ class Diagnosis(Saved):
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+def usable(points: Iterable[Point]) -> list[Point]:
+    """The points that finished with a rate, by concurrency."""
+    return sorted((p for p in points if p.status in ("ok", "unstable") and p.qps > 0), key=lambda p: p.concurrency)
 
 
 def limiting(stages: Iterable[StageDiagnosis]) -> tuple[StageDiagnosis, float, StageDiagnosis | None, float] | None:

@@ -1,16 +1,6 @@
-"""The diagnosis rules in one place: from a stage's measured points to a verdict, with the numbers.
-
-For a stage run alone in threads:
-
-* ``scales``    — QPS rises with concurrency, the GIL is not the wait, and the cores are not full;
-* ``cpu-bound`` — the cores are busy at the best point (this process's, or every process's);
-* ``gil-bound`` — the GIL probe waits at concurrency >= 2, or caps a rise that stopped short;
-* ``contended`` — it does not rise, yet neither the GIL nor the cores are full: a lock or
-  another shared resource serializes it.
-
-``best_concurrency`` is the smallest concurrency within the noise of the best QPS.
-The thresholds are the constants below.
-"""
+"""The diagnosis rules in one place: from a stage's points in threads to a verdict, with the numbers:
+``scales`` (QPS rises; neither the GIL nor the cores are full), ``cpu-bound`` (the cores are busy),
+``gil-bound`` (the GIL probe waits, or caps a rise), ``contended`` (neither: a lock serializes it)."""
 
 from __future__ import annotations
 
@@ -19,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .result import Point
+from .result import Point, usable
 
 __all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
            "Judgement", "PROCESS_HELPS", "RISE_MIN_SPEEDUP", "judge", "rises"]
@@ -52,19 +42,9 @@ class Judgement:
     details: str = ""  # the numbers behind it, for the report's details and the JSON
 
 
-def _usable(points: Sequence[Point]) -> list[Point]:
-    return sorted((p for p in points if p.status in ("ok", "unstable") and p.qps > 0),
-                  key=lambda p: p.concurrency)
-
-
-def _tolerance(best: Point) -> float:
-    spread = best.qps_spread if not math.isnan(best.qps_spread) else 0.0
-    return max(BEST_WITHIN, min(BEST_NOISE_CAP, spread))
-
-
 def rises(thread_points: Sequence[Point], cores: int) -> bool:
     """Whether thread QPS grows with concurrency (also decides whether processes are tried)."""
-    ok = _usable(thread_points)
+    ok = usable(thread_points)
     if len(ok) < 2:
         return False
     first, best = ok[0], max(ok, key=lambda p: p.qps)
@@ -75,12 +55,13 @@ def rises(thread_points: Sequence[Point], cores: int) -> bool:
 
 
 def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), *, cores: int) -> Judgement:
-    ok = _usable(thread_points)
+    ok = usable(thread_points)
     if not ok:
         return Judgement(None, None, "no measurement finished, so there is nothing to judge", "")
     first = ok[0]
     best = max(ok, key=lambda p: p.qps)
-    best_c = min(p.concurrency for p in ok if p.qps >= (1 - _tolerance(best)) * best.qps)
+    tolerance = max(BEST_WITHIN, min(BEST_NOISE_CAP, 0.0 if math.isnan(best.qps_spread) else best.qps_spread))
+    best_c = min(p.concurrency for p in ok if p.qps >= (1 - tolerance) * best.qps)
     speedup = best.qps / first.qps
     cpu = best.cpu_util
     machine = best.machine_cpu_util
@@ -158,7 +139,7 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
 
 def _with_processes(details: str, advice: str, verdict: str, best: Point,
                     process_points: Sequence[Point], comparable: bool = True) -> tuple[str, str]:
-    ok = _usable(process_points)
+    ok = usable(process_points)
     if not ok:
         return details, advice
     top = max(ok, key=lambda p: p.qps)

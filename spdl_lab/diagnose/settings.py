@@ -1,12 +1,19 @@
-"""How ``lab.diagnose`` measures: one settings object, one window rule and one budget rule
-for the sweep, whether its workers are threads or processes."""
+"""How ``lab.diagnose`` measures, threads or processes alike: the settings, a window's length, the
+budget rule, and the QPS of a window (the median over its slices) and of a point (its second-best
+window, as interference only slows a function down: docs/measurement-noise.md)."""
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BUDGET_FLOOR", "MAX_WINDOW_S", "TASKS_PER_WORKER", "SweepSettings", "budget_cut", "window_for"]
+import numpy as np
+
+__all__ = ["AGREEING", "BUDGET_FLOOR", "MAX_WINDOW_S", "MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE",
+           "TASKS_PER_WORKER", "SweepSettings", "budget_cut", "point_qps", "quiet", "window_for", "window_qps"]
 
 
 @dataclass(frozen=True)
@@ -21,43 +28,35 @@ class SweepSettings:
 
     warmup_s: float = 0.3
     window_s: float = 0.3  # lengthened for slow functions: see window_for
-    # A point stops once it has min_windows windows and its fastest three agree
-    # (_slices.quiet); one whose fast windows disagree keeps going, so that its
-    # second-best window (its QPS) comes from the machine at its own speed.
     min_windows: int = 4
     max_windows: int = 10
-    # The fastest windows within +-10% of the QPS: no more needed; a tighter rule
-    # leaves most points at the cap on a shared machine (docs/measurements.md).
+    # A tighter rule leaves most points at the cap on a shared machine (docs/measurements.md).
     stable_within: float = 0.10
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
-    # Seconds per map stage, threads and processes together; past it, points take
-    # no window beyond min_windows, and stop at BUDGET_FLOOR (see budget_cut).
+    # Seconds per map stage, threads and processes together (see budget_cut).
     stage_budget_s: float = 16.0
     max_inputs: int = 64  # inputs sent to each worker process
     start_timeout_s: float = 30.0  # for worker processes to start
 
     def __post_init__(self) -> None:
-        for name in ("warmup_s", "window_s", "point_timeout_s", "stage_budget_s", "start_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        for name, value in vars(self).items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if name.endswith("_s") and not (number and value > 0):
                 raise ValueError(f"SweepSettings: {name} must be a number of seconds > 0, got {value!r}")
-        for name in ("min_windows", "max_windows", "max_inputs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if name.endswith(("_windows", "_inputs")) and not (number and isinstance(value, int) and value >= 1):
                 raise ValueError(f"SweepSettings: {name} must be an int >= 1, got {value!r}")
+            if name == "stable_within" and not (number and 0 <= value < 1):
+                raise ValueError(f"SweepSettings: stable_within must be a share in [0, 1), got {value!r}")
         if self.min_windows > self.max_windows:
             raise ValueError(f"SweepSettings: min_windows ({self.min_windows}) is more than max_windows "
                              f"({self.max_windows}); lower min_windows or raise max_windows")
-        if isinstance(self.stable_within, bool) or not isinstance(self.stable_within, (int, float)) \
-                or not 0 <= self.stable_within < 1:
-            raise ValueError(f"SweepSettings: stable_within must be a share in [0, 1), got {self.stable_within!r}")
 
 
 #: Longest measurement window, however slow the function.
 MAX_WINDOW_S = 2.0
 #: A window lasts long enough for each worker to finish about this many tasks.
 #: Workers start a window together, so slow tasks finish in step, and a window
-#: of one or two rounds of them reads up to 25% off (``_slices``).
+#: of one or two rounds of them reads up to 25% off (``window_qps``).
 TASKS_PER_WORKER = 4
 #: Past the budget's deadline a point still short of ``min_windows`` stops at this many.
 BUDGET_FLOOR = 2
@@ -81,3 +80,60 @@ def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -
     return now > deadline
 
 
+#: Shortest slice: finer than the machine's speed changes, coarse next to timer noise.
+MIN_SLICE_S = 0.02
+#: Completions a slice should hold at the window's rate; fewer make the median coarse.
+MIN_TASKS_PER_SLICE = 40
+#: Slices needed for a median to mean anything; fewer -> the window's plain rate.
+MIN_SLICES = 4
+#: Fastest windows that must agree before a point needs no more.
+AGREEING = 3
+
+
+def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
+    """QPS over [start_ns, stop_ns) from the completion times (``perf_counter_ns``) inside it: the
+    median over slices of ``MIN_TASKS_PER_SLICE`` completions, so moments shorter than half the
+    window do not count; with fewer than ``MIN_SLICES``, the rate up to the last completion. Example::
+
+        window_qps([t0 + 1_000_000 * k for k in range(400)], t0, t0 + 400_000_000)  # ~1000.0
+    """
+    wall_s = (stop_ns - start_ns) / 1e9
+    if wall_s <= 0:
+        return float("nan")
+    ends = np.asarray(ends_ns, dtype=np.int64)
+    ends = ends[(ends >= start_ns) & (ends < stop_ns)]
+    plain = len(ends) / wall_s
+    if plain == 0:
+        return 0.0
+    slice_s = max(MIN_SLICE_S, MIN_TASKS_PER_SLICE / plain)
+    slices = int(wall_s // slice_s)
+    if slices < MIN_SLICES:
+        return len(ends) / (max(1, int(ends.max()) - start_ns) / 1e9)
+    counts, _ = np.histogram(ends, bins=slices, range=(start_ns, stop_ns))
+    return float(np.median(counts)) * slices / wall_s
+
+
+def point_qps(windows: Sequence[float]) -> float:
+    """A point's QPS: its second-best window of three or more (so one odd window cannot set it),
+    else the median; NaN windows are left out. Example::
+
+        point_qps([660, 1100, 655, 1090, 670, 1120])  # 1100: the slow windows were the machine's
+    """
+    seen = sorted((w for w in windows if not math.isnan(w)), reverse=True)
+    if not seen:
+        return math.nan
+    return seen[1] if len(seen) >= 3 else statistics.median(seen)
+
+
+def quiet(windows: Sequence[float], within: float, at_least: int) -> bool:
+    """True once there are ``at_least`` windows and the fastest ``AGREEING`` are within
+    +-``within`` of the point's QPS: slow windows are the neighbours', not uncertainty. Example::
+
+        quiet([1000, 990, 1010, 640], within=0.05, at_least=4)  # True: one slow spell
+        quiet([1000, 800, 1010, 640], within=0.05, at_least=4)  # False: the fast ones disagree
+    """
+    if len(windows) < at_least or any(math.isnan(w) for w in windows):
+        return False
+    fastest = sorted(windows, reverse=True)[:AGREEING]
+    qps = point_qps(windows)
+    return qps > 0 and all(abs(w - qps) <= within * qps for w in fastest)

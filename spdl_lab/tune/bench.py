@@ -1,9 +1,5 @@
-"""Measuring a configuration for real: the runner's Loader, the StepClock, windows until sure.
-
-Each runner's Loader stays open across trials (``Contender``); a trial sets its
-knobs live, drains what the old setting made, then takes windows of about
-``window_s`` until the rate is sure (``windows_until_sure``). The stages' figures
-come from two meter readings around the windows: this configuration's alone.
+"""Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
+its knobs live, drains what the old setting made, then takes windows until the rate is sure.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MAX_WINDOWS", "MIN_WINDOWS", "TARGET_NOISE", "check_budget", "queue_fill", "queued_batches",
+__all__ = ["Bench", "MAX_WINDOWS", "MIN_WINDOWS", "TARGET_NOISE", "check_budget", "queued_batches",
            "stage_samples", "trial_of", "unseen_batches", "window_for_budget", "windows_until_sure"]
 
 MIN_WINDOWS = 3
@@ -45,8 +41,7 @@ _SIZING_STEPS = 4
 
 
 def check_budget(budget_s: Any, who: str) -> float:
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0 \
-            or not math.isfinite(budget_s):
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s < math.inf:
         raise PipelineSpecError(f"{who}: budget_s must be a number of seconds > 0, got {budget_s!r}")
     return float(budget_s)
 
@@ -57,17 +52,18 @@ def window_for_budget(budget_s: float) -> float:
 
 
 def windows_until_sure(window: Callable[[], Window], reading: Callable[[], EngineReading | None],
-                       deadline: float | None, min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
-                       target_noise: float = TARGET_NOISE) -> tuple[list[Window], list[dict[str, float]]]:
-    """Windows until the rate's relative noise is under ``target_noise`` (and ``min_windows``
+                       deadline: float | None, min_windows: int = MIN_WINDOWS,
+                       max_windows: int = MAX_WINDOWS) -> tuple[list[Window], list[dict[str, float]]]:
+    """Windows until the rate's relative noise is under ``TARGET_NOISE`` (and ``min_windows``
     are done), or ``max_windows``; past ``deadline`` (``perf_counter``) none beyond the second.
     Returns the windows and the input queues' fill after each."""
     windows: list[Window] = []
     fills: list[dict[str, float]] = []
     while len(windows) < max_windows:
         windows.append(window())
-        fills.append(queue_fill(reading()))
-        if len(windows) >= min_windows and relative_noise([w.batches_per_s for w in windows]) <= target_noise:
+        now = reading()
+        fills.append({n: q.depth / q.capacity for n, q in now.inputs.items() if q.capacity > 0} if now else {})
+        if len(windows) >= min_windows and relative_noise([w.batches_per_s for w in windows]) <= TARGET_NOISE:
             break
         if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
             break
@@ -79,14 +75,12 @@ class Bench:
 
     def __init__(self, pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
                  window_s: float, probes: bool = True, t0: float | None = None,
-                 min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
-                 target_noise: float = TARGET_NOISE) -> None:
+                 min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS) -> None:
         self.pipeline = pipeline
         self.step = step
         self.window_s = window_s
         self.min_windows = min_windows
         self.max_windows = max(min_windows, max_windows)
-        self.target_noise = target_noise
         self.t0 = time.perf_counter() if t0 is None else t0
         self._items = batch_items(pipeline)
         self._probe = GilProbe() if probes else None
@@ -114,15 +108,9 @@ class Bench:
             cost += self.startup_s.get(config.runner, guess)
         return cost
 
-    @property
-    def cores(self) -> int:
-        return self.machine.cores
-
     def measure(self, config: Config, timeout: float, deadline: float | None = None) -> Trial:
-        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window.
-
-        Past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second.
-        """
+        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window,
+        and past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second."""
         started = time.perf_counter()
         opening = config.runner not in self._contenders
         contender = self._switch_to(config, timeout)
@@ -131,7 +119,7 @@ class Bench:
         before = contender.loader.reading()
         windows, fills = windows_until_sure(lambda: self._window(contender, config, timeout),
                                             contender.loader.reading, deadline, self.min_windows,
-                                            self.max_windows, self.target_noise)
+                                            self.max_windows)
         return trial_of(config, windows, before, contender.loader.reading(), fills, self._items, started, self.t0)
 
     def rate_once(self, config: Config, timeout: float) -> float:
@@ -148,7 +136,6 @@ class Bench:
             if self._probe is not None:
                 self._probe.stop()
 
-    # -- one trial -------------------------------------------------------------------
     def _switch_to(self, config: Config, timeout: float) -> Contender:
         """Set ``config`` on its runner (opened on first use), drain what the setting before made,
         then size the windows from a short run."""
@@ -197,15 +184,10 @@ def trial_of(config: Config, windows: list[Window], before: EngineReading | None
     row = runner_row(windows)
     span = sum(w.loop_s for w in windows)
     return Trial(
-        config=config,
-        rates=tuple(w.batches_per_s for w in windows),
-        step_p50_ms=row["step_p50_ms"],
-        data_wait_frac=row["data_wait_frac"],
-        cpu_percent=row["cpu_percent"],
-        train_gil_wait_frac=row["train_gil_wait_frac"],
-        gil_wait_frac=row["gil_wait_frac"],
-        stages=stage_samples(before, after, span, items, fills),
-        elapsed_s=time.perf_counter() - started,
+        config=config, rates=tuple(w.batches_per_s for w in windows), step_p50_ms=row["step_p50_ms"],
+        data_wait_frac=row["data_wait_frac"], cpu_percent=row["cpu_percent"],
+        train_gil_wait_frac=row["train_gil_wait_frac"], gil_wait_frac=row["gil_wait_frac"],
+        stages=stage_samples(before, after, span, items, fills), elapsed_s=time.perf_counter() - started,
         started_s=started - t0 if t0 else 0.0,
     )
 
@@ -214,11 +196,8 @@ def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> in
     """Batches' worth of work already queued inside the loader: made under the old setting."""
     if reading is None:
         return 0
-    total = 0.0
-    for name, queue in reading.inputs.items():
-        total += queue.depth / items.get(name, 1.0)
-    for stage in reading.stages:
-        total += stage.in_flight / items.get(stage.name, 1.0)
+    total = sum(q.depth / items.get(name, 1.0) for name, q in reading.inputs.items())
+    total += sum(s.in_flight / items.get(s.name, 1.0) for s in reading.stages)
     if reading.queues:
         total += reading.queues[-1].depth  # the consumer's buffer: whole batches
     return math.ceil(total)
@@ -232,19 +211,8 @@ def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str
     """
     if WORKERS in controls:
         return 2 * controls[WORKERS]
-    total = 0.0
-    for stage in pipeline.stages:
-        n = controls.get(stage.name)
-        if stage.kind != "map" or n is None:
-            continue
-        total += (reorder_window(n) if stage.ordered else n) / items.get(stage.name, 1.0)
-    return math.ceil(total)
-
-
-def queue_fill(reading: EngineReading | None) -> dict[str, float]:
-    if reading is None:
-        return {}
-    return {name: q.depth / q.capacity for name, q in reading.inputs.items() if q.capacity > 0}
+    held = [(s, controls[s.name]) for s in pipeline.stages if s.kind == "map" and s.name in controls]
+    return math.ceil(sum((reorder_window(n) if s.ordered else n) / items.get(s.name, 1.0) for s, n in held))
 
 
 def stage_samples(before: EngineReading | None, after: EngineReading | None, span_s: float,

@@ -1,11 +1,6 @@
-"""``session.autotune()``: the same climb, on a running session, through its own ``set_concurrency``.
-
-It measures the session's own training loop over windows of steps, as a trial
-does, and moves only the running runner's knobs (a runner switch restarts the
-session: the user's call, which the log advises when the GIL makes it worth it).
-A knob found at a value the tuner did not set hands control back to the user; at
-the end the session runs the best configuration kept.
-"""
+"""``session.autotune()``: the same climb, on a running session's own loop, through its own
+``set_concurrency``. It moves only the running runner's knobs (a switch would restart the session);
+a knob found at a value it did not set hands control back to the user."""
 
 from __future__ import annotations
 
@@ -35,25 +30,16 @@ from .search import GIL_SWITCH, Climb, Step, climb
 from .space import Config, Space
 from .trial import Trial
 
-__all__ = ["AutoTuner", "TakenOver"]
+__all__ = ["AutoTuner"]
 
 
-class TakenOver(Exception):
-    """The user moved a knob while the tuner ran: it hands control back."""
-
-
-class _Stopped(Exception):
-    pass
+class _Ended(Exception):
+    """The tuning ends early: stopped, or the user moved a knob (it hands control back)."""
 
 
 class AutoTuner:
     """Tunes a running Session's concurrency in a background thread; made by ``session.autotune()``.
-
-    ``log`` grows one sentence per move as it happens; ``on_log`` (if given) is
-    called with each. ``stop()`` ends it early (the session keeps the best
-    setting so far); ``wait(timeout)`` waits for the end; ``steps`` are the
-    measured configurations.
-    """
+    ``log`` grows one sentence per move (each also passed to ``on_log``); ``stop()`` ends it early."""
 
     def __init__(self, session: Any, *, budget_s: float = 60.0, window_s: float | None = None,
                  on_log: Callable[[str], None] | None = None) -> None:
@@ -110,7 +96,6 @@ class AutoTuner:
             except Exception:  # noqa: BLE001 - a display's failure must not end the tuning
                 pass
 
-    # -- the loop -------------------------------------------------------------------
     def _main(self) -> None:
         session = self.session
         space = Space(session.pipeline, [session.runner], self._machine.cores)
@@ -128,49 +113,38 @@ class AutoTuner:
                 if time.perf_counter() + longest > deadline:
                     ending = "budget spent"
                     break
-        except TakenOver as exc:
+        except _Ended as exc:
             ending = str(exc)
-        except _Stopped:
-            ending = "stopped"
         except BaseException as exc:  # noqa: BLE001 - reported, and the session goes on
             self.error = exc
             ending = f"failed: {type(exc).__name__}: {exc}"
         finally:
-            self._finish(ending)
-
-    def _finish(self, ending: str) -> None:
-        try:
-            taken = ending.startswith("you took over")
-            if self.steps and not taken and self.session.running:
-                best = self.best
-                self._set(best)
-                self._say(f"{ending}; the session runs {Config.of(self.session.runner, best).describe()}"
-                          + self._gil_advice())
-            else:
+            try:
+                if self.steps and not ending.startswith("you took over") and self.session.running:
+                    self._set(self.best)
+                    runs = Config.of(session.runner, self.best).describe()
+                    ending += f"; the session runs {runs}{self._gil_advice()}"
                 self._say(ending)
-        finally:
-            self._done.set()
+            finally:
+                self._done.set()
 
     def _gil_advice(self) -> str:
         kept = [s for s in self.steps if s.kept]
-        if not kept or self.session.runner != "thread":
+        wait = kept[-1].trial.train_gil_wait_frac if kept and self.session.runner == "thread" else math.nan
+        if not (math.isfinite(wait) and wait >= GIL_SWITCH):
             return ""
-        wait = kept[-1].trial.train_gil_wait_frac
-        if math.isfinite(wait) and wait >= GIL_SWITCH:
-            return (f". The training thread still waits for the GIL {wait:.0%} of its step: try the "
-                    f"subprocess-threads runner (the runner selector), or lab.tune across runners")
-        return ""
+        return (f". The training thread still waits for the GIL {wait:.0%} of its step: try the "
+                f"subprocess-threads runner (the runner selector), or lab.tune across runners")
 
-    # -- measuring on the live loop ----------------------------------------------------
     def _check(self) -> None:
         if self._stop.is_set():
-            raise _Stopped()
+            raise _Ended("stopped")
         if not self.session.running:
             raise SpdlLabError("the session ended while it was being tuned")
         now = self.session.controls()
         for name, n in now.items():
             if self._ours.get(name) != n:
-                raise TakenOver(f"you took over: {name} was moved to {n}; autotune handed control back")
+                raise _Ended(f"you took over: {name} was moved to {n}; autotune handed control back")
 
     def _set(self, knobs: dict[str, int]) -> None:
         for name, n in knobs.items():
@@ -206,7 +180,9 @@ class AutoTuner:
             self._stop.wait(0.02)
 
     def _window(self, deadline: float) -> Window:
-        rate = self._rate_guess()
+        recent = self.session.clock.records()[-20:]
+        loop = sum(r.data_wait_s + r.step_s for r in recent)
+        rate = len(recent) / loop if loop > 0 else 4.0 / self.window_s
         device = self.session.device
         t_a, ours_a, _, gil_a = self._machine.read()
         dev_a = device.totals() if device is not None else None
@@ -220,8 +196,3 @@ class AutoTuner:
                       cpu_percent=min(max(0.0, ours), 100.0 * self._machine.cores), others_percent=math.nan,
                       gil_wait_frac=gil, runqueue_wait_frac=queued, train_gil_wait_frac=train_gil,
                       train_runqueue_wait_frac=train_queued)
-
-    def _rate_guess(self) -> float:
-        records = self.session.clock.records()[-20:]
-        loop = sum(r.data_wait_s + r.step_s for r in records)
-        return len(records) / loop if loop > 0 else 4.0 / self.window_s

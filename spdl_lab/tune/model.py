@@ -1,13 +1,6 @@
-"""The rate model: from what trials measured, each stage's rate at a concurrency not yet tried.
-
-Operational analysis, as in tf.data's model and Plumber: a stage of ``c``
-workers whose tasks take ``t(c)`` s supplies ``c / (t(c) * k)`` batches/s when a
-batch needs ``k`` of its tasks (under ``process`` each worker runs the whole
-chain: ``n / sum(k * t)``). Training is bounded by the slowest stage, the step
-alone, and the CPU per batch the cores can pay for; the smallest is the limit.
-``t ~ c**alpha`` is fitted from two measured concurrencies (0: scales; 1: the GIL
-or a lock); before that a diagnosis's verdict, or the GIL probe, sets ``alpha``.
-"""
+"""The rate model (operational analysis, as in tf.data's model and Plumber): a stage of ``c``
+workers whose tasks take ``t(c) ~ c**alpha`` s supplies ``c / (t(c) * k)`` batches/s when a batch
+needs ``k`` of its tasks; training is bounded by the slowest stage, the step and the cores."""
 
 from __future__ import annotations
 
@@ -35,11 +28,8 @@ class Prediction:
     stage_batches_per_s: Mapping[str, float]
 
     def describe(self) -> str:
-        if self.limit == "step":
-            return "the training step sets the pace"
-        if self.limit == "cpu":
-            return "the machine's cores are the limit"
-        return f"{self.limit} limits"
+        known = {"step": "the training step sets the pace", "cpu": "the machine's cores are the limit"}
+        return known.get(self.limit, f"{self.limit} limits")
 
 
 def batch_items(pipeline: Pipeline) -> dict[str, float]:
@@ -76,7 +66,6 @@ class RateModel:
             if s.task_s > 0 and math.isfinite(s.task_s):
                 self._times.setdefault((family, s.name), {})[s.concurrency] = s.task_s
 
-    # -- task times ----------------------------------------------------------------
     def alpha(self, family: str, stage: str) -> float:
         """How task time grows with concurrency: fitted when two concurrencies were measured."""
         seen = self._times.get((family, stage), {})
@@ -113,7 +102,6 @@ class RateModel:
         c0 = min(seen, key=lambda n: (abs(math.log(n / c)), -n))
         return seen[c0] * (c / c0) ** self.alpha(family, stage)
 
-    # -- predictions ---------------------------------------------------------------
     def predict(self, config: Config) -> Prediction:
         family = _family(config.runner)
         knobs = dict(config.knobs)
@@ -162,14 +150,10 @@ class RateModel:
             gil = near.train_gil_wait_frac if math.isfinite(near.train_gil_wait_frac) else 0.0
             step_s *= 1.0 - min(0.9, max(0.0, gil))
         elif config.runner == "thread" and near.config.runner != "thread":
-            gil = self._thread_gil_wait()
-            step_s /= 1.0 - min(0.9, gil)
+            seen = [t.train_gil_wait_frac for t in self.trials
+                    if t.config.runner == "thread" and math.isfinite(t.train_gil_wait_frac)]
+            step_s /= 1.0 - min(0.9, max(0.0, seen[-1]) if seen else 0.0)
         return 1.0 / step_s
-
-    def _thread_gil_wait(self) -> float:
-        seen = [t.train_gil_wait_frac for t in self.trials
-                if t.config.runner == "thread" and math.isfinite(t.train_gil_wait_frac)]
-        return max(0.0, seen[-1]) if seen else 0.0
 
     def _cpu_rate(self, config: Config) -> float:
         """Batches/s the machine's cores can pay for, at the CPU per batch measured nearest."""

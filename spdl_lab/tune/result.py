@@ -1,8 +1,5 @@
-"""``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code).
-
-A Tuning is built from trials by ``tune`` or read from JSON; it never needs the runners again,
-except ``loader()``, which opens the best configuration on the pipeline it was tuned on (or one
-you pass). The types below are also the JSON file's description, checked by pydantic.
+"""``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code). The types
+below are also the JSON file's description, checked by pydantic.
 """
 
 from __future__ import annotations
@@ -33,13 +30,12 @@ from ..file_checks import (
     rows,
 )
 from ..pipeline import MAX_CONCURRENCY, Pipeline
-from .code import loader_code
 from .search import Step
 from .space import TUNABLE_RUNNERS, WORKERS, Config
 from .trial import Trial
 
 __all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
-           "trial_row"]
+           "loader_code", "trial_row"]
 
 Runner = Literal[TUNABLE_RUNNERS]
 Knobs = Annotated[dict[Name, integer(1, MAX_CONCURRENCY)], Field(max_length=1000)]  # {stage: threads}
@@ -101,6 +97,28 @@ def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
     else:
         concurrency = knobs
     return LoaderConfig(runner=config.runner, concurrency=concurrency, options=options)
+
+
+def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from_dataloader: bool) -> str:
+    """Code that builds the loader ``best`` describes; for a DataLoader under ``process``, its keywords."""
+    head = (f"# spdl_lab tune: {best['runner']}, {batches_per_s:.3g} training batches/s, "
+            f"{speedup:.2f}x the starting configuration (measured side by side)")
+    options = best["options"]
+    if best["runner"] == "process" and from_dataloader:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        return "\n".join([head, "# keep your DataLoader; change only these keyword arguments:",
+                          f"dataloader_kwargs = dict({kwargs})",
+                          "loader = torch.utils.data.DataLoader(dataset, batch_size=..., **dataloader_kwargs)"])
+    lines = [head, "import spdl_lab as lab", ""]
+    if from_dataloader:
+        lines += ["p = lab.from_dataloader(dataloader)  # the same dataset, sampler and collate_fn"]
+    expr = "p"
+    if best["runner"] != "process":
+        for name, n in best["concurrency"].items():
+            expr += f".with_concurrency({name!r}, {n})"
+    args = [expr, f"runner={best['runner']!r}", *(f"{k}={v!r}" for k, v in options.items())]
+    lines += ["loader = lab.Loader(", *(f"    {a}," for a in args), ")"]
+    return "\n".join(lines)
 
 
 def _no_pipeline(value: Any) -> None:

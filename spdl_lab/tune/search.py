@@ -1,13 +1,6 @@
-"""The search: which move to measure next, and whether a measured move is kept.
-
-A hill climb on the model's predictions (as tf.data's autotuner climbs its model;
-Plumber allocates to the bottleneck): from the best trial so far, every knob one
-rung up or down, a jump of the limiting stage to the concurrency the model says
-removes it, and each other runner; the best predicted gain beyond ``MIN_GAIN`` is
-measured next. Moves the model cannot see well are still measured once
-(``Climb._explorations``). A move is kept only beyond the noise of both trials,
-or within it at clearly less CPU (``decide``).
-"""
+"""The search: a hill climb on the model's predictions (as tf.data's autotuner climbs its model):
+from the best trial, each knob a rung up or down, a jump of the limiting stage, and each other
+runner; the best predicted gain is measured next, and kept only beyond the noise (``decide``)."""
 
 from __future__ import annotations
 
@@ -49,26 +42,25 @@ class Decision:
     kept: bool
     reason: str
     gain: float  # measured / best - 1
-    margin: float  # the gap that counts as beyond the noise
 
 
 def decide(best: Trial, new: Trial) -> Decision:
     """Keep ``new`` over ``best`` only when it is faster beyond the noise, or as fast for less CPU."""
     if not new.batches_per_s > 0:
-        return Decision(False, "no batches measured", math.nan, math.nan)
+        return Decision(False, "no batches measured", math.nan)
     gain = new.batches_per_s / best.batches_per_s - 1.0
     need = margin(best, new)
     if gain > need:
-        return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain, need)
+        return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain)
     cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
                if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
     # Cheaper only breaks a tie: a median lower by more than MIN_GAIN is never kept, however noisy.
     if gain >= -MIN_GAIN and cheaper:
         return Decision(True, f"{gain:+.0%}, within the noise (±{need:.0%}), for {new.cpu_percent:.0f}% CPU "
-                              f"instead of {best.cpu_percent:.0f}%", gain, need)
+                              f"instead of {best.cpu_percent:.0f}%", gain)
     if gain >= -need:
-        return Decision(False, f"{gain:+.0%}, within the noise (±{need:.0%})", gain, need)
-    return Decision(False, f"{gain:+.0%}, slower beyond the noise (±{need:.0%})", gain, need)
+        return Decision(False, f"{gain:+.0%}, within the noise (±{need:.0%})", gain)
+    return Decision(False, f"{gain:+.0%}, slower beyond the noise (±{need:.0%})", gain)
 
 
 class Climb:
@@ -90,20 +82,15 @@ class Climb:
         best = self.best_by_runner.get(trial.config.runner)
         if best is None or trial.batches_per_s > best.batches_per_s:
             self.best_by_runner[trial.config.runner] = trial
-        self._open_more_workers(trial)
-
-    def _open_more_workers(self, trial: Trial) -> None:
-        """Rungs above the cores open once ``cores`` workers beat fewer beyond the noise."""
+        # Rungs above the cores open once ``cores`` workers beat fewer beyond the noise.
         if trial.config.runner != "process" or trial.config.knob(WORKERS) != self.space.cores:
             return
         fewer = [t for t in self.model.trials
                  if t.config.runner == "process" and t.config.knob(WORKERS) < self.space.cores]
         if fewer:
             verdict = decide(max(fewer, key=lambda t: t.batches_per_s), trial)
-            if verdict.kept and verdict.gain > 0:
-                self.space.allow_more_workers = True
+            self.space.allow_more_workers |= verdict.kept and verdict.gain > 0
 
-    # -- proposing -----------------------------------------------------------------
     def candidates(self, best: Trial) -> list[Candidate]:
         """Every untried move from ``best``, with the model's prediction and the reason."""
         here = self.model.predict(best.config)
@@ -207,11 +194,9 @@ class Climb:
                 continue
             trial = config.with_knob(here.limit, rung)
             if self.model.predict(trial).stage_batches_per_s.get(here.limit, 0.0) >= target:
-                move = self.space.jump(config, here.limit, rung)
-                if move is None or one_rung:
-                    return move
+                move = Move("raise", trial, here.limit, config.knob(here.limit), rung)
                 neighbours = {m.config for m in self.space.neighbours(config)}
-                return move if move.config not in neighbours else None
+                return move if one_rung or move.config not in neighbours else None
         return None
 
     def _switches(self, best: Trial) -> list[Move]:

@@ -1,9 +1,5 @@
-"""What the tuner may set: a configuration (runner, knobs, options) and the moves between them.
-
-Knobs are what ``Loader.controls()`` offers under a runner: each map stage's
-threads, or the process runner's ``workers``. Values walk a ladder of rungs;
-workers stop at the cores unless more was measured to help.
-"""
+"""What the tuner may set: a configuration (runner, knobs as in ``Loader.controls()``, options)
+and the moves between them, up and down a ladder of rungs."""
 
 from __future__ import annotations
 
@@ -86,9 +82,9 @@ class Space:
         """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""
         options = dict(self.runner_options.get(runner, {}))
         if runner == "process":
-            workers = int(options.pop("num_workers", DEFAULT_NUM_WORKERS))
-            return Config.of(runner, {WORKERS: max(1, workers)}, options)
-        declared = {s.name: s.concurrency for s in self.pipeline.stages if s.kind == "map"}
+            declared = {WORKERS: max(1, int(options.pop("num_workers", DEFAULT_NUM_WORKERS)))}
+        else:
+            declared = {s.name: s.concurrency for s in self.pipeline.stages if s.kind == "map"}
         return Config.of(runner, {**declared, **(concurrency or {})}, options)
 
     def top(self, config: Config, knob: str) -> int:
@@ -110,15 +106,6 @@ class Space:
                 yield Move("raise", config.with_knob(name, up[0]), name, value, up[0])
             if down:
                 yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
-
-    def jump(self, config: Config, knob: str, needed: float) -> Move | None:
-        """The smallest rung at or above ``needed`` for ``knob``, when it is more than one rung up."""
-        value = config.knob(knob)
-        above = [n for n in self.rungs(config, knob) if n >= needed and n > value]
-        target = above[0] if above else self.top(config, knob)
-        if target <= value:
-            return None
-        return Move("raise", config.with_knob(knob, target), knob, value, target)
 
     def workers(self, config: Config, n: int) -> Config:
         return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))

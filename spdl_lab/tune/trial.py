@@ -1,9 +1,5 @@
-"""What one measured configuration showed: a ``Trial``, its stages, and how sure its rate is.
-
-A trial's rate is the median of short windows; its noise is the standard error of
-their mean, relative to it. A move is kept only beyond twice the two trials'
-combined noise, and never for less than ``MIN_GAIN``.
-"""
+"""What one measured configuration showed: a ``Trial`` (its rate the median of short windows),
+its stages, and how sure its rate is."""
 
 from __future__ import annotations
 
@@ -67,10 +63,6 @@ class Trial:
         mid = self.batches_per_s
         return (self.hi - self.lo) / mid if mid and mid > 0 else math.nan
 
-    @property
-    def noise(self) -> float:
-        return relative_noise(self.rates)
-
 
 def relative_noise(rates: Sequence[float]) -> float:
     """Standard error of the windows' mean over the median; inf with fewer than 2 windows."""
@@ -83,5 +75,5 @@ def relative_noise(rates: Sequence[float]) -> float:
 
 def margin(a: Trial, b: Trial) -> float:
     """The smallest relative gap between ``a`` and ``b`` that is beyond their noise."""
-    noise = math.hypot(min(a.noise, 1.0), min(b.noise, 1.0))
+    noise = math.hypot(min(relative_noise(a.rates), 1.0), min(relative_noise(b.rates), 1.0))
     return max(MIN_GAIN, 2.0 * noise)

@@ -1,10 +1,5 @@
-"""``lab.tune``: measure, model, move, keep only beyond the noise; then confirm side by side.
-
-The climb (``search.climb``) runs until nothing is left worth measuring or the
-budget is spent; a share of the budget is kept for measuring the best and the
-start in alternating rounds, so the speedup is a side-by-side figure and a best
-measurably worse than the start is never returned.
-"""
+"""``lab.tune``: measure, model, move, keep only beyond the noise; then measure the best and the
+start in alternating rounds, so the speedup is side by side and a worse best is never returned."""
 
 from __future__ import annotations
 
@@ -20,13 +15,12 @@ from ..errors import PipelineSpecError, SpdlLabError
 from ..integrations.torch_dataloader import from_dataloader, is_dataloader
 from ..pipeline import Pipeline, validate_concurrency
 from ..progress import progress_bar
-from ..runners import RUNNERS
 from ..training import SimulatedDevice
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
-from .space import TUNABLE_RUNNERS, WORKERS, Config, Space
+from .space import TUNABLE_RUNNERS, Config, Space
 from .trial import Trial
 
 __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
@@ -37,67 +31,48 @@ CONFIRM_ROUNDS = 3
 CONFIRM_SHARE = 0.2
 #: Budgets shorter than this many windows measure each trial in fewer windows.
 TIGHT_WINDOWS = 40
-#: The shortest time one window may take before the tuning fails as hung.
+#: The shortest time one window may take before the tuning fails as hung: a runner's start-up
+#: (workers importing torch on a loaded machine) can take seconds.
 WINDOW_TIMEOUT_S = 60.0
 
 
-def tune(
-    pipeline: Pipeline | Any,
-    step: Callable[[Any], Any] | SimulatedDevice,
-    *,
-    runners: Sequence[str] = TUNABLE_RUNNERS,
-    budget_s: float = 60.0,
-    start: str | Mapping[str, Any] | None = None,
-    runner_options: Mapping[str, Mapping[str, Any]] | None = None,
-    diagnosis: Any = None,
-    window_s: float | None = None,
-    progress: bool = True,
-    probes: bool = True,
-) -> Tuning:
-    """Find the configuration with the most training batches/s for ``step``; return a ``lab.Tuning``.
-
-    ``pipeline`` is a ``lab.Pipeline`` or a torch DataLoader (tuned through
-    ``lab.from_dataloader``; it starts as the DataLoader itself: the process runner
-    at its ``num_workers``). The tuner moves each map stage's concurrency, the
-    process runner's ``num_workers``, and the runner among ``runners``, within
-    ``budget_s`` seconds of wall time, the final side-by-side check included.
-    ``start`` is the runner to start from, or ``{"runner": ..., "concurrency":
-    {...}}`` (default: the first of ``runners`` at the pipeline's own
-    concurrency). ``diagnosis`` (a ``lab.Diagnosis``) seeds the model with its
-    verdicts. Example::
+def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice, *,
+         runners: Sequence[str] = TUNABLE_RUNNERS, budget_s: float = 60.0,
+         start: str | Mapping[str, Any] | None = None, runner_options: Mapping[str, Mapping[str, Any]] | None = None,
+         diagnosis: Any = None, window_s: float | None = None, progress: bool = True, probes: bool = True) -> Tuning:
+    """Find the configuration with the most training batches/s for ``step`` within ``budget_s``
+    seconds: each map stage's concurrency, the process runner's ``num_workers``, and the runner.
+    ``pipeline`` may be a torch DataLoader (it starts as itself: the process runner); ``start``
+    is a runner or ``{"runner": ..., "concurrency": {...}}``; ``diagnosis`` seeds the model. Example::
 
         tuning = lab.tune(p, step=train_step, budget_s=60)
-        tuning.best       # {"runner": ..., "concurrency": {...}, "options": {...}}
-        tuning.log        # every move: predicted and measured, kept or not, and why
-        tuning.speedup    # best over the start, measured side by side
+        tuning.best, tuning.log, tuning.speedup   # the speedup is measured side by side
         loader = tuning.loader()
     """
     source = pipeline
     pipeline, from_dl = _pipeline(pipeline)
     runners = _check(pipeline, step, runners, budget_s, window_s)
     options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
-    if from_dl:
-        options["process"] = {**_dataloader_options(source), **options.get("process", {})}
+    if from_dl:  # it starts as itself: the process runner at its num_workers and prefetch_factor
+        own = {"num_workers": max(1, source.num_workers)}
+        if source.num_workers > 0 and source.prefetch_factor is not None:
+            own["prefetch_factor"] = source.prefetch_factor
+        options["process"] = {**own, **options.get("process", {})}
     t0 = time.perf_counter()
-    # The budget ends with the runners closed: closing a child process or DataLoader workers takes a
-    # few tenths of a second each, so the measuring ends that much before (see Bench.close_cost).
-    end = t0 + float(budget_s)
+    end = t0 + float(budget_s)  # with the runners closed: measuring ends bench.close_cost() before
     window_s = window_s if window_s is not None else window_for_budget(budget_s)
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
     model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
     search = Climb(space, model)
     first = _start(space, start, runners, from_dl)
-    # Everything is checked: from here on, whatever starts is closed in the finally below.
     # A budget of fewer than TIGHT_WINDOWS windows could otherwise pay for the start and the
-    # confirmation only: its trials take two windows (three at most when the noise asks for them).
+    # confirmation only: its trials take two windows (four at most when the noise asks for them).
     tight = budget_s < TIGHT_WINDOWS * window_s
     bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0,
                   min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
-    # Kept for the side-by-side confirmation at the end: two rounds of both configurations, each
-    # a drain, a quarter-window warm-up and a window (about six windows), within 20-40% of the budget.
-    # A tight budget keeps one round (both drains included, four and a half windows): what it
-    # saves pays for a runner switch.
+    # Kept for the side-by-side confirmation: two rounds of drain, quarter-window warm-up and window
+    # for both (about 9 windows), within 20-40% of the budget; a tight budget keeps one round.
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
     steps: list[Step] = []
@@ -112,18 +87,18 @@ def tune(
             return False
 
         def measure(config: Config) -> Trial:
-            return _measure(bench, config, end - bench.close_cost(config) - reserve)
+            deadline = end - bench.close_cost(config) - reserve
+            return bench.measure(config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter()), deadline)
 
         for step_ in climb(search, first, measure, affordable):
             steps.append(step_)
             log.append(step_.sentence)
             best = next(s.trial for s in reversed(steps) if s.kept)
             _tick(bar, t0, budget_s, f"best {best.batches_per_s:.3g} batches/s")
-        best = next(s.trial for s in reversed(steps) if s.kept)
         log.append(f"stopped: {stopped}")
         start_trial = steps[0].trial
         speedup = _confirm(bench, start_trial, best, end - bench.close_cost(), log)
-        if speedup[0] < 1.0 and best.config != first and _worse(speedup):
+        if best.config != first and (speedup[2] < 1.0 or speedup[0] < 0.97):  # worse beyond the noise
             log.append(f"the best measured {speedup[0]:.2f}x the start side by side, worse beyond the noise: "
                        f"returning the starting configuration")
             best, speedup = start_trial, (1.0, 1.0, 1.0)
@@ -133,14 +108,7 @@ def tune(
         bench.close()
     return Tuning.build(pipeline=pipeline, source_is_dataloader=from_dl, start=first, best=best, steps=steps,
                         log=log, speedup=speedup, budget_s=float(budget_s),
-                        elapsed_s=time.perf_counter() - t0, cores=bench.cores)
-
-
-def _measure(bench: Bench, config: Config, deadline: float) -> Trial:
-    # A window slower than this is a hang, not a rate: a runner's start-up (spawning workers that
-    # import torch on a loaded machine) can take seconds, so never less than WINDOW_TIMEOUT_S.
-    timeout = max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())
-    return bench.measure(config, timeout, deadline)
+                        elapsed_s=time.perf_counter() - t0, cores=space.cores)
 
 
 def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
@@ -169,11 +137,6 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
     return mid, min(ratios), max(ratios)
 
 
-def _worse(speedup: tuple[float, float, float]) -> bool:
-    mid, _, hi = speedup
-    return hi < 1.0 or mid < 0.97
-
-
 def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
     bar.set_description(text)
     done = min(round(budget_s), round(time.perf_counter() - t0))
@@ -181,20 +144,12 @@ def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
         bar.update(done - bar.n)
 
 
-# -- input ---------------------------------------------------------------------------
 def _pipeline(source: Any) -> tuple[Pipeline, bool]:
     if isinstance(source, Pipeline):
         return source, False
     if is_dataloader(source):
         return from_dataloader(source), True
     raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(source).__name__}")
-
-
-def _dataloader_options(dl: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_workers": max(1, dl.num_workers)}
-    if dl.num_workers > 0 and dl.prefetch_factor is not None:
-        options["prefetch_factor"] = dl.prefetch_factor
-    return options
 
 
 def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s: Any) -> list[str]:
@@ -208,7 +163,7 @@ def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s:
         if r == "cache":
             raise PipelineSpecError("tune: 'cache' replays batches (the headspace); it is not a way to load. "
                                     f"Tune among {list(TUNABLE_RUNNERS)}; lab.headspace() measures the cache")
-        if r not in RUNNERS or r not in TUNABLE_RUNNERS:
+        if r not in TUNABLE_RUNNERS:
             raise PipelineSpecError(f"tune: unknown runner {r!r}; choose from {list(TUNABLE_RUNNERS)}")
     if not runners or len(set(runners)) != len(runners):
         raise PipelineSpecError(f"tune: runners must name each runner once, at least one; got {runners}")
@@ -239,9 +194,6 @@ def _start(space: Space, start: Any, runners: list[str], from_dl: bool) -> Confi
                                 f"{runner} are {knobs}")
     for name, n in concurrency.items():
         validate_concurrency(n, stage=name)
-    if runner == "process":
-        config = space.start(runner)
-        return config.with_knob(WORKERS, concurrency[WORKERS]) if WORKERS in concurrency else config
     return space.start(runner, concurrency)
 
 

@@ -52,9 +52,9 @@ def _diagnose(budget: float) -> lab.Diagnosis:
 
 @pytest.mark.timeout(60)
 def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(monkeypatch) -> None:
-    from spdl_lab.diagnose import _point
+    from spdl_lab.diagnose import _sweep
 
-    monkeypatch.setattr(_point, "quiet", lambda windows, within, at_least: False)
+    monkeypatch.setattr(_sweep, "quiet", lambda windows, within, at_least: False)
     free = _diagnose(budget=60.0).stages["wavers"].points
     assert [p.repeats for p in free] == [8, 8], "the windows should disagree, so each point runs to the cap"
     spent = _diagnose(budget=0.001).stages["wavers"]

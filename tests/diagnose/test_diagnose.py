@@ -15,9 +15,8 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab.cli import main as cli_main
-from spdl_lab.diagnose._first_pass import StageRun
 from spdl_lab.diagnose._sweep import StageFeed, StageSweep
-from spdl_lab.diagnose.measure import _judge, _Pass
+from spdl_lab.diagnose.measure import StageRun, _judge, _Pass
 from spdl_lab.diagnose.result import Point
 from spdl_lab.diagnose.settings import SweepSettings
 from spdl_lab.pipeline import Stage

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 
-from spdl_lab.diagnose._point import PointWindows
+from spdl_lab.diagnose._sweep import PointWindows
 from spdl_lab.diagnose.settings import SweepSettings
 
 SETTINGS = SweepSettings(min_windows=3, max_windows=6, stable_within=0.10)

@@ -385,11 +385,11 @@ ALLOWED = {
         "the one strict JSON reader: no NaN, no duplicate keys, depth capped; file_checks caps the size, checks every field",
     "spdl_lab/diagnose/_isolated.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
-    "spdl_lab/diagnose/_isolated.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/diagnose/_isolated_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the diagnose child inherited from the parent that spawned it",
-    "spdl_lab/diagnose/_isolated.py::_serve::.recv()":
+    "spdl_lab/diagnose/_isolated_child.py::main::.recv()":
         "the diagnose child's first message, from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/diagnose/_isolated.py::_serve::cloudpickle.loads":
+    "spdl_lab/diagnose/_isolated_child.py::main::cloudpickle.loads":
         "the pipeline the parent pickled for this child to diagnose; user code by design",
     "spdl_lab/diagnose/_sweep_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the sweep child inherited from the parent that spawned it",

@@ -1,0 +1,63 @@
+"""The clean child interpreter that ``_isolated`` starts: it measures the pipeline it is sent
+(``measure.diagnose_here``) and sends back progress and the Diagnosis's JSON file."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+import cloudpickle
+
+from .measure import diagnose_here
+
+
+class _RemoteBar:
+    """What ``diagnose_here`` uses of a progress bar, sent to the parent's bar."""
+
+    def __init__(self, data: Connection, total: int, unit: str) -> None:
+        self._data = data
+        self.total = total
+        self.n = 0
+        self._description = ""
+        data.send(("total", total, unit))
+
+    def set_description(self, text: str) -> None:
+        self._description = text
+        self._data.send(("progress", 0, text))
+
+    def update(self, n: int = 1) -> None:
+        if n:
+            self.n += n
+            self._data.send(("progress", n, self._description))
+
+    def close(self) -> None:
+        pass
+
+
+def main(data_fd: int, ctrl_fd: int) -> int:
+    data = Connection(data_fd, readable=False)
+    ctrl = Connection(ctrl_fd, writable=False)  # kept open: the parent's last word is ("stop",)
+    init = ctrl.recv()
+    for entry in reversed(init["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        os.chdir(init["cwd"])
+    except OSError:
+        pass
+    try:
+        pipeline = cloudpickle.loads(init["pipeline"])
+        diagnosis = diagnose_here(pipeline, **init["options"],
+                                  bar_factory=lambda total, unit: _RemoteBar(data, total, unit))
+        data.send(("done", str(diagnosis.to_json(init["result"]))))
+    except BaseException as exc:  # shipped to the parent, which raises it
+        data.send(("error", type(exc).__name__, str(exc), traceback.format_exc(),
+                   getattr(exc, "stage", None), getattr(exc, "index", None)))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
