@@ -2,31 +2,19 @@
 
 Failure model
 -------------
-* A stage function that raises an ``Exception`` on an item: by default the
-  pipeline stops and the consumer's next ``next()`` raises ``PipelineError``
-  naming the stage and the item's index (source index for per-item stages,
-  batch index after a ``batch``), with the original exception as
-  ``__cause__``. With ``max_failures=N`` the first N failing items (over all
-  stages) are dropped and counted in the stage's ``failures``; failure N+1
-  stops the pipeline as above. Results still queued when the pipeline stops
-  are discarded: an error is reported at once, not after draining.
-* The source raising is always fatal (an iterator that raised cannot resume).
-* ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) in a stage is
-  never dropped: it stops the pipeline like a failure.
+* A stage function raising on an item stops the pipeline: the consumer's next ``next()``
+  raises ``PipelineError`` naming the stage and the item (source index before a ``batch``,
+  batch index after), the exception as ``__cause__``; queued results are discarded. With
+  ``max_failures=N`` the first N failing items (all stages together) are dropped and counted.
+* The source raising, or a ``BaseException`` (``KeyboardInterrupt``) anywhere, always stops it.
 
 Shutdown rules
 --------------
-* ``close()`` (also on ``with`` exit, when the consumer's generator is
-  dropped, and when the owning Loader is garbage-collected) sets ``stopping``,
-  closes every queue and wakes every waiter. Every wait in the engine is on a
-  queue or a condition that this wakes, or polls ``stopping`` at least every
-  0.1 s, so each thread exits as soon as its current call into user code
-  returns.
-* ``close`` joins threads for at most ``timeout`` seconds. Threads still
-  inside user code then (a hung stage) are left behind as daemon threads and
-  named, with their stage, in a ``RuntimeWarning``; they exit when their call
-  returns, since every queue they could touch is closed.
-* Closing twice, or from several threads at once, is safe.
+* ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader collected)
+  sets ``stopping`` and closes every queue, waking every waiter; every other wait polls
+  ``stopping`` at least every 0.1 s. So each thread exits once its call into user code returns.
+* ``close`` joins for at most ``timeout``; threads still in user code are left as daemons and
+  named, with their stage, in a ``RuntimeWarning``. Closing twice or from several threads is safe.
 """
 
 from __future__ import annotations
@@ -145,9 +133,7 @@ class Engine:
     def start(self) -> None:
         for stage in self._map_stages.values():
             stage.start()
-        self._source_thread = threading.Thread(
-            target=self._run_source, name="spdl_lab:source", daemon=True
-        )
+        self._source_thread = threading.Thread(target=self._run_source, name="spdl_lab:source", daemon=True)
         self._source_thread.start()
 
     def _run_source(self) -> None:

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from ..errors import PipelineSpecError
+from ..telemetry.frames import Row
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
@@ -23,8 +24,6 @@ from .steps import StepRecord, StepSummary, Totals
 __all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
 
 T = TypeVar("T")
-
-Row = tuple[str, str, float]
 
 #: Per-step records kept (about 10 MB); totals and histograms cover every step.
 DEFAULT_HISTORY = 100_000
@@ -48,25 +47,10 @@ class StepClock:
         >>> clock.summary().steps
         3
 
-    Data wait is the time in ``next()`` on the iterator ``iterate`` wraps; a step whose
-    batch did not come through it counts the gap since the previous step's end (the first
-    such step waits 0).
-
-    Device time comes from ``device`` (a SimulatedDevice), the step function of ``run`` when
-    it is one, or CUDA events on the current stream (``cuda=True``, or ``cuda=None`` with
-    CUDA there), resolved lazily, never synchronizing per step (``summary()`` synchronizes
-    once). An event pair spans the stream's gaps too: it is busy time only while the
-    stream stays fed.
-
-    ``rows`` (a sampler source) gives rows of stage ``"step"``: ``steps`` (cumulative), and
-    per tick ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``,
-    ``data_wait_frac`` (wait / (wait + step)), ``device_ms`` and ``device_util`` (device
-    time / step time); a tick with no step (no resolved device time, for the last two) has
-    none of them. It remembers the previous tick: one sampler per clock.
-
-    One thread runs the loop and is the only writer. Any thread may call ``rows``,
-    ``records`` or ``summary``: they read a published snapshot and never block the step,
-    except ``summary()`` waiting for pending CUDA events. ``cuda=None`` imports torch.
+    A step whose batch did not come through ``iterate`` waited since the previous step ended.
+    Device time comes from ``device``, a SimulatedDevice step function of ``run``, or CUDA events
+    (``cuda=True``, or ``cuda=None``, which imports torch, with CUDA there), read lazily: only
+    ``summary()`` synchronizes. The loop's thread is the only writer; readers never block it.
     """
 
     def __init__(self, device: SimulatedDevice | None = None, *, cuda: bool | None = None,
@@ -92,17 +76,14 @@ class StepClock:
         self._records: deque[StepRecord] = deque(maxlen=history)
         self._totals = Totals()
         self._rows_prev = Totals()
-        # Log-bucket histograms (telemetry.histogram) over every step, in ns.
         self.step_hist = new_counts()
         self.wait_hist = new_counts()
-        self.device_hist = new_counts()
         # Loop state, touched only by the training thread.
         self._first_ns = 0
         self._wait_ns = 0
         self._waited = False
         self._scope = _StepScope(self)
-        # Taken by writers only: the training thread per step and summary()
-        # resolving CUDA events; readers never take it.
+        # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = threading.Lock()
 
     # -- the loop ---------------------------------------------------------
@@ -139,16 +120,9 @@ class StepClock:
 
     def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
             stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
-        """Run ``step_fn`` on each batch of ``iterable``, timed; return the steps run.
-
-        Stops after ``steps`` steps, when the iterable ends, or when
-        ``stop_event`` is set (checked before each batch is requested, so
-        within one step; a ``next()`` that blocks is not interrupted). A
-        SimulatedDevice as ``step_fn`` becomes the clock's device unless it
-        has one. ``gate()``, if given, is called before each batch is
-        requested and may block (a paused session waits there): that time
-        is neither data wait nor step.
-        """
+        """Run ``step_fn`` on each batch, timed, until ``steps`` steps, the end of ``iterable`` or
+        ``stop_event`` (checked before each batch is asked for); return the steps run. ``gate()``
+        runs there too and may block (a paused session), counted as neither wait nor step."""
         if not callable(step_fn):
             raise PipelineSpecError(f"StepClock.run: step_fn must be callable (batch -> anything), "
                                     f"got {step_fn!r}")
@@ -208,7 +182,6 @@ class StepClock:
 
     def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
-        self.device_hist[bucket_of(max(0, device_ns))] += 1
         return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
                           device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
 
@@ -236,7 +209,9 @@ class StepClock:
             return None
 
     def rows(self, dt_s: float) -> list[Row]:
-        """A Sampler source: the rows for one tick of ``dt_s`` seconds (see the class doc)."""
+        """A Sampler source (one per clock) of stage ``"step"``: ``steps``, and per tick with steps
+        ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``, ``data_wait_frac``, and
+        ``device_ms`` and ``device_util`` (device time / step time) once device time is known."""
         now = self._totals
         rows: list[Row] = [("steps", STAGE, float(now.steps))]
         if dt_s <= 0:
