@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PipelineSpecError, SpdlLabError
+from ..pipeline import Stage, describe_source
 
 __all__ = ["SpdlNotInstalledError", "SpdlStage", "SpdlSpec", "op_kind", "pipe_fields", "read_spec"]
 
@@ -40,8 +41,6 @@ class SpdlSpec:
 
     @property
     def stages(self) -> tuple[Any, ...]:
-        from ..pipeline import Stage
-
         return tuple(Stage(p.name, p.kind, p.concurrency) for p in self.parts)  # type: ignore[arg-type]
 
     def stage(self, name: str) -> SpdlStage:
@@ -52,7 +51,7 @@ class SpdlSpec:
         raise PipelineSpecError(f"no stage named {name!r}; this SPDL pipeline's stages: {known}")
 
     def __repr__(self) -> str:
-        parts = [f"SPDL pipeline(source={_describe(getattr(self.config.src, 'source', self.config.src))})"]
+        parts = [f"SPDL pipeline(source={describe_source(getattr(self.config.src, 'source', self.config.src))})"]
         parts += [f"{p.what} {p.name!r}, concurrency={p.concurrency}" for p in self.parts]
         return "\n  ".join(parts)
 
@@ -236,8 +235,3 @@ def _unique(base: str, taken: set[str]) -> str:
         name, n = f"{base}_{n}", n + 1
     taken.add(name)
     return name
-
-
-def _describe(source: object) -> str:
-    text = repr(source)
-    return text if len(text) <= 40 else f"<{type(source).__name__}>"

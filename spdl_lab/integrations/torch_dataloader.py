@@ -32,20 +32,13 @@ def is_dataloader(obj: Any) -> bool:
 
 
 def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
-    """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]``,
-    ``batch_size`` per batch (``drop_last`` kept), then its ``collate_fn``.
-
-    ``concurrency`` of the ``getitem`` stage defaults to ``dl.num_workers`` (at
-    least 1). With a ``batch_sampler`` and no ``batch_size``, each index list
-    is fetched by one ``fetch`` stage. Example::
+    """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]`` at
+    ``concurrency`` (default ``dl.num_workers``), batches of ``batch_size``, ``collate_fn``.
+    A ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage.
+    Example::
 
         p = lab.from_dataloader(DataLoader(ds, batch_size=32, shuffle=True, num_workers=4))
-        lab.compare(p, step=train_step)          # thread, subprocess-threads, process, cache
-        lab.diagnose(p)
-
-    ``worker_init_fn`` is not called (the lab's runners start their own
-    workers); a DataLoader with one is refused unless you pass it along
-    yourself, so nothing is silently skipped.
+        lab.compare(p, step=train_step)
     """
     if not is_dataloader(dl):
         raise PipelineSpecError(f"from_dataloader takes a torch.utils.data.DataLoader, got {type(dl).__name__}")

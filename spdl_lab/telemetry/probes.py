@@ -15,9 +15,7 @@ import psutil
 
 from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
-from .schedstat import SCHEDSTAT_PATH
-from .schedstat import open_schedstat as _open_schedstat
-from .schedstat import read_runqueue_ns as _runqueue_ns
+from .schedstat import SCHEDSTAT_PATH, open_schedstat, read_runqueue_ns
 
 __all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals"]
 
@@ -40,32 +38,17 @@ class GilTotals:
 
 
 class GilProbe:
-    """A thread that sleeps ``interval_s``, wakes, and measures how late it got to run.
-
-    Each wake's lateness splits into run-queue wait (runnable, waiting for a CPU: the thread's
-    own schedstat) and the rest, GIL wait. Rows per call (``stage`` is ``name``), over the
-    wakes that ended since the previous call:
-
-    - ``gil_wait_frac``: GIL-wait seconds / the wakes' wall seconds (not ``dt_s``, so a wake
-      straddling ticks cannot push it over 1); contended, about ``w / (interval_s + w)`` for
-      the switch interval ``w``: what a thread that keeps releasing the GIL loses;
-    - ``runqueue_wait_frac``: the same for a CPU; a waking sleeper preempts, so it rises only
-      with oversubscription (whether the cores are full is CpuProbe's answer);
-    - ``gil_wait_ms`` (mean per wake) and ``gil_wait_max_ms`` (the longest);
-    - ``gil_probe_schedstat``: 0.0 where schedstat is unreadable: all lateness then counts as
-      GIL wait (an upper bound) and ``runqueue_wait_frac`` is NaN.
-
-    Timer slack leaves a small floor. With the GIL off, or in a tick with no wake, the rows are
-    NaN. One sampler per probe (each call moves the baseline); other readers use ``totals()``.
+    """A thread that sleeps ``interval_s`` and measures how late it wakes: lateness less the
+    thread's run-queue wait (schedstat) is GIL wait. Rows (stage ``name``) over the wakes since
+    the last call: ``gil_wait_frac`` (of the wakes' wall time; contended, about ``w / (interval_s
+    + w)`` for the switch interval ``w``), ``runqueue_wait_frac``, ``gil_wait_ms`` (mean per
+    wake), ``gil_wait_max_ms``, and ``gil_probe_schedstat`` (0.0: unreadable, so all lateness is
+    GIL wait and the run-queue share NaN). NaN with the GIL off or without a wake. One sampler
+    per probe (each call moves the baseline); other readers use ``totals()``.
     """
 
-    def __init__(
-        self,
-        interval_s: float = 0.005,
-        name: str = "gil",
-        *,
-        schedstat_path: str = SCHEDSTAT_PATH,
-    ) -> None:
+    def __init__(self, interval_s: float = 0.005, name: str = "gil", *,
+                 schedstat_path: str = SCHEDSTAT_PATH) -> None:
         if not interval_s > 0:
             raise ValueError(f"GIL probe interval must be > 0 s, got {interval_s!r}")
         self.interval_s = interval_s
@@ -97,9 +80,8 @@ class GilProbe:
                 return
             # A fresh event per thread, so one that outlived stop's join stays stopped.
             self._stop, ready = threading.Event(), threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop, ready), name="spdl_lab:gil-probe", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, args=(self._stop, ready),
+                                            name="spdl_lab:gil-probe", daemon=True)
             self._thread.start()
         ready.wait(1.0)  # so that ``schedstat`` is known when start returns
 
@@ -143,7 +125,7 @@ class GilProbe:
         return rows
 
     def _run(self, stop: threading.Event, ready: threading.Event) -> None:
-        fd = _open_schedstat(self.schedstat_path)
+        fd = open_schedstat(self.schedstat_path)
         self.schedstat = fd is not None
         ready.set()
         interval = self.interval_s
@@ -152,11 +134,11 @@ class GilProbe:
             # so every second of the thread's life and every nanosecond of its
             # run-queue delay falls in exactly one wake.
             t_prev = time.perf_counter()
-            rq_prev = _runqueue_ns(fd)
+            rq_prev = read_runqueue_ns(fd)
             while not stop.is_set():
                 time.sleep(interval)
                 now = time.perf_counter()
-                rq = _runqueue_ns(fd)
+                rq = read_runqueue_ns(fd)
                 if fd is not None and rq is None:  # went unreadable: fall back for good
                     os.close(fd)
                     fd, self.schedstat = None, False
