@@ -28,14 +28,8 @@ Source = Callable[[float], list[Row]]
 
 
 class Sampler:
-    def __init__(
-        self,
-        sources: list[Source] | None = None,
-        *,
-        hz: float = DEFAULT_HZ,
-        ticks: int = DEFAULT_TICKS,
-        name: str = "spdl_lab:sampler",
-    ) -> None:
+    def __init__(self, sources: list[Source] | None = None, *, hz: float = DEFAULT_HZ,
+                 ticks: int = DEFAULT_TICKS, name: str = "spdl_lab:sampler") -> None:
         if not hz > 0:
             raise ValueError(f"sampler rate must be > 0 Hz, got {hz!r}")
         self.interval_s = 1.0 / hz
