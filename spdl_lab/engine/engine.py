@@ -250,9 +250,6 @@ class Engine:
             warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
         return [thread for _, thread in stuck]
 
-    def threads(self) -> list[threading.Thread]:
-        return [thread for _, thread in self._threads_by_owner()]
-
     def _threads_by_owner(self) -> list[tuple[str, threading.Thread]]:
         """Every thread with what runs in it ("the source" or "stage 'name'")."""
         owned = [("the source", self._source_thread)] if self._source_thread else []

@@ -1,10 +1,7 @@
 """Bounded queues between stages, with their own meters and a stop path.
 
-A queue carries ``(seq, index, value)`` records: ``seq`` is the order in which
-records entered this queue (the next stage reorders by it), ``index`` names the
-item for error messages. Writers call ``finish()`` when done; readers then get
-``END`` once the queue is empty. ``close()`` wakes every waiter, who raise
-``QueueClosed``: that is the engine's stop path, so no wait here is unbounded.
+Records are ``(seq, index, value)``: ``seq`` orders them (the next stage reorders by it), ``index``
+names the item in errors. ``close()`` wakes every waiter with ``QueueClosed``: the stop path.
 """
 
 from __future__ import annotations
@@ -38,15 +35,9 @@ class QueueClosed(Exception):
 
 
 class BoundedQueue:
-    """A FIFO of at most ``capacity`` records, metered.
-
-    Only the waits are timed (a clock read happens just when a put or get
-    actually blocks), so an unblocked put or get costs one lock round trip.
-
-    A blocked reader is woken only when no reader already woken will take the
-    new item, and a blocked writer only once the queue has drained to half its
-    capacity, not on every get, which would make the two threads trade the GIL
-    once per item (a convoy).
+    """A FIFO of at most ``capacity`` records; only the waits are timed, so an unblocked put or get
+    costs one lock round trip. A blocked writer is woken once the queue drains to half, not on
+    every get, which would make the two threads trade the GIL once per item (a convoy).
     """
 
     def __init__(self, name: str, capacity: int) -> None:
@@ -111,10 +102,6 @@ class BoundedQueue:
         with self._lock:
             items = self._items
             if not items:
-                if self._finished:
-                    return END
-                if self._closed:
-                    raise QueueClosed(self.name)
                 t0 = time.perf_counter_ns()
                 deadline = t0 + int(timeout * 1e9)
                 self._getters_waiting += 1

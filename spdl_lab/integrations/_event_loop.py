@@ -1,10 +1,8 @@
 """An asyncio event loop in its own thread, for the async stages of a converted SPDL pipeline.
 
-No runner knows the loop exists, so none can stop it. Each thread that submits holds a *lease*
-in thread-local storage, dropped as that thread ends (CPython clears a thread's locals before
-``join()`` returns); the first lease starts the loop, the last one gone stops it without a join
-(the worker is mid-teardown then). So closing a Loader stops the loop too; ``close()`` stops it
-at once, whoever holds a lease.
+No runner knows the loop exists, so each thread that submits holds a *lease* in thread-local
+storage, dropped as the thread ends (before its ``join()`` returns): the last lease gone stops the
+loop, so closing a Loader stops it too.
 """
 
 from __future__ import annotations

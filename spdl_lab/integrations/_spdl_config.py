@@ -61,7 +61,6 @@ class SpdlNotInstalledError(SpdlLabError, ImportError):
 
 
 def _require_spdl(caller: str) -> None:
-    """Raise ``SpdlNotInstalledError`` unless ``spdl.pipeline`` imports."""
     try:
         import spdl.pipeline  # noqa: F401
         import spdl.pipeline.defs  # noqa: F401
@@ -73,13 +72,9 @@ def _require_spdl(caller: str) -> None:
 
 
 def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
-    """The stages of an SPDL builder or config (SPDL must be installed), named as lab names them.
-
-    What lab cannot take raises ``PipelineSpecError`` naming the stage and what to do: with
-    ``convert`` (``lab.from_spdl``) whatever a ``lab.Pipeline`` cannot do, else (monitoring
-    as SPDL runs it) only branches and regions. Names are SPDL's; a repeated name (SPDL allows
-    them, lab does not) gets ``_2``, ``_3``; ``source`` and ``sink`` are taken by the ends.
-    """
+    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``;
+    ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
+    with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
     _require_spdl(caller)
     from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
 

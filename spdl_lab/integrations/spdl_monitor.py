@@ -31,36 +31,24 @@ _OURS = ("queue_class", "stage_id")
 
 
 class SpdlMonitor(RunOwner):
-    """Iterate an SPDL pipeline as SPDL runs it, with lab's meters on every stage and queue.
+    """Iterate an SPDL pipeline (a builder or its config) as SPDL runs it, with lab's meters on
+    every stage and queue; each ``iter()`` builds a fresh one. Keyword arguments go to SPDL's
+    ``build_pipeline``; ``num_threads`` defaults to enough that no task waits for a thread (the
+    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty.
 
     Example::
 
-        monitor = SpdlMonitor(builder)              # a PipelineBuilder or PipelineConfig
-        with monitor:
+        with SpdlMonitor(builder) as monitor:
             for batch in monitor:
                 train(batch)
-            print(monitor.stats())                  # per-stage tasks, p50/p99, queues
-
-    Each ``iter(monitor)`` builds and starts a fresh SPDL pipeline. Keyword arguments go to
-    ``spdl.pipeline.build_pipeline``: ``num_threads`` defaults to enough threads that no task
-    waits for one (the wait would count in its task time); ``max_failures`` (SPDL's -1 drops
-    every failing item, counted); ``task_hook_factory`` (its hooks run beside lab's). SPDL fixes
-    concurrency when it builds: ``set_concurrency`` is refused and ``controls()`` is empty.
-    Refused, with the stage named: ``Merge`` sources, ``path_variants`` and ``.to()`` regions.
+            print(monitor.stats())
     """
 
     runner = RUNNER
 
-    def __init__(
-        self,
-        builder_or_config: Any,
-        *,
-        sample_hz: float = DEFAULT_HZ,
-        sample_ticks: int = DEFAULT_TICKS,
-        close_timeout: float = CLOSE_TIMEOUT_S,
-        start_timeout: float = 30.0,
-        **build_options: Any,
-    ) -> None:
+    def __init__(self, builder_or_config: Any, *, sample_hz: float = DEFAULT_HZ,
+                 sample_ticks: int = DEFAULT_TICKS, close_timeout: float = CLOSE_TIMEOUT_S,
+                 start_timeout: float = 30.0, **build_options: Any) -> None:
         self.pipeline: SpdlSpec = read_spec(builder_or_config, caller="lab.run", convert=False)
         if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
@@ -104,12 +92,9 @@ class SpdlMonitor(RunOwner):
 
 
 class SpdlRunner(Runner):
-    """One run of an SPDL pipeline behind lab's runner contract (``runners/base.py``).
-
-    ``get`` and ``close`` may come from different threads (a session stops
-    from another thread): a lock keeps SPDL's ``get_item`` and ``stop`` apart,
-    and ``get`` polls in short slices, so ``close`` waits at most one slice.
-    """
+    """One run of an SPDL pipeline behind lab's runner contract. ``get`` and ``close`` may come from
+    different threads: a lock keeps SPDL's ``get_item`` and ``stop`` apart, and ``get`` polls in
+    short slices, so ``close`` waits at most one slice."""
 
     name = RUNNER
 
@@ -202,11 +187,8 @@ def is_spdl_spec(obj: Any) -> bool:
 
 
 def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = None) -> int:
-    """Enough executor threads for every synchronous task SPDL may run at once.
-
-    Sync functions and generators without their own executor run on the
-    pipeline's pool; with ``use_thread_output_queue`` the sink's puts do too.
-    """
+    """Enough executor threads for every synchronous task SPDL may run at once: sync functions and
+    generators without their own executor, and the sink's puts with ``use_thread_output_queue``."""
     from spdl.pipeline.defs import PipeConfig
 
     total = 1 if (build_options or {}).get("use_thread_output_queue") else 0
@@ -218,15 +200,11 @@ def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = N
     return max(1, total)
 
 
-def open_spdl(
-    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
-) -> tuple[Any, Any, str]:
-    """What ``lab.run`` opens for an SPDL pipeline: ``(loader, iterable, runner name)``.
-
-    Runner ``None`` or ``"spdl"`` monitors it as SPDL runs it; a lab runner
-    name runs ``lab.from_spdl(source)`` under that runner. Diagnostic mode is
-    checked here, in the caller's thread, as ``lab.run`` does for a lab.Pipeline.
-    """
+def open_spdl(source: Any, runner: str | None, sample_hz: float,
+              options: dict[str, Any]) -> tuple[Any, Any, str]:
+    """What ``lab.run`` opens for an SPDL pipeline, ``(loader, iterable, runner name)``: a monitor
+    for runner None or ``"spdl"``, else ``lab.from_spdl(source)`` under that runner. The start
+    hooks (diagnostic mode) run here, in the caller's thread, as for a lab.Pipeline."""
     from ..loader import Loader
     from .spdl import from_spdl
 

@@ -17,17 +17,14 @@ import psutil
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..telemetry.cpu_rates import ProcessRates
+from ..telemetry.frames import Row
 
 __all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
 
-Row = tuple[str, str, float]
-
 
 def is_dataloader(obj: Any) -> bool:
-    try:
-        from torch.utils.data import DataLoader
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return False
+    from torch.utils.data import DataLoader
+
     return isinstance(obj, DataLoader)
 
 
@@ -105,8 +102,7 @@ class WatchedDataLoader:
 
     def follow(self, it: Iterator[Any]) -> Iterator[Any]:
         """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
-        # torch keeps its worker processes on the iterator (``_workers``); a
-        # single-process DataLoader has none.
+        # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
         procs = []
         for w in getattr(it, "_workers", []) or []:
             try:

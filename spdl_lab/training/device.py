@@ -113,7 +113,7 @@ class SimulatedDevice:
         >>> step.busy_s
         0.001
 
-    One thread calls it; any thread may read ``last_step`` and ``totals()``, each replaced whole.
+    One thread calls it; any thread may read ``totals()``, a record replaced whole.
     """
 
     #: Loop iterations per microsecond of CPU, measured once per process.
@@ -141,7 +141,6 @@ class SimulatedDevice:
         self.launch_iterations = round(self.launch_us * self.iterations_per_us)
         #: when the stream's last enqueued kernel ends (perf_counter seconds)
         self._stream_end = 0.0
-        self.last_step: DeviceStep | None = None
         self._totals = DeviceTotals()
 
     @classmethod
@@ -196,9 +195,7 @@ class SimulatedDevice:
         step = DeviceStep(wall_s=wall, busy_s=busy, idle_s=max(0.0, wall - busy), starved_s=starved,
                           launch_cpu_s=launch_cpu, launch_wall_s=launch_wall, launch_runqueue_s=runqueue,
                           kernels=self.kernels)
-        # Two reference assignments: a reader sees each record whole.
-        self.last_step = step
-        self._totals = self._totals.add(step)
+        self._totals = self._totals.add(step)  # one reference assignment: readers see it whole
         return step
 
     def synchronize(self) -> None:
