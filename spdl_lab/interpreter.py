@@ -33,11 +33,8 @@ class Interpreter:
 
     def lines(self) -> list[str]:
         build = "free-threaded" if self.free_threaded else "with GIL"
-        torch = (
-            f"{self.torch}; CUDA {'available' if self.cuda else 'not available'}"
-            if self.torch is not None
-            else "not installed"
-        )
+        cuda = f"CUDA {'available' if self.cuda else 'not available'}"
+        torch = f"{self.torch}; {cuda}" if self.torch is not None else "not installed"
         return [
             f"python      {self.python} ({self.executable})",
             f"build       {build}; GIL {'on' if self.gil_enabled else 'off'}",

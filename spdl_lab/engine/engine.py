@@ -239,8 +239,11 @@ class Engine:
             self._closed = True
         self._stop()
         deadline = time.monotonic() + timeout
+        owned = [("the source", self._source_thread)] if self._source_thread else []
+        for stage in self._map_stages.values():
+            owned += [(f"stage {stage.name!r}", thread) for thread in stage.threads()]
         stuck = []
-        for owner, thread in self._threads_by_owner():
+        for owner, thread in owned:
             if thread is threading.current_thread():
                 continue
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -249,13 +252,6 @@ class Engine:
         if stuck and first:
             warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
         return [thread for _, thread in stuck]
-
-    def _threads_by_owner(self) -> list[tuple[str, threading.Thread]]:
-        """Every thread with what runs in it ("the source" or "stage 'name'")."""
-        owned = [("the source", self._source_thread)] if self._source_thread else []
-        for stage in self._map_stages.values():
-            owned += [(f"stage {stage.name!r}", thread) for thread in stage.threads()]
-        return owned
 
     # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:

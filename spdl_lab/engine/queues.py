@@ -62,33 +62,28 @@ class BoundedQueue:
 
     # -- writing -----------------------------------------------------------------
     def put(self, index: int, value: Any) -> None:
+        """Block until there is room; QueueClosed on stop (close() empties the queue, so a writer
+        it wakes must not take that for room)."""
         with self._lock:
-            self._wait_for_room()
-            self._append(index, value)
-
-    def _wait_for_room(self) -> None:
-        """Block (lock held) until there is room; raise QueueClosed on stop (close() empties
-        the queue, so a writer it wakes must not take that for room)."""
-        if len(self._items) >= self.capacity and not self._closed:
-            t0 = time.perf_counter_ns()
-            self._putters_waiting += 1
-            try:
-                while len(self._items) >= self.capacity and not self._closed:
-                    self._not_full.wait(0.5)
-            finally:
-                self._putters_waiting -= 1
-                self.put_blocked_ns += time.perf_counter_ns() - t0
-        if self._closed:
-            raise QueueClosed(self.name)
-
-    def _append(self, index: int, value: Any) -> None:
-        self._items.append((self.puts, index, value))
-        self.puts += 1
-        # Wake a reader only if the ones already woken will not take this
-        # item: waking every idle worker for one item wastes a GIL hand-off each.
-        if self._getters_waiting > self._getters_woken and len(self._items) > self._getters_woken:
-            self._getters_woken += 1
-            self._not_empty.notify()
+            items = self._items
+            if len(items) >= self.capacity and not self._closed:
+                t0 = time.perf_counter_ns()
+                self._putters_waiting += 1
+                try:
+                    while len(items) >= self.capacity and not self._closed:
+                        self._not_full.wait(0.5)
+                finally:
+                    self._putters_waiting -= 1
+                    self.put_blocked_ns += time.perf_counter_ns() - t0
+            if self._closed:
+                raise QueueClosed(self.name)
+            items.append((self.puts, index, value))
+            self.puts += 1
+            # Wake a reader only if those already woken will not take this item: waking every
+            # idle worker for one item wastes a GIL hand-off each.
+            if self._getters_waiting > self._getters_woken and len(items) > self._getters_woken:
+                self._getters_woken += 1
+                self._not_empty.notify()
 
     def finish(self) -> None:
         """No more puts: readers get END once the queue is drained."""

@@ -60,23 +60,16 @@ class SpdlNotInstalledError(SpdlLabError, ImportError):
     """SPDL (the ``spdl_core`` package) is not installed."""
 
 
-def _require_spdl(caller: str) -> None:
-    try:
-        import spdl.pipeline  # noqa: F401
-        import spdl.pipeline.defs  # noqa: F401
-    except ImportError as exc:
-        raise SpdlNotInstalledError(
-            f"{caller} needs SPDL, which is not installed here ({exc}). "
-            f"Install it with `pip install spdl_core` (it provides spdl.pipeline)."
-        ) from exc
-
-
 def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
     """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``;
     ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
     with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
-    _require_spdl(caller)
-    from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
+    try:
+        from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
+    except ImportError as exc:
+        raise SpdlNotInstalledError(
+            f"{caller} needs SPDL, which is not installed here ({exc}). "
+            f"Install it with `pip install spdl_core` (it provides spdl.pipeline).") from exc
 
     config = _config_of(spec, caller)
     _check_source(config.src, caller, convert)

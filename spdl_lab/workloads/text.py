@@ -237,8 +237,7 @@ def stack_tokens(items: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
 
 
 class TextModelStep(ModelStep):
-    """A training step on CPU: token embeddings, masked mean pooling, a two-layer classifier,
-    cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
+    """A training step on CPU: token embeddings, masked mean pooling, a two-layer classifier."""
 
     def __init__(self, vocab_size: int, dim: int = 64, classes: int = 4, seed: int = 0) -> None:
         from torch import nn
@@ -311,14 +310,12 @@ def text(
     concurrency: int = 2,
     device: SimulatedDevice | str | None = None,
 ) -> tuple[Pipeline, Any]:
-    """The text workload: ``(pipeline, step)``. Example::
+    """The text workload: ``(pipeline, step)``, tokenized by ``"rust"`` (one document per call),
+    ``"python"`` or ``"rust-batch"`` (``encode_batch`` after batching), all giving the same ids;
+    ``concurrency``: the tokenize stage's threads. Example::
 
         pipeline, step = lab.workloads.text(n=4096, tokenizer="python")
         lab.diagnose(pipeline)      # tokenize: gil-bound
-
-    ``tokenizer``: ``"rust"`` (Hugging Face tokenizers, one document per call), ``"python"``
-    (the same WordPiece in pure Python) or ``"rust-batch"`` (``encode_batch`` on each batch,
-    after batching); all give the same ids. ``concurrency``: the tokenize stage's threads.
     """
     _check_text(n, tokenizer, vocab_size, max_length, batch_size, concurrency)
     vocab = tokenizer_file(root, vocab_size)
