@@ -1,7 +1,5 @@
-"""The Pipeline spec: a source, per-item and per-batch ``map`` stages, ``batch`` stages.
-
-A Pipeline describes work; it runs nothing. Runners execute it. Builder methods
-return a new Pipeline, so a spec can be shared and extended without surprises.
+"""The Pipeline spec: a source, per-item and per-batch ``map`` stages, ``batch`` stages. It runs
+nothing; builder methods return a new Pipeline, so a spec can be shared and extended safely.
 """
 
 from __future__ import annotations

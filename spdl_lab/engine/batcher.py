@@ -1,7 +1,5 @@
-"""The ``batch`` stage: groups items into lists as they are written.
-
-A Batcher sits in front of a queue (or another Batcher) and is written to like
-one, so batching needs no thread and no extra hand-off between threads.
+"""The ``batch`` stage: a Batcher is written to like the queue (or Batcher) it sits in front of, so
+batching needs no thread and no extra hand-off between threads.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Bounded queues between stages, with their own meters and a stop path.
-
-Records are ``(seq, index, value)``: ``seq`` orders them (the next stage reorders by it), ``index``
-names the item in errors. ``close()`` wakes every waiter with ``QueueClosed``: the stop path.
+"""Bounded queues between stages of ``(seq, index, value)`` records (``seq`` orders them, ``index``
+names the item in errors), metered; ``close()`` wakes every waiter with ``QueueClosed``.
 """
 
 from __future__ import annotations

@@ -43,24 +43,13 @@ class LoopThread:
         """The loop, leased to the calling thread (the lease must never sit in a
         frame that a traceback can hold, or it outlives its thread)."""
         lease = getattr(self._local, "lease", None)
-        if lease is None or lease.loop is not self._loop:  # first call here, or close() since
+        if lease is None:
             lease = self._local.lease = self._acquire()
         return lease.loop
 
     @property
     def running(self) -> bool:
         return self._thread is not None
-
-    def close(self) -> None:
-        """Stop the loop now and wait for its thread (leases still held start a new one)."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-            self._leases = 0
-        if loop is not None:
-            _stop_soon(loop)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
 
     # -- leases ------------------------------------------------------------------
     def _acquire(self) -> _Lease:
@@ -78,13 +67,14 @@ class LoopThread:
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         # Runs while a worker thread is being torn down: no joins, no current_thread().
         with self._lock:
-            if loop is not self._loop:
-                return  # close() already stopped it
             self._leases -= 1
             if self._leases > 0:
                 return
             self._loop = self._thread = None
-        _stop_soon(loop)
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # already closed (interpreter shutdown)
+            pass
 
 
 class _Lease:
@@ -113,7 +103,7 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         loop.run_forever()
     finally:
         try:
-            tasks = asyncio.all_tasks(loop)  # only after close(): leases wait for their calls
+            tasks = asyncio.all_tasks(loop)  # a call interrupted in its thread leaves its task
             for task in tasks:
                 task.cancel()
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
@@ -121,10 +111,3 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             loop.close()
-
-
-def _stop_soon(loop: asyncio.AbstractEventLoop) -> None:
-    try:
-        loop.call_soon_threadsafe(loop.stop)
-    except RuntimeError:  # already closed
-        pass

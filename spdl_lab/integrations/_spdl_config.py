@@ -1,7 +1,5 @@
-"""Reading an SPDL pipeline: its stages, their lab names, what each one is, and what lab refuses.
-
-``from_spdl`` and the SPDL monitor both start here, so a stage has the same name and the same
-checks whichever way it is run. SPDL's private fields are read only here (spdl_core 0.8).
+"""Reading an SPDL pipeline for ``from_spdl`` and the monitor alike: its stages, their lab names,
+what each one is, and what lab refuses. SPDL's private fields are read only here (spdl_core 0.8).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``lab.from_spdl``: an SPDL pipeline as a ``lab.Pipeline``, for every lab runner and experiment.
-
-Converts a source, pipes (sync or async functions) and fixed-size aggregates; anything else is
-refused, naming the stage. ``lab.run(builder, step=...)`` watches one as SPDL runs it (``spdl_monitor``).
+"""``lab.from_spdl``: an SPDL pipeline as a ``lab.Pipeline``, for every lab runner and experiment
+(``spdl_monitor`` watches one as SPDL runs it instead).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Watch a real SPDL pipeline with lab's meters, without converting it.
-
-``SpdlMonitor`` builds it with SPDL's own ``build_pipeline``, lab's meters as its task hooks and
-queue class (``_spdl_meters``), and reads like a ``lab.Loader``. ``lab.run(builder, step=...)``
-makes one (runner ``"spdl"``).
+"""Watch a real SPDL pipeline with lab's meters, without converting it: SPDL's own
+``build_pipeline`` with lab's task hooks and queue class, read like a ``lab.Loader``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Bring a torch DataLoader as it is.
-
-``from_dataloader(dl)`` turns one over a map-style dataset into a ``lab.Pipeline`` for every
-runner. ``WatchedDataLoader``, what ``lab.run(dataloader, step=...)`` iterates, is the DataLoader
-untouched plus a Sampler source of its worker processes' count and CPU.
+"""Bring a torch DataLoader as it is: converted into a ``lab.Pipeline`` (``from_dataloader``), or
+iterated untouched with its worker processes watched (``WatchedDataLoader``, for ``lab.run``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Counters owned by stages: written on the hot path, read by the sampler.
-
-Each worker thread writes only its own ``WorkerMeter`` (one writer, no lock:
-under the GIL a reader sees each int whole), and readers sum the workers. A
-stage meter keeps the meters of retired workers so totals never go backwards.
+"""Counters owned by stages, written on the hot path and read by the sampler: each worker thread
+writes only its own ``WorkerMeter`` (no lock: under the GIL a reader sees each int whole).
 """
 
 from __future__ import annotations
@@ -79,7 +76,8 @@ class QueueReading:
 
 
 class StageMeter:
-    """The meters of one stage: a growing set of worker meters and the concurrency."""
+    """The meters of one stage: its concurrency and every worker meter it had (a retired worker's
+    are kept, so totals never go backwards)."""
 
     def __init__(self, name: str, kind: str, concurrency: int) -> None:
         self.name = name

@@ -1,7 +1,5 @@
-"""The sampler: one thread that reads every source ~10 times a second into a bounded ring.
-
-Sources (meters, probes, the training step) are callables returning rows; ``frames()`` and the
-live dashboard read only the ring.
+"""The sampler: one thread that reads every source (meters, probes, the training step) ~10 times a
+second into a bounded ring, which ``frames()`` and the live dashboard read.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""StepClock: where a training loop's time goes, step by step.
-
-Times the wait for each batch, the step, and the device's share of it; keeps
-bounded history and running totals; feeds the sampler as a row source.
+"""StepClock: where a training loop's time goes, step by step (data wait, step, device share), with
+bounded history and running totals, fed to the sampler as a row source.
 """
 
 from __future__ import annotations

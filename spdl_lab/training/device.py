@@ -1,7 +1,5 @@
-"""A simulated GPU stream driven from Python, for machines without CUDA.
-
-Kernel launches are GIL-holding Python work; kernels run on an analytic stream
-that needs no GIL. When data loading threads steal the GIL, the device idles.
+"""A simulated GPU stream driven from Python, for machines without CUDA: kernel launches are
+GIL-holding Python work, kernels need no GIL, so when loading threads take the GIL the device idles.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The text workload: generated documents, tokenized by a real tokenizer, padded, batched.
-
-Two tokenizers give the same ids: Hugging Face ``tokenizers`` (Rust; a WordPiece model trained
-at first use) and the same WordPiece in pure Python. Both hold the GIL per document (measured:
-docs/measurements.md); ``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
+"""The text workload: generated documents, tokenized (Hugging Face ``tokenizers``, or the same
+WordPiece in pure Python: the same ids), padded, batched. Both hold the GIL per document;
+``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
 """
 
 from __future__ import annotations
