@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
-from types import TracebackType
+from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from ..errors import PipelineSpecError
@@ -80,7 +80,7 @@ class StepClock:
         self._first_ns = 0
         self._wait_ns = 0
         self._waited = False
-        self._scope = _StepScope(self)
+        self._open = False
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = threading.Lock()
 
@@ -109,12 +109,33 @@ class StepClock:
         ``next()`` is data wait, and the time the loop holds a batch, until it asks for the
         next, is that batch's step. A step the loop leaves (``break``, an error) is not one."""
         for batch in self.iterate(iterable):
-            with self._scope:
+            with self.step():
                 yield batch
 
-    def step(self) -> _StepScope:
-        """A context manager timing one training step."""
-        return self._scope
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """A context manager timing one training step; a step that raises is not one."""
+        if self._open:
+            raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
+        self._open = True
+        if not self._first_ns:
+            self._first_ns = time.perf_counter_ns()
+        device, cuda = self.device, self._cuda
+        busy0 = device.totals().busy_s if device is not None else 0.0
+        cuda_start = cuda.start() if device is None and cuda is not None else None
+        start_ns = time.perf_counter_ns()
+        try:
+            yield
+        except BaseException:
+            self._wait_ns, self._waited = 0, False
+            if cuda is not None and cuda_start is not None:
+                cuda.cancel(cuda_start)
+            raise
+        finally:
+            self._open = False
+        end_ns = time.perf_counter_ns()
+        device_ns = None if device is None else round((device.totals().busy_s - busy0) * 1e9)
+        self._record(start_ns, end_ns, device_ns, cuda_start)
 
     def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
             stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
@@ -146,7 +167,7 @@ class StepClock:
                     batch = next(batches)
                 except StopIteration:
                     break
-                with self._scope:
+                with self.step():
                     step_fn(batch)
                 done += 1
         finally:
@@ -277,46 +298,3 @@ def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
 def _mean_ms(total_ns: int, count: int) -> float:
     return total_ns / count / 1e6 if count else math.nan
 
-
-class _StepScope:
-    """The context manager behind ``StepClock.step()``, reused for every step."""
-
-    __slots__ = ("_clock", "_start_ns", "_busy0", "_cuda_start", "_open")
-
-    def __init__(self, clock: StepClock) -> None:
-        self._clock = clock
-        self._start_ns = 0
-        self._busy0 = 0.0
-        self._cuda_start: Any = None
-        self._open = False
-
-    def __enter__(self) -> _StepScope:
-        if self._open:
-            raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
-        self._open = True
-        clock = self._clock
-        if not clock._first_ns:
-            clock._first_ns = time.perf_counter_ns()
-        device, cuda = clock.device, clock._cuda
-        if device is not None:
-            self._busy0 = device.totals().busy_s
-        elif cuda is not None:
-            self._cuda_start = cuda.start()
-        self._start_ns = time.perf_counter_ns()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        end_ns = time.perf_counter_ns()
-        self._open = False
-        clock = self._clock
-        cuda_start, self._cuda_start = self._cuda_start, None
-        if exc_type is not None:  # a failed step is not a step: record nothing
-            clock._wait_ns, clock._waited = 0, False
-            if cuda_start is not None and clock._cuda is not None:
-                clock._cuda.cancel(cuda_start)
-            return
-        device_ns: int | None = None
-        if clock.device is not None:
-            device_ns = round((clock.device.totals().busy_s - self._busy0) * 1e9)
-        clock._record(self._start_ns, end_ns, device_ns, cuda_start)
