@@ -19,11 +19,8 @@ MAX_CONCURRENCY = 1024
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a Pipeline.
-
-    ``kind`` is ``"map"`` (apply ``fn`` to each item, ``concurrency`` at a time)
-    or ``"batch"`` (group ``size`` consecutive items into a list).
-    """
+    """One stage of a Pipeline: ``"map"`` (``fn`` on each item, ``concurrency`` at a time) or
+    ``"batch"`` (``size`` consecutive items in a list)."""
 
     name: str
     kind: Literal["map", "batch"]
@@ -69,11 +66,8 @@ class Pipeline:
         name: str | None = None,
         ordered: bool = True,
     ) -> Pipeline:
-        """Apply ``fn`` to every item (or batch, after ``batch``), ``concurrency`` at a time.
-
-        With ``ordered=True`` outputs keep input order; with ``False`` they come
-        in completion order, which hides a slow item behind faster ones.
-        """
+        """Apply ``fn`` to every item (or batch, after ``batch``), ``concurrency`` at a time; with
+        ``ordered=False`` outputs come as they finish, a slow item hidden behind faster ones."""
         label = name if name is not None else _default_name(fn)
         if not callable(fn):
             raise PipelineSpecError(f"stage {label!r}: fn must be callable, got {type(fn).__name__}")
@@ -164,10 +158,8 @@ class Pipeline:
         if label not in taken:
             return label
         if explicit:
-            raise PipelineSpecError(
-                f"stage name {label!r} is already used in this pipeline; names must be unique "
-                f"(taken: {', '.join(sorted(taken))})"
-            )
+            raise PipelineSpecError(f"stage name {label!r} is already used in this pipeline; names "
+                                    f"must be unique (taken: {', '.join(sorted(taken))})")
         n = 2
         while f"{label}_{n}" in taken:
             n += 1

@@ -20,12 +20,9 @@ class Sink(Protocol):
 
 
 class Batcher:
-    """Collects ``size`` items, then puts them as one list into ``downstream``.
-
-    Several upstream workers may write at once; the lock keeps batches whole.
-    While a full batch waits for room downstream the lock stays held, which is
-    the back-pressure we want; the wait ends when downstream has room or is
-    closed (stop path), so writers queued on the lock are never stuck for good.
+    """Collects ``size`` items, then puts them as one list into ``downstream``. A lock keeps batches
+    whole; held while a full batch waits for room downstream, it is the back-pressure, and it is
+    freed when downstream has room or is closed, so writers queued on it are never stuck for good.
     """
 
     def __init__(

@@ -190,10 +190,8 @@ class Engine:
                     pass
 
     def get(self, timeout: float) -> Any:
-        """The next output record ``(seq, index, value)``, END, or TIMEOUT.
-
-        Raises the pipeline's ``PipelineError`` once it has failed.
-        """
+        """The next output record ``(seq, index, value)``, END, or TIMEOUT; the pipeline's
+        ``PipelineError`` once it has failed."""
         try:
             record = self._output.get(timeout)
         except QueueClosed:

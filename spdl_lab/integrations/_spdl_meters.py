@@ -127,11 +127,9 @@ class _Task:
 
 
 class SpdlMeters:
-    """The meters of one run of an SPDL pipeline, in the shape of the thread engine's.
-
-    ``queue_class()`` and ``hook_factory()`` go to SPDL's build; ``read()`` gives an
-    ``EngineReading``. SPDL's stage id matches them (0 the source, the pipes in order, the sink).
-    """
+    """The meters of one run of an SPDL pipeline, read as an ``EngineReading``: ``queue_class()``
+    and ``hook_factory()`` go to SPDL's build, whose stage ids (0 the source, the pipes in order,
+    the sink) match them."""
 
     def __init__(self, spec: SpdlSpec) -> None:
         self.source = StageMeter(SOURCE, "source", 1)

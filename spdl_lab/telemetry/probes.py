@@ -167,14 +167,10 @@ class CpuTotals:
 
 
 class CpuProbe:
-    """CPU use per process, in percent of one core since the previous call.
-
-    Rows ``("cpu_percent", stage)``: ``"main"`` (this process), ``"children"`` (every descendant,
-    each against its own time stamp: ``cpu_rates``), ``"total"``, ``"machine"`` (every process
-    here; 100 x cores at most); and ``("processes", "children")``. ``children=False`` skips the
-    scan. The first call sets the baseline. A child counts from the first call that sees it (one
-    living less than a tick is missed); one that vanishes or denies access is dropped.
-    """
+    """CPU use since the previous call, in percent of one core: rows ``("cpu_percent", stage)`` for
+    ``"main"``, ``"children"`` (every descendant from the first call that sees it; skipped with
+    ``children=False``), ``"total"`` and ``"machine"`` (every process here), and
+    ``("processes", "children")``. The first call sets the baseline."""
 
     def __init__(self, children: bool = True) -> None:
         self.children = children
