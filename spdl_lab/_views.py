@@ -31,7 +31,6 @@ def view(name: str) -> Callable[..., Any]:
     except KeyError:
         raise SpdlLabError(
             f"nothing is registered to draw {name!r}; import spdl_lab (its __init__ registers "
-            "every view) rather than one of its modules alone"
-        ) from None
+            "every view) rather than one of its modules alone") from None
     module, _, function = target.partition(":")
     return getattr(import_module(module), function)

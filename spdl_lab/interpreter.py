@@ -52,12 +52,7 @@ def describe() -> Interpreter:
         version, cuda = torch.__version__, bool(torch.cuda.is_available())
     except ImportError:
         version, cuda = None, False
-    return Interpreter(
-        python=platform.python_version(),
-        executable=sys.executable,
-        free_threaded=bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-        gil_enabled=True if is_enabled is None else bool(is_enabled()),
-        cpu_cores=os.cpu_count() or 1,
-        torch=version,
-        cuda=cuda,
-    )
+    return Interpreter(python=platform.python_version(), executable=sys.executable,
+                       free_threaded=bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+                       gil_enabled=True if is_enabled is None else bool(is_enabled()),
+                       cpu_cores=os.cpu_count() or 1, torch=version, cuda=cuda)

@@ -35,8 +35,7 @@ class Op:
             raise ItemSkipped(
                 f"stage {self.stage!r} returned None: SPDL drops such items, but a lab.Pipeline has no "
                 f"filter, so the item counts as a failed one. Pass max_failures=N to lab.Loader or "
-                f"lab.run to drop and count up to N of them."
-            )
+                f"lab.run to drop and count up to N of them.")
         return result
 
     def __repr__(self) -> str:

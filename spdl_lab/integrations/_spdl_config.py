@@ -111,12 +111,10 @@ def _config_of(spec: Any, caller: str) -> Any:
     if isinstance(spec, BuiltPipeline):
         raise PipelineSpecError(
             f"{caller}: got a built spdl.pipeline.Pipeline, which keeps no public description of its "
-            f"stages; pass the PipelineBuilder (or builder.get_config()) instead"
-        )
+            f"stages; pass the PipelineBuilder (or builder.get_config()) instead")
     raise PipelineSpecError(
         f"{caller} takes an spdl.pipeline.PipelineBuilder or spdl.pipeline.defs.PipelineConfig, "
-        f"got {type(spec).__name__}"
-    )
+        f"got {type(spec).__name__}")
 
 
 _MONITOR = "lab.run(builder, step=...) monitors it as SPDL runs it, without converting"
@@ -131,14 +129,12 @@ def _check_source(src: Any, caller: str, convert: bool) -> None:
         raise PipelineSpecError(
             f"{caller}: the source (a Merge of {len(src.pipeline_configs)} pipelines) is not supported: "
             f"lab takes one source. Take each merged pipeline on its own (config.src.pipeline_configs[i]), "
-            f"or {_AS_ITERABLE}."
-        )
+            f"or {_AS_ITERABLE}.")
     if convert and src.continuous:
         raise PipelineSpecError(
             f"{caller}: the source (continuous=True, re-iterated for ever with epoch markers) is "
             "not supported: a lab.Pipeline makes one pass over its source per run. Build with "
-            "add_source(..., continuous=False)."
-        )
+            "add_source(..., continuous=False).")
 
 
 def _refusal(part: SpdlStage, convert: bool) -> str | None:
@@ -182,8 +178,7 @@ def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
     except AttributeError:
         raise PipelineSpecError(
             f"stage {cfg.name!r}: this SPDL version's PipeConfig has no _args; "
-            f"spdl_lab reads SPDL pipelines of spdl_core 0.8"
-        ) from None
+            f"spdl_lab reads SPDL pipelines of spdl_core 0.8") from None
 
 
 def pipe_ordered(cfg: Any) -> bool:

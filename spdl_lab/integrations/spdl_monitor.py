@@ -74,8 +74,7 @@ class SpdlMonitor(RunOwner):
             f"cannot set {stage!r}'s concurrency to {n}: an SPDL pipeline fixes each stage's "
             f"concurrency when it is built, and cannot change it while it runs. Rebuild with "
             f"pipe(..., concurrency={n}), or convert it with lab.from_spdl(builder) and run it "
-            f"under runner='thread', where concurrency changes live."
-        )
+            f"under runner='thread', where concurrency changes live.")
 
     def controls(self) -> dict[str, int]:
         """Nothing can be changed live in an SPDL pipeline."""
@@ -114,8 +113,7 @@ class SpdlRunner(Runner):
         options = dict(self._options)
         options["task_hook_factory"] = self.meters.hook_factory(options.get("task_hook_factory"))
         self._pipeline = build_pipeline(
-            self.spec.config, queue_class=self.meters.queue_class(), stage_id=0, **options
-        )
+            self.spec.config, queue_class=self.meters.queue_class(), stage_id=0, **options)
         try:
             self._pipeline.start(timeout=self._start_timeout)
         except TimeoutError as exc:
@@ -227,14 +225,12 @@ def _check_build_options(options: dict[str, Any]) -> None:
     if taken:
         raise PipelineSpecError(
             f"lab.run: {', '.join(taken)} cannot be passed for an SPDL pipeline: spdl_lab sets them to "
-            f"meter its queues (task_hook_factory may be passed: its hooks run beside lab's)"
-        )
+            f"meter its queues (task_hook_factory may be passed: its hooks run beside lab's)")
     known = [n for n, p in inspect.signature(build_pipeline).parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = [k for k in options if k not in known]
     if unknown:
         takes = ", ".join(k for k in known if k not in _OURS)
         raise PipelineSpecError(
             f"lab.run: an SPDL pipeline takes no {', '.join(map(repr, unknown))}; "
-            f"it takes SPDL's build options: {takes}"
-        )
+            f"it takes SPDL's build options: {takes}")
 

@@ -43,14 +43,12 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
         raise PipelineSpecError(
             f"from_dataloader: {type(dataset).__name__} is an IterableDataset; only map-style datasets "
             f"(__getitem__ and __len__) map onto stages. Build the pipeline yourself, e.g. "
-            f"lab.Pipeline(dataset).batch({dl.batch_size or 1}).map(collate_fn)"
-        )
+            f"lab.Pipeline(dataset).batch({dl.batch_size or 1}).map(collate_fn)")
     if dl.worker_init_fn is not None:
         raise PipelineSpecError(
             "from_dataloader: the DataLoader has a worker_init_fn, which the lab's runners would not "
             "call; do that setup inside the dataset (lazily, on first __getitem__) and pass a "
-            "DataLoader without worker_init_fn"
-        )
+            "DataLoader without worker_init_fn")
     workers = concurrency if concurrency is not None else max(1, dl.num_workers)
     if dl.batch_size is None and dl.batch_sampler is not None:
         # A custom batch_sampler: it yields index lists, fetched together.

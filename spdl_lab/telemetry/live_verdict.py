@@ -69,8 +69,7 @@ def live_verdict(means: Mapping[Key, float], *, runner: str,
         kind = "cpu-contended"
         parts.append(
             f"training thread waits for a CPU ({pct(queued)} run-queue wait) while loading "
-            f"keeps up (data wait {pct(wait)})"
-        )
+            f"keeps up (data wait {pct(wait)})")
     elif wait < FED_DATA_WAIT:
         kind = "step-bound"
         parts.append(f"step-bound: data wait {pct(wait)} of step time; loading keeps up")

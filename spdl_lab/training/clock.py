@@ -265,24 +265,20 @@ class StepClock:
         t = self._totals
         steps = t.steps
         elapsed_ns = t.last_end_ns - self._first_ns if steps else 0
-        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)
+        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)  # one consistent copy each
+        step = [quantile_ns(step_hist, q) / 1e6 for q in (0.5, 0.9, 0.99)]
+        wait = [quantile_ns(wait_hist, q) / 1e6 for q in (0.5, 0.9)]
         loop_ns = t.wait_ns + t.step_ns
         return StepSummary(
-            steps=steps,
-            elapsed_s=elapsed_ns / 1e9,
+            steps=steps, elapsed_s=elapsed_ns / 1e9,
             batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
-            step_mean_ms=_mean_ms(t.step_ns, steps),
-            step_p50_ms=quantile_ns(step_hist, 0.5) / 1e6,
-            step_p90_ms=quantile_ns(step_hist, 0.9) / 1e6,
-            step_p99_ms=quantile_ns(step_hist, 0.99) / 1e6,
-            data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
-            data_wait_p50_ms=quantile_ns(wait_hist, 0.5) / 1e6,
-            data_wait_p90_ms=quantile_ns(wait_hist, 0.9) / 1e6,
+            step_mean_ms=_mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
+            step_p99_ms=step[2], data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
+            data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
             data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
             device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
             device_util=t.device_ns / t.device_step_ns if t.device_step_ns > 0 else math.nan,
-            device=self.device_name,
-        )
+            device=self.device_name)
 
     def __repr__(self) -> str:
         return f"StepClock(steps={self.steps}, device={self.device_name!r})"

@@ -199,8 +199,7 @@ def images(
         .map(RandomResizedCropFlip(crop), concurrency=threads["augment"], name="augment")
         .map(to_normalized_tensor, concurrency=threads["normalize"], name="normalize")
         .batch(batch_size, drop_last=True)
-        .map(stack, name="collate")
-    )
+        .map(stack, name="collate"))
     return pipeline, image_step(device=device)
 
 

@@ -323,8 +323,7 @@ def text(
             Pipeline(documents)
             .batch(batch_size, drop_last=True)
             .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
-            .map(PadStack(max_length), name="collate")
-        )
+            .map(PadStack(max_length), name="collate"))
         return pipeline, text_step(vocab_size, device)
     tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
     pipeline = (
@@ -332,6 +331,5 @@ def text(
         .map(tokenize, concurrency=concurrency, name="tokenize")
         .map(PadTruncate(max_length), name="pad")
         .batch(batch_size, drop_last=True)
-        .map(stack_tokens, name="collate")
-    )
+        .map(stack_tokens, name="collate"))
     return pipeline, text_step(vocab_size, device)
