@@ -57,7 +57,6 @@ class Pipeline:
         self._source = source
         self._stages: tuple[Stage, ...] = ()
 
-    # -- builder -----------------------------------------------------------------
     def map(
         self,
         fn: Callable[[Any], Any],
@@ -88,7 +87,6 @@ class Pipeline:
         stage_name = self._unique_name(label, explicit=name is not None)
         return self._with(Stage(stage_name, "batch", 1, size=size, drop_last=drop_last))
 
-    # -- reading -----------------------------------------------------------------
     @property
     def source(self) -> Iterable[Any] | Callable[[], Iterable[Any]]:
         return self._source
@@ -145,7 +143,6 @@ class Pipeline:
                 parts.append(f".batch({s.size}{drop})")
         return "\n  ".join(parts)
 
-    # -- helpers -----------------------------------------------------------------
     def _with(self, stage: Stage) -> Pipeline:
         clone = Pipeline(self._source)
         clone._stages = (*self._stages, stage)

@@ -89,7 +89,6 @@ class Engine:
         self._source_thread: threading.Thread | None = None
         self._wire(pipeline.stages, buffer_size, item_queue_size)
 
-    # -- building ----------------------------------------------------------------
     def _wire(self, stages: tuple[Stage, ...], buffer_size: int, item_queue_size: int) -> None:
         """Split the stages into producers (source, maps) each followed by its
         batch stages, and give each producer a sink that ends in a queue."""
@@ -126,10 +125,8 @@ class Engine:
             previous = queue
         assert previous is not None
         self._output = previous
-        # Meters in pipeline order.
         self._meters = {s.name: self._meters[s.name] for s in stages}
 
-    # -- running -----------------------------------------------------------------
     def start(self) -> None:
         for stage in self._map_stages.values():
             stage.start()
@@ -203,7 +200,6 @@ class Engine:
     def set_concurrency(self, name: str, n: int) -> None:
         self._map_stages[name].set_concurrency(n)
 
-    # -- failures ----------------------------------------------------------------
     def tolerate(self) -> bool:
         """Count a failed item; True if it may be dropped under ``max_failures``."""
         with self._fail_lock:
@@ -220,7 +216,6 @@ class Engine:
                                            max_failures=self.max_failures)
         self._stop()
 
-    # -- stopping ----------------------------------------------------------------
     def _stop(self) -> None:
         self.stopping = True
         for queue in self._queues:
@@ -251,7 +246,6 @@ class Engine:
             warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
         return [thread for _, thread in stuck]
 
-    # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
         now = time.perf_counter_ns()
         return EngineReading(source=self._source_meter.read(now),

@@ -63,7 +63,6 @@ class MapStage:
         self._window_waiters = 0
         self._window = reorder_window(self._target)
 
-    # -- pool --------------------------------------------------------------------
     @property
     def concurrency(self) -> int:
         return self._target
@@ -114,7 +113,6 @@ class MapStage:
         with self._pool_lock:
             return list(self._threads)
 
-    # -- work --------------------------------------------------------------------
     def _run(self, meter: WorkerMeter) -> None:
         try:
             self._loop(meter)
@@ -174,7 +172,6 @@ class MapStage:
             else:
                 put(index, result)
 
-    # -- ordering ----------------------------------------------------------------
     def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
         # A result not next in line, or arriving while another worker emits, is held. The worker
         # with the next awaited seq becomes the one emitter and puts the run of consecutive results

@@ -58,7 +58,6 @@ class BoundedQueue:
         self.put_blocked_ns = 0
         self.get_blocked_ns = 0
 
-    # -- writing -----------------------------------------------------------------
     def put(self, index: int, value: Any) -> None:
         """Block until there is room; QueueClosed on stop (close() empties the queue, so a writer
         it wakes must not take that for room)."""
@@ -89,7 +88,6 @@ class BoundedQueue:
             self._finished = True
             self._wake_all_getters()
 
-    # -- reading -----------------------------------------------------------------
     def get(self, timeout: float) -> tuple[int, int, Any] | _Marker:
         """The next record, END when finished and drained, TIMEOUT after ``timeout`` s."""
         with self._lock:
@@ -128,7 +126,6 @@ class BoundedQueue:
         self._getters_woken = self._getters_waiting
         self._not_empty.notify_all()
 
-    # -- stopping ----------------------------------------------------------------
     def close(self) -> None:
         """Stop: every blocked and future put and get raises QueueClosed."""
         with self._lock:

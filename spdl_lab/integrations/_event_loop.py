@@ -51,7 +51,6 @@ class LoopThread:
     def running(self) -> bool:
         return self._thread is not None
 
-    # -- leases ------------------------------------------------------------------
     def _acquire(self) -> _Lease:
         with self._lock:
             if self._loop is None:

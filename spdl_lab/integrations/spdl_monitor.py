@@ -55,7 +55,6 @@ class SpdlMonitor(RunOwner):
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._start_timeout = start_timeout
 
-    # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this SpdlMonitor is closed; create a new one to iterate again")

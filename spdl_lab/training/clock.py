@@ -84,8 +84,6 @@ class StepClock:
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = threading.Lock()
 
-    # -- the loop ---------------------------------------------------------
-
     def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield from ``iterable``, timing each ``next()`` as data wait."""
         return self._timed(_iter_of(iterable, "StepClock.iterate"))
@@ -203,8 +201,6 @@ class StepClock:
         record.device_s = device_ns / 1e9
         return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
                           device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
-
-    # -- readers ----------------------------------------------------------
 
     @property
     def steps(self) -> int:

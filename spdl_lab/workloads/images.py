@@ -55,11 +55,8 @@ def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -
     folder = cache_dir(root, f"images-{size[0]}-{size[1]}")
     missing = [i for i in range(n) if not (folder / _name(i)).exists()]
     if missing:
-        def write(i: int) -> None:
-            write_atomically(folder / _name(i), make_jpeg(i, size))
-
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="spdl_lab:images") as pool:
-            list(pool.map(write, missing))
+            list(pool.map(lambda i: write_atomically(folder / _name(i), make_jpeg(i, size)), missing))
     return folder
 
 
