@@ -48,8 +48,7 @@ class Batcher:
                 self._emit()
 
     def _emit(self) -> None:
-        # Task time is the assembling alone: waiting for items is upstream's
-        # time and waiting for room is the downstream queue's put_blocked.
+        # Task time is the assembling alone: upstream's and the downstream queue's waits are theirs.
         t0 = time.perf_counter_ns()
         batch, self._pending = self._pending, []
         index = self._batches
@@ -65,8 +64,7 @@ class Batcher:
         self.downstream.finish()
 
     def close(self) -> None:
-        # No lock: a writer may hold it while its put is being woken by the
-        # downstream queue's close; the flag alone stops later writers.
+        # No lock: a writer may hold it while downstream's close wakes its put; the flag suffices.
         self._closed = True
 
     def read(self) -> QueueReading:

@@ -173,9 +173,8 @@ class MapStage:
                 put(index, result)
 
     def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
-        # A result not next in line, or arriving while another worker emits, is held. The worker
-        # with the next awaited seq becomes the one emitter and puts the run of consecutive results
-        # downstream outside the lock; the others return at once, never queued behind its put.
+        # A result not next in line, or arriving while another worker emits, is held; the one
+        # emitter puts runs of results downstream outside the lock, so no worker waits on its put.
         lock, held = self._order_lock, self._held
         with lock:
             if self._emitting or seq != self._next_seq:

@@ -35,8 +35,7 @@ class LoopThread:
         try:
             return future.result()
         finally:
-            # An exception's traceback holds this frame: drop the future so no
-            # cycle keeps objects alive until the garbage collector runs.
+            # A traceback holds this frame: no future in it, so no cycle waits for the collector.
             del future
 
     def _loop_here(self) -> asyncio.AbstractEventLoop:

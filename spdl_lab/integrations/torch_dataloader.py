@@ -113,8 +113,7 @@ class WatchedDataLoader:
 
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
-            # Each worker against its own time stamp (telemetry.cpu_rates); an exited
-            # worker (the DataLoader finished or shut them down) gives None.
+            # Each worker against its own time stamp (cpu_rates); an exited one gives None.
             pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
         alive = [(i, pct) for i, pct in pcts if pct is not None]
         rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]

@@ -56,8 +56,7 @@ class GilProbe:
         self.schedstat_path = schedstat_path
         #: Whether the run-queue split is measured; None until the thread has tried.
         self.schedstat: bool | None = None
-        # Written only by the probe thread, each a whole object at a time, so a
-        # reader in another thread always sees a consistent set without a lock.
+        # Written only by the probe thread, a whole object at a time: readers need no lock.
         self._totals = GilTotals()
         self._recent = [0.0] * _RECENT  # GIL wait of wake i at index i % _RECENT
         self._seen = GilTotals()  # totals at the previous source call
@@ -68,8 +67,7 @@ class GilProbe:
     @property
     def available(self) -> bool:
         """False on a free-threaded build running with the GIL off: nothing to wait for."""
-        # A private API, but the only way to ask; asked each time because
-        # importing an extension that needs the GIL turns it back on at run time.
+        # The only way to ask, each time: importing an extension can turn the GIL back on.
         is_enabled = getattr(sys, "_is_gil_enabled", None)
         return is_enabled is None or bool(is_enabled())
 
@@ -130,9 +128,8 @@ class GilProbe:
         ready.set()
         interval = self.interval_s
         try:
-            # Wakes are back to back (each starts where the previous one ended),
-            # so every second of the thread's life and every nanosecond of its
-            # run-queue delay falls in exactly one wake.
+            # Wakes are back to back, so every second of the thread's life and every nanosecond
+            # of its run-queue delay falls in exactly one wake.
             t_prev = time.perf_counter()
             rq_prev = read_runqueue_ns(fd)
             while not stop.is_set():
@@ -180,9 +177,8 @@ class CpuProbe:
         self._t0 = time.monotonic()
         self._main0 = cpu_seconds(self._me) or 0.0
         self._main_s = self._children_s = 0.0
-        # pid -> (process, its CPU seconds when last read). Cached so a child's
-        # baseline survives between ticks; compared by (pid, create time) so a
-        # reused pid starts a fresh baseline instead of a bogus delta.
+        # pid -> (process, CPU seconds when last read): a child's baseline between ticks, compared
+        # by (pid, create time) so a reused pid starts afresh instead of a bogus delta.
         self._kids: dict[int, tuple[psutil.Process, float]] = {}
         self._refresh()
         self._rates = ProcessRates(self._cpus)
@@ -249,8 +245,7 @@ class CpuProbe:
 
 def _machine_times() -> tuple[float, float]:
     """(busy, total) CPU seconds over all CPUs, counted as psutil.cpu_percent does."""
-    # Our own deltas, not psutil.cpu_percent(interval=None), whose baseline is
-    # module-global and moves whenever any other code in the process calls it.
+    # Not psutil.cpu_percent(interval=None): its baseline is module-global, moved by any caller.
     t = psutil.cpu_times()
     guest = getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)  # already in user/nice
     total = sum(t) - guest

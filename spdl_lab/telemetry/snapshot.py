@@ -16,10 +16,9 @@ __all__ = ["StageStats", "QueueStats", "Snapshot"]
 
 @dataclass(frozen=True)
 class StageStats:
-    """One stage's figures. ``qps`` is over about the last second while the run is live, over the
-    whole run once it ended (``qps_avg`` always the whole run). Task times exclude waits. The
-    queue is the stage's *input* (full: this stage is the slower side; a batch stage's: the
-    partial batch)."""
+    """One stage's figures: ``qps`` over about the last second while live, else (and ``qps_avg``
+    always) over the whole run; task times exclude waits; the queue is the stage's *input* (full:
+    this stage is the slower side; a batch stage's: the partial batch)."""
 
     name: str
     kind: str

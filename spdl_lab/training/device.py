@@ -38,18 +38,12 @@ def _spin(iterations: int) -> int:
 class DeviceStep:
     """What one step did on the simulated device (seconds)."""
 
-    #: launch start to the end of ``synchronize()``
-    wall_s: float
-    #: sum of kernel durations: the device computed this long
-    busy_s: float
-    #: ``wall_s - busy_s``: the device had nothing to run
-    idle_s: float
-    #: the part of ``idle_s`` before kernels launched after the stream ran dry
-    starved_s: float
-    #: CPU time of the training thread in the launch loop (``time.thread_time``)
-    launch_cpu_s: float
-    #: wall time of the launch loop; above ``launch_cpu_s`` when the GIL or CPU was taken
-    launch_wall_s: float
+    wall_s: float  # launch start to the end of synchronize()
+    busy_s: float  # sum of kernel durations
+    idle_s: float  # wall_s - busy_s: the device had nothing to run
+    starved_s: float  # the part of idle_s before kernels launched after the stream ran dry
+    launch_cpu_s: float  # CPU time of the training thread in the launch loop
+    launch_wall_s: float  # above launch_cpu_s when the GIL or a core was taken
     #: part of the launch loop runnable but waiting for a CPU; NaN where schedstat is unavailable
     launch_runqueue_s: float
     kernels: int

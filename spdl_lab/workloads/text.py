@@ -319,17 +319,12 @@ def text(
     vocab = tokenizer_file(root, vocab_size)
     documents = Documents(corpus(n, root), n)
     if tokenizer == "rust-batch":
-        pipeline = (
-            Pipeline(documents)
-            .batch(batch_size, drop_last=True)
-            .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
-            .map(PadStack(max_length), name="collate"))
-        return pipeline, text_step(vocab_size, device)
-    tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
-    pipeline = (
-        Pipeline(documents)
-        .map(tokenize, concurrency=concurrency, name="tokenize")
-        .map(PadTruncate(max_length), name="pad")
-        .batch(batch_size, drop_last=True)
-        .map(stack_tokens, name="collate"))
+        pipeline = (Pipeline(documents).batch(batch_size, drop_last=True)
+                    .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
+                    .map(PadStack(max_length), name="collate"))
+    else:
+        tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
+        pipeline = (Pipeline(documents).map(tokenize, concurrency=concurrency, name="tokenize")
+                    .map(PadTruncate(max_length), name="pad")
+                    .batch(batch_size, drop_last=True).map(stack_tokens, name="collate"))
     return pipeline, text_step(vocab_size, device)
