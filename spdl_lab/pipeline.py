@@ -4,13 +4,14 @@ nothing; builder methods return a new Pipeline, so a spec can be shared and exte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .errors import PipelineSpecError
 
-__all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "describe_source", "validate_concurrency"]
+__all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "describe_source", "find_stage", "unique_name",
+           "validate_concurrency"]
 
 #: Upper bound on a stage's concurrency: beyond this a pool of threads or
 #: processes costs more than it can return on any machine spdl_lab targets.
@@ -97,11 +98,7 @@ class Pipeline:
 
     def stage(self, name: str) -> Stage:
         """The stage called ``name``; raises naming the stages there are."""
-        for stage in self._stages:
-            if stage.name == name:
-                return stage
-        known = ", ".join(repr(s.name) for s in self._stages) or "none"
-        raise PipelineSpecError(f"no stage named {name!r}; this pipeline's stages: {known}")
+        return find_stage(self._stages, name, "this pipeline's")
 
     @property
     def source_is_factory(self) -> bool:
@@ -152,15 +149,27 @@ class Pipeline:
         if not isinstance(label, str) or not label:
             raise PipelineSpecError(f"stage name must be a non-empty str, got {label!r}")
         taken = {s.name for s in self._stages} | {"source"}
-        if label not in taken:
-            return label
-        if explicit:
+        if explicit and label in taken:
             raise PipelineSpecError(f"stage name {label!r} is already used in this pipeline; names "
                                     f"must be unique (taken: {', '.join(sorted(taken))})")
-        n = 2
-        while f"{label}_{n}" in taken:
-            n += 1
-        return f"{label}_{n}"
+        return unique_name(label, taken)
+
+
+def find_stage(stages: Sequence[Any], name: str, whose: str) -> Any:
+    """The stage of ``stages`` called ``name``; else an error naming ``whose`` stages there are."""
+    for stage in stages:
+        if stage.name == name:
+            return stage
+    known = ", ".join(repr(s.name) for s in stages) or "none"
+    raise PipelineSpecError(f"no stage named {name!r}; {whose} stages: {known}")
+
+
+def unique_name(base: str, taken: Collection[str]) -> str:
+    """``base``, or the first of ``base_2``, ``base_3``, ... not in ``taken``."""
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    return name
 
 
 def _default_name(fn: object) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PipelineSpecError, SpdlLabError
-from ..pipeline import Stage, describe_source
+from ..pipeline import Stage, describe_source, find_stage, unique_name
 
 __all__ = ["SpdlNotInstalledError", "SpdlStage", "SpdlSpec", "op_kind", "pipe_fields", "read_spec"]
 
@@ -42,11 +42,7 @@ class SpdlSpec:
         return tuple(Stage(p.name, p.kind, p.concurrency) for p in self.parts)  # type: ignore[arg-type]
 
     def stage(self, name: str) -> SpdlStage:
-        for part in self.parts:
-            if part.name == name:
-                return part
-        known = ", ".join(repr(p.name) for p in self.parts) or "none"
-        raise PipelineSpecError(f"no stage named {name!r}; this SPDL pipeline's stages: {known}")
+        return find_stage(self.parts, name, "this SPDL pipeline's")
 
     def __repr__(self) -> str:
         parts = [f"SPDL pipeline(source={describe_source(getattr(self.config.src, 'source', self.config.src))})"]
@@ -84,7 +80,9 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
             base, kind, concurrency, what = "disaggregate", "map", 1, "disaggregate"
         else:
             base, kind, concurrency, what = _other(cfg)
-        part = SpdlStage(_unique(str(base) or "stage", taken), kind, concurrency, what, cfg)
+        name = unique_name(str(base) or "stage", taken)
+        taken.add(name)
+        part = SpdlStage(name, kind, concurrency, what, cfg)
         why = _refusal(part, convert)
         if why is not None:
             raise PipelineSpecError(f"{caller}: stage {part.name!r} ({what}) is not supported: {why}")
@@ -208,11 +206,3 @@ def _other(cfg: Any) -> tuple[str, str, int, str]:
     if isinstance(cfg, PlacementConfig):
         return cfg.name, "other", 1, f".to({cfg.target!r}) region marker"
     return getattr(cfg, "name", None) or type(cfg).__name__, "other", 1, type(cfg).__name__
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
