@@ -52,30 +52,15 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
     workers = concurrency if concurrency is not None else max(1, dl.num_workers)
     if dl.batch_size is None and dl.batch_sampler is not None:
         # A custom batch_sampler: it yields index lists, fetched together.
-        pipeline = Pipeline(_Indices(dl.batch_sampler)).map(
+        pipeline = Pipeline(dl.batch_sampler).map(
             partial(_fetch, dataset), concurrency=workers, name="fetch")
     else:
         # Without automatic batching (batch_size None), collate_fn applies to each item.
-        pipeline = Pipeline(_Indices(dl.sampler)).map(dataset.__getitem__, concurrency=workers, name="getitem")
+        # A sampler is re-iterable: each pass draws a fresh shuffle.
+        pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="getitem")
         if dl.batch_size is not None:
             pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
     return pipeline.map(dl.collate_fn, name="collate")
-
-
-class _Indices:
-    """Re-iterable indices from a sampler: a fresh pass (a fresh shuffle) per iteration."""
-
-    def __init__(self, sampler: Any) -> None:
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.sampler)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __repr__(self) -> str:
-        return f"indices from {type(self.sampler).__name__}"
 
 
 def _fetch(dataset: Any, indices: Any) -> list[Any]:
