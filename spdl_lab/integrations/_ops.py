@@ -38,9 +38,6 @@ class Op:
                 f"lab.run to drop and count up to N of them.")
         return result
 
-    def __repr__(self) -> str:
-        return f"Op({self.stage!r}{', async' if self.loop is not None else ''})"
-
 
 class AsyncSource:
     """An async iterable as a lab source: a factory of iterators that step it on ``loop``."""

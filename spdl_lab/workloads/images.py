@@ -139,9 +139,6 @@ class RandomResizedCropFlip:
         out = F.interpolate(patch, size=(self.crop, self.crop), mode="bilinear", align_corners=False)[0]
         return out.flip(-1) if random.random() < 0.5 else out
 
-    def __repr__(self) -> str:
-        return f"RandomResizedCropFlip({self.crop})"
-
 
 def to_normalized_tensor(image: Any) -> Any:
     """A PIL image or a CHW tensor (0-255) -> float32 CHW, normalized by the ImageNet mean and std."""
