@@ -1,8 +1,5 @@
-"""Strict JSON, shared by every file the lab writes and every message it sends.
-
-Writing: NaN and infinities become null (JSON has neither), numpy numbers become Python's,
-files are replaced atomically. Reading: no NaN or Infinity literals and no key twice in
-one object, so whatever is read is plain data, checked before it is used.
+"""Strict JSON for every file the lab writes and message it sends: NaN as null, numpy numbers as
+Python's, atomic files; reading refuses NaN literals and repeated keys.
 """
 
 from __future__ import annotations

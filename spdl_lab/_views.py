@@ -1,9 +1,6 @@
-"""Where data types find the code that draws or drives them, without importing it.
-
-Results and sessions (a Diagnosis, a Comparison, a Tuning, a Session) sit low in the package;
-their plots, HTML pages, dashboards and the live tuner sit above them. The package's
-``__init__`` registers each of those here by name, as ``"module:function"``, imported on first
-use: a result never imports a layer above its own, and ``import spdl_lab`` never loads Bokeh.
+"""Where results and sessions find the code that draws or drives them (registered by ``__init__`` as
+``"module:function"``, imported on first use): none imports a layer above its own, and
+``import spdl_lab`` never loads Bokeh.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ def view(name: str) -> Callable[..., Any]:
     except KeyError:
         raise SpdlLabError(
             f"nothing is registered to draw {name!r}; import spdl_lab (its __init__ registers "
-            "every view) rather than one of its modules alone"
-        ) from None
+            "every view) rather than one of its modules alone") from None
     module, _, function = target.partition(":")
     return getattr(import_module(module), function)

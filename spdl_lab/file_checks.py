@@ -1,9 +1,6 @@
-"""What every saved result (a Diagnosis, a Comparison, a Tuning) shares: the types its fields are
-checked as, and one strict reader and writer whose errors name the file, the JSON location and
-what was expected.
-
-A result's own dataclasses describe its file, and pydantic checks a file against them: no second
-schema. Reading executes nothing: the file becomes plain data (``_json``), checked before use.
+"""What every saved result (a Diagnosis, a Comparison, a Tuning) shares: its field types, checked by
+pydantic against the result's own dataclasses, and one strict reader and writer whose errors name
+the file, the JSON location and what was expected. Reading executes nothing.
 """
 
 from __future__ import annotations

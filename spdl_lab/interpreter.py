@@ -33,11 +33,8 @@ class Interpreter:
 
     def lines(self) -> list[str]:
         build = "free-threaded" if self.free_threaded else "with GIL"
-        torch = (
-            f"{self.torch}; CUDA {'available' if self.cuda else 'not available'}"
-            if self.torch is not None
-            else "not installed"
-        )
+        cuda = f"CUDA {'available' if self.cuda else 'not available'}"
+        torch = f"{self.torch}; {cuda}" if self.torch is not None else "not installed"
         return [
             f"python      {self.python} ({self.executable})",
             f"build       {build}; GIL {'on' if self.gil_enabled else 'off'}",
@@ -55,12 +52,7 @@ def describe() -> Interpreter:
         version, cuda = torch.__version__, bool(torch.cuda.is_available())
     except ImportError:
         version, cuda = None, False
-    return Interpreter(
-        python=platform.python_version(),
-        executable=sys.executable,
-        free_threaded=bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-        gil_enabled=True if is_enabled is None else bool(is_enabled()),
-        cpu_cores=os.cpu_count() or 1,
-        torch=version,
-        cuda=cuda,
-    )
+    return Interpreter(python=platform.python_version(), executable=sys.executable,
+                       free_threaded=bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+                       gil_enabled=True if is_enabled is None else bool(is_enabled()),
+                       cpu_cores=os.cpu_count() or 1, torch=version, cuda=cuda)

@@ -1,18 +1,17 @@
-"""The Pipeline spec: a source, per-item and per-batch ``map`` stages, ``batch`` stages.
-
-A Pipeline describes work; it runs nothing. Runners execute it. Builder methods
-return a new Pipeline, so a spec can be shared and extended without surprises.
+"""The Pipeline spec: a source, per-item and per-batch ``map`` stages, ``batch`` stages. It runs
+nothing; builder methods return a new Pipeline, so a spec can be shared and extended safely.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .errors import PipelineSpecError
 
-__all__ = ["Pipeline", "Stage", "MAX_CONCURRENCY", "validate_concurrency"]
+__all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "describe_source", "find_stage", "unique_name",
+           "validate_concurrency"]
 
 #: Upper bound on a stage's concurrency: beyond this a pool of threads or
 #: processes costs more than it can return on any machine spdl_lab targets.
@@ -21,11 +20,8 @@ MAX_CONCURRENCY = 1024
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a Pipeline.
-
-    ``kind`` is ``"map"`` (apply ``fn`` to each item, ``concurrency`` at a time)
-    or ``"batch"`` (group ``size`` consecutive items into a list).
-    """
+    """One stage of a Pipeline: ``"map"`` (``fn`` on each item, ``concurrency`` at a time) or
+    ``"batch"`` (``size`` consecutive items in a list)."""
 
     name: str
     kind: Literal["map", "batch"]
@@ -38,47 +34,30 @@ class Stage:
 
 def validate_concurrency(value: object, *, stage: str) -> int:
     """Return ``value`` if it is a valid concurrency, else raise naming ``stage``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PipelineSpecError(
-            f"stage {stage!r}: concurrency must be an int in 1..{MAX_CONCURRENCY}, "
-            f"got {value!r} ({type(value).__name__})"
-        )
-    if not 1 <= value <= MAX_CONCURRENCY:
-        raise PipelineSpecError(
-            f"stage {stage!r}: concurrency must be in 1..{MAX_CONCURRENCY}, got {value}"
-        )
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise PipelineSpecError(f"stage {stage!r}: concurrency must be an int in 1..{MAX_CONCURRENCY}, "
+                                f"got {value!r} ({type(value).__name__})")
     return value
 
 
 class Pipeline:
-    """A declarative data pipeline.
+    """A declarative data pipeline over ``source``: a re-iterable (a list, a Dataset-like object)
+    or a zero-argument callable returning a fresh iterator (a plain iterator runs once).
 
     Example::
 
-        import spdl_lab as lab
-
-        p = (lab.Pipeline(range(1000))
-               .map(lambda x: x * 2, concurrency=4, name="double")
-               .batch(32)
-               .map(sum, name="total"))
+        p = lab.Pipeline(range(1000)).map(double, concurrency=4).batch(32).map(sum, name="total")
         with lab.Loader(p) as loader:
             totals = list(loader)
-
-    ``source`` is a re-iterable iterable (a list, a range, a Dataset-like
-    object with ``__iter__``) or a zero-argument callable that returns a fresh
-    iterator each time. A plain iterator works too but can be consumed once.
     """
 
     def __init__(self, source: Iterable[Any] | Callable[[], Iterable[Any]]) -> None:
         if not (callable(source) or hasattr(source, "__iter__")):
-            raise PipelineSpecError(
-                f"Pipeline source must be an iterable or a zero-argument callable "
-                f"returning an iterator; got {type(source).__name__}"
-            )
+            raise PipelineSpecError(f"Pipeline source must be an iterable or a zero-argument callable "
+                                    f"returning an iterator; got {type(source).__name__}")
         self._source = source
         self._stages: tuple[Stage, ...] = ()
 
-    # -- builder -----------------------------------------------------------------
     def map(
         self,
         fn: Callable[[Any], Any],
@@ -87,16 +66,11 @@ class Pipeline:
         name: str | None = None,
         ordered: bool = True,
     ) -> Pipeline:
-        """Apply ``fn`` to every item (or batch, after ``batch``), ``concurrency`` at a time.
-
-        With ``ordered=True`` outputs keep input order; with ``False`` they come
-        in completion order, which hides a slow item behind faster ones.
-        """
+        """Apply ``fn`` to every item (or batch, after ``batch``), ``concurrency`` at a time; with
+        ``ordered=False`` outputs come as they finish, a slow item hidden behind faster ones."""
         label = name if name is not None else _default_name(fn)
         if not callable(fn):
-            raise PipelineSpecError(
-                f"stage {label!r}: fn must be callable, got {type(fn).__name__}"
-            )
+            raise PipelineSpecError(f"stage {label!r}: fn must be callable, got {type(fn).__name__}")
         if not isinstance(ordered, bool):
             raise PipelineSpecError(f"stage {label!r}: ordered must be a bool, got {ordered!r}")
         validate_concurrency(concurrency, stage=label)
@@ -106,21 +80,14 @@ class Pipeline:
     def batch(self, size: int, *, drop_last: bool = False, name: str | None = None) -> Pipeline:
         """Group consecutive items into lists of ``size``; the last may be shorter."""
         label = name if name is not None else "batch"
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise PipelineSpecError(
-                f"stage {label!r}: batch size must be an int >= 1, got {size!r} "
-                f"({type(size).__name__})"
-            )
-        if size < 1:
-            raise PipelineSpecError(f"stage {label!r}: batch size must be >= 1, got {size}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise PipelineSpecError(f"stage {label!r}: batch size must be an int >= 1, got {size!r} "
+                                    f"({type(size).__name__})")
         if not isinstance(drop_last, bool):
-            raise PipelineSpecError(
-                f"stage {label!r}: drop_last must be a bool, got {drop_last!r}"
-            )
+            raise PipelineSpecError(f"stage {label!r}: drop_last must be a bool, got {drop_last!r}")
         stage_name = self._unique_name(label, explicit=name is not None)
         return self._with(Stage(stage_name, "batch", 1, size=size, drop_last=drop_last))
 
-    # -- reading -----------------------------------------------------------------
     @property
     def source(self) -> Iterable[Any] | Callable[[], Iterable[Any]]:
         return self._source
@@ -131,11 +98,7 @@ class Pipeline:
 
     def stage(self, name: str) -> Stage:
         """The stage called ``name``; raises naming the stages there are."""
-        for stage in self._stages:
-            if stage.name == name:
-                return stage
-        known = ", ".join(repr(s.name) for s in self._stages) or "none"
-        raise PipelineSpecError(f"no stage named {name!r}; this pipeline's stages: {known}")
+        return find_stage(self._stages, name, "this pipeline's")
 
     @property
     def source_is_factory(self) -> bool:
@@ -151,10 +114,8 @@ class Pipeline:
             return iter(source)
         produced = source()
         if not hasattr(produced, "__iter__"):
-            raise PipelineSpecError(
-                f"Pipeline source callable {_default_name(source)!r} returned "
-                f"{type(produced).__name__}, not an iterable"
-            )
+            raise PipelineSpecError(f"Pipeline source callable {_default_name(source)!r} returned "
+                                    f"{type(produced).__name__}, not an iterable")
         return iter(produced)
 
     def with_concurrency(self, name: str, concurrency: int) -> Pipeline:
@@ -164,13 +125,12 @@ class Pipeline:
             raise PipelineSpecError(f"stage {name!r} is a batch stage and has no concurrency")
         validate_concurrency(concurrency, stage=name)
         clone = Pipeline(self._source)
-        clone._stages = tuple(
-            _replace(s, concurrency=concurrency) if s.name == name else s for s in self._stages
-        )
+        clone._stages = tuple(replace(s, concurrency=concurrency) if s.name == name else s
+                              for s in self._stages)
         return clone
 
     def __repr__(self) -> str:
-        parts = [f"Pipeline(source={_describe(self._source)})"]
+        parts = [f"Pipeline(source={describe_source(self._source)})"]
         for s in self._stages:
             if s.kind == "map":
                 order = "" if s.ordered else ", ordered=False"
@@ -180,7 +140,6 @@ class Pipeline:
                 parts.append(f".batch({s.size}{drop})")
         return "\n  ".join(parts)
 
-    # -- helpers -----------------------------------------------------------------
     def _with(self, stage: Stage) -> Pipeline:
         clone = Pipeline(self._source)
         clone._stages = (*self._stages, stage)
@@ -190,23 +149,27 @@ class Pipeline:
         if not isinstance(label, str) or not label:
             raise PipelineSpecError(f"stage name must be a non-empty str, got {label!r}")
         taken = {s.name for s in self._stages} | {"source"}
-        if label not in taken:
-            return label
-        if explicit:
-            raise PipelineSpecError(
-                f"stage name {label!r} is already used in this pipeline; names must be unique "
-                f"(taken: {', '.join(sorted(taken))})"
-            )
-        n = 2
-        while f"{label}_{n}" in taken:
-            n += 1
-        return f"{label}_{n}"
+        if explicit and label in taken:
+            raise PipelineSpecError(f"stage name {label!r} is already used in this pipeline; names "
+                                    f"must be unique (taken: {', '.join(sorted(taken))})")
+        return unique_name(label, taken)
 
 
-def _replace(stage: Stage, **changes: Any) -> Stage:
-    from dataclasses import replace
+def find_stage(stages: Sequence[Any], name: str, whose: str) -> Any:
+    """The stage of ``stages`` called ``name``; else an error naming ``whose`` stages there are."""
+    for stage in stages:
+        if stage.name == name:
+            return stage
+    known = ", ".join(repr(s.name) for s in stages) or "none"
+    raise PipelineSpecError(f"no stage named {name!r}; {whose} stages: {known}")
 
-    return replace(stage, **changes)
+
+def unique_name(base: str, taken: Collection[str]) -> str:
+    """``base``, or the first of ``base_2``, ``base_3``, ... not in ``taken``."""
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    return name
 
 
 def _default_name(fn: object) -> str:
@@ -214,6 +177,7 @@ def _default_name(fn: object) -> str:
     return "lambda" if name == "<lambda>" else name
 
 
-def _describe(source: object) -> str:
+def describe_source(source: object) -> str:
+    """``source``'s repr for a pipeline's, or its type where the repr is long."""
     text = repr(source)
     return text if len(text) <= 40 else f"<{type(source).__name__}>"

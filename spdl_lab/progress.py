@@ -1,7 +1,5 @@
-"""The progress bar experiments share: a widget in a notebook, text on a terminal, nothing elsewhere.
-
-tqdm.auto decides notebook or terminal (text without ipywidgets). A text bar redraws with
-carriage returns, litter in a log or a pipe: it is off where stderr is not a terminal.
+"""The progress bar experiments share: a widget in a notebook (tqdm.auto), text on a terminal, and
+nothing where stderr is not one (a redrawn bar is litter in a log or a pipe).
 """
 
 from __future__ import annotations

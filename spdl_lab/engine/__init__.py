@@ -1,5 +1,1 @@
 """The thread engine: stages, resizable pools, bounded queues, ordering."""
-
-from .engine import Engine, EngineReading
-
-__all__ = ["Engine", "EngineReading"]

@@ -1,7 +1,5 @@
-"""The ``batch`` stage: groups items into lists as they are written.
-
-A Batcher sits in front of a queue (or another Batcher) and is written to like
-one, so batching needs no thread and no extra hand-off between threads.
+"""The ``batch`` stage: a Batcher is written to like the queue (or Batcher) it sits in front of, so
+batching needs no thread and no extra hand-off between threads.
 """
 
 from __future__ import annotations
@@ -22,12 +20,9 @@ class Sink(Protocol):
 
 
 class Batcher:
-    """Collects ``size`` items, then puts them as one list into ``downstream``.
-
-    Several upstream workers may write at once; the lock keeps batches whole.
-    While a full batch waits for room downstream the lock stays held, which is
-    the back-pressure we want; the wait ends when downstream has room or is
-    closed (stop path), so writers queued on the lock are never stuck for good.
+    """Collects ``size`` items, then puts them as one list into ``downstream``. A lock keeps batches
+    whole; held while a full batch waits for room downstream, it is the back-pressure, and it is
+    freed when downstream has room or is closed, so writers queued on it are never stuck for good.
     """
 
     def __init__(
@@ -53,8 +48,7 @@ class Batcher:
                 self._emit()
 
     def _emit(self) -> None:
-        # Task time is the assembling alone: waiting for items is upstream's
-        # time and waiting for room is the downstream queue's put_blocked.
+        # Task time is the assembling alone: upstream's and the downstream queue's waits are theirs.
         t0 = time.perf_counter_ns()
         batch, self._pending = self._pending, []
         index = self._batches
@@ -70,8 +64,7 @@ class Batcher:
         self.downstream.finish()
 
     def close(self) -> None:
-        # No lock: a writer may hold it while its put is being woken by the
-        # downstream queue's close; the flag alone stops later writers.
+        # No lock: a writer may hold it while downstream's close wakes its put; the flag suffices.
         self._closed = True
 
     def read(self) -> QueueReading:

@@ -2,31 +2,19 @@
 
 Failure model
 -------------
-* A stage function that raises an ``Exception`` on an item: by default the
-  pipeline stops and the consumer's next ``next()`` raises ``PipelineError``
-  naming the stage and the item's index (source index for per-item stages,
-  batch index after a ``batch``), with the original exception as
-  ``__cause__``. With ``max_failures=N`` the first N failing items (over all
-  stages) are dropped and counted in the stage's ``failures``; failure N+1
-  stops the pipeline as above. Results still queued when the pipeline stops
-  are discarded: an error is reported at once, not after draining.
-* The source raising is always fatal (an iterator that raised cannot resume).
-* ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) in a stage is
-  never dropped: it stops the pipeline like a failure.
+* A stage function raising on an item stops the pipeline: the consumer's next ``next()``
+  raises ``PipelineError`` naming the stage and the item (source index before a ``batch``,
+  batch index after), the exception as ``__cause__``; queued results are discarded. With
+  ``max_failures=N`` the first N failing items (all stages together) are dropped and counted.
+* The source raising, or a ``BaseException`` (``KeyboardInterrupt``) anywhere, always stops it.
 
 Shutdown rules
 --------------
-* ``close()`` (also on ``with`` exit, when the consumer's generator is
-  dropped, and when the owning Loader is garbage-collected) sets ``stopping``,
-  closes every queue and wakes every waiter. Every wait in the engine is on a
-  queue or a condition that this wakes, or polls ``stopping`` at least every
-  0.1 s, so each thread exits as soon as its current call into user code
-  returns.
-* ``close`` joins threads for at most ``timeout`` seconds. Threads still
-  inside user code then (a hung stage) are left behind as daemon threads and
-  named, with their stage, in a ``RuntimeWarning``; they exit when their call
-  returns, since every queue they could touch is closed.
-* Closing twice, or from several threads at once, is safe.
+* ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader collected)
+  sets ``stopping`` and closes every queue, waking every waiter; every other wait polls
+  ``stopping`` at least every 0.1 s. So each thread exits once its call into user code returns.
+* ``close`` joins for at most ``timeout``; threads still in user code are left as daemons and
+  named, with their stage, in a ``RuntimeWarning``. Closing twice or from several threads is safe.
 """
 
 from __future__ import annotations
@@ -101,7 +89,6 @@ class Engine:
         self._source_thread: threading.Thread | None = None
         self._wire(pipeline.stages, buffer_size, item_queue_size)
 
-    # -- building ----------------------------------------------------------------
     def _wire(self, stages: tuple[Stage, ...], buffer_size: int, item_queue_size: int) -> None:
         """Split the stages into producers (source, maps) each followed by its
         batch stages, and give each producer a sink that ends in a queue."""
@@ -138,16 +125,12 @@ class Engine:
             previous = queue
         assert previous is not None
         self._output = previous
-        # Meters in pipeline order.
         self._meters = {s.name: self._meters[s.name] for s in stages}
 
-    # -- running -----------------------------------------------------------------
     def start(self) -> None:
         for stage in self._map_stages.values():
             stage.start()
-        self._source_thread = threading.Thread(
-            target=self._run_source, name="spdl_lab:source", daemon=True
-        )
+        self._source_thread = threading.Thread(target=self._run_source, name="spdl_lab:source", daemon=True)
         self._source_thread.start()
 
     def _run_source(self) -> None:
@@ -204,10 +187,8 @@ class Engine:
                     pass
 
     def get(self, timeout: float) -> Any:
-        """The next output record ``(seq, index, value)``, END, or TIMEOUT.
-
-        Raises the pipeline's ``PipelineError`` once it has failed.
-        """
+        """The next output record ``(seq, index, value)``, END, or TIMEOUT; the pipeline's
+        ``PipelineError`` once it has failed."""
         try:
             record = self._output.get(timeout)
         except QueueClosed:
@@ -219,7 +200,6 @@ class Engine:
     def set_concurrency(self, name: str, n: int) -> None:
         self._map_stages[name].set_concurrency(n)
 
-    # -- failures ----------------------------------------------------------------
     def tolerate(self) -> bool:
         """Count a failed item; True if it may be dropped under ``max_failures``."""
         with self._fail_lock:
@@ -236,7 +216,6 @@ class Engine:
                                            max_failures=self.max_failures)
         self._stop()
 
-    # -- stopping ----------------------------------------------------------------
     def _stop(self) -> None:
         self.stopping = True
         for queue in self._queues:
@@ -253,8 +232,11 @@ class Engine:
             self._closed = True
         self._stop()
         deadline = time.monotonic() + timeout
+        owned = [("the source", self._source_thread)] if self._source_thread else []
+        for stage in self._map_stages.values():
+            owned += [(f"stage {stage.name!r}", thread) for thread in stage.threads()]
         stuck = []
-        for owner, thread in self._threads_by_owner():
+        for owner, thread in owned:
             if thread is threading.current_thread():
                 continue
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -264,17 +246,6 @@ class Engine:
             warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
         return [thread for _, thread in stuck]
 
-    def threads(self) -> list[threading.Thread]:
-        return [thread for _, thread in self._threads_by_owner()]
-
-    def _threads_by_owner(self) -> list[tuple[str, threading.Thread]]:
-        """Every thread with what runs in it ("the source" or "stage 'name'")."""
-        owned = [("the source", self._source_thread)] if self._source_thread else []
-        for stage in self._map_stages.values():
-            owned += [(f"stage {stage.name!r}", thread) for thread in stage.threads()]
-        return owned
-
-    # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
         now = time.perf_counter_ns()
         return EngineReading(source=self._source_meter.read(now),

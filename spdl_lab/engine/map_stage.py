@@ -1,10 +1,7 @@
 """A ``map`` stage: a resizable pool of worker threads between two queues.
 
-Workers take ``(seq, index, item)`` records from the input queue, apply the
-stage function and write the result downstream. Ordered stages release
-results in ``seq`` order through a reorder buffer whose size is bounded by a
-window: a worker does not start an item more than ``window`` places ahead of
-the oldest unreleased one, so one slow item cannot make memory grow.
+Ordered stages release results in ``seq`` order through a reorder buffer: a worker starts no item
+more than ``window`` places ahead of the oldest unreleased one, so one slow item cannot grow memory.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ __all__ = ["FailureRule", "MapStage", "reorder_window"]
 
 _DROPPED = object()
 
-#: How long an idle worker waits on its input before re-checking whether it
-#: should retire (after a shrink) or stop. Bounds the response to both.
+#: How long an idle worker waits on its input before re-checking whether to retire or stop.
 _IDLE_POLL_S = 0.1
 
 
@@ -67,7 +63,6 @@ class MapStage:
         self._window_waiters = 0
         self._window = reorder_window(self._target)
 
-    # -- pool --------------------------------------------------------------------
     @property
     def concurrency(self) -> int:
         return self._target
@@ -118,7 +113,6 @@ class MapStage:
         with self._pool_lock:
             return list(self._threads)
 
-    # -- work --------------------------------------------------------------------
     def _run(self, meter: WorkerMeter) -> None:
         try:
             self._loop(meter)
@@ -134,8 +128,7 @@ class MapStage:
         clock = time.perf_counter_ns
         hist, fast = meter.hist, FAST_BUCKETS
         metered = self._metered
-        # Sampling state (see telemetry.meters.SAMPLE_BELOW_NS): untimed tasks
-        # since the last timed one, and how many may pass before the next.
+        # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
         while True:
             if self._live > self._target and self._retire():
@@ -179,13 +172,9 @@ class MapStage:
             else:
                 put(index, result)
 
-    # -- ordering ----------------------------------------------------------------
     def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
-        # A result that is not next in line, or that arrives while another
-        # worker is emitting, is held. The worker holding the next awaited seq
-        # becomes the one emitter and releases the run of consecutive results,
-        # putting them downstream outside the lock. The others return at once,
-        # so workers never queue up behind a put that waits for room.
+        # A result not next in line, or arriving while another worker emits, is held; the one
+        # emitter puts runs of results downstream outside the lock, so no worker waits on its put.
         lock, held = self._order_lock, self._held
         with lock:
             if self._emitting or seq != self._next_seq:
@@ -233,6 +222,5 @@ class MapStage:
 
 
 def reorder_window(concurrency: int) -> int:
-    # Room for every worker to hold one finished item plus slack, so that in
-    # the steady state no worker waits on the window.
+    # Room for every worker to hold one finished item plus slack: in the steady state none waits.
     return 2 * concurrency + 16

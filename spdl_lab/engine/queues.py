@@ -1,10 +1,5 @@
-"""Bounded queues between stages, with their own meters and a stop path.
-
-A queue carries ``(seq, index, value)`` records: ``seq`` is the order in which
-records entered this queue (the next stage reorders by it), ``index`` names the
-item for error messages. Writers call ``finish()`` when done; readers then get
-``END`` once the queue is empty. ``close()`` wakes every waiter, who raise
-``QueueClosed``: that is the engine's stop path, so no wait here is unbounded.
+"""Bounded queues between stages of ``(seq, index, value)`` records (``seq`` orders them, ``index``
+names the item in errors), metered; ``close()`` wakes every waiter with ``QueueClosed``.
 """
 
 from __future__ import annotations
@@ -38,15 +33,9 @@ class QueueClosed(Exception):
 
 
 class BoundedQueue:
-    """A FIFO of at most ``capacity`` records, metered.
-
-    Only the waits are timed (a clock read happens just when a put or get
-    actually blocks), so an unblocked put or get costs one lock round trip.
-
-    A blocked reader is woken only when no reader already woken will take the
-    new item, and a blocked writer only once the queue has drained to half its
-    capacity, not on every get, which would make the two threads trade the GIL
-    once per item (a convoy).
+    """A FIFO of at most ``capacity`` records; only the waits are timed, so an unblocked put or get
+    costs one lock round trip. A blocked writer is woken once the queue drains to half, not on
+    every get, which would make the two threads trade the GIL once per item (a convoy).
     """
 
     def __init__(self, name: str, capacity: int) -> None:
@@ -69,35 +58,29 @@ class BoundedQueue:
         self.put_blocked_ns = 0
         self.get_blocked_ns = 0
 
-    # -- writing -----------------------------------------------------------------
     def put(self, index: int, value: Any) -> None:
+        """Block until there is room; QueueClosed on stop (close() empties the queue, so a writer
+        it wakes must not take that for room)."""
         with self._lock:
-            self._wait_for_room()
-            self._append(index, value)
-
-    def _wait_for_room(self) -> None:
-        """Block (lock held) until there is room; raise QueueClosed on stop (close() empties
-        the queue, so a writer it wakes must not take that for room)."""
-        if len(self._items) >= self.capacity and not self._closed:
-            t0 = time.perf_counter_ns()
-            self._putters_waiting += 1
-            try:
-                while len(self._items) >= self.capacity and not self._closed:
-                    self._not_full.wait(0.5)
-            finally:
-                self._putters_waiting -= 1
-                self.put_blocked_ns += time.perf_counter_ns() - t0
-        if self._closed:
-            raise QueueClosed(self.name)
-
-    def _append(self, index: int, value: Any) -> None:
-        self._items.append((self.puts, index, value))
-        self.puts += 1
-        # Wake a reader only if the ones already woken will not take this
-        # item: waking every idle worker for one item wastes a GIL hand-off each.
-        if self._getters_waiting > self._getters_woken and len(self._items) > self._getters_woken:
-            self._getters_woken += 1
-            self._not_empty.notify()
+            items = self._items
+            if len(items) >= self.capacity and not self._closed:
+                t0 = time.perf_counter_ns()
+                self._putters_waiting += 1
+                try:
+                    while len(items) >= self.capacity and not self._closed:
+                        self._not_full.wait(0.5)
+                finally:
+                    self._putters_waiting -= 1
+                    self.put_blocked_ns += time.perf_counter_ns() - t0
+            if self._closed:
+                raise QueueClosed(self.name)
+            items.append((self.puts, index, value))
+            self.puts += 1
+            # Wake a reader only if those already woken will not take this item: waking every
+            # idle worker for one item wastes a GIL hand-off each.
+            if self._getters_waiting > self._getters_woken and len(items) > self._getters_woken:
+                self._getters_woken += 1
+                self._not_empty.notify()
 
     def finish(self) -> None:
         """No more puts: readers get END once the queue is drained."""
@@ -105,16 +88,11 @@ class BoundedQueue:
             self._finished = True
             self._wake_all_getters()
 
-    # -- reading -----------------------------------------------------------------
     def get(self, timeout: float) -> tuple[int, int, Any] | _Marker:
         """The next record, END when finished and drained, TIMEOUT after ``timeout`` s."""
         with self._lock:
             items = self._items
             if not items:
-                if self._finished:
-                    return END
-                if self._closed:
-                    raise QueueClosed(self.name)
                 t0 = time.perf_counter_ns()
                 deadline = t0 + int(timeout * 1e9)
                 self._getters_waiting += 1
@@ -148,7 +126,6 @@ class BoundedQueue:
         self._getters_woken = self._getters_waiting
         self._not_empty.notify_all()
 
-    # -- stopping ----------------------------------------------------------------
     def close(self) -> None:
         """Stop: every blocked and future put and get raises QueueClosed."""
         with self._lock:

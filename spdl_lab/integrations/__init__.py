@@ -1,8 +1,5 @@
-"""Loaders of other libraries, brought to the lab bench. Importing this package needs none of them.
-
-``from_spdl`` converts an SPDL pipeline into a ``lab.Pipeline``; ``SpdlMonitor`` (what ``lab.run``
-makes of an SPDL ``PipelineBuilder``) watches one as SPDL runs it; ``torch_dataloader`` converts
-or watches a torch DataLoader.
+"""Loaders of other libraries (SPDL, torch DataLoader), converted or watched as they run.
+Importing this package needs none of them.
 """
 
 from .spdl import from_spdl

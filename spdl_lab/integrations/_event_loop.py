@@ -1,10 +1,8 @@
 """An asyncio event loop in its own thread, for the async stages of a converted SPDL pipeline.
 
-No runner knows the loop exists, so none can stop it. Each thread that submits holds a *lease*
-in thread-local storage, dropped as that thread ends (CPython clears a thread's locals before
-``join()`` returns); the first lease starts the loop, the last one gone stops it without a join
-(the worker is mid-teardown then). So closing a Loader stops the loop too; ``close()`` stops it
-at once, whoever holds a lease.
+No runner knows the loop exists, so each thread that submits holds a *lease* in thread-local
+storage, dropped as the thread ends (before its ``join()`` returns): the last lease gone stops the
+loop, so closing a Loader stops it too.
 """
 
 from __future__ import annotations
@@ -37,15 +35,14 @@ class LoopThread:
         try:
             return future.result()
         finally:
-            # An exception's traceback holds this frame: drop the future so no
-            # cycle keeps objects alive until the garbage collector runs.
+            # A traceback holds this frame: no future in it, so no cycle waits for the collector.
             del future
 
     def _loop_here(self) -> asyncio.AbstractEventLoop:
         """The loop, leased to the calling thread (the lease must never sit in a
         frame that a traceback can hold, or it outlives its thread)."""
         lease = getattr(self._local, "lease", None)
-        if lease is None or lease.loop is not self._loop:  # first call here, or close() since
+        if lease is None:
             lease = self._local.lease = self._acquire()
         return lease.loop
 
@@ -53,18 +50,6 @@ class LoopThread:
     def running(self) -> bool:
         return self._thread is not None
 
-    def close(self) -> None:
-        """Stop the loop now and wait for its thread (leases still held start a new one)."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-            self._leases = 0
-        if loop is not None:
-            _stop_soon(loop)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
-
-    # -- leases ------------------------------------------------------------------
     def _acquire(self) -> _Lease:
         with self._lock:
             if self._loop is None:
@@ -80,13 +65,14 @@ class LoopThread:
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         # Runs while a worker thread is being torn down: no joins, no current_thread().
         with self._lock:
-            if loop is not self._loop:
-                return  # close() already stopped it
             self._leases -= 1
             if self._leases > 0:
                 return
             self._loop = self._thread = None
-        _stop_soon(loop)
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # already closed (interpreter shutdown)
+            pass
 
 
 class _Lease:
@@ -115,7 +101,7 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         loop.run_forever()
     finally:
         try:
-            tasks = asyncio.all_tasks(loop)  # only after close(): leases wait for their calls
+            tasks = asyncio.all_tasks(loop)  # a call interrupted in its thread leaves its task
             for task in tasks:
                 task.cancel()
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
@@ -123,10 +109,3 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             loop.close()
-
-
-def _stop_soon(loop: asyncio.AbstractEventLoop) -> None:
-    try:
-        loop.call_soon_threadsafe(loop.stop)
-    except RuntimeError:  # already closed
-        pass

@@ -1,8 +1,5 @@
 """Stage functions and sources of a converted SPDL pipeline, in the form lab runners call.
 
-Each wraps the SPDL op and keeps SPDL's meaning where lab's differs: an op
-that returns ``None`` drops the item in SPDL; lab has no filter, so here it
-raises ``ItemSkipped`` (a failure, dropped and counted under ``max_failures``).
 All are picklable (cloudpickle carries the user's function by value).
 """
 
@@ -22,11 +19,8 @@ class ItemSkipped(SpdlLabError):
 
 
 class Op:
-    """An SPDL op as a lab stage function; an async one is awaited on ``loop``.
-
-    The calling thread blocks until the coroutine is done, so a stage run by N
-    threads has up to N coroutines on the loop at once: SPDL's concurrency.
-    """
+    """An SPDL op as a lab stage function; an async one is awaited on ``loop`` while the calling
+    thread blocks, so N threads keep up to N coroutines on the loop: SPDL's concurrency."""
 
     __slots__ = ("fn", "stage", "loop")
 
@@ -41,12 +35,8 @@ class Op:
             raise ItemSkipped(
                 f"stage {self.stage!r} returned None: SPDL drops such items, but a lab.Pipeline has no "
                 f"filter, so the item counts as a failed one. Pass max_failures=N to lab.Loader or "
-                f"lab.run to drop and count up to N of them."
-            )
+                f"lab.run to drop and count up to N of them.")
         return result
-
-    def __repr__(self) -> str:
-        return f"Op({self.stage!r}{', async' if self.loop is not None else ''})"
 
 
 class AsyncSource:

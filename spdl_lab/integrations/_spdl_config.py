@@ -1,7 +1,5 @@
-"""Reading an SPDL pipeline: its stages, their lab names, what each one is, and what lab refuses.
-
-``from_spdl`` and the SPDL monitor both start here, so a stage has the same name and the same
-checks whichever way it is run. SPDL's private fields are read only here (spdl_core 0.8).
+"""Reading an SPDL pipeline for ``from_spdl`` and the monitor alike: its stages, their lab names,
+what each one is, and what lab refuses. SPDL's private fields are read only here (spdl_core 0.8).
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PipelineSpecError, SpdlLabError
+from ..pipeline import Stage, describe_source, find_stage, unique_name
 
 __all__ = ["SpdlNotInstalledError", "SpdlStage", "SpdlSpec", "op_kind", "pipe_fields", "read_spec"]
 
@@ -40,19 +39,13 @@ class SpdlSpec:
 
     @property
     def stages(self) -> tuple[Any, ...]:
-        from ..pipeline import Stage
-
         return tuple(Stage(p.name, p.kind, p.concurrency) for p in self.parts)  # type: ignore[arg-type]
 
     def stage(self, name: str) -> SpdlStage:
-        for part in self.parts:
-            if part.name == name:
-                return part
-        known = ", ".join(repr(p.name) for p in self.parts) or "none"
-        raise PipelineSpecError(f"no stage named {name!r}; this SPDL pipeline's stages: {known}")
+        return find_stage(self.parts, name, "this SPDL pipeline's")
 
     def __repr__(self) -> str:
-        parts = [f"SPDL pipeline(source={_describe(getattr(self.config.src, 'source', self.config.src))})"]
+        parts = [f"SPDL pipeline(source={describe_source(getattr(self.config.src, 'source', self.config.src))})"]
         parts += [f"{p.what} {p.name!r}, concurrency={p.concurrency}" for p in self.parts]
         return "\n  ".join(parts)
 
@@ -61,28 +54,16 @@ class SpdlNotInstalledError(SpdlLabError, ImportError):
     """SPDL (the ``spdl_core`` package) is not installed."""
 
 
-def _require_spdl(caller: str) -> None:
-    """Raise ``SpdlNotInstalledError`` unless ``spdl.pipeline`` imports."""
+def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
+    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``;
+    ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
+    with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
     try:
-        import spdl.pipeline  # noqa: F401
-        import spdl.pipeline.defs  # noqa: F401
+        from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
     except ImportError as exc:
         raise SpdlNotInstalledError(
             f"{caller} needs SPDL, which is not installed here ({exc}). "
-            f"Install it with `pip install spdl_core` (it provides spdl.pipeline)."
-        ) from exc
-
-
-def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
-    """The stages of an SPDL builder or config (SPDL must be installed), named as lab names them.
-
-    What lab cannot take raises ``PipelineSpecError`` naming the stage and what to do: with
-    ``convert`` (``lab.from_spdl``) whatever a ``lab.Pipeline`` cannot do, else (monitoring
-    as SPDL runs it) only branches and regions. Names are SPDL's; a repeated name (SPDL allows
-    them, lab does not) gets ``_2``, ``_3``; ``source`` and ``sink`` are taken by the ends.
-    """
-    _require_spdl(caller)
-    from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
+            f"Install it with `pip install spdl_core` (it provides spdl.pipeline).") from exc
 
     config = _config_of(spec, caller)
     _check_source(config.src, caller, convert)
@@ -99,7 +80,9 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
             base, kind, concurrency, what = "disaggregate", "map", 1, "disaggregate"
         else:
             base, kind, concurrency, what = _other(cfg)
-        part = SpdlStage(_unique(str(base) or "stage", taken), kind, concurrency, what, cfg)
+        name = unique_name(str(base) or "stage", taken)
+        taken.add(name)
+        part = SpdlStage(name, kind, concurrency, what, cfg)
         why = _refusal(part, convert)
         if why is not None:
             raise PipelineSpecError(f"{caller}: stage {part.name!r} ({what}) is not supported: {why}")
@@ -126,12 +109,10 @@ def _config_of(spec: Any, caller: str) -> Any:
     if isinstance(spec, BuiltPipeline):
         raise PipelineSpecError(
             f"{caller}: got a built spdl.pipeline.Pipeline, which keeps no public description of its "
-            f"stages; pass the PipelineBuilder (or builder.get_config()) instead"
-        )
+            f"stages; pass the PipelineBuilder (or builder.get_config()) instead")
     raise PipelineSpecError(
         f"{caller} takes an spdl.pipeline.PipelineBuilder or spdl.pipeline.defs.PipelineConfig, "
-        f"got {type(spec).__name__}"
-    )
+        f"got {type(spec).__name__}")
 
 
 _MONITOR = "lab.run(builder, step=...) monitors it as SPDL runs it, without converting"
@@ -146,14 +127,12 @@ def _check_source(src: Any, caller: str, convert: bool) -> None:
         raise PipelineSpecError(
             f"{caller}: the source (a Merge of {len(src.pipeline_configs)} pipelines) is not supported: "
             f"lab takes one source. Take each merged pipeline on its own (config.src.pipeline_configs[i]), "
-            f"or {_AS_ITERABLE}."
-        )
+            f"or {_AS_ITERABLE}.")
     if convert and src.continuous:
         raise PipelineSpecError(
             f"{caller}: the source (continuous=True, re-iterated for ever with epoch markers) is "
             "not supported: a lab.Pipeline makes one pass over its source per run. Build with "
-            "add_source(..., continuous=False)."
-        )
+            "add_source(..., continuous=False).")
 
 
 def _refusal(part: SpdlStage, convert: bool) -> str | None:
@@ -197,8 +176,7 @@ def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
     except AttributeError:
         raise PipelineSpecError(
             f"stage {cfg.name!r}: this SPDL version's PipeConfig has no _args; "
-            f"spdl_lab reads SPDL pipelines of spdl_core 0.8"
-        ) from None
+            f"spdl_lab reads SPDL pipelines of spdl_core 0.8") from None
 
 
 def pipe_ordered(cfg: Any) -> bool:
@@ -228,16 +206,3 @@ def _other(cfg: Any) -> tuple[str, str, int, str]:
     if isinstance(cfg, PlacementConfig):
         return cfg.name, "other", 1, f".to({cfg.target!r}) region marker"
     return getattr(cfg, "name", None) or type(cfg).__name__, "other", 1, type(cfg).__name__
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
-
-
-def _describe(source: object) -> str:
-    text = repr(source)
-    return text if len(text) <= 40 else f"<{type(source).__name__}>"

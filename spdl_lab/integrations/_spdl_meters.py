@@ -1,10 +1,6 @@
 """lab meters fed by SPDL's own extension points: a task hook per stage, a queue class.
 
 Both run on SPDL's event loop thread only, so each counter has one writer and needs no lock.
-A stage's tasks are SPDL's task invocations, counted as they end (not an async generator's last
-step, nor an aggregate's end-of-stream flush), timed inside the hook, with one slot meter per
-running task for ``in_flight`` and busy time; the source's tasks are the items it queued. A
-queue's depth is the asyncio queue's own; blocked time adds up the waits of its coroutines.
 """
 
 from __future__ import annotations
@@ -86,7 +82,8 @@ class _MeteredQueue(AsyncQueue):
 
 
 class _StageHook(TaskHook):
-    """Times every task of one stage into a lab ``StageMeter``."""
+    """Times every task of one stage into a lab ``StageMeter`` (the tasks SPDL invokes, counted as
+    they end), with a worker meter per running task for ``in_flight`` and busy time."""
 
     def __init__(self, meter: StageMeter) -> None:
         self.meter = meter
@@ -130,11 +127,9 @@ class _Task:
 
 
 class SpdlMeters:
-    """The meters of one run of an SPDL pipeline, in the shape of the thread engine's.
-
-    ``queue_class()`` and ``hook_factory()`` go to SPDL's build; ``read()`` gives an
-    ``EngineReading``. SPDL's stage id matches them (0 the source, the pipes in order, the sink).
-    """
+    """The meters of one run of an SPDL pipeline, read as an ``EngineReading``: ``queue_class()``
+    and ``hook_factory()`` go to SPDL's build, whose stage ids (0 the source, the pipes in order,
+    the sink) match them."""
 
     def __init__(self, spec: SpdlSpec) -> None:
         self.source = StageMeter(SOURCE, "source", 1)

@@ -1,7 +1,5 @@
-"""``lab.from_spdl``: an SPDL pipeline as a ``lab.Pipeline``, for every lab runner and experiment.
-
-Converts a source, pipes (sync or async functions) and fixed-size aggregates; anything else is
-refused, naming the stage. ``lab.run(builder, step=...)`` watches one as SPDL runs it (``spdl_monitor``).
+"""``lab.from_spdl``: an SPDL pipeline as a ``lab.Pipeline``, for every lab runner and experiment
+(``spdl_monitor`` watches one as SPDL runs it instead).
 """
 
 from __future__ import annotations
@@ -17,30 +15,16 @@ __all__ = ["SpdlNotInstalledError", "from_spdl"]
 
 
 def from_spdl(builder_or_config: Any) -> Pipeline:
-    """A ``lab.Pipeline`` that does what an SPDL pipeline does.
+    """A ``lab.Pipeline`` that does what an SPDL pipeline (a builder or its config) does.
 
     Example::
 
-        from spdl.pipeline import PipelineBuilder
-        import spdl_lab as lab
+        p = lab.from_spdl(PipelineBuilder().add_source(range(1000))
+                          .pipe(decode, concurrency=4).aggregate(32).pipe(collate).add_sink(3))
+        lab.diagnose(p)
 
-        builder = (PipelineBuilder().add_source(range(1000))
-                   .pipe(download, concurrency=8).pipe(decode, concurrency=4)
-                   .aggregate(32).pipe(collate).add_sink(3))
-        p = lab.from_spdl(builder)            # or builder.get_config()
-        diag = lab.diagnose(p)                # each stage alone, a verdict per stage
-        cmp = lab.compare(p, step=train_step)
-
-    Stage names and concurrency are kept (a repeated name gets ``_2``);
-    ``output_order="input"`` becomes ``ordered=True``. Async functions run on
-    an event loop in its own thread, which stops when the threads that used it
-    end. SPDL drops items for which a pipe returns ``None``; a lab.Pipeline
-    counts them as failures (``max_failures=N`` drops up to N). The sink's
-    ``buffer_size`` is a Loader option in lab (``lab.Loader(p, buffer_size=n)``).
-
-    Refused, with the stage named: generator ops, pipes with their own
-    ``executor`` or ``max_failures``, custom ``Aggregator``s, ``disaggregate``,
-    ``path_variants``, ``.to()`` regions, ``Merge`` sources and continuous sources.
+    Names and concurrency are kept; async functions share one event loop thread. An item a pipe
+    maps to ``None`` (SPDL drops it) counts as a failure; the sink's buffer is ``lab.Loader``'s.
     """
     spec = read_spec(builder_or_config, caller="lab.from_spdl", convert=True)
     loop = LoopThread()  # shared by the async stages, as SPDL shares one loop

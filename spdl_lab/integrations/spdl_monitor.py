@@ -1,8 +1,5 @@
-"""Watch a real SPDL pipeline with lab's meters, without converting it.
-
-``SpdlMonitor`` builds it with SPDL's own ``build_pipeline``, lab's meters as its task hooks and
-queue class (``_spdl_meters``), and reads like a ``lab.Loader``. ``lab.run(builder, step=...)``
-makes one (runner ``"spdl"``).
+"""Watch a real SPDL pipeline with lab's meters, without converting it: SPDL's own
+``build_pipeline`` with lab's task hooks and queue class, read like a ``lab.Loader``.
 """
 
 from __future__ import annotations
@@ -31,36 +28,24 @@ _OURS = ("queue_class", "stage_id")
 
 
 class SpdlMonitor(RunOwner):
-    """Iterate an SPDL pipeline as SPDL runs it, with lab's meters on every stage and queue.
+    """Iterate an SPDL pipeline (a builder or its config) as SPDL runs it, with lab's meters on
+    every stage and queue; each ``iter()`` builds a fresh one. Keyword arguments go to SPDL's
+    ``build_pipeline``; ``num_threads`` defaults to enough that no task waits for a thread (the
+    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty.
 
     Example::
 
-        monitor = SpdlMonitor(builder)              # a PipelineBuilder or PipelineConfig
-        with monitor:
+        with SpdlMonitor(builder) as monitor:
             for batch in monitor:
                 train(batch)
-            print(monitor.stats())                  # per-stage tasks, p50/p99, queues
-
-    Each ``iter(monitor)`` builds and starts a fresh SPDL pipeline. Keyword arguments go to
-    ``spdl.pipeline.build_pipeline``: ``num_threads`` defaults to enough threads that no task
-    waits for one (the wait would count in its task time); ``max_failures`` (SPDL's -1 drops
-    every failing item, counted); ``task_hook_factory`` (its hooks run beside lab's). SPDL fixes
-    concurrency when it builds: ``set_concurrency`` is refused and ``controls()`` is empty.
-    Refused, with the stage named: ``Merge`` sources, ``path_variants`` and ``.to()`` regions.
+            print(monitor.stats())
     """
 
     runner = RUNNER
 
-    def __init__(
-        self,
-        builder_or_config: Any,
-        *,
-        sample_hz: float = DEFAULT_HZ,
-        sample_ticks: int = DEFAULT_TICKS,
-        close_timeout: float = CLOSE_TIMEOUT_S,
-        start_timeout: float = 30.0,
-        **build_options: Any,
-    ) -> None:
+    def __init__(self, builder_or_config: Any, *, sample_hz: float = DEFAULT_HZ,
+                 sample_ticks: int = DEFAULT_TICKS, close_timeout: float = CLOSE_TIMEOUT_S,
+                 start_timeout: float = 30.0, **build_options: Any) -> None:
         self.pipeline: SpdlSpec = read_spec(builder_or_config, caller="lab.run", convert=False)
         if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
@@ -70,7 +55,6 @@ class SpdlMonitor(RunOwner):
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._start_timeout = start_timeout
 
-    # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this SpdlMonitor is closed; create a new one to iterate again")
@@ -89,8 +73,7 @@ class SpdlMonitor(RunOwner):
             f"cannot set {stage!r}'s concurrency to {n}: an SPDL pipeline fixes each stage's "
             f"concurrency when it is built, and cannot change it while it runs. Rebuild with "
             f"pipe(..., concurrency={n}), or convert it with lab.from_spdl(builder) and run it "
-            f"under runner='thread', where concurrency changes live."
-        )
+            f"under runner='thread', where concurrency changes live.")
 
     def controls(self) -> dict[str, int]:
         """Nothing can be changed live in an SPDL pipeline."""
@@ -104,12 +87,9 @@ class SpdlMonitor(RunOwner):
 
 
 class SpdlRunner(Runner):
-    """One run of an SPDL pipeline behind lab's runner contract (``runners/base.py``).
-
-    ``get`` and ``close`` may come from different threads (a session stops
-    from another thread): a lock keeps SPDL's ``get_item`` and ``stop`` apart,
-    and ``get`` polls in short slices, so ``close`` waits at most one slice.
-    """
+    """One run of an SPDL pipeline behind lab's runner contract. ``get`` and ``close`` may come from
+    different threads: a lock keeps SPDL's ``get_item`` and ``stop`` apart, and ``get`` polls in
+    short slices, so ``close`` waits at most one slice."""
 
     name = RUNNER
 
@@ -132,8 +112,7 @@ class SpdlRunner(Runner):
         options = dict(self._options)
         options["task_hook_factory"] = self.meters.hook_factory(options.get("task_hook_factory"))
         self._pipeline = build_pipeline(
-            self.spec.config, queue_class=self.meters.queue_class(), stage_id=0, **options
-        )
+            self.spec.config, queue_class=self.meters.queue_class(), stage_id=0, **options)
         try:
             self._pipeline.start(timeout=self._start_timeout)
         except TimeoutError as exc:
@@ -202,11 +181,8 @@ def is_spdl_spec(obj: Any) -> bool:
 
 
 def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = None) -> int:
-    """Enough executor threads for every synchronous task SPDL may run at once.
-
-    Sync functions and generators without their own executor run on the
-    pipeline's pool; with ``use_thread_output_queue`` the sink's puts do too.
-    """
+    """Enough executor threads for every synchronous task SPDL may run at once: sync functions and
+    generators without their own executor, and the sink's puts with ``use_thread_output_queue``."""
     from spdl.pipeline.defs import PipeConfig
 
     total = 1 if (build_options or {}).get("use_thread_output_queue") else 0
@@ -218,15 +194,11 @@ def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = N
     return max(1, total)
 
 
-def open_spdl(
-    source: Any, runner: str | None, sample_hz: float, options: dict[str, Any]
-) -> tuple[Any, Any, str]:
-    """What ``lab.run`` opens for an SPDL pipeline: ``(loader, iterable, runner name)``.
-
-    Runner ``None`` or ``"spdl"`` monitors it as SPDL runs it; a lab runner
-    name runs ``lab.from_spdl(source)`` under that runner. Diagnostic mode is
-    checked here, in the caller's thread, as ``lab.run`` does for a lab.Pipeline.
-    """
+def open_spdl(source: Any, runner: str | None, sample_hz: float,
+              options: dict[str, Any]) -> tuple[Any, Any, str]:
+    """What ``lab.run`` opens for an SPDL pipeline, ``(loader, iterable, runner name)``: a monitor
+    for runner None or ``"spdl"``, else ``lab.from_spdl(source)`` under that runner. The start
+    hooks (diagnostic mode) run here, in the caller's thread, as for a lab.Pipeline."""
     from ..loader import Loader
     from .spdl import from_spdl
 
@@ -252,14 +224,12 @@ def _check_build_options(options: dict[str, Any]) -> None:
     if taken:
         raise PipelineSpecError(
             f"lab.run: {', '.join(taken)} cannot be passed for an SPDL pipeline: spdl_lab sets them to "
-            f"meter its queues (task_hook_factory may be passed: its hooks run beside lab's)"
-        )
+            f"meter its queues (task_hook_factory may be passed: its hooks run beside lab's)")
     known = [n for n, p in inspect.signature(build_pipeline).parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = [k for k in options if k not in known]
     if unknown:
         takes = ", ".join(k for k in known if k not in _OURS)
         raise PipelineSpecError(
             f"lab.run: an SPDL pipeline takes no {', '.join(map(repr, unknown))}; "
-            f"it takes SPDL's build options: {takes}"
-        )
+            f"it takes SPDL's build options: {takes}")
 

@@ -1,8 +1,5 @@
-"""Bring a torch DataLoader as it is.
-
-``from_dataloader(dl)`` turns one over a map-style dataset into a ``lab.Pipeline`` for every
-runner. ``WatchedDataLoader``, what ``lab.run(dataloader, step=...)`` iterates, is the DataLoader
-untouched plus a Sampler source of its worker processes' count and CPU.
+"""Bring a torch DataLoader as it is: converted into a ``lab.Pipeline`` (``from_dataloader``), or
+iterated untouched with its worker processes watched (``WatchedDataLoader``, for ``lab.run``).
 """
 
 from __future__ import annotations
@@ -17,35 +14,25 @@ import psutil
 from ..errors import PipelineSpecError
 from ..pipeline import Pipeline
 from ..telemetry.cpu_rates import ProcessRates
+from ..telemetry.frames import Row
 
 __all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
 
-Row = tuple[str, str, float]
-
 
 def is_dataloader(obj: Any) -> bool:
-    try:
-        from torch.utils.data import DataLoader
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return False
+    from torch.utils.data import DataLoader
+
     return isinstance(obj, DataLoader)
 
 
 def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
-    """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]``,
-    ``batch_size`` per batch (``drop_last`` kept), then its ``collate_fn``.
-
-    ``concurrency`` of the ``getitem`` stage defaults to ``dl.num_workers`` (at
-    least 1). With a ``batch_sampler`` and no ``batch_size``, each index list
-    is fetched by one ``fetch`` stage. Example::
+    """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]`` at
+    ``concurrency`` (default ``dl.num_workers``), batches of ``batch_size``, ``collate_fn``.
+    A ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage.
+    Example::
 
         p = lab.from_dataloader(DataLoader(ds, batch_size=32, shuffle=True, num_workers=4))
-        lab.compare(p, step=train_step)          # thread, subprocess-threads, process, cache
-        lab.diagnose(p)
-
-    ``worker_init_fn`` is not called (the lab's runners start their own
-    workers); a DataLoader with one is refused unless you pass it along
-    yourself, so nothing is silently skipped.
+        lab.compare(p, step=train_step)
     """
     if not is_dataloader(dl):
         raise PipelineSpecError(f"from_dataloader takes a torch.utils.data.DataLoader, got {type(dl).__name__}")
@@ -56,41 +43,24 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
         raise PipelineSpecError(
             f"from_dataloader: {type(dataset).__name__} is an IterableDataset; only map-style datasets "
             f"(__getitem__ and __len__) map onto stages. Build the pipeline yourself, e.g. "
-            f"lab.Pipeline(dataset).batch({dl.batch_size or 1}).map(collate_fn)"
-        )
+            f"lab.Pipeline(dataset).batch({dl.batch_size or 1}).map(collate_fn)")
     if dl.worker_init_fn is not None:
         raise PipelineSpecError(
             "from_dataloader: the DataLoader has a worker_init_fn, which the lab's runners would not "
             "call; do that setup inside the dataset (lazily, on first __getitem__) and pass a "
-            "DataLoader without worker_init_fn"
-        )
+            "DataLoader without worker_init_fn")
     workers = concurrency if concurrency is not None else max(1, dl.num_workers)
     if dl.batch_size is None and dl.batch_sampler is not None:
         # A custom batch_sampler: it yields index lists, fetched together.
-        pipeline = Pipeline(_Indices(dl.batch_sampler)).map(
+        pipeline = Pipeline(dl.batch_sampler).map(
             partial(_fetch, dataset), concurrency=workers, name="fetch")
     else:
         # Without automatic batching (batch_size None), collate_fn applies to each item.
-        pipeline = Pipeline(_Indices(dl.sampler)).map(dataset.__getitem__, concurrency=workers, name="getitem")
+        # A sampler is re-iterable: each pass draws a fresh shuffle.
+        pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="getitem")
         if dl.batch_size is not None:
             pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
     return pipeline.map(dl.collate_fn, name="collate")
-
-
-class _Indices:
-    """Re-iterable indices from a sampler: a fresh pass (a fresh shuffle) per iteration."""
-
-    def __init__(self, sampler: Any) -> None:
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.sampler)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __repr__(self) -> str:
-        return f"indices from {type(self.sampler).__name__}"
 
 
 def _fetch(dataset: Any, indices: Any) -> list[Any]:
@@ -112,8 +82,7 @@ class WatchedDataLoader:
 
     def follow(self, it: Iterator[Any]) -> Iterator[Any]:
         """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
-        # torch keeps its worker processes on the iterator (``_workers``); a
-        # single-process DataLoader has none.
+        # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
         procs = []
         for w in getattr(it, "_workers", []) or []:
             try:
@@ -129,8 +98,7 @@ class WatchedDataLoader:
 
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
-            # Each worker against its own time stamp (telemetry.cpu_rates); an exited
-            # worker (the DataLoader finished or shut them down) gives None.
+            # Each worker against its own time stamp (cpu_rates); an exited one gives None.
             pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
         alive = [(i, pct) for i, pct in pcts if pct is not None]
         rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]

@@ -1,8 +1,5 @@
-"""What a series can physically be, enforced where rows enter the ring.
-
-CPU times tick in 10 ms steps, so a rate over a short tick can exceed the machine. Here
-``cpu_percent`` stays within 0..100 x cores, ``*_frac`` and ``*_util`` within 0..1, the rest
-at or above 0; infinities become NaN. The sampler counts the clamps in a ``clamped`` row.
+"""What a series can physically be (CPU times tick in 10 ms steps, so a short tick's rate can exceed
+the machine), enforced where rows enter the ring; the sampler counts clamps in a ``clamped`` row.
 """
 
 from __future__ import annotations

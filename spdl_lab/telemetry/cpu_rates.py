@@ -1,8 +1,5 @@
-"""CPU percent of processes, each read against its own time stamp.
-
-Reading many processes takes a while (a /proc read each, the GIL between them): one stamp for
-all of them read above what the cores can give (docs/measurement-noise.md). Each process is
-stamped mid-read, and a span under MIN_SPAN_S keeps the baseline (CPU time ticks every 10 ms).
+"""CPU percent of processes, each stamped mid-read: one stamp for many slow /proc reads overstates
+them (docs/measurement-noise.md); a span under MIN_SPAN_S keeps the baseline (10 ms CPU ticks).
 """
 
 from __future__ import annotations

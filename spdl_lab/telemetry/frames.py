@@ -73,10 +73,8 @@ def queue_rows(now: QueueReading, before: QueueReading | None, dt_s: float,
                producers: int = 1, consumers: int = 1) -> list[Row]:
     """Queue rows; blocked shares per thread (1.0: all ``producers``, or ``consumers``, blocked all tick)."""
     name = now.name
-    rows: list[Row] = [
-        ("queue_depth", name, float(now.depth)),
-        ("queue_capacity", name, float(now.capacity)),
-    ]
+    rows: list[Row] = [("queue_depth", name, float(now.depth)),
+                       ("queue_capacity", name, float(now.capacity))]
     if before is not None and dt_s > 0:
         put = (now.put_blocked_ns - before.put_blocked_ns) / 1e9 / dt_s / max(1, producers)
         get = (now.get_blocked_ns - before.get_blocked_ns) / 1e9 / dt_s / max(1, consumers)
@@ -97,11 +95,8 @@ def long_frame(times: np.ndarray, columns: dict[tuple[str, str], np.ndarray]) ->
         keep = ~np.isnan(values)
         if not keep.any():
             continue
-        parts.append(
-            pd.DataFrame(
-                {"time_s": times[keep], "series": series, "stage": stage, "value": values[keep]}
-            )
-        )
+        parts.append(pd.DataFrame({"time_s": times[keep], "series": series, "stage": stage,
+                                   "value": values[keep]}))
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, ["float64", "object", "object", "float64"])})
     frame = pd.concat(parts, ignore_index=True)

@@ -1,8 +1,5 @@
-"""Fixed log-bucket histogram of durations in nanoseconds.
-
-Eight buckets per power of two (relative error under 7% after interpolation),
-so recording is a few integer operations and reading is a scan of 512 counts.
-Workers record into their own plain lists; readers add the lists up.
+"""Fixed log-bucket histogram of durations in nanoseconds: eight buckets per power of two (error
+under 7% after interpolation), so recording is a few integer operations.
 """
 
 from __future__ import annotations

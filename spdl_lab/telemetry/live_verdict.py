@@ -1,7 +1,5 @@
-"""The live verdict: one line, from the last seconds of frames, on where the time goes.
-
-"data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy — ...":
-the rules' thresholds are the constants below.
+"""The live verdict: one line, from the last seconds of frames, on where the time goes
+("data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy — ...").
 """
 
 from __future__ import annotations
@@ -11,37 +9,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
+from .._table import pct
 from .frames import FrameChunk
 
 __all__ = ["BUSY_SATURATED", "CPU_FULL", "CPU_WAIT_TRAIN", "FED_DATA_WAIT", "GIL_BOUND_TRAIN",
-           "STARVED_DATA_WAIT", "Verdict", "Window", "live_verdict", "verdict_from_frames"]
+           "STARVED_DATA_WAIT", "Verdict", "Window", "live_verdict"]
 
 #: Data wait above this share of step time: the step is starved of data.
 STARVED_DATA_WAIT = 0.15
 #: Data wait below this share: loading keeps up, the step sets the pace.
 FED_DATA_WAIT = 0.05
-#: Training-thread GIL wait above this share of step time is called out, and
-#: ``thread`` is told to move its loading into a subprocess.
+#: Training-thread GIL wait above this share of step time is called out (thread: move loading out).
 GIL_BOUND_TRAIN = 0.15
-#: The same for the training thread's wait for a CPU (run queue): the loader's
-#: threads or processes crowd the cores the step needs.
+#: The same for its wait for a CPU (run queue): the loader crowds the cores the step needs.
 CPU_WAIT_TRAIN = 0.15
-#: A stage whose workers are inside its function this share of the time is the
-#: bottleneck: more concurrency (or a cheaper function) is the way out.
+#: A stage busy this share of the time is the bottleneck: more concurrency is the way out.
 BUSY_SATURATED = 0.85
-#: Process-tree CPU above this share of the machine's cores: the cores are full,
-#: so more concurrency cannot help.
+#: Process-tree CPU above this share of the cores: they are full, more concurrency cannot help.
 CPU_FULL = 0.90
 #: The verdict looks at this many seconds of the most recent frames.
 WINDOW_S = 5.0
 
 Key = tuple[str, str]
-
-
-def pct(x: float) -> str:
-    return f"{x:.0%}"
 
 
 @dataclass(frozen=True)
@@ -54,20 +44,11 @@ class Verdict:
         return self.text
 
 
-def live_verdict(
-    means: Mapping[Key, float],
-    *,
-    runner: str,
-    controls: Mapping[str, int] | None = None,
-    cpu_cores: int = 1,
-) -> Verdict:
-    """The verdict from per-series means over the recent window.
-
-    ``means[(series, stage)]`` as in frames; the training thread's GIL wait is
-    ``("gil_wait_frac", "train")`` (known when the step is a SimulatedDevice).
-    The GIL probe's own reading is not used: it reads high whenever the
-    training thread itself holds the GIL, so it cannot blame the loader.
-    """
+def live_verdict(means: Mapping[Key, float], *, runner: str,
+                 controls: Mapping[str, int] | None = None, cpu_cores: int = 1) -> Verdict:
+    """The verdict from ``means[(series, stage)]`` over the recent window. The GIL wait is the
+    training thread's (``("gil_wait_frac", "train")``, from a SimulatedDevice), not the probe's:
+    the probe reads high whenever the training thread holds the GIL: it cannot blame the loader."""
     controls = dict(controls or {})
     if not means.get(("steps_in_window", "step"), 0) > 0:
         return Verdict("warming-up", "warming up: no training step finished in the last seconds")
@@ -88,8 +69,7 @@ def live_verdict(
         kind = "cpu-contended"
         parts.append(
             f"training thread waits for a CPU ({pct(queued)} run-queue wait) while loading "
-            f"keeps up (data wait {pct(wait)})"
-        )
+            f"keeps up (data wait {pct(wait)})")
     elif wait < FED_DATA_WAIT:
         kind = "step-bound"
         parts.append(f"step-bound: data wait {pct(wait)} of step time; loading keeps up")
@@ -107,10 +87,8 @@ def live_verdict(
     return Verdict(kind, f"{text} — {advice}" if advice else text)
 
 
-def _advice(
-    kind: str, runner: str, gil: float, cpu: float, slowest: tuple[str, float] | None,
-    controls: Mapping[str, int],
-) -> str:
+def _advice(kind: str, runner: str, gil: float, cpu: float, slowest: tuple[str, float] | None,
+            controls: Mapping[str, int]) -> str:
     if kind == "cpu-contended":
         return "fewer loader workers or threads: they crowd the cores the step needs"
     if kind not in ("data-starved", "gil-bound"):
@@ -132,11 +110,8 @@ def _advice(
 
 
 def _slowest_stage(means: Mapping[Key, float]) -> tuple[str, float] | None:
-    busy = [
-        (stage, value)
-        for (series, stage), value in means.items()
-        if series == "busy_frac" and stage != "source" and not math.isnan(value)
-    ]
+    busy = [(stage, value) for (series, stage), value in means.items()
+            if series == "busy_frac" and stage != "source" and not math.isnan(value)]
     return max(busy, key=lambda item: item[1]) if busy else None
 
 
@@ -201,26 +176,3 @@ class Window:
         values = self._data[row]
         finite = np.flatnonzero(np.isfinite(values))
         return float(values[finite[-1]]) if len(finite) else math.nan
-
-
-def verdict_from_frames(
-    frames: pd.DataFrame,
-    *,
-    runner: str,
-    controls: Mapping[str, int] | None = None,
-    cpu_cores: int = 1,
-    window_s: float = WINDOW_S,
-) -> Verdict:
-    """The live verdict for long-format frames (``session.frames()``)."""
-    window = Window(window_s, max_ticks=max(2, frames["time_s"].nunique()))
-    window.add(_to_chunk(frames))
-    return live_verdict(window.means(), runner=runner, controls=controls, cpu_cores=cpu_cores)
-
-
-def _to_chunk(frames: pd.DataFrame) -> FrameChunk:
-    if frames.empty:
-        return FrameChunk(0, np.empty(0), {})
-    wide = frames.pivot_table(index="time_s", columns=["series", "stage"], values="value", aggfunc="last")
-    times = wide.index.to_numpy(dtype=float)
-    columns = {(s, g): wide[(s, g)].to_numpy(dtype=float) for s, g in wide.columns}
-    return FrameChunk(len(times), times, columns)

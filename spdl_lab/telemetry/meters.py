@@ -1,8 +1,5 @@
-"""Counters owned by stages: written on the hot path, read by the sampler.
-
-Each worker thread writes only its own ``WorkerMeter`` (one writer, no lock:
-under the GIL a reader sees each int whole), and readers sum the workers. A
-stage meter keeps the meters of retired workers so totals never go backwards.
+"""Counters owned by stages, written on the hot path and read by the sampler: each worker thread
+writes only its own ``WorkerMeter`` (no lock: under the GIL a reader sees each int whole).
 """
 
 from __future__ import annotations
@@ -79,7 +76,8 @@ class QueueReading:
 
 
 class StageMeter:
-    """The meters of one stage: a growing set of worker meters and the concurrency."""
+    """The meters of one stage: its concurrency and every worker meter it had (a retired worker's
+    are kept, so totals never go backwards)."""
 
     def __init__(self, name: str, kind: str, concurrency: int) -> None:
         self.name = name
@@ -98,28 +96,17 @@ class StageMeter:
         now_ns = time.perf_counter_ns() if now_ns is None else now_ns
         with self._lock:
             workers = list(self._workers)
-        tasks = failures = in_flight = busy = 0
+        tasks = failures = in_flight = busy = running = 0
         hist = new_counts()
         for w in workers:
             tasks += w.tasks
             failures += w.failures
             busy += w.busy_ns
-            started = w.started_ns
-            if started:
+            if started := w.started_ns:
                 in_flight += 1
-            counts = w.hist
-            for i, c in enumerate(counts):
+                running += max(0, now_ns - started)
+            for i, c in enumerate(w.hist):
                 if c:
                     hist[i] += c
-        running = sum(max(0, now_ns - w.started_ns) for w in workers if w.started_ns)
-        return StageReading(
-            name=self.name,
-            kind=self.kind,
-            tasks=tasks,
-            failures=failures,
-            in_flight=in_flight,
-            busy_ns=busy + running,
-            concurrency=self.concurrency,
-            hist=hist,
-            busy_done_ns=busy,
-        )
+        return StageReading(self.name, self.kind, tasks, failures, in_flight, busy + running,
+                            self.concurrency, hist, busy_done_ns=busy)

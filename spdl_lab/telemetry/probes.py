@@ -15,9 +15,7 @@ import psutil
 
 from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
-from .schedstat import SCHEDSTAT_PATH
-from .schedstat import open_schedstat as _open_schedstat
-from .schedstat import read_runqueue_ns as _runqueue_ns
+from .schedstat import SCHEDSTAT_PATH, open_schedstat, read_runqueue_ns
 
 __all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals"]
 
@@ -40,32 +38,17 @@ class GilTotals:
 
 
 class GilProbe:
-    """A thread that sleeps ``interval_s``, wakes, and measures how late it got to run.
-
-    Each wake's lateness splits into run-queue wait (runnable, waiting for a CPU: the thread's
-    own schedstat) and the rest, GIL wait. Rows per call (``stage`` is ``name``), over the
-    wakes that ended since the previous call:
-
-    - ``gil_wait_frac``: GIL-wait seconds / the wakes' wall seconds (not ``dt_s``, so a wake
-      straddling ticks cannot push it over 1); contended, about ``w / (interval_s + w)`` for
-      the switch interval ``w``: what a thread that keeps releasing the GIL loses;
-    - ``runqueue_wait_frac``: the same for a CPU; a waking sleeper preempts, so it rises only
-      with oversubscription (whether the cores are full is CpuProbe's answer);
-    - ``gil_wait_ms`` (mean per wake) and ``gil_wait_max_ms`` (the longest);
-    - ``gil_probe_schedstat``: 0.0 where schedstat is unreadable: all lateness then counts as
-      GIL wait (an upper bound) and ``runqueue_wait_frac`` is NaN.
-
-    Timer slack leaves a small floor. With the GIL off, or in a tick with no wake, the rows are
-    NaN. One sampler per probe (each call moves the baseline); other readers use ``totals()``.
+    """A thread that sleeps ``interval_s`` and measures how late it wakes: lateness less the
+    thread's run-queue wait (schedstat) is GIL wait. Rows (stage ``name``) over the wakes since
+    the last call: ``gil_wait_frac`` (of the wakes' wall time; contended, about ``w / (interval_s
+    + w)`` for the switch interval ``w``), ``runqueue_wait_frac``, ``gil_wait_ms`` (mean per
+    wake), ``gil_wait_max_ms``, and ``gil_probe_schedstat`` (0.0: unreadable, so all lateness is
+    GIL wait and the run-queue share NaN). NaN with the GIL off or without a wake. One sampler
+    per probe (each call moves the baseline); other readers use ``totals()``.
     """
 
-    def __init__(
-        self,
-        interval_s: float = 0.005,
-        name: str = "gil",
-        *,
-        schedstat_path: str = SCHEDSTAT_PATH,
-    ) -> None:
+    def __init__(self, interval_s: float = 0.005, name: str = "gil", *,
+                 schedstat_path: str = SCHEDSTAT_PATH) -> None:
         if not interval_s > 0:
             raise ValueError(f"GIL probe interval must be > 0 s, got {interval_s!r}")
         self.interval_s = interval_s
@@ -73,8 +56,7 @@ class GilProbe:
         self.schedstat_path = schedstat_path
         #: Whether the run-queue split is measured; None until the thread has tried.
         self.schedstat: bool | None = None
-        # Written only by the probe thread, each a whole object at a time, so a
-        # reader in another thread always sees a consistent set without a lock.
+        # Written only by the probe thread, a whole object at a time: readers need no lock.
         self._totals = GilTotals()
         self._recent = [0.0] * _RECENT  # GIL wait of wake i at index i % _RECENT
         self._seen = GilTotals()  # totals at the previous source call
@@ -85,8 +67,7 @@ class GilProbe:
     @property
     def available(self) -> bool:
         """False on a free-threaded build running with the GIL off: nothing to wait for."""
-        # A private API, but the only way to ask; asked each time because
-        # importing an extension that needs the GIL turns it back on at run time.
+        # The only way to ask, each time: importing an extension can turn the GIL back on.
         is_enabled = getattr(sys, "_is_gil_enabled", None)
         return is_enabled is None or bool(is_enabled())
 
@@ -97,9 +78,8 @@ class GilProbe:
                 return
             # A fresh event per thread, so one that outlived stop's join stays stopped.
             self._stop, ready = threading.Event(), threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop, ready), name="spdl_lab:gil-probe", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, args=(self._stop, ready),
+                                            name="spdl_lab:gil-probe", daemon=True)
             self._thread.start()
         ready.wait(1.0)  # so that ``schedstat`` is known when start returns
 
@@ -143,20 +123,19 @@ class GilProbe:
         return rows
 
     def _run(self, stop: threading.Event, ready: threading.Event) -> None:
-        fd = _open_schedstat(self.schedstat_path)
+        fd = open_schedstat(self.schedstat_path)
         self.schedstat = fd is not None
         ready.set()
         interval = self.interval_s
         try:
-            # Wakes are back to back (each starts where the previous one ended),
-            # so every second of the thread's life and every nanosecond of its
-            # run-queue delay falls in exactly one wake.
+            # Wakes are back to back, so every second of the thread's life and every nanosecond
+            # of its run-queue delay falls in exactly one wake.
             t_prev = time.perf_counter()
-            rq_prev = _runqueue_ns(fd)
+            rq_prev = read_runqueue_ns(fd)
             while not stop.is_set():
                 time.sleep(interval)
                 now = time.perf_counter()
-                rq = _runqueue_ns(fd)
+                rq = read_runqueue_ns(fd)
                 if fd is not None and rq is None:  # went unreadable: fall back for good
                     os.close(fd)
                     fd, self.schedstat = None, False
@@ -185,14 +164,10 @@ class CpuTotals:
 
 
 class CpuProbe:
-    """CPU use per process, in percent of one core since the previous call.
-
-    Rows ``("cpu_percent", stage)``: ``"main"`` (this process), ``"children"`` (every descendant,
-    each against its own time stamp: ``cpu_rates``), ``"total"``, ``"machine"`` (every process
-    here; 100 x cores at most); and ``("processes", "children")``. ``children=False`` skips the
-    scan. The first call sets the baseline. A child counts from the first call that sees it (one
-    living less than a tick is missed); one that vanishes or denies access is dropped.
-    """
+    """CPU use since the previous call, in percent of one core: rows ``("cpu_percent", stage)`` for
+    ``"main"``, ``"children"`` (every descendant from the first call that sees it; skipped with
+    ``children=False``), ``"total"`` and ``"machine"`` (every process here), and
+    ``("processes", "children")``. The first call sets the baseline."""
 
     def __init__(self, children: bool = True) -> None:
         self.children = children
@@ -202,9 +177,8 @@ class CpuProbe:
         self._t0 = time.monotonic()
         self._main0 = cpu_seconds(self._me) or 0.0
         self._main_s = self._children_s = 0.0
-        # pid -> (process, its CPU seconds when last read). Cached so a child's
-        # baseline survives between ticks; compared by (pid, create time) so a
-        # reused pid starts a fresh baseline instead of a bogus delta.
+        # pid -> (process, CPU seconds when last read): a child's baseline between ticks, compared
+        # by (pid, create time) so a reused pid starts afresh instead of a bogus delta.
         self._kids: dict[int, tuple[psutil.Process, float]] = {}
         self._refresh()
         self._rates = ProcessRates(self._cpus)
@@ -271,8 +245,7 @@ class CpuProbe:
 
 def _machine_times() -> tuple[float, float]:
     """(busy, total) CPU seconds over all CPUs, counted as psutil.cpu_percent does."""
-    # Our own deltas, not psutil.cpu_percent(interval=None), whose baseline is
-    # module-global and moves whenever any other code in the process calls it.
+    # Not psutil.cpu_percent(interval=None): its baseline is module-global, moved by any caller.
     t = psutil.cpu_times()
     guest = getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)  # already in user/nice
     total = sum(t) - guest

@@ -1,7 +1,5 @@
-"""The sampler: one thread that reads every source ~10 times a second into a bounded ring.
-
-Sources (meters, probes, the training step) are callables returning rows; ``frames()`` and the
-live dashboard read only the ring.
+"""The sampler: one thread that reads every source (meters, probes, the training step) ~10 times a
+second into a bounded ring, which ``frames()`` and the live dashboard read.
 """
 
 from __future__ import annotations
@@ -28,14 +26,8 @@ Source = Callable[[float], list[Row]]
 
 
 class Sampler:
-    def __init__(
-        self,
-        sources: list[Source] | None = None,
-        *,
-        hz: float = DEFAULT_HZ,
-        ticks: int = DEFAULT_TICKS,
-        name: str = "spdl_lab:sampler",
-    ) -> None:
+    def __init__(self, sources: list[Source] | None = None, *, hz: float = DEFAULT_HZ,
+                 ticks: int = DEFAULT_TICKS, name: str = "spdl_lab:sampler") -> None:
         if not hz > 0:
             raise ValueError(f"sampler rate must be > 0 Hz, got {hz!r}")
         self.interval_s = 1.0 / hz

@@ -1,7 +1,5 @@
-"""The calling thread's run-queue wait, from ``/proc/thread-self/schedstat`` (Linux).
-
-Field 2: the nanoseconds it was runnable but waiting for a CPU. Subtracted from a thread's
-lateness, it tells CPU oversubscription apart from GIL wait.
+"""The calling thread's run-queue wait (field 2 of ``/proc/thread-self/schedstat``, Linux):
+subtracted from a thread's lateness, it tells CPU oversubscription apart from GIL wait.
 """
 
 from __future__ import annotations

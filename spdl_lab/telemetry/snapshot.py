@@ -9,15 +9,16 @@ from typing import Any
 
 import pandas as pd
 
+from .._table import num
+
 __all__ = ["StageStats", "QueueStats", "Snapshot"]
 
 
 @dataclass(frozen=True)
 class StageStats:
-    """One stage's figures. ``qps`` is over about the last second while the run is live, over the
-    whole run once it ended (``qps_avg`` always the whole run). Task times exclude waits. The
-    queue is the stage's *input* (full: this stage is the slower side; a batch stage's: the
-    partial batch)."""
+    """One stage's figures: ``qps`` over about the last second while live, else (and ``qps_avg``
+    always) over the whole run; task times exclude waits; the queue is the stage's *input* (full:
+    this stage is the slower side; a batch stage's: the partial batch)."""
 
     name: str
     kind: str
@@ -61,38 +62,33 @@ class Snapshot:
 
     def table(self) -> pd.DataFrame:
         """One row per stage (source first)."""
-        rows = ([self.source] if self.source else []) + list(self.stages.values())
-        frame = pd.DataFrame([asdict(s) for s in rows])
+        frame = pd.DataFrame([asdict(s) for s in self._rows()])
         return frame.set_index("name") if not frame.empty else frame
+
+    def _rows(self) -> list[StageStats]:
+        return ([self.source] if self.source else []) + list(self.stages.values())
 
     def _repr_html_(self) -> str:
         state = "running" if self.running else "finished"
-        head = (
-            f"<p><b>{self.runner}</b> runner, {state}, {self.elapsed_s:.2f} s, "
-            f"{self.items_out} outputs</p>"
-        )
-        cols = ["kind", "tasks", "failures", "qps", "p50_ms", "p99_ms", "concurrency", "queue_depth", "queue_capacity", "busy_frac"]
+        head = (f"<p><b>{self.runner}</b> runner, {state}, {self.elapsed_s:.2f} s, "
+                f"{self.items_out} outputs</p>")
+        cols = ["kind", "tasks", "failures", "qps", "p50_ms", "p99_ms", "concurrency", "queue_depth",
+                "queue_capacity", "busy_frac"]
         table = self.table()
-        return head + (table[cols].to_html(float_format=_fmt) if not table.empty else "")
+        return head + (table[cols].to_html(float_format=_cell) if not table.empty else "")
 
     def __repr__(self) -> str:
-        lines = [
-            f"Snapshot(runner={self.runner!r}, running={self.running}, "
-            f"elapsed_s={self.elapsed_s:.2f}, items_out={self.items_out})"
-        ]
-        for s in ([self.source] if self.source else []) + list(self.stages.values()):
-            lines.append(
-                f"  {s.name:<14} {s.kind:<6} tasks={s.tasks:<8} qps={_fmt(s.qps):>8} "
-                f"p50={_ms(s.p50_ms):>7} p99={_ms(s.p99_ms):>7} conc={s.concurrency:<3} "
-                f"queue={s.queue_depth}/{s.queue_capacity}"
-            )
+        lines = [f"Snapshot(runner={self.runner!r}, running={self.running}, "
+                 f"elapsed_s={self.elapsed_s:.2f}, items_out={self.items_out})"]
+        for s in self._rows():
+            lines.append(f"  {s.name:<14} {s.kind:<6} tasks={s.tasks:<8} qps={_cell(s.qps):>8} "
+                         f"p50={_ms(s.p50_ms):>7} p99={_ms(s.p99_ms):>7} conc={s.concurrency:<3} "
+                         f"queue={s.queue_depth}/{s.queue_capacity}")
         return "\n".join(lines)
 
 
-def _fmt(x: float) -> str:
-    if isinstance(x, float) and math.isnan(x):
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+def _cell(x: float) -> str:
+    return num(x, ",.0f" if abs(x) >= 100 else ".3g")
 
 
 def _ms(x: float) -> str:

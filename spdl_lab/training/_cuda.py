@@ -12,35 +12,26 @@ __all__ = ["cuda_available", "CudaStepTimer"]
 
 Token = TypeVar("Token")
 
-#: Pairs allowed to wait for the GPU before the oldest is waited for. A real
-#: stream never runs this many steps behind (its launch queue fills first), so
-#: this only bounds memory if events somehow never complete.
+#: Pairs allowed to wait for the GPU before the oldest is waited for: a real stream never runs this
+#: far behind (its launch queue fills first), so this only bounds memory.
 MAX_PENDING = 1024
 
 
 def cuda_available() -> bool:
     try:
         import torch
-    except ImportError:
-        return False
-    try:
+
         return bool(torch.cuda.is_available())
-    except Exception:  # a broken driver counts as no CUDA, not as a crash in a clock
+    except Exception:  # no torch, or a broken driver: no CUDA, not a crash in a clock
         return False
 
 
 class CudaStepTimer(Generic[Token]):
     """Records a start and an end event on the current stream around each step.
 
-    Waiting for an event would stall the training thread until the GPU caught
-    up, serializing CPU and GPU and changing what is measured, so pairs are
-    kept pending and resolved later, oldest first, once the end event's
-    ``query()`` says the GPU has passed it. Only ``drain()`` synchronizes,
-    once, on the newest event.
-
-    Event time is the stream's span from the start to the end event: kernel
-    time plus any gaps where the stream waited for a late launch. It is busy
-    time only while the stream stays fed.
+    Waiting for an event would serialize CPU and GPU and change what is measured, so pairs stay
+    pending until ``query()`` says the GPU passed the end; only ``drain()`` synchronizes, once.
+    An event pair spans the stream's gaps too: it is busy time only while the stream stays fed.
     """
 
     def __init__(self) -> None:

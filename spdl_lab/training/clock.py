@@ -1,7 +1,5 @@
-"""StepClock: where a training loop's time goes, step by step.
-
-Times the wait for each batch, the step, and the device's share of it; keeps
-bounded history and running totals; feeds the sampler as a row source.
+"""StepClock: where a training loop's time goes, step by step (data wait, step, device share), with
+bounded history and running totals, fed to the sampler as a row source.
 """
 
 from __future__ import annotations
@@ -11,10 +9,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
-from types import TracebackType
+from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from ..errors import PipelineSpecError
+from ..telemetry.frames import Row
 from ..telemetry.histogram import bucket_of, new_counts, quantile_ns
 from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
@@ -23,8 +22,6 @@ from .steps import StepRecord, StepSummary, Totals
 __all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
 
 T = TypeVar("T")
-
-Row = tuple[str, str, float]
 
 #: Per-step records kept (about 10 MB); totals and histograms cover every step.
 DEFAULT_HISTORY = 100_000
@@ -48,25 +45,10 @@ class StepClock:
         >>> clock.summary().steps
         3
 
-    Data wait is the time in ``next()`` on the iterator ``iterate`` wraps; a step whose
-    batch did not come through it counts the gap since the previous step's end (the first
-    such step waits 0).
-
-    Device time comes from ``device`` (a SimulatedDevice), the step function of ``run`` when
-    it is one, or CUDA events on the current stream (``cuda=True``, or ``cuda=None`` with
-    CUDA there), resolved lazily, never synchronizing per step (``summary()`` synchronizes
-    once). An event pair spans the stream's gaps too: it is busy time only while the
-    stream stays fed.
-
-    ``rows`` (a sampler source) gives rows of stage ``"step"``: ``steps`` (cumulative), and
-    per tick ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``,
-    ``data_wait_frac`` (wait / (wait + step)), ``device_ms`` and ``device_util`` (device
-    time / step time); a tick with no step (no resolved device time, for the last two) has
-    none of them. It remembers the previous tick: one sampler per clock.
-
-    One thread runs the loop and is the only writer. Any thread may call ``rows``,
-    ``records`` or ``summary``: they read a published snapshot and never block the step,
-    except ``summary()`` waiting for pending CUDA events. ``cuda=None`` imports torch.
+    A step whose batch did not come through ``iterate`` waited since the previous step ended.
+    Device time comes from ``device``, a SimulatedDevice step function of ``run``, or CUDA events
+    (``cuda=True``, or ``cuda=None``, which imports torch, with CUDA there), read lazily: only
+    ``summary()`` synchronizes. The loop's thread is the only writer; readers never block it.
     """
 
     def __init__(self, device: SimulatedDevice | None = None, *, cuda: bool | None = None,
@@ -92,20 +74,15 @@ class StepClock:
         self._records: deque[StepRecord] = deque(maxlen=history)
         self._totals = Totals()
         self._rows_prev = Totals()
-        # Log-bucket histograms (telemetry.histogram) over every step, in ns.
         self.step_hist = new_counts()
         self.wait_hist = new_counts()
-        self.device_hist = new_counts()
         # Loop state, touched only by the training thread.
         self._first_ns = 0
         self._wait_ns = 0
         self._waited = False
-        self._scope = _StepScope(self)
-        # Taken by writers only: the training thread per step and summary()
-        # resolving CUDA events; readers never take it.
+        self._open = False
+        # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = threading.Lock()
-
-    # -- the loop ---------------------------------------------------------
 
     def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield from ``iterable``, timing each ``next()`` as data wait."""
@@ -130,25 +107,39 @@ class StepClock:
         ``next()`` is data wait, and the time the loop holds a batch, until it asks for the
         next, is that batch's step. A step the loop leaves (``break``, an error) is not one."""
         for batch in self.iterate(iterable):
-            with self._scope:
+            with self.step():
                 yield batch
 
-    def step(self) -> _StepScope:
-        """A context manager timing one training step."""
-        return self._scope
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """A context manager timing one training step; a step that raises is not one."""
+        if self._open:
+            raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
+        self._open = True
+        if not self._first_ns:
+            self._first_ns = time.perf_counter_ns()
+        device, cuda = self.device, self._cuda
+        busy0 = device.totals().busy_s if device is not None else 0.0
+        cuda_start = cuda.start() if device is None and cuda is not None else None
+        start_ns = time.perf_counter_ns()
+        try:
+            yield
+        except BaseException:
+            self._wait_ns, self._waited = 0, False
+            if cuda is not None and cuda_start is not None:
+                cuda.cancel(cuda_start)
+            raise
+        finally:
+            self._open = False
+        end_ns = time.perf_counter_ns()
+        device_ns = None if device is None else round((device.totals().busy_s - busy0) * 1e9)
+        self._record(start_ns, end_ns, device_ns, cuda_start)
 
     def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
             stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
-        """Run ``step_fn`` on each batch of ``iterable``, timed; return the steps run.
-
-        Stops after ``steps`` steps, when the iterable ends, or when
-        ``stop_event`` is set (checked before each batch is requested, so
-        within one step; a ``next()`` that blocks is not interrupted). A
-        SimulatedDevice as ``step_fn`` becomes the clock's device unless it
-        has one. ``gate()``, if given, is called before each batch is
-        requested and may block (a paused session waits there): that time
-        is neither data wait nor step.
-        """
+        """Run ``step_fn`` on each batch, timed, until ``steps`` steps, the end of ``iterable`` or
+        ``stop_event`` (checked before each batch is asked for); return the steps run. ``gate()``
+        runs there too and may block (a paused session), counted as neither wait nor step."""
         if not callable(step_fn):
             raise PipelineSpecError(f"StepClock.run: step_fn must be callable (batch -> anything), "
                                     f"got {step_fn!r}")
@@ -174,7 +165,7 @@ class StepClock:
                     batch = next(batches)
                 except StopIteration:
                     break
-                with self._scope:
+                with self.step():
                     step_fn(batch)
                 done += 1
         finally:
@@ -208,11 +199,8 @@ class StepClock:
 
     def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
-        self.device_hist[bucket_of(max(0, device_ns))] += 1
         return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
                           device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
-
-    # -- readers ----------------------------------------------------------
 
     @property
     def steps(self) -> int:
@@ -236,7 +224,9 @@ class StepClock:
             return None
 
     def rows(self, dt_s: float) -> list[Row]:
-        """A Sampler source: the rows for one tick of ``dt_s`` seconds (see the class doc)."""
+        """A Sampler source (one per clock) of stage ``"step"``: ``steps``, and per tick with steps
+        ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``, ``data_wait_frac``, and
+        ``device_ms`` and ``device_util`` (device time / step time) once device time is known."""
         now = self._totals
         rows: list[Row] = [("steps", STAGE, float(now.steps))]
         if dt_s <= 0:
@@ -271,24 +261,20 @@ class StepClock:
         t = self._totals
         steps = t.steps
         elapsed_ns = t.last_end_ns - self._first_ns if steps else 0
-        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)
+        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)  # one consistent copy each
+        step = [quantile_ns(step_hist, q) / 1e6 for q in (0.5, 0.9, 0.99)]
+        wait = [quantile_ns(wait_hist, q) / 1e6 for q in (0.5, 0.9)]
         loop_ns = t.wait_ns + t.step_ns
         return StepSummary(
-            steps=steps,
-            elapsed_s=elapsed_ns / 1e9,
+            steps=steps, elapsed_s=elapsed_ns / 1e9,
             batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
-            step_mean_ms=_mean_ms(t.step_ns, steps),
-            step_p50_ms=quantile_ns(step_hist, 0.5) / 1e6,
-            step_p90_ms=quantile_ns(step_hist, 0.9) / 1e6,
-            step_p99_ms=quantile_ns(step_hist, 0.99) / 1e6,
-            data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
-            data_wait_p50_ms=quantile_ns(wait_hist, 0.5) / 1e6,
-            data_wait_p90_ms=quantile_ns(wait_hist, 0.9) / 1e6,
+            step_mean_ms=_mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
+            step_p99_ms=step[2], data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
+            data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
             data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
             device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
             device_util=t.device_ns / t.device_step_ns if t.device_step_ns > 0 else math.nan,
-            device=self.device_name,
-        )
+            device=self.device_name)
 
     def __repr__(self) -> str:
         return f"StepClock(steps={self.steps}, device={self.device_name!r})"
@@ -304,46 +290,3 @@ def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
 def _mean_ms(total_ns: int, count: int) -> float:
     return total_ns / count / 1e6 if count else math.nan
 
-
-class _StepScope:
-    """The context manager behind ``StepClock.step()``, reused for every step."""
-
-    __slots__ = ("_clock", "_start_ns", "_busy0", "_cuda_start", "_open")
-
-    def __init__(self, clock: StepClock) -> None:
-        self._clock = clock
-        self._start_ns = 0
-        self._busy0 = 0.0
-        self._cuda_start: Any = None
-        self._open = False
-
-    def __enter__(self) -> _StepScope:
-        if self._open:
-            raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
-        self._open = True
-        clock = self._clock
-        if not clock._first_ns:
-            clock._first_ns = time.perf_counter_ns()
-        device, cuda = clock.device, clock._cuda
-        if device is not None:
-            self._busy0 = device.totals().busy_s
-        elif cuda is not None:
-            self._cuda_start = cuda.start()
-        self._start_ns = time.perf_counter_ns()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        end_ns = time.perf_counter_ns()
-        self._open = False
-        clock = self._clock
-        cuda_start, self._cuda_start = self._cuda_start, None
-        if exc_type is not None:  # a failed step is not a step: record nothing
-            clock._wait_ns, clock._waited = 0, False
-            if cuda_start is not None and clock._cuda is not None:
-                clock._cuda.cancel(cuda_start)
-            return
-        device_ns: int | None = None
-        if clock.device is not None:
-            device_ns = round((clock.device.totals().busy_s - self._busy0) * 1e9)
-        clock._record(self._start_ns, end_ns, device_ns, cuda_start)

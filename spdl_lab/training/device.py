@@ -1,7 +1,5 @@
-"""A simulated GPU stream driven from Python, for machines without CUDA.
-
-Kernel launches are GIL-holding Python work; kernels run on an analytic stream
-that needs no GIL. When data loading threads steal the GIL, the device idles.
+"""A simulated GPU stream driven from Python, for machines without CUDA: kernel launches are
+GIL-holding Python work, kernels need no GIL, so when loading threads take the GIL the device idles.
 """
 
 from __future__ import annotations
@@ -9,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..errors import PipelineSpecError
 from ..telemetry.schedstat import runqueue_ns
@@ -40,21 +38,13 @@ def _spin(iterations: int) -> int:
 class DeviceStep:
     """What one step did on the simulated device (seconds)."""
 
-    #: launch start to the end of ``synchronize()``
-    wall_s: float
-    #: sum of kernel durations: the device computed this long
-    busy_s: float
-    #: ``wall_s - busy_s``: the device had nothing to run
-    idle_s: float
-    #: idle time before kernels whose launch came after the stream ran dry
-    #: (the part of ``idle_s`` that late launches caused)
-    starved_s: float
-    #: CPU time of the training thread in the launch loop (``time.thread_time``)
-    launch_cpu_s: float
-    #: wall time of the launch loop; above ``launch_cpu_s`` when the GIL or CPU was taken
-    launch_wall_s: float
-    #: part of the launch loop spent runnable but waiting for a CPU (other
-    #: processes or threads on the cores); NaN where schedstat is unavailable
+    wall_s: float  # launch start to the end of synchronize()
+    busy_s: float  # sum of kernel durations
+    idle_s: float  # wall_s - busy_s: the device had nothing to run
+    starved_s: float  # the part of idle_s before kernels launched after the stream ran dry
+    launch_cpu_s: float  # CPU time of the training thread in the launch loop
+    launch_wall_s: float  # above launch_cpu_s when the GIL or a core was taken
+    #: part of the launch loop runnable but waiting for a CPU; NaN where schedstat is unavailable
     launch_runqueue_s: float
     kernels: int
 
@@ -69,11 +59,8 @@ class DeviceStep:
 
     @property
     def launch_gil_wait_s(self) -> float:
-        """Launch loop time lost to the GIL: the stall less the run-queue wait.
-
-        Tells a noisy neighbour thread (GIL) apart from a busy machine (CPU).
-        NaN where the run-queue wait is unknown.
-        """
+        """Launch loop time lost to the GIL (the stall less the run-queue wait), which tells a noisy
+        neighbour thread apart from a busy machine; NaN where the run-queue wait is unknown."""
         if math.isnan(self.launch_runqueue_s):
             return math.nan
         return max(0.0, self.launch_stall_s - self.launch_runqueue_s)
@@ -105,31 +92,12 @@ class DeviceTotals:
 class SimulatedDevice:
     """A GPU stream driven from Python; calling it runs one training step.
 
-    Each step launches ``kernels`` kernels. A launch is a fixed number of
-    pure-Python loop iterations (calibrated once per process so that it costs
-    about ``launch_us`` of CPU when nothing competes), so it holds the GIL
-    like the Python side of a real launch (dispatcher, autograd, the CUDA
-    call) and stretches in wall time when another thread holds the GIL or the
-    core. Each launch then enqueues a kernel of ``kernel_us`` on the stream,
-    and the step ends with ``synchronize()``.
-
-    The stream is a timeline, not a thread: kernel ``k`` starts at ``max(launch_k,
-    end_{k-1})`` and ends ``kernel_us`` later, computed at each launch, so no Python thread
-    (which would itself need the GIL to wake) disturbs what is measured. ``synchronize()``
-    sleeps until the last kernel's end, releasing the GIL as ``torch.cuda.synchronize()``
-    does. When launches come late the stream runs dry, the device idles and the step
-    stretches: the noisy neighbour.
-
-    Args:
-        kernels: launches per step (default 200).
-        launch_us: CPU cost of one launch, uncontended (default 380 us, 95% of a kernel).
-        kernel_us: device time of one kernel (default 400 us; a step is ~80 ms).
-        name: a label for reports.
-        gil_release_every: after every this many launches, drop the GIL for a moment
-            (default 0: never), as real steps do in C calls (allocator, event queries, host
-            copies); a CPU-bound thread then keeps the GIL for a switch interval (5 ms): the
-            convoy effect, the sharpest form of the noisy neighbour.
-        iterations_per_us: skip calibration and use this loop speed.
+    Each of ``kernels`` launches is pure-Python work calibrated to cost ``launch_us`` of CPU, so
+    it holds the GIL like a real launch, then enqueues a ``kernel_us`` kernel on a stream that is
+    a timeline, not a thread (nothing else needs the GIL to run it); ``synchronize()`` sleeps
+    without the GIL until the stream ends. Late launches let the stream run dry: the noisy
+    neighbour. ``gil_release_every=n`` drops the GIL after every n launches, as a real step's C
+    calls do, so a CPU-bound thread then keeps it for a switch interval (the convoy effect).
 
     Example:
         >>> device = SimulatedDevice(kernels=10, launch_us=50, kernel_us=100)
@@ -137,8 +105,7 @@ class SimulatedDevice:
         >>> step.busy_s
         0.001
 
-    One training thread calls it. Other threads may read ``last_step`` and
-    ``totals()`` at any time: each is one immutable record, replaced whole.
+    One thread calls it; any thread may read ``totals()``, a record replaced whole.
     """
 
     #: Loop iterations per microsecond of CPU, measured once per process.
@@ -147,20 +114,16 @@ class SimulatedDevice:
     def __init__(self, kernels: int = DEFAULT_KERNELS, launch_us: float = DEFAULT_LAUNCH_US,
                  kernel_us: float = DEFAULT_KERNEL_US, name: str = "sim", *, gil_release_every: int = 0,
                  iterations_per_us: float | None = None) -> None:
-        if isinstance(kernels, bool) or not isinstance(kernels, int) or kernels < 1:
-            raise PipelineSpecError(f"SimulatedDevice: kernels must be an int >= 1 (launches per step), "
-                                    f"got {kernels!r}")
-        _check_positive("launch_us", launch_us, "microseconds", allow_zero=True)
-        _check_positive("kernel_us", kernel_us, "microseconds", allow_zero=False)
+        _check("kernels", kernels, 1, "launches per step", integer=True)
+        _check("launch_us", launch_us, 0, "microseconds")
+        _check("kernel_us", kernel_us, 0, "microseconds", strict=True)
         if not isinstance(name, str) or not name:
             raise PipelineSpecError(f"SimulatedDevice: name must be a non-empty str, got {name!r}")
         if iterations_per_us is None:
             iterations_per_us = self.calibrate(force=False)
         else:
-            _check_positive("iterations_per_us", iterations_per_us, "loop iterations", allow_zero=False)
-        if isinstance(gil_release_every, bool) or not isinstance(gil_release_every, int) or gil_release_every < 0:
-            raise PipelineSpecError(f"SimulatedDevice: gil_release_every must be an int >= 0 (0: never), "
-                                    f"got {gil_release_every!r}")
+            _check("iterations_per_us", iterations_per_us, 0, "loop iterations", strict=True)
+        _check("gil_release_every", gil_release_every, 0, "0: never", integer=True)
         self.gil_release_every = gil_release_every
         self.kernels = kernels
         self.launch_us = float(launch_us)
@@ -170,17 +133,12 @@ class SimulatedDevice:
         self.launch_iterations = round(self.launch_us * self.iterations_per_us)
         #: when the stream's last enqueued kernel ends (perf_counter seconds)
         self._stream_end = 0.0
-        self.last_step: DeviceStep | None = None
         self._totals = DeviceTotals()
 
     @classmethod
     def calibrate(cls, *, force: bool = True) -> float:
-        """Measure how many loop iterations run per microsecond of CPU; cache it.
-
-        Uses the calling thread's CPU time (``time.thread_time_ns``), so time
-        lost to other threads while calibrating does not skew it. Takes ~50 ms.
-        With ``force=False`` a cached value is returned without measuring.
-        """
+        """Measure (in this thread's CPU time, which other threads cannot skew) and cache the loop
+        iterations per microsecond of CPU; ``force=False`` returns a cached value."""
         cached = cls._calibrated_iterations_per_us
         if cached is not None and not force:
             return cached
@@ -229,9 +187,7 @@ class SimulatedDevice:
         step = DeviceStep(wall_s=wall, busy_s=busy, idle_s=max(0.0, wall - busy), starved_s=starved,
                           launch_cpu_s=launch_cpu, launch_wall_s=launch_wall, launch_runqueue_s=runqueue,
                           kernels=self.kernels)
-        # Two reference assignments: a reader sees each record whole.
-        self.last_step = step
-        self._totals = self._totals.add(step)
+        self._totals = self._totals.add(step)  # one reference assignment: readers see it whole
         return step
 
     def synchronize(self) -> None:
@@ -248,9 +204,11 @@ class SimulatedDevice:
                 f"kernel_us={self.kernel_us:g}, name={self.name!r})")
 
 
-def _check_positive(argument: str, value: object, unit: str, *, allow_zero: bool) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or not (value >= 0 if allow_zero else value > 0):  # type: ignore[operator]
-        bound = ">= 0" if allow_zero else "> 0"
-        raise PipelineSpecError(f"SimulatedDevice: {argument} must be a finite number {bound} ({unit}), "
-                                f"got {value!r}")
+def _check(argument: str, value: Any, low: float, meaning: str, *, integer: bool = False,
+           strict: bool = False) -> None:
+    """Raise unless ``value`` is an int (``integer``) or a finite number, above ``low`` (or at it)."""
+    number = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not (value > low if strict else value >= low):
+        kind = "an int" if integer else "a finite number"
+        raise PipelineSpecError(f"SimulatedDevice: {argument} must be {kind} {'>' if strict else '>='} {low} "
+                                f"({meaning}), got {value!r}")

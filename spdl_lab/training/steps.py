@@ -15,12 +15,10 @@ class StepRecord:
     """One training step (seconds)."""
 
     index: int
-    #: when the step ended, seconds since the clock was made
-    end_s: float
+    end_s: float  # when the step ended, seconds since the clock was made
     data_wait_s: float
     step_s: float
-    #: device time; NaN without a device, or until CUDA events are resolved
-    device_s: float
+    device_s: float  # NaN without a device, or until CUDA events are resolved
 
 
 @dataclass(frozen=True)
@@ -28,8 +26,7 @@ class StepSummary:
     """Figures over every step a clock saw (times in ms; NaN when undefined)."""
 
     steps: int
-    #: first batch request (or step) to the end of the last step
-    elapsed_s: float
+    elapsed_s: float  # first batch request (or step) to the end of the last step
     batches_per_s: float
     step_mean_ms: float
     step_p50_ms: float
@@ -38,13 +35,10 @@ class StepSummary:
     data_wait_mean_ms: float
     data_wait_p50_ms: float
     data_wait_p90_ms: float
-    #: wait / (wait + step): the share of the loop spent waiting for data
-    data_wait_frac: float
+    data_wait_frac: float  # wait / (wait + step): the share of the loop spent waiting for data
     device_mean_ms: float
-    #: device time / step wall time, over the steps with device time
-    device_util: float
-    #: "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
-    device: str
+    device_util: float  # device time / step wall time, over the steps with device time
+    device: str  # "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

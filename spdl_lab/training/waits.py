@@ -1,9 +1,6 @@
 """Where the training thread waited while it launched work: for the GIL, or for a core.
 
-A ``SimulatedDevice`` times its launch loop (wall, CPU and run-queue time);
-wall minus CPU minus run-queue time is the wait for the GIL. One function turns
-two of its totals into shares of the steps' wall time; the sampler source below
-gives the same figures per tick.
+From a ``SimulatedDevice``'s launch loop: wall less CPU less run-queue time is the wait for the GIL.
 """
 
 from __future__ import annotations

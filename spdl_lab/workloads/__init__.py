@@ -1,9 +1,6 @@
-"""``lab.workloads``: pipelines to study, made on this machine (nothing is downloaded).
-
-Synthetic ones from the field notes (``noisy_neighbour()``, ``ipc_overhead()``) and real ones:
-``images()`` / ``image_dataloader()`` (JPEG decoding) and ``text()`` / ``text_dataloader()``
-(tokenizing), each with a matching training step. Functions are module-level so every runner
-(threads, a child process, DataLoader workers) imports them by reference.
+"""``lab.workloads``: pipelines to study, made on this machine, each with a training step: synthetic
+ones from the field notes and real ones (JPEG decoding, tokenizing). Functions are module-level
+so every runner (threads, a child process, DataLoader workers) imports them by reference.
 """
 
 from .images import ImageFolder, image_dataloader, image_step, images

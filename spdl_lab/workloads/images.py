@@ -1,8 +1,5 @@
-"""The image workload: JPEG files made on this machine, decoded and augmented as training does.
-
-Photo-like files (colour fields, shapes, sensor noise) are written once into a cache folder;
-``images()`` reads, decodes (PIL or torchvision), crops, flips and normalizes them;
-``image_dataloader()`` does the same as a map-style Dataset in a torch DataLoader.
+"""The image workload: photo-like JPEG files made once on this machine, then read, decoded (PIL or
+torchvision), cropped, flipped and normalized as training does, by a Pipeline or a DataLoader.
 """
 
 from __future__ import annotations
@@ -58,11 +55,8 @@ def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -
     folder = cache_dir(root, f"images-{size[0]}-{size[1]}")
     missing = [i for i in range(n) if not (folder / _name(i)).exists()]
     if missing:
-        def write(i: int) -> None:
-            write_atomically(folder / _name(i), make_jpeg(i, size))
-
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="spdl_lab:images") as pool:
-            list(pool.map(write, missing))
+            list(pool.map(lambda i: write_atomically(folder / _name(i), make_jpeg(i, size)), missing))
     return folder
 
 
@@ -145,9 +139,6 @@ class RandomResizedCropFlip:
         out = F.interpolate(patch, size=(self.crop, self.crop), mode="bilinear", align_corners=False)[0]
         return out.flip(-1) if random.random() < 0.5 else out
 
-    def __repr__(self) -> str:
-        return f"RandomResizedCropFlip({self.crop})"
-
 
 def to_normalized_tensor(image: Any) -> Any:
     """A PIL image or a CHW tensor (0-255) -> float32 CHW, normalized by the ImageNet mean and std."""
@@ -180,16 +171,11 @@ def images(
     concurrency: dict[str, int] | None = None,
     device: SimulatedDevice | str | None = None,
 ) -> tuple[Pipeline, Any]:
-    """The image workload: ``(pipeline, step)``. Example::
+    """The image workload: ``(pipeline, step)`` over ``n`` files of ``size`` px a side (an int or a
+    ``(lo, hi)`` range), ``epochs`` passes; ``concurrency`` by stage name. Example::
 
         pipeline, step = lab.workloads.images(n=512, decoder="pil")
         lab.compare(pipeline, step=step)
-
-    ``n`` files of ``size`` px a side (an int, or a ``(lo, hi)`` range), made once in
-    ``root`` (default: ``$SPDL_LAB_CACHE_DIR`` or ``~/.cache/spdl_lab``). ``concurrency``
-    sets stages by name (read, decode, augment, normalize). ``epochs``: passes over the
-    files in one run. ``device``: None for the small conv net on CPU, ``"simulated"`` or a
-    ``SimulatedDevice`` for a simulated GPU.
     """
     size = _check(n, size, crop, batch_size)
     check_ints("images", epochs=(epochs, 1))
@@ -207,8 +193,7 @@ def images(
         .map(RandomResizedCropFlip(crop), concurrency=threads["augment"], name="augment")
         .map(to_normalized_tensor, concurrency=threads["normalize"], name="normalize")
         .batch(batch_size, drop_last=True)
-        .map(stack, name="collate")
-    )
+        .map(stack, name="collate"))
     return pipeline, image_step(device=device)
 
 
@@ -241,8 +226,7 @@ def image_dataloader(n: int = 256, batch_size: int = 16, num_workers: int = 2, *
 
 
 class ImageModelStep(ModelStep):
-    """A training step on CPU: a small conv net (3 stride-2 convolutions, pooling, a linear
-    layer), cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
+    """A training step on CPU: a small conv net (3 stride-2 convolutions, pooling, linear)."""
 
     def __init__(self, classes: int = 10, seed: int = 0) -> None:
         from torch import nn

@@ -29,24 +29,15 @@ def collate_list(items: list[Any]) -> list[Any]:
     return items
 
 
-def ipc_overhead(
-    *,
-    items: int = 10_000,
-    shape: tuple[int, ...] = (1000, 150),
-    fetch_s: float = 0.003125,
-    batch_size: int = 128,
-    concurrency: int = 16,
-) -> Pipeline:
+def ipc_overhead(*, items: int = 10_000, shape: tuple[int, ...] = (1000, 150),
+                 fetch_s: float = 0.003125, batch_size: int = 128,
+                 concurrency: int = 16) -> Pipeline:
     """The seed question's loader: ``items`` float64 arrays of ``shape``, each after a ``fetch_s``
     wait, in batches collated into plain lists: big batches (154 MB by default) whose moves
     between processes make more ``num_workers`` stop helping."""
     fetch = partial(fetch_array, shape=tuple(shape), fetch_s=fetch_s)
-    return (
-        Pipeline(range(items))
-        .map(fetch, concurrency=concurrency, name="fetch")
-        .batch(batch_size)
-        .map(collate_list, name="collate")
-    )
+    return (Pipeline(range(items)).map(fetch, concurrency=concurrency, name="fetch")
+            .batch(batch_size).map(collate_list, name="collate"))
 
 
 # -- the parallelism study (shared/seeds/000) -------------------------------------
@@ -101,25 +92,14 @@ def collate_stack(images: list[np.ndarray]) -> np.ndarray:
     return np.stack(images)
 
 
-def noisy_neighbour(
-    *,
-    items: int = 100_000,
-    batch_size: int = 16,
-    shape: tuple[int, ...] = (3, 96, 96),
-    read_ms: float = 2.0,
-    decode_us: float = 2500.0,
-    read_concurrency: int = 8,
-    decode_concurrency: int = 2,
-    gil_release_every: int = 10,
-    device: SimulatedDevice | None = None,
-) -> tuple[Pipeline, SimulatedDevice]:
-    """The parallelism study on a CPU-only machine: a (pipeline, step) pair.
-
-    The pipeline reads (I/O wait), decodes in Python (``decode_us`` of CPU per item, GIL held),
-    augments with numpy and stacks batches. The step is a SimulatedDevice whose kernel launches
-    need the GIL: under ``thread`` the decoders take it from the training thread and the
-    simulated GPU idles; ``subprocess-threads`` moves them to another interpreter.
-    """
+def noisy_neighbour(*, items: int = 100_000, batch_size: int = 16,
+                    shape: tuple[int, ...] = (3, 96, 96), read_ms: float = 2.0,
+                    decode_us: float = 2500.0, read_concurrency: int = 8,
+                    decode_concurrency: int = 2, gil_release_every: int = 10,
+                    device: SimulatedDevice | None = None) -> tuple[Pipeline, SimulatedDevice]:
+    """The parallelism study on a CPU-only machine, ``(pipeline, step)``: reads (I/O wait), Python
+    decodes (``decode_us`` of CPU, GIL held), numpy augments; a SimulatedDevice step, whose launches
+    the decoders starve of the GIL under ``thread`` but not under ``subprocess-threads``."""
     iterations = round(decode_us * decode_iterations_per_us())
     pipeline = (
         Pipeline(range(items))
@@ -128,8 +108,7 @@ def noisy_neighbour(
              concurrency=decode_concurrency, name="decode")
         .map(augment, concurrency=decode_concurrency, name="augment")
         .batch(batch_size)
-        .map(collate_stack, name="collate")
-    )
+        .map(collate_stack, name="collate"))
     if device is None:
         device = SimulatedDevice(gil_release_every=gil_release_every)
     return pipeline, device

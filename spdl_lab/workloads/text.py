@@ -1,8 +1,6 @@
-"""The text workload: generated documents, tokenized by a real tokenizer, padded, batched.
-
-Two tokenizers give the same ids: Hugging Face ``tokenizers`` (Rust; a WordPiece model trained
-at first use) and the same WordPiece in pure Python. Both hold the GIL per document (measured:
-docs/measurements.md); ``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
+"""The text workload: generated documents, tokenized (Hugging Face ``tokenizers``, or the same
+WordPiece in pure Python: the same ids), padded, batched. Both hold the GIL per document;
+``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
 """
 
 from __future__ import annotations
@@ -237,8 +235,7 @@ def stack_tokens(items: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
 
 
 class TextModelStep(ModelStep):
-    """A training step on CPU: token embeddings, masked mean pooling, a two-layer classifier,
-    cross-entropy on made-up labels, backward and SGD. ``steps`` counts them."""
+    """A training step on CPU: token embeddings, masked mean pooling, a two-layer classifier."""
 
     def __init__(self, vocab_size: int, dim: int = 64, classes: int = 4, seed: int = 0) -> None:
         from torch import nn
@@ -311,32 +308,23 @@ def text(
     concurrency: int = 2,
     device: SimulatedDevice | str | None = None,
 ) -> tuple[Pipeline, Any]:
-    """The text workload: ``(pipeline, step)``. Example::
+    """The text workload: ``(pipeline, step)``, tokenized by ``"rust"`` (one document per call),
+    ``"python"`` or ``"rust-batch"`` (``encode_batch`` after batching), all giving the same ids;
+    ``concurrency``: the tokenize stage's threads. Example::
 
         pipeline, step = lab.workloads.text(n=4096, tokenizer="python")
         lab.diagnose(pipeline)      # tokenize: gil-bound
-
-    ``tokenizer``: ``"rust"`` (Hugging Face tokenizers, one document per call), ``"python"``
-    (the same WordPiece in pure Python) or ``"rust-batch"`` (``encode_batch`` on each batch,
-    after batching); all give the same ids. ``concurrency``: the tokenize stage's threads.
     """
     _check_text(n, tokenizer, vocab_size, max_length, batch_size, concurrency)
     vocab = tokenizer_file(root, vocab_size)
     documents = Documents(corpus(n, root), n)
     if tokenizer == "rust-batch":
-        pipeline = (
-            Pipeline(documents)
-            .batch(batch_size, drop_last=True)
-            .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
-            .map(PadStack(max_length), name="collate")
-        )
-        return pipeline, text_step(vocab_size, device)
-    tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
-    pipeline = (
-        Pipeline(documents)
-        .map(tokenize, concurrency=concurrency, name="tokenize")
-        .map(PadTruncate(max_length), name="pad")
-        .batch(batch_size, drop_last=True)
-        .map(stack_tokens, name="collate")
-    )
+        pipeline = (Pipeline(documents).batch(batch_size, drop_last=True)
+                    .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
+                    .map(PadStack(max_length), name="collate"))
+    else:
+        tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
+        pipeline = (Pipeline(documents).map(tokenize, concurrency=concurrency, name="tokenize")
+                    .map(PadTruncate(max_length), name="pad")
+                    .batch(batch_size, drop_last=True).map(stack_tokens, name="collate"))
     return pipeline, text_step(vocab_size, device)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from spdl_lab.telemetry import live_verdict as v
 from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
-from spdl_lab.telemetry.live_verdict import Window, verdict_from_frames
+from spdl_lab.telemetry.live_verdict import WINDOW_S, Verdict, Window, live_verdict
 
 CONTROLS = {"read": 8, "decode": 2, "collate": 1}
 
@@ -32,6 +32,19 @@ def frames(
         for stage, b in busy.items():
             rows.append((t, "busy_frac", stage, b))
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)
+
+
+def verdict_from_frames(frames: pd.DataFrame, *, runner: str, controls: dict[str, int] | None = None,
+                        cpu_cores: int = 1) -> Verdict:
+    """The live verdict for long-format frames, through a Window as the dashboard keeps one."""
+    window = Window(WINDOW_S, max_ticks=max(2, frames["time_s"].nunique()))
+    if not frames.empty:
+        wide = frames.pivot_table(index="time_s", columns=["series", "stage"], values="value",
+                                  aggfunc="last")
+        times = wide.index.to_numpy(dtype=float)
+        columns = {key: wide[key].to_numpy(dtype=float) for key in wide.columns}
+        window.add(FrameChunk(len(times), times, columns))
+    return live_verdict(window.means(), runner=runner, controls=controls, cpu_cores=cpu_cores)
 
 
 def test_starved_names_the_slowest_stage_and_suggests_more_concurrency():
