@@ -1,13 +1,11 @@
-"""The child process of the ``subprocess-threads`` runner.
-
-Started as ``python -m spdl_lab.runners._child DATA_FD CTRL_FD`` (a fresh
-interpreter: never a fork of a threaded parent). It receives the pipeline
-(cloudpickle), runs the thread engine, sends outputs through shared-memory
-slots, publishes its meters to a shared block, and obeys the control channel.
+"""The child process of the ``subprocess-threads`` runner: ``python -m spdl_lab.runners._child
+DATA_FD CTRL_FD`` runs the thread engine, sends outputs through shared-memory slots, publishes its
+meters to a shared block and obeys the control channel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -27,7 +25,8 @@ def main(data_fd: int, ctrl_fd: int) -> int:
         init = ctrl.recv()
         run = _ChildRun(data, ctrl, init)
     except BaseException:
-        _send_quietly(data, ("crash", traceback.format_exc()))
+        with contextlib.suppress(Exception):  # the parent may be gone
+            data.send(("crash", traceback.format_exc()))
         return 1
     try:
         return run.serve()
@@ -155,13 +154,6 @@ def _describe_error(err: BaseException) -> dict[str, Any]:
     cause_bytes = pickled(cause) if cause is not None else None  # None: the traceback text alone
     return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
             "cause": cause_bytes, "traceback": text}
-
-
-def _send_quietly(conn: Connection, message: tuple) -> None:
-    try:
-        conn.send(message)
-    except Exception:
-        pass
 
 
 if __name__ == "__main__":

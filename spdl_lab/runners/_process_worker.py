@@ -1,8 +1,6 @@
-"""What runs inside the DataLoader's worker processes for the ``process`` runner.
-
-The Dataset unpickles the pipeline lazily in each worker, takes its share of the
-source and runs the per-item maps; its ``collate`` makes the batch and runs the
-per-batch maps. Every task is timed into the worker's slot of the meter block.
+"""What runs inside the DataLoader's worker processes for the ``process`` runner: the per-item
+maps in the Dataset, the batch and per-batch maps in its ``collate``, each task timed into the
+worker's slot of the meter block.
 """
 
 from __future__ import annotations
@@ -66,9 +64,6 @@ class Plan:
 class Dropped:
     """Stands in for an item or batch dropped under ``max_failures``, so chunks stay whole."""
 
-    def __repr__(self) -> str:
-        return "Dropped"
-
 
 @dataclass
 class Failure:
@@ -94,11 +89,9 @@ class _Loaded:
 class PipelineDataset(IterableDataset):
     """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs.
 
-    Worker ``w`` of ``W`` takes the chunks (runs of ``plan.chunk`` source items,
-    i.e. future batches) that are not in ``skip``, round-robin: the r-th such
-    chunk goes to worker ``r % W``. Every worker therefore reads the whole
-    source but processes only its share, no item twice, and each batch is the
-    one the thread runner would make, in the order torch asks for them.
+    The r-th chunk (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker
+    ``r % W``: every worker reads the whole source and processes its share, so each batch is the
+    thread runner's, in the order torch asks for them.
     """
 
     def __init__(self, payload: bytes, plan: Plan, skip: Skip, meters_name: str, layout: Layout,
@@ -124,7 +117,6 @@ class PipelineDataset(IterableDataset):
         """Run in this process (num_workers=0) on the parent's own mapping of the block."""
         self._parent_block = block
 
-    # -- in the worker -------------------------------------------------------------
     def init_worker(self, worker_id: int) -> None:
         """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid."""
         self._load(worker_id).block.pids[worker_id] = os.getpid()
@@ -193,12 +185,8 @@ class PipelineDataset(IterableDataset):
     def collate(self, data: Any) -> tuple[list[int], Any]:
         """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.
 
-        The indices cover dropped items too, so the parent knows the whole chunk
-        was handled and a restart does not redo it.
-
-        In a worker, an output that cannot be pickled becomes a Failure here:
-        torch pickles it in a queue thread that only prints the error, and the
-        parent would wait for that batch for ever.
+        The indices cover dropped items too, so a restart does not redo the chunk. An output
+        that cannot be pickled becomes a Failure here: torch's queue thread would only print it.
         """
         indices, value = self._collate(data)
         info = get_worker_info()

@@ -1,9 +1,6 @@
-"""Shared-memory files in /dev/shm, named under one prefix per run.
-
-The parent picks the prefix, so it can remove every segment a run made, even
-those of a child that was killed before saying what it created. Plain files
-and mmap are used instead of ``multiprocessing.shared_memory``, whose resource
-tracker unlinks and warns on its own schedule.
+"""Shared-memory files in /dev/shm, named under one prefix per run, so the parent can remove every
+segment a run made. Plain files and mmap: ``multiprocessing.shared_memory``'s resource tracker
+unlinks and warns on its own schedule.
 """
 
 from __future__ import annotations
@@ -50,11 +47,7 @@ def remove_all(prefix: str) -> list[str]:
 
 
 class ShmFile:
-    """A named shared-memory segment, mapped read-write (creator) or read-only.
-
-    ``purpose`` says what the segment is for in the error raised when there is
-    no room for it.
-    """
+    """A named shared-memory segment; ``purpose`` names it in the error when there is no room."""
 
     def __init__(self, name: str, size: int, *, create: bool, purpose: str = "a shared-memory segment") -> None:
         self.name = name
@@ -88,13 +81,11 @@ class ShmFile:
 
 
 def _reserve(fd: int, size: int, path: str, purpose: str) -> None:
-    # Checked first so that a request that cannot fit fails at once instead of
-    # filling /dev/shm (tmpfs allocates page by page) and starving other users.
+    # Checked first: a request that cannot fit fails at once instead of filling /dev/shm.
     directory = os.path.dirname(path)
     if size > free_bytes(directory):
         raise RunnerError(_no_room(purpose, size, directory))
-    # posix_fallocate makes a full /dev/shm fail here with ENOSPC instead of
-    # killing the writer with SIGBUS when it first touches a missing page.
+    # posix_fallocate: a full /dev/shm fails here (ENOSPC), not with SIGBUS at a missing page.
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:

@@ -1,8 +1,5 @@
-"""Stage meters in one shared-memory file: DataLoader workers write, the parent reads.
-
-Per worker slot the block holds the worker's pid and, per stage (row 0 is the
-source), int64 counters: tasks, failures, busy_ns, started_ns and a task-time
-histogram. A worker writes only its own slot; the parent sums the slots.
+"""Stage meters in one shared-memory file: DataLoader workers each write their own slot (a pid,
+and per stage int64 counters and a task-time histogram); the parent sums the slots.
 """
 
 from __future__ import annotations
@@ -43,10 +40,8 @@ class MeterBlock:
     def __init__(self, shm: ShmFile, layout: Layout) -> None:
         self._shm = shm
         self.layout = layout
-        # frombuffer keeps the mapping exported while any view of it lives, so
-        # closing it then fails (and is put off) instead of unmapping memory that
-        # a thread still writes: a stage abandoned by close() with num_workers=0
-        # updates its meters when it returns, and that write segfaulted.
+        # Views keep the mapping exported, so closing it is put off while a thread still writes
+        # (a stage abandoned by close() with num_workers=0 segfaulted when it returned).
         self.pids: np.ndarray = np.frombuffer(shm.map, np.int64, count=layout.slots)
         self.counters: np.ndarray = np.frombuffer(
             shm.map, np.int64, count=layout.slots * layout.rows * ROW_LEN, offset=8 * layout.slots
@@ -67,10 +62,7 @@ class MeterBlock:
 
     def resized(self, slots: int) -> MeterBlock:
         """A new block with ``slots`` slots holding this one's counts; this one is released.
-
-        Only while no worker is running: a worker of this block would write on
-        into the old file.
-        """
+        Only while no worker runs: it would write on into the old file."""
         bigger = MeterBlock.create(Layout(slots, self.layout.rows))
         bigger.counters[: self.layout.slots] = self.counters
         self.release()

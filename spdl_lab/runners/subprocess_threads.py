@@ -1,10 +1,7 @@
 """``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp").
 
-The training process keeps its GIL to itself: stage functions run in a fresh
-interpreter, and outputs come back through shared memory (arrays copied once
-on each side, never pickled). The child's meters are published to a shared
-block that the parent reads without messages, so ``stats()`` and ``frames()``
-look the same as for ``thread``.
+Stage functions run in a fresh interpreter, outputs come back through shared memory (never
+pickled), and the parent reads the child's meters from a shared block.
 """
 
 from __future__ import annotations
@@ -62,7 +59,6 @@ class SubprocessThreadsRunner(Runner):
         super().check_options(pipeline, options)
         ship(pipeline, "subprocess-threads", "the child process")  # fail at Loader(...) if it cannot reach the child
 
-    # -- starting ----------------------------------------------------------------
     def start(self) -> None:
         meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
                          purpose="the subprocess-threads runner's meters")
@@ -84,7 +80,6 @@ class SubprocessThreadsRunner(Runner):
             raise RunnerError(f"subprocess-threads: the child process did not start within "
                               f"{self._start_timeout:g} s; pass start_timeout= to wait longer")
 
-    # -- iterating ---------------------------------------------------------------
     def get(self, timeout: float) -> Any:
         if self._ended or self._closed:
             return END
@@ -126,8 +121,7 @@ class SubprocessThreadsRunner(Runner):
         assert self._data is not None and self._proc is not None
         deadline = time.monotonic() + timeout
         while True:
-            # close() from another thread stops the child and closes the channel:
-            # then the run is over, not failed.
+            # close() from another thread stops the child and its channel: the run is over, not failed.
             if self._closed:
                 return END
             try:
@@ -161,7 +155,6 @@ class SubprocessThreadsRunner(Runner):
             error.__cause__ = ChildTraceback(child_traceback)
         return error
 
-    # -- control -----------------------------------------------------------------
     def set_concurrency(self, stage: str, n: int) -> None:
         self._concurrency[stage] = n  # read() shows it at once, before the child's next meters
         self._send(("concurrency", stage, n))
@@ -177,7 +170,6 @@ class SubprocessThreadsRunner(Runner):
         except (BrokenPipeError, OSError):
             pass  # the child is gone; the next get() reports why
 
-    # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
         reading = self._blank
         payload = self._meters.latest() if self._meters is not None else None
@@ -188,7 +180,6 @@ class SubprocessThreadsRunner(Runner):
                 stage.concurrency = self._concurrency[stage.name]
         return reading
 
-    # -- closing -----------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         if self._closed:
             return
@@ -210,13 +201,10 @@ class SubprocessThreadsRunner(Runner):
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:
     """The child's stage failure (worded there by ``stage_failure``), its cause rebuilt here."""
-    cause = None
-    if info["cause"] is not None:
-        try:
-            # Pickled by our own child from an exception it caught.
-            cause = pickle.loads(info["cause"])
-        except Exception:
-            cause = None
+    try:
+        cause = pickle.loads(info["cause"]) if info["cause"] is not None else None  # from our own child
+    except Exception:
+        cause = None
     remote = ChildTraceback(info["traceback"]) if info["traceback"] else None
     if cause is None:
         cause = remote
