@@ -14,6 +14,15 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+import cloudpickle
+
+from ..engine.engine import Engine
+from ..engine.queues import END, TIMEOUT
+from ..errors import PipelineError, RunnerError
+from ._shipping import output_stage, pickled, unsendable_output
+from ._shm import SeqlockBlock, ShmFile
+from ._transport import Copier, SlotWriter, encode, write_arrays
+
 #: How often the child publishes its meters for the parent's sampler.
 METER_HZ = 50.0
 
@@ -39,12 +48,6 @@ class _ChildRun:
         for entry in reversed(init["sys_path"]):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        import cloudpickle
-
-        from ..engine.engine import Engine
-        from ._shm import SeqlockBlock, ShmFile
-        from ._transport import Copier, SlotWriter
-
         self.data = data
         self.ctrl = ctrl
         pipeline = cloudpickle.loads(init["pipeline"])
@@ -72,11 +75,6 @@ class _ChildRun:
         return 0
 
     def _pump(self) -> None:
-        from ..engine.queues import END, TIMEOUT
-        from ..errors import PipelineError, RunnerError
-        from ._shipping import output_stage, unsendable_output
-        from ._transport import encode, write_arrays
-
         while not self.stop.is_set():
             try:
                 record = self.engine.get(0.1)
@@ -130,10 +128,8 @@ class _ChildRun:
             self._publish_once()
 
     def _publish_once(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # meters are best effort; the run goes on
             self.meters.publish(pickle.dumps(self.engine.read(), protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception:
-            pass  # meters are best effort; the run goes on
 
     def _send(self, message: tuple) -> None:
         with self._send_lock:
@@ -147,8 +143,6 @@ class _ChildRun:
 
 
 def _describe_error(err: BaseException) -> dict[str, Any]:
-    from ._shipping import pickled
-
     cause = err.__cause__
     text = "".join(traceback.format_exception(cause)) if cause is not None else ""
     cause_bytes = pickled(cause) if cause is not None else None  # None: the traceback text alone

@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PipelineSpecError, RunnerError, describe
 from ..pipeline import Pipeline
-from ._delivered import Skip
+from ._delivered import Delivered
 from ._shipping import output_stage, pickled, pickling_error
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
 
@@ -94,7 +94,7 @@ class PipelineDataset(IterableDataset):
     thread runner's, in the order torch asks for them.
     """
 
-    def __init__(self, payload: bytes, plan: Plan, skip: Skip, meters_name: str, layout: Layout,
+    def __init__(self, payload: bytes, plan: Plan, skip: Delivered, meters_name: str, layout: Layout,
                  max_failures: int, metered: bool) -> None:
         self.payload = payload
         self.plan = plan
@@ -107,11 +107,7 @@ class PipelineDataset(IterableDataset):
         self._parent_block: MeterBlock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # Only the recipe crosses to a worker; what it loads is its own.
-        state = self.__dict__.copy()
-        state["_loaded"] = None
-        state["_parent_block"] = None
-        return state
+        return {**self.__dict__, "_loaded": None, "_parent_block": None}  # a worker loads its own
 
     def use_block(self, block: MeterBlock) -> None:
         """Run in this process (num_workers=0) on the parent's own mapping of the block."""
@@ -178,9 +174,7 @@ class PipelineDataset(IterableDataset):
                         return
                 index += 1
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+            getattr(iterator, "close", lambda: None)()
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
         """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.

@@ -13,7 +13,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -81,6 +80,8 @@ class RayConnection:
                 self.role = "joined"
 
     def _start_local(self, ray: Any) -> None:
+        from ray._private import ray_constants
+
         # A short path: Ray's Unix sockets live under it, and socket paths are limited to 107 bytes.
         temp_dir = tempfile.mkdtemp(prefix="spdlray", dir="/tmp")
         # Workers import what this process imports (functions travel by reference), through the
@@ -89,13 +90,23 @@ class RayConnection:
         options = dict(num_cpus=psutil.cpu_count() or 1, include_dashboard=False, _temp_dir=temp_dir,
                        log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
-        with _loopback(PYTHONPATH=path, **_LOOPBACK_ENV):
-            try:
-                ray.init(**options)
-            except Exception as exc:
-                shutil.rmtree(temp_dir, ignore_errors=True)
-                raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
-                                  f"{exc}") from exc
+        env = {"PYTHONPATH": path, **_LOOPBACK_ENV}
+        saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
+        os.environ.update(env)
+        ray_constants.ENABLE_RAY_CLUSTER = False  # in this process too, while ray.init runs
+        try:
+            ray.init(**options)
+        except Exception as exc:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
+                              f"{exc}") from exc
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         _LOCAL["temp_dir"] = temp_dir
         _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
 
@@ -137,25 +148,6 @@ class RayConnection:
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-@contextlib.contextmanager
-def _loopback(**env: str) -> Iterator[None]:
-    """``env`` set, and Ray's cluster switch off in this process, while a local instance starts."""
-    from ray._private import ray_constants
-
-    saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.update(env)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _reap(timeout: float) -> None:
     """Wait for the instance's processes to exit; kill what is left at the deadline."""
     deadline = time.monotonic() + timeout
@@ -164,8 +156,6 @@ def _reap(timeout: float) -> None:
         time.sleep(0.05)
         left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     for p in left:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(left, timeout=1.0)

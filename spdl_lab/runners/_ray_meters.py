@@ -5,6 +5,7 @@ A daemon thread in each worker sends its counts every ``FLUSH_S``: a task never 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -29,7 +30,7 @@ def _blank() -> dict[str, Any]:
     return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": []}
 
 
-def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: str | None = None) -> None:
+def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
     """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here."""
     with _LOCK:
         pending = _PENDING.setdefault(key, (board, {}))[1].setdefault(stage, _blank())
@@ -56,10 +57,8 @@ def _flush_forever() -> None:
             batches = [entry for entry in _PENDING.values() if entry[1]]
             _PENDING.clear()
         for board, stages in batches:
-            try:
+            with contextlib.suppress(Exception):  # the run is over and its board gone: nothing to report to
                 board.add.remote(stages)
-            except Exception:  # noqa: BLE001 - the run is over and its board gone: nothing to report to
-                pass
 
 
 class MeterBoard:

@@ -109,11 +109,6 @@ class Group:
     resources: dict[str, float] = field(default_factory=dict)
     lead: str | None = None  # the map stage whose setting the group has
 
-    def takes(self, stage: Stage, n: int, resources: dict[str, float]) -> bool:
-        """Can map stage ``stage`` at concurrency ``n`` join this group?"""
-        return self.lead is None or (uses_actors(stage), n, resources) == (self.actors, self.concurrency,
-                                                                            self.resources)
-
 
 def groups(pipeline: Pipeline, concurrency: dict[str, int],
            resources: dict[str, dict[str, float]]) -> list[Group]:
@@ -121,12 +116,15 @@ def groups(pipeline: Pipeline, concurrency: dict[str, int],
     out = [Group()]
     for stage in pipeline.stages:
         if stage.kind == "map":
-            n, remote = concurrency.get(stage.name, stage.concurrency), dict(resources.get(stage.name, {}))
-            if not out[-1].takes(stage, n, remote):
-                out.append(Group())
+            setting = (uses_actors(stage), concurrency.get(stage.name, stage.concurrency),
+                       dict(resources.get(stage.name, {})))
             group = out[-1]
+            if group.lead is not None and setting != (group.actors, group.concurrency, group.resources):
+                group = Group()
+                out.append(group)
             if group.lead is None:
-                group.actors, group.concurrency, group.resources, group.lead = uses_actors(stage), n, remote, stage.name
+                group.actors, group.concurrency, group.resources = setting
+                group.lead = stage.name
         out[-1].stages.append(stage)
     return out
 

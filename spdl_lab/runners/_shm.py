@@ -5,6 +5,7 @@ unlinks and warns on its own schedule.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -32,18 +33,13 @@ def free_bytes(directory: str) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
-def remove_all(prefix: str) -> list[str]:
-    """Unlink every segment under ``prefix``; return their names."""
-    removed = []
+def remove_all(prefix: str) -> None:
+    """Unlink every segment under ``prefix``."""
     directory = shm_dir()
     for name in os.listdir(directory):
         if name.startswith(prefix):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 class ShmFile:
@@ -67,17 +63,12 @@ class ShmFile:
             os.close(fd)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):  # a view still exports it: it goes with its owner
             self.map.close()
-        except BufferError:
-            # A view still exports the buffer; it is dropped with its owner.
-            pass
 
     def unlink(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def _reserve(fd: int, size: int, path: str, purpose: str) -> None:
@@ -115,11 +106,8 @@ _HEADER = struct.Struct("<QQ")  # sequence number, payload length
 
 
 class SeqlockBlock:
-    """One writer publishes byte strings; readers copy the latest whole one.
-
-    The writer makes the sequence odd while it writes and even when done; a
-    reader retries if it saw an odd number or the number changed under it.
-    """
+    """One writer publishes byte strings; readers copy the latest whole one (the sequence is odd
+    while the writer writes: a reader retries if it saw it odd, or changed under it)."""
 
     def __init__(self, shm: ShmFile) -> None:
         self.shm = shm

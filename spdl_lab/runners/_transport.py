@@ -159,18 +159,14 @@ class _Decoder(pickle.Unpickler):
         count = int(np.prod(shape, dtype=np.int64))
         buffer = self._lease if self._lease is not None else self._shm.map  # type: ignore[union-attr]
         if kind == "nd":
-            dt = descr_to_dtype(dtype)
-            if count == 0:
-                return np.empty(shape, dtype=dt)
-            view = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
-            return view if self._lease is not None else view.copy()
-        import torch
-
-        tdtype = getattr(torch, dtype)
+            lib, dt, copy = np, descr_to_dtype(dtype), np.ndarray.copy
+        else:
+            import torch
+            lib, dt, copy = torch, getattr(torch, dtype), torch.Tensor.clone
         if count == 0:
-            return torch.empty(shape, dtype=tdtype)
-        view = torch.frombuffer(buffer, dtype=tdtype, count=count, offset=offset).view(shape)
-        return view if self._lease is not None else view.clone()
+            return lib.empty(shape, dtype=dt)
+        view = lib.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
+        return view if self._lease is not None else copy(view)
 
 
 class Leases:

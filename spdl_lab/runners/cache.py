@@ -34,7 +34,6 @@ class CacheRunner(Runner):
                  source_runner: str = "thread", num_caches: int = 8, forever: bool = False,
                  num_outputs: int | None = None, **source_options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        self.check_options(pipeline, {"source_runner": source_runner, "num_caches": num_caches})
         self._source = runner_class(source_runner)(pipeline, buffer_size=buffer_size, max_failures=max_failures,
                                                    metered=metered, **source_options)
         self._num_caches = num_caches

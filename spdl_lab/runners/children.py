@@ -5,6 +5,7 @@ escalation, and how each ended, said in words.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,8 +13,6 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from multiprocessing.connection import Connection
@@ -107,13 +106,11 @@ def kill(pids: list[int], wait_s: float = 1.0) -> None:
     their Process objects reap them (a later terminate() could else hit a reused pid)."""
     me, killed = os.getpid(), []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child = psutil.Process(pid)
             if child.ppid() == me and _running(pid):
                 child.kill()
                 killed.append(pid)
-        except psutil.NoSuchProcess:
-            pass
     deadline = time.monotonic() + wait_s
     while any(map(_running, killed)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -145,24 +142,18 @@ class _MainByName(types.ModuleType):
         return getattr(self.__dict__["_real_main"], name)
 
 
-@contextmanager
-def _main_by_name() -> Iterator[None]:
-    with _swapping:
-        real = sys.modules.get("__main__")
-        if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
-            yield  # run with -m, or no main: spawn imports it by name, which the guard is not needed for
-            return
-        sys.modules["__main__"] = _MainByName(real)
-        try:
-            yield
-        finally:
-            sys.modules["__main__"] = real
-
-
 class MainFreeProcess(SpawnProcess):
     def start(self) -> None:
-        with _main_by_name():
-            super().start()
+        with _swapping:
+            real = sys.modules.get("__main__")
+            if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
+                super().start()  # run with -m, or no main: spawn imports it by name, no guard needed
+                return
+            sys.modules["__main__"] = _MainByName(real)
+            try:
+                super().start()
+            finally:
+                sys.modules["__main__"] = real
 
 
 class MainFreeSpawnContext(SpawnContext):

@@ -5,6 +5,7 @@ A pump thread iterates the Dataset's rows into a bounded queue; meters add up in
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -325,17 +326,15 @@ class RayRunner(PumpRunner):
         with self._lock:  # after _stop: the pump sets an executor only while not stopping
             executor = self._executor
         if executor is not None:
-            _stop(executor)
+            _shutdown(executor)
         self._join_pump(timeout)
         if self._board is not None:
             time.sleep(2 * FLUSH_S)  # the workers' last counts are at most one flush away
             self._read_totals(force=True)  # the final figures, kept for stats() after close
             import ray
 
-            try:
+            with contextlib.suppress(Exception):  # the instance may be gone already
                 ray.kill(self._board)
-            except Exception:  # noqa: BLE001 - the instance may be gone already
-                pass
             self._board = None
         if self._connection.role != "none":
             self._connection.close(timeout)
@@ -355,7 +354,7 @@ def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, 
     return resources
 
 
-def _stop(executor: Any) -> None:
+def _shutdown(executor: Any) -> None:
     """Shut a Ray Data execution down, cancelling its tasks, and wake its consumer."""
     try:
         executor.shutdown(force=True)

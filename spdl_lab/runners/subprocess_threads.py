@@ -6,6 +6,7 @@ pickled), and the parent reads the child's meters from a shared block.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import subprocess
 import sys
@@ -84,10 +85,8 @@ class SubprocessThreadsRunner(Runner):
         if self._ended or self._closed:
             return END
         message = self._recv(timeout)
-        if message is TIMEOUT:
-            return TIMEOUT
-        if message is END:
-            return END
+        if message is TIMEOUT or message is END:
+            return message
         kind = message[0]
         if kind == "out":
             _, seq, index, meta, slot_id, slot_name, slot_size = message
@@ -105,14 +104,12 @@ class SubprocessThreadsRunner(Runner):
                 value = decode(meta, slot)  # copies, so the child always has a slot to fill
                 self._send(("release", slot_id))
             return seq, index, value
+        self._ended = True  # every other message ends the run
         if kind == "end":
-            self._ended = True
             return END
         if kind == "error":
-            self._ended = True
             raise _pipeline_error(message[1])
         if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
-            self._ended = True
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
 
@@ -165,10 +162,8 @@ class SubprocessThreadsRunner(Runner):
     def _send(self, message: Any) -> None:
         if self._ctrl is None or self._closed:
             return
-        try:
+        with contextlib.suppress(OSError):  # the child is gone; the next get() reports why
             self._ctrl.send(message)
-        except (BrokenPipeError, OSError):
-            pass  # the child is gone; the next get() reports why
 
     def read(self) -> EngineReading:
         reading = self._blank
