@@ -110,6 +110,11 @@ class RayConnection:
         _LOCAL["temp_dir"] = temp_dir
         _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
 
+    @property
+    def temp_dir(self) -> str | None:
+        """The local instance's temporary directory (its sockets, logs, spilled objects), or None."""
+        return _LOCAL["temp_dir"] if self.role == "local" else None
+
     def lost(self) -> str | None:
         """What of the lab's local instance has died (its GCS or raylet), or None; a cluster's
         failures come back from Ray itself."""
