@@ -26,9 +26,7 @@ __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
 @dataclass(frozen=True)
 class Plan:
     """How a pipeline maps onto one DataLoader: per-item maps, one batch, per-batch maps.
-
-    Positions index ``pipeline.stages``; a stage's meter row is its position + 1.
-    """
+    Positions index ``pipeline.stages``; a stage's meter row is its position + 1."""
 
     item_maps: tuple[int, ...]
     batch: int | None
@@ -87,12 +85,9 @@ class _Loaded:
 
 
 class PipelineDataset(IterableDataset):
-    """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs.
-
-    The r-th chunk (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker
-    ``r % W``: every worker reads the whole source and processes its share, so each batch is the
-    thread runner's, in the order torch asks for them.
-    """
+    """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs. The r-th chunk
+    (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker ``r % W``: every
+    worker reads the whole source and processes its share, so batches are the thread runner's."""
 
     def __init__(self, payload: bytes, plan: Plan, skip: Delivered, meters_name: str, layout: Layout,
                  max_failures: int, metered: bool) -> None:
@@ -160,8 +155,7 @@ class PipelineDataset(IterableDataset):
                     meter.idle(SOURCE_ROW)
                     return
                 except Exception as exc:
-                    # Every worker reads this item and fails; only its owner counts it,
-                    # but all report it, so no worker goes on past a broken source.
+                    # Every worker reads it: only its owner counts the failure, all report it.
                     if mine:
                         meter.failed(SOURCE_ROW)
                     yield index, self._failure("source", index, exc)
@@ -178,10 +172,8 @@ class PipelineDataset(IterableDataset):
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
         """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.
-
-        The indices cover dropped items too, so a restart does not redo the chunk. An output
-        that cannot be pickled becomes a Failure here: torch's queue thread would only print it.
-        """
+        The indices cover dropped items too, so a restart does not redo the chunk. An output that
+        cannot be pickled becomes a Failure here: torch's queue thread would only print it."""
         indices, value = self._collate(data)
         info = get_worker_info()
         if info is None or isinstance(value, (Failure, Dropped)):

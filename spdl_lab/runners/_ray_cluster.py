@@ -116,8 +116,7 @@ class RayConnection:
         return _LOCAL["temp_dir"] if self.role == "local" else None
 
     def lost(self) -> str | None:
-        """What of the lab's local instance has died (its GCS or raylet), or None; a cluster's
-        failures come back from Ray itself."""
+        """What of the lab's local instance (GCS, raylet) has died, or None."""
         if self.role != "local":
             return None
         for proc in _LOCAL["core"]:

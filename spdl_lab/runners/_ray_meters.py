@@ -57,7 +57,7 @@ def _flush_forever() -> None:
             batches = [entry for entry in _PENDING.values() if entry[1]]
             _PENDING.clear()
         for board, stages in batches:
-            with contextlib.suppress(Exception):  # the run is over and its board gone: nothing to report to
+            with contextlib.suppress(Exception):  # the run is over and its board gone
                 board.add.remote(stages)
 
 

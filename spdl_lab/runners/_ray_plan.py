@@ -119,7 +119,7 @@ def groups(pipeline: Pipeline, concurrency: dict[str, int],
             setting = (uses_actors(stage), concurrency.get(stage.name, stage.concurrency),
                        dict(resources.get(stage.name, {})))
             group = out[-1]
-            if group.lead is not None and setting != (group.actors, group.concurrency, group.resources):
+            if group.lead and setting != (group.actors, group.concurrency, group.resources):
                 group = Group()
                 out.append(group)
             if group.lead is None:
@@ -248,8 +248,7 @@ def _column(values: list[Any]) -> Any:
         if _plain_array(inner) and all(_like(x, inner) for v in values for x in v):
             out = np.empty((len(values), len(first), *inner.shape), dtype=inner.dtype)
             for i, v in enumerate(values):
-                for j, x in enumerate(v):
-                    out[i, j] = x
+                np.stack(v, out=out[i])
             return out
     elif _plain_array(first) and all(_like(v, first) for v in values):
         return np.stack(values)

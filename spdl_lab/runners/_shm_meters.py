@@ -84,14 +84,12 @@ class MeterBlock:
         running = np.where(started > 0, np.maximum(now - started, 0), 0).sum(axis=0)
         in_flight = (started > 0).sum(axis=0)
         sums = snap.sum(axis=0)
-        out = []
-        for row, (name, kind) in enumerate(zip(names, kinds)):
-            busy = int(sums[row, BUSY_NS])
-            out.append(StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
-                                    failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
-                                    busy_ns=busy + int(running[row]), concurrency=concurrency,
-                                    hist=sums[row, HIST:].tolist(), busy_done_ns=busy))
-        return out
+        return [StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
+                             failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
+                             busy_ns=int(sums[row, BUSY_NS] + running[row]),
+                             busy_done_ns=int(sums[row, BUSY_NS]), concurrency=concurrency,
+                             hist=sums[row, HIST:].tolist())
+                for row, (name, kind) in enumerate(zip(names, kinds))]
 
     def release(self) -> None:
         """Unmap and unlink the file (the parent's side). Safe to call twice."""
@@ -102,10 +100,8 @@ class MeterBlock:
 
 
 class SlotMeter:
-    """One worker's rows of the block: it alone writes them, so no lock is needed.
-
-    With ``metered=False`` only tasks and failures are counted: no clock reads.
-    """
+    """One worker's rows of the block: it alone writes them, so no lock is needed. With
+    ``metered=False`` only tasks and failures are counted: no clock reads."""
 
     __slots__ = ("_rows", "_metered")
 

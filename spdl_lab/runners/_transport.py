@@ -26,8 +26,7 @@ from ._shm import ShmFile
 __all__ = ["Copier", "Encoded", "Leases", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
 
 _ALIGN = 64
-#: Slots grow to fit the largest output seen, with headroom so that batches
-#: of slightly varying size do not make a slot be re-created every time.
+#: Slots grow to fit the largest output, with headroom: batches of varying size reuse a slot.
 _MIN_SLOT = 1 << 20
 _GROWTH = 1.25
 
@@ -194,12 +193,7 @@ class Leases:
 
     def returned(self) -> list[int]:
         """Slots whose views are all gone since the last call."""
-        back = []
-        while True:
-            try:
-                back.append(self._back.get_nowait())
-            except queue.Empty:
-                break
+        back = [self._back.get() for _ in range(self._back.qsize())]  # others only add
         self._lent -= len(back)
         return back
 

@@ -1,6 +1,5 @@
-"""The runner contract: one small interface, one implementation per parallelism model.
-
-A Loader drives a runner; callers never special-case a runner by name.
+"""The runner contract: one small interface, one implementation per parallelism model (callers
+never special-case a runner by name), and ``PumpRunner``, the pump process and ray share.
 """
 
 from __future__ import annotations
@@ -24,18 +23,14 @@ _CHECK_S = 0.1
 
 
 class Runner(ABC):
-    """Executes a Pipeline once; a Loader makes a new Runner per iteration.
-
-    ``get`` returns ``(seq, index, value)`` records, ``END`` when the pipeline is
-    exhausted, or ``TIMEOUT`` when nothing came within ``timeout`` seconds; it
-    raises ``PipelineError`` or ``RunnerError`` when the run failed.
-    """
+    """Executes a Pipeline once; a Loader makes a new Runner per iteration. ``get`` returns
+    ``(seq, index, value)`` records, ``END`` when the pipeline is exhausted, or ``TIMEOUT`` when
+    nothing came within ``timeout`` seconds; it raises ``PipelineError`` or ``RunnerError``."""
 
     #: the name in ``lab.RUNNERS``
     name: str = ""
-    #: For runners whose parallelism is one pool for every stage (``process``):
-    #: the pseudo-stage naming it in ``set_concurrency`` and the option that
-    #: sizes it, so a Loader can accept the one and carry the other to later runs.
+    #: For a runner whose parallelism is one pool for every stage (``process``): the pseudo-stage
+    #: naming it in ``set_concurrency``, and the option a Loader carries to later runs.
     pool_stage: str | None = None
     pool_option: str | None = None
 
@@ -77,11 +72,9 @@ class Runner(ABC):
 
 
 class PumpRunner(Runner):
-    """A runner whose pump thread puts outputs into a bounded queue that ``get`` reads.
-
-    The first error, met by the pump or by ``_check`` (run while the consumer waits), ends the
-    run: the queue closes and ``get`` raises it. An error after ``close`` is not reported.
-    """
+    """A runner whose pump thread puts outputs into a bounded queue that ``get`` reads. The first
+    error, met by the pump or by ``_check`` (run while the consumer waits), ends the run: the queue
+    closes and ``get`` raises it. An error after ``close`` is not reported."""
 
     def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
@@ -123,7 +116,7 @@ class PumpRunner(Runner):
             self._fail(self._pump_error(exc))
 
     def _fail(self, error: SpdlLabError) -> None:
-        drop_tracebacks(error)  # their frames (torch's or Ray Data's iterators) hold workers and threads
+        drop_tracebacks(error)  # frames of torch's or Ray Data's iterators hold workers and threads
         with self._lock:
             if self._error is None and not self._closed:
                 self._error = error

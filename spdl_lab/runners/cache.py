@@ -16,17 +16,13 @@ from .base import Runner
 
 __all__ = ["CacheRunner", "expected_outputs", "MAX_COUNTED_ITEMS"]
 
-#: A source without len() is counted by iterating it; past this many items
-#: it is taken as endless and the caller must say how many outputs to replay.
+#: A source without len() is counted by iterating it; past this many items it is taken as endless.
 MAX_COUNTED_ITEMS = 10_000_000
 
 
 class CacheRunner(Runner):
-    """Replays the first ``num_caches`` outputs of ``source_runner``.
-
-    The replayed objects are the cached objects themselves, not copies, so a
-    step that mutates its batch in place sees its own changes next time.
-    """
+    """Replays the first ``num_caches`` outputs of ``source_runner``: the cached objects themselves,
+    not copies, so a step that mutates its batch in place sees its own changes next time."""
 
     name = "cache"
 

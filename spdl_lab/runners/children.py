@@ -147,7 +147,7 @@ class MainFreeProcess(SpawnProcess):
         with _swapping:
             real = sys.modules.get("__main__")
             if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
-                super().start()  # run with -m, or no main: spawn imports it by name, no guard needed
+                super().start()  # run with -m, or no main: spawn imports it by name
                 return
             sys.modules["__main__"] = _MainByName(real)
             try:

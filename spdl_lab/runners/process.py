@@ -191,7 +191,8 @@ class ProcessRunner(PumpRunner):
             if self._block is not None:
                 stages = self._block.read(self._names, self._kinds, self._num_workers)
             else:
-                stages = self._final or [StageReading(name, kind, 0, 0, 0, 0, self._num_workers, new_counts())
+                n = self._num_workers
+                stages = self._final or [StageReading(name, kind, 0, 0, 0, 0, n, new_counts())
                                          for name, kind in zip(self._names, self._kinds)]
         return EngineReading(source=stages[0], stages=stages[1:], inputs={}, queues=[self._output.read()])
 
@@ -226,8 +227,9 @@ _PASSED_THROUGH = ("pin_memory_device", "in_order")
 
 
 def _check_num_workers(n: object, stage: str) -> int:
-    return _checked(n, int, 0, MAX_CONCURRENCY, f"process runner, {stage!r}: num_workers must be an int in "
-                                                f"0..{MAX_CONCURRENCY} (0 runs in this process)")
+    return _checked(n, int, 0, MAX_CONCURRENCY,
+                    f"process runner, {stage!r}: num_workers must be an int in "
+                    f"0..{MAX_CONCURRENCY} (0 runs in this process)")
 
 
 def _check_timeout(timeout: object) -> float:
@@ -242,7 +244,8 @@ def _check_prefetch(prefetch_factor: object) -> int | None:
                     "process runner: prefetch_factor must be an int >= 1 or None")
 
 
-def _checked(value: Any, kinds: type | tuple[type, ...], low: float, high: float, message: str) -> Any:
+def _checked(value: Any, kinds: type | tuple[type, ...], low: float, high: float,
+             message: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
         raise PipelineSpecError(f"{message}, got {value!r}")
     return value

@@ -33,7 +33,6 @@ _ALIVE_EVERY_S = 0.5
 _FINAL_READ_S = 2.0
 #: How long the end of the data may wait for complete counts (the meter actor may start slowly).
 _SETTLE_S = 10.0
-#: Where a stage's failure happened, as its error says.
 _IN_RAY = "in a Ray worker"
 #: A source without random access is read into a list in the driver, up to this many items.
 MAX_MATERIALIZED = 1_000_000
@@ -140,8 +139,7 @@ class RayRunner(PumpRunner):
                     f"a list of paths, a range, or a dataset with __getitem__ and __len__")
 
     def _run_window(self) -> bool:
-        """Run one execution over the next window of items: True once the data has ended,
-        False on a stop or a new concurrency (the next window starts at the first undelivered)."""
+        """One execution over the next window: True at the end of the data, False on a restart."""
         with self._lock:
             generation = self._generation
             concurrency = dict(self._concurrency)
@@ -264,10 +262,9 @@ class RayRunner(PumpRunner):
                                     f"{', '.join(self._concurrency)}")
         validate_concurrency(n, stage=stage)
         with self._lock:
-            if self._concurrency[stage] == n:
-                return
-            self._concurrency[stage] = n
-            self._generation += 1  # the pump restarts the execution from the first item not delivered
+            if self._concurrency[stage] != n:
+                self._concurrency[stage] = n
+                self._generation += 1  # the pump restarts from the first item not delivered
 
     def concurrency(self, stage: str) -> int:
         return self._concurrency[stage]
@@ -302,11 +299,10 @@ class RayRunner(PumpRunner):
                              queues=[*self._operation_queues(), self._output.read()])
 
     def _operation_queues(self) -> list[QueueReading]:
-        """Blocks each operation has made and the next has not taken (capacity 0: Ray Data
-        bounds them by object-store memory)."""
+        """Per operation, the blocks the next one has not taken (capacity 0: memory bounds them)."""
         with self._lock:
             executor, groups = self._executor, self._groups
-        topology = getattr(executor, "_topology", None) if executor is not None else None
+        topology = getattr(executor, "_topology", None)
         if not topology or not groups:
             return []
         states = [state for op, state in list(topology.items()) if op.input_dependencies]  # not the input

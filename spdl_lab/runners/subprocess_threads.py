@@ -26,8 +26,7 @@ from .children import ChildTraceback, exit_reason, spawn, stop_process
 
 __all__ = ["SubprocessThreadsRunner"]
 
-#: Shared-memory slots in flight between child and parent. Each grows to the
-#: largest output; more slots only let the child run further ahead.
+#: Shared-memory slots in flight (each grows to the largest output); more let the child run ahead.
 SLOTS = 4
 _METERS_SIZE = 4 << 20
 #: How long start() waits for the child to import and build its engine.
@@ -118,7 +117,7 @@ class SubprocessThreadsRunner(Runner):
         assert self._data is not None and self._proc is not None
         deadline = time.monotonic() + timeout
         while True:
-            # close() from another thread stops the child and its channel: the run is over, not failed.
+            # close() from another thread stops the child and its channel: the run is over.
             if self._closed:
                 return END
             try:
@@ -197,7 +196,7 @@ class SubprocessThreadsRunner(Runner):
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:
     """The child's stage failure (worded there by ``stage_failure``), its cause rebuilt here."""
     try:
-        cause = pickle.loads(info["cause"]) if info["cause"] is not None else None  # from our own child
+        cause = None if info["cause"] is None else pickle.loads(info["cause"])  # from our child
     except Exception:
         cause = None
     remote = ChildTraceback(info["traceback"]) if info["traceback"] else None
