@@ -39,6 +39,7 @@ class MeterBlock:
 
     def __init__(self, shm: ShmFile, layout: Layout) -> None:
         self._shm = shm
+        self.name = shm.name
         self.layout = layout
         # Views keep the mapping exported, so closing it is put off while a thread still writes
         # (a stage abandoned by close() with num_workers=0 segfaulted when it returned).
@@ -46,10 +47,6 @@ class MeterBlock:
         self.counters: np.ndarray = np.frombuffer(
             shm.map, np.int64, count=layout.slots * layout.rows * ROW_LEN, offset=8 * layout.slots
         ).reshape(layout.slots, layout.rows, ROW_LEN)
-
-    @property
-    def name(self) -> str:
-        return self._shm.name
 
     @classmethod
     def create(cls, layout: Layout) -> MeterBlock:

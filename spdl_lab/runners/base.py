@@ -44,10 +44,8 @@ class Runner(ABC):
     def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
         """Reject options this runner does not take, before anything starts."""
         params = inspect.signature(cls).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return
         unknown = [k for k in options if k not in params]
-        if unknown:
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
             raise PipelineSpecError(f"runner {cls.name!r} does not take option(s) "
                                     f"{', '.join(map(repr, unknown))}; it takes: {', '.join(known)}")

@@ -81,11 +81,9 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
     for escalate, wait_s in steps:
         if escalate is not None:
             escalate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait_s)
             return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 # -- DataLoader workers: started and reaped by torch's Process objects --------------------

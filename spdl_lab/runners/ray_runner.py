@@ -58,7 +58,6 @@ class RayRunner(PumpRunner):
         self._source: Any = None  # an indexable source, made when the run starts
         self._count = 0
         self._concurrency = {s.name: s.concurrency for s in pipeline.stages if s.kind == "map"}
-        self._kinds = {s.name: s.kind for s in pipeline.stages}
         self._ordered = all(s.ordered for s in pipeline.stages if s.kind == "map")
         self._key = uuid.uuid4().hex
         self._board: Any = None
@@ -161,7 +160,7 @@ class RayRunner(PumpRunner):
             self._groups = groups(self.pipeline, concurrency, self._resources)
         bundles = ds._build_bundle_iterator(executor)
         try:
-            batches = self._kinds[self.pipeline.stages[-1].name] == "batch"
+            batches = self.pipeline.stages[-1].kind == "batch"
             for bundle in bundles:
                 for ref in bundle.block_refs:
                     for row in rows_of(_columns(self._get_block(ref)), batches):
@@ -235,9 +234,9 @@ class RayRunner(PumpRunner):
     def _complete(self, counts: dict[str, tuple[int, int, int]]) -> bool:
         """Every item read reached every stage: each stage ran at least what the one before made."""
         made = self._count  # the source's items
-        for name in ["source", *(s.name for s in self.pipeline.stages)]:
+        for name, kind in [("source", "source"), *((s.name, s.kind) for s in self.pipeline.stages)]:
             _, done, failed = counts.get(name, (0, 0, 0))
-            batch = self._kinds.get(name) == "batch"  # counts batches made, not items taken
+            batch = kind == "batch"  # counts batches made, not items taken
             if done < (min(made, 1) if batch else made):
                 return False
             made = done - failed
@@ -257,7 +256,7 @@ class RayRunner(PumpRunner):
                                    f"see dmesg). Start a new Loader"))
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        if self._kinds.get(stage) != "map":
+        if stage not in self._concurrency:
             raise PipelineSpecError(f"ray runner: {stage!r} is not a map stage; map stages: "
                                     f"{', '.join(self._concurrency)}")
         validate_concurrency(n, stage=stage)

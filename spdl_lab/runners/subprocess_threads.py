@@ -170,8 +170,7 @@ class SubprocessThreadsRunner(Runner):
         if payload is not None:
             reading = pickle.loads(payload)  # our own child wrote these bytes into a segment only we share
         for stage in reading.stages:
-            if stage.name in self._concurrency:
-                stage.concurrency = self._concurrency[stage.name]
+            stage.concurrency = self._concurrency.get(stage.name, stage.concurrency)
         return reading
 
     def close(self, timeout: float = 5.0) -> None:
