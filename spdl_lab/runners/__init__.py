@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import PipelineSpecError, RunnerError
+from ..errors import PipelineSpecError
 from .base import Runner
 
 __all__ = ["LOCAL_RUNNERS", "RUNNERS", "Runner", "runner_class"]
@@ -14,9 +14,8 @@ __all__ = ["LOCAL_RUNNERS", "RUNNERS", "Runner", "runner_class"]
 LOCAL_RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
 RUNNERS: tuple[str, ...] = LOCAL_RUNNERS + ("ray",)
 
-# Imported when first asked for: only ``process`` needs torch, and the
-# subprocess-threads child (which imports this package) starts in a fraction
-# of the time without it.
+# Imported when first asked for: only ``process`` needs torch, and the subprocess-threads
+# child (which imports this package) starts much sooner without it.
 _REGISTRY: dict[str, tuple[str, str]] = {
     "thread": ("thread", "ThreadRunner"),
     "subprocess-threads": ("subprocess_threads", "SubprocessThreadsRunner"),
@@ -32,9 +31,5 @@ def runner_class(name: str) -> type[Runner]:
         raise PipelineSpecError(
             f"unknown runner {name!r}; choose one of {', '.join(map(repr, RUNNERS))}"
         )
-    try:
-        module, cls = _REGISTRY[name]
-    except KeyError:
-        raise RunnerError(f"runner {name!r} is not available in this version of spdl_lab; "
-                          f"available now: {', '.join(map(repr, _REGISTRY))}") from None
+    module, cls = _REGISTRY[name]
     return getattr(importlib.import_module(f".{module}", __name__), cls)

@@ -1,13 +1,11 @@
-"""The child process of the ``subprocess-threads`` runner.
-
-Started as ``python -m spdl_lab.runners._child DATA_FD CTRL_FD`` (a fresh
-interpreter: never a fork of a threaded parent). It receives the pipeline
-(cloudpickle), runs the thread engine, sends outputs through shared-memory
-slots, publishes its meters to a shared block, and obeys the control channel.
+"""The child process of the ``subprocess-threads`` runner: ``python -m spdl_lab.runners._child
+DATA_FD CTRL_FD`` runs the thread engine, sends outputs through shared-memory slots, publishes its
+meters to a shared block and obeys the control channel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -15,6 +13,15 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
+import cloudpickle
+
+from ..engine.engine import Engine
+from ..engine.queues import END, TIMEOUT
+from ..errors import PipelineError, RunnerError
+from ._shipping import output_stage, pickled, unsendable_output
+from ._shm import SeqlockBlock, ShmFile
+from ._transport import Copier, SlotWriter, encode, write_arrays
 
 #: How often the child publishes its meters for the parent's sampler.
 METER_HZ = 50.0
@@ -27,7 +34,8 @@ def main(data_fd: int, ctrl_fd: int) -> int:
         init = ctrl.recv()
         run = _ChildRun(data, ctrl, init)
     except BaseException:
-        _send_quietly(data, ("crash", traceback.format_exc()))
+        with contextlib.suppress(Exception):  # the parent may be gone
+            data.send(("crash", traceback.format_exc()))
         return 1
     try:
         return run.serve()
@@ -40,12 +48,6 @@ class _ChildRun:
         for entry in reversed(init["sys_path"]):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        import cloudpickle
-
-        from ..engine.engine import Engine
-        from ._shm import SeqlockBlock, ShmFile
-        from ._transport import Copier, SlotWriter
-
         self.data = data
         self.ctrl = ctrl
         pipeline = cloudpickle.loads(init["pipeline"])
@@ -73,11 +75,6 @@ class _ChildRun:
         return 0
 
     def _pump(self) -> None:
-        from ..engine.queues import END, TIMEOUT
-        from ..errors import PipelineError, RunnerError
-        from ._shipping import output_stage, unsendable_output
-        from ._transport import encode, write_arrays
-
         while not self.stop.is_set():
             try:
                 record = self.engine.get(0.1)
@@ -131,10 +128,8 @@ class _ChildRun:
             self._publish_once()
 
     def _publish_once(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # meters are best effort; the run goes on
             self.meters.publish(pickle.dumps(self.engine.read(), protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception:
-            pass  # meters are best effort; the run goes on
 
     def _send(self, message: tuple) -> None:
         with self._send_lock:
@@ -148,20 +143,11 @@ class _ChildRun:
 
 
 def _describe_error(err: BaseException) -> dict[str, Any]:
-    from ._shipping import pickled
-
     cause = err.__cause__
     text = "".join(traceback.format_exception(cause)) if cause is not None else ""
     cause_bytes = pickled(cause) if cause is not None else None  # None: the traceback text alone
     return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
             "cause": cause_bytes, "traceback": text}
-
-
-def _send_quietly(conn: Connection, message: tuple) -> None:
-    try:
-        conn.send(message)
-    except Exception:
-        pass
 
 
 if __name__ == "__main__":

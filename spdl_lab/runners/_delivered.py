@@ -5,31 +5,22 @@ repeats one. They mostly come in order: a contiguous prefix plus the few beyond 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-__all__ = ["Delivered", "Skip"]
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A picklable snapshot of ``Delivered``: every number below ``below``, and ``extra``."""
-
-    below: int = 0
-    extra: frozenset[int] = frozenset()
-
-    def __contains__(self, number: int) -> bool:
-        return number < self.below or number in self.extra
+__all__ = ["Delivered"]
 
 
 class Delivered:
-    """Numbers done with; written by one thread (the runner's pump)."""
+    """Numbers done with; written by one thread (the runner's pump), shipped as a ``copy``."""
 
-    def __init__(self) -> None:
-        self.below = 0
-        self._beyond: set[int] = set()
+    def __init__(self, below: int = 0, beyond: Iterable[int] = ()) -> None:
+        self.below = below
+        self._beyond = set(beyond)
+
+    def __contains__(self, number: int) -> bool:
+        return number < self.below or number in self._beyond
 
     def seen(self, numbers: Sequence[int]) -> bool:
-        return bool(numbers) and all(n < self.below or n in self._beyond for n in numbers)
+        return bool(numbers) and all(n in self for n in numbers)
 
     def add(self, numbers: Iterable[int]) -> None:
         self._beyond.update(numbers)
@@ -42,8 +33,8 @@ class Delivered:
             self._beyond = {n for n in self._beyond if n >= end}
             self._advance()
 
-    def skip(self) -> Skip:
-        return Skip(self.below, frozenset(self._beyond))
+    def copy(self) -> Delivered:
+        return Delivered(self.below, self._beyond)
 
     def _advance(self) -> None:
         while self.below in self._beyond:

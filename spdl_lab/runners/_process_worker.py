@@ -1,8 +1,6 @@
-"""What runs inside the DataLoader's worker processes for the ``process`` runner.
-
-The Dataset unpickles the pipeline lazily in each worker, takes its share of the
-source and runs the per-item maps; its ``collate`` makes the batch and runs the
-per-batch maps. Every task is timed into the worker's slot of the meter block.
+"""What runs inside the DataLoader's worker processes for the ``process`` runner: the per-item
+maps in the Dataset, the batch and per-batch maps in its ``collate``, each task timed into the
+worker's slot of the meter block.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PipelineSpecError, RunnerError, describe
 from ..pipeline import Pipeline
-from ._delivered import Skip
+from ._delivered import Delivered
 from ._shipping import output_stage, pickled, pickling_error
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
 
@@ -28,9 +26,7 @@ __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
 @dataclass(frozen=True)
 class Plan:
     """How a pipeline maps onto one DataLoader: per-item maps, one batch, per-batch maps.
-
-    Positions index ``pipeline.stages``; a stage's meter row is its position + 1.
-    """
+    Positions index ``pipeline.stages``; a stage's meter row is its position + 1."""
 
     item_maps: tuple[int, ...]
     batch: int | None
@@ -66,9 +62,6 @@ class Plan:
 class Dropped:
     """Stands in for an item or batch dropped under ``max_failures``, so chunks stay whole."""
 
-    def __repr__(self) -> str:
-        return "Dropped"
-
 
 @dataclass
 class Failure:
@@ -92,16 +85,11 @@ class _Loaded:
 
 
 class PipelineDataset(IterableDataset):
-    """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs.
+    """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs. The r-th chunk
+    (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker ``r % W``: every
+    worker reads the whole source and processes its share, so batches are the thread runner's."""
 
-    Worker ``w`` of ``W`` takes the chunks (runs of ``plan.chunk`` source items,
-    i.e. future batches) that are not in ``skip``, round-robin: the r-th such
-    chunk goes to worker ``r % W``. Every worker therefore reads the whole
-    source but processes only its share, no item twice, and each batch is the
-    one the thread runner would make, in the order torch asks for them.
-    """
-
-    def __init__(self, payload: bytes, plan: Plan, skip: Skip, meters_name: str, layout: Layout,
+    def __init__(self, payload: bytes, plan: Plan, skip: Delivered, meters_name: str, layout: Layout,
                  max_failures: int, metered: bool) -> None:
         self.payload = payload
         self.plan = plan
@@ -114,17 +102,12 @@ class PipelineDataset(IterableDataset):
         self._parent_block: MeterBlock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # Only the recipe crosses to a worker; what it loads is its own.
-        state = self.__dict__.copy()
-        state["_loaded"] = None
-        state["_parent_block"] = None
-        return state
+        return {**self.__dict__, "_loaded": None, "_parent_block": None}  # a worker loads its own
 
     def use_block(self, block: MeterBlock) -> None:
         """Run in this process (num_workers=0) on the parent's own mapping of the block."""
         self._parent_block = block
 
-    # -- in the worker -------------------------------------------------------------
     def init_worker(self, worker_id: int) -> None:
         """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid."""
         self._load(worker_id).block.pids[worker_id] = os.getpid()
@@ -172,8 +155,7 @@ class PipelineDataset(IterableDataset):
                     meter.idle(SOURCE_ROW)
                     return
                 except Exception as exc:
-                    # Every worker reads this item and fails; only its owner counts it,
-                    # but all report it, so no worker goes on past a broken source.
+                    # Every worker reads it: only its owner counts the failure, all report it.
                     if mine:
                         meter.failed(SOURCE_ROW)
                     yield index, self._failure("source", index, exc)
@@ -186,20 +168,12 @@ class PipelineDataset(IterableDataset):
                         return
                 index += 1
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+            getattr(iterator, "close", lambda: None)()
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
         """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.
-
-        The indices cover dropped items too, so the parent knows the whole chunk
-        was handled and a restart does not redo it.
-
-        In a worker, an output that cannot be pickled becomes a Failure here:
-        torch pickles it in a queue thread that only prints the error, and the
-        parent would wait for that batch for ever.
-        """
+        The indices cover dropped items too, so a restart does not redo the chunk. An output that
+        cannot be pickled becomes a Failure here: torch's queue thread would only print it."""
         indices, value = self._collate(data)
         info = get_worker_info()
         if info is None or isinstance(value, (Failure, Dropped)):

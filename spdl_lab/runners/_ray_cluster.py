@@ -1,12 +1,6 @@
 """The Ray instance a ``ray`` runner uses: one the lab starts on this host, or a cluster it joins.
 
-``address=None`` starts a local instance bound to 127.0.0.1 with the machine's
-cores and no dashboard, in a temporary directory of its own (0700), and shuts it
-down, removing that directory, when the last lab runner using it closes. Ray's
-own processes (GCS, raylet, workers) are children of this process: closing
-checks they are gone. ``address="auto"`` or ``"ray://host:port"`` joins that
-cluster and only disconnects. A Ray connection the user opened before is used
-as it is and never shut down: the lab shuts down only what it started.
+The lab shuts down only what it started: a local instance, when the last runner using it closes.
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -87,24 +80,33 @@ class RayConnection:
                 self.role = "joined"
 
     def _start_local(self, ray: Any) -> None:
+        from ray._private import ray_constants
+
         # A short path: Ray's Unix sockets live under it, and socket paths are limited to 107 bytes.
-        # (Ray makes it world-writable, 0777, once it starts in it.)
         temp_dir = tempfile.mkdtemp(prefix="spdlray", dir="/tmp")
-        # Workers on this host import what this process imports: functions defined in modules
-        # on this sys.path (a test, a script's own package) travel by reference.
-        # (Through the environment the raylet inherits, not a runtime_env: one of those costs
-        # every worker seconds of set-up.)
+        # Workers import what this process imports (functions travel by reference), through the
+        # raylet's environment: a runtime_env costs every worker seconds of set-up.
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         options = dict(num_cpus=psutil.cpu_count() or 1, include_dashboard=False, _temp_dir=temp_dir,
                        log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
-        with _loopback(PYTHONPATH=path, **_LOOPBACK_ENV):
-            try:
-                ray.init(**options)
-            except Exception as exc:
-                shutil.rmtree(temp_dir, ignore_errors=True)
-                raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
-                                  f"{exc}") from exc
+        env = {"PYTHONPATH": path, **_LOOPBACK_ENV}
+        saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
+        os.environ.update(env)
+        ray_constants.ENABLE_RAY_CLUSTER = False  # in this process too, while ray.init runs
+        try:
+            ray.init(**options)
+        except Exception as exc:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
+                              f"{exc}") from exc
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         _LOCAL["temp_dir"] = temp_dir
         _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
 
@@ -114,10 +116,7 @@ class RayConnection:
         return _LOCAL["temp_dir"] if self.role == "local" else None
 
     def lost(self) -> str | None:
-        """What of the lab's local instance has died (its GCS or raylet), or None.
-
-        Only the local instance is watched here: a cluster's failures come back from Ray itself.
-        """
+        """What of the lab's local instance (GCS, raylet) has died, or None."""
         if self.role != "local":
             return None
         for proc in _LOCAL["core"]:
@@ -148,31 +147,9 @@ class RayConnection:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-#: A single-node instance on the loopback address. On Linux Ray takes the node's address from
-#: its route to the outside, even when told 127.0.0.1 (``resolve_ip_for_localhost``), and its
-#: servers then listen on every interface. The switch Ray keeps for single-machine use on
-#: macOS and Windows (no cluster: the node is 127.0.0.1, its servers listen on loopback only)
-#: is set for the processes this instance starts, and, while ray.init runs, in this one.
+#: Ray's single-machine switch (macOS, Windows): the node is 127.0.0.1 and its servers listen on
+#: loopback only. On Linux Ray would take its outside address and listen on every interface.
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-@contextlib.contextmanager
-def _loopback(**env: str) -> Iterator[None]:
-    """``env`` set, and Ray's cluster switch off in this process, while a local instance starts."""
-    from ray._private import ray_constants
-
-    saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.update(env)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _reap(timeout: float) -> None:
@@ -183,8 +160,6 @@ def _reap(timeout: float) -> None:
         time.sleep(0.05)
         left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     for p in left:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(left, timeout=1.0)

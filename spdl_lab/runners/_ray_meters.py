@@ -1,16 +1,11 @@
-"""The lab's meters inside Ray workers, and one actor that adds them up.
+"""The lab's meters inside Ray workers, and one ``MeterBoard`` actor that adds them up.
 
-Each stage function runs wrapped (``_ray_plan``): the wrapper times every task
-into a per-process accumulator (counts, busy time, the same log-bucket
-histogram as the engine's meters). A daemon thread in each worker process sends
-what accumulated to the ``MeterBoard`` actor every ``FLUSH_S`` as one
-fire-and-forget call, so a task never waits on a message. The runner reads the
-board's totals (one call, a few hundred numbers) when its sampler ticks, and
-turns them into the same ``StageReading`` records every runner gives.
+A daemon thread in each worker sends its counts every ``FLUSH_S``: a task never waits on a message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -26,7 +21,7 @@ MAX_FAILED = 4096
 _FIELDS = ("started", "tasks", "failures", "busy_ns")
 
 _LOCK = threading.Lock()
-#: per worker process: board key -> (board actor, stage -> pending deltas), sent and reset by the flusher
+#: per worker process: board key -> (board actor, stage -> pending deltas)
 _PENDING: dict[str, tuple[Any, dict[str, dict[str, Any]]]] = {}
 _FLUSHER: list[threading.Thread] = []
 
@@ -35,7 +30,7 @@ def _blank() -> dict[str, Any]:
     return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": []}
 
 
-def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: str | None = None) -> None:
+def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
     """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here."""
     with _LOCK:
         pending = _PENDING.setdefault(key, (board, {}))[1].setdefault(stage, _blank())
@@ -55,21 +50,15 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: s
             flusher.start()
 
 
-def flush() -> None:
-    with _LOCK:
-        batches = [entry for entry in _PENDING.values() if entry[1]]
-        _PENDING.clear()
-    for board, stages in batches:
-        try:
-            board.add.remote(stages)
-        except Exception:  # noqa: BLE001 - the run is over and its board gone: nothing to report to
-            pass
-
-
 def _flush_forever() -> None:
     while True:
         time.sleep(FLUSH_S)
-        flush()
+        with _LOCK:
+            batches = [entry for entry in _PENDING.values() if entry[1]]
+            _PENDING.clear()
+        for board, stages in batches:
+            with contextlib.suppress(Exception):  # the run is over and its board gone
+                board.add.remote(stages)
 
 
 class MeterBoard:

@@ -1,34 +1,6 @@
 """A lab Pipeline as a Ray Dataset: runs of stages as Ray Data operations, ``batch`` inside them.
 
-Each Ray Data operation (``map_batches`` over whole blocks) runs one *group*: a
-run of consecutive pieces (the source, map stages, batch stages) that share one
-compute setting. A new group, and so a new operation, starts where a map stage
-asks for a different concurrency, task-or-actor kind or resources. Inside a
-group the pieces run one after another on the block's rows, as plain Python
-(values stay the objects the stages made; nothing goes through Arrow between
-two stages of a group). Ray Data is used as it is: its streaming executor, its
-object store between groups and to the training side, its concurrency caps.
-
-Why groups and not one operation per stage: an operation holds a CPU per task from the
-instance's budget, which Ray Data splits among operations, so a source or a batch stage of
-its own would hold CPUs to do next to nothing; and an operation after a row-count-changing
-one may get blocks of thousands of rows, delaying the first batch. Blocks here hold whole
-batches (``chunk`` items), one batch each at first, then more (``block_sizes``).
-
-Tasks or actors: a plain function (``def``, lambda, ``functools.partial``) runs as
-stateless Ray tasks, at most ``concurrency`` at once (``TaskPoolStrategy``); a callable
-object (state: a tokenizer, a decoder with buffers) runs in a pool of ``concurrency``
-actors (``ActorPoolStrategy``), so its state is unpickled once per actor, not per task.
-
-Batches: a batch stage groups the items whose source indices fall in the same
-``size``-aligned window, in order, so batches are the other runners' batches.
-An item dropped under ``max_failures`` makes its batch one shorter (the other
-runners fill it from the next item); ``drop_last`` drops only a short last batch.
-
-Failures: with ``max_failures=0`` the first exception fails the run, never retried
-(Ray does not retry application errors), so a deterministic error cannot hide behind
-retries. Above 0, a failing item is dropped and counted, and the runner ends the run
-once more than ``max_failures`` were counted. A task whose worker dies is retried by Ray.
+Ray Data is used as it is: its streaming executor, its object store, its concurrency caps.
 """
 
 from __future__ import annotations
@@ -52,10 +24,9 @@ from ._ray_meters import record
 from ._shipping import pickled
 
 __all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size",
-           "find_failure", "groups", "rows_of", "uses_actors", "window_items"]
+           "find_failure", "groups", "rows_of", "uses_actors"]
 
-#: Chunks (whole batches) a block holds at most; blocks double up to it from one chunk, as
-#: Ray Data's cost per block would cap a cheap stage if they stayed small.
+#: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
 MAX_BLOCK_CHUNKS = 64
 #: Chunks one execution runs at most: a larger source runs as several executions in turn.
 WINDOW_CHUNKS = 4096
@@ -64,9 +35,8 @@ Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; th
 
 
 class StageFailure(Exception):
-    """A stage raised inside a Ray worker: which stage, which item (its number at that stage: a
-    source index, or a batch's number after a batch stage), what it raised, and its traceback as
-    text; ``error`` is the exception itself when it survives pickling, else None."""
+    """A stage raised inside a Ray worker: the item's number at that stage (a batch's after a
+    batch stage), its traceback as text, and ``error`` itself when it survives pickling."""
 
     def __init__(self, stage: str, index: int, what: str, text: str, error: BaseException | None) -> None:
         super().__init__(stage, index, what, text, error)
@@ -80,10 +50,7 @@ _FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+):
 
 
 def find_failure(exc: BaseException | None) -> StageFailure | None:
-    """Our StageFailure inside whatever Ray wrapped it in (RayTaskError, UserCodeException, ...).
-
-    At times Ray keeps the chain as text only: then its StageFailure line is read back.
-    """
+    """Our StageFailure inside whatever Ray wrapped it in, or read back from its text."""
     found = _in_chain(exc)
     if found is not None or exc is None:
         return found
@@ -115,15 +82,9 @@ def chunk_size(pipeline: Pipeline) -> int:
     return math.prod(s.size or 1 for s in pipeline.stages if s.kind == "batch")
 
 
-def window_items(pipeline: Pipeline) -> int:
-    """Items one execution runs at most."""
-    return WINDOW_CHUNKS * chunk_size(pipeline)
-
-
 def block_sizes(chunks: int, spread: int = 1) -> list[int]:
-    """Chunks per block for ``chunks`` chunks: 1, 2, 4, ... up to ``MAX_BLOCK_CHUNKS``, and small
-    enough that there are at least 4 blocks for each of ``spread`` concurrent tasks (a few big
-    blocks at the end would leave all but one task idle)."""
+    """Chunks per block: 1, 2, 4, ... up to ``MAX_BLOCK_CHUNKS``, with at least 4 blocks for each
+    of ``spread`` concurrent tasks (a few big blocks at the end would leave tasks idle)."""
     cap = max(1, min(MAX_BLOCK_CHUNKS, chunks // (4 * max(1, spread))))
     sizes, size = [], 1
     while chunks > 0:
@@ -133,6 +94,11 @@ def block_sizes(chunks: int, spread: int = 1) -> list[int]:
     return sizes
 
 
+# One Ray Data operation per group: consecutive pieces (the source, map stages, batches) with one
+# setting. An operation per stage would hold a CPU per task for a source or a batch that does
+# next to nothing. A function runs as Ray tasks; a callable object (a tokenizer, a decoder) in an
+# actor pool, so its state is unpickled once per actor. With max_failures=0 the first exception
+# fails the run (Ray does not retry application errors); above it items are dropped and counted.
 @dataclass
 class Group:
     """One Ray Data operation: its pieces and how it is computed."""
@@ -143,11 +109,6 @@ class Group:
     resources: dict[str, float] = field(default_factory=dict)
     lead: str | None = None  # the map stage whose setting the group has
 
-    def takes(self, stage: Stage, n: int, resources: dict[str, float]) -> bool:
-        """Can map stage ``stage`` at concurrency ``n`` join this group?"""
-        return self.lead is None or (uses_actors(stage), n, resources) == (self.actors, self.concurrency,
-                                                                            self.resources)
-
 
 def groups(pipeline: Pipeline, concurrency: dict[str, int],
            resources: dict[str, dict[str, float]]) -> list[Group]:
@@ -155,12 +116,15 @@ def groups(pipeline: Pipeline, concurrency: dict[str, int],
     out = [Group()]
     for stage in pipeline.stages:
         if stage.kind == "map":
-            n, remote = concurrency.get(stage.name, stage.concurrency), dict(resources.get(stage.name, {}))
-            if not out[-1].takes(stage, n, remote):
-                out.append(Group())
+            setting = (uses_actors(stage), concurrency.get(stage.name, stage.concurrency),
+                       dict(resources.get(stage.name, {})))
             group = out[-1]
+            if group.lead and setting != (group.actors, group.concurrency, group.resources):
+                group = Group()
+                out.append(group)
             if group.lead is None:
-                group.actors, group.concurrency, group.resources, group.lead = uses_actors(stage), n, remote, stage.name
+                group.actors, group.concurrency, group.resources = setting
+                group.lead = stage.name
         out[-1].stages.append(stage)
     return out
 
@@ -206,6 +170,7 @@ class _Stages:
         return out
 
     def _batch(self, name: str, spec: tuple[int, bool, int], span: int, rows: list[Row]) -> list[Row]:
+        """The items of one ``size``-aligned window of source indices make a batch, as elsewhere."""
         size, drop_last, last_window = spec
         out: list[Row] = []
         window, indices, items = None, [], []
@@ -254,8 +219,7 @@ def _picklable(exc: BaseException) -> BaseException | None:
 
 
 def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
-    """A block (from the group before, or the last one) as rows: plain Python indices and
-    scalars; a batch as a list."""
+    """A block as rows of plain Python indices and scalars; a batch as a list."""
     values = block["item"]
     if batches:
         return [(plain(i), [plain_scalar(x) for x in v]) for i, v in zip(block["idx"], values)]
@@ -276,17 +240,15 @@ def _block_of(rows: list[Row]) -> dict[str, Any]:
 
 
 def _column(values: list[Any]) -> Any:
-    """The values as one array when they are arrays (or batches of arrays) of one shape and
-    dtype: one copy into it, and Ray keeps it as a tensor column that the next operation and
-    the training side read without a copy. Anything else as a list, for Ray to convert."""
+    """Arrays (or batches of arrays) of one shape and dtype as one array, which Ray keeps as a
+    tensor column read without a copy; anything else as a list, for Ray to convert."""
     first = values[0]
     if isinstance(first, list) and first and all(isinstance(v, list) and len(v) == len(first) for v in values):
         inner = first[0]
         if _plain_array(inner) and all(_like(x, inner) for v in values for x in v):
             out = np.empty((len(values), len(first), *inner.shape), dtype=inner.dtype)
             for i, v in enumerate(values):
-                for j, x in enumerate(v):
-                    out[i, j] = x
+                np.stack(v, out=out[i])
             return out
     elif _plain_array(first) and all(_like(v, first) for v in values):
         return np.stack(values)
@@ -304,8 +266,7 @@ def _like(value: Any, model: np.ndarray) -> bool:
 def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int, concurrency: dict[str, int],
           key: str, board: Any, strict: bool, resources: dict[str, dict[str, float]], ordered: bool) -> Any:
     """The Dataset running items ``start .. start + count`` of ``source`` (a range or an object ref
-    of ``total`` items); ``start`` is a multiple of ``chunk_size``, and so is ``count`` unless the
-    window ends the data."""
+    of ``total`` items); ``start`` is a multiple of ``chunk_size``."""
     import ray.data
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
@@ -333,11 +294,9 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
         else:
             ds = ds.map_batches(_Stages(*args), batch_size=None, batch_format="numpy",
                                 compute=TaskPoolStrategy(size=group.concurrency), **group.resources)
-    # Ray Data logs each execution at INFO (plan, progress) from its own loggers: a Loader is quieter.
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # A stage's exception comes back as itself (our StageFailure, holding the user's exception),
-    # not as Ray Data's UserCodeException whose chain is text only.
+    # A stage's exception comes back as our StageFailure, not as text in a UserCodeException.
     ds.context.raise_original_map_exception = True
     ds.context.execution_options.preserve_order = ordered
     ds.context.enable_progress_bars = False
@@ -345,7 +304,7 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
 
 
 def plain(value: Any) -> Any:
-    """numpy scalars and arrays from Ray's batches as plain Python (for messages and bookkeeping)."""
+    """numpy scalars and arrays from Ray's batches as plain Python."""
     if isinstance(value, np.ndarray):
         return [plain(v) for v in value.tolist()]
     if isinstance(value, np.generic):

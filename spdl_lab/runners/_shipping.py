@@ -18,11 +18,7 @@ __all__ = ["ship", "output_stage", "pickled", "pickling_error", "unsendable_outp
 
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
-    """The pipeline as cloudpickle bytes (functions from notebooks and ``__main__`` included).
-
-    If it cannot be pickled, the error names the source or stage that is the
-    culprit, so the user knows which function captures a lock, file or client.
-    """
+    """The pipeline as cloudpickle bytes, or an error naming the source or stage that cannot go."""
     try:
         return cloudpickle.dumps(pipeline)
     except Exception as exc:
@@ -43,7 +39,6 @@ def _unpicklable_part(pipeline: Pipeline) -> str:
     return "the pipeline"
 
 
-# -- outputs ----------------------------------------------------------------------------
 def output_stage(pipeline: Pipeline) -> str:
     """The stage whose return values make up the outputs: the last map, else the source."""
     maps = [s.name for s in pipeline.stages if s.kind == "map"]
@@ -68,12 +63,8 @@ class _Discard:
 
 
 class _StructureProbe(ForkingPickler):
-    """Pickles an output as multiprocessing would, except array and tensor data.
-
-    Arrays and tensors travel by their own means (torch moves tensors to shared
-    memory); what this finds is anything around them that cannot travel at all
-    (a lock, a generator, an open file), at the cost of pickling the structure.
-    """
+    """Pickles an output as multiprocessing would, less array and tensor data (they travel by
+    their own means), to find what cannot travel at all: a lock, a generator, an open file."""
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:

@@ -1,13 +1,11 @@
-"""Shared-memory files in /dev/shm, named under one prefix per run.
-
-The parent picks the prefix, so it can remove every segment a run made, even
-those of a child that was killed before saying what it created. Plain files
-and mmap are used instead of ``multiprocessing.shared_memory``, whose resource
-tracker unlinks and warns on its own schedule.
+"""Shared-memory files in /dev/shm, named under one prefix per run, so the parent can remove every
+segment a run made. Plain files and mmap: ``multiprocessing.shared_memory``'s resource tracker
+unlinks and warns on its own schedule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -35,26 +33,17 @@ def free_bytes(directory: str) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
-def remove_all(prefix: str) -> list[str]:
-    """Unlink every segment under ``prefix``; return their names."""
-    removed = []
+def remove_all(prefix: str) -> None:
+    """Unlink every segment under ``prefix``."""
     directory = shm_dir()
     for name in os.listdir(directory):
         if name.startswith(prefix):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 class ShmFile:
-    """A named shared-memory segment, mapped read-write (creator) or read-only.
-
-    ``purpose`` says what the segment is for in the error raised when there is
-    no room for it.
-    """
+    """A named shared-memory segment; ``purpose`` names it in the error when there is no room."""
 
     def __init__(self, name: str, size: int, *, create: bool, purpose: str = "a shared-memory segment") -> None:
         self.name = name
@@ -74,27 +63,20 @@ class ShmFile:
             os.close(fd)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):  # a view still exports it: it goes with its owner
             self.map.close()
-        except BufferError:
-            # A view still exports the buffer; it is dropped with its owner.
-            pass
 
     def unlink(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def _reserve(fd: int, size: int, path: str, purpose: str) -> None:
-    # Checked first so that a request that cannot fit fails at once instead of
-    # filling /dev/shm (tmpfs allocates page by page) and starving other users.
+    # Checked first: a request that cannot fit fails at once instead of filling /dev/shm.
     directory = os.path.dirname(path)
     if size > free_bytes(directory):
         raise RunnerError(_no_room(purpose, size, directory))
-    # posix_fallocate makes a full /dev/shm fail here with ENOSPC instead of
-    # killing the writer with SIGBUS when it first touches a missing page.
+    # posix_fallocate: a full /dev/shm fails here (ENOSPC), not with SIGBUS at a missing page.
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
@@ -124,11 +106,8 @@ _HEADER = struct.Struct("<QQ")  # sequence number, payload length
 
 
 class SeqlockBlock:
-    """One writer publishes byte strings; readers copy the latest whole one.
-
-    The writer makes the sequence odd while it writes and even when done; a
-    reader retries if it saw an odd number or the number changed under it.
-    """
+    """One writer publishes byte strings; readers copy the latest whole one (the sequence is odd
+    while the writer writes: a reader retries if it saw it odd, or changed under it)."""
 
     def __init__(self, shm: ShmFile) -> None:
         self.shm = shm

@@ -1,8 +1,5 @@
-"""Stage meters in one shared-memory file: DataLoader workers write, the parent reads.
-
-Per worker slot the block holds the worker's pid and, per stage (row 0 is the
-source), int64 counters: tasks, failures, busy_ns, started_ns and a task-time
-histogram. A worker writes only its own slot; the parent sums the slots.
+"""Stage meters in one shared-memory file: DataLoader workers each write their own slot (a pid,
+and per stage int64 counters and a task-time histogram); the parent sums the slots.
 """
 
 from __future__ import annotations
@@ -42,19 +39,14 @@ class MeterBlock:
 
     def __init__(self, shm: ShmFile, layout: Layout) -> None:
         self._shm = shm
+        self.name = shm.name
         self.layout = layout
-        # frombuffer keeps the mapping exported while any view of it lives, so
-        # closing it then fails (and is put off) instead of unmapping memory that
-        # a thread still writes: a stage abandoned by close() with num_workers=0
-        # updates its meters when it returns, and that write segfaulted.
+        # Views keep the mapping exported, so closing it is put off while a thread still writes
+        # (a stage abandoned by close() with num_workers=0 segfaulted when it returned).
         self.pids: np.ndarray = np.frombuffer(shm.map, np.int64, count=layout.slots)
         self.counters: np.ndarray = np.frombuffer(
             shm.map, np.int64, count=layout.slots * layout.rows * ROW_LEN, offset=8 * layout.slots
         ).reshape(layout.slots, layout.rows, ROW_LEN)
-
-    @property
-    def name(self) -> str:
-        return self._shm.name
 
     @classmethod
     def create(cls, layout: Layout) -> MeterBlock:
@@ -67,10 +59,7 @@ class MeterBlock:
 
     def resized(self, slots: int) -> MeterBlock:
         """A new block with ``slots`` slots holding this one's counts; this one is released.
-
-        Only while no worker is running: a worker of this block would write on
-        into the old file.
-        """
+        Only while no worker runs: it would write on into the old file."""
         bigger = MeterBlock.create(Layout(slots, self.layout.rows))
         bigger.counters[: self.layout.slots] = self.counters
         self.release()
@@ -92,14 +81,12 @@ class MeterBlock:
         running = np.where(started > 0, np.maximum(now - started, 0), 0).sum(axis=0)
         in_flight = (started > 0).sum(axis=0)
         sums = snap.sum(axis=0)
-        out = []
-        for row, (name, kind) in enumerate(zip(names, kinds)):
-            busy = int(sums[row, BUSY_NS])
-            out.append(StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
-                                    failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
-                                    busy_ns=busy + int(running[row]), concurrency=concurrency,
-                                    hist=sums[row, HIST:].tolist(), busy_done_ns=busy))
-        return out
+        return [StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
+                             failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
+                             busy_ns=int(sums[row, BUSY_NS] + running[row]),
+                             busy_done_ns=int(sums[row, BUSY_NS]), concurrency=concurrency,
+                             hist=sums[row, HIST:].tolist())
+                for row, (name, kind) in enumerate(zip(names, kinds))]
 
     def release(self) -> None:
         """Unmap and unlink the file (the parent's side). Safe to call twice."""
@@ -110,10 +97,8 @@ class MeterBlock:
 
 
 class SlotMeter:
-    """One worker's rows of the block: it alone writes them, so no lock is needed.
-
-    With ``metered=False`` only tasks and failures are counted: no clock reads.
-    """
+    """One worker's rows of the block: it alone writes them, so no lock is needed. With
+    ``metered=False`` only tasks and failures are counted: no clock reads."""
 
     __slots__ = ("_rows", "_metered")
 

@@ -1,23 +1,9 @@
 """Moving outputs from the child to the parent through shared memory.
 
-The child pickles an output with a ``persistent_id`` hook that takes numpy
-arrays and CPU torch tensors out of the stream: their bytes are copied once
-into a reusable shared-memory slot, and the pickle keeps only a descriptor.
-Everything else (small Python objects, the structure of lists, tuples and
-dicts) is pickled.
-
-The parent unpickles with the matching hook in one of two ways:
-
-* **lent** (zero-copy): each array is a view of the slot. The views hold a
-  ``Lease`` (a ctypes array over the slot's mapping, the one object every view
-  keeps alive, numpy's and torch's alike); when the last view of the output is
-  garbage the lease's finalizer queues the slot, and the parent hands it back
-  to the child at its next read (``Leases.returned``). The slot is therefore
-  reused only when nothing can see its bytes any more.
-* **copied**: each array is copied out and the slot goes back at once. The
-  parent copies when lending would leave the child no free slot
-  (``Leases.can_lend``): a consumer that keeps many outputs (``list(loader)``)
-  must never make the child wait for memory that only the consumer can free.
+The child pickles an output with its numpy arrays and CPU tensors taken out, copied once into a
+reusable slot. The parent lends them as views of the slot, held by a ``Lease`` whose finalizer
+gives the slot back once the last view is garbage, or copies them out when lending would leave
+the child no slot to fill (a consumer that keeps outputs must never make the child wait).
 """
 
 from __future__ import annotations
@@ -40,8 +26,7 @@ from ._shm import ShmFile
 __all__ = ["Copier", "Encoded", "Leases", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
 
 _ALIGN = 64
-#: Slots grow to fit the largest output seen, with headroom so that batches
-#: of slightly varying size do not make a slot be re-created every time.
+#: Slots grow to fit the largest output, with headroom: batches of varying size reuse a slot.
 _MIN_SLOT = 1 << 20
 _GROWTH = 1.25
 
@@ -71,8 +56,7 @@ class _Encoder(pickle.Pickler):
             return ("nd", self._place(obj, obj.nbytes), dtype_to_descr(obj.dtype), obj.shape)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor and _plain_cpu_tensor(obj, torch):
-            nbytes = obj.numel() * obj.element_size()
-            return ("pt", self._place(obj, nbytes), str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+            return ("pt", self._place(obj, _nbytes(obj)), str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
         return None
 
 
@@ -89,11 +73,8 @@ def encode(obj: Any) -> Encoded:
 
 
 def write_arrays(encoded: Encoded, shm: ShmFile, copier: Copier | None = None) -> None:
-    """Copy each array's bytes into the slot at its offset (one copy, strides honoured).
-
-    With a ``copier`` a large output is copied by several threads at once, as one
-    copying thread can be the pipeline's limit while the cores have time to spare.
-    """
+    """Copy each array's bytes into the slot at its offset (one copy, strides honoured); with a
+    ``copier``, by several threads: one copying thread can be the pipeline's limit."""
     pieces = [piece for offset, obj in encoded.arrays for piece in _pieces(offset, obj, shm)]
     if copier is None or encoded.nbytes < SPLIT_BYTES or len(pieces) < 2:
         _copy_all(pieces)
@@ -103,24 +84,20 @@ def write_arrays(encoded: Encoded, shm: ShmFile, copier: Copier | None = None) -
 
 #: Outputs smaller than this are copied by one thread: handing off costs more than it saves.
 SPLIT_BYTES = 8 << 20
-#: Arrays are cut along their first axis into pieces of about this size, so that
-#: one large array (a stacked batch) is shared out too.
+#: Arrays are cut along their first axis into pieces of about this size (a stacked batch too).
 _PIECE_BYTES = 4 << 20
 
 
 def _pieces(offset: int, obj: Any, shm: ShmFile) -> list[tuple[Any, Any]]:
     """(destination view in the slot, source) pairs that together copy ``obj``."""
+    nbytes = _nbytes(obj)
+    if not nbytes:
+        return []
     if isinstance(obj, np.ndarray):
-        if not obj.size:
-            return []
         dest = np.frombuffer(shm.map, dtype=obj.dtype, count=obj.size, offset=offset).reshape(obj.shape)
-        nbytes = obj.nbytes
     else:
-        if not obj.numel():
-            return []
         torch = sys.modules["torch"]
         dest = torch.frombuffer(shm.map, dtype=obj.dtype, count=obj.numel(), offset=offset).view(obj.shape)
-        nbytes = obj.numel() * obj.element_size()
     rows = obj.shape[0] if obj.ndim else 1
     parts = min(rows, max(1, nbytes // _PIECE_BYTES))
     if parts <= 1:
@@ -138,12 +115,8 @@ def _copy_all(pieces: list[tuple[Any, Any]]) -> None:
 
 
 class Copier:
-    """Helper threads that copy pieces of an output beside the calling thread.
-
-    ``run`` shares the pieces out by bytes, copies its own share, and waits for
-    the rest; the copies release the GIL, so they run on separate cores.
-    ``close`` stops the threads.
-    """
+    """Helper threads that copy pieces of an output beside the calling thread (the copies
+    release the GIL); ``run`` shares the pieces out by bytes and waits for them."""
 
     def __init__(self, helpers: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="spdl_lab:copy")
@@ -185,28 +158,19 @@ class _Decoder(pickle.Unpickler):
         count = int(np.prod(shape, dtype=np.int64))
         buffer = self._lease if self._lease is not None else self._shm.map  # type: ignore[union-attr]
         if kind == "nd":
-            dt = descr_to_dtype(dtype)
-            if count == 0:
-                return np.empty(shape, dtype=dt)
-            view = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
-            return view if self._lease is not None else view.copy()
-        import torch
-
-        tdtype = getattr(torch, dtype)
+            lib, dt, copy = np, descr_to_dtype(dtype), np.ndarray.copy
+        else:
+            import torch
+            lib, dt, copy = torch, getattr(torch, dtype), torch.Tensor.clone
         if count == 0:
-            return torch.empty(shape, dtype=tdtype)
-        view = torch.frombuffer(buffer, dtype=tdtype, count=count, offset=offset).view(shape)
-        return view if self._lease is not None else view.clone()
+            return lib.empty(shape, dtype=dt)
+        view = lib.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
+        return view if self._lease is not None else copy(view)
 
 
 class Leases:
-    """Parent side: which slots are lent to the consumer as views, and which came back.
-
-    ``lend`` makes the lease an output's views hold; its finalizer (run in
-    whatever thread drops the last view) only puts the slot on a queue, safe
-    from any thread and from the garbage collector; ``returned`` takes them
-    off in the reading thread, which sends them to the child.
-    """
+    """Parent side: which slots are lent to the consumer as views, and which came back. A lease's
+    finalizer (in whatever thread drops the last view) only queues the slot: safe anywhere."""
 
     def __init__(self, slots: int) -> None:
         self._slots = slots
@@ -229,12 +193,7 @@ class Leases:
 
     def returned(self) -> list[int]:
         """Slots whose views are all gone since the last call."""
-        back = []
-        while True:
-            try:
-                back.append(self._back.get_nowait())
-            except queue.Empty:
-                break
+        back = [self._back.get() for _ in range(self._back.qsize())]  # others only add
         self._lent -= len(back)
         return back
 

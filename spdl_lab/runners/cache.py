@@ -1,9 +1,5 @@
-"""``cache``: headspace — what training would do if loading were free.
-
-Takes the first ``num_caches`` outputs from another runner, closes it, then
-replays those outputs for as many steps as the pipeline would have produced
-(or forever). The gap between a runner and ``cache`` is the most any loader
-improvement can buy.
+"""``cache``: headspace, what training would do if loading were free: the first ``num_caches``
+outputs of another runner, replayed for as many steps as the pipeline would have made.
 """
 
 from __future__ import annotations
@@ -20,17 +16,13 @@ from .base import Runner
 
 __all__ = ["CacheRunner", "expected_outputs", "MAX_COUNTED_ITEMS"]
 
-#: A source without len() is counted by iterating it; past this many items
-#: it is taken as endless and the caller must say how many outputs to replay.
+#: A source without len() is counted by iterating it; past this many items it is taken as endless.
 MAX_COUNTED_ITEMS = 10_000_000
 
 
 class CacheRunner(Runner):
-    """Replays the first ``num_caches`` outputs of ``source_runner``.
-
-    The replayed objects are the cached objects themselves, not copies, so a
-    step that mutates its batch in place sees its own changes next time.
-    """
+    """Replays the first ``num_caches`` outputs of ``source_runner``: the cached objects themselves,
+    not copies, so a step that mutates its batch in place sees its own changes next time."""
 
     name = "cache"
 
@@ -38,7 +30,6 @@ class CacheRunner(Runner):
                  source_runner: str = "thread", num_caches: int = 8, forever: bool = False,
                  num_outputs: int | None = None, **source_options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        self.check_options(pipeline, {"source_runner": source_runner, "num_caches": num_caches})
         self._source = runner_class(source_runner)(pipeline, buffer_size=buffer_size, max_failures=max_failures,
                                                    metered=metered, **source_options)
         self._num_caches = num_caches
@@ -95,8 +86,7 @@ class CacheRunner(Runner):
         elif self._num_outputs is not None:
             self._total = self._num_outputs
         elif source_ended:
-            # The source runner made every output there is: counting the source
-            # instead would replay extra copies of items dropped under max_failures.
+            # Every output there is: counting the source would replay items dropped as failures.
             self._total = self._served
         else:
             self._total = expected_outputs(self.pipeline)
@@ -111,21 +101,14 @@ class CacheRunner(Runner):
     def read(self) -> EngineReading:
         return self._final if self._final is not None else self._source.read()
 
-    @property
-    def replaying(self) -> bool:
-        return self._replaying
-
     def close(self, timeout: float = 5.0) -> None:
         self._closed = True
         self._source.close(timeout)
 
 
 def expected_outputs(pipeline: Pipeline) -> int:
-    """How many outputs the pipeline yields (map stages drop nothing).
-
-    Uses ``len(source)`` when the source has one; otherwise iterates the
-    source alone once to count it.
-    """
+    """How many outputs the pipeline yields (map stages drop nothing): from ``len(source)``,
+    else by iterating the source alone once."""
     source = pipeline.source
     try:
         if pipeline.source_is_factory:

@@ -1,18 +1,11 @@
 """Every child process the runners and diagnose start: a fresh interpreter (spawn, never a
 fork of this threaded process) that does not run the user's script again, stopped with
 escalation, and how each ended, said in words.
-
-Our own children (the subprocess-threads engine, diagnose's interpreter and its sweep
-workers) come from ``spawn``: ``python ARGS... DATA_FD CTRL_FD`` with two pipes, ``data``
-(child -> parent) and ``ctrl`` (parent -> child), each in a session of its own, so Ctrl-C
-reaches only the parent, which stops them (``stop_process``). A child ships its traceback
-as text; the parent chains it as ``ChildTraceback``. DataLoader workers are started by torch
-itself, through the context it is given: ``MainFreeSpawnContext``. ``ended`` words the end
-of either kind; ``kill`` ends DataLoader workers stuck in a stage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,8 +13,6 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from multiprocessing.connection import Connection
@@ -48,8 +39,8 @@ class Child:
 
 
 def spawn(args: list[str]) -> Child:
-    """Start ``python ARGS... DATA_FD CTRL_FD`` (``args`` after the interpreter, e.g.
-    ``["-m", "spdl_lab.runners._child"]``) with its two pipes."""
+    """Start ``python ARGS... DATA_FD CTRL_FD`` in a session of its own (Ctrl-C reaches only the
+    parent) with two pipes: ``data`` (child -> parent) and ``ctrl`` (parent -> child)."""
     data_r, data_w = os.pipe()
     ctrl_r, ctrl_w = os.pipe()
     try:
@@ -90,17 +81,15 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
     for escalate, wait_s in steps:
         if escalate is not None:
             escalate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait_s)
             return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 # -- DataLoader workers: started and reaped by torch's Process objects --------------------
 def exit_status(pid: int) -> tuple[bool, int] | None:
-    """(killed by a signal, the signal or status) once child ``pid`` has exited, else None
-    (running, reaped already, or not our child). WNOWAIT leaves the reaping to its Process."""
+    """(killed by a signal, the signal or status) once child ``pid`` has exited, else None.
+    WNOWAIT leaves the reaping to its Process."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -111,18 +100,15 @@ def exit_status(pid: int) -> tuple[bool, int] | None:
 
 
 def kill(pids: list[int], wait_s: float = 1.0) -> None:
-    """SIGKILL those of ``pids`` that are this process's children and still run; wait for them
-    to exit. They are not reaped here: their Process objects would then believe them alive,
-    and a later terminate() could hit a reused pid."""
+    """SIGKILL those of ``pids`` that are our running children and wait for them to exit, unreaped:
+    their Process objects reap them (a later terminate() could else hit a reused pid)."""
     me, killed = os.getpid(), []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child = psutil.Process(pid)
             if child.ppid() == me and _running(pid):
                 child.kill()
                 killed.append(pid)
-        except psutil.NoSuchProcess:
-            pass
     deadline = time.monotonic() + wait_s
     while any(map(_running, killed)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -135,13 +121,10 @@ def _running(pid: int) -> bool:
         return False
 
 
-# ``spawn`` starts a worker by re-running the parent's ``__main__`` (as ``__mp_main__``), so
-# that functions defined there can be found by name: why a script that starts DataLoader
-# workers needs an ``if __name__ == "__main__":`` guard. Our workers need nothing from
-# ``__main__`` (the pipeline travels by value, cloudpickle), so while one is launched,
-# ``__main__`` is shown to multiprocessing with a spec named "__main__", which the child takes
-# as "nothing to import" (``multiprocessing.spawn._fixup_main_from_name``). Every other
-# attribute is the real module's. A user's own DataLoader (``lab.run(dl)``) keeps torch's ways.
+# ``spawn`` re-runs the parent's ``__main__`` in a worker (hence the ``__main__`` guard). Ours need
+# nothing from it (the pipeline travels by value), so while one is launched ``__main__`` shows a
+# spec named "__main__", which the child takes as nothing to import
+# (``multiprocessing.spawn._fixup_main_from_name``).
 _swapping = threading.Lock()
 
 
@@ -157,24 +140,18 @@ class _MainByName(types.ModuleType):
         return getattr(self.__dict__["_real_main"], name)
 
 
-@contextmanager
-def _main_by_name() -> Iterator[None]:
-    with _swapping:
-        real = sys.modules.get("__main__")
-        if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
-            yield  # run with -m, or no main: spawn imports it by name, which the guard is not needed for
-            return
-        sys.modules["__main__"] = _MainByName(real)
-        try:
-            yield
-        finally:
-            sys.modules["__main__"] = real
-
-
 class MainFreeProcess(SpawnProcess):
     def start(self) -> None:
-        with _main_by_name():
-            super().start()
+        with _swapping:
+            real = sys.modules.get("__main__")
+            if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
+                super().start()  # run with -m, or no main: spawn imports it by name
+                return
+            sys.modules["__main__"] = _MainByName(real)
+            try:
+                super().start()
+            finally:
+                sys.modules["__main__"] = real
 
 
 class MainFreeSpawnContext(SpawnContext):

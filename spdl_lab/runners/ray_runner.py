@@ -1,34 +1,28 @@
-"""``ray``: the Pipeline on Ray Data, on a local Ray instance or a real cluster.
+"""``ray``: the Pipeline on Ray Data (``_ray_plan``), on a local Ray instance or a real cluster.
 
-The Dataset is built by ``_ray_plan`` (runs of map stages with one setting make a Ray Data
-operation, the source and ``batch`` inside them); a pump thread iterates its rows into a
-bounded queue here, in order when the pipeline asks for order. Meters run inside the Ray
-workers and add up in an actor (``_ray_meters``). ``set_concurrency`` cannot resize a
-running Ray Data operation, so it restarts the execution from the first item not yet
-delivered, as the process runner restarts its workers: items in flight are made again,
-never delivered twice.
+A pump thread iterates the Dataset's rows into a bounded queue; meters add up in an actor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from ..engine.engine import EngineReading, default_buffer_size
-from ..engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
-from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks, stage_failure
+from ..engine.engine import EngineReading
+from ..engine.queues import QueueClosed
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError, stage_failure
 from ..pipeline import Pipeline, validate_concurrency
 from ..telemetry.meters import QueueReading
-from ._delivered import Delivered
 from ._ray_cluster import RayConnection
 from ._ray_meters import FLUSH_S, board_class, reading_of
-from ._ray_plan import build, chunk_size, find_failure, groups, rows_of, window_items
-from ._ray_source import indexable
-from .base import Runner
+from ._ray_plan import WINDOW_CHUNKS, build, chunk_size, find_failure, groups, rows_of
+from .base import PumpRunner
 
-__all__ = ["RayRunner"]
+__all__ = ["MAX_MATERIALIZED", "RayRunner"]
 
 _POLL_S = 0.1
 #: How stale the meters may be: a sampler tick reads the board at most this often.
@@ -37,21 +31,16 @@ _READ_EVERY_S = 0.2
 _ALIVE_EVERY_S = 0.5
 #: How long the final reading of the meters (at the end of the data, at close) may wait.
 _FINAL_READ_S = 2.0
-#: How long the end of the data may wait for complete counts (the meter actor can take seconds to
-#: start on a loaded machine; complete counts end the wait at once).
+#: How long the end of the data may wait for complete counts (the meter actor may start slowly).
 _SETTLE_S = 10.0
-#: Where a stage's failure happened, as its error says.
 _IN_RAY = "in a Ray worker"
+#: A source without random access is read into a list in the driver, up to this many items.
+MAX_MATERIALIZED = 1_000_000
 
 
-class RayRunner(Runner):
-    """Runs the pipeline on Ray Data.
-
-    Options: ``address`` (None: a local Ray instance on 127.0.0.1 with this
-    machine's cores and no dashboard, shut down on close; ``"auto"`` or
-    ``"ray://host:port"``: that cluster, never shut down), ``ray_init_kwargs``
-    (passed to ``ray.init``), ``resources`` (per stage, Ray's task options such as
-    ``{"decode": {"num_cpus": 2}}``). Example::
+class RayRunner(PumpRunner):
+    """Runs the pipeline on Ray Data: ``address`` None starts a local instance, ``"auto"`` or
+    ``"ray://host:port"`` joins a cluster; ``resources`` holds Ray task options per stage. Example::
 
         with lab.Loader(p, runner="ray") as loader:            # a local Ray instance
             for batch in loader: ...
@@ -66,26 +55,18 @@ class RayRunner(Runner):
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._connection = RayConnection(address, ray_init_kwargs)
         self._resources = _check_resources(pipeline, resources)
-        self._source: Any = None  # (an indexable source and its length: when the run starts)
+        self._source: Any = None  # an indexable source, made when the run starts
         self._count = 0
         self._concurrency = {s.name: s.concurrency for s in pipeline.stages if s.kind == "map"}
-        self._kinds = {s.name: s.kind for s in pipeline.stages}
         self._ordered = all(s.ordered for s in pipeline.stages if s.kind == "map")
-        capacity = buffer_size if buffer_size is not None else default_buffer_size(pipeline)
-        self._output = BoundedQueue("ray→output", capacity)
         self._key = uuid.uuid4().hex
         self._board: Any = None
         self._totals: dict[str, Any] = {}
         self._read_at = 0.0
         self._asked: Any = None  # a board reading asked for and not yet taken
         self._read_lock = threading.Lock()
-        self._delivered = Delivered()
         self._seq = 0
         self._generation = 0
-        self._error: SpdlLabError | None = None
-        self._stopping = False
-        self._lock = threading.Lock()
-        self._pump: threading.Thread | None = None
         self._executor: Any = None  # the running Ray Data execution (its StreamingExecutor)
         self._groups: list[Any] = []  # its operations' stages (``_ray_plan.groups``)
         self._alive_at = 0.0
@@ -99,59 +80,65 @@ class RayRunner(Runner):
             raise PipelineSpecError("runner 'ray' needs Ray Data: pip install 'ray[data]==2.60.0'") from exc
         cls(pipeline, **options)
 
-    # -- running -----------------------------------------------------------------------
     def start(self) -> None:
-        if self._pump is not None:
-            raise RunnerError("ray runner: start() was already called; make a new runner")
-        self._connection.open()
-        try:
-            self._board = board_class().remote(["source", *self._concurrency])
-        except BaseException:
-            self._connection.close()
-            raise
-        self._pump = threading.Thread(target=self._run_pump, name="spdl_lab:ray-pump", daemon=True)
-        self._pump.start()
+        if self._pump is None:
+            self._connection.open()
+            try:
+                self._board = board_class().remote(["source", *self._concurrency])
+            except BaseException:
+                self._connection.close()
+                raise
+        super().start()
 
-    def _run_pump(self) -> None:
-        try:
-            self._open_source()
-            while not self._stopping:
-                if self._run_window():
-                    self._check_failures(final=True)
-                    self._output.finish()
-                    return
-        except QueueClosed:
-            pass
-        except SpdlLabError as exc:
-            self._fail(exc)
-        except BaseException as exc:  # noqa: BLE001 - reported to the consumer, with its cause
-            # Its traceback runs through Ray Data's iterator frames, which hold a prefetch thread:
-            # kept with the error, the thread would outlive the run.
-            drop_tracebacks(exc)
-            failure = find_failure(exc)
-            if failure is not None:
-                error: SpdlLabError = stage_failure(failure.stage, failure.index, failure.error or exc,
-                                                    what=failure.what, where=_IN_RAY)
-            else:
-                error = RunnerError(f"ray runner: the Ray Data execution failed: {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-            self._fail(error)
+    def _pump_all(self) -> bool:
+        self._open_source()
+        while not self._stopping:
+            if self._run_window():
+                self._check_failures(final=True)
+                return True
+        return False
+
+    def _pump_error(self, exc: BaseException) -> SpdlLabError:
+        failure = find_failure(exc)
+        if failure is not None:
+            return stage_failure(failure.stage, failure.index, failure.error or exc, what=failure.what,
+                                 where=_IN_RAY)
+        error = RunnerError(f"ray runner: the Ray Data execution failed: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
 
     def _open_source(self) -> None:
-        """The source as an indexable sequence in the object store (a ``range`` travels as it is)."""
-        source, self._count = indexable(self.pipeline, lambda: self._stopping)
+        """The source as a sequence of known length (Ray Data splits a known number of items), in
+        the object store unless a ``range``; an iterable is read into a list here."""
+        source = self.pipeline.source() if self.pipeline.source_is_factory else self.pipeline.source
+        if not isinstance(source, (range, Sequence)):
+            source = self._read_source(iter(source))
+        self._count = len(source)
         if not isinstance(source, range):
             import ray
 
             source = ray.put(source)  # once into the object store, not once per task
         self._source = source
 
-    def _run_window(self) -> bool:
-        """Run one execution over the next window of items: True once the data has ended.
+    def _read_source(self, iterator: Any) -> list[Any]:
+        items: list[Any] = []
+        while True:
+            try:
+                items.append(next(iterator))
+            except StopIteration:
+                return items
+            except Exception as exc:  # noqa: BLE001 - the user's source: the run's error, naming the item
+                raise stage_failure("source", len(items), exc, where="read here, before Ray starts") from exc
+            if self._stopping:
+                raise QueueClosed("closed while the source was read")
+            if len(items) > MAX_MATERIALIZED:
+                raise PipelineSpecError(
+                    f"ray runner: the source yields more than {MAX_MATERIALIZED} items without random access "
+                    f"(each is read into a list here before Ray Data splits them). Pass a sequence: "
+                    f"a list of paths, a range, or a dataset with __getitem__ and __len__")
 
-        Returns early (False) on a stop or a new concurrency; the next window then starts at
-        the first item not yet delivered.
-        """
+    def _run_window(self) -> bool:
+        """One execution over the next window: True at the end of the data, False on a restart."""
         with self._lock:
             generation = self._generation
             concurrency = dict(self._concurrency)
@@ -159,14 +146,12 @@ class RayRunner(Runner):
         start = self._delivered.below // chunk * chunk  # a batch boundary
         if start >= self._count:
             return True
-        end = min(self._count, start + window_items(self.pipeline))
+        end = min(self._count, start + WINDOW_CHUNKS * chunk)
         ds = build(self.pipeline, self._source, start=start, count=end - start, total=self._count,
                    concurrency=concurrency, key=self._key, board=self._board, strict=self.max_failures == 0,
                    resources=self._resources, ordered=self._ordered)
-        # Ray Data's own bundles, each block fetched here: its row and batch iterators start a
-        # prefetch thread that is stopped only when they run to the end (not on an error or a
-        # stop). The executor is made here so that close() can stop it: a task that never
-        # returns would otherwise keep this thread in Ray Data's wait for its output.
+        # Bundles, not Ray Data's row iterators: their prefetch thread outlives an error or a
+        # stop. The executor is made here so that close() can stop a task that never returns.
         executor = ds._create_executor()
         with self._lock:
             if self._stopping:
@@ -175,7 +160,7 @@ class RayRunner(Runner):
             self._groups = groups(self.pipeline, concurrency, self._resources)
         bundles = ds._build_bundle_iterator(executor)
         try:
-            batches = self._kinds[self.pipeline.stages[-1].name] == "batch"
+            batches = self.pipeline.stages[-1].kind == "batch"
             for bundle in bundles:
                 for ref in bundle.block_refs:
                     for row in rows_of(_columns(self._get_block(ref)), batches):
@@ -205,25 +190,20 @@ class RayRunner(Runner):
                     raise QueueClosed("closed while a block was fetched") from None
 
     def _deliver(self, row: tuple[Any, Any], chunk: int) -> None:
-        """Hand one row (plain Python: ``rows_of``) to the consumer, unless it was handed before."""
+        """Hand one row to the consumer, unless it was handed before."""
         idx, value = row
         indices = idx if isinstance(idx, list) else [idx]
         if self._delivered.seen(indices):
             return  # made again after a restart; it was delivered before
         if self._ordered:
-            # In order, every item before this row's batch was delivered or dropped: a restart
-            # must not make a dropped one again (and count its failure twice).
+            # Every item before this batch is done with: a restart must not count a failure twice.
             self._delivered.cover(indices[0] // chunk * chunk)
         self._output.put(self._seq, value)
         self._seq += 1
         self._delivered.add(indices)
 
     def _check_failures(self, final: bool) -> None:
-        """More failures than ``max_failures`` end the run, naming the one too many.
-
-        The counts come from the workers' meters; at the end of the data the last flush is
-        waited for, so a run never ends quietly with one failure too many.
-        """
+        """More failures than ``max_failures`` (counted by the workers' meters) end the run."""
         if final:
             self._settle()
         if self.max_failures == 0:
@@ -238,13 +218,8 @@ class RayRunner(Runner):
                                 max_failures=self.max_failures)
 
     def _settle(self) -> None:
-        """At the end of the data, wait for the workers' last counts (up to ``_SETTLE_S``).
-
-        Each worker sends what it counted every FLUSH_S, and a message from a worker that
-        just started can take longer: the counts are final once nothing is in flight and two
-        readings a flush apart agree. Then stats() after a loop counts every task, and a
-        failure one too many is not missed.
-        """
+        """At the end of the data, wait (up to ``_SETTLE_S``) until the counts are final: nothing
+        in flight, every item counted, two readings a flush apart agree."""
         deadline = time.monotonic() + _SETTLE_S
         previous = None
         while True:
@@ -259,33 +234,16 @@ class RayRunner(Runner):
     def _complete(self, counts: dict[str, tuple[int, int, int]]) -> bool:
         """Every item read reached every stage: each stage ran at least what the one before made."""
         made = self._count  # the source's items
-        for name in ["source", *(s.name for s in self.pipeline.stages)]:
+        for name, kind in [("source", "source"), *((s.name, s.kind) for s in self.pipeline.stages)]:
             _, done, failed = counts.get(name, (0, 0, 0))
-            batch = self._kinds.get(name) == "batch"  # counts batches made, not items taken
+            batch = kind == "batch"  # counts batches made, not items taken
             if done < (min(made, 1) if batch else made):
                 return False
             made = done - failed
         return True
 
-    def _fail(self, error: SpdlLabError) -> None:
-        if self._error is None:
-            self._error = error
-        self._output.close()
-
-    def get(self, timeout: float) -> Any:
-        try:
-            record = self._output.get(timeout)
-        except QueueClosed:
-            if self._error is not None:
-                raise self._error from self._error.__cause__
-            return END
-        if record is TIMEOUT:
-            self._check_alive()
-            return TIMEOUT
-        return record
-
-    def _check_alive(self) -> None:
-        """A batch is late: is the instance still there? (Its GCS or raylet dying leaves Ray waiting.)"""
+    def _check(self) -> None:
+        """A batch is late: has the instance died? (Ray would wait for ever.)"""
         now = time.monotonic()
         if now - self._alive_at < _ALIVE_EVERY_S:
             return
@@ -294,33 +252,25 @@ class RayRunner(Runner):
         if lost is None and self._pump is not None and not self._pump.is_alive() and self._error is None:
             lost = "its pump thread ended without a result"
         if lost is not None:
-            error = RunnerError(f"ray runner: {lost}; the run cannot go on (killed, or out of memory: "
-                                f"see dmesg). Start a new Loader")
-            self._fail(error)
-            raise error
+            self._fail(RunnerError(f"ray runner: {lost}; the run cannot go on (killed, or out of memory: "
+                                   f"see dmesg). Start a new Loader"))
 
-    # -- concurrency -------------------------------------------------------------------
     def set_concurrency(self, stage: str, n: int) -> None:
-        if self._kinds.get(stage) != "map":
+        if stage not in self._concurrency:
             raise PipelineSpecError(f"ray runner: {stage!r} is not a map stage; map stages: "
                                     f"{', '.join(self._concurrency)}")
         validate_concurrency(n, stage=stage)
         with self._lock:
-            if self._concurrency[stage] == n:
-                return
-            self._concurrency[stage] = n
-            self._generation += 1  # the pump restarts the execution from the first item not delivered
+            if self._concurrency[stage] != n:
+                self._concurrency[stage] = n
+                self._generation += 1  # the pump restarts from the first item not delivered
 
     def concurrency(self, stage: str) -> int:
         return self._concurrency[stage]
 
-    # -- reading -----------------------------------------------------------------------
     def _read_totals(self, force: bool) -> dict[str, Any]:
         """The board's totals: a reading asked for earlier if it has come, else the last ones.
-
-        Never waits unless ``force`` (the final figures): the board actor takes a second or
-        more to start, and a reading must not hold up the sampler or the start of a run.
-        """
+        Waits only if ``force``: the actor may take seconds to start, and the sampler must not."""
         import ray
 
         with self._read_lock:
@@ -348,15 +298,10 @@ class RayRunner(Runner):
                              queues=[*self._operation_queues(), self._output.read()])
 
     def _operation_queues(self) -> list[QueueReading]:
-        """Blocks each Ray Data operation has made and the next one (or this process) has not taken.
-
-        Named ``<its last stage>→<the next operation's first stage>``; counted in blocks (whole
-        batches: a few per block). Ray Data bounds them by object-store memory, not by a count,
-        so their capacity reads 0.
-        """
+        """Per operation, the blocks the next one has not taken (capacity 0: memory bounds them)."""
         with self._lock:
             executor, groups = self._executor, self._groups
-        topology = getattr(executor, "_topology", None) if executor is not None else None
+        topology = getattr(executor, "_topology", None)
         if not topology or not groups:
             return []
         states = [state for op, state in list(topology.items()) if op.input_dependencies]  # not the input
@@ -371,26 +316,20 @@ class RayRunner(Runner):
             out.append(QueueReading(f"{name}→{after}", max(0, depth), 0, 0, 0, 0, 0))
         return out
 
-    # -- closing -----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
-        with self._lock:
-            self._stopping = True
+        self._stop()
+        with self._lock:  # after _stop: the pump sets an executor only while not stopping
             executor = self._executor
-        self._output.close()
         if executor is not None:
-            _stop(executor)
-        pump = self._pump
-        if pump is not None and pump is not threading.current_thread():
-            pump.join(timeout)
+            _shutdown(executor)
+        self._join_pump(timeout)
         if self._board is not None:
             time.sleep(2 * FLUSH_S)  # the workers' last counts are at most one flush away
             self._read_totals(force=True)  # the final figures, kept for stats() after close
             import ray
 
-            try:
+            with contextlib.suppress(Exception):  # the instance may be gone already
                 ray.kill(self._board)
-            except Exception:  # noqa: BLE001 - the instance may be gone already
-                pass
             self._board = None
         if self._connection.role != "none":
             self._connection.close(timeout)
@@ -410,7 +349,7 @@ def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, 
     return resources
 
 
-def _stop(executor: Any) -> None:
+def _shutdown(executor: Any) -> None:
     """Shut a Ray Data execution down, cancelling its tasks, and wake its consumer."""
     try:
         executor.shutdown(force=True)

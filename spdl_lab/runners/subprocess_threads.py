@@ -1,14 +1,12 @@
 """``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp").
 
-The training process keeps its GIL to itself: stage functions run in a fresh
-interpreter, and outputs come back through shared memory (arrays copied once
-on each side, never pickled). The child's meters are published to a shared
-block that the parent reads without messages, so ``stats()`` and ``frames()``
-look the same as for ``thread``.
+Stage functions run in a fresh interpreter, outputs come back through shared memory (never
+pickled), and the parent reads the child's meters from a shared block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import subprocess
 import sys
@@ -28,8 +26,7 @@ from .children import ChildTraceback, exit_reason, spawn, stop_process
 
 __all__ = ["SubprocessThreadsRunner"]
 
-#: Shared-memory slots in flight between child and parent. Each grows to the
-#: largest output; more slots only let the child run further ahead.
+#: Shared-memory slots in flight (each grows to the largest output); more let the child run ahead.
 SLOTS = 4
 _METERS_SIZE = 4 << 20
 #: How long start() waits for the child to import and build its engine.
@@ -62,7 +59,6 @@ class SubprocessThreadsRunner(Runner):
         super().check_options(pipeline, options)
         ship(pipeline, "subprocess-threads", "the child process")  # fail at Loader(...) if it cannot reach the child
 
-    # -- starting ----------------------------------------------------------------
     def start(self) -> None:
         meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
                          purpose="the subprocess-threads runner's meters")
@@ -84,15 +80,12 @@ class SubprocessThreadsRunner(Runner):
             raise RunnerError(f"subprocess-threads: the child process did not start within "
                               f"{self._start_timeout:g} s; pass start_timeout= to wait longer")
 
-    # -- iterating ---------------------------------------------------------------
     def get(self, timeout: float) -> Any:
         if self._ended or self._closed:
             return END
         message = self._recv(timeout)
-        if message is TIMEOUT:
-            return TIMEOUT
-        if message is END:
-            return END
+        if message is TIMEOUT or message is END:
+            return message
         kind = message[0]
         if kind == "out":
             _, seq, index, meta, slot_id, slot_name, slot_size = message
@@ -110,14 +103,12 @@ class SubprocessThreadsRunner(Runner):
                 value = decode(meta, slot)  # copies, so the child always has a slot to fill
                 self._send(("release", slot_id))
             return seq, index, value
+        self._ended = True  # every other message ends the run
         if kind == "end":
-            self._ended = True
             return END
         if kind == "error":
-            self._ended = True
             raise _pipeline_error(message[1])
         if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
-            self._ended = True
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
 
@@ -126,8 +117,7 @@ class SubprocessThreadsRunner(Runner):
         assert self._data is not None and self._proc is not None
         deadline = time.monotonic() + timeout
         while True:
-            # close() from another thread stops the child and closes the channel:
-            # then the run is over, not failed.
+            # close() from another thread stops the child and its channel: the run is over.
             if self._closed:
                 return END
             try:
@@ -161,7 +151,6 @@ class SubprocessThreadsRunner(Runner):
             error.__cause__ = ChildTraceback(child_traceback)
         return error
 
-    # -- control -----------------------------------------------------------------
     def set_concurrency(self, stage: str, n: int) -> None:
         self._concurrency[stage] = n  # read() shows it at once, before the child's next meters
         self._send(("concurrency", stage, n))
@@ -172,23 +161,18 @@ class SubprocessThreadsRunner(Runner):
     def _send(self, message: Any) -> None:
         if self._ctrl is None or self._closed:
             return
-        try:
+        with contextlib.suppress(OSError):  # the child is gone; the next get() reports why
             self._ctrl.send(message)
-        except (BrokenPipeError, OSError):
-            pass  # the child is gone; the next get() reports why
 
-    # -- reading -----------------------------------------------------------------
     def read(self) -> EngineReading:
         reading = self._blank
         payload = self._meters.latest() if self._meters is not None else None
         if payload is not None:
             reading = pickle.loads(payload)  # our own child wrote these bytes into a segment only we share
         for stage in reading.stages:
-            if stage.name in self._concurrency:
-                stage.concurrency = self._concurrency[stage.name]
+            stage.concurrency = self._concurrency.get(stage.name, stage.concurrency)
         return reading
 
-    # -- closing -----------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         if self._closed:
             return
@@ -210,13 +194,10 @@ class SubprocessThreadsRunner(Runner):
 
 def _pipeline_error(info: dict[str, Any]) -> PipelineError:
     """The child's stage failure (worded there by ``stage_failure``), its cause rebuilt here."""
-    cause = None
-    if info["cause"] is not None:
-        try:
-            # Pickled by our own child from an exception it caught.
-            cause = pickle.loads(info["cause"])
-        except Exception:
-            cause = None
+    try:
+        cause = None if info["cause"] is None else pickle.loads(info["cause"])  # from our child
+    except Exception:
+        cause = None
     remote = ChildTraceback(info["traceback"]) if info["traceback"] else None
     if cause is None:
         cause = remote

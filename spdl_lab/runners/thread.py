@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.engine import Engine, EngineReading
+from ..engine.engine import ITEM_QUEUE_SIZE, Engine, EngineReading
 from ..pipeline import Pipeline
 from .base import Runner
 
@@ -15,12 +15,10 @@ class ThreadRunner(Runner):
     name = "thread"
 
     def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
-                 item_queue_size: int | None = None) -> None:
+                 item_queue_size: int = ITEM_QUEUE_SIZE) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        extra = {} if item_queue_size is None else {"item_queue_size": item_queue_size}
-        self._engine = Engine(
-            pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered, **extra
-        )
+        self._engine = Engine(pipeline, buffer_size=buffer_size, max_failures=max_failures,
+                              metered=metered, item_queue_size=item_queue_size)
 
     def start(self) -> None:
         self._engine.start()

@@ -27,6 +27,12 @@ def test_replays_exactly_the_cached_batches_for_the_pipelines_length():
     assert snap.stages["batch"].tasks < 25
 
 
+def test_caches_a_process_runner_with_its_options():
+    with lab.Loader(pipeline(16), runner="cache", source_runner="process", num_workers=1, num_caches=2) as loader:
+        out = list(loader)
+    assert out == [[0, 10, 20, 30], [40, 50, 60, 70]] * 2
+
+
 def test_forever_and_explicit_count():
     with lab.Loader(pipeline(), runner="cache", num_caches=2, forever=True) as loader:
         it = iter(loader)

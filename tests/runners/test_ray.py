@@ -97,11 +97,11 @@ def test_bad_options_are_refused_before_ray_starts():
 
 
 def test_a_source_without_random_access_is_read_into_a_list_up_to_a_limit(monkeypatch):
-    from spdl_lab.runners import _ray_source
+    from spdl_lab.runners import ray_runner
 
     with lab.Loader(lab.Pipeline(iter(range(20))).map(str, name="fmt").batch(8), runner="ray") as loader:
         assert [len(b) for b in loader] == [8, 8, 4]
-    monkeypatch.setattr(_ray_source, "MAX_MATERIALIZED", 5)
+    monkeypatch.setattr(ray_runner, "MAX_MATERIALIZED", 5)
     with lab.Loader(lab.Pipeline(lambda: (i for i in range(10))).map(str, name="fmt"), runner="ray") as loader:
         with pytest.raises(PipelineSpecError, match=r"more than 5 items without random access.*Pass a sequence"):
             list(loader)
