@@ -1,5 +1,5 @@
 """Everything is in pyproject.toml; this only ships ``spdl_lab_watch.pth`` at the top of
-site-packages (the ``SPDL_LAB_WATCH=1`` hook, see ``spdl_lab/watch/hook.py``). An editable
+site-packages (the ``SPDL_LAB_WATCH=1`` hook, see ``spdl_lab/_watch/hook.py``). An editable
 install (``make venv``) copies it there itself, as setuptools' editable wheels leave it out."""
 
 import os

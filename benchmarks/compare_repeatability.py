@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_line, print_table  # noqa: E402
 
 import spdl_lab as lab  # noqa: E402
-from spdl_lab.experiments.compare import DEFAULT_STEPS  # noqa: E402
+from spdl_lab._experiments.compare import DEFAULT_STEPS  # noqa: E402
 
 
 def _burn(stop) -> None:

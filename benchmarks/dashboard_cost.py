@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hz", type=float, default=None, help="publishes per second (default: the dashboard's)")
     args = ap.parse_args(argv)
     if args.hz is None:
-        from spdl_lab.ui.dashboard import DEFAULT_HZ
+        from spdl_lab._ui.dashboard import DEFAULT_HZ
 
         args.hz = DEFAULT_HZ
 

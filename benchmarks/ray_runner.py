@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     args = parser.parse_args()
     print(machine_line())
-    from spdl_lab.runners._ray_cluster import RayConnection
+    from spdl_lab._runners._ray_cluster import RayConnection
 
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     names = (*RUNNERS[:-1], COLD, WARM)

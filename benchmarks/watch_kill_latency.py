@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.trials):
             spans.append(trial(workdir, i))
             print(f"# trial {i + 1}/{args.trials}: {spans[-1]:.3f} s", flush=True)
-    from spdl_lab.watch.attach import POLL_S
+    from spdl_lab._watch.attach import POLL_S
 
     print()
     print_table(["trials", "median s", "max s", "poll interval s", "allowed s"],

@@ -17,7 +17,7 @@ of the shared machine hits "off" and "on" alike. Each window starts a fresh epoc
 "on" window the loop iterates what ``lab.publish`` returned, with a fresh record file, and a viewer in a second process (spawned once per benchmark, as a notebook would be) calls
 ``lab.attach(name)``: its RemoteSession polls frames, state and controls every 0.25 s,
 and it asks for ``stats()`` once a second, as a dashboard does. At the end of the window
-the viewer detaches and ``unpublish`` (``spdl_lab.watch.publish``) closes the record and
+the viewer detaches and ``unpublish`` (``spdl_lab._watch.publish``) closes the record and
 the endpoint. Every window, off or on, begins with
 ``SETTLE_S`` of steps that are not counted: the switch itself (publisher start,
 attach; detach, close) is not what is measured, and a fresh publisher starts at cursor 0,
@@ -152,7 +152,7 @@ def _publisher_cpu_s() -> dict[int, float]:
 
 
 def _record_span_s(path: Path) -> float:
-    from spdl_lab.watch.records import read_record
+    from spdl_lab._watch.records import read_record
 
     times = read_record(path)["time_s"]
     return float(times.max() - times.min()) if len(times) else 0.0
@@ -194,7 +194,7 @@ class Trainer:
 def measure(case: str, loader, step: TrainStep, args, viewer, tmp: Path) -> CaseResult:
     """Alternate off/on windows over ``loader`` (a lab.Loader or a torch DataLoader)."""
     import spdl_lab as lab
-    from spdl_lab.watch.publish import unpublish
+    from spdl_lab._watch.publish import unpublish
 
     commands, replies = viewer
     result = CaseResult(case)
@@ -257,7 +257,7 @@ def run_dataloader_case(args, viewer, tmp: Path) -> CaseResult:
 
 def _empty_record_bytes(tmp: Path) -> int:
     """The size of a record with its meta and no frames: what every record starts with."""
-    from spdl_lab.watch.records import RecordWriter
+    from spdl_lab._watch.records import RecordWriter
 
     path = tmp / "empty.sqlite"
     RecordWriter(path, meta={"name": "empty", "pid": "0", "state": "running"}).close(state="finished")

@@ -5,31 +5,27 @@ models, watch what happens live, and find out where the time goes.
 """
 
 from . import _views, workloads
-from .diagnose import (
-    Diagnosis,
-    SweepSettings,
-    diagnose,  # the function (binds over the subpackage of the same name)
-)
-from .diagnose.env_mode import start_hook as _diagnostic_mode
+from ._diagnose import Diagnosis, SweepSettings, diagnose
+from ._diagnose.env_mode import start_hook as _diagnostic_mode
+from ._experiments import Comparison, Session, compare, headspace, run
+from ._integrations import from_spdl
+from ._integrations.torch_dataloader import from_dataloader
+from ._loader import Loader
+from ._pipeline import Pipeline, Stage
+from ._runners import LOCAL_RUNNERS, RUNNERS
+from ._runs import add_start_hook as _add_start_hook
+from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
+from ._training import SimulatedDevice, StepClock
+from ._tune import Tuning, tune
+from ._watch.attach import RemoteSession, attach
+from ._watch.attach import open_record as open  # noqa: A001 (lab.open(record_path))
+from ._watch.auto import start_hook as _watch_mode
+from ._watch.publish import publish, unpublish
 from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from .experiments import Comparison, Session, compare, headspace, run
-from .integrations import from_spdl
-from .integrations.torch_dataloader import from_dataloader
-from .loader import Loader
-from .pipeline import Pipeline, Stage
-from .runners import LOCAL_RUNNERS, RUNNERS
-from .runs import add_start_hook as _add_start_hook
-from .telemetry.snapshot import QueueStats, Snapshot, StageStats
-from .training import SimulatedDevice, StepClock
-from .tune import Tuning, tune
-from .watch.attach import RemoteSession, attach
-from .watch.attach import open_record as open  # noqa: A001 (lab.open(record_path))
-from .watch.auto import start_hook as _watch_mode
-from .watch.publish import publish, unpublish
 
 __version__ = "0.1.0"
 
-# The environment-variable modes act on every run before it starts (see ``runs.StartHook``):
+# The environment-variable modes act on every run before it starts (see ``_runs.StartHook``):
 # SPDL_PIPELINE_DIAGNOSTIC_MODE=1 diagnoses instead, SPDL_LAB_WATCH=1 publishes.
 _add_start_hook("diagnostic_mode", _diagnostic_mode)
 _add_start_hook("watch", _watch_mode)
@@ -37,16 +33,16 @@ _add_start_hook("watch", _watch_mode)
 # What draws or drives a result, imported on first use (see ``_views``): the result types
 # stay below the layers that draw them, and ``import spdl_lab`` loads no Bokeh.
 _views.register(
-    comparison_plot="spdl_lab.ui.figures:comparison_plot",
-    dashboard="spdl_lab.ui.dashboard:Dashboard",
-    diagnosis_html="spdl_lab.ui.diagnosis_report:diagnosis_html",
-    diagnosis_plot="spdl_lab.ui.diagnosis_report:diagnosis_plot",
-    diagnosis_report="spdl_lab.ui.diagnosis_report:write_diagnosis_report",
-    run_report="spdl_lab.ui.run_report:write_run_report",
-    session_autotuner="spdl_lab.tune.live:AutoTuner",
-    tuning_html="spdl_lab.ui.tuning_report:html_summary",
-    tuning_plot="spdl_lab.ui.tuning_report:tuning_plot",
-    tuning_report="spdl_lab.ui.tuning_report:write_html",
+    comparison_plot="spdl_lab._ui.figures:comparison_plot",
+    dashboard="spdl_lab._ui.dashboard:Dashboard",
+    diagnosis_html="spdl_lab._ui.diagnosis_report:diagnosis_html",
+    diagnosis_plot="spdl_lab._ui.diagnosis_report:diagnosis_plot",
+    diagnosis_report="spdl_lab._ui.diagnosis_report:write_diagnosis_report",
+    run_report="spdl_lab._ui.run_report:write_run_report",
+    session_autotuner="spdl_lab._tune.live:AutoTuner",
+    tuning_html="spdl_lab._ui.tuning_report:html_summary",
+    tuning_plot="spdl_lab._ui.tuning_report:tuning_plot",
+    tuning_report="spdl_lab._ui.tuning_report:write_html",
 )
 
 # The entry points and the types a user holds, sorted (a test keeps them so). ``lab.Dashboard``
@@ -91,14 +87,14 @@ __all__ = [
 def load_ipython_extension(ipython: object) -> None:
     """``%load_ext spdl_lab``: add %spdl_info, %spdl_run and %spdl_compare."""
     # Imported here so that ``import spdl_lab`` never needs IPython.
-    from .magics import load_ipython_extension as load
+    from ._magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: object) -> None:
     """``%unload_ext spdl_lab``: remove the magics again."""
-    from .magics import unload_ipython_extension as unload
+    from ._magics import unload_ipython_extension as unload
 
     unload(ipython)
 
@@ -107,7 +103,7 @@ def __getattr__(name: str) -> object:
     # The dashboard needs ipywidgets and Bokeh: imported on first use so the
     # core stays importable (and fast to import) in a plain script.
     if name == "Dashboard":
-        from .ui.dashboard import Dashboard
+        from ._ui.dashboard import Dashboard
 
         return Dashboard
     raise AttributeError(f"module 'spdl_lab' has no attribute {name!r}")

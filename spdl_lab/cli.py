@@ -25,8 +25,8 @@ from typing import Any
 
 import spdl_lab as lab
 
-from . import cli_tune
-from .cli_inputs import (
+from . import _cli_tune as cli_tune
+from ._cli_inputs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -42,15 +42,15 @@ from .cli_inputs import (
     report_dir,
     seconds,
 )
-from .cli_report import report as _report
-from .diagnose.env_mode import DEFAULT_REPORT_DIR, write_reports
-from .diagnose.measure import diagnose
+from ._cli_report import report as _report
+from ._diagnose.env_mode import DEFAULT_REPORT_DIR, write_reports
+from ._diagnose.measure import diagnose
+from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
+from ._interpreter import describe
+from ._pipeline import MAX_CONCURRENCY
+from ._runners import LOCAL_RUNNERS, RUNNERS
+from ._watch.command import run_watched
 from .errors import FileFormatError, PipelineSpecError
-from .experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
-from .interpreter import describe
-from .pipeline import MAX_CONCURRENCY
-from .runners import LOCAL_RUNNERS, RUNNERS
-from .watch.command import run_watched
 
 __all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -96,7 +96,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Path,
                     data: Path | None, title: str) -> int:
-    from spdl_lab.ui.report import write_comparison_report
+    from spdl_lab._ui.report import write_comparison_report
 
     options = {"process": {"num_workers": args.num_workers}} if args.num_workers else {}
     t0 = time.perf_counter()

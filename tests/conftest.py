@@ -40,7 +40,7 @@ def no_child_leak():
 
     import psutil
 
-    from spdl_lab.runners._shm import shm_dir
+    from spdl_lab._runners._shm import shm_dir
 
     def ours() -> set[str]:
         return {n for n in os.listdir(shm_dir()) if n.startswith(f"spdl_lab_{os.getpid()}_")}
@@ -71,7 +71,7 @@ def ray_instance():
     import os
 
     ray = pytest.importorskip("ray")
-    from spdl_lab.runners._ray_cluster import RayConnection, ray_processes
+    from spdl_lab._runners._ray_cluster import RayConnection, ray_processes
 
     connection = RayConnection(None, None)
     connection.open()

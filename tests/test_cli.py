@@ -15,9 +15,9 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab import cli, cli_inputs
+from spdl_lab._diagnose.env_mode import ENV, ENV_REPORT_DIR, EXIT_STATUS
+from spdl_lab._diagnose.result import Diagnosis, Point, StageDiagnosis
 from spdl_lab.cli import main
-from spdl_lab.diagnose.env_mode import ENV, ENV_REPORT_DIR, EXIT_STATUS
-from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
 
 COMMANDS = ["info", "demo", "compare", "diagnose", "tune", "watch", "report"]
 MODULE = "spdl_cli_tiny"  # a name no other test imports, so sys.modules holds only ours

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from spdl_lab import cli
-from spdl_lab.diagnose.env_mode import ENV_REPORT_DIR
+from spdl_lab._diagnose.env_mode import ENV_REPORT_DIR
 
 MODULE = "spdl_help_tiny"  # imported by no other test
 SOURCE = textwrap.dedent('''

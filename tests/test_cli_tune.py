@@ -13,8 +13,8 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab import cli, cli_tune
+from spdl_lab._diagnose.env_mode import ENV_REPORT_DIR
 from spdl_lab.cli import main
-from spdl_lab.diagnose.env_mode import ENV_REPORT_DIR
 
 MODULE = "spdl_cli_tune_tiny"  # imported by no other test
 

@@ -16,21 +16,21 @@ PACKAGE = Path(spdl_lab.__file__).parent
 # Layout section has this table). Names in one row may import each other, except the pairs
 # in APART.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "pipeline", "_json", "_table", "_views", "file_checks", "interpreter", "progress"),
-    ("telemetry", "training"),
-    ("engine",),
-    ("runners",),
-    ("runs", "loader"),
-    ("integrations", "workloads"),
-    ("experiments",),
-    ("diagnose", "tune"),
-    ("watch",),
-    ("ui",),
-    ("cli", "cli_inputs", "cli_report", "cli_tune", "magics", "__main__", "__init__"),
+    ("errors", "_pipeline", "_json", "_table", "_views", "_file_checks", "_interpreter", "_progress"),
+    ("_telemetry", "_training"),
+    ("_engine",),
+    ("_runners",),
+    ("_runs", "_loader"),
+    ("_integrations", "workloads"),
+    ("_experiments",),
+    ("_diagnose", "_tune"),
+    ("_watch",),
+    ("_ui",),
+    ("cli", "_cli_inputs", "_cli_report", "_cli_tune", "_magics", "__main__", "__init__"),
 ]
-APART = {frozenset({"diagnose", "tune"})}
+APART = {frozenset({"_diagnose", "_tune"})}
 #: ``%load_ext spdl_lab`` finds the magics through the package: the one edge allowed up.
-ALLOWED = {("spdl_lab", "spdl_lab.magics"), ("spdl_lab.magics", "spdl_lab")}
+ALLOWED = {("spdl_lab", "spdl_lab._magics"), ("spdl_lab._magics", "spdl_lab")}
 
 
 def _modules() -> dict[str, Path]:
@@ -163,7 +163,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle():
-    cycles = [c for c in _cycles(import_graph()) if set(c) != {"spdl_lab", "spdl_lab.magics"}]
+    cycles = [c for c in _cycles(import_graph()) if set(c) != {"spdl_lab", "spdl_lab._magics"}]
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
@@ -177,4 +177,4 @@ def test_the_cycle_finder_finds_cycles(graph, expected):
 
 def test_the_graph_sees_imports_inside_functions():
     # spdl_lab/__init__.py imports the magics only inside load_ipython_extension
-    assert "spdl_lab.magics" in import_graph()["spdl_lab"]
+    assert "spdl_lab._magics" in import_graph()["spdl_lab"]

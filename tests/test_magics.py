@@ -14,8 +14,8 @@ from IPython.core.error import UsageError  # noqa: E402
 from IPython.testing.globalipapp import get_ipython  # noqa: E402
 
 import spdl_lab as lab  # noqa: E402
-from spdl_lab.experiments.session import Session  # noqa: E402
-from spdl_lab.magics import MAGICS, SpdlMagics  # noqa: E402
+from spdl_lab._experiments.session import Session  # noqa: E402
+from spdl_lab._magics import MAGICS, SpdlMagics  # noqa: E402
 
 DASHBOARD = object()
 OUR_VARS = ("pipe", "step", "wl", "spdl_session", "spdl_comparison", "mine")
@@ -150,8 +150,8 @@ def test_spdl_compare_returns_and_stores_the_comparison(ip):
 
 
 def test_spdl_attach_shows_a_published_runs_dashboard(ip, monkeypatch, tmp_path):
-    from spdl_lab.watch.attach import RemoteSession
-    from spdl_lab.watch.publish import unpublish
+    from spdl_lab._watch.attach import RemoteSession
+    from spdl_lab._watch.publish import unpublish
 
     monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
     monkeypatch.setenv("SPDL_LAB_RECORD", str(tmp_path / "run.sqlite"))

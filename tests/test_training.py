@@ -16,11 +16,11 @@ from typing import TypeVar
 
 import pytest
 
+from spdl_lab._telemetry.sampler import Sampler
+from spdl_lab._training import DeviceStep, SimulatedDevice, StepClock
+from spdl_lab._training import clock as clock_module
+from spdl_lab._training._cuda import cuda_available
 from spdl_lab.errors import PipelineSpecError
-from spdl_lab.telemetry.sampler import Sampler
-from spdl_lab.training import DeviceStep, SimulatedDevice, StepClock
-from spdl_lab.training import clock as clock_module
-from spdl_lab.training._cuda import cuda_available
 
 HAS_CUDA = cuda_available()
 

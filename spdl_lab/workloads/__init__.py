@@ -3,8 +3,8 @@ ones from the field notes and real ones (JPEG decoding, tokenizing). Functions a
 so every runner (threads, a child process, DataLoader workers) imports them by reference.
 """
 
-from .images import ImageFolder, image_dataloader, image_step, images
-from .synthetic import (
+from ._images import ImageFolder, image_dataloader, image_step, images
+from ._synthetic import (
     augment,
     collate_list,
     collate_stack,
@@ -14,7 +14,7 @@ from .synthetic import (
     noisy_neighbour,
     read_sample,
 )
-from .text import DocumentTokens, text, text_dataloader, text_step
+from ._text import DocumentTokens, text, text_dataloader, text_step
 
 __all__ = ["DocumentTokens", "ImageFolder", "augment", "collate_list", "collate_stack", "decode_sample",
            "fetch_array", "image_dataloader", "image_step", "images", "ipc_overhead", "noisy_neighbour",

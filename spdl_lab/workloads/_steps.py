@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from ..training import SimulatedDevice
 
 __all__ = ["ModelStep", "check_ints", "dataloader", "seeded", "step_for"]
 

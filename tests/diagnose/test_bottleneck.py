@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from spdl_lab.diagnose.measure import _only_where_it_counts
-from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
+from spdl_lab._diagnose.measure import _only_where_it_counts
+from spdl_lab._diagnose.result import Diagnosis, Point, StageDiagnosis
 
 
 def stage(name: str, qps: dict[int, float], *, concurrency: int, per_input: int = 1, verdict: str = "scales",

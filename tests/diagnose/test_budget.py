@@ -7,8 +7,8 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.diagnose._sweep import StageFeed, Sweep
-from spdl_lab.diagnose.settings import (
+from spdl_lab._diagnose._sweep import StageFeed, Sweep
+from spdl_lab._diagnose.settings import (
     BUDGET_FLOOR,
     MAX_WINDOW_S,
     SweepSettings,
@@ -52,7 +52,7 @@ def _diagnose(budget: float) -> lab.Diagnosis:
 
 @pytest.mark.timeout(60)
 def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(monkeypatch) -> None:
-    from spdl_lab.diagnose import _sweep
+    from spdl_lab._diagnose import _sweep
 
     monkeypatch.setattr(_sweep, "quiet", lambda windows, within, at_least: False)
     free = _diagnose(budget=60.0).stages["wavers"].points

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import spdl_lab as lab
+from spdl_lab._diagnose._sweep import StageFeed, StageSweep
+from spdl_lab._diagnose.measure import StageRun, _judge, _Pass
+from spdl_lab._diagnose.result import Point
+from spdl_lab._diagnose.settings import SweepSettings
+from spdl_lab._pipeline import Stage
 from spdl_lab.cli import main as cli_main
-from spdl_lab.diagnose._sweep import StageFeed, StageSweep
-from spdl_lab.diagnose.measure import StageRun, _judge, _Pass
-from spdl_lab.diagnose.result import Point
-from spdl_lab.diagnose.settings import SweepSettings
-from spdl_lab.pipeline import Stage
 
 sys.path.insert(0, str(Path(__file__).parent))
 import battery_stages as b  # noqa: E402

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from spdl_lab._json import plain
-from spdl_lab.diagnose import result as io
-from spdl_lab.diagnose.result import (
+from spdl_lab._diagnose import result as io
+from spdl_lab._diagnose.result import (
     VERDICTS,
     Diagnosis,
     DiagnosisFormatError,
     Point,
     StageDiagnosis,
 )
+from spdl_lab._json import plain
 from spdl_lab.errors import SpdlLabError
 
 NAN = math.nan

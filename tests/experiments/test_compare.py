@@ -8,8 +8,8 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.experiments.compare import DEFAULT_WARMUP, TABLE_COLUMNS, pipeline_length
-from spdl_lab.experiments.comparison import WIDTH
+from spdl_lab._experiments.compare import DEFAULT_WARMUP, TABLE_COLUMNS, pipeline_length
+from spdl_lab._experiments.comparison import WIDTH
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 

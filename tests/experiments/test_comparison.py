@@ -14,12 +14,17 @@ import pytest
 from pandas.testing import assert_frame_equal
 
 import spdl_lab as lab
+from spdl_lab._experiments import comparison as io
+from spdl_lab._experiments.comparison import (
+    ROUND_COLUMNS,
+    TABLE_COLUMNS,
+    ComparisonFormatError,
+    Row,
+)
 from spdl_lab._json import plain
+from spdl_lab._runners import RUNNERS
+from spdl_lab._telemetry.frames import FRAME_COLUMNS
 from spdl_lab.errors import FileFormatError, SpdlLabError
-from spdl_lab.experiments import comparison as io
-from spdl_lab.experiments.comparison import ROUND_COLUMNS, TABLE_COLUMNS, ComparisonFormatError, Row
-from spdl_lab.runners import RUNNERS
-from spdl_lab.telemetry.frames import FRAME_COLUMNS
 
 
 def slow_items(x):

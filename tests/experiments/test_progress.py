@@ -6,7 +6,7 @@ import io
 import subprocess
 import sys
 
-from spdl_lab.progress import bar_kind, progress_bar
+from spdl_lab._progress import bar_kind, progress_bar
 
 
 class _Tty(io.StringIO):
@@ -35,7 +35,7 @@ def test_text_bar_on_a_terminal(monkeypatch):
 
 def test_widget_bar_in_a_kernel():
     # tqdm.auto takes a loaded ipykernel shell for a notebook; a fresh interpreter, so the choice is new.
-    script = ("import ipykernel.zmqshell\nfrom spdl_lab.progress import bar_kind, progress_bar\n"
+    script = ("import ipykernel.zmqshell\nfrom spdl_lab._progress import bar_kind, progress_bar\n"
               "print(bar_kind(True), type(progress_bar(1, True, 's')).__mro__[1].__module__)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

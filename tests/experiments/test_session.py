@@ -65,7 +65,7 @@ def test_stop_returns_after_the_child_and_its_shared_memory_are_gone(wait_until)
     # exits right after stop() leaves the child's segments in /dev/shm.
     import os
 
-    from spdl_lab.runners._shm import shm_dir
+    from spdl_lab._runners._shm import shm_dir
 
     session = lab.run(pipeline(), step=lambda b: time.sleep(0.01), runner="subprocess-threads")
     assert wait_until(lambda: session.stats().step.steps > 3, 30)
@@ -208,7 +208,7 @@ def test_pause_holds_the_loop_and_resume_goes_on(wait_until):
 
 
 def test_diagnose_pauses_the_running_sessions_of_this_kernel(wait_until):
-    from spdl_lab.diagnose._pausing import sessions_paused
+    from spdl_lab._diagnose._pausing import sessions_paused
 
     session = lab.run(pipeline(), step=lambda b: time.sleep(0.002))
     try:

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from spdl_lab.experiments.contender import Window
-from spdl_lab.experiments.spread import coverage, ratios, runner_row, warnings_for
-from spdl_lab.training.clock import StepRecord
+from spdl_lab._experiments.contender import Window
+from spdl_lab._experiments.spread import coverage, ratios, runner_row, warnings_for
+from spdl_lab._training.clock import StepRecord
 
 
 def window(runner: str, round_: int, rate: float, *, step_ms: float = 50.0, others: float = 0.0,

@@ -28,9 +28,9 @@ from spdl.pipeline.defs import (  # noqa: E402
 )
 
 import spdl_lab as lab  # noqa: E402
-from spdl_lab.diagnose.settings import SweepSettings  # noqa: E402
-from spdl_lab.integrations import SpdlMonitor, is_spdl_spec  # noqa: E402
-from spdl_lab.integrations.spdl import SpdlNotInstalledError  # noqa: E402
+from spdl_lab._diagnose.settings import SweepSettings  # noqa: E402
+from spdl_lab._integrations import SpdlMonitor, is_spdl_spec  # noqa: E402
+from spdl_lab._integrations.spdl import SpdlNotInstalledError  # noqa: E402
 
 AGGREGATE = "aggregate(op=collate(4), drop_last=False)"  # SPDL's own name for aggregate(4)
 NAMES = ["scale", "shift", AGGREGATE, "total"]
@@ -320,7 +320,7 @@ def test_run_under_a_lab_runner_converts(no_thread_leak):
 
 
 def test_diagnostic_mode_diagnoses_the_converted_pipeline(monkeypatch):
-    from spdl_lab.diagnose import env_mode as diagnostic_mode
+    from spdl_lab._diagnose import env_mode as diagnostic_mode
 
     seen = []
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import spdl_lab as lab
-from spdl_lab.integrations.torch_dataloader import from_dataloader
+from spdl_lab._integrations.torch_dataloader import from_dataloader
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 

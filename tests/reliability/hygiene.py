@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from spdl_lab.runners._shm import shm_dir
+from spdl_lab._runners._shm import shm_dir
 
 __all__ = ["Hygiene", "Snapshot", "GRACE_S", "left_behind", "wait_for_baseline"]
 
@@ -192,7 +192,7 @@ _RUN_ACTORS = ("ray::MeterBoard", "_ActorStages")
 
 
 def _ray_instance_processes() -> list[psutil.Process]:
-    from spdl_lab.runners._ray_cluster import ray_processes
+    from spdl_lab._runners._ray_cluster import ray_processes
 
     return ray_processes()
 

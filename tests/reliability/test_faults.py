@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.loader import CLOSE_TIMEOUT_S
-from spdl_lab.runners import _shm
+from spdl_lab._loader import CLOSE_TIMEOUT_S
+from spdl_lab._runners import _shm
 
 #: Options that keep each case small: one DataLoader worker (every spawn
 #: imports torch, ~2 s), and a cache that holds the whole run so that every

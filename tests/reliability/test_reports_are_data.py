@@ -31,7 +31,7 @@ import pandas as pd
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.diagnose.result import Diagnosis, Point, StageDiagnosis
+from spdl_lab._diagnose.result import Diagnosis, Point, StageDiagnosis
 from spdl_lab.errors import SpdlLabError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ def sample_diagnosis(name: str = "decode", text: str = "QPS stayed at 410 items/
 
 def sample_comparison() -> Any:
     """A Comparison as lab.compare returns it, for a ``Comparison.from_json`` when there is one."""
-    from spdl_lab.experiments.comparison import TABLE_COLUMNS
-    from spdl_lab.telemetry.frames import FRAME_COLUMNS
+    from spdl_lab._experiments.comparison import TABLE_COLUMNS
+    from spdl_lab._telemetry.frames import FRAME_COLUMNS
 
     def value(column: str, i: int) -> float | int:
         if column == "steps":
@@ -81,9 +81,9 @@ def sample_comparison() -> Any:
 
 def sample_tuning() -> Any:
     """A Tuning as lab.tune returns it: a start and one kept move."""
-    from spdl_lab.tune.search import Step
-    from spdl_lab.tune.space import Config, Move
-    from spdl_lab.tune.trial import Trial
+    from spdl_lab._tune.search import Step
+    from spdl_lab._tune.space import Config, Move
+    from spdl_lab._tune.trial import Trial
 
     p = lab.Pipeline(range(10)).map(abs, name="decode").batch(2)
     start, best = Config.of("thread", {"decode": 1}), Config.of("thread", {"decode": 4})
@@ -375,73 +375,73 @@ _UNPICKLERS = {"pickle.Unpickler", "_pickle.Unpickler"}
 
 #: Every risky site in spdl_lab/: "file::scope::operation" -> why it is safe.
 ALLOWED = {
-    "spdl_lab/runners/__init__.py::runner_class::importlib.import_module":
+    "spdl_lab/_runners/__init__.py::runner_class::importlib.import_module":
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
-    "spdl_lab/cli_inputs.py::import_attr::importlib.import_module":
+    "spdl_lab/_cli_inputs.py::import_attr::importlib.import_module":
         "imports the module the user named on the spdl-lab command line, as `python -m` would",
     "spdl_lab/_views.py::view::importlib.import_module":
         "imports a module named by a view that spdl_lab's own __init__ registered, never a name from outside",
     "spdl_lab/_json.py::loads::json.loads":
         "the one strict JSON reader: no NaN, no duplicate keys, depth capped; file_checks caps the size, checks every field",
-    "spdl_lab/diagnose/_isolated.py::_next::.recv()":
+    "spdl_lab/_diagnose/_isolated.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
-    "spdl_lab/diagnose/_isolated_child.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/_diagnose/_isolated_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the diagnose child inherited from the parent that spawned it",
-    "spdl_lab/diagnose/_isolated_child.py::main::.recv()":
+    "spdl_lab/_diagnose/_isolated_child.py::main::.recv()":
         "the diagnose child's first message, from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/diagnose/_isolated_child.py::main::cloudpickle.loads":
+    "spdl_lab/_diagnose/_isolated_child.py::main::cloudpickle.loads":
         "the pipeline the parent pickled for this child to diagnose; user code by design",
-    "spdl_lab/diagnose/_sweep_child.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/_diagnose/_sweep_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the sweep child inherited from the parent that spawned it",
-    "spdl_lab/diagnose/_sweep_child.py::main::.recv()":
+    "spdl_lab/_diagnose/_sweep_child.py::main::.recv()":
         "the sweep child's first message, from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/diagnose/_sweep_child.py::main::cloudpickle.loads":
+    "spdl_lab/_diagnose/_sweep_child.py::main::cloudpickle.loads":
         "the stage function and inputs the parent pickled for this child; user code by design",
-    "spdl_lab/diagnose/_sweep_child.py::_Worker.obey::.recv()":
+    "spdl_lab/_diagnose/_sweep_child.py::_Worker.obey::.recv()":
         "control messages from the parent that spawned this sweep child, over its inherited pipe",
-    "spdl_lab/diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
+    "spdl_lab/_diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
         "unpickles only messages from sweep children this process started, over pipes only they hold",
-    "spdl_lab/watch/client.py::EndpointClient._connect::socket.socket":
+    "spdl_lab/_watch/client.py::EndpointClient._connect::socket.socket":
         "an AF_UNIX socket a viewer connects with, to a run's socket in the user's 0700 runtime dir",
-    "spdl_lab/watch/endpoint.py::Endpoint._accept_loop::.accept()":
+    "spdl_lab/_watch/endpoint.py::Endpoint._accept_loop::.accept()":
         "viewers of the AF_UNIX endpoint in the user's 0700 runtime dir; at most max_viewers at once",
-    "spdl_lab/watch/endpoint.py::Endpoint._answers::socket.socket":
+    "spdl_lab/_watch/endpoint.py::Endpoint._answers::socket.socket":
         "an AF_UNIX probe: is this process's own endpoint at that path already answering?",
-    "spdl_lab/watch/endpoint.py::Endpoint._listen::.bind()":
+    "spdl_lab/_watch/endpoint.py::Endpoint._listen::.bind()":
         "binds an AF_UNIX path in the user's 0700 runtime dir (mode 0600): nothing off this host",
-    "spdl_lab/watch/endpoint.py::Endpoint._listen::.listen()":
+    "spdl_lab/_watch/endpoint.py::Endpoint._listen::.listen()":
         "the published run's AF_UNIX endpoint; JSON messages only, size-capped, refused if malformed",
-    "spdl_lab/watch/endpoint.py::Endpoint._listen::socket.socket":
+    "spdl_lab/_watch/endpoint.py::Endpoint._listen::socket.socket":
         "the published run's listener: AF_UNIX (tests/watch/test_endpoint.py checks the dir is 0700)",
-    "spdl_lab/runners/children.py::spawn::multiprocessing.connection.Connection":
+    "spdl_lab/_runners/children.py::spawn::multiprocessing.connection.Connection":
         "wraps pipes to a child this process just spawned; no one else holds them",
-    "spdl_lab/runners/_child.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/_runners/_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
-    "spdl_lab/runners/_child.py::main::.recv()":
+    "spdl_lab/_runners/_child.py::main::.recv()":
         "the child's start message from the parent that spawned it, over its inherited pipe",
-    "spdl_lab/runners/_ray_plan.py::_Stages.__init__::cloudpickle.loads":
+    "spdl_lab/_runners/_ray_plan.py::_Stages.__init__::cloudpickle.loads":
         "the stage function this process pickled in build(), unpickled in the Ray worker that runs it",
-    "spdl_lab/runners/_child.py::_ChildRun.__init__::cloudpickle.loads":
+    "spdl_lab/_runners/_child.py::_ChildRun.__init__::cloudpickle.loads":
         "the pipeline the parent pickled for this child; it runs user code by design",
-    "spdl_lab/runners/_child.py::_ChildRun._control::.recv()":
+    "spdl_lab/_runners/_child.py::_ChildRun._control::.recv()":
         "control messages from the parent that spawned this child, over its inherited pipe",
-    "spdl_lab/runners/_shipping.py::pickled::pickle.loads":
+    "spdl_lab/_runners/_shipping.py::pickled::pickle.loads":
         "round-trips an exception this process just pickled, to check another process could rebuild it",
-    "spdl_lab/runners/_process_worker.py::PipelineDataset._load::pickle.loads":
+    "spdl_lab/_runners/_process_worker.py::PipelineDataset._load::pickle.loads":
         "the pipeline this DataLoader worker's parent pickled into the dataset; user code by design",
-    "spdl_lab/runners/_transport.py::<module>::subclass of pickle.Unpickler":
+    "spdl_lab/_runners/_transport.py::<module>::subclass of pickle.Unpickler":
         "decodes outputs of our own subprocess-threads child; array ids only point into slots the parent made",
-    "spdl_lab/runners/process.py::ProcessRunner._new_dataloader::torch.utils.data.DataLoader":
+    "spdl_lab/_runners/process.py::ProcessRunner._new_dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
-    "spdl_lab/runners/subprocess_threads.py::SubprocessThreadsRunner._recv::.recv()":
+    "spdl_lab/_runners/subprocess_threads.py::SubprocessThreadsRunner._recv::.recv()":
         "unpickles only messages from the child this runner started, over a pipe only it holds",
-    "spdl_lab/runners/subprocess_threads.py::SubprocessThreadsRunner.read::pickle.loads":
+    "spdl_lab/_runners/subprocess_threads.py::SubprocessThreadsRunner.read::pickle.loads":
         "meters our own child wrote into a 0600 segment named with a random token this runner chose",
-    "spdl_lab/runners/subprocess_threads.py::_pipeline_error::pickle.loads":
+    "spdl_lab/_runners/subprocess_threads.py::_pipeline_error::pickle.loads":
         "an exception our own child pickled and sent over the pipe only it holds",
     "spdl_lab/workloads/_steps.py::dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
-    "spdl_lab/workloads/text.py::PythonTokenize.__call__::json.load":
+    "spdl_lab/workloads/_text.py::PythonTokenize.__call__::json.load":
         "the tokenizer file the lab trained into its own cache folder; parsed as JSON, only its vocab is read",
 }
 
@@ -553,12 +553,12 @@ def test_every_unpickle_eval_and_server_site_is_justified():
 
 #: The one place spdl_lab serves: a published run's endpoint (issue 17), on an AF_UNIX socket.
 ENDPOINT_SITES = {
-    "spdl_lab/watch/endpoint.py::Endpoint._listen::socket.socket",
-    "spdl_lab/watch/endpoint.py::Endpoint._listen::.bind()",
-    "spdl_lab/watch/endpoint.py::Endpoint._listen::.listen()",
-    "spdl_lab/watch/endpoint.py::Endpoint._accept_loop::.accept()",
-    "spdl_lab/watch/endpoint.py::Endpoint._answers::socket.socket",
-    "spdl_lab/watch/client.py::EndpointClient._connect::socket.socket",
+    "spdl_lab/_watch/endpoint.py::Endpoint._listen::socket.socket",
+    "spdl_lab/_watch/endpoint.py::Endpoint._listen::.bind()",
+    "spdl_lab/_watch/endpoint.py::Endpoint._listen::.listen()",
+    "spdl_lab/_watch/endpoint.py::Endpoint._accept_loop::.accept()",
+    "spdl_lab/_watch/endpoint.py::Endpoint._answers::socket.socket",
+    "spdl_lab/_watch/client.py::EndpointClient._connect::socket.socket",
 }
 
 
@@ -617,7 +617,7 @@ def test_jupyter_servers_bind_loopback_only():
 def test_sockets_bound_in_tests_and_tools_are_loopback():
     binds = 0
     for source, tree in _python_sources():
-        if source == "spdl_lab/watch/endpoint.py":
+        if source == "spdl_lab/_watch/endpoint.py":
             continue  # its AF_UNIX bind: test_spdl_lab_listens_only_on_its_unix_socket
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "bind":
@@ -692,7 +692,7 @@ def test_html_reports_hold_hostile_names_as_text(tmp_path):
 
 
 def test_comparison_report_holds_hostile_labels_as_text(tmp_path):
-    from spdl_lab.ui.report import write_comparison_report
+    from spdl_lab._ui.report import write_comparison_report
 
     def page(label: str, title: str, note: str) -> str:
         cmp = sample_comparison()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.runners.cache import expected_outputs
+from spdl_lab._runners.cache import expected_outputs
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -83,7 +83,7 @@ def test_unknown_runner_options_are_rejected_up_front():
 def test_endless_source_without_len_asks_for_a_count(monkeypatch):
     import itertools
 
-    from spdl_lab.runners import cache
+    from spdl_lab._runners import cache
 
     monkeypatch.setattr(cache, "MAX_COUNTED_ITEMS", 1000)
     p = lab.Pipeline(itertools.count).batch(2)

@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.engine.queues import END, TIMEOUT
-from spdl_lab.runners.process import ProcessRunner
+from spdl_lab._engine.queues import END, TIMEOUT
+from spdl_lab._runners.process import ProcessRunner
 
 pytestmark = [
     pytest.mark.usefixtures("no_thread_leak", "no_child_leak"),

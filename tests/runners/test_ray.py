@@ -18,7 +18,7 @@ import spdl_lab as lab
 from spdl_lab.errors import PipelineError, PipelineSpecError
 
 ray = pytest.importorskip("ray")
-from spdl_lab.runners._ray_cluster import ray_processes  # noqa: E402
+from spdl_lab._runners._ray_cluster import ray_processes  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("ray_instance")]
 
@@ -97,7 +97,7 @@ def test_bad_options_are_refused_before_ray_starts():
 
 
 def test_a_source_without_random_access_is_read_into_a_list_up_to_a_limit(monkeypatch):
-    from spdl_lab.runners import ray_runner
+    from spdl_lab._runners import ray_runner
 
     with lab.Loader(lab.Pipeline(iter(range(20))).map(str, name="fmt").batch(8), runner="ray") as loader:
         assert [len(b) for b in loader] == [8, 8, 4]
@@ -185,7 +185,7 @@ def test_the_first_batch_comes_while_most_of_a_large_source_is_still_unread():
 
 
 def test_stages_with_one_setting_run_as_one_ray_operation_with_the_source_and_batch():
-    from spdl_lab.runners._ray_plan import chunk_size, groups
+    from spdl_lab._runners._ray_plan import chunk_size, groups
 
     class Tokenizer:
         def __call__(self, x):
@@ -219,7 +219,7 @@ def test_frames_show_the_blocks_waiting_after_each_ray_data_operation():
 
 
 def test_arrays_of_one_shape_travel_as_one_tensor_column():
-    from spdl_lab.runners._ray_plan import _column
+    from spdl_lab._runners._ray_plan import _column
 
     a, b = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
     assert _column([a, b]).shape == (2, 2, 3)  # one copy into one array, not a list for Ray to convert

@@ -22,7 +22,7 @@ SCENARIO = textwrap.dedent('''
     import json, os, signal, time
     import spdl_lab as lab
     from spdl_lab.errors import RunnerError
-    from spdl_lab.runners._ray_cluster import ray_processes
+    from spdl_lab._runners._ray_cluster import ray_processes
 
     def nap(i):
         time.sleep(0.02)

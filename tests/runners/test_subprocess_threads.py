@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import spdl_lab as lab
-from spdl_lab.runners._shm import shm_dir
+from spdl_lab._runners._shm import shm_dir
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 

@@ -1,6 +1,6 @@
 """subprocess-threads hands the consumer views of the shared-memory slot, reused only when safe.
 
-The rule (spdl_lab/runners/_transport.py): an output's arrays are views of its
+The rule (spdl_lab/_runners/_transport.py): an output's arrays are views of its
 slot while lending it leaves the child a free slot; the slot goes back to the
 child when the last view is garbage. Beyond that, outputs are copied.
 """
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import spdl_lab as lab
-from spdl_lab.runners.subprocess_threads import SLOTS
+from spdl_lab._runners.subprocess_threads import SLOTS
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 
@@ -84,8 +84,8 @@ def test_views_outlive_the_loader():
 def test_a_large_output_is_copied_by_several_threads_byte_for_byte():
     import threading
 
-    from spdl_lab.runners._shm import ShmFile
-    from spdl_lab.runners._transport import SPLIT_BYTES, Copier, decode, encode, write_arrays
+    from spdl_lab._runners._shm import ShmFile
+    from spdl_lab._runners._transport import SPLIT_BYTES, Copier, decode, encode, write_arrays
 
     rng = np.random.default_rng(0)
     stacked = rng.random((64, 64, 300))  # one array larger than SPLIT_BYTES: cut into pieces

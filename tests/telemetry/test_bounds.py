@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.telemetry.bounds import bounded, limits
-from spdl_lab.telemetry.probes import CpuProbe
-from spdl_lab.telemetry.sampler import Sampler
+from spdl_lab._telemetry.bounds import bounded, limits
+from spdl_lab._telemetry.probes import CpuProbe
+from spdl_lab._telemetry.sampler import Sampler
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from spdl_lab.telemetry import live_verdict as v
-from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
-from spdl_lab.telemetry.live_verdict import WINDOW_S, Verdict, Window, live_verdict
+from spdl_lab._telemetry import live_verdict as v
+from spdl_lab._telemetry.frames import FRAME_COLUMNS, FrameChunk
+from spdl_lab._telemetry.live_verdict import WINDOW_S, Verdict, Window, live_verdict
 
 CONTROLS = {"read": 8, "decode": 2, "collate": 1}
 

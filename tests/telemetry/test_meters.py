@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.telemetry.histogram import (
+from spdl_lab._telemetry.histogram import (
     NUM_BUCKETS,
     bucket_bounds,
     bucket_of,
     new_counts,
     quantile_ns,
 )
-from spdl_lab.telemetry.ring import Ring
+from spdl_lab._telemetry.ring import Ring
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
@@ -134,7 +134,7 @@ def test_ring_keeps_the_last_ticks_and_adds_columns():
 
 
 def test_fast_bucket_table_matches_bucket_of_from_128ns():
-    from spdl_lab.telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT
+    from spdl_lab._telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT
 
     for d in list(range(128, 5000)) + list(range(5000, FAST_LIMIT_NS, 997)):
         assert FAST_BUCKETS[d >> FAST_SHIFT] == bucket_of(d), d

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from spdl_lab.telemetry.probes import CpuProbe, GilProbe
-from spdl_lab.telemetry.sampler import Sampler
+from spdl_lab._telemetry.probes import CpuProbe, GilProbe
+from spdl_lab._telemetry.sampler import Sampler
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

@@ -7,12 +7,12 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.engine.map_stage import reorder_window
-from spdl_lab.experiments.contender import Contender
-from spdl_lab.runners.process import WORKERS
-from spdl_lab.tune.bench import Bench, unseen_batches
-from spdl_lab.tune.model import batch_items
-from spdl_lab.tune.space import Config
+from spdl_lab._engine.map_stage import reorder_window
+from spdl_lab._experiments.contender import Contender
+from spdl_lab._runners.process import WORKERS
+from spdl_lab._tune.bench import Bench, unseen_batches
+from spdl_lab._tune.model import batch_items
+from spdl_lab._tune.space import Config
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_child_leak", "no_thread_leak")]
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from spdl_lab.tune.model import RateModel, batch_items
-from spdl_lab.tune.search import Climb, climb, decide
-from spdl_lab.tune.space import WORKERS, Config
-from spdl_lab.tune.trial import MIN_GAIN, Trial
+from spdl_lab._tune.model import RateModel, batch_items
+from spdl_lab._tune.search import Climb, climb, decide
+from spdl_lab._tune.space import WORKERS, Config
+from spdl_lab._tune.trial import MIN_GAIN, Trial
 
 from .world import Law, World
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import spdl_lab as lab
+from spdl_lab._tune.result import TRIAL_COLUMNS, TuningFormatError
 from spdl_lab.errors import PipelineSpecError, SpdlLabError
-from spdl_lab.tune.result import TRIAL_COLUMNS, TuningFormatError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_thread_leak", "no_child_leak")]
 

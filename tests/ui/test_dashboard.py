@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.ui.dashboard import Dashboard
-from spdl_lab.ui.live_plots import SOURCE_NAME
+from spdl_lab._ui.dashboard import Dashboard
+from spdl_lab._ui.live_plots import SOURCE_NAME
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 
@@ -148,7 +148,7 @@ def test_the_publisher_rewrites_text_only_when_due_or_when_the_state_changes(wai
     """Each rewrite of the header, table or verdict is a comm message (GIL time
     under the thread runner): the publisher's own pushes leave them alone until
     TEXT_EVERY_S has passed, except when the session's state changes."""
-    monkeypatch.setattr("spdl_lab.ui.dashboard.TEXT_EVERY_S", 1e9)
+    monkeypatch.setattr("spdl_lab._ui.dashboard.TEXT_EVERY_S", 1e9)
     session = lab.run(pipeline(), step, duration=60)
     dash = session.dashboard(hz=1e-3)  # no publisher pushes: the test makes them
     try:

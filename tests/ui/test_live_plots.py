@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from bokeh.models import HoverTool, Legend
 
-from spdl_lab.telemetry.frames import FrameChunk
-from spdl_lab.ui.live_plots import DRAW_EVERY_S, SMOOTH_S, WINDOWS_S, LivePlots, column_name
+from spdl_lab._telemetry.frames import FrameChunk
+from spdl_lab._ui.live_plots import DRAW_EVERY_S, SMOOTH_S, WINDOWS_S, LivePlots, column_name
 
 
 def plots() -> LivePlots:

@@ -10,11 +10,11 @@ import sqlite3
 import numpy as np
 import pytest
 
+from spdl_lab._telemetry.frames import FrameChunk
+from spdl_lab._ui.run_report import read_run, run_summary, write_run_report
+from spdl_lab._watch.records import RecordWriter
 from spdl_lab.cli import main
 from spdl_lab.errors import FileFormatError
-from spdl_lab.telemetry.frames import FrameChunk
-from spdl_lab.ui.run_report import read_run, run_summary, write_run_report
-from spdl_lab.watch.records import RecordWriter
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

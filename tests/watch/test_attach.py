@@ -12,7 +12,7 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.watch.records import read_record
+from spdl_lab._watch.records import read_record
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

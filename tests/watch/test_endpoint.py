@@ -16,12 +16,11 @@ import threading
 import numpy as np
 import pytest
 
-from spdl_lab.errors import PipelineSpecError, SpdlLabError
-from spdl_lab.telemetry.frames import FrameChunk
-from spdl_lab.watch.client import EndpointClient
-from spdl_lab.watch.discovery import list_endpoints, runtime_dir
-from spdl_lab.watch.endpoint import THREAD_NAME, Endpoint, Handlers
-from spdl_lab.watch.protocol import (
+from spdl_lab._telemetry.frames import FrameChunk
+from spdl_lab._watch.client import EndpointClient
+from spdl_lab._watch.discovery import list_endpoints, runtime_dir
+from spdl_lab._watch.endpoint import THREAD_NAME, Endpoint, Handlers
+from spdl_lab._watch.protocol import (
     MAX_REQUEST_BYTES,
     ProtocolError,
     chunk_from_json,
@@ -30,6 +29,7 @@ from spdl_lab.watch.protocol import (
     recv_message,
     send_message,
 )
+from spdl_lab.errors import PipelineSpecError, SpdlLabError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import spdl_lab as lab
-from spdl_lab.watch.publish import published_by
-from spdl_lab.watch.records import read_record, record_meta
+from spdl_lab._watch.publish import published_by
+from spdl_lab._watch.records import read_record, record_meta
 
 
 class Squares(Dataset):
@@ -231,8 +231,8 @@ def test_sigterm_to_spdl_lab_watch_reaches_the_script(tmp_path, wait_until):
 
 
 def test_a_stalled_viewer_skips_ahead_and_the_ticks_it_missed_are_counted(runtime, no_thread_leak):
-    from spdl_lab.telemetry.sampler import Sampler
-    from spdl_lab.watch.timeline import Timeline
+    from spdl_lab._telemetry.sampler import Sampler
+    from spdl_lab._watch.timeline import Timeline
 
     timeline, ticks = Timeline(capacity=4), iter(range(100))
     sampler = Sampler([lambda dt: [("x", "s", float(next(ticks)))]], hz=1000)
@@ -252,7 +252,7 @@ def test_a_stalled_viewer_skips_ahead_and_the_ticks_it_missed_are_counted(runtim
 
 
 def _publishers():
-    from spdl_lab.watch.publish import _PUBLISHED
+    from spdl_lab._watch.publish import _PUBLISHED
 
     return list(_PUBLISHED.values())
 

@@ -14,9 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spdl_lab.errors import SpdlLabError
-from spdl_lab.telemetry.frames import FRAME_COLUMNS, FrameChunk
-from spdl_lab.watch.records import (
+from spdl_lab._telemetry.frames import FRAME_COLUMNS, FrameChunk
+from spdl_lab._watch.records import (
     FULL_RATE_S,
     THIN_EVERY_S,
     RecordWriter,
@@ -24,6 +23,7 @@ from spdl_lab.watch.records import (
     read_record,
     record_meta,
 )
+from spdl_lab.errors import SpdlLabError
 
 HZ = 10
 LIMIT_24H = 200e6
@@ -205,8 +205,8 @@ KILLED_SCRIPT = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    from spdl_lab.telemetry.frames import FrameChunk
-    from spdl_lab.watch.records import RecordWriter
+    from spdl_lab._telemetry.frames import FrameChunk
+    from spdl_lab._watch.records import RecordWriter
 
     writer = RecordWriter(sys.argv[1], meta={"name": "doomed"}, flush_every_s=0.2)
     tick = 0

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import spdl_lab as lab
-from spdl_lab.workloads.images import RandomResizedCropFlip, image_files
+from spdl_lab.workloads._images import RandomResizedCropFlip, image_files
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

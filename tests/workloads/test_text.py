@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import spdl_lab as lab
-from spdl_lab.workloads.text import (
+from spdl_lab.workloads._text import (
     Documents,
     PadTruncate,
     PythonTokenize,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 import spdl_lab as lab
-from spdl_lab.workloads.images import ListFiles, decode_pil, image_files, read_bytes
-from spdl_lab.workloads.text import Documents, PythonTokenize, RustTokenize, corpus, tokenizer_file
+from spdl_lab.workloads._images import ListFiles, decode_pil, image_files, read_bytes
+from spdl_lab.workloads._text import Documents, PythonTokenize, RustTokenize, corpus, tokenizer_file
 
 pytestmark = [pytest.mark.measurement, pytest.mark.timeout(300)]
 
@@ -47,7 +47,7 @@ def test_file_reads_and_pil_decode_are_not_gil_bound():
 
 
 def test_the_rust_tokenizers_batch_call_releases_the_gil():
-    from spdl_lab.workloads.text import RustTokenizeBatch
+    from spdl_lab.workloads._text import RustTokenizeBatch
 
     documents = Documents(corpus(1_600, None), 1_600)
     pipeline = (lab.Pipeline(documents).batch(16)

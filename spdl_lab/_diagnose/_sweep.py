@@ -1,0 +1,246 @@
+"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter. The points of every
+stage take turns, one window each per round, so seconds in which the machine ran slower touch one
+window of each point, and its QPS (its second-best window) leaves them out (docs/measurement-noise.md)."""
+
+# How a point ends: "ok" once it has ``min_windows`` and its fastest windows agree (``quiet``);
+# "unstable" at ``max_windows`` or past the budget (``budget_cut``); "timeout" or "error" when its
+# executor raises ``PointFailed``, which also ends its stage's sweep there (larger concurrencies
+# would fail alike); "error" with qps 0 when every call raised. Each point is worth ``max_windows``
+# windows on the progress bar however it ends, so its total never moves.
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .._telemetry.histogram import quantile_ns
+from .._telemetry.probes import GilProbe
+from ..errors import SpdlLabError
+from ._executor import Executor, WindowReading
+from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, WorkerPool
+from .result import Point
+from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for
+
+__all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
+
+FAILED = ("timeout", "error")
+
+
+@dataclass
+class StageSweep:
+    """One stage's points in one executor (ascending), why any failed or none could be measured, the
+    threads left stuck in its function, and the most of the cores other processes used in a window."""
+
+    points: list[Point] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: SpdlLabError | None = None  # no worker started, or the function or inputs cannot be pickled
+    abandoned: int = 0
+    others: float = 0.0
+
+
+class PointWindows:
+    """The window QPS of one point, its status, and its share of the progress bar."""
+
+    def __init__(self, settings: SweepSettings, report: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self.qps: list[float] = []
+        self.status = "unstable"
+        self.done = False
+        self._report = report or (lambda n: None)
+        self._counted = 0
+
+    def wants_window(self, window_s: float, deadline: float) -> bool:
+        """Whether to take another window of ``window_s``; past the budget the point ends."""
+        if self.done:
+            return False
+        if budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
+            self.end("unstable")
+            return False
+        return True
+
+    def add(self, qps: float) -> None:
+        """One more window's QPS; the point ends once settled or at ``max_windows``."""
+        self.qps.append(qps)
+        self._count(1)
+        settings = self.settings
+        if quiet(self.qps, settings.stable_within, settings.min_windows):
+            self.end("ok")
+        elif len(self.qps) >= settings.max_windows:
+            self.end("unstable")
+
+    def end(self, status: str) -> None:
+        """End the point ("ok", "unstable", "timeout", "error"); the bar gets its remaining windows."""
+        self.status, self.done = status, True
+        self._count(self.settings.max_windows - self._counted)
+
+    @property
+    def value(self) -> float:
+        """The point's QPS: its second-best window (0.0 for a timeout with none, NaN otherwise)."""
+        if self.qps:
+            return point_qps(self.qps)
+        return 0.0 if self.status == "timeout" else math.nan
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / QPS over the windows; NaN with fewer than two."""
+        qps = self.value
+        return (max(self.qps) - min(self.qps)) / qps if len(self.qps) >= 2 and qps > 0 else math.nan
+
+    def _count(self, n: int) -> None:
+        if n > 0:
+            self._counted += n
+            self._report(n)
+
+
+class _Point(PointWindows):
+    """One (stage, executor, concurrency): its warm-up, its windows, and how it ended."""
+
+    def __init__(self, stage: str, executor: Executor, c: int, settings: SweepSettings,
+                 report: Callable[[int], None], deadline: float) -> None:
+        super().__init__(settings, report)
+        self.stage, self.executor, self.c, self.deadline = stage, executor, c, deadline
+        self.window_s = settings.window_s
+        self.readings: list[WindowReading] = []
+        self.failures = 0  # calls that raised in its warm-up and windows
+        self.why = ""  # why it failed
+
+    def warm_up(self) -> bool:
+        try:
+            rate, self.failures = self.executor.warm_up(self.c)
+        except PointFailed as failed:
+            return self._fail(failed)
+        self.window_s = window_for(self.settings.window_s, self.c, rate)
+        return True
+
+    def window(self) -> None:
+        if not self.wants_window(self.window_s, self.deadline):
+            return
+        turn = len(self.qps)
+        try:
+            reading = self.executor.window(self.c, self.window_s, turn)
+            self.executor.pause(self.c, turn)
+        except PointFailed as failed:
+            self._fail(failed)
+            return
+        self.readings.append(reading)
+        self.failures += reading.failures
+        self.add(reading.qps)
+
+    def _fail(self, failed: PointFailed) -> bool:
+        self.end(failed.status)
+        self.why = str(failed)
+        return False
+
+    def _all_raised(self) -> bool:
+        return not any(r.done for r in self.readings) and any(r.failures for r in self.readings)
+
+    def note(self) -> str:
+        why = self.why
+        if not why and self._all_raised():
+            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.workers.first_error or ''}"
+        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.workers.named}: {why}" if why else ""
+
+    def summary(self) -> Point:
+        status, qps, spread = self.status, self.value, self.spread
+        if status in FAILED:
+            qps = spread = math.nan
+        elif self._all_raised():
+            status, qps, spread = "error", 0.0, math.nan
+        hist = [sum(counts) for counts in zip(*(r.hist for r in self.readings))]
+        return Point(
+            stage=self.stage, executor=self.executor.workers.kind, concurrency=self.c, qps=qps, qps_spread=spread,
+            cpu_util=_median([r.cpu for r in self.readings]), gil_wait_frac=_median([r.gil for r in self.readings]),
+            runqueue_wait_frac=_median([r.runq for r in self.readings]),
+            p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
+            repeats=len(self.readings), status=status, failures=self.failures,
+            machine_cpu_util=_median([r.machine for r in self.readings]),
+        )
+
+
+class Sweep:
+    """Points of several stages and executors, measured a round at a time (points added later take
+    turns from then on); ``close`` (or leaving the ``with`` block) stops every worker."""
+
+    def __init__(self, settings: SweepSettings | None = None, *, probe: GilProbe | None = None,
+                 on_window: Callable[[int], None] | None = None) -> None:
+        self.settings = settings or SweepSettings()
+        self.probe = probe
+        self._report = on_window or (lambda n: None)
+        self._executors: dict[tuple[str, str], Executor] = {}
+        self._points: dict[tuple[str, str], list[_Point]] = {}
+        self._errors: dict[tuple[str, str], SpdlLabError] = {}
+        self._abandoned: dict[tuple[str, str], int] = {}
+
+    def __enter__(self) -> Sweep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, feed: StageFeed, kind: str, levels: Sequence[int], deadline: float = math.inf) -> None:
+        """Start ``feed``'s workers in ``kind`` ("thread" or "process") and warm its points up,
+        lowest concurrency first. Past ``deadline`` (``time.monotonic()``) its points take only
+        the windows ``settings.budget_cut`` allows."""
+        key, levels = (feed.name, kind), sorted(set(levels))
+        points: list[_Point] = []
+        self._points[key] = points
+        try:
+            workers = (ThreadWorkers if kind == "thread" else WorkerPool)(feed, levels[-1], self.settings)
+        except SpdlLabError as exc:
+            self._errors[key] = exc
+            self._report(self.settings.max_windows * len(levels))
+            return
+        executor = self._executors[key] = Executor(workers, self.settings, self.probe)
+        for i, c in enumerate(levels):
+            points.append(_Point(feed.name, executor, c, self.settings, self._report, deadline))
+            if not points[-1].warm_up():
+                self._report(self.settings.max_windows * (len(levels) - 1 - i))  # not tried
+                break
+
+    def has(self, stage: str, kind: str) -> bool:
+        return (stage, kind) in self._points
+
+    def done(self, kind: str | None = None) -> bool:
+        return all(p.done for (_, k), points in self._points.items() if kind in (None, k) for p in points)
+
+    def round(self) -> bool:
+        """One window for every point that needs one; True once none does."""
+        for points in self._points.values():
+            for point in points:
+                point.window()
+        return self.done()
+
+    def finish(self) -> None:
+        """Rounds until every point is done (each round ends or adds to every point)."""
+        while not self.round():
+            pass
+
+    def close(self) -> None:
+        for key, executor in self._executors.items():
+            if key not in self._abandoned:
+                kill = any(p.status == "timeout" for p in self._points[key])
+                self._abandoned[key] = executor.workers.close(kill)
+
+    def results(self, kind: str) -> dict[str, StageSweep]:
+        """Each stage's points in ``kind`` so far, ascending, up to the first that failed."""
+        out = {}
+        for (stage, k), points in self._points.items():
+            if k != kind:
+                continue
+            sweep = out[stage] = StageSweep(error=self._errors.get((stage, k)),
+                                            abandoned=self._abandoned.get((stage, k), 0))
+            for point in points:
+                sweep.points.append(point.summary())
+                if note := point.note():
+                    sweep.notes.append(note)
+                sweep.others = max([sweep.others, *(r.others for r in point.readings if not math.isnan(r.others))])
+                if sweep.points[-1].status in FAILED:
+                    break
+        return out
+
+
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan

@@ -1,0 +1,318 @@
+"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change. Plain
+data: the dataclasses are also the JSON file's description (checked by pydantic), never pickled; its
+plots and HTML come from ``ui/`` through ``_views``."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import pandas as pd
+from pydantic import PlainValidator
+
+from .._file_checks import (
+    RECORD,
+    Count,
+    Meta,
+    Name,
+    Rate,
+    Saved,
+    Share,
+    Text,
+    check,
+    integer,
+    refuse,
+)
+from .._pipeline import MAX_CONCURRENCY
+from .._table import amount, num, text_table
+from .._views import view
+from ..errors import FileFormatError
+
+__all__ = ["BUSY_MACHINE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
+           "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
+
+#: The verdict vocabulary (see ``rules``).
+VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
+
+#: ``Diagnosis.table`` columns, in order.
+TABLE_COLUMNS = [
+    "stage", "executor", "concurrency", "qps", "cpu_util", "gil_wait_frac",
+    "runqueue_wait_frac", "p50_ms", "repeats", "qps_spread", "status", "machine_cpu_util",
+]
+
+#: A stage at least this many times faster than the limiting one gets its verdict and no advice:
+#: changing it does not change the pipeline's rate.
+FAR_FASTER = 2.0
+#: Share of the cores used by other processes above which the diagnosis names the load.
+BUSY_MACHINE = 0.25
+
+MAX_STAGES, MAX_POINTS = 1000, 10_000  # in a file; points over all its stages
+Concurrency = integer(1, MAX_CONCURRENCY)
+
+
+class DiagnosisFormatError(FileFormatError):
+    """A diagnosis file (or a Diagnosis being written) does not fit the format; ``field`` is its JSON path."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured setting: a stage run alone at one concurrency by one executor."""
+
+    __pydantic_config__ = RECORD
+
+    stage: Name
+    executor: Literal["thread", "process"]
+    concurrency: Concurrency
+    qps: Rate  # items/s: the second-best window (settings.point_qps); NaN: none finished
+    qps_spread: Rate  # (max - min) / qps over the windows; NaN with < 2 windows
+    cpu_util: Share  # CPU of this process and its children / (wall time x cores): 0..1
+    gil_wait_frac: Share  # the GIL probe during the windows (NaN for processes)
+    runqueue_wait_frac: Share  # the probe's run-queue wait (NaN for processes)
+    p50_ms: Rate  # task time p50 over the windows
+    repeats: integer(0, 10**6)  # measurement windows
+    status: Literal["ok", "unstable", "timeout", "error"] = "ok"  # unstable: the cap came before stability
+    failures: Count = 0  # tasks that raised during the point
+    machine_cpu_util: Share = math.nan  # the whole machine's busy share (every process), 0..1
+
+
+@dataclass(frozen=True)
+class StageDiagnosis:
+    __pydantic_config__ = RECORD
+
+    name: Name
+    kind: Literal["map", "batch"]
+    verdict: Literal[VERDICTS] | None  # None for batch stages and stages not measured
+    best_concurrency: Concurrency | None  # smallest concurrency within 5% (or the noise) of the best thread QPS
+    evidence: Text  # one sentence with the numbers behind the verdict
+    recommendation: Text  # what to change: runner, concurrency, or the function
+    points: tuple[Point, ...] = ()
+    inputs: Count = 0  # cached inputs the stage was fed
+    outputs: Count = 0  # outputs it produced (fewer when items failed or a batch dropped its tail)
+    error: Text | None = None  # the traceback of a raising stage, or why it was not measured
+    #: "unstable": measure again; "failed": an input raised, no verdict
+    status: Literal["measured", "unstable", "failed", "not measured", "batch"] = "measured"
+    notes: tuple[Text, ...] = ()  # the details behind the one-sentence evidence
+    concurrency: Concurrency | None = None  # the stage's concurrency in the pipeline
+    items_per_input: integer(1, 10**15) = 1  # source items per input of this stage (a batch's size after it)
+
+    def shown_status(self) -> str:
+        """What a table shows in place of a verdict: "failed", "not measured" or "-"."""
+        if self.status in ("failed", "not measured"):
+            return self.status
+        return "failed" if self.error and self.kind == "map" else "-"
+
+    def rate_now(self) -> float:
+        """Source items/s at its concurrency in the pipeline, from its thread points (NaN: unknown):
+        the point measured there, or linear in log2(concurrency) between the nearest two, as the
+        sweep's levels double; beyond the sweep, the nearest point."""
+        points = usable(self.thread_points())
+        c = self.concurrency
+        if not points or c is None:
+            return math.nan
+        below = [p for p in points if p.concurrency <= c] or points[:1]
+        above = [p for p in points if p.concurrency >= c] or points[-1:]
+        lo, hi = below[-1], above[0]
+        span = math.log2(hi.concurrency) - math.log2(lo.concurrency)
+        t = (math.log2(c) - math.log2(lo.concurrency)) / span if span > 0 else 0.0
+        return (lo.qps + t * (hi.qps - lo.qps)) * self.items_per_input
+
+    def peak_qps(self, executor: str = "thread") -> float:
+        """The highest QPS ``executor`` reached (NaN: none measured)."""
+        return max((p.qps for p in self.points if p.executor == executor and math.isfinite(p.qps)), default=math.nan)
+
+    def thread_points(self) -> list[Point]:
+        return [p for p in self.points if p.executor == "thread"]
+
+    def process_points(self) -> list[Point]:
+        return [p for p in self.points if p.executor == "process"]
+
+
+def _stages(value: Any) -> dict[str, StageDiagnosis]:
+    """A file's list of stages, each named once, as ``Diagnosis.stages``."""
+    if isinstance(value, list) and len(value) > MAX_STAGES:
+        refuse((), f"{len(value)} stages, more than the limit of {MAX_STAGES}")
+    stages: dict[str, StageDiagnosis] = {}
+    points = 0
+    for i, stage in enumerate(check(list[StageDiagnosis], value)):
+        if stage.name in stages:
+            refuse((i, "name"), f"stage {stage.name[:60]!r} appears twice")
+        stages[stage.name] = stage
+        wrong = next((j for j, p in enumerate(stage.points) if p.stage != stage.name), None)
+        if wrong is not None:
+            refuse((i, "points", wrong, "stage"), f"Input should be {stage.name[:60]!r} (the enclosing stage)")
+        points += len(stage.points)
+        if points > MAX_POINTS:
+            refuse((i, "points"), f"more than the limit of {MAX_POINTS} points in all")
+    return stages
+
+
+@dataclass
+class Diagnosis(Saved):
+    """``lab.diagnose``'s result. ``stages[name].verdict``, ``.table``, ``.plot()``,
+    ``to_html(path)``, ``to_json(path)``, ``Diagnosis.from_json(path)``."""
+
+    __pydantic_config__ = RECORD
+    VERSIONS: ClassVar = (1, 2)
+    ERROR: ClassVar = DiagnosisFormatError
+    FIX: ClassVar = ("Only files written by Diagnosis.to_json can be read; run lab.diagnose again and save it "
+                     "with .to_json(path)")
+
+    pipeline: Text  # the pipeline's repr
+    stages: Annotated[dict[str, StageDiagnosis], PlainValidator(_stages)]  # a list in the file
+    settings: Meta = field(default_factory=dict)  # concurrency, num_items, windows...
+    machine: Meta = field(default_factory=dict)  # cores, python, gil
+    created: Name = ""  # ISO 8601 time the diagnosis started
+    elapsed_s: Rate = math.nan
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per measured point (TABLE_COLUMNS)."""
+        rows = [{c: getattr(p, c) for c in TABLE_COLUMNS} for s in self.stages.values() for p in s.points]
+        return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+    @property
+    def bottleneck(self) -> str | None:
+        """The stage that limits the pipeline at its current concurrency (None: none measured)."""
+        found = limiting(self.stages.values())
+        return found[0].name if found else None
+
+    def in_order(self) -> list[StageDiagnosis]:
+        """The stages, the limiting one first."""
+        limit = self.bottleneck
+        return sorted(self.stages.values(), key=lambda s: s.name != limit)
+
+    def headline(self) -> str:
+        """One sentence: which stage limits the pipeline, by how much, and what to change."""
+        failed = [s.name for s in self.stages.values() if s.status == "failed"]
+        parts = []
+        if failed:
+            parts.append(f"Stage {', '.join(map(repr, failed))} failed: fix it first (its traceback is below).")
+        found = limiting(self.stages.values())
+        if found is None:
+            return " ".join(parts) or "No stage could be measured, so no stage can be named as the limit."
+        s, rate, nxt, nxt_rate = found
+        by = (f", {nxt_rate / rate:.1f}x slower than the next slowest ({nxt.name!r}, {amount(nxt_rate)} items/s)"
+              if nxt is not None else ", the only measured stage")
+        if s.status == "unstable":
+            advice = f" Its numbers are not settled: {s.recommendation}."
+        else:
+            advice = f" To go faster: {s.recommendation}." if s.recommendation else ""
+        parts.append(f"{s.name!r} limits the pipeline: {amount(rate)} items/s at its concurrency {s.concurrency} "
+                     f"({s.verdict}){by}.{advice}")
+        return " ".join(parts)
+
+    def machine_load(self) -> str:
+        """One line naming the load from other processes while the stages were measured, and the
+        kernel's sessions paused meanwhile ("" if neither)."""
+        others = [p.machine_cpu_util - p.cpu_util for s in self.stages.values() for p in s.thread_points()
+                  if not math.isnan(p.machine_cpu_util) and not math.isnan(p.cpu_util)]
+        worst = max(others, default=0.0)
+        paused = self.settings.get("paused_sessions") or 0
+        said = []
+        if paused:
+            said.append(f"{paused} running session{'s' if paused > 1 else ''} of this kernel "
+                        f"{'were' if paused > 1 else 'was'} paused while the stages were measured.")
+        if worst >= BUSY_MACHINE:
+            said.append(f"Other processes used up to {worst:.0%} of the {self.machine.get('cpu_cores', '?')} cores "
+                        "while stages were measured: rates may be low; diagnose again on a quiet machine.")
+        return " ".join(said)
+
+    def verdicts(self) -> pd.DataFrame:
+        """One row per stage, the limiting stage first: verdict, best concurrency, evidence, advice."""
+        rows = [{"stage": s.name, "verdict": s.verdict or s.status, "best_concurrency": s.best_concurrency,
+                 "evidence": s.evidence, "recommendation": s.recommendation} for s in self.in_order()]
+        frame = pd.DataFrame(rows).set_index("stage")
+        frame["best_concurrency"] = frame["best_concurrency"].astype("Int64")  # None stays <NA>, ints stay ints
+        return frame
+
+    def summary(self, width: int = 100) -> str:
+        """A plain-text table for terminals: one block per stage, a row of numbers, then its evidence,
+        recommendation and error. Every string passes through ``_printable``: a file someone sent
+        must not drive the terminal its summary is printed on."""
+        elapsed = f", {self.elapsed_s:.1f} s" if math.isfinite(self.elapsed_s) else ""
+        created = f", {_printable(self.created)}" if self.created else ""
+        pipeline = _printable(self.pipeline.splitlines()[0]) if self.pipeline else ""
+        lines = [textwrap.shorten(f"diagnosis of {pipeline}", width, placeholder="..."),
+                 f"{len(self.stages)} stages{elapsed}{created}", ""]
+        for sentence in (self.headline(), self.machine_load()):
+            lines += textwrap.wrap(_printable(sentence), width)
+        order = self.in_order()
+        rows = [[_printable(s.name) if len(_printable(s.name)) <= 30 else _printable(s.name)[:27] + "...",
+                 _printable(s.kind), _printable(s.verdict or s.shown_status()),
+                 "-" if s.best_concurrency is None else str(s.best_concurrency),
+                 num(s.peak_qps(), ",.1f"), num(s.peak_qps("process"), ",.1f")] for s in order]
+        table = text_table(["stage", "kind", "verdict", "best", "thread qps", "process qps"], rows, left=(0, 1, 2))
+        lines += ["", table[0], "-" * len(table[0])]
+        for s, row in zip(order, table[1:]):
+            lines.append(row)
+            for label, text in (("evidence", s.evidence), ("do", s.recommendation), ("error", _last_line(s.error))):
+                if text:
+                    lines += textwrap.wrap(_printable(" ".join(text.split())), width, initial_indent=f"    {label}: ",
+                                           subsequent_indent="      ", max_lines=4, placeholder=" ...")
+        return "\n".join(lines)
+
+    def plot(self) -> Any:
+        """Bokeh: QPS against concurrency per stage, with CPU and GIL wait."""
+        return view("diagnosis_plot")(self)
+
+    def to_html(self, path: str | Path) -> Path:
+        """One self-contained HTML file (INLINE Bokeh, no network)."""
+        return view("diagnosis_report")(self, path)
+
+    def _repr_html_(self) -> str:
+        return view("diagnosis_html")(self)
+
+    def _saved_fields(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["stages"] = list(doc["stages"].values())
+        for stage in doc["stages"]:
+            stage["points"] = stage.pop("points")  # last: after the short fields a reader looks for
+        return doc
+
+    def _checked(self, version: int) -> Diagnosis:
+        """Version 1 files have no stage status: it follows from the other fields."""
+        if version == 1:
+            self.stages = {n: replace(s, status=_v1_status(s)) for n, s in self.stages.items()}
+        return self
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def usable(points: Iterable[Point]) -> list[Point]:
+    """The points that finished with a rate, by concurrency."""
+    return sorted((p for p in points if p.status in ("ok", "unstable") and p.qps > 0), key=lambda p: p.concurrency)
+
+
+def limiting(stages: Iterable[StageDiagnosis]) -> tuple[StageDiagnosis, float, StageDiagnosis | None, float] | None:
+    """(slowest stage, its rate, next slowest, its rate) among stages with a verdict, each stage
+    compared at its concurrency in the pipeline and in source items/s (``rate_now``)."""
+    rated = sorted(((s, s.rate_now()) for s in stages if s.verdict is not None), key=lambda sr: sr[1])
+    rated = [(s, r) for s, r in rated if not math.isnan(r)]
+    if not rated:
+        return None
+    nxt, nxt_rate = rated[1] if len(rated) > 1 else (None, math.nan)
+    return rated[0][0], rated[0][1], nxt, nxt_rate
+
+
+def _printable(text: str) -> str:
+    """``text`` with control and format characters (ESC, BEL, CSI, bidi overrides) written as escapes."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _last_line(error: str | None) -> str:
+    """A traceback's last line is the exception and its message: enough for a terminal."""
+    lines = [ln for ln in (error or "").strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _v1_status(stage: StageDiagnosis) -> str:
+    if stage.kind == "batch":
+        return "batch"
+    if stage.verdict is not None:
+        return "measured"
+    return "not measured" if stage.evidence.startswith("not measured") else "failed"

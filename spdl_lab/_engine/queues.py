@@ -1,0 +1,146 @@
+"""Bounded queues between stages of ``(seq, index, value)`` records (``seq`` orders them, ``index``
+names the item in errors), metered; ``close()`` wakes every waiter with ``QueueClosed``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from .._telemetry.meters import QueueReading
+
+__all__ = ["BoundedQueue", "QueueClosed", "END", "TIMEOUT"]
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+END = _Marker("END")
+TIMEOUT = _Marker("TIMEOUT")
+
+
+class QueueClosed(Exception):
+    """The queue was closed because the pipeline is stopping."""
+
+
+class BoundedQueue:
+    """A FIFO of at most ``capacity`` records; only the waits are timed, so an unblocked put or get
+    costs one lock round trip. A blocked writer is woken once the queue drains to half, not on
+    every get, which would make the two threads trade the GIL once per item (a convoy).
+    """
+
+    def __init__(self, name: str, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"queue {name!r}: capacity must be >= 1")
+        self.name = name
+        self.capacity = capacity
+        self._low_water = capacity // 2
+        self._items: deque[tuple[int, int, Any]] = deque()
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+        self._getters_waiting = 0
+        self._getters_woken = 0
+        self._putters_waiting = 0
+        self._finished = False
+        self._closed = False
+        self.puts = 0
+        self.gets = 0
+        self.put_blocked_ns = 0
+        self.get_blocked_ns = 0
+
+    def put(self, index: int, value: Any) -> None:
+        """Block until there is room; QueueClosed on stop (close() empties the queue, so a writer
+        it wakes must not take that for room)."""
+        with self._lock:
+            items = self._items
+            if len(items) >= self.capacity and not self._closed:
+                t0 = time.perf_counter_ns()
+                self._putters_waiting += 1
+                try:
+                    while len(items) >= self.capacity and not self._closed:
+                        self._not_full.wait(0.5)
+                finally:
+                    self._putters_waiting -= 1
+                    self.put_blocked_ns += time.perf_counter_ns() - t0
+            if self._closed:
+                raise QueueClosed(self.name)
+            items.append((self.puts, index, value))
+            self.puts += 1
+            # Wake a reader only if those already woken will not take this item: waking every
+            # idle worker for one item wastes a GIL hand-off each.
+            if self._getters_waiting > self._getters_woken and len(items) > self._getters_woken:
+                self._getters_woken += 1
+                self._not_empty.notify()
+
+    def finish(self) -> None:
+        """No more puts: readers get END once the queue is drained."""
+        with self._lock:
+            self._finished = True
+            self._wake_all_getters()
+
+    def get(self, timeout: float) -> tuple[int, int, Any] | _Marker:
+        """The next record, END when finished and drained, TIMEOUT after ``timeout`` s."""
+        with self._lock:
+            items = self._items
+            if not items:
+                t0 = time.perf_counter_ns()
+                deadline = t0 + int(timeout * 1e9)
+                self._getters_waiting += 1
+                try:
+                    while not items:
+                        if self._finished:
+                            return END
+                        if self._closed:
+                            raise QueueClosed(self.name)
+                        left = deadline - time.perf_counter_ns()
+                        if left <= 0:
+                            return TIMEOUT
+                        if self._not_empty.wait(left / 1e9):
+                            self._getters_woken -= 1
+                finally:
+                    self._getters_waiting -= 1
+                    self.get_blocked_ns += time.perf_counter_ns() - t0
+            record = items.popleft()
+            self.gets += 1
+            if self._putters_waiting and len(items) <= self._low_water:
+                self._not_full.notify()
+            return record
+
+    def wake_getters(self) -> None:
+        """Wake blocked readers so they re-check their own stop conditions."""
+        with self._lock:
+            self._wake_all_getters()
+
+    def _wake_all_getters(self) -> None:
+        # Every waiting reader returns True from wait() and uncounts itself.
+        self._getters_woken = self._getters_waiting
+        self._not_empty.notify_all()
+
+    def close(self) -> None:
+        """Stop: every blocked and future put and get raises QueueClosed."""
+        with self._lock:
+            self._closed = True
+            self._items.clear()
+            self._wake_all_getters()
+            self._not_full.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def read(self) -> QueueReading:
+        return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity, puts=self.puts,
+                            gets=self.gets, put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)

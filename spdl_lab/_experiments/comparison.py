@@ -1,0 +1,286 @@
+"""What ``lab.compare`` returns: a Comparison, its table's rows and rounds, as text and as JSON.
+The dataclasses are the file's description, checked by pydantic; ``frames`` are saved wide (tick
+times, then one array per series, null: no value). Version 1 files (no spread) still read."""
+
+from __future__ import annotations
+
+import html
+import math
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, PlainValidator, Strict
+
+from .._file_checks import (
+    RECORD,
+    Count,
+    Rate,
+    Saved,
+    Share,
+    check,
+    describe,
+    integer,
+    refuse,
+    rows,
+    string,
+)
+from .._runners import RUNNERS
+from .._table import num, pct, spread, text_table
+from .._telemetry.frames import FRAME_COLUMNS, long_frame
+from .._views import view
+from ..errors import FileFormatError, PipelineSpecError
+from .spread import beats_headspace, coverage
+
+__all__ = ["ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round", "Row"]
+
+WIDTH = 100  # columns of the printed table
+MAX_TICKS = 100_000  # per runner (the sampler keeps 6,000 by default)
+MAX_SERIES = 10_000  # (series, stage) pairs per runner
+MAX_VALUES = 5_000_000  # ticks x series over the whole file
+MAX_ROUNDS = 10_000  # (runner, round) windows
+Runner = Literal[RUNNERS]
+Label = string(1000)  # a series or stage name (queues are named "a→b")
+
+
+class ComparisonFormatError(FileFormatError):
+    """A comparison file (or one being written) does not fit the format; ``field`` is its JSON path."""
+
+
+@dataclass(kw_only=True)
+class Row:
+    """A row of ``Comparison.table``: one runner's figures (its index is the runner)."""
+
+    __pydantic_config__ = RECORD
+
+    runner: Runner
+    batches_per_s: Rate  # median over rounds of each round's measured steps / their loop time
+    batches_per_s_lo: Rate = math.nan  # slowest round: with _hi, a confidence interval of the median
+    batches_per_s_hi: Rate = math.nan  # (coverage 1 - 2**(1 - repeats): 94% for 5 rounds)
+    vs_cache: Rate = math.nan  # median over rounds of batches/s / cache's in the same round (NaN: no cache)
+    vs_cache_lo: Rate = math.nan  # smallest and largest per-round ratio
+    vs_cache_hi: Rate = math.nan
+    step_p50_ms: Rate  # the step's own wall time, median (data wait excluded)
+    step_p90_ms: Rate
+    data_wait_frac: Share  # wait / (wait + step)
+    device_util: Share  # device busy / (wait + step): the device's share of the loop
+    cpu_percent: Rate  # this process and its children, 100 = one core
+    others_cpu_percent: Rate = math.nan  # every other process on the machine meanwhile, 100 = one core
+    train_gil_wait_frac: Share  # training thread: share of its step lost waiting for the GIL
+    train_runqueue_wait_frac: Share  # training thread: share of its step lost waiting for a core
+    gil_wait_frac: Share  # GIL probe thread: share of time a waking thread waits for the GIL
+    runqueue_wait_frac: Share  # GIL probe thread: share of time waiting for a CPU
+    steps: Count  # measured steps, all rounds
+    elapsed_s: Rate  # their loop time, all rounds
+
+
+@dataclass
+class Round:
+    """One runner's window in one round."""
+
+    __pydantic_config__ = RECORD
+
+    runner: Runner
+    round: integer(0, MAX_ROUNDS)
+    started_s: Rate
+    batches_per_s: Rate
+
+
+#: Columns of ``Comparison.table`` (indexed by runner) and of ``Comparison.rounds``.
+TABLE_COLUMNS = [f.name for f in fields(Row)][1:]
+ROUND_COLUMNS = [f.name for f in fields(Round)]
+
+
+@dataclass
+class Series:
+    __pydantic_config__ = RECORD
+
+    series: Label
+    stage: Label
+    values: list[Annotated[float, Strict(), Field(allow_inf_nan=False)] | None]  # null: no value in that tick
+
+
+@dataclass
+class Frames:
+    """One runner's frames in wide form."""
+
+    __pydantic_config__ = RECORD
+
+    time_s: list[Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]]  # a tick time is never null
+    series: list[Series]
+
+
+def _frames(value: Any) -> dict[str, pd.DataFrame]:
+    """Each runner's frames, checked, in the long form ``Session.frames()`` gives."""
+    values = 0
+    frames = {}
+    for runner, wide in check(dict[Label, Frames], value).items():
+        times, series = wide.time_s, wide.series
+        for where, n, limit, what in (("time_s", len(times), MAX_TICKS, "ticks"),
+                                      ("series", len(series), MAX_SERIES, "series")):
+            if n > limit:
+                refuse((runner, where), f"{n} {what}, more than the limit of {limit}")
+        late = next((i for i in range(1, len(times)) if times[i] <= times[i - 1]), None)
+        if late is not None:
+            refuse((runner, "time_s", late), f"tick time {times[late]!r} is not after the one before "
+                                              f"({times[late - 1]!r}); tick times are strictly increasing")
+        seen = set()
+        for j, one in enumerate(series):
+            if (one.series, one.stage) in seen:
+                refuse((runner, "series", j), f"series {one.series[:60]!r} of stage {one.stage[:60]!r} appears twice")
+            seen.add((one.series, one.stage))
+            if len(one.values) != len(times):
+                refuse((runner, "series", j, "values"), f"{len(one.values)} values for {len(times)} ticks; "
+                                                         "there is one value (or null) per tick")
+        values += len(times) * len(series)
+        if values > MAX_VALUES:
+            refuse((runner, "series"), f"{len(series)} series of {len(times)} ticks: more than the limit of "
+                                       f"{MAX_VALUES} values in the file")
+        columns = {(one.series, one.stage): np.array(one.values, dtype=float) for one in series}
+        frames[runner] = long_frame(np.array(times, dtype=float), columns)  # null becomes NaN
+    return frames
+
+
+@dataclass
+class Comparison(Saved):
+    """What ``compare`` measured: ``table`` (one row per runner), ``warnings``, ``rounds``, ``frames``;
+    ``to_json(path)`` saves it and ``Comparison.from_json(path)`` reads it back."""
+
+    __pydantic_config__ = RECORD
+    VERSIONS: ClassVar = (1, 2)
+    ERROR: ClassVar = ComparisonFormatError
+    FIX: ClassVar = ("Only files written by Comparison.to_json (or spdl-lab compare --json) can be read; run "
+                     "lab.compare again and save it with .to_json(path)")
+    COMPACT: ClassVar = True  # frames are long arrays of numbers
+
+    table: Annotated[pd.DataFrame, rows(Row, len(RUNNERS), index="runner")]
+    frames: Annotated[dict[str, pd.DataFrame], PlainValidator(_frames)] = field(repr=False)
+    steps: Count = 0
+    warmup: Count = 0
+    repeats: integer(1, MAX_ROUNDS) = 1
+    #: sentences: everything that makes this comparison less than trustworthy
+    warnings: Annotated[list[string(10_000)], Field(max_length=1000)] = field(default_factory=list)
+    #: one row per (runner, round): round, started_s, batches_per_s
+    rounds: Annotated[pd.DataFrame, rows(Round, MAX_ROUNDS)] = field(
+        default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS), repr=False)
+
+    def ratios(self, to: str = "cache") -> pd.Series:
+        """batches/s of each runner relative to ``to``; to cache, the median of per-round ratios."""
+        if to not in self.table.index:
+            raise PipelineSpecError(f"no runner {to!r} in this comparison; runners: {list(self.table.index)}")
+        if to == "cache" and self.table["vs_cache"].notna().any():
+            return self.table["vs_cache"].rename("vs_cache")
+        return self.table["batches_per_s"] / self.table.loc[to, "batches_per_s"]
+
+    def trustworthy(self, runner: str) -> bool:
+        """False where ``runner`` beat the headspace beyond the noise (see ``warnings``)."""
+        return runner == "cache" or not beats_headspace(self.table.loc[runner].to_dict())
+
+    def plot(self) -> Any:
+        """A Bokeh layout: throughput with its spread, where the training thread waited, step time."""
+        return view("comparison_plot")(self)
+
+    def header(self) -> str:
+        spread = (f"; batches/s is the median of {self.repeats} rounds, [lo-hi] the slowest and fastest "
+                  f"({coverage(self.repeats):.0%} interval)" if self.repeats > 1 else "")
+        return (f"compare: {self.steps} measured steps per runner in {self.repeats} interleaved round(s), "
+                f"each window after {self.warmup} warm-up steps{spread}")
+
+    def columns(self) -> list[tuple[str, Callable[[pd.Series], str]]]:
+        """(heading, cell) of the table's columns that have a value, most important first."""
+        def rate(row: pd.Series) -> str:
+            return spread(row["batches_per_s"], row["batches_per_s_lo"], row["batches_per_s_hi"])
+
+        def vs_cache(row: pd.Series) -> str:
+            if math.isnan(row["vs_cache"]):
+                return "-"
+            if not self.trustworthy(row.name):
+                return "not trustworthy"  # beat the headspace beyond the noise
+            return spread(row["vs_cache"], row["vs_cache_lo"], row["vs_cache_hi"], ".2f", "x")
+
+        def column(col: str, fmt: str | None) -> Callable[[pd.Series], str]:
+            return lambda row: num(row[col], fmt) if fmt else pct(row[col])
+
+        shown = self.table.notna().any()
+        shown["step_p50_ms"] = shown["data_wait_frac"] = True  # even with no value
+        cols = [("batches/s [lo-hi]", rate)] + [("vs cache [lo-hi]", vs_cache)] * bool(shown["vs_cache"])
+        optional = [("step p50 ms", "step_p50_ms", ".1f"), ("data wait", "data_wait_frac", None),
+                    ("device", "device_util", None), ("train GIL", "train_gil_wait_frac", None),
+                    ("CPU %", "cpu_percent", ".0f"), ("GIL wait", "gil_wait_frac", None),
+                    ("others CPU %", "others_cpu_percent", ".0f")]
+        return cols + [(head, column(col, fmt)) for head, col, fmt in optional if shown[col]]
+
+    def _saved_fields(self) -> dict[str, Any]:
+        if not isinstance(self.table, pd.DataFrame) or not isinstance(self.frames, dict):
+            refuse(("table",), f"expected a DataFrame and a dict of DataFrames, got {describe(self.table)} "
+                               f"and {describe(self.frames)}")
+        table = self.table.to_dict(orient="records")
+        return {"steps": self.steps, "warmup": self.warmup, "repeats": self.repeats, "warnings": self.warnings,
+                "rounds": self.rounds[ROUND_COLUMNS].to_dict(orient="records"),
+                "table": [{"runner": r, **row} for r, row in zip(self.table.index, table)],
+                "frames": {runner: _wide(frame, runner) for runner, frame in self.frames.items()}}
+
+    def _checked(self, version: int) -> Comparison:
+        """Checks across fields: a row per runner, and frames and rounds only of those runners."""
+        runners = list(self.table.index)
+        if not runners:
+            refuse(("table",), "no runner: a comparison has at least one row")
+        twice = next((i for i, r in enumerate(runners) if r in runners[:i]), None)
+        if twice is not None:
+            refuse(("table", twice, "runner"), f"runner {runners[twice]!r} appears twice")
+        strays = [("frames", r) for r in self.frames if r not in runners]
+        strays += [("rounds", i, "runner") for i, r in enumerate(self.rounds["runner"]) if r not in runners]
+        if strays:
+            refuse(strays[0], f"no row for this runner in the table (runners: {', '.join(runners)})")
+        return self
+
+    def cells(self, cols: list[tuple[str, Callable[[pd.Series], str]]]) -> list[list[str]]:
+        """The table's rows as text, the runner first."""
+        return [[str(name), *(cell(row) for _, cell in cols)] for name, row in self.table.iterrows()]
+
+    def _repr_html_(self) -> str:
+        cols = self.columns()
+        table = pd.DataFrame(self.cells(cols), columns=["runner", *(h for h, _ in cols)])
+        items = "".join(f"<li>{html.escape(w)}</li>" for w in self.warnings)
+        warnings = f'<div class="warnings"><b>warnings</b><ul>{items}</ul></div>' if items else ""
+        return f"<p><b>{html.escape(self.header())}</b></p>{warnings}{table.to_html(index=False, escape=True)}"
+
+    def __repr__(self) -> str:
+        """The table in at most WIDTH columns (the least important go first), then the warnings."""
+        cols = self.columns()
+        while True:
+            lines = text_table(["runner", *(h for h, _ in cols)], self.cells(cols))
+            if max(map(len, lines)) <= WIDTH or len(cols) <= 3:
+                break
+            cols = cols[:-1]
+        out = textwrap.wrap(self.header(), WIDTH) + lines
+        if self.warnings:
+            out.append("warnings:")
+        for warning in self.warnings:
+            out += textwrap.wrap(warning, WIDTH, initial_indent="- ", subsequent_indent="  ")
+        return "\n".join(out)
+
+
+def _wide(frame: Any, runner: str) -> dict[str, Any]:
+    """A long-form frame (time_s, series, stage, value) as tick times and one array per series."""
+    if not isinstance(frame, pd.DataFrame) or list(frame.columns) != FRAME_COLUMNS:
+        refuse(("frames", runner), f"expected a DataFrame with columns {FRAME_COLUMNS}, got {describe(frame)}")
+    try:
+        value, time_s = frame["value"].to_numpy(dtype=float), frame["time_s"].to_numpy(dtype=float)
+    except (TypeError, ValueError) as exc:
+        refuse(("frames", runner), f"time_s and value must be numbers ({exc})")
+    keep = ~np.isnan(value)
+    frame, value, time_s = frame[keep], value[keep], time_s[keep]
+    times = np.unique(time_s)
+    tick = np.searchsorted(times, time_s)
+    series = []
+    for (name, stage), at in frame.groupby(["series", "stage"], sort=False).indices.items():
+        if len(np.unique(tick[at])) != len(at):
+            refuse(("frames", runner), f"series {name!r} of stage {stage!r} has two values in one tick")
+        values = np.full(len(times), np.nan)
+        values[tick[at]] = value[at]
+        series.append({"series": name, "stage": stage, "values": values})
+    return {"time_s": times, "series": series}

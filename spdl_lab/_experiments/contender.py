@@ -1,0 +1,236 @@
+"""One runner in a comparison: its Loader stays open, and it is measured one window at a time
+(``Window``), with the machine's CPU and the GIL probe read around each window."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from .._loader import Loader
+from .._pipeline import Pipeline
+from .._telemetry.frames import Row
+from .._telemetry.probes import CpuProbe, GilProbe
+from .._training import SimulatedDevice, StepClock
+from .._training.clock import StepRecord
+from .._training.waits import TrainingThreadWaits, training_waits
+from ..errors import SpdlLabError
+
+__all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]
+
+
+#: A step whose batch took longer than this (and 5% of the step) waited for it: it was not ready.
+READY_WAIT_S = 0.0005
+
+
+@dataclass(frozen=True)
+class Window:
+    """One runner's measured steps in one round."""
+
+    runner: str
+    round: int
+    started_s: float  # seconds since the comparison started
+    records: tuple[StepRecord, ...]
+    cpu_percent: float  # this process and its children over the window, 100 = one core
+    others_percent: float  # every other process on the machine over the window, 100 = one core
+    gil_wait_frac: float  # the GIL probe over the window
+    runqueue_wait_frac: float
+    train_gil_wait_frac: float  # the training thread while launching (SimulatedDevice only)
+    train_runqueue_wait_frac: float
+
+    @property
+    def loop_s(self) -> float:
+        """The window's loop time: the steps and the waits for their batches, back to back."""
+        return sum(r.data_wait_s + r.step_s for r in self.records)
+
+    @property
+    def batches_per_s(self) -> float:
+        return len(self.records) / self.loop_s if self.loop_s > 0 else math.nan
+
+
+class MachineClock:
+    """CPU seconds of this process tree, of the whole machine, and the GIL probe, read together."""
+
+    def __init__(self, probe: GilProbe | None) -> None:
+        self.cpu = CpuProbe()
+        self.probe = probe
+        self.cores = psutil.cpu_count() or 1
+
+    def read(self) -> tuple[float, float, float, Any]:
+        ours = self.cpu.totals()
+        t = psutil.cpu_times()
+        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        gil = self.probe.totals() if self.probe is not None else None
+        return time.monotonic(), ours.main_s + ours.children_s, busy, gil
+
+
+class Contender:
+    """A runner's Loader, clock and iterator, kept across the rounds of a comparison: idle, not
+    closed, between its windows (its queues full, its workers blocked), so no round pays its
+    start-up again; a window's ``warmup`` steps drain what was prefetched meanwhile."""
+
+    def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
+                 options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
+        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
+            options = {**options, "forever": True}  # the comparison decides when to stop
+        self.runner = runner
+        self.who = who  # the experiment's name, first in its error messages
+        self.step = step
+        self.device = step if isinstance(step, SimulatedDevice) else None
+        self.clock = StepClock(device=self.device)
+        self.loader = Loader(pipeline, runner=runner, **options)
+        sources: list[Callable[[float], list[Row]]] = [self.clock.rows, CpuProbe()]
+        if probe is not None:
+            sources.append(_GilView(probe))
+        if self.device is not None:
+            sources.append(TrainingThreadWaits(self.device))
+        for source in sources:
+            self.loader.add_source(source)
+        self._t0 = t0
+        self._batches: Iterator[Any] | None = None
+
+    def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
+               timeout: float | None, max_s: float | None = None) -> Window:
+        """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.
+        ``max_s`` ends it after that many seconds and at least two steps (the tuner's windows)."""
+        with self._watchdog(timeout) as watchdog:
+            self._run(warmup, watchdog)
+            first = len(self.clock.records())
+            started = time.perf_counter() - self._t0
+            t_a, ours_a, busy_a, gil_a = machine.read()
+            device_a = self.device.totals() if self.device is not None else None
+            self._run(steps, watchdog, max_s)
+            t_b, ours_b, busy_b, gil_b = machine.read()
+            device_b = self.device.totals() if self.device is not None else None
+        span = max(t_b - t_a, 1e-9)
+        ours = max(0.0, ours_b - ours_a) / span * 100.0
+        machine_busy = max(0.0, busy_b - busy_a) / span * 100.0
+        gil, queued = gil_fracs(gil_a, gil_b)
+        train_gil, train_queued = training_waits(device_a, device_b)
+        ceiling = 100.0 * machine.cores
+        return Window(runner=self.runner, round=round_, started_s=started,
+                      records=tuple(self.clock.records()[first:]), cpu_percent=min(ours, ceiling),
+                      others_percent=min(ceiling, max(0.0, machine_busy - ours)),
+                      gil_wait_frac=gil, runqueue_wait_frac=queued,
+                      train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued)
+
+    def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
+        """Unmeasured steps, up to ``max_steps``, while the batches made before (under another
+        setting, or while idle) last: buffers a runner's readings do not show would otherwise
+        count as the new setting's speed. Returns the steps taken."""
+        if max_steps <= 0:
+            return 0
+        before = self.clock.steps
+        with self._watchdog(timeout) as watchdog:
+            self._run(max_steps, watchdog, max_s, waited_after=before)
+        return self.clock.steps - before
+
+    @contextlib.contextmanager
+    def _watchdog(self, timeout: float | None) -> Iterator[_Watchdog]:
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        watchdog = _Watchdog(self.loader, timeout)
+        try:
+            yield watchdog
+        finally:
+            watchdog.cancel()
+
+    def _run(self, steps: int, watchdog: _Watchdog, max_s: float | None = None,
+             waited_after: int | None = None) -> None:
+        if steps <= 0:
+            return
+        assert self._batches is not None
+        if max_s is not None and steps > 2 and waited_after is None:
+            self._run(2, watchdog)
+            steps -= 2
+        out_of_time = _Deadline(max_s, self.clock, waited_after)
+        try:
+            done = self.clock.run(self._batches, self.step, steps=steps, stop_event=out_of_time)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            raise SpdlLabError(
+                f"{self.who}: the {self.runner!r} run failed: {type(exc).__name__}: {exc}") from exc
+        if done < steps and not out_of_time.is_set():
+            if watchdog.fired:
+                raise SpdlLabError(
+                    f"{self.who}: the {self.runner!r} runner did not finish within {watchdog.timeout:g} s "
+                    f"({len(self.clock.records())} steps done); pass a larger timeout= or fewer steps=")
+            raise SpdlLabError(
+                f"{self.who}: the {self.runner!r} runner's data ran out after {len(self.clock.records())} "
+                f"batches; pass fewer steps=, warmup= or repeats=, or a longer source")
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class _Deadline:
+    """A stop event for StepClock.run: set ``seconds`` after it is made, or, with ``waited_after``
+    (a step count), once a later step waited for its batch."""
+
+    def __init__(self, seconds: float | None, clock: StepClock, waited_after: int | None = None) -> None:
+        self._at = None if seconds is None else time.monotonic() + seconds
+        self._clock = clock
+        self._after = waited_after
+
+    def is_set(self) -> bool:
+        last = self._clock.last() if self._after is not None else None
+        # A batch that was ready comes in tens of microseconds (more when the GIL is busy).
+        waited = last is not None and last.index >= self._after and (
+            last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s))
+        return waited or (self._at is not None and time.monotonic() >= self._at)
+
+
+class _Watchdog:
+    """Closes the loader when a window runs past ``timeout`` s: the blocked next() then ends."""
+
+    def __init__(self, loader: Loader, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.fired = False
+        self._timer: threading.Timer | None = None
+        if timeout is not None:
+            self._timer = threading.Timer(timeout, self._fire, args=(loader,))
+            self._timer.daemon = True
+            self._timer.name = "spdl_lab:compare-timeout"
+            self._timer.start()
+
+    def _fire(self, loader: Loader) -> None:
+        self.fired = True
+        loader.close()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join(1.0)
+
+
+class _GilView:
+    """Sampler source: one runner's view of the comparison's one GIL probe (several probes would
+    count each other's GIL holding), from a baseline of its own."""
+
+    def __init__(self, probe: GilProbe) -> None:
+        self._probe = probe
+        self._seen = probe.totals()
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        now, before = self._probe.totals(), self._seen
+        self._seen = now
+        gil, queued = gil_fracs(before, now)
+        return [("gil_wait_frac", "gil", gil), ("runqueue_wait_frac", "gil", queued)]
+
+
+def gil_fracs(before: Any, now: Any) -> tuple[float, float]:
+    if before is None or now is None:
+        return math.nan, math.nan
+    covered = now.elapsed_s - before.elapsed_s
+    if now.wakes <= before.wakes or covered <= 0:
+        return math.nan, math.nan
+    gil = (now.gil_wait_s - before.gil_wait_s) / covered
+    queued = (now.runqueue_wait_s - before.runqueue_wait_s) / covered
+    return min(1.0, max(0.0, gil)), (min(1.0, max(0.0, queued)) if not math.isnan(queued) else math.nan)

@@ -1,0 +1,351 @@
+"""``lab.run``: a training loop over a loader, in a background thread, with telemetry. A Session
+owns one loop: the loader, the step, a StepClock, and the GIL and CPU probes, all sampled into one
+ring; what it iterates is checked first, with errors that say what to pass instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+
+from .._integrations import is_spdl_spec, open_spdl
+from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
+from .._loader import Loader
+from .._pipeline import Pipeline
+from .._runs import run_start_hooks
+from .._telemetry.frames import FrameChunk, chunk_since, to_frame
+from .._telemetry.probes import CpuProbe, GilProbe
+from .._telemetry.ring import Ring
+from .._telemetry.sampler import DEFAULT_HZ, Sampler
+from .._telemetry.snapshot import Snapshot
+from .._training import SimulatedDevice, StepClock
+from .._training.steps import summary_row
+from .._training.waits import TrainingThreadWaits
+from .._views import view
+from ..errors import PipelineSpecError, SpdlLabError
+
+__all__ = ["Session", "live_sessions", "run"]
+
+_LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def live_sessions() -> list[Session]:
+    """The sessions of this interpreter whose loop is still running (paused or not)."""
+    return [s for s in list(_LIVE) if s.running]
+
+
+def run(pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
+        step: Callable[[Any], Any] | SimulatedDevice, *, runner: str | None = None,
+        steps: int | None = None, duration: float | None = None, sample_hz: float = DEFAULT_HZ,
+        probes: bool = True, **loader_options: Any) -> Session:
+    """Start a training loop in the background and return its Session at once.
+
+    A ``lab.Pipeline`` runs under ``runner`` (default ``"thread"``) with per-stage telemetry; a
+    plain iterable (a torch DataLoader) gets the step side and the probes. The loop ends after
+    ``steps`` steps or ``duration`` seconds, when the data ends, or on ``stop()``::
+
+        session = lab.run(p, step=train_step, runner="subprocess-threads", steps=500)
+        session.set_concurrency("decode", 8); session.wait(timeout=60); session.summary()
+    """
+    if isinstance(pipeline_or_iterable, (Pipeline, Loader)):
+        pipeline = pipeline_or_iterable
+        run_start_hooks("pipeline", pipeline if isinstance(pipeline, Pipeline) else pipeline.pipeline)
+    return Session(pipeline_or_iterable, step=step, runner=runner, steps=steps, duration=duration,
+                   sample_hz=sample_hz, probes=probes, loader_options=loader_options)
+
+
+class Session:
+    """One background training loop and its telemetry. Made by ``lab.run``."""
+
+    def __init__(self, source: Pipeline | Loader | Iterable[Any], *,
+                 step: Callable[[Any], Any] | SimulatedDevice, runner: str | None, steps: int | None,
+                 duration: float | None, sample_hz: float, probes: bool,
+                 loader_options: dict[str, Any]) -> None:
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
+        if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
+            raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, "
+                                    f"got {duration!r}")
+        if not callable(step):
+            raise PipelineSpecError(f"run: step must be a callable taking a batch (or a "
+                                    f"lab.SimulatedDevice), got {type(step).__name__}")
+        self.steps = steps
+        self.duration = duration
+        # What restart() needs to start the same loop again.
+        self._spec = dict(source=source, step=step, steps=steps, duration=duration,
+                          sample_hz=sample_hz, probes=probes, loader_options=loader_options)
+        self.error: BaseException | None = None
+        #: sentences about this run a user should know (e.g. the data ran out before ``steps``)
+        self.warnings: list[str] = []
+        self._warned = 0
+        self._step = step
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._go = threading.Event()  # cleared by pause(): the loop waits before its next batch
+        self._go.set()
+        self._held = threading.Event()  # set while the loop waits at the gate
+        self._ran_out = False
+        self._error_reported = False
+        self.loader, self._iterable, self.runner = _open_source(source, runner, sample_hz, loader_options)
+        if self.loader is not None:
+            self.loader.managed = True
+        self._check_length()
+        #: the SimulatedDevice when the step is one (its totals say where the training thread waited)
+        self.device = step if isinstance(step, SimulatedDevice) else None
+        self.clock = StepClock(device=self.device)
+        self._gil = GilProbe() if probes else None  # the CPU probe reads as called: nothing to start
+        sources = [self.clock.rows, *([self._gil, CpuProbe()] if probes else [])]
+        if self.device is not None:
+            sources.append(TrainingThreadWaits(self.device))
+        if self.loader is None and is_dataloader(self._iterable):
+            # A DataLoader run as it is: watch its worker processes too.
+            self._iterable = WatchedDataLoader(self._iterable)
+            sources.append(self._iterable)
+        self._sampler: Sampler | None = None
+        if self.loader is not None:
+            for s in sources:
+                self.loader.add_source(s)
+        elif sample_hz:
+            self._sampler = Sampler(sources, hz=sample_hz)
+        self._t0 = time.perf_counter()
+        self._t_end: float | None = None
+        if self._gil is not None:
+            self._gil.start()
+        if self._sampler is not None:
+            self._sampler.start()
+        self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+        run_start_hooks("session", self)
+
+    # -- the loop ----------------------------------------------------------------
+    def _main(self) -> None:
+        timer = None
+        if self.duration is not None:
+            timer = threading.Timer(self.duration, self._stop.set)
+            timer.daemon = True
+            timer.name = "spdl_lab:session-timer"
+            timer.start()
+        try:
+            done = self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop,
+                                  gate=self._gate)
+            if self.steps is not None and done < self.steps and not self._stop.is_set():
+                self._ran_out = True
+                self.warnings.append(f"the data ran out after {done} of steps={self.steps} steps; "
+                                     f"pass fewer steps, or a loader with more batches")
+        except BaseException as exc:  # reported by wait() and repr
+            self.error = exc
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._finish()
+
+    def _finish(self) -> None:
+        self._t_end = time.perf_counter()
+        try:
+            if self.loader is not None:
+                self.loader.close()
+        finally:
+            if self._gil is not None:
+                self._gil.stop()
+            if self._sampler is not None:
+                self._sampler.stop()
+            self._done.set()
+
+    def _gate(self) -> None:
+        if self._go.is_set():
+            return
+        self._held.set()
+        try:
+            while not self._go.wait(0.1) and not self._stop.is_set():
+                pass
+        finally:
+            self._held.clear()
+
+    # -- control -----------------------------------------------------------------
+    def pause(self, timeout: float = 10.0) -> bool:
+        """Hold the loop before its next batch (the held time is neither data wait nor step);
+        True once the current step has ended, False if it is still in it after ``timeout`` s."""
+        self._go.clear()
+        deadline = time.monotonic() + timeout
+        while self.running and not self._held.wait(0.05):
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    def resume(self) -> None:
+        """Go on after ``pause()``."""
+        self._go.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current step and close the loader; returns once it has."""
+        self._stop.set()
+        if self.loader is not None:
+            # Wakes a loop blocked on the next batch.
+            threading.Thread(target=self.loader.close, name="spdl_lab:session-stop", daemon=True).start()
+        self._thread.join(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the loop to end; True if it has. Raises the loop's error and warns of each
+        of ``warnings``, once."""
+        finished = self._done.wait(timeout)
+        if finished:
+            self._thread.join(1.0)
+        self._warn()
+        if finished and self.error is not None and not self._error_reported:
+            self._error_reported = True
+            raise self.error
+        return finished
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        if self.loader is None:
+            raise PipelineSpecError("set_concurrency needs a lab.Pipeline; this session runs an "
+                                    "iterable it cannot resize")
+        self.loader.set_concurrency(stage, n)
+
+    def controls(self) -> dict[str, int]:
+        """What ``set_concurrency`` takes, with current values (empty for a plain iterable)."""
+        return self.loader.controls() if self.loader is not None else {}
+
+    def autotune(self, budget_s: float = 60.0, *, window_s: float | None = None,
+                 on_log: Callable[[str], None] | None = None) -> Any:
+        """Tune this running session's concurrency in the background; return the ``AutoTuner``
+        (moving a knob yourself takes over). ``tuner.wait(90); tuner.log; tuner.best``."""
+        return view("session_autotuner")(self, budget_s=budget_s, window_s=window_s, on_log=on_log)
+
+    def restart(self, runner: str | None = None, **loader_options: Any) -> Session:
+        """Stop this session and return a new one running the same loop, under ``runner`` if
+        given; loader options carry over when the runner stays the same."""
+        spec = self._spec
+        source = spec["source"]
+        if runner is not None and not isinstance(source, Pipeline):
+            raise PipelineSpecError(f"restart(runner={runner!r}) needs a session started from a "
+                                    f"lab.Pipeline; this one runs a {type(source).__name__}")
+        self.stop()
+        if runner is None or runner == self.runner:
+            runner = self.runner if isinstance(source, Pipeline) else None
+            loader_options = {**spec["loader_options"], **loader_options}
+        return Session(**{**spec, "runner": runner, "loader_options": loader_options})
+
+    def _check_length(self) -> None:
+        """A loader with a len() shorter than ``steps``: say so now, not after a silent stop."""
+        if self.steps is None:
+            return
+        try:
+            n = len(self._iterable)  # type: ignore[arg-type]
+        except TypeError:
+            return
+        if n < self.steps:
+            self.warnings.append(f"the loader has {n} batches, fewer than steps={self.steps}: the run "
+                                 f"will stop after {n} steps (state 'exhausted')")
+            self._warn()
+
+    def _warn(self) -> None:
+        for text in self.warnings[self._warned:]:
+            warnings.warn(f"lab.run: {text}", RuntimeWarning, stacklevel=3)
+        self._warned = len(self.warnings)
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The Pipeline this session runs, if it runs one."""
+        return self.loader.pipeline if self.loader is not None else None
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def state(self) -> str:
+        if self.running:
+            if self._stop.is_set():
+                return "stopping"
+            return "running" if self._go.is_set() else "paused"
+        if self.error is not None:
+            return "failed"
+        if self._ran_out:
+            return "exhausted"  # the data ended before ``steps``
+        return "stopped" if self._stop.is_set() else "finished"
+
+    @property
+    def elapsed_s(self) -> float:
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        return end - self._t0
+
+    # -- reading -----------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        """The loader's Snapshot with the step's figures in ``step``."""
+        if self.loader is not None:
+            snap = self.loader.stats()
+        else:
+            snap = Snapshot(runner=self.runner, running=self.running, elapsed_s=self.elapsed_s,
+                            items_out=self.clock.summary().steps, stages={})
+        return dataclasses.replace(snap, running=self.running, step=self.clock.summary())
+
+    @property
+    def sampler(self) -> Sampler | None:
+        """The sampler whose ring holds this session's ticks."""
+        return self.loader.sampler if self.loader is not None else self._sampler
+
+    def frames(self) -> pd.DataFrame:
+        """Every series of this session (stages, queues, step, probes), long format."""
+        return self.sampler.frames() if self.sampler is not None else to_frame(Ring(2))
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        """The ticks after ``cursor``, wide format: how live readers follow a session."""
+        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per stage and one for the step."""
+        snap = self.stats()
+        table = snap.table() if snap.stages else pd.DataFrame()
+        row = summary_row(snap.step.to_dict())
+        return pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
+
+    def dashboard(self, **options: Any) -> Any:
+        """The live dashboard widget (``lab.Dashboard``; options: ``hz``, ``rollover``)."""
+        try:
+            Dashboard = view("dashboard")
+        except ImportError as exc:
+            raise SpdlLabError(f"the dashboard is not available here: {exc}") from exc
+        return Dashboard(self, **options)
+
+    def __repr__(self) -> str:
+        step = self.clock.summary()
+        limit = f"/{self.steps}" if self.steps else ""
+        parts = [f"runner={self.runner!r}", self.state, f"steps={step.steps}{limit}"]
+        if step.steps:
+            parts += [f"{step.batches_per_s:.2f} batches/s", f"data wait {step.data_wait_frac:.0%}"]
+        if self.error is not None:
+            parts.append(f"error={type(self.error).__name__}: {self.error}")
+        return f"Session({', '.join(parts)})"
+
+
+def _open_source(source: Any, runner: str | None, sample_hz: float,
+                 options: dict[str, Any]) -> tuple[Loader | None, Iterable[Any], str]:
+    """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
+    if isinstance(source, Pipeline):
+        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
+            # The session decides when to stop, not the length of a source that may be endless.
+            options = {**options, "forever": True}
+        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
+        return loader, loader, loader.runner
+    if isinstance(source, Loader):
+        if runner is not None and runner != source.runner or options:
+            raise PipelineSpecError("run: pass runner options to the lab.Loader itself, not to "
+                                    "run(), when giving a Loader")
+        return source, source, source.runner
+    if is_spdl_spec(source):
+        return open_spdl(source, runner, sample_hz, options)
+    if runner is not None or options:
+        raise PipelineSpecError(f"run: runner= and loader options apply to a lab.Pipeline; "
+                                f"{type(source).__name__} is iterated as it is")
+    if not hasattr(source, "__iter__"):
+        raise PipelineSpecError(f"run: expected a lab.Pipeline, a lab.Loader or an iterable, "
+                                f"got {type(source).__name__}")
+    return None, source, type(source).__name__

@@ -1,0 +1,191 @@
+"""lab meters fed by SPDL's own extension points: a task hook per stage, a queue class.
+
+Both run on SPDL's event loop thread only, so each counter has one writer and needs no lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from spdl.pipeline import AsyncQueue, StageInfo, TaskHook, is_eof, is_epoch_end
+
+from .._engine.engine import EngineReading
+from .._telemetry.histogram import bucket_of
+from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
+from ._spdl_config import SINK, SOURCE, SpdlSpec
+
+__all__ = ["SpdlMeters"]
+
+_clock = time.perf_counter_ns
+
+
+class _QueueMeter:
+    """One SPDL queue's counters; ``depth`` and ``capacity`` are read from the queue itself."""
+
+    __slots__ = ("name", "queue", "puts", "gets", "put_blocked_ns", "get_blocked_ns", "producer")
+
+    def __init__(self, name: str, queue: AsyncQueue, producer: WorkerMeter | None) -> None:
+        self.name = name
+        self.queue = queue
+        self.puts = self.gets = self.put_blocked_ns = self.get_blocked_ns = 0
+        #: the source's meter when this is the source's queue: each item put is a source task
+        self.producer = producer
+
+    def read(self) -> QueueReading:
+        return QueueReading(self.name, self.queue.qsize(), self.queue.maxsize, self.puts, self.gets,
+                            self.put_blocked_ns, self.get_blocked_ns)
+
+
+class _MeteredQueue(AsyncQueue):
+    """SPDL's queue with counters. A subclass per run binds ``meters``."""
+
+    meters: ClassVar[SpdlMeters]
+
+    def __init__(self, info: StageInfo, *, buffer_size: int = 1) -> None:
+        super().__init__(info, buffer_size=buffer_size)
+        self.meter = self.meters.queue_made(info, self)
+
+    # _put and _get are what every path (put, put_nowait, get, get_nowait) ends in.
+    def _put(self, item: object) -> None:
+        super()._put(item)
+        if not (is_eof(item) or is_epoch_end(item)):
+            meter = self.meter
+            meter.puts += 1
+            if meter.producer is not None:
+                meter.producer.tasks += 1
+
+    def _get(self) -> Any:
+        item = super()._get()
+        if not (is_eof(item) or is_epoch_end(item)):
+            self.meter.gets += 1
+        return item
+
+    async def put(self, item: object) -> None:
+        if not self.full():
+            return await super().put(item)
+        t0 = _clock()
+        try:
+            return await super().put(item)
+        finally:
+            self.meter.put_blocked_ns += _clock() - t0
+
+    async def get(self) -> Any:
+        if not self.empty():
+            return await super().get()
+        t0 = _clock()
+        try:
+            return await super().get()
+        finally:
+            self.meter.get_blocked_ns += _clock() - t0
+
+
+class _StageHook(TaskHook):
+    """Times every task of one stage into a lab ``StageMeter`` (the tasks SPDL invokes, counted as
+    they end), with a worker meter per running task for ``in_flight`` and busy time."""
+
+    def __init__(self, meter: StageMeter) -> None:
+        self.meter = meter
+        self.free: list[WorkerMeter] = []  # slots of tasks that ended, for the next ones
+
+    def task_hook(self, input_item: Any = None) -> _Task:  # type: ignore[override]
+        # A plain async context manager: cheaper per task than @asynccontextmanager.
+        return _Task(self, input_item)
+
+
+class _Task:
+    __slots__ = ("hook", "slot", "item")
+
+    def __init__(self, hook: _StageHook, item: Any) -> None:
+        self.hook = hook
+        self.item = item
+        self.slot: WorkerMeter | None = None
+
+    async def __aenter__(self) -> None:
+        if is_eof(self.item):  # an aggregate's end-of-stream flush: not a task
+            return
+        hook = self.hook
+        slot = self.slot = hook.free.pop() if hook.free else hook.meter.new_worker()
+        slot.started_ns = _clock()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        slot = self.slot
+        if slot is None:
+            return False
+        duration = _clock() - slot.started_ns
+        slot.started_ns = 0
+        self.hook.free.append(slot)
+        if exc_type is None:
+            slot.tasks += 1
+            slot.busy_ns += duration
+            slot.hist[bucket_of(duration)] += 1
+        elif issubclass(exc_type, Exception) and exc_type is not StopAsyncIteration:
+            slot.tasks += 1
+            slot.failures += 1
+        return False  # never swallow: SPDL's failure counting comes after this hook
+
+
+class SpdlMeters:
+    """The meters of one run of an SPDL pipeline, read as an ``EngineReading``: ``queue_class()``
+    and ``hook_factory()`` go to SPDL's build, whose stage ids (0 the source, the pipes in order,
+    the sink) match them."""
+
+    def __init__(self, spec: SpdlSpec) -> None:
+        self.source = StageMeter(SOURCE, "source", 1)
+        self._source_worker = self.source.new_worker()
+        self.stages = [StageMeter(p.name, p.kind, p.concurrency) for p in spec.parts]
+        self._ends = [SOURCE, *(p.name for p in spec.parts), SINK, "output"]
+        self._queues: dict[int, _QueueMeter] = {}
+        self._others: list[StageMeter] = []  # stages SPDL made that the spec did not expect
+
+    def queue_class(self) -> type[AsyncQueue]:
+        return type("SpdlLabQueue", (_MeteredQueue,), {"meters": self})
+
+    def hook_factory(
+        self, user_factory: Callable[[StageInfo], list[TaskHook]] | None = None
+    ) -> Callable[[StageInfo], list[TaskHook]]:
+        def factory(info: StageInfo) -> list[TaskHook]:
+            user = list(user_factory(info)) if user_factory is not None else []
+            return [*user, _StageHook(self._stage_meter(info))]
+
+        return factory
+
+    def queue_made(self, info: StageInfo, queue: AsyncQueue) -> _QueueMeter:
+        position = _position(info)
+        if 0 <= position < len(self._ends) - 1 and position not in self._queues:
+            name = f"{self._ends[position]}→{self._ends[position + 1]}"
+            meter = _QueueMeter(name, queue, self._source_worker if position == 0 else None)
+            self._queues[position] = meter
+        else:
+            meter = _QueueMeter(f"{info.stage_name}→?", queue, None)
+            self._queues[len(self._ends) + len(self._queues)] = meter
+        return meter
+
+    def _stage_meter(self, info: StageInfo) -> StageMeter:
+        position = _position(info)
+        if 1 <= position <= len(self.stages) and self._matches(self.stages[position - 1], info):
+            return self.stages[position - 1]
+        meter = StageMeter(f"{info.stage_name}#{info.stage_id}", "other", info.concurrency or 1)
+        self._others.append(meter)
+        return meter
+
+    @staticmethod
+    def _matches(meter: StageMeter, info: StageInfo) -> bool:
+        # SPDL names a stage as the spec does, before lab's de-duplication suffix.
+        return meter.name == info.stage_name or meter.name.startswith(f"{info.stage_name}_")
+
+    def read(self) -> EngineReading:
+        now = _clock()
+        queues = [self._queues[k] for k in sorted(self._queues)]
+        stages = [m.read(now) for m in (*self.stages, *self._others)]
+        inputs = {s.name: self._queues[i].read() for i, s in enumerate(self.stages) if i in self._queues}
+        return EngineReading(source=self.source.read(now), stages=stages, inputs=inputs,
+                             queues=[q.read() for q in queues])
+
+
+def _position(info: StageInfo) -> int:
+    try:
+        return int(info.stage_id)
+    except (TypeError, ValueError):
+        return -1

@@ -1,0 +1,110 @@
+"""Bring a torch DataLoader as it is: converted into a ``lab.Pipeline`` (``from_dataloader``), or
+iterated untouched with its worker processes watched (``WatchedDataLoader``, for ``lab.run``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import psutil
+
+from .._pipeline import Pipeline
+from .._telemetry.cpu_rates import ProcessRates
+from .._telemetry.frames import Row
+from ..errors import PipelineSpecError
+
+__all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
+
+
+def is_dataloader(obj: Any) -> bool:
+    from torch.utils.data import DataLoader
+
+    return isinstance(obj, DataLoader)
+
+
+def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
+    """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]`` at
+    ``concurrency`` (default ``dl.num_workers``), batches of ``batch_size``, ``collate_fn``.
+    A ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage.
+    Example::
+
+        p = lab.from_dataloader(DataLoader(ds, batch_size=32, shuffle=True, num_workers=4))
+        lab.compare(p, step=train_step)
+    """
+    if not is_dataloader(dl):
+        raise PipelineSpecError(f"from_dataloader takes a torch.utils.data.DataLoader, got {type(dl).__name__}")
+    from torch.utils.data import IterableDataset
+
+    dataset = dl.dataset
+    if isinstance(dataset, IterableDataset):
+        raise PipelineSpecError(
+            f"from_dataloader: {type(dataset).__name__} is an IterableDataset; only map-style datasets "
+            f"(__getitem__ and __len__) map onto stages. Build the pipeline yourself, e.g. "
+            f"lab.Pipeline(dataset).batch({dl.batch_size or 1}).map(collate_fn)")
+    if dl.worker_init_fn is not None:
+        raise PipelineSpecError(
+            "from_dataloader: the DataLoader has a worker_init_fn, which the lab's runners would not "
+            "call; do that setup inside the dataset (lazily, on first __getitem__) and pass a "
+            "DataLoader without worker_init_fn")
+    workers = concurrency if concurrency is not None else max(1, dl.num_workers)
+    if dl.batch_size is None and dl.batch_sampler is not None:
+        # A custom batch_sampler: it yields index lists, fetched together.
+        pipeline = Pipeline(dl.batch_sampler).map(
+            partial(_fetch, dataset), concurrency=workers, name="fetch")
+    else:
+        # Without automatic batching (batch_size None), collate_fn applies to each item.
+        # A sampler is re-iterable: each pass draws a fresh shuffle.
+        pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="getitem")
+        if dl.batch_size is not None:
+            pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
+    return pipeline.map(dl.collate_fn, name="collate")
+
+
+def _fetch(dataset: Any, indices: Any) -> list[Any]:
+    return [dataset[i] for i in indices]
+
+
+class WatchedDataLoader:
+    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
+    (``("processes", "workers")``) and CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``)."""
+
+    def __init__(self, dl: Any) -> None:
+        self.dataloader = dl
+        self._lock = threading.Lock()
+        self._workers: list[psutil.Process] = []
+        self._rates = ProcessRates()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.follow(iter(self.dataloader))
+
+    def follow(self, it: Iterator[Any]) -> Iterator[Any]:
+        """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
+        # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
+        procs = []
+        for w in getattr(it, "_workers", []) or []:
+            try:
+                procs.append(psutil.Process(w.pid))
+            except (psutil.Error, TypeError, ValueError):
+                continue
+        with self._lock:
+            self._workers, self._rates = procs, ProcessRates()
+        return it
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        with self._lock:
+            # Each worker against its own time stamp (cpu_rates); an exited one gives None.
+            pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
+        alive = [(i, pct) for i, pct in pcts if pct is not None]
+        rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]
+        if not alive:  # the first reading is the baseline, or a span too short
+            return rows
+        for i, pct in alive:
+            rows.append(("cpu_percent", f"worker{i}", pct))
+        rows.append(("cpu_percent", "workers", min(100.0 * self._rates.cores, sum(p for _, p in alive))))
+        return rows

@@ -1,0 +1,232 @@
+"""What runs inside the DataLoader's worker processes for the ``process`` runner: the per-item
+maps in the Dataset, the batch and per-batch maps in its ``collate``, each task timed into the
+worker's slot of the meter block.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .._pipeline import Pipeline
+from ..errors import PipelineSpecError, RunnerError, describe
+from ._delivered import Delivered
+from ._shipping import output_stage, pickled, pickling_error
+from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
+
+__all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a pipeline maps onto one DataLoader: per-item maps, one batch, per-batch maps.
+    Positions index ``pipeline.stages``; a stage's meter row is its position + 1."""
+
+    item_maps: tuple[int, ...]
+    batch: int | None
+    batch_size: int | None
+    drop_last: bool
+    batch_maps: tuple[int, ...]
+
+    @property
+    def chunk(self) -> int:
+        """Consecutive source items that become one output (a batch, or one item)."""
+        return self.batch_size or 1
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> Plan:
+        item_maps: list[int] = []
+        batch_maps: list[int] = []
+        batch: int | None = None
+        for position, stage in enumerate(pipeline.stages):
+            if stage.kind == "batch":
+                if batch is not None:
+                    raise PipelineSpecError(f"process runner: stage {stage.name!r} is a second batch stage; "
+                                            f"torch's DataLoader batches once (batch_size). Batch once and "
+                                            f"regroup inside a per-batch map, or use runner='thread' for "
+                                            f"nested batches.")
+                batch = position
+            else:
+                (batch_maps if batch is not None else item_maps).append(position)
+        spec = pipeline.stages[batch] if batch is not None else None
+        return cls(item_maps=tuple(item_maps), batch=batch, batch_size=spec.size if spec else None,
+                   drop_last=spec.drop_last if spec else False, batch_maps=tuple(batch_maps))
+
+
+class Dropped:
+    """Stands in for an item or batch dropped under ``max_failures``, so chunks stay whole."""
+
+
+@dataclass
+class Failure:
+    """A stage (or the source) failed in a worker; sent to the parent in place of the value."""
+
+    stage: str
+    index: int | None
+    error: BaseException
+    worker_traceback: str
+    pid: int
+    dropped: int
+    #: the output itself cannot be pickled to the parent (not a stage raising)
+    unsendable: bool = False
+
+
+@dataclass
+class _Loaded:
+    pipeline: Pipeline
+    meter: SlotMeter
+    block: MeterBlock
+
+
+class PipelineDataset(IterableDataset):
+    """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs. The r-th chunk
+    (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker ``r % W``: every
+    worker reads the whole source and processes its share, so batches are the thread runner's."""
+
+    def __init__(self, payload: bytes, plan: Plan, skip: Delivered, meters_name: str, layout: Layout,
+                 max_failures: int, metered: bool) -> None:
+        self.payload = payload
+        self.plan = plan
+        self.skip = skip
+        self.meters_name = meters_name
+        self.layout = layout
+        self.max_failures = max_failures
+        self.metered = metered
+        self._loaded: _Loaded | None = None
+        self._parent_block: MeterBlock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_loaded": None, "_parent_block": None}  # a worker loads its own
+
+    def use_block(self, block: MeterBlock) -> None:
+        """Run in this process (num_workers=0) on the parent's own mapping of the block."""
+        self._parent_block = block
+
+    def init_worker(self, worker_id: int) -> None:
+        """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid."""
+        self._load(worker_id).block.pids[worker_id] = os.getpid()
+
+    def _load(self, slot: int) -> _Loaded:
+        if self._loaded is not None:
+            return self._loaded
+        try:
+            pipeline = pickle.loads(self.payload)
+        except Exception as exc:
+            raise RunnerError(f"process runner: worker {slot} (pid {os.getpid()}) could not load the "
+                              f"pipeline: {describe(exc)}. Define stage functions in an importable "
+                              f"module, in __main__ or in a notebook cell.") from exc
+        block = self._parent_block or MeterBlock.attach(self.meters_name, self.layout)
+        self._loaded = _Loaded(pipeline, block.slot(slot, metered=self.metered), block)
+        return self._loaded
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        info = get_worker_info()
+        slot, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        loaded = self._load(slot)
+        return self._items(loaded.pipeline, loaded.meter, slot, workers)
+
+    def _items(self, pipeline: Pipeline, meter: SlotMeter, slot: int, workers: int) -> Iterator[tuple[int, Any]]:
+        try:
+            iterator = pipeline.open_source()
+        except Exception as exc:
+            if slot == 0:  # every worker fails alike; count it once
+                meter.failed(SOURCE_ROW)
+            yield 0, self._failure("source", None, exc)
+            return
+        size, skip = self.plan.chunk, self.skip
+        index, chunk, rank, mine = 0, -1, -1, False
+        try:
+            while True:
+                if index // size != chunk:
+                    chunk = index // size
+                    if chunk not in skip:
+                        rank += 1
+                    mine = chunk not in skip and rank % workers == slot
+                t0 = meter.begin(SOURCE_ROW) if mine else 0
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    meter.idle(SOURCE_ROW)
+                    return
+                except Exception as exc:
+                    # Every worker reads it: only its owner counts the failure, all report it.
+                    if mine:
+                        meter.failed(SOURCE_ROW)
+                    yield index, self._failure("source", index, exc)
+                    return
+                if mine:
+                    meter.done(SOURCE_ROW, t0)
+                    value = self._apply(pipeline, self.plan.item_maps, index, item, meter)
+                    yield index, value
+                    if isinstance(value, Failure):
+                        return
+                index += 1
+        finally:
+            getattr(iterator, "close", lambda: None)()
+
+    def collate(self, data: Any) -> tuple[list[int], Any]:
+        """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.
+        The indices cover dropped items too, so a restart does not redo the chunk. An output that
+        cannot be pickled becomes a Failure here: torch's queue thread would only print it."""
+        indices, value = self._collate(data)
+        info = get_worker_info()
+        if info is None or isinstance(value, (Failure, Dropped)):
+            return indices, value
+        error = pickling_error(value)
+        if error is None:
+            return indices, value
+        index = indices[0] // self.plan.chunk if self.plan.batch is not None else indices[0]
+        stage = output_stage(self._load(info.id).pipeline)
+        return indices, Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
+
+    def _collate(self, data: Any) -> tuple[list[int], Any]:
+        pairs = data if self.plan.batch is not None else [data]
+        indices = [index for index, _ in pairs]
+        for _, value in pairs:
+            if isinstance(value, Failure):
+                return indices, value
+        if self.plan.batch is None:
+            return indices, pairs[0][1]
+        info = get_worker_info()
+        loaded = self._load(info.id if info is not None else 0)
+        meter, row = loaded.meter, self.plan.batch + 1
+        t0 = meter.begin(row)
+        batch = [value for _, value in pairs if not isinstance(value, Dropped)]
+        if not batch:  # every item of this batch was dropped: there is no batch
+            meter.idle(row)
+            return indices, Dropped()
+        meter.done(row, t0)
+        batch_index = indices[0] // self.plan.chunk
+        return indices, self._apply(loaded.pipeline, self.plan.batch_maps, batch_index, batch, meter)
+
+    def _apply(self, pipeline: Pipeline, positions: tuple[int, ...], index: int, value: Any,
+               meter: SlotMeter) -> Any:
+        """Run the map stages at ``positions`` on one item or batch; Dropped or Failure if one raised."""
+        for position in positions:
+            stage, row = pipeline.stages[position], position + 1
+            t0 = meter.begin(row)
+            try:
+                value = stage.fn(value)  # type: ignore[misc]
+            except Exception as exc:
+                dropped = meter.failures()
+                meter.failed(row)
+                if dropped < self.max_failures:
+                    return Dropped()
+                return self._failure(stage.name, index, exc, dropped)
+            meter.done(row, t0)
+        return value
+
+    def _failure(self, stage: str, index: int | None, exc: BaseException, dropped: int = 0) -> Failure:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return Failure(stage, index, _picklable(exc), text, os.getpid(), dropped)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` itself if it survives torch's (plain) pickle to the parent, else a RuntimeError with its text."""
+    return exc if pickled(exc) is not None else RuntimeError(describe(exc))

@@ -1,0 +1,317 @@
+"""A lab Pipeline as a Ray Dataset: runs of stages as Ray Data operations, ``batch`` inside them.
+
+Ray Data is used as it is: its streaming executor, its object store, its concurrency caps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+import traceback
+import types
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from .._pipeline import Pipeline, Stage
+from ..errors import describe
+from ._ray_meters import record
+from ._shipping import pickled
+
+__all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size",
+           "find_failure", "groups", "rows_of", "uses_actors"]
+
+#: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
+MAX_BLOCK_CHUNKS = 64
+#: Chunks one execution runs at most: a larger source runs as several executions in turn.
+WINDOW_CHUNKS = 4096
+
+Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
+
+
+class StageFailure(Exception):
+    """A stage raised inside a Ray worker: the item's number at that stage (a batch's after a
+    batch stage), its traceback as text, and ``error`` itself when it survives pickling."""
+
+    def __init__(self, stage: str, index: int, what: str, text: str, error: BaseException | None) -> None:
+        super().__init__(stage, index, what, text, error)
+        self.stage, self.index, self.what, self.text, self.error = stage, index, what, text, error
+
+    def __str__(self) -> str:
+        return f"StageFailure: stage {self.stage!r} failed on item {self.index}: {self.what}"
+
+
+_FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+): (.*)")
+
+
+def find_failure(exc: BaseException | None) -> StageFailure | None:
+    """Our StageFailure inside whatever Ray wrapped it in, or read back from its text."""
+    found = _in_chain(exc)
+    if found is not None or exc is None:
+        return found
+    match = _FAILURE_LINE.search(str(exc))
+    return None if match is None else StageFailure(match[1], int(match[2]), match[3], str(exc), None)
+
+
+def _in_chain(exc: BaseException | None) -> StageFailure | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StageFailure):
+            return exc
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and (found := _in_chain(cause)) is not None:
+            return found
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def uses_actors(stage: Stage) -> bool:
+    """A callable object (state worth keeping per worker) runs in actors; a function in tasks."""
+    fn = stage.fn.func if isinstance(stage.fn, partial) else stage.fn
+    return not isinstance(fn, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type))
+
+
+def chunk_size(pipeline: Pipeline) -> int:
+    """Items per block unit: a multiple of every batch stage's size (restarts start at its multiples)."""
+    return math.prod(s.size or 1 for s in pipeline.stages if s.kind == "batch")
+
+
+def block_sizes(chunks: int, spread: int = 1) -> list[int]:
+    """Chunks per block: 1, 2, 4, ... up to ``MAX_BLOCK_CHUNKS``, with at least 4 blocks for each
+    of ``spread`` concurrent tasks (a few big blocks at the end would leave tasks idle)."""
+    cap = max(1, min(MAX_BLOCK_CHUNKS, chunks // (4 * max(1, spread))))
+    sizes, size = [], 1
+    while chunks > 0:
+        sizes.append(min(size, chunks))
+        chunks -= sizes[-1]
+        size = min(2 * size, cap)
+    return sizes
+
+
+# One Ray Data operation per group: consecutive pieces (the source, map stages, batches) with one
+# setting. An operation per stage would hold a CPU per task for a source or a batch that does
+# next to nothing. A function runs as Ray tasks; a callable object (a tokenizer, a decoder) in an
+# actor pool, so its state is unpickled once per actor. With max_failures=0 the first exception
+# fails the run (Ray does not retry application errors); above it items are dropped and counted.
+@dataclass
+class Group:
+    """One Ray Data operation: its pieces and how it is computed."""
+
+    stages: list[Stage] = field(default_factory=list)
+    actors: bool = False
+    concurrency: int | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    lead: str | None = None  # the map stage whose setting the group has
+
+
+def groups(pipeline: Pipeline, concurrency: dict[str, int],
+           resources: dict[str, dict[str, float]]) -> list[Group]:
+    """The pipeline's stages cut into groups (the source belongs to the first)."""
+    out = [Group()]
+    for stage in pipeline.stages:
+        if stage.kind == "map":
+            setting = (uses_actors(stage), concurrency.get(stage.name, stage.concurrency),
+                       dict(resources.get(stage.name, {})))
+            group = out[-1]
+            if group.lead and setting != (group.actors, group.concurrency, group.resources):
+                group = Group()
+                out.append(group)
+            if group.lead is None:
+                group.actors, group.concurrency, group.resources = setting
+                group.lead = stage.name
+        out[-1].stages.append(stage)
+    return out
+
+
+class _Stages:
+    """Runs one group's pieces on a block (a Ray Data ``map_batches`` function, or actor class)."""
+
+    def __init__(self, pieces: list[tuple], source: tuple | None, batches_in: bool, key: str, board: Any,
+                 strict: bool) -> None:
+        self.key, self.board, self.strict = key, board, strict
+        self.source, self.batches_in = source, batches_in
+        self.pieces = [(kind, name, cloudpickle.loads(arg) if kind == "map" else arg, span)
+                       for kind, name, arg, span in pieces]
+
+    def __call__(self, block: dict[str, np.ndarray]) -> dict[str, Any]:
+        rows = self._read(block["data"]) if self.source is not None else rows_of(block, self.batches_in)
+        for kind, name, arg, span in self.pieces:
+            rows = self._map(name, arg, span, rows) if kind == "map" else self._batch(name, arg, span, rows)
+        return _block_of(rows)
+
+    def _read(self, chunk_ids: np.ndarray) -> list[Row]:
+        """The source's items of these chunks, read as a stage whose failure always ends the run."""
+        source, start, end, chunk = self.source
+        indices = [i for c in chunk_ids.tolist() for i in range(start + c * chunk, min(start + (c + 1) * chunk, end))]
+        return self._map("source", _items(source).__getitem__, 1, [(i, i) for i in indices], strict=True)
+
+    def _map(self, name: str, fn: Any, span: int, rows: list[Row], strict: bool = False) -> list[Row]:
+        out = []
+        for index, item in rows:
+            record(self.key, self.board, name, "started")
+            t0 = time.perf_counter_ns()
+            try:
+                value = fn(item)
+            except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
+                number, what = _first(index) // span, describe(exc)
+                record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0, (name, number, what, time.time()))
+                if strict or self.strict:
+                    text = "".join(traceback.format_exception(exc))
+                    raise StageFailure(name, number, what, text, _picklable(exc)) from None
+                continue
+            record(self.key, self.board, name, "done", time.perf_counter_ns() - t0)
+            out.append((index, value))
+        return out
+
+    def _batch(self, name: str, spec: tuple[int, bool, int], span: int, rows: list[Row]) -> list[Row]:
+        """The items of one ``size``-aligned window of source indices make a batch, as elsewhere."""
+        size, drop_last, last_window = spec
+        out: list[Row] = []
+        window, indices, items = None, [], []
+        for index, item in [*rows, (None, None)]:
+            w = None if index is None else _first(index) // span
+            if items and w != window:
+                if not (drop_last and window == last_window and len(items) < size):
+                    record(self.key, self.board, name, "started")
+                    record(self.key, self.board, name, "done", 0)
+                    out.append((indices, items))
+                indices, items = [], []
+            if index is None:
+                break
+            window = w
+            indices.extend(index if isinstance(index, list) else [index])
+            items.append(item)
+        return out
+
+
+class _ActorStages(_Stages):
+    """The same, as an actor class: Ray makes one per actor with these constructor arguments."""
+
+
+_RESOLVED: dict[Any, Any] = {}
+
+
+def _items(source: Any) -> Any:
+    """A ``range`` as it is; a list put in the object store, fetched once per worker process."""
+    if isinstance(source, range):
+        return source
+    if source not in _RESOLVED:
+        import ray
+
+        _RESOLVED.clear()  # one run's source at a time per worker
+        _RESOLVED[source] = ray.get(source)
+    return _RESOLVED[source]
+
+
+def _first(index: Any) -> int:
+    """The first source index of a row (a batch's row holds the list of them)."""
+    return index[0] if isinstance(index, list) else index
+
+
+def _picklable(exc: BaseException) -> BaseException | None:
+    return exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: the text has to do
+
+
+def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
+    """A block as rows of plain Python indices and scalars; a batch as a list."""
+    values = block["item"]
+    if batches:
+        return [(plain(i), [plain_scalar(x) for x in v]) for i, v in zip(block["idx"], values)]
+    return [(plain(i), plain_scalar(v)) for i, v in zip(block["idx"], values)]
+
+
+def _block_of(rows: list[Row]) -> dict[str, Any]:
+    """Rows as a block's columns (``_column``)."""
+    if not rows:
+        return {"idx": np.empty(0, dtype=np.int64), "item": np.empty(0, dtype=object)}
+    indices = [i for i, _ in rows]
+    if isinstance(indices[0], list):
+        idx = np.empty(len(indices), dtype=object)
+        idx[:] = [np.asarray(i, dtype=np.int64) for i in indices]
+    else:
+        idx = np.asarray(indices, dtype=np.int64)
+    return {"idx": idx, "item": _column([v for _, v in rows])}
+
+
+def _column(values: list[Any]) -> Any:
+    """Arrays (or batches of arrays) of one shape and dtype as one array, which Ray keeps as a
+    tensor column read without a copy; anything else as a list, for Ray to convert."""
+    first = values[0]
+    if isinstance(first, list) and first and all(isinstance(v, list) and len(v) == len(first) for v in values):
+        inner = first[0]
+        if _plain_array(inner) and all(_like(x, inner) for v in values for x in v):
+            out = np.empty((len(values), len(first), *inner.shape), dtype=inner.dtype)
+            for i, v in enumerate(values):
+                np.stack(v, out=out[i])
+            return out
+    elif _plain_array(first) and all(_like(v, first) for v in values):
+        return np.stack(values)
+    return values
+
+
+def _plain_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype != object and value.ndim > 0
+
+
+def _like(value: Any, model: np.ndarray) -> bool:
+    return isinstance(value, np.ndarray) and value.shape == model.shape and value.dtype == model.dtype
+
+
+def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int, concurrency: dict[str, int],
+          key: str, board: Any, strict: bool, resources: dict[str, dict[str, float]], ordered: bool) -> Any:
+    """The Dataset running items ``start .. start + count`` of ``source`` (a range or an object ref
+    of ``total`` items); ``start`` is a multiple of ``chunk_size``."""
+    import ray.data
+    from ray.data import ActorPoolStrategy, TaskPoolStrategy
+
+    chunk = chunk_size(pipeline)
+    chunks = -(-count // chunk)
+    cut = groups(pipeline, concurrency, resources)
+    spread = max((g.concurrency or 1 for g in cut), default=1)
+    bounds = np.cumsum([0, *block_sizes(chunks, spread)])
+    ds = ray.data.from_numpy([np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])])
+    span, last, batches_in = 1, total - 1, False
+    for i, group in enumerate(cut):
+        pieces = []
+        for stage in group.stages:
+            if stage.kind == "map":
+                pieces.append(("map", stage.name, cloudpickle.dumps(stage.fn), span))
+            else:
+                span *= stage.size or 1
+                pieces.append(("batch", stage.name, (stage.size or 1, stage.drop_last, last // span), span))
+        origin = (source, start, start + count, chunk) if i == 0 else None
+        args = (pieces, origin, batches_in, key, board, strict)
+        batches_in = group.stages[-1].kind == "batch"
+        if group.actors:
+            ds = ds.map_batches(_ActorStages, fn_constructor_args=args, batch_size=None, batch_format="numpy",
+                                compute=ActorPoolStrategy(size=group.concurrency), **group.resources)
+        else:
+            ds = ds.map_batches(_Stages(*args), batch_size=None, batch_format="numpy",
+                                compute=TaskPoolStrategy(size=group.concurrency), **group.resources)
+    for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # A stage's exception comes back as our StageFailure, not as text in a UserCodeException.
+    ds.context.raise_original_map_exception = True
+    ds.context.execution_options.preserve_order = ordered
+    ds.context.enable_progress_bars = False
+    return ds
+
+
+def plain(value: Any) -> Any:
+    """numpy scalars and arrays from Ray's batches as plain Python."""
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def plain_scalar(value: Any) -> Any:
+    """A numpy scalar as the Python value it was made from; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value

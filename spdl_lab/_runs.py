@@ -1,0 +1,343 @@
+"""A run of a pipeline under a runner (``Run``), what the owners that start runs share
+(``RunOwner``: ``lab.Loader``, the SPDL monitor), and the start hooks through which the layers
+above act on a run before it starts, without this layer importing them."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from ._engine.engine import EngineReading
+from ._engine.queues import END, TIMEOUT
+from ._pipeline import Pipeline
+from ._runners.base import Runner
+from ._telemetry.frames import FrameChunk, chunk_since, queue_rows, stage_rows, to_frame
+from ._telemetry.ring import Ring
+from ._telemetry.sampler import Sampler, Source
+from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
+
+__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
+           "run_start_hooks"]
+
+#: How often a consumer blocked on the next item re-checks for stop and errors.
+_POLL_S = 0.1
+
+#: How long ``close()`` waits for work in flight by default. A stage stuck for
+#: good costs this much, and the whole close stays under 5 s.
+CLOSE_TIMEOUT_S = 3.0
+
+#: ``hook(event, subject)``, called before a run starts. Events: ``"pipeline"`` (a
+#: ``lab.Pipeline`` about to run: ``lab.run``, a Loader's first iteration), ``"spdl"`` (an SPDL
+#: builder or config about to run), ``"loader"`` (a Loader starting a run that no session owns)
+#: and ``"session"`` (a ``lab.run`` session started). A hook ignores the events it has no use for.
+StartHook = Callable[[str, Any], None]
+
+# The package's __init__ registers the environment-variable modes here (diagnostic mode, and
+# publishing for `spdl-lab watch`): they live in layers above this one.
+_START_HOOKS: dict[str, StartHook] = {}
+
+
+def add_start_hook(name: str, hook: StartHook) -> None:
+    """Call ``hook`` before every run starts (see ``StartHook``); a second ``name`` replaces the first."""
+    _START_HOOKS[name] = hook
+
+
+def run_start_hooks(event: str, subject: Any) -> None:
+    """Call every start hook, in the order they were added, on ``subject``."""
+    for hook in tuple(_START_HOOKS.values()):
+        hook(event, subject)
+
+
+_Owner = TypeVar("_Owner", bound="RunOwner")
+
+
+class RunOwner:
+    """What every owner of runs shares (``Loader``, and the SPDL monitor): extra sampler
+    sources, reading the current or last run, and closing. Subclasses say what ``stats()``
+    is before any run (``_empty_stats``)."""
+
+    def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
+        self._sample_hz = float(sample_hz)
+        self._sample_ticks = sample_ticks
+        self._close_timeout = close_timeout
+        self._sources: list[Source] = []
+        #: set by ``lab.publish``: wraps each run's iterator to time the loop's steps
+        self.consumer: Callable[[Iterator[Any]], Iterator[Any]] | None = None
+        self._state = _State()
+        self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
+
+    def add_source(self, source: Source) -> None:
+        """Sample ``source`` (``telemetry.sampler.Source``) with these meters, in this run and
+        every later one: sessions add the step and the probes, so one ring holds everything."""
+        self._sources.append(source)
+        run = self._state.run
+        if run is not None and run.sampler is not None and not run.finished:
+            run.sampler.add_source(source)
+
+    def remove_source(self, source: Source) -> None:
+        """Stop sampling ``source``, in this run and later ones (``lab.unpublish``)."""
+        self._sources = [s for s in self._sources if s is not source]
+        run = self._state.run
+        if run is not None and run.sampler is not None:
+            run.sampler.remove_source(source)
+
+    # -- reading -----------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        run = self._state.run
+        if run is None:
+            return self._empty_stats()
+        return run.snapshot()
+
+    def _empty_stats(self) -> Snapshot:
+        raise NotImplementedError
+
+    def reading(self) -> EngineReading | None:
+        """The live run's meters as totals (tasks, busy time, histograms), or None with no run.
+
+        Two readings apart give a span's own figures (the tuner's per-trial task times),
+        where ``stats()`` mixes in everything since the run started.
+        """
+        run = self._state.run
+        return None if run is None or run.finished else run.runner.read()
+
+    def frames(self) -> pd.DataFrame:
+        """The sampler's rows for the current or last run (see ``spdl_lab._telemetry.frames``)."""
+        run = self._state.run
+        if run is None or run.sampler is None:
+            return to_frame(Ring(2))
+        return run.sampler.frames()
+
+    @property
+    def sampler(self) -> Sampler | None:
+        """The current or last run's sampler (each run, e.g. each epoch, has its own)."""
+        run = self._state.run
+        return run.sampler if run is not None else None
+
+    def _start(self, runner: Runner) -> Iterator[Any]:
+        """Start a run of ``runner`` as the current one; its items, for the consumer."""
+        run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
+        self._state.run = run
+        try:
+            run.start()
+        except BaseException:
+            run.finish(self._close_timeout)
+            raise
+        # The generator holds its owner, so `for x in Loader(p)` keeps the Loader alive.
+        items = _iterate(self, run, self._close_timeout)
+        return items if self.consumer is None else self.consumer(items)
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
+        run = self._state.run
+        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
+
+    # -- closing -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the current run and everything it started. Safe to call twice."""
+        self._state.close(self._close_timeout)
+
+    def __enter__(self: _Owner) -> _Owner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def state(self) -> str:
+        """"running" (a run in progress), "idle" (none yet, or the last one ended) or "closed"."""
+        run = self._state.run
+        return "closed" if self._state.closed else ("idle" if run is None or run.finished else "running")
+
+
+class Run:
+    """One pass over the pipeline: a runner, its sampler and counters."""
+
+    def __init__(
+        self, runner: Runner, sample_hz: float, sample_ticks: int, extra: list[Source] | None = None
+    ) -> None:
+        self.runner = runner
+        self.items_out = 0
+        self.finished = False
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._lifecycle = threading.Lock()
+        self._t0 = 0.0
+        self._t_end: float | None = None
+        self._previous: EngineReading | None = None
+        sources: list[Source] = [self._rows, *(extra or [])]
+        self.sampler = Sampler(sources, hz=sample_hz, ticks=sample_ticks) if sample_hz else None
+
+    def start(self) -> None:
+        # finish() from another thread (Session.stop) waits for a start in progress,
+        # so the runner is never closed half-started.
+        with self._lifecycle:
+            self._t0 = time.perf_counter()
+            self.runner.start()
+            if self.sampler is not None:
+                self.sampler.start()
+
+    def _rows(self, dt_s: float) -> list:
+        now = self.runner.read()
+        before = self._previous
+        self._previous = now
+        rows = stage_rows(now.source, before.source if before else None, dt_s)
+        for i, stage in enumerate(now.stages):
+            rows += stage_rows(stage, before.stages[i] if before else None, dt_s)
+        threads = _queue_threads(now)
+        for i, queue in enumerate(now.queues):
+            producers, consumers = threads[i] if i < len(threads) else (1, 1)
+            rows += queue_rows(queue, before.queues[i] if before else None, dt_s, producers, consumers)
+        return rows
+
+    def finish(self, timeout: float) -> None:
+        """Close the runner and stop the sampler; returns once that is done.
+
+        A second caller (``close()`` from another thread while the loop's own
+        ``finally`` closes) waits for the first rather than returning early:
+        otherwise a process could exit while the first is still removing the
+        runner's shared memory.
+        """
+        with self._lock:
+            first = not self.finished
+            self.finished = True
+            if first:
+                self._t_end = time.perf_counter()
+        if not first:
+            self._closed.wait(timeout + 5.0)
+            return
+        try:
+            with self._lifecycle:
+                self.runner.close(timeout)
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
+            self._closed.set()
+
+    @property
+    def elapsed_s(self) -> float:
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        return max(0.0, end - self._t0)
+
+    def snapshot(self) -> Snapshot:
+        reading = self.runner.read()
+        elapsed = self.elapsed_s
+        live = not self.finished
+
+        def stats(r, queue) -> StageStats:
+            avg = r.tasks / elapsed if elapsed > 0 else 0.0
+            recent = self.sampler.recent_rate("tasks", r.name) if (live and self.sampler) else None
+            return StageStats(
+                name=r.name,
+                kind=r.kind,
+                tasks=r.tasks,
+                failures=r.failures,
+                qps=avg if recent is None else recent,
+                qps_avg=avg,
+                mean_ms=r.mean_ms,
+                p50_ms=r.quantile_ms(0.5),
+                p99_ms=r.quantile_ms(0.99),
+                concurrency=r.concurrency,
+                in_flight=r.in_flight,
+                busy_frac=(r.busy_ns / 1e9 / elapsed / max(1, r.concurrency)) if elapsed > 0 else 0.0,
+                queue_depth=queue.depth if queue else 0,
+                queue_capacity=queue.capacity if queue else 0,
+            )
+
+        return Snapshot(
+            runner=self.runner.name,
+            running=live,
+            elapsed_s=elapsed,
+            items_out=self.items_out,
+            stages={r.name: stats(r, reading.inputs.get(r.name)) for r in reading.stages},
+            source=stats(reading.source, None),
+            queues={
+                q.name: QueueStats(q.name, q.depth, q.capacity, q.put_blocked_ns / 1e9, q.get_blocked_ns / 1e9)
+                for q in reading.queues
+            },
+        )
+
+
+class _State:
+    """What the Loader's finalizer needs, without a reference to the Loader."""
+
+    def __init__(self) -> None:
+        self.run: Run | None = None
+        self.closed = False
+
+    def end_run(self, timeout: float) -> None:
+        run = self.run
+        if run is not None:
+            run.finish(timeout)
+
+    def close(self, timeout: float) -> None:
+        self.closed = True
+        self.end_run(timeout)
+
+
+def _iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
+    get = run.runner.get
+    try:
+        while True:
+            record = get(_POLL_S)
+            if record is TIMEOUT:
+                continue
+            if record is END:
+                return
+            run.items_out += 1
+            # Hand the item over without keeping it in this frame: a suspended generator
+            # would hold the last item (and, under subprocess-threads, its shared-memory
+            # slot) until the iterator itself is dropped.
+            box = [record[2]]
+            record = None
+            yield box.pop()
+    finally:
+        run.finish(close_timeout)
+
+
+def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
+    """(threads that put, threads that get) per queue, so the blocked shares are per thread.
+
+    The queues sit before each map stage and before the output: a queue is read by its map
+    stage's threads (one consumer for the output) and written by the map stage before it
+    (the source's one thread for the first), or by one thread at a time when a batch stage
+    lies between (a Batcher puts under its lock).
+    """
+    out: list[tuple[int, int]] = []
+    producers, batched = 1, False
+    for stage in reading.stages:
+        if stage.kind == "batch":
+            batched = True
+            continue
+        out.append((1 if batched else producers, max(1, stage.concurrency)))
+        producers, batched = max(1, stage.concurrency), False
+    out.append((1 if batched else producers, 1))
+    return out
+
+
+def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -> Snapshot:
+    nan = float("nan")
+    stages = {
+        s.name: StageStats(
+            s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan,
+            overrides.get(s.name, s.concurrency), 0, 0.0, 0, 0,
+        )
+        for s in pipeline.stages
+    }
+    return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
+
+
+def caller_line() -> str:
+    """``SCRIPT-LINE`` of the innermost frame outside spdl_lab: the user's line that started a run
+    (the name of a published run)."""
+    frame = inspect.currentframe()
+    # spdl_lab's own frames, the watch hook's (module ``spdl_lab_watch_hook``) among them
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
+        frame = frame.f_back
+    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"

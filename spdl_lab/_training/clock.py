@@ -1,0 +1,292 @@
+"""StepClock: where a training loop's time goes, step by step (data wait, step, device share), with
+bounded history and running totals, fed to the sampler as a row source.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
+
+from .._telemetry.frames import Row
+from .._telemetry.histogram import bucket_of, new_counts, quantile_ns
+from ..errors import PipelineSpecError
+from ._cuda import CudaStepTimer, cuda_available
+from .device import SimulatedDevice
+from .steps import StepRecord, StepSummary, Totals
+
+__all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
+
+T = TypeVar("T")
+
+#: Per-step records kept (about 10 MB); totals and histograms cover every step.
+DEFAULT_HISTORY = 100_000
+
+#: The ``stage`` of every row the clock gives the sampler.
+STAGE = "step"
+
+
+class _StopEvent(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class StepClock:
+    """Wraps a training loop: data wait, step time and device time per step.
+
+    Example:
+        >>> clock = StepClock(cuda=False)
+        >>> for batch in clock.iterate(range(3)):   # each next() is data wait
+        ...     with clock.step():                  # the step's wall time
+        ...         pass
+        >>> clock.summary().steps
+        3
+
+    A step whose batch did not come through ``iterate`` waited since the previous step ended.
+    Device time comes from ``device``, a SimulatedDevice step function of ``run``, or CUDA events
+    (``cuda=True``, or ``cuda=None``, which imports torch, with CUDA there), read lazily: only
+    ``summary()`` synchronizes. The loop's thread is the only writer; readers never block it.
+    """
+
+    def __init__(self, device: SimulatedDevice | None = None, *, cuda: bool | None = None,
+                 history: int = DEFAULT_HISTORY) -> None:
+        if device is not None and not isinstance(device, SimulatedDevice):
+            raise PipelineSpecError(f"StepClock: device must be a SimulatedDevice or None, got "
+                                    f"{type(device).__name__}; for a real GPU pass cuda=True instead")
+        if cuda not in (None, True, False):
+            raise PipelineSpecError(f"StepClock: cuda must be True, False or None (auto), got {cuda!r}")
+        if cuda and device is not None:
+            raise PipelineSpecError("StepClock: pass either device= (a SimulatedDevice) or cuda=True, not both")
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise PipelineSpecError(f"StepClock: history must be an int >= 0 (per-step records kept), "
+                                    f"got {history!r}")
+        if cuda and not cuda_available():
+            raise PipelineSpecError("StepClock: cuda=True but torch.cuda.is_available() is False; "
+                                    "pass cuda=None (auto) or a SimulatedDevice instead")
+        self.device = device
+        self._cuda_explicit = bool(cuda)
+        use_cuda = device is None and (cuda or (cuda is None and cuda_available()))
+        self._cuda: CudaStepTimer[StepRecord] | None = CudaStepTimer() if use_cuda else None
+        self._origin_ns = time.perf_counter_ns()
+        self._records: deque[StepRecord] = deque(maxlen=history)
+        self._totals = Totals()
+        self._rows_prev = Totals()
+        self.step_hist = new_counts()
+        self.wait_hist = new_counts()
+        # Loop state, touched only by the training thread.
+        self._first_ns = 0
+        self._wait_ns = 0
+        self._waited = False
+        self._open = False
+        # Writers only (each step, and summary() resolving CUDA events); readers never take it.
+        self._write_lock = threading.Lock()
+
+    def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield from ``iterable``, timing each ``next()`` as data wait."""
+        return self._timed(_iter_of(iterable, "StepClock.iterate"))
+
+    def _timed(self, iterator: Iterator[T]) -> Generator[T, None, None]:
+        clock = time.perf_counter_ns
+        while True:
+            t0 = clock()
+            if not self._first_ns:
+                self._first_ns = t0
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._wait_ns += clock() - t0
+            self._waited = True
+            yield item
+
+    def iterate_steps(self, iterable: Iterable[T]) -> Generator[T, None, None]:
+        """Yield from ``iterable`` to a loop that is not the clock's (``lab.publish``): each
+        ``next()`` is data wait, and the time the loop holds a batch, until it asks for the
+        next, is that batch's step. A step the loop leaves (``break``, an error) is not one."""
+        for batch in self.iterate(iterable):
+            with self.step():
+                yield batch
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """A context manager timing one training step; a step that raises is not one."""
+        if self._open:
+            raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
+        self._open = True
+        if not self._first_ns:
+            self._first_ns = time.perf_counter_ns()
+        device, cuda = self.device, self._cuda
+        busy0 = device.totals().busy_s if device is not None else 0.0
+        cuda_start = cuda.start() if device is None and cuda is not None else None
+        start_ns = time.perf_counter_ns()
+        try:
+            yield
+        except BaseException:
+            self._wait_ns, self._waited = 0, False
+            if cuda is not None and cuda_start is not None:
+                cuda.cancel(cuda_start)
+            raise
+        finally:
+            self._open = False
+        end_ns = time.perf_counter_ns()
+        device_ns = None if device is None else round((device.totals().busy_s - busy0) * 1e9)
+        self._record(start_ns, end_ns, device_ns, cuda_start)
+
+    def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
+            stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
+        """Run ``step_fn`` on each batch, timed, until ``steps`` steps, the end of ``iterable`` or
+        ``stop_event`` (checked before each batch is asked for); return the steps run. ``gate()``
+        runs there too and may block (a paused session), counted as neither wait nor step."""
+        if not callable(step_fn):
+            raise PipelineSpecError(f"StepClock.run: step_fn must be callable (batch -> anything), "
+                                    f"got {step_fn!r}")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+            raise PipelineSpecError(f"StepClock.run: steps must be an int >= 0 or None, got {steps!r}")
+        if stop_event is not None and not callable(getattr(stop_event, "is_set", None)):
+            raise PipelineSpecError(f"StepClock.run: stop_event must have is_set() (a threading.Event), "
+                                    f"got {stop_event!r}")
+        if isinstance(step_fn, SimulatedDevice) and self.device is None:
+            if self._cuda_explicit:
+                raise PipelineSpecError("StepClock.run: the step is a SimulatedDevice but the clock was made "
+                                        "with cuda=True; make it with StepClock(device=...) or cuda=None")
+            self.device, self._cuda = step_fn, None
+        batches = self._timed(_iter_of(iterable, "StepClock.run"))
+        done = 0
+        try:
+            while steps is None or done < steps:
+                if gate is not None:
+                    gate()
+                if stop_event is not None and stop_event.is_set():
+                    break
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                with self.step():
+                    step_fn(batch)
+                done += 1
+        finally:
+            batches.close()
+        return done
+
+    def _record(self, start_ns: int, end_ns: int, device_ns: int | None, cuda_start: Any) -> None:
+        if self._waited:
+            wait_ns = self._wait_ns
+        else:  # no batch came through iterate(): the gap since the last step is the wait
+            last = self._totals.last_end_ns
+            wait_ns = start_ns - last if last else 0
+        self._wait_ns, self._waited = 0, False
+        step_ns = end_ns - start_ns
+        with self._write_lock:
+            t = self._totals
+            record = StepRecord(index=t.steps, end_s=(end_ns - self._origin_ns) / 1e9,
+                                data_wait_s=wait_ns / 1e9, step_s=step_ns / 1e9, device_s=math.nan)
+            self._records.append(record)
+            self.step_hist[bucket_of(step_ns)] += 1
+            self.wait_hist[bucket_of(wait_ns)] += 1
+            t = t._replace(steps=t.steps + 1, wait_ns=t.wait_ns + wait_ns, step_ns=t.step_ns + step_ns,
+                           last_end_ns=end_ns)
+            if device_ns is not None:
+                t = self._add_device(t, record, device_ns)
+            elif self._cuda is not None:
+                self._cuda.end(cuda_start, record)
+                for done, seconds in self._cuda.poll():
+                    t = self._add_device(t, done, round(seconds * 1e9))
+            self._totals = t  # publish: one reference assignment
+
+    def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
+        record.device_s = device_ns / 1e9
+        return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
+                          device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
+
+    @property
+    def steps(self) -> int:
+        return self._totals.steps
+
+    @property
+    def device_name(self) -> str:
+        if self.device is not None:
+            return self.device.name
+        return "cuda" if self._cuda is not None else ""
+
+    def records(self) -> list[StepRecord]:
+        """The last ``history`` steps, oldest first."""
+        return list(self._records)  # one C-level copy: safe while the loop appends
+
+    def last(self) -> StepRecord | None:
+        """The latest step, or None before the first (no copy of the history)."""
+        try:
+            return self._records[-1]
+        except IndexError:
+            return None
+
+    def rows(self, dt_s: float) -> list[Row]:
+        """A Sampler source (one per clock) of stage ``"step"``: ``steps``, and per tick with steps
+        ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``, ``data_wait_frac``, and
+        ``device_ms`` and ``device_util`` (device time / step time) once device time is known."""
+        now = self._totals
+        rows: list[Row] = [("steps", STAGE, float(now.steps))]
+        if dt_s <= 0:
+            return rows
+        before, self._rows_prev = self._rows_prev, now
+        done = now.steps - before.steps
+        rows.append(("batches_per_s", STAGE, done / dt_s))
+        if done > 0:
+            wait_ns = now.wait_ns - before.wait_ns
+            step_ns = now.step_ns - before.step_ns
+            rows.append(("data_wait_ms", STAGE, wait_ns / done / 1e6))
+            rows.append(("step_ms", STAGE, step_ns / done / 1e6))
+            if wait_ns + step_ns > 0:
+                rows.append(("data_wait_frac", STAGE, wait_ns / (wait_ns + step_ns)))
+        resolved = now.device_steps - before.device_steps
+        if resolved > 0:
+            device_ns = now.device_ns - before.device_ns
+            rows.append(("device_ms", STAGE, device_ns / resolved / 1e6))
+            wall_ns = now.device_step_ns - before.device_step_ns
+            if wall_ns > 0:
+                rows.append(("device_util", STAGE, device_ns / wall_ns))
+        return rows
+
+    def summary(self) -> StepSummary:
+        """Figures over every step so far; waits once for pending CUDA events."""
+        if self._cuda is not None and self._cuda.pending:
+            with self._write_lock:
+                t = self._totals
+                for record, seconds in self._cuda.drain():
+                    t = self._add_device(t, record, round(seconds * 1e9))
+                self._totals = t
+        t = self._totals
+        steps = t.steps
+        elapsed_ns = t.last_end_ns - self._first_ns if steps else 0
+        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)  # one consistent copy each
+        step = [quantile_ns(step_hist, q) / 1e6 for q in (0.5, 0.9, 0.99)]
+        wait = [quantile_ns(wait_hist, q) / 1e6 for q in (0.5, 0.9)]
+        loop_ns = t.wait_ns + t.step_ns
+        return StepSummary(
+            steps=steps, elapsed_s=elapsed_ns / 1e9,
+            batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
+            step_mean_ms=_mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
+            step_p99_ms=step[2], data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
+            data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
+            data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
+            device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
+            device_util=t.device_ns / t.device_step_ns if t.device_step_ns > 0 else math.nan,
+            device=self.device_name)
+
+    def __repr__(self) -> str:
+        return f"StepClock(steps={self.steps}, device={self.device_name!r})"
+
+
+def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
+    try:
+        return iter(iterable)
+    except TypeError:
+        raise PipelineSpecError(f"{where}: expected an iterable of batches, got {type(iterable).__name__}") from None
+
+
+def _mean_ms(total_ns: int, count: int) -> float:
+    return total_ns / count / 1e6 if count else math.nan
+

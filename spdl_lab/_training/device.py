@@ -1,0 +1,214 @@
+"""A simulated GPU stream driven from Python, for machines without CUDA: kernel launches are
+GIL-holding Python work, kernels need no GIL, so when loading threads take the GIL the device idles.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from .._telemetry.schedstat import runqueue_ns
+from ..errors import PipelineSpecError
+
+__all__ = ["SimulatedDevice", "DeviceStep", "DeviceTotals"]
+
+#: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
+#: fed and almost any GIL time another thread takes shows up as device idle (the noisy
+#: neighbour); the reasons for each number are in docs/measurements.md.
+DEFAULT_KERNELS = 200
+DEFAULT_LAUNCH_US = 380.0
+DEFAULT_KERNEL_US = 400.0
+#: Calibration: a warm-up (a cold core runs the loop slower), then the median of short trials.
+_CALIBRATION_WARMUP_NS = 30_000_000
+_CALIBRATION_ITERATIONS = 40_000
+_CALIBRATION_TRIALS = 15
+
+
+def _spin(iterations: int) -> int:
+    """Pure-Python busy work: holds the GIL between the interpreter's switch points."""
+    x = 0
+    for i in range(iterations):
+        x ^= i
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStep:
+    """What one step did on the simulated device (seconds)."""
+
+    wall_s: float  # launch start to the end of synchronize()
+    busy_s: float  # sum of kernel durations
+    idle_s: float  # wall_s - busy_s: the device had nothing to run
+    starved_s: float  # the part of idle_s before kernels launched after the stream ran dry
+    launch_cpu_s: float  # CPU time of the training thread in the launch loop
+    launch_wall_s: float  # above launch_cpu_s when the GIL or a core was taken
+    #: part of the launch loop runnable but waiting for a CPU; NaN where schedstat is unavailable
+    launch_runqueue_s: float
+    kernels: int
+
+    @property
+    def device_util(self) -> float:
+        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def launch_stall_s(self) -> float:
+        """Launch loop time spent not running: waiting for the GIL or a core."""
+        return max(0.0, self.launch_wall_s - self.launch_cpu_s)
+
+    @property
+    def launch_gil_wait_s(self) -> float:
+        """Launch loop time lost to the GIL (the stall less the run-queue wait), which tells a noisy
+        neighbour thread apart from a busy machine; NaN where the run-queue wait is unknown."""
+        if math.isnan(self.launch_runqueue_s):
+            return math.nan
+        return max(0.0, self.launch_stall_s - self.launch_runqueue_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTotals:
+    """Sums over every step a device ran (seconds)."""
+
+    steps: int = 0
+    wall_s: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    starved_s: float = 0.0
+    launch_cpu_s: float = 0.0
+    launch_wall_s: float = 0.0
+    launch_runqueue_s: float = 0.0
+
+    @property
+    def device_util(self) -> float:
+        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
+
+    def add(self, step: DeviceStep) -> DeviceTotals:
+        summed = {f.name: getattr(self, f.name) + getattr(step, f.name)
+                  for f in fields(self) if f.name != "steps"}
+        return DeviceTotals(steps=self.steps + 1, **summed)
+
+
+class SimulatedDevice:
+    """A GPU stream driven from Python; calling it runs one training step.
+
+    Each of ``kernels`` launches is pure-Python work calibrated to cost ``launch_us`` of CPU, so
+    it holds the GIL like a real launch, then enqueues a ``kernel_us`` kernel on a stream that is
+    a timeline, not a thread (nothing else needs the GIL to run it); ``synchronize()`` sleeps
+    without the GIL until the stream ends. Late launches let the stream run dry: the noisy
+    neighbour. ``gil_release_every=n`` drops the GIL after every n launches, as a real step's C
+    calls do, so a CPU-bound thread then keeps it for a switch interval (the convoy effect).
+
+    Example:
+        >>> device = SimulatedDevice(kernels=10, launch_us=50, kernel_us=100)
+        >>> step = device(None)
+        >>> step.busy_s
+        0.001
+
+    One thread calls it; any thread may read ``totals()``, a record replaced whole.
+    """
+
+    #: Loop iterations per microsecond of CPU, measured once per process.
+    _calibrated_iterations_per_us: ClassVar[float | None] = None
+
+    def __init__(self, kernels: int = DEFAULT_KERNELS, launch_us: float = DEFAULT_LAUNCH_US,
+                 kernel_us: float = DEFAULT_KERNEL_US, name: str = "sim", *, gil_release_every: int = 0,
+                 iterations_per_us: float | None = None) -> None:
+        _check("kernels", kernels, 1, "launches per step", integer=True)
+        _check("launch_us", launch_us, 0, "microseconds")
+        _check("kernel_us", kernel_us, 0, "microseconds", strict=True)
+        if not isinstance(name, str) or not name:
+            raise PipelineSpecError(f"SimulatedDevice: name must be a non-empty str, got {name!r}")
+        if iterations_per_us is None:
+            iterations_per_us = self.calibrate(force=False)
+        else:
+            _check("iterations_per_us", iterations_per_us, 0, "loop iterations", strict=True)
+        _check("gil_release_every", gil_release_every, 0, "0: never", integer=True)
+        self.gil_release_every = gil_release_every
+        self.kernels = kernels
+        self.launch_us = float(launch_us)
+        self.kernel_us = float(kernel_us)
+        self.name = name
+        self.iterations_per_us = float(iterations_per_us)
+        self.launch_iterations = round(self.launch_us * self.iterations_per_us)
+        #: when the stream's last enqueued kernel ends (perf_counter seconds)
+        self._stream_end = 0.0
+        self._totals = DeviceTotals()
+
+    @classmethod
+    def calibrate(cls, *, force: bool = True) -> float:
+        """Measure (in this thread's CPU time, which other threads cannot skew) and cache the loop
+        iterations per microsecond of CPU; ``force=False`` returns a cached value."""
+        cached = cls._calibrated_iterations_per_us
+        if cached is not None and not force:
+            return cached
+        clock = time.thread_time_ns
+        warm_until = clock() + _CALIBRATION_WARMUP_NS
+        while clock() < warm_until:  # also lets the interpreter specialize the loop
+            _spin(_CALIBRATION_ITERATIONS // 10)
+        trials = []
+        for _ in range(_CALIBRATION_TRIALS):
+            t0 = clock()
+            _spin(_CALIBRATION_ITERATIONS)
+            trials.append(clock() - t0)
+        median_ns = sorted(trials)[len(trials) // 2]
+        rate = _CALIBRATION_ITERATIONS / max(median_ns / 1000.0, 1e-3)
+        cls._calibrated_iterations_per_us = rate
+        return rate
+
+    def __call__(self, batch: object = None) -> DeviceStep:
+        """Run one training step (``batch`` is ignored); return its record."""
+        perf = time.perf_counter
+        kernel_s = self.kernel_us / 1e6
+        iterations = self.launch_iterations
+        rq0 = runqueue_ns()
+        c0 = time.thread_time()
+        t0 = perf()
+        free_at = max(self._stream_end, t0)  # when the stream can start the next kernel
+        starved = 0.0
+        every = self.gil_release_every
+        for k in range(self.kernels):
+            _spin(iterations)
+            if every and k % every == every - 1:
+                time.sleep(0)  # a C call that drops the GIL for a moment (gil_release_every)
+            launched = perf()
+            if launched > free_at:  # the stream ran dry waiting for this launch
+                starved += launched - free_at
+                free_at = launched
+            free_at += kernel_s
+        launch_wall = perf() - t0
+        launch_cpu = time.thread_time() - c0
+        rq1 = runqueue_ns()
+        runqueue = (rq1 - rq0) / 1e9 if rq0 is not None and rq1 is not None else math.nan
+        self._stream_end = free_at
+        self.synchronize()
+        wall = perf() - t0
+        busy = self.kernels * self.kernel_us / 1e6
+        step = DeviceStep(wall_s=wall, busy_s=busy, idle_s=max(0.0, wall - busy), starved_s=starved,
+                          launch_cpu_s=launch_cpu, launch_wall_s=launch_wall, launch_runqueue_s=runqueue,
+                          kernels=self.kernels)
+        self._totals = self._totals.add(step)  # one reference assignment: readers see it whole
+        return step
+
+    def synchronize(self) -> None:
+        """Sleep, without the GIL, until the stream's last kernel has ended."""
+        # A loop, in case a sleep ever returns early (a signal handler, say).
+        while (remaining := self._stream_end - time.perf_counter()) > 0:
+            time.sleep(remaining)
+
+    def totals(self) -> DeviceTotals:
+        return self._totals
+
+    def __repr__(self) -> str:
+        return (f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
+                f"kernel_us={self.kernel_us:g}, name={self.name!r})")
+
+
+def _check(argument: str, value: Any, low: float, meaning: str, *, integer: bool = False,
+           strict: bool = False) -> None:
+    """Raise unless ``value`` is an int (``integer``) or a finite number, above ``low`` (or at it)."""
+    number = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not (value > low if strict else value >= low):
+        kind = "an int" if integer else "a finite number"
+        raise PipelineSpecError(f"SimulatedDevice: {argument} must be {kind} {'>' if strict else '>='} {low} "
+                                f"({meaning}), got {value!r}")

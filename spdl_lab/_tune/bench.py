@@ -1,0 +1,238 @@
+"""Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
+its knobs live, drains what the old setting made, then takes windows until the rate is sure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._engine.engine import EngineReading
+from .._engine.map_stage import reorder_window
+from .._experiments.contender import Contender, MachineClock, Window
+from .._experiments.spread import runner_row
+from .._pipeline import Pipeline
+from .._runners.process import WORKERS
+from .._telemetry.probes import GilProbe
+from .._training import SimulatedDevice
+from ..errors import PipelineSpecError
+from .model import batch_items
+from .space import Config
+from .trial import StageSample, Trial, relative_noise
+
+__all__ = ["Bench", "MAX_WINDOWS", "MIN_WINDOWS", "TARGET_NOISE", "check_budget", "queued_batches",
+           "stage_samples", "trial_of", "unseen_batches", "window_for_budget", "windows_until_sure"]
+
+MIN_WINDOWS = 3
+MAX_WINDOWS = 6
+#: A trial stops adding windows once its rate's relative standard error is below this.
+TARGET_NOISE = 0.02
+#: Start-up before a runner's first batch, until one was measured: a child process that imports
+#: this package (and torch, for DataLoader workers) on a small machine.
+_STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 1.2, "process": 3.0}
+#: Closing a runner: joining threads, or a child process and its shared memory, or DataLoader workers.
+_CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
+#: A window ends after this many times ``window_s``, whatever its step count said.
+_WINDOW_CAP = 2.5
+#: Unmeasured steps that size the windows of a configuration not measured before.
+_SIZING_STEPS = 4
+
+
+def check_budget(budget_s: Any, who: str) -> float:
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s < math.inf:
+        raise PipelineSpecError(f"{who}: budget_s must be a number of seconds > 0, got {budget_s!r}")
+    return float(budget_s)
+
+
+def window_for_budget(budget_s: float) -> float:
+    """A window's seconds by default: about a fiftieth of the budget, within 0.25-1 s."""
+    return min(1.0, max(0.25, budget_s / 50.0))
+
+
+def windows_until_sure(window: Callable[[], Window], reading: Callable[[], EngineReading | None],
+                       deadline: float | None, min_windows: int = MIN_WINDOWS,
+                       max_windows: int = MAX_WINDOWS) -> tuple[list[Window], list[dict[str, float]]]:
+    """Windows until the rate's relative noise is under ``TARGET_NOISE`` (and ``min_windows``
+    are done), or ``max_windows``; past ``deadline`` (``perf_counter``) none beyond the second.
+    Returns the windows and the input queues' fill after each."""
+    windows: list[Window] = []
+    fills: list[dict[str, float]] = []
+    while len(windows) < max_windows:
+        windows.append(window())
+        now = reading()
+        fills.append({n: q.depth / q.capacity for n, q in now.inputs.items() if q.capacity > 0} if now else {})
+        if len(windows) >= min_windows and relative_noise([w.batches_per_s for w in windows]) <= TARGET_NOISE:
+            break
+        if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
+            break
+    return windows, fills
+
+
+class Bench:
+    """Opens runners on demand and measures configurations of one pipeline and step."""
+
+    def __init__(self, pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
+                 window_s: float, probes: bool = True, t0: float | None = None,
+                 min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS) -> None:
+        self.pipeline = pipeline
+        self.step = step
+        self.window_s = window_s
+        self.min_windows = min_windows
+        self.max_windows = max(min_windows, max_windows)
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self._items = batch_items(pipeline)
+        self._probe = GilProbe() if probes else None
+        if self._probe is not None:
+            self._probe.start()
+        self.machine = MachineClock(self._probe)
+        self._contenders: dict[str, Contender] = {}
+        #: the last measured batches/s of each configuration, to size its windows
+        self._rate: dict[Config, float] = {}
+        self._round = 0
+        #: seconds from opening each runner to the end of its first warm-up (start-up included)
+        self.startup_s: dict[str, float] = {}
+
+    def close_cost(self, config: Config | None = None) -> float:
+        """Seconds closing the runners open now (and ``config``'s, if it would open one) is expected to take."""
+        runners = set(self._contenders) | ({config.runner} if config is not None else set())
+        return sum(_CLOSE_GUESS_S.get(r, 0.5) for r in runners)
+
+    def trial_cost(self, config: Config) -> float:
+        """Seconds a trial of ``config`` is expected to take: start-up, warm-up, the fewest windows."""
+        cost = (self.min_windows + 1.0) * self.window_s
+        if config.runner not in self._contenders:
+            children = [s for r, s in self.startup_s.items() if r != "thread"]
+            guess = max(children) if children else _STARTUP_GUESS_S.get(config.runner, 0.0)
+            cost += self.startup_s.get(config.runner, guess)
+        return cost
+
+    def measure(self, config: Config, timeout: float, deadline: float | None = None) -> Trial:
+        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window,
+        and past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second."""
+        started = time.perf_counter()
+        opening = config.runner not in self._contenders
+        contender = self._switch_to(config, timeout)
+        if opening:
+            self.startup_s[config.runner] = time.perf_counter() - started
+        before = contender.loader.reading()
+        windows, fills = windows_until_sure(lambda: self._window(contender, config, timeout),
+                                            contender.loader.reading, deadline, self.min_windows,
+                                            self.max_windows)
+        return trial_of(config, windows, before, contender.loader.reading(), fills, self._items, started, self.t0)
+
+    def rate_once(self, config: Config, timeout: float) -> float:
+        """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
+        contender = self._switch_to(config, timeout)
+        return self._window(contender, config, timeout).batches_per_s
+
+    def close(self) -> None:
+        try:
+            for contender in self._contenders.values():
+                contender.close()
+        finally:
+            self._contenders.clear()
+            if self._probe is not None:
+                self._probe.stop()
+
+    def _switch_to(self, config: Config, timeout: float) -> Contender:
+        """Set ``config`` on its runner (opened on first use), drain what the setting before made,
+        then size the windows from a short run."""
+        contender = self._contenders.get(config.runner)
+        if contender is None:
+            options = dict(config.options)
+            if config.runner == "process":
+                options["num_workers"] = config.knob(WORKERS)
+            contender = Contender(self.pipeline, config.runner, self.step, options, self._probe, self.t0, who="tune")
+            self._contenders[config.runner] = contender
+        controls = contender.loader.controls()
+        # What the setting it had could have made and kept where the readings do not show it.
+        unseen = unseen_batches(self.pipeline, controls, self._items)
+        for name, value in config.knobs:
+            if controls.get(name) != value:
+                contender.loader.set_concurrency(name, value)
+        queued = queued_batches(contender.loader.reading(), self._items)
+        if queued:
+            self._run(contender, queued, timeout)
+        # Then what is still ready beyond that, until a step waits for its batch.
+        contender.drain_ready(unseen, timeout, max_s=self.window_s)
+        # Then a quarter window at the new setting (the first sizes the windows of a new configuration).
+        known = self._rate.get(config, 0.0)
+        sizing = self._run(contender, max(_SIZING_STEPS, round(known * self.window_s / 4)), timeout,
+                           max_s=self.window_s / 2)
+        if not known and sizing.batches_per_s > 0:
+            self._rate[config] = sizing.batches_per_s
+        return contender
+
+    def _window(self, contender: Contender, config: Config, timeout: float) -> Window:
+        rate = self._rate.get(config, 0.0)
+        steps = max(2, round(rate * self.window_s)) if rate > 0 else _SIZING_STEPS
+        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s)
+        if window.batches_per_s > 0:
+            self._rate[config] = window.batches_per_s
+        return window
+
+    def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
+        self._round += 1
+        return contender.window(self._round, 0, steps, self.machine, timeout, max_s)
+
+
+def trial_of(config: Config, windows: list[Window], before: EngineReading | None, after: EngineReading | None,
+             fills: list[dict[str, float]], items: dict[str, float], started: float, t0: float = 0.0) -> Trial:
+    """A Trial from its measured windows and the meter readings around them (offline or live)."""
+    row = runner_row(windows)
+    span = sum(w.loop_s for w in windows)
+    return Trial(
+        config=config, rates=tuple(w.batches_per_s for w in windows), step_p50_ms=row["step_p50_ms"],
+        data_wait_frac=row["data_wait_frac"], cpu_percent=row["cpu_percent"],
+        train_gil_wait_frac=row["train_gil_wait_frac"], gil_wait_frac=row["gil_wait_frac"],
+        stages=stage_samples(before, after, span, items, fills), elapsed_s=time.perf_counter() - started,
+        started_s=started - t0 if t0 else 0.0,
+    )
+
+
+def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
+    """Batches' worth of work already queued inside the loader: made under the old setting."""
+    if reading is None:
+        return 0
+    total = sum(q.depth / items.get(name, 1.0) for name, q in reading.inputs.items())
+    total += sum(s.in_flight / items.get(s.name, 1.0) for s in reading.stages)
+    if reading.queues:
+        total += reading.queues[-1].depth  # the consumer's buffer: whole batches
+    return math.ceil(total)
+
+
+def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float]) -> int:
+    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings.
+
+    A thread-engine map stage keeps finished items in its reorder window (ordered) or in
+    workers blocked on a full queue (one each); DataLoader workers prefetch two batches each.
+    """
+    if WORKERS in controls:
+        return 2 * controls[WORKERS]
+    held = [(s, controls[s.name]) for s in pipeline.stages if s.kind == "map" and s.name in controls]
+    return math.ceil(sum((reorder_window(n) if s.ordered else n) / items.get(s.name, 1.0) for s, n in held))
+
+
+def stage_samples(before: EngineReading | None, after: EngineReading | None, span_s: float,
+                   items: dict[str, float], queue_fill: list[dict[str, float]]) -> tuple[StageSample, ...]:
+    if before is None or after is None or span_s <= 0:
+        return ()
+    old = {s.name: s for s in before.stages}
+    out = []
+    for now in after.stages:
+        if now.name not in items or now.name not in old:
+            continue
+        was = old[now.name]
+        timed = sum(now.hist) - sum(was.hist)
+        task_s = (now.busy_done_ns - was.busy_done_ns) / timed / 1e9 if timed > 0 else math.nan
+        busy = (now.busy_ns - was.busy_ns) / 1e9 / span_s / max(1, now.concurrency)
+        fills = [f[now.name] for f in queue_fill if now.name in f]
+        out.append(StageSample(
+            name=now.name, concurrency=now.concurrency, items_per_batch=items[now.name],
+            qps=max(0.0, now.tasks - was.tasks) / span_s, task_s=task_s,
+            busy_frac=min(1.0, max(0.0, busy)),
+            queue_frac=sum(fills) / len(fills) if fills else math.nan,
+        ))
+    return tuple(out)

@@ -1,0 +1,217 @@
+"""``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code). The types
+below are also the JSON file's description, checked by pydantic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import pandas as pd
+from pydantic import Field, PlainValidator, with_config
+from typing_extensions import TypedDict
+
+from .._file_checks import (
+    RECORD,
+    Flag,
+    Meta,
+    Name,
+    Rate,
+    Saved,
+    Share,
+    Text,
+    integer,
+    refuse,
+    rows,
+)
+from .._pipeline import MAX_CONCURRENCY, Pipeline
+from .._views import view
+from ..errors import FileFormatError, PipelineSpecError
+from .search import Step
+from .space import TUNABLE_RUNNERS, WORKERS, Config
+from .trial import Trial
+
+__all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
+           "loader_code", "trial_row"]
+
+Runner = Literal[TUNABLE_RUNNERS]
+Knobs = Annotated[dict[Name, integer(1, MAX_CONCURRENCY)], Field(max_length=1000)]  # {stage: threads}
+
+
+class TuningFormatError(FileFormatError):
+    """A tuning file (or a Tuning being written) does not fit the format; ``field`` is its JSON path."""
+
+
+@with_config(RECORD)
+class LoaderConfig(TypedDict):
+    """A configuration as ``Tuning.best`` gives it."""
+
+    runner: Runner
+    concurrency: Knobs  # under process every stage runs in each worker
+    options: Meta  # runner options, e.g. {"num_workers": 2} for process
+
+
+@dataclass
+class TrialRow:
+    """A row of ``Tuning.trials``: one measured configuration, in the order measured."""
+
+    __pydantic_config__ = RECORD
+
+    runner: Runner
+    concurrency: Knobs
+    options: Meta
+    batches_per_s: Rate  # median of the trial's windows
+    batches_per_s_lo: Rate  # slowest and fastest window
+    batches_per_s_hi: Rate
+    spread: Rate  # (hi - lo) / median
+    predicted_batches_per_s: Rate  # what the model predicted before measuring (NaN for the start)
+    limit: Name  # what the model said limits it: a stage, "workers", "step" or "cpu"
+    step_p50_ms: Rate
+    data_wait_frac: Share
+    cpu_percent: Rate  # this process and its children, 100 = one core
+    train_gil_wait_frac: Share
+    gil_wait_frac: Share
+    move: Text  # how the tuner got here
+    kept: Flag  # whether it became the best so far
+    windows: integer(0, 10**6)
+    started_s: Rate
+    elapsed_s: Rate
+
+
+#: Columns of ``Tuning.trials``.
+TRIAL_COLUMNS = [f.name for f in fields(TrialRow)]
+
+
+def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
+    """``{"runner", "concurrency", "options"}`` as ``Tuning.best`` gives it."""
+    knobs = dict(config.knobs)
+    options = dict(config.options)
+    if config.runner == "process":
+        workers = knobs.get(WORKERS, 1)
+        options = {"num_workers": workers, **{k: v for k, v in options.items() if k != "num_workers"}}
+        names = [s.name for s in pipeline.stages if s.kind == "map"] if pipeline is not None else []
+        concurrency = dict.fromkeys(names, workers)
+    else:
+        concurrency = knobs
+    return LoaderConfig(runner=config.runner, concurrency=concurrency, options=options)
+
+
+def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from_dataloader: bool) -> str:
+    """Code that builds the loader ``best`` describes; for a DataLoader under ``process``, its keywords."""
+    head = (f"# spdl_lab tune: {best['runner']}, {batches_per_s:.3g} training batches/s, "
+            f"{speedup:.2f}x the starting configuration (measured side by side)")
+    options = best["options"]
+    if best["runner"] == "process" and from_dataloader:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        return "\n".join([head, "# keep your DataLoader; change only these keyword arguments:",
+                          f"dataloader_kwargs = dict({kwargs})",
+                          "loader = torch.utils.data.DataLoader(dataset, batch_size=..., **dataloader_kwargs)"])
+    lines = [head, "import spdl_lab as lab", ""]
+    if from_dataloader:
+        lines += ["p = lab.from_dataloader(dataloader)  # the same dataset, sampler and collate_fn"]
+    expr = "p"
+    if best["runner"] != "process":
+        for name, n in best["concurrency"].items():
+            expr += f".with_concurrency({name!r}, {n})"
+    args = [expr, f"runner={best['runner']!r}", *(f"{k}={v!r}" for k, v in options.items())]
+    lines += ["loader = lab.Loader(", *(f"    {a}," for a in args), ")"]
+    return "\n".join(lines)
+
+
+def _no_pipeline(value: Any) -> None:
+    refuse((), "a tuning file holds no pipeline; pass it to Tuning.loader(p)")
+
+
+@dataclass
+class Tuning(Saved):
+    """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
+
+    __pydantic_config__ = RECORD
+    ERROR: ClassVar = TuningFormatError
+    FIX: ClassVar = ("Only files written by Tuning.to_json can be read; run lab.tune again and save it with "
+                     ".to_json(path)")
+    MAX_BYTES: ClassVar = 20 * 2**20
+
+    best: LoaderConfig
+    start: LoaderConfig
+    trials: Annotated[pd.DataFrame, rows(TrialRow, 10_000)]
+    log: Annotated[list[Text], Field(max_length=10_000)]
+    speedup: Rate  # best over start, median of side-by-side rounds
+    speedup_lo: Rate
+    speedup_hi: Rate
+    budget_s: Rate
+    elapsed_s: Rate
+    cores: integer(1, 1 << 20)
+    code: Text
+    best_batches_per_s: Rate = math.nan  # the best's own trial, median of its windows
+    source_is_dataloader: Flag = False
+    pipeline: Annotated[Pipeline | None, PlainValidator(_no_pipeline)] = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,
+              steps: Sequence[Step], log: list[str],
+              speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int) -> Tuning:
+        table = pd.DataFrame([trial_row(s, pipeline) for s in steps], columns=TRIAL_COLUMNS)
+        best_d = config_dict(best.config, pipeline)
+        return cls(best=best_d, start=config_dict(start, pipeline), trials=table, log=list(log),
+                   speedup=speedup[0], speedup_lo=speedup[1], speedup_hi=speedup[2], budget_s=budget_s,
+                   elapsed_s=elapsed_s, cores=cores,
+                   code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader),
+                   best_batches_per_s=best.batches_per_s, source_is_dataloader=source_is_dataloader,
+                   pipeline=pipeline)
+
+    def loader(self, pipeline: Pipeline | None = None, **loader_options: Any):
+        """A ``lab.Loader`` running the best configuration (on ``pipeline``, default the tuned one)."""
+        from .._loader import Loader
+
+        pipeline = pipeline if pipeline is not None else self.pipeline
+        if not isinstance(pipeline, Pipeline):
+            raise PipelineSpecError("Tuning.loader: this tuning was read from a file and has no pipeline; "
+                                    "pass it: tuning.loader(p)")
+        for name, n in self.best["concurrency"].items():
+            if self.best["runner"] != "process":
+                pipeline = pipeline.with_concurrency(name, n)
+        return Loader(pipeline, runner=self.best["runner"], **{**self.best["options"], **loader_options})
+
+    def plot(self) -> Any:
+        """A Bokeh layout: measured (with each trial's window range) and predicted batches/s, trial by trial."""
+        return view("tuning_plot")(self)
+
+    def to_html(self, path: str | Path) -> Path:
+        """A self-contained HTML report (Bokeh inline): the best, the code, the log, the trials."""
+        return view("tuning_report")(self, path)
+
+    def summary(self) -> str:
+        best = self.best
+        knobs = " ".join(f"{k}={v}" for k, v in best["concurrency"].items()) if best["runner"] != "process" \
+            else f"num_workers={best['options'].get('num_workers')}"
+        spread = (f" [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
+                  if math.isfinite(self.speedup_lo) and self.speedup_lo != self.speedup_hi else "")
+        return (f"best: {best['runner']} {knobs}: {self.best_batches_per_s:.3g} batches/s, "
+                f"{self.speedup:.2f}x{spread} the start side by side; {len(self.trials)} trials in "
+                f"{self.elapsed_s:.0f} s (budget {self.budget_s:.0f} s)")
+
+    def __repr__(self) -> str:
+        return "\n".join([f"Tuning({self.summary()})", *(f"  {line}" for line in self.log)])
+
+    def _repr_html_(self) -> str:
+        return view("tuning_html")(self)
+
+    def _saved_fields(self) -> dict[str, Any]:
+        saved = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("trials", "pipeline")}
+        return {**saved, "trials": self.trials[TRIAL_COLUMNS].to_dict(orient="records")}
+
+
+def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
+    """One row of ``Tuning.trials``."""
+    t, move, predicted, limit, kept = step.trial, step.move, step.predicted, step.limit, step.kept
+    config = config_dict(t.config, pipeline)
+    return asdict(TrialRow(
+        runner=t.config.runner, concurrency=config["concurrency"], options=config["options"],
+        batches_per_s=t.batches_per_s, batches_per_s_lo=t.lo, batches_per_s_hi=t.hi, spread=t.spread,
+        predicted_batches_per_s=predicted, limit=limit, step_p50_ms=t.step_p50_ms, data_wait_frac=t.data_wait_frac,
+        cpu_percent=t.cpu_percent, train_gil_wait_frac=t.train_gil_wait_frac, gil_wait_frac=t.gil_wait_frac,
+        move=move.describe(), kept=kept, windows=len(t.rates), started_s=t.started_s, elapsed_s=t.elapsed_s))

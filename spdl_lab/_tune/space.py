@@ -1,0 +1,111 @@
+"""What the tuner may set: a configuration (runner, knobs as in ``Loader.controls()``, options)
+and the moves between them, up and down a ladder of rungs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._pipeline import Pipeline
+from .._runners.process import DEFAULT_NUM_WORKERS, WORKERS
+
+__all__ = ["Config", "LADDER", "MAX_THREADS", "Move", "Space", "TUNABLE_RUNNERS", "WORKERS"]
+
+#: Knob values the tuner visits: dense where one step matters, sparse above.
+LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Most threads the tuner gives one stage.
+MAX_THREADS = 64
+#: Runners the tuner chooses between (``cache`` is the headspace, not a way to load).
+TUNABLE_RUNNERS = ("thread", "subprocess-threads", "process")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: a runner, its knobs (``controls()`` names -> values), its options."""
+
+    runner: str
+    knobs: tuple[tuple[str, int], ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, runner: str, knobs: Mapping[str, int], options: Mapping[str, Any] | None = None) -> Config:
+        return cls(runner, tuple(knobs.items()), tuple(sorted((options or {}).items())))
+
+    def knob(self, name: str) -> int:
+        return dict(self.knobs)[name]
+
+    def with_knob(self, name: str, value: int) -> Config:
+        return Config(self.runner, tuple((k, value if k == name else v) for k, v in self.knobs), self.options)
+
+    @property
+    def threads(self) -> int:
+        """Loading threads or processes this configuration starts."""
+        return sum(v for _, v in self.knobs)
+
+    def describe(self) -> str:
+        """``thread read=8 decode=2`` or ``process workers=2``."""
+        return " ".join([self.runner, *(f"{k}={v}" for k, v in self.knobs)])
+
+
+@dataclass(frozen=True)
+class Move:
+    """A step from one configuration to another, in words the log can use."""
+
+    kind: str  # "raise" | "lower" | "switch" | "start"
+    config: Config
+    knob: str = ""
+    old: int = 0
+    new: int = 0
+
+    def describe(self) -> str:
+        if self.kind in ("raise", "lower"):
+            return f"{'raised' if self.kind == 'raise' else 'lowered'} {self.knob} {self.old} -> {self.new}"
+        if self.kind == "switch":
+            return f"switched to {self.config.describe()}"
+        return f"started from {self.config.describe()}"
+
+
+@dataclass
+class Space:
+    """The configurations one tuning may visit, for one pipeline on one machine."""
+
+    pipeline: Pipeline
+    runners: Sequence[str]
+    cores: int
+    #: options the user gave each runner (kept in every configuration of that runner)
+    runner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: set once ``cores`` workers measured faster than fewer: rungs above cores open
+    allow_more_workers: bool = False
+
+    def start(self, runner: str, concurrency: Mapping[str, int] | None = None) -> Config:
+        """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""
+        options = dict(self.runner_options.get(runner, {}))
+        if runner == "process":
+            declared = {WORKERS: max(1, int(options.pop("num_workers", DEFAULT_NUM_WORKERS)))}
+        else:
+            declared = {s.name: s.concurrency for s in self.pipeline.stages if s.kind == "map"}
+        return Config.of(runner, {**declared, **(concurrency or {})}, options)
+
+    def top(self, config: Config, knob: str) -> int:
+        if config.runner == "process" and knob == WORKERS:
+            return 2 * self.cores if self.allow_more_workers else self.cores
+        return MAX_THREADS
+
+    def rungs(self, config: Config, knob: str) -> list[int]:
+        top = self.top(config, knob)
+        return sorted({n for n in LADDER if n <= top} | {top})
+
+    def neighbours(self, config: Config) -> Iterator[Move]:
+        """One rung up and one rung down of every knob (an off-ladder value joins the ladder)."""
+        for name, value in config.knobs:
+            rungs = self.rungs(config, name)
+            up = [n for n in rungs if n > value]
+            down = [n for n in rungs if n < value]
+            if up:
+                yield Move("raise", config.with_knob(name, up[0]), name, value, up[0])
+            if down:
+                yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
+
+    def workers(self, config: Config, n: int) -> Config:
+        return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))

@@ -1,0 +1,206 @@
+"""``lab.tune``: measure, model, move, keep only beyond the noise; then measure the best and the
+start in alternating rounds, so the speedup is side by side and a worse best is never returned."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psutil
+
+from .._integrations.torch_dataloader import from_dataloader, is_dataloader
+from .._pipeline import Pipeline, validate_concurrency
+from .._progress import progress_bar
+from .._training import SimulatedDevice
+from ..errors import PipelineSpecError, SpdlLabError
+from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
+from .model import RateModel
+from .result import Tuning
+from .search import Climb, Step, climb
+from .space import TUNABLE_RUNNERS, Config, Space
+from .trial import Trial
+
+__all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
+
+#: Rounds of the final side-by-side measurement of the best against the start.
+CONFIRM_ROUNDS = 3
+#: Share of the budget kept for that measurement.
+CONFIRM_SHARE = 0.2
+#: Budgets shorter than this many windows measure each trial in fewer windows.
+TIGHT_WINDOWS = 40
+#: The shortest time one window may take before the tuning fails as hung: a runner's start-up
+#: (workers importing torch on a loaded machine) can take seconds.
+WINDOW_TIMEOUT_S = 60.0
+
+
+def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice, *,
+         runners: Sequence[str] = TUNABLE_RUNNERS, budget_s: float = 60.0,
+         start: str | Mapping[str, Any] | None = None, runner_options: Mapping[str, Mapping[str, Any]] | None = None,
+         diagnosis: Any = None, window_s: float | None = None, progress: bool = True, probes: bool = True) -> Tuning:
+    """Find the configuration with the most training batches/s for ``step`` within ``budget_s``
+    seconds: each map stage's concurrency, the process runner's ``num_workers``, and the runner.
+    ``pipeline`` may be a torch DataLoader (it starts as itself: the process runner); ``start``
+    is a runner or ``{"runner": ..., "concurrency": {...}}``; ``diagnosis`` seeds the model. Example::
+
+        tuning = lab.tune(p, step=train_step, budget_s=60)
+        tuning.best, tuning.log, tuning.speedup   # the speedup is measured side by side
+        loader = tuning.loader()
+    """
+    source = pipeline
+    pipeline, from_dl = _pipeline(pipeline)
+    runners = _check(pipeline, step, runners, budget_s, window_s)
+    options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
+    if from_dl:  # it starts as itself: the process runner at its num_workers and prefetch_factor
+        own = {"num_workers": max(1, source.num_workers)}
+        if source.num_workers > 0 and source.prefetch_factor is not None:
+            own["prefetch_factor"] = source.prefetch_factor
+        options["process"] = {**own, **options.get("process", {})}
+    t0 = time.perf_counter()
+    end = t0 + float(budget_s)  # with the runners closed: measuring ends bench.close_cost() before
+    window_s = window_s if window_s is not None else window_for_budget(budget_s)
+    space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
+    model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
+    search = Climb(space, model)
+    first = _start(space, start, runners, from_dl)
+    # A budget of fewer than TIGHT_WINDOWS windows could otherwise pay for the start and the
+    # confirmation only: its trials take two windows (four at most when the noise asks for them).
+    tight = budget_s < TIGHT_WINDOWS * window_s
+    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0,
+                  min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
+    bar = progress_bar(max(1, round(budget_s)), progress, "s")
+    # Kept for the side-by-side confirmation: two rounds of drain, quarter-window warm-up and window
+    # for both (about 9 windows), within 20-40% of the budget; a tight budget keeps one round.
+    reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
+    log: list[str] = []
+    steps: list[Step] = []
+    stopped = "converged: no move is predicted to gain, and none is left to explore"
+    try:
+        def affordable(config: Config) -> bool:
+            # Room for this trial (its runner's start-up included) and the confirmation after it.
+            if end - bench.close_cost(config) - time.perf_counter() >= reserve + bench.trial_cost(config):
+                return True
+            nonlocal stopped
+            stopped = "budget spent (no move left that fits in it)"
+            return False
+
+        def measure(config: Config) -> Trial:
+            deadline = end - bench.close_cost(config) - reserve
+            return bench.measure(config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter()), deadline)
+
+        for step_ in climb(search, first, measure, affordable):
+            steps.append(step_)
+            log.append(step_.sentence)
+            best = next(s.trial for s in reversed(steps) if s.kept)
+            _tick(bar, t0, budget_s, f"best {best.batches_per_s:.3g} batches/s")
+        log.append(f"stopped: {stopped}")
+        start_trial = steps[0].trial
+        speedup = _confirm(bench, start_trial, best, end - bench.close_cost(), log)
+        if best.config != first and (speedup[2] < 1.0 or speedup[0] < 0.97):  # worse beyond the noise
+            log.append(f"the best measured {speedup[0]:.2f}x the start side by side, worse beyond the noise: "
+                       f"returning the starting configuration")
+            best, speedup = start_trial, (1.0, 1.0, 1.0)
+        _tick(bar, t0, budget_s, "done")
+    finally:
+        bar.close()
+        bench.close()
+    return Tuning.build(pipeline=pipeline, source_is_dataloader=from_dl, start=first, best=best, steps=steps,
+                        log=log, speedup=speedup, budget_s=float(budget_s),
+                        elapsed_s=time.perf_counter() - t0, cores=space.cores)
+
+
+def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
+             log: list[str]) -> tuple[float, float, float]:
+    """Median, lowest and highest per-round ratio of best to start, measured alternately."""
+    if best.config == start.config:
+        log.append("the starting configuration stayed the best: speedup 1.00x")
+        return 1.0, 1.0, 1.0
+    ratios = []
+    began = time.perf_counter()
+    for round_ in range(CONFIRM_ROUNDS):
+        # One round at least; more (a range, not a point) while the next fits in the budget.
+        now = time.perf_counter()
+        if ratios and now + (now - began) / len(ratios) > deadline:
+            break
+        order = (start, best) if round_ % 2 == 0 else (best, start)
+        rates = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())) for t in order}
+        if rates[start.config] > 0:
+            ratios.append(rates[best.config] / rates[start.config])
+    if not ratios:
+        return best.batches_per_s / start.batches_per_s, math.nan, math.nan
+    mid = statistics.median(ratios)
+    rounds = "1 round" if len(ratios) == 1 else f"{len(ratios)} alternating rounds"
+    log.append(f"side by side, {rounds}: the best ran {mid:.2f}x the start "
+               f"(rounds {min(ratios):.2f}x to {max(ratios):.2f}x)")
+    return mid, min(ratios), max(ratios)
+
+
+def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
+    bar.set_description(text)
+    done = min(round(budget_s), round(time.perf_counter() - t0))
+    if done > bar.n:
+        bar.update(done - bar.n)
+
+
+def _pipeline(source: Any) -> tuple[Pipeline, bool]:
+    if isinstance(source, Pipeline):
+        return source, False
+    if is_dataloader(source):
+        return from_dataloader(source), True
+    raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(source).__name__}")
+
+
+def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s: Any) -> list[str]:
+    if not callable(step):
+        raise PipelineSpecError(f"tune: step must be a callable taking a batch (or a lab.SimulatedDevice), "
+                                f"got {type(step).__name__}")
+    if isinstance(runners, str):
+        runners = [runners]
+    runners = list(runners)
+    for r in runners:
+        if r == "cache":
+            raise PipelineSpecError("tune: 'cache' replays batches (the headspace); it is not a way to load. "
+                                    f"Tune among {list(TUNABLE_RUNNERS)}; lab.headspace() measures the cache")
+        if r not in TUNABLE_RUNNERS:
+            raise PipelineSpecError(f"tune: unknown runner {r!r}; choose from {list(TUNABLE_RUNNERS)}")
+    if not runners or len(set(runners)) != len(runners):
+        raise PipelineSpecError(f"tune: runners must name each runner once, at least one; got {runners}")
+    check_budget(budget_s, "tune")
+    if window_s is not None and (isinstance(window_s, bool) or not isinstance(window_s, (int, float))
+                                 or not 0 < window_s <= budget_s):
+        raise PipelineSpecError(f"tune: window_s must be seconds in (0, budget_s], got {window_s!r}")
+    if not any(s.kind == "map" for s in pipeline.stages):
+        raise PipelineSpecError("tune: the pipeline has no map stage, so there is no concurrency to tune")
+    return runners
+
+
+def _start(space: Space, start: Any, runners: list[str], from_dl: bool) -> Config:
+    if start is None:
+        runner = "process" if from_dl and "process" in runners else runners[0]
+        return space.start(runner)
+    if isinstance(start, str):
+        start = {"runner": start}
+    if not isinstance(start, Mapping) or start.get("runner") not in runners:
+        raise PipelineSpecError(f"tune: start must be one of runners {runners} or "
+                                f"{{'runner': ..., 'concurrency': {{...}}}}, got {start!r}")
+    runner = start["runner"]
+    concurrency = dict(start.get("concurrency") or {})
+    knobs = [k for k, _ in space.start(runner).knobs]
+    unknown = set(concurrency) - set(knobs)
+    if unknown:
+        raise PipelineSpecError(f"tune: start names unknown stage(s) {sorted(unknown)}; the knobs of "
+                                f"{runner} are {knobs}")
+    for name, n in concurrency.items():
+        validate_concurrency(n, stage=name)
+    return space.start(runner, concurrency)
+
+
+def _verdicts(diagnosis: Any) -> dict[str, str]:
+    if diagnosis is None:
+        return {}
+    stages = getattr(diagnosis, "stages", None)
+    if not isinstance(stages, Mapping):
+        raise SpdlLabError(f"tune: diagnosis must be a lab.Diagnosis, got {type(diagnosis).__name__}")
+    return {name: s.verdict for name, s in stages.items() if getattr(s, "verdict", None)}

@@ -1,0 +1,178 @@
+"""A Diagnosis shown: Bokeh figures of QPS against concurrency, an HTML verdict table, one report
+file. Everything the user controls (stage names, evidence, tracebacks) is escaped."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from bokeh.layouts import column, gridplot
+from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
+from bokeh.plotting import figure
+
+from .diagnosis_svg import qps_charts
+from .report import write_page
+
+if TYPE_CHECKING:
+    from .._diagnose.result import Diagnosis, Point, StageDiagnosis
+
+__all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
+
+_THREAD, _PROCESS, _CPU, _GIL = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
+_VERDICT_COLORS = {"scales": "#2ca02c", "cpu-bound": "#d68910", "gil-bound": "#c0392b", "contended": "#8e44ad"}
+_FAILED = ("timeout", "error")
+_TOOLTIPS = [("executor", "@executor"), ("concurrency", "@concurrency"), ("qps", "@qps{0,0.0}"),
+             ("cpu util", "@cpu_util{0.00}"), ("GIL wait", "@gil_wait_frac{0.00}"),
+             ("task p50 (ms)", "@p50_ms{0.000}"), ("windows", "@repeats"), ("status", "@status")]
+
+
+def _source(points: list[Point]) -> ColumnDataSource:
+    # Arrays, not lists: NaN stays NaN (a gap in the line) rather than a JSON problem.
+    cols = ("concurrency", "qps", "cpu_util", "gil_wait_frac", "p50_ms", "repeats")
+    data = {c: np.array([getattr(p, c) for p in points], dtype=float) for c in cols}
+    return ColumnDataSource({**data, "executor": [p.executor for p in points],
+                             "status": [p.status for p in points]})
+
+
+def _title(stage: StageDiagnosis) -> str:
+    if stage.verdict is None:
+        return f"{stage.name}: {'failed' if stage.error else 'no verdict'}"
+    best = f" (best at {stage.best_concurrency})" if stage.best_concurrency is not None else ""
+    return f"{stage.name}: {stage.verdict}{best}"
+
+
+def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
+    """One map stage: QPS per executor on the left axis, CPU and GIL wait (0..1) on the right."""
+    concurrencies = sorted({p.concurrency for p in stage.points}) or [1]
+    fig = figure(width=width, height=height, title=_title(stage), x_axis_type="log",
+                 x_axis_label="concurrency", y_axis_label="items/s", toolbar_location="right",
+                 x_range=Range1d(concurrencies[0] / 1.3, concurrencies[-1] * 1.3))
+    fig.y_range.start = 0
+    fig.xaxis.ticker = FixedTicker(ticks=concurrencies)
+    fig.xaxis.major_label_overrides = {c: str(c) for c in concurrencies}  # "8", not "10^0.9"
+    fig.extra_y_ranges = {"frac": Range1d(0, 1)}
+    fig.add_layout(LinearAxis(y_range_name="frac", axis_label="CPU util, GIL wait"), "right")
+    hovered = []
+    for executor, color in (("thread", _THREAD), ("process", _PROCESS)):
+        points = sorted((p for p in stage.points if p.executor == executor), key=lambda p: p.concurrency)
+        if not points:
+            continue
+        src = _source(points)
+        fig.line("concurrency", "qps", source=src, color=color, line_width=2, legend_label=f"{executor} QPS")
+        ok = [p for p in points if p.status not in _FAILED]
+        hovered.append(fig.scatter("concurrency", "qps", source=_source(ok), color=color, size=8,
+                                   legend_label=f"{executor} QPS"))
+        dash = "solid" if executor == "thread" else "dotted"
+        fig.line("concurrency", "cpu_util", source=src, y_range_name="frac", color=_CPU,
+                 line_dash=dash, legend_label=f"{executor} CPU util")
+        if executor == "thread":
+            fig.line("concurrency", "gil_wait_frac", source=src, y_range_name="frac", color=_GIL,
+                     line_dash="dashed", legend_label="GIL wait")
+        failed = [p for p in points if p.status in _FAILED]
+        if failed:
+            bad = _source(failed)
+            bad.data["qps"] = np.nan_to_num(bad.data["qps"], nan=0.0)  # no QPS: mark it on the axis
+            hovered.append(fig.scatter("concurrency", "qps", source=bad, marker="x", size=12,
+                                       line_width=2, color=color, legend_label="timeout / error"))
+    if hovered:
+        fig.add_tools(HoverTool(renderers=hovered, tooltips=_TOOLTIPS))
+        legend = fig.legend[0]
+        legend.click_policy, legend.label_text_font_size = "hide", "8pt"
+        fig.add_layout(legend, "right")  # beside the plot, so it never hides a point
+    return fig
+
+
+def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
+    """One figure per map stage, the limiting stage first, in a grid (batch stages have no
+    concurrency to sweep)."""
+    figs = [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]
+    if not figs:
+        return column(Div(text="No map stage was measured, so there is nothing to plot."))
+    return gridplot(figs, ncols=ncols)
+
+
+_STYLE = """<style>
+.spdl-diag table { border-collapse: collapse; font-size: 13px; }
+.spdl-diag th, .spdl-diag td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+.spdl-diag td.num { text-align: right; }
+.spdl-diag pre { max-height: 24em; overflow: auto; font-size: 12px; white-space: pre-wrap; }
+.spdl-diag .verdict { font-weight: bold; }
+.spdl-diag .note { color: #555; }
+</style>"""
+
+
+def _row(stage: StageDiagnosis) -> str:
+    e = html.escape
+    color = _VERDICT_COLORS.get(stage.verdict or "", "#555")
+    verdict = e(stage.verdict or stage.shown_status())
+    best = "" if stage.best_concurrency is None else str(stage.best_concurrency)
+    peak = stage.peak_qps()
+    error = f"<details><summary>error</summary><pre>{e(stage.error)}</pre></details>" if stage.error else ""
+    return (f"<tr><td>{e(stage.name)}</td><td>{e(stage.kind)}</td>"
+            f"<td class='verdict' style='color:{color}'>{verdict}</td><td class='num'>{best}</td>"
+            f"<td class='num'>{'' if math.isnan(peak) else f'{peak:,.1f}'}</td>"
+            f"<td>{e(stage.evidence)}{error}</td><td>{e(stage.recommendation)}</td></tr>")
+
+
+def diagnosis_html(diag: Diagnosis, *, charts: bool = True) -> str:
+    """The diagnosis as an HTML fragment: the limiting stage, QPS against concurrency per stage
+    (inline SVG), the verdict table, then the details (no Bokeh: ``.plot()`` for those figures)."""
+    heads = ("stage", "kind", "verdict", "best concurrency", "peak thread QPS", "evidence", "recommendation")
+    elapsed = f" in {diag.elapsed_s:.1f} s" if math.isfinite(diag.elapsed_s) else ""
+    created = f", started {diag.created}" if diag.created else ""
+    order = diag.in_order()
+    load = diag.machine_load()
+    return (
+        f"<div class='spdl-diag'>{_STYLE}"
+        f"<p><b>{html.escape(diag.headline())}</b></p>"
+        + (f"<p class='note'>{html.escape(load)}</p>" if load else "")
+        + (qps_charts(diag) if charts else "")
+        + f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>"
+        f"<tbody>{''.join(_row(s) for s in order)}</tbody></table>"
+        f"{_details(order)}"
+        f"<p class='note'>Diagnosis of <code>{html.escape(diag.pipeline)}</code>: "
+        f"{len(diag.stages)} stages{html.escape(elapsed + created)}; "
+        f"<code>.plot()</code> draws the interactive figures, <code>.table</code> has every point.</p></div>"
+    )
+
+
+def _details(stages: list[StageDiagnosis]) -> str:
+    """Per stage, the numbers behind its one-sentence evidence."""
+    items = "".join(f"<li><b>{html.escape(s.name)}</b>: " + " ".join(html.escape(n) for n in s.notes)
+                    + "</li>" for s in stages if s.notes)
+    return f"<details><summary>details</summary><ul>{items}</ul></details>" if items else ""
+
+
+def _mapping_line(label: str, values: dict) -> str:
+    items = ", ".join(f"{k}={v}" for k, v in values.items())
+    return f"<p class='note'><b>{label}:</b> {html.escape(items) or '-'}</p>"
+
+
+# Bokeh's own page with the report around its plots. Jinja escapes nothing by itself here: the
+# title passes through ``e``; the functions that made the HTML pieces escaped them.
+_PAGE = """
+{% block postamble %}<style>
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+.points table { border-collapse: collapse; font-size: 12px; }
+.points th, .points td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
+.points td:first-child { text-align: left; }
+</style>{% endblock %}
+{% block contents %}<h1>{{ title | e }}</h1>{{ verdicts }}
+<h2>QPS against concurrency</h2>{{ super() }}
+<h2>Details</h2>{{ machine }}{{ settings }}<h3>All measured points</h3><div class="points">{{ points }}</div>
+{% endblock %}
+"""
+
+
+def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "spdl_lab diagnosis") -> Path:
+    """Write the verdicts, figures and every measured point to one self-contained HTML file."""
+    # Bokeh escapes the names inside its document JSON itself.
+    return write_page(diagnosis_plot(diag), path, title, template=_PAGE,
+                      machine=_mapping_line("machine", diag.machine),
+                      settings=_mapping_line("settings", diag.settings),
+                      verdicts=diagnosis_html(diag, charts=False),  # Bokeh draws the charts
+                      points=diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
+                                                escape=True))

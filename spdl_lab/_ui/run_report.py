@@ -1,0 +1,137 @@
+"""A recorded training run (``lab.publish`` / ``spdl-lab watch``) as one self-contained HTML file.
+The record is data: its numbers are read as numbers (anything else is dropped), its names reach
+the page only escaped, and Bokeh's code is inlined, so the page opens with no network."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+from bokeh.layouts import column
+from bokeh.models import Legend
+from bokeh.plotting import figure
+
+from .._watch.records import read_record, record_meta
+from .live_plots import stage_colors
+from .report import write_page
+
+__all__ = ["duration_s", "read_run", "run_summary", "run_text", "write_run_page", "write_run_report"]
+
+#: (series, stage or None for every stage, label) in the summary table, in this order.
+SUMMARY = [("batches_per_s", "step", "training batches/s"), ("step_ms", "step", "step (ms)"),
+           ("data_wait_ms", "step", "data wait per batch (ms)"),
+           ("data_wait_frac", "step", "data wait, share of the loop"),
+           ("device_util", "step", "device busy, share of the step"), ("qps", None, "items/s"),
+           ("p50_ms", None, "task p50 (ms)"), ("busy_frac", None, "busy share of its workers"),
+           ("cpu_percent", None, "CPU (% of one core)"), ("gil_wait_frac", None, "GIL wait share")]
+#: (title, series, y label) of the plots over time, each a line per stage.
+PLOTS = [("training step: batches/s", "batches_per_s", "batches/s"),
+         ("share of the loop spent waiting for data", "data_wait_frac", "share"),
+         ("items/s per stage", "qps", "items/s"),
+         ("queue depth", "queue_depth", "items"),
+         ("CPU", "cpu_percent", "% of one core"),
+         ("GIL wait (probe) and the training thread's", "gil_wait_frac", "share")]
+
+
+def _numbers(frames: pd.DataFrame) -> pd.DataFrame:
+    """Only finite numeric rows: a record from elsewhere may hold anything."""
+    out = frames.assign(time_s=pd.to_numeric(frames["time_s"], errors="coerce"),
+                        value=pd.to_numeric(frames["value"], errors="coerce"),
+                        series=frames["series"].astype(str), stage=frames["stage"].astype(str))
+    return out.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
+
+
+def read_run(record: str | os.PathLike) -> tuple[dict[str, str], pd.DataFrame]:
+    """The record's meta and its frames, numbers only."""
+    return record_meta(record), _numbers(read_record(record))
+
+
+def run_summary(frames: pd.DataFrame) -> pd.DataFrame:
+    """Median, 10th and 90th percentile over the ticks of the run's main series."""
+    rows = []
+    for series, stage, label in SUMMARY:
+        chosen = frames[frames["series"] == series]
+        if stage is not None:
+            chosen = chosen[chosen["stage"] == stage]
+        for name, values in chosen.groupby("stage", sort=False)["value"]:
+            rows.append({"what": label if stage else f"{label}: {name}", "median": values.median(),
+                         "p10": values.quantile(0.1), "p90": values.quantile(0.9), "ticks": len(values)})
+    return pd.DataFrame(rows, columns=["what", "median", "p10", "p90", "ticks"])
+
+
+def _plot(frames: pd.DataFrame, series: str, title: str, y_label: str):
+    chosen = frames[frames["series"] == series]
+    if chosen.empty:
+        return None
+    stages = list(dict.fromkeys(chosen["stage"]))
+    colors = stage_colors(stages)
+    fig = figure(width=840, height=240, title=title, x_axis_label="seconds since publishing started",
+                 y_axis_label=y_label, toolbar_location=None)
+    items = []
+    for stage in stages:
+        part = chosen[chosen["stage"] == stage]
+        items.append((stage, [fig.line(part["time_s"].to_numpy(), part["value"].to_numpy(),
+                                       color=colors[stage], line_width=2)]))
+    fig.add_layout(Legend(items=items), "right")
+    return fig
+
+
+def duration_s(frames: pd.DataFrame) -> float:
+    """Seconds between the record's first and last tick (0 when it holds none)."""
+    return float(frames["time_s"].max() - frames["time_s"].min()) if len(frames) else 0.0
+
+
+def run_text(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    """The run for a terminal: who and in what state, the median batches/s, the summary table."""
+    rate = frames.loc[(frames["series"] == "batches_per_s") & (frames["stage"] == "step"), "value"]
+    lines = [_who(meta, frames),
+             f"training: {rate.median():,.3g} batches/s (median over {len(rate)} ticks)" if len(rate)
+             else "training: no batches/s in the record (no training step was timed)"]
+    summary = run_summary(frames)
+    if not summary.empty:
+        lines.append(summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
+    return "\n".join(lines)
+
+
+def _facts(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    """The run's header as an HTML table; every value from the file is escaped by pandas."""
+    facts = [(key, meta.get(key, "?")) for key in ("name", "pid", "started", "runner", "state")]
+    facts.append(("duration recorded", f"{duration_s(frames):.1f} s"))
+    if meta.get("dropped_ticks", "0") not in ("0", ""):
+        facts.append(("ticks dropped", meta["dropped_ticks"]))
+    return pd.DataFrame(facts, columns=["run", ""]).to_html(index=False, escape=True)
+
+
+def _who(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    return (f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}, started "
+            f"{meta.get('started', '?')}): state {meta.get('state', '?')}, {duration_s(frames):.1f} s recorded")
+
+
+def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
+    state = meta.get("state", "?")
+    parts = [_who(meta, frames) + "."]
+    if state == "killed":
+        parts.append("The script was killed: the record holds what was written before, up to its "
+                     "last flush (at most 2 s before the end).")
+    elif state == "running":
+        parts.append("The run is still going: this is the record so far.")
+    if meta.get("dropped_ticks", "0") not in ("0", ""):
+        parts.append(f"{meta['dropped_ticks']} ticks were dropped rather than make training wait.")
+    return " ".join(parts)
+
+
+def write_run_report(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> Path:
+    """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path."""
+    meta, frames = read_run(record)
+    return write_run_page(meta, frames, out, title=title or f"spdl_lab run: {meta.get('name', Path(record).stem)}")
+
+
+def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.PathLike, *, title: str) -> Path:
+    """The page of a run already read (``read_run``): header, summary table, plots over time."""
+    figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None]
+    if not figures:
+        figures = [figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
+    summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
+    tables = f"{_facts(meta, frames)}<h2>each series over the ticks: median, 10th and 90th percentile</h2>{summary}"
+    return write_page(column(*figures), out, title, note=_note(meta, frames), table=tables)

@@ -1,0 +1,224 @@
+"""``lab.attach``: a notebook watches a published run (``lab.publish``) on this host, and
+``lab.open`` reads one's record. A ``RemoteSession`` has the read API of a Session, so a
+``Dashboard`` reads it as it reads a local one."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .._telemetry.frames import FrameChunk, chunk_since, to_frame
+from .._telemetry.ring import Ring
+from .._telemetry.sampler import DEFAULT_TICKS
+from .._training.steps import summary_row
+from .._views import view
+from ..errors import PipelineSpecError, SpdlLabError
+from .client import EndpointClient
+from .discovery import list_endpoints
+from .records import read_record, record_meta
+from .timeline import append_ticks
+
+__all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
+
+#: How often a RemoteSession asks its run for new frames and its state.
+POLL_S = 0.25
+_COLUMNS = ["name", "pid", "started", "state", "runner", "record"]
+
+
+def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
+    """The published runs on this host (a DataFrame), or a ``RemoteSession`` watching the one of
+    that name (as given to ``lab.publish``) or pid, waiting up to ``timeout`` s for it::
+
+        lab.attach("resnet").dashboard()
+    """
+    if name_or_pid is None:
+        runs = pd.DataFrame(list_endpoints(), columns=_COLUMNS)
+        runs["state"] = [_record_state(record, "running") for record in runs["record"]]
+        return runs
+    if isinstance(name_or_pid, bool) or not isinstance(name_or_pid, (str, int)):
+        raise PipelineSpecError(f"lab.attach takes a run's name or pid, got {name_or_pid!r}")
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in list_endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
+        if len(found) > 1:
+            pids = ", ".join(str(e["pid"]) for e in found)
+            raise SpdlLabError(f"lab.attach: {len(found)} published runs are named {name_or_pid!r} "
+                               f"(pids {pids}); attach by pid")
+        if found:
+            return RemoteSession(found[0])
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in list_endpoints()) or "none"
+            raise SpdlLabError(f"lab.attach: no published run {name_or_pid!r} appeared within {timeout:g} s "
+                               f"(published now: {names}); start the script with lab.publish(...) or "
+                               f"spdl-lab watch, or pass a longer timeout=")
+        time.sleep(0.1)
+
+
+def open_record(path: str | os.PathLike) -> RemoteSession:
+    """A published run's record file as a RemoteSession (read only), live or ended:
+    ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
+    return RemoteSession.from_record(path)
+
+
+def _record_state(record: str | None, default: str) -> str:
+    if not record:
+        return default
+    try:
+        return record_meta(record).get("state", default)
+    except SpdlLabError:
+        return default
+
+
+class RemoteSession:
+    """A published run seen from here: the read API of a Session, plus ``set_concurrency``. A
+    poller copies its new ticks here every ``POLL_S``, so they stay readable after it ends."""
+
+    pipeline = None  # the Pipeline object lives in the script: no runner switch from here
+    steps = None
+    error = None
+
+    def __init__(self, entry: dict[str, Any], ring: Ring | None = None, state: str = "running") -> None:
+        """Watch the run a discovery ``entry`` names; given a ``ring`` (a record's), show it instead."""
+        self.name, self.pid, self.record = entry["name"], entry["pid"], entry.get("record")
+        self.runner = entry.get("runner") or "?"
+        self._client = EndpointClient(entry["socket"]) if ring is None else None
+        self._ring = ring if ring is not None else Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
+        self._remote_cursor = 0
+        self._state = state
+        self._stats: dict[str, Any] = {}
+        self._controls: dict[str, int] = {}
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()  # one request at a time on the client
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._client is None:
+            self._stop.set()
+            return
+        self._poll()  # the first frames before the call returns
+        self._thread = threading.Thread(target=self._loop, name="spdl_lab:attach", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_record(cls, path: str | os.PathLike) -> RemoteSession:
+        """The run a record file holds, its frames and its state; nothing to poll or steer."""
+        meta = record_meta(path)
+        ticks = read_record(path).groupby("time_s", sort=True)
+        ring = Ring(max(2, ticks.ngroups))
+        for t, rows in ticks:
+            ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
+        pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
+        entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path)}
+        return cls(entry, ring=ring, state=meta.get("state", "?"))
+
+    # -- polling -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S) and self._poll():
+            pass
+
+    def _poll(self) -> bool:
+        """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""
+        try:
+            with self._lock:
+                chunk = self._client.request("frames_since", cursor=self._remote_cursor).chunk
+                state = self._client.request("state").state
+                controls = self._client.request("controls").controls
+        except SpdlLabError:
+            state = _record_state(self.record, "killed")
+            self._state = "killed" if state == "running" else state  # gone, yet never closed
+            return False
+        frame = chunk.frame_chunk()
+        self._remote_cursor = frame.cursor
+        append_ticks(self._ring, frame.times, frame.columns)
+        self._state, self._controls = state, dict(controls)
+        return True
+
+    # -- the read API of a Session -------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def elapsed_s(self) -> float:
+        times, _ = self._ring.view()
+        finite = times[~np.isnan(times)]
+        return float(finite.max()) if finite.size else time.monotonic() - self._t0
+
+    def frames(self) -> pd.DataFrame:
+        """Every tick received so far, long format (FRAME_COLUMNS)."""
+        return to_frame(self._ring)
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        return chunk_since(self._ring, cursor)
+
+    def stats(self) -> dict[str, Any]:
+        """The run's own summary (runner, running, elapsed_s, items_out, a row per stage)."""
+        if self.running and self._client is not None:
+            try:
+                with self._lock:
+                    self._stats = self._client.request("stats").stats
+            except SpdlLabError:
+                pass
+        return dict(self._stats)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per stage and one for the training step (as ``Session.summary``), from ``stats()``."""
+        stats = self.stats()
+        frame = pd.DataFrame(stats.get("stages", []))
+        frame = frame.set_index("name") if "name" in frame else frame
+        step = stats.get("step")
+        if not step:
+            return frame
+        step_frame = pd.DataFrame([summary_row(step)], index=pd.Index(["step"], name="name"))
+        step_frame = step_frame.astype(float, errors="ignore")
+        return pd.concat([frame, step_frame]) if not frame.empty else step_frame
+
+    @property
+    def stage_names(self) -> list[str]:
+        """The run's stages in order, the source first (what the dashboard plots)."""
+        return [str(row["name"]) for row in self.stats().get("stages", []) if "name" in row]
+
+    def controls(self) -> dict[str, int]:
+        return dict(self._controls)
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        """Sent to the script, which applies it where its runner can change live."""
+        if not self.running or self._client is None:
+            raise SpdlLabError(f"the published run {self.name!r} is {self._state}: nothing to change")
+        with self._lock:
+            self._client.request("set_concurrency", stage=stage, n=n)
+        self._controls[stage] = n
+
+    def dashboard(self, **options: Any) -> Any:
+        return view("dashboard")(self, **options)
+
+    def to_html(self, path: str | os.PathLike) -> Any:
+        """The run's record as one self-contained HTML page (as ``spdl-lab report RECORD``)."""
+        if not self.record:
+            raise SpdlLabError(f"the published run {self.name!r} has no record file to report")
+        return view("run_report")(self.record, path)
+
+    def restart(self, runner: str | None = None, **_: Any) -> Any:
+        raise SpdlLabError("a RemoteSession cannot restart the script's run; restart the script")
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop watching (the script goes on); the frames received stay readable."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+
+    stop = close  # as a Session's
+
+    def __repr__(self) -> str:
+        return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"

@@ -1,0 +1,264 @@
+"""The local endpoint of a published run: a Unix socket that viewers on this host ask for
+frames, stats and state, and through which they send ``set_concurrency``."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import _json
+from .._telemetry.frames import FrameChunk
+from ..errors import SpdlLabError
+from . import protocol as wire
+from .discovery import VERSION, Discovery, runtime_dir, safe_name
+
+__all__ = ["Endpoint", "Handlers"]
+
+THREAD_NAME = "spdl_lab:endpoint"
+# sun_path is 108 bytes on Linux and 104 on macOS; stay clear of both.
+_MAX_SOCKET_PATH = 99
+_CLOSE_WAIT_S = 4.0
+_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """What the publisher answers with, called on the endpoint's threads; an exception one
+    raises reaches the viewer as ``"<ExcType>: <message>"``."""
+
+    frames_since: Callable[[int], FrameChunk]
+    stats: Callable[[], dict]
+    state: Callable[[], str]
+    set_concurrency: Callable[[str, int], None]
+    controls: Callable[[], dict[str, int]]
+
+
+class Endpoint:
+    """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed, by
+    rules that keep a viewer from ever hurting training:
+
+    - Only a Unix socket, in the per-user 0700 ``runtime_dir``, with a discovery file beside it.
+    - An accept thread and a thread per viewer (``spdl_lab:endpoint``) run the handlers, so
+      those must be thread-safe and quick; the training loop never waits on them.
+    - A message is whole ``request_timeout`` s after its first byte, or the viewer is dropped.
+    - A request ``protocol`` refuses gets a ``Failure`` and the connection stays; broken framing
+      closes it. Both count in ``rejected``, as do viewers over ``max_viewers``.
+    - ``close()`` (also run at exit) stops the threads and removes both files.
+    """
+
+    def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
+                 runner: str | None = None, max_viewers: int = 16,
+                 request_timeout: float = 5.0) -> None:
+        self.name = name
+        self.handlers = handlers
+        self.runner = runner
+        self.max_viewers = max_viewers
+        self.request_timeout = request_timeout
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        #: messages rejected (malformed, unknown op, bad fields) and viewers refused
+        self.rejected = 0
+        #: requests whose handler raised (answered with the error, not counted as rejected)
+        self.handler_errors = 0
+        self._viewers: dict[socket.socket, threading.Thread] = {}
+
+        directory = runtime_dir()
+        room = _MAX_SOCKET_PATH - len(os.fsencode(str(directory / f"-{self.pid}.sock")))
+        if room < 1:
+            raise SpdlLabError(f"the runtime directory {directory} is too long a path for a Unix "
+                               f"socket (at most {_MAX_SOCKET_PATH} bytes in all); set "
+                               "SPDL_LAB_RUNTIME_DIR to a shorter directory")
+        stem = f"{safe_name(name)[:room]}-{self.pid}"
+        self.socket_path = directory / f"{stem}.sock"
+        self.discovery_path = directory / f"{stem}.json"
+        self._listener = self._listen()
+        try:
+            started = datetime.datetime.now(datetime.timezone.utc).isoformat()
+            info = Discovery(name=name, pid=self.pid, started=started, socket=str(self.socket_path),
+                             record=record, runner=runner)
+            _json.dump_file(info.model_dump(), self.discovery_path, compact=True)  # atomically
+        except BaseException:
+            self._listener.close()
+            self.socket_path.unlink(missing_ok=True)
+            raise
+        self._accept_thread = threading.Thread(target=self._accept_loop, name=THREAD_NAME,
+                                               daemon=True)
+        self._accept_thread.start()
+        atexit.register(self.close)
+
+    # -- setting up -------------------------------------------------------------------
+
+    def _listen(self) -> socket.socket:
+        path = self.socket_path
+        if path.exists() or path.is_symlink():
+            if self._answers(path):
+                raise SpdlLabError(f"an endpoint at {path} is already open in this process; "
+                                   "close it or publish under another name")
+            path.unlink()  # left by an earlier process with this pid
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(path))
+            os.chmod(path, 0o600)
+            listener.listen(self.max_viewers)
+            listener.settimeout(_POLL_S)
+        except OSError as exc:
+            listener.close()
+            path.unlink(missing_ok=True)
+            raise SpdlLabError(f"cannot listen on {path}: {exc}") from None
+        return listener
+
+    @staticmethod
+    def _answers(path: Path) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            return probe.connect_ex(str(path)) == 0
+
+    # -- serving ----------------------------------------------------------------------
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
+
+    def _accept_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self._stop.is_set():
+                        return
+                    time.sleep(_POLL_S)  # e.g. out of file descriptors: try again later
+                    continue
+                self._admit(conn)
+        finally:
+            self._listener.close()
+
+    def _admit(self, conn: socket.socket) -> None:
+        with self._lock:
+            full = len(self._viewers) >= self.max_viewers or self._stop.is_set()
+            if not full:
+                thread = threading.Thread(target=self._serve, args=(conn,), name=THREAD_NAME,
+                                          daemon=True)
+                self._viewers[conn] = thread
+                thread.start()  # under the lock, so close() never joins an unstarted thread
+        if full:
+            self._refuse(conn, f"the published run {self.name!r} already has {self.max_viewers} "
+                               "viewers; close another viewer and attach again")
+            conn.close()
+
+    def _refuse(self, conn: socket.socket, error: str) -> None:
+        """Count a rejection and tell the viewer why, before its connection is closed."""
+        self._count("rejected")
+        with contextlib.suppress(OSError, wire.ProtocolError):
+            wire.send_message(conn, wire.Failure(error=error), timeout=1.0)
+
+    def _serve(self, conn: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(conn, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                if not selector.select(_POLL_S):
+                    continue
+                try:
+                    message = wire.recv_message(conn, wire.MAX_REQUEST_BYTES, self.request_timeout)
+                except wire.PeerClosed:
+                    return
+                except wire.ProtocolError as exc:
+                    if not self._stop.is_set():
+                        self._refuse(conn, f"{exc}; closing the connection")
+                    return
+                reply = self._answer(message)
+                try:
+                    wire.send_message(conn, reply, timeout=self.request_timeout,
+                                      limit=wire.MAX_REPLY_BYTES)
+                except wire.ProtocolError as exc:
+                    if isinstance(exc, wire.MessageTimeout):
+                        return  # the viewer stopped reading: drop it
+                    wire.send_message(conn, self._failure(exc), timeout=self.request_timeout)
+        except (OSError, wire.ProtocolError):
+            return
+        finally:
+            selector.close()
+            with self._lock:
+                self._viewers.pop(conn, None)
+            conn.close()
+
+    def _failure(self, exc: BaseException) -> wire.Failure:
+        self._count("handler_errors")
+        return wire.Failure(error=f"{type(exc).__name__}: {exc}")
+
+    def _answer(self, message: dict) -> wire.Reply | wire.Failure:
+        try:
+            request = wire.read_request(message)
+        except wire.ProtocolError as exc:  # a bad request: answered, and the connection stays
+            self._count("rejected")
+            return wire.Failure(error=str(exc))
+        try:
+            return self._call(request)
+        except Exception as exc:  # a handler's failure is the viewer's answer, not ours
+            return self._failure(exc)
+
+    def _call(self, request: wire.Request) -> wire.Reply:
+        handlers = self.handlers
+        match request:
+            case wire.Ask(op="hello"):
+                return wire.HelloReply(name=self.name, pid=self.pid, runner=self.runner,
+                                       version=VERSION)
+            case wire.Ask(op="stats"):
+                return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
+            case wire.Ask(op="state"):
+                return wire.StateReply(state=str(handlers.state()))
+            case wire.Ask(op="controls"):
+                controls = {str(k): int(v) for k, v in handlers.controls().items()}
+                return wire.ControlsReply(controls=controls)
+            case wire.FramesSince(cursor=cursor):
+                return wire.FramesReply(chunk=wire.Chunk.of(handlers.frames_since(cursor)))
+            case wire.SetConcurrency(stage=stage, n=n):
+                handlers.set_concurrency(stage, n)
+                return wire.Reply()
+        raise AssertionError(f"no handler for {request!r}")
+
+    # -- closing ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving, drop the viewers, remove the socket and discovery files (idempotent)."""
+        if os.getpid() != self.pid:
+            # A forked child (a DataLoader worker) shares the sockets and the files with the
+            # script: shutting them down here would end the script's endpoint. Checked before
+            # the lock: a fork can copy it held by a viewer thread, which the child does not have.
+            return
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+            viewers = dict(self._viewers)
+        atexit.unregister(self.close)
+        # Gone from the directory first, so no new viewer finds it.
+        self.discovery_path.unlink(missing_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        for conn in viewers:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        for thread in [self._accept_thread, *viewers.values()]:
+            if thread is not threading.current_thread():
+                # A handler stuck forever keeps its daemon thread; we do not wait past this.
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,103 @@
+"""The interpreter-start hook behind ``SPDL_LAB_WATCH=1``: publish a script's torch
+DataLoaders and SPDL pipelines without the script importing spdl_lab. Standard library only,
+so that it can load before anything else."""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import sys
+from typing import Any
+
+__all__ = ["install", "installed"]
+
+ENV = "SPDL_LAB_WATCH"
+#: module -> (class, method) whose result is an epoch's iterator
+TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
+           "spdl.pipeline._pipeline": ("Pipeline", "get_iterator")}
+
+
+def install() -> bool:
+    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent.
+
+    Loaded at interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
+    ``boot/sitecustomize.py``); each epoch a TARGETS class starts is then published
+    (``auto.published_epoch``), except those spdl_lab starts itself.
+    """
+    if os.environ.get(ENV, "") != "1":
+        return False
+    if not installed():
+        sys.meta_path.insert(0, _Finder())
+        for module in TARGETS:  # imported before the hook (a sitecustomize that imports torch)
+            if module in sys.modules:
+                _patch(sys.modules[module])
+    return True
+
+
+def installed() -> bool:
+    # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.
+    return any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it lets the other finders find a target, then wraps its loader."""
+
+    spdl_lab_watch = True
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in TARGETS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code... for tools that ask
+        if name == "_loader":
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
+def _patch(module: Any) -> None:
+    class_name, method = TARGETS[module.__name__]
+    cls = getattr(module, class_name, None)
+    original = getattr(cls, method, None)
+    if original is None or getattr(original, "_spdl_lab_watch", False):
+        return
+
+    @functools.wraps(original)
+    def epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        items = original(self, *args, **kwargs)
+        frame = inspect.currentframe()
+        caller = frame.f_back.f_globals.get("__name__", "") if frame and frame.f_back else ""
+        if caller == "spdl_lab" or caller.startswith("spdl_lab.") or os.getpid() != _pid:
+            return items
+        from spdl_lab._watch.auto import published_epoch
+
+        return published_epoch(self, items)
+
+    epoch._spdl_lab_watch = True  # type: ignore[attr-defined]
+    setattr(cls, method, epoch)
+
+
+#: the interpreter the hook was installed in: a forked worker iterating a loader is not the script
+_pid = os.getpid()

@@ -1,0 +1,153 @@
+"""``lab.publish``: a training script makes its run visible to notebooks on this host, through
+a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+from typing import Any
+
+from .._runs import caller_line
+from .._telemetry.frames import chunk_since
+from .discovery import safe_name
+from .endpoint import Endpoint, Handlers
+from .records import RecordWriter, default_record_path
+from .sources import source_of
+from .timeline import Timeline
+
+__all__ = ["PUMP_EVERY_S", "Publisher", "publish", "published_by", "unpublish"]
+
+#: How often new frames go from the run's ring to the record's buffer.
+PUMP_EVERY_S = 0.25
+#: The open publishers, by id of what they publish.
+_PUBLISHED: dict[int, Publisher] = {}
+#: States after which a run produces no more frames.
+_ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
+
+
+def publish(obj: Any, name: str | None = None) -> Any:
+    """Publish what the training loop iterates (a Loader, a Session, a DataLoader, any iterable of
+    batches, an SPDL pipeline); returns what to iterate in its place. ``name``: ``SCRIPT-LINE``
+    of the call by default. A notebook then watches it with ``lab.attach("resnet")``::
+
+        loader = lab.publish(torch.utils.data.DataLoader(ds, batch_size=32), "resnet")
+        for batch in loader:
+            train(batch)
+    """
+    if id(obj) in _PUBLISHED:
+        return _PUBLISHED[id(obj)].source.published
+    return Publisher(obj, name or caller_line()).source.published
+
+
+def published_by(obj: Any) -> Publisher | None:
+    """The open Publisher of ``obj``, if it is published."""
+    return _PUBLISHED.get(id(obj))
+
+
+def unpublish(obj: Any) -> None:
+    """Stop publishing ``obj`` (what was published, or what ``publish`` returned) now."""
+    for publisher in list(_PUBLISHED.values()):
+        if obj is publisher.obj or obj is publisher.source.published:
+            publisher.close()
+
+
+class Publisher:
+    """The record and the endpoint of one published run; ``close()`` (or the exit) ends both.
+    It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
+    record's buffer; the endpoint's threads answer viewers from the timeline."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.timeline = Timeline()  # first: every tick of the source counts from here, none before
+        self.source = source_of(obj)
+        self.obj = obj
+        self.name = name
+        path = default_record_path(name, os.getpid())
+        if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
+            path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
+        #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
+        self.failed = False
+        self._recorded = 0  # the timeline's cursor: ticks before it are in the record
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
+                            state=self.state, set_concurrency=self.source.set_concurrency,
+                            controls=self.source.controls)
+        with contextlib.ExitStack() as undo:  # a step that fails stops what the steps before started
+            undo.callback(self.source.close)
+            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner})
+            undo.callback(self.writer.close, state="failed")
+            self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
+            undo.pop_all()
+        _watch_uncaught_exceptions()
+        self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
+        self._pump.start()
+        atexit.register(self.close)  # the record gets its last frames when the script ends
+        _PUBLISHED[id(obj)] = self
+
+    def _run(self) -> None:
+        while not self._stop.wait(PUMP_EVERY_S):
+            self._copy()
+            if self.source.state() in _ENDED:
+                self._copy()
+                self.writer.close(state=self._final_state())
+                return
+
+    def _copy(self) -> None:
+        self.timeline.pull(self.source.sampler())
+        chunk = chunk_since(self.timeline.ring, self._recorded)
+        self._recorded = chunk.cursor
+        if not self.writer.closed:  # the pump closes it when the run ends
+            self.writer.add(chunk)
+
+    def _final_state(self) -> str:
+        return "failed" if self.failed or self.source.state() == "failed" else "finished"
+
+    def stats(self) -> dict[str, Any]:
+        """The source's stats, plus the ticks publishing dropped rather than make training wait."""
+        return {**self.source.stats(), "dropped_ticks": {"record": self.writer.dropped_ticks,
+                                                         "viewers": self.timeline.skipped_by_viewers}}
+
+    def state(self) -> str:
+        """The run's state as viewers see it."""
+        return "failed" if self.failed else self.source.state()
+
+    def close(self) -> None:
+        """Stop publishing: the record gets the run's last frames and state, the endpoint goes."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+        self._pump.join(5.0)
+        state = self._final_state()
+        self.source.close()  # a source's sampler takes its last tick as it stops
+        self._copy()
+        self.writer.close(state=state)
+        self.endpoint.close()
+        atexit.unregister(self.close)
+        if _PUBLISHED.get(id(self.obj)) is self:
+            del _PUBLISHED[id(self.obj)]
+
+
+_hook_lock = threading.Lock()
+_previous_hook: Any = None
+
+
+def _watch_uncaught_exceptions() -> None:
+    """Once: an uncaught exception marks every published run "failed" before atexit closes them."""
+    global _previous_hook
+    with _hook_lock:
+        if _previous_hook is not None:
+            return
+        _previous_hook = sys.excepthook
+
+        def hook(kind: Any, value: Any, tb: Any) -> None:
+            if not issubclass(kind, KeyboardInterrupt):
+                for publisher in list(_PUBLISHED.values()):
+                    if publisher.source.state() not in _ENDED:  # a run that ended before is not
+                        publisher.failed = True
+            _previous_hook(kind, value, tb)
+
+        sys.excepthook = hook

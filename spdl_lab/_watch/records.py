@@ -1,0 +1,214 @@
+"""Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
+viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
+directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+from itertools import repeat
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import pandas as pd
+
+from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
+from .._telemetry.ring import Ring
+from ..errors import FileFormatError, SpdlLabError
+from .discovery import pid_alive, safe_name
+from .timeline import append_ticks
+
+__all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record",
+           "record_meta"]
+
+# Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
+# the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
+FULL_RATE_S = 600.0
+THIN_EVERY_S = 10.0
+RECORD_ENV = "SPDL_LAB_RECORD"
+THREAD_NAME = "spdl_lab:record"
+T = TypeVar("T")
+
+# frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
+# runner, dropped_ticks, and state: "running", then "finished" or "failed" at close).
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
+CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+_SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+
+# Rows of [lo, hi) except the last one of each (series, stage) in each bucket.
+# Rows are inserted in time order, so the largest rowid is the latest tick.
+_THIN = """
+DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
+    SELECT max(rowid) FROM frames WHERE time_s >= ? AND time_s < ?
+    GROUP BY series, stage, CAST(time_s / ? AS INTEGER))
+"""
+
+
+def default_record_path(name: str, pid: int) -> Path:
+    """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe)."""
+    override = os.environ.get(RECORD_ENV)
+    return Path(override) if override else Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
+
+
+class RecordWriter:
+    """Writes frame chunks to a new SQLite record from a thread of its own, ``spdl_lab:record``.
+    ``add`` never waits on the disk: it appends to a ring of ``max_buffered_ticks`` (older ticks
+    are dropped and counted), written every ``flush_every_s``; ``close`` raises a failed flush."""
+
+    def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
+                 max_buffered_ticks: int = 6000) -> None:
+        if flush_every_s <= 0:
+            raise SpdlLabError(f"flush_every_s must be > 0 seconds, got {flush_every_s!r}")
+        self.path = Path(path)
+        self.flush_every_s = flush_every_s
+        self.dropped_ticks = 0
+        self.error: BaseException | None = None
+        self._buffer = Ring(max(2, max_buffered_ticks))
+        self._written = 0  # the buffer's cursor: ticks before it are flushed or dropped
+        self._db_lock = threading.Lock()
+        self._thinned_until = -math.inf
+        self._newest_s = -math.inf
+        self.closed = False
+        self._stop = threading.Event()
+        self._db = self._open(meta)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def _open(self, meta: dict[str, str]) -> sqlite3.Connection:
+        if self.path.exists():
+            raise SpdlLabError(f"record file {self.path} already exists; choose another path "
+                               f"(--record or ${RECORD_ENV}) or delete the old record")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode loses nothing when the process dies, only on power loss.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks after each checkpoint
+            db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as e:
+            raise SpdlLabError(f"cannot create record file {self.path}: {e}; pick a writable path "
+                               f"(--record or ${RECORD_ENV})") from e
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        facts = {"pid": os.getpid(), "started": started, **meta, "state": "running", "dropped_ticks": 0}
+        with db:
+            db.executemany(_SET_META, [(str(k), str(v)) for k, v in facts.items()])
+        return db
+
+    def add(self, chunk: FrameChunk) -> None:
+        """Queue a chunk for the next flush; never waits on the disk."""
+        if self.closed:
+            raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
+        append_ticks(self._buffer, chunk.times, chunk.columns)
+
+    def flush(self) -> None:
+        """Write the buffered ticks now, in one transaction, then thin old ticks."""
+        # Under the disk lock, so that two flushes write their ticks in time order.
+        with self._db_lock:
+            if self._db is None:
+                return
+            cursor, times, columns = self._buffer.since(self._written)
+            self.dropped_ticks += cursor - self._written - len(times)
+            self._written = cursor
+            with self._db:
+                self._db.execute("BEGIN")
+                for (series, stage), values in columns.items():
+                    keep = ~np.isnan(values)
+                    self._db.executemany("INSERT INTO frames VALUES (?, ?, ?, ?)", zip(
+                        times[keep].tolist(), repeat(series), repeat(stage), values[keep].tolist()))
+                if len(times):
+                    self._newest_s = max(self._newest_s, float(times.max()))
+                self._thin()
+                self._db.execute(_SET_META, ("dropped_ticks", str(self.dropped_ticks)))
+
+    def _thin(self) -> None:
+        # Whole buckets only, so a bucket is thinned once, when it is complete.
+        if self._newest_s - FULL_RATE_S <= self._thinned_until:
+            return
+        until = math.floor((self._newest_s - FULL_RATE_S) / THIN_EVERY_S) * THIN_EVERY_S
+        if not until > self._thinned_until:
+            return
+        lo = self._thinned_until
+        self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
+        self._thinned_until = until
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_every_s):
+            try:
+                self.flush()
+            except Exception as e:
+                # Keep training going; the buffer stays bounded and close() reports it.
+                self.error = e
+
+    def close(self, state: str = "finished") -> None:
+        """Flush, set meta ``state`` ("finished" or "failed") and close the file; idempotent."""
+        if state not in ("finished", "failed"):
+            raise SpdlLabError(f"close(state={state!r}): state must be 'finished' or 'failed'")
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.flush()
+            with self._db_lock, self._db:
+                self._db.execute(_SET_META, ("state", state))
+        except sqlite3.Error as e:
+            raise SpdlLabError(f"could not finish record {self.path}: {e}") from e
+        finally:
+            with self._db_lock:
+                db, self._db = self._db, None
+            with contextlib.suppress(sqlite3.Error):
+                # A finished record becomes one plain file, which readers open without side
+                # files; a viewer still reading keeps it in WAL mode, which is fine too.
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.execute("PRAGMA journal_mode=DELETE")
+            db.close()
+        if self.error is not None:
+            raise SpdlLabError(f"some flushes of record {self.path} failed ({self.error}); "
+                               "the record may miss ticks: check the disk") from self.error
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close("failed" if exc_type is not None else "finished")
+
+
+def read_record(path: str | os.PathLike) -> pd.DataFrame:
+    """The record's frames (``FRAME_COLUMNS``), sorted by time; the file is opened read-only."""
+    query = "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid"
+    return _read(path, lambda db: pd.read_sql(query, db))[FRAME_COLUMNS]
+
+
+def record_meta(path: str | os.PathLike) -> dict[str, str]:
+    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is
+    gone: the process died without closing, and the record holds all up to its last flush."""
+    meta = _read(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
+    if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
+        meta["state"] = "killed"
+    return meta
+
+
+def _read(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:
+    """``read`` on the record at ``path``, opened read-only; SpdlLabError if it is none."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpdlLabError(f"record {path} does not exist; pass the path of a .sqlite record "
+                           "(see the runs in ./spdl_lab_runs)")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return read(db)
+    except (sqlite3.Error, pd.errors.DatabaseError) as e:
+        raise FileFormatError(f"{path} is not a readable spdl_lab record ({e}); pass a file written "
+                              "by RecordWriter", source=str(path), field="") from e

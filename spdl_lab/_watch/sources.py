@@ -1,0 +1,231 @@
+"""What a publisher reads from the thing it publishes, with one interface: ``sampler()``,
+``stats()``, ``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published``
+(what ``lab.publish`` hands back to the training loop)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .._experiments.session import Session
+from .._integrations import is_spdl_spec, open_spdl
+from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
+from .._pipeline import Pipeline
+from .._runs import RunOwner
+from .._telemetry.probes import CpuProbe, GilProbe
+from .._telemetry.sampler import DEFAULT_HZ, Sampler
+from .._training import StepClock
+from ..errors import PipelineSpecError
+
+__all__ = ["LoopSource", "OwnerSource", "SessionSource", "source_of"]
+
+
+def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
+    """The source for ``obj``: a Session, a Loader, an SPDL pipeline, a DataLoader or an iterable."""
+    if isinstance(obj, Session):
+        return SessionSource(obj)
+    if isinstance(obj, RunOwner):
+        return OwnerSource(obj)
+    if is_spdl_spec(obj):
+        monitor, _, _ = open_spdl(obj, None, DEFAULT_HZ, {})
+        return OwnerSource(monitor)
+    if isinstance(obj, Pipeline):
+        raise PipelineSpecError(
+            "lab.publish takes what the training loop iterates; a lab.Pipeline runs nothing by "
+            "itself: publish lab.Loader(pipeline, runner=...) instead")
+    if isinstance(obj, (str, bytes)) or not hasattr(obj, "__iter__"):
+        raise PipelineSpecError(
+            f"lab.publish takes a lab.Loader, a lab.run Session, a torch DataLoader, an SPDL "
+            f"pipeline or another iterable of batches, got {type(obj).__name__}")
+    return LoopSource(obj)
+
+
+class _Proxy:
+    """``len()`` and the attributes of the object it stands for, ``_of``."""
+
+    _of: Any
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_of":
+            raise AttributeError(name)
+        return getattr(self._of, name)
+
+
+class _Epoch(_Proxy):
+    """One pass of the training loop over a published iterable: the iterator it was given,
+    timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's."""
+
+    def __init__(self, items: Iterator[Any], clock: StepClock) -> None:
+        self._of = items
+        self._timed = clock.iterate_steps(items)
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._timed)
+
+    def close(self) -> None:
+        self._timed.close()  # a step left open (the loop broke out) is not counted
+
+
+class _TimedLoop:
+    """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time.
+    ``children=False`` skips the CPU probe's scan of every process on the machine for children,
+    where they are known another way (a DataLoader's workers) or there are none (threads)."""
+
+    def __init__(self, children: bool) -> None:
+        self.clock = StepClock()
+        self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
+        self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
+        self._epoch: _Epoch | None = None
+        self._lock = threading.Lock()
+
+    def epoch(self, items: Iterator[Any]) -> _Epoch:
+        """Time the loop over ``items``; an epoch still open (left by a ``break``) ends first."""
+        with self._lock:
+            previous, self._epoch = self._epoch, _Epoch(items, self.clock)
+            epoch = self._epoch
+        if previous is not None:
+            previous.close()
+        return epoch
+
+
+class SessionSource:
+    """A ``lab.run`` Session, published as it is and steered live; it has its own step clock and
+    probes. ``OwnerSource`` adds them to a Loader."""
+
+    def __init__(self, obj: Any) -> None:
+        self.published = self.obj = obj
+        self.runner = obj.runner
+
+    def sampler(self) -> Sampler | None:
+        return self.obj.sampler
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        self.obj.set_concurrency(stage, n)
+
+    def controls(self) -> dict[str, int]:
+        return dict(self.obj.controls())
+
+    def stats(self) -> dict[str, Any]:
+        return _snapshot_dict(self.obj.stats())
+
+    def state(self) -> str:
+        return self.obj.state
+
+    def close(self) -> None:
+        pass  # the session's own stop() or end closes what it started
+
+
+class OwnerSource(SessionSource):
+    """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters come from
+    its runs; the loop's steps are timed by wrapping each run's iterator (``RunOwner.consumer``),
+    and the step clock and the probes join its sampler."""
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.runner = owner.runner or "iterable"
+        self.loop = _TimedLoop(children=self.runner != "thread")
+        self._sources = [self.loop.clock.rows, *self.loop.probes]
+        for source in self._sources:
+            owner.add_source(source)
+        owner.consumer = self.loop.epoch
+        self.loop.gil.start()
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "step": self.loop.clock.summary().to_dict()}
+
+    def state(self) -> str:
+        """"running" until the Loader is closed (between epochs too), then "finished"."""
+        return "finished" if self.obj.state == "closed" else "running"
+
+    def close(self) -> None:
+        self.obj.consumer = None
+        for source in self._sources:
+            self.obj.remove_source(source)
+        self.loop.gil.stop()
+
+
+class LoopSource:
+    """Any other iterable, above all a torch DataLoader: each ``next()`` is data wait, the time
+    the loop holds a batch is the step, a DataLoader's workers are read for CPU; its own sampler."""
+
+    def __init__(self, iterable: Any) -> None:
+        self.obj = iterable
+        self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
+        self.loop = _TimedLoop(children=self.workers is None)
+        from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
+        self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
+                       else type(iterable).__name__)
+        sources = [self.loop.clock.rows, *self.loop.probes, *([self.workers] if self.workers else [])]
+        self._sampler = Sampler(sources, hz=DEFAULT_HZ)
+        self._closed = False
+        self.published = PublishedLoop(self)
+        self.loop.gil.start()
+        self._sampler.start()
+
+    def epoch(self, items: Iterator[Any]) -> _Epoch:
+        """Time one pass over ``items`` (an iterator of the published iterable)."""
+        if self.workers is not None:
+            self.workers.follow(items)
+        return self.loop.epoch(items)
+
+    def sampler(self) -> Sampler | None:
+        return self._sampler
+
+    def stats(self) -> dict[str, Any]:
+        step = self.loop.clock.summary().to_dict()
+        return {"runner": self.runner, "running": not self._closed, "elapsed_s": self._sampler.elapsed_s,
+                "items_out": step["steps"], "stages": [], "step": step}
+
+    def state(self) -> str:
+        return "finished" if self._closed else "running"
+
+    def set_concurrency(self, stage: str, n: int) -> None:
+        if self.workers is not None:
+            raise PipelineSpecError(
+                "a torch DataLoader cannot change its workers while it runs: num_workers is fixed "
+                "when an epoch starts. Set num_workers=N where the script builds the DataLoader and "
+                "restart it, or bring the dataset to the lab (lab.from_dataloader(dl) under the "
+                "thread or subprocess-threads runner), whose concurrency changes live")
+        raise PipelineSpecError(
+            f"this run iterates a {self.runner}: it has no stage whose concurrency the lab can set; "
+            f"publish a lab.Loader to steer it")
+
+    def controls(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        self._closed = True
+        self._sampler.stop()
+        self.loop.gil.stop()
+
+
+class PublishedLoop(_Proxy):
+    """What ``lab.publish`` returns for a DataLoader or another iterable: iterate it as the
+    original (every ``for`` is an epoch, timed); ``len()`` and attributes are the original's."""
+
+    def __init__(self, source: LoopSource) -> None:
+        self._source = source
+        self._of = source.obj
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._source.epoch(iter(self._of))
+
+    def __repr__(self) -> str:
+        return f"published({self._of!r})"
+
+
+def _snapshot_dict(snap: Any) -> dict[str, Any]:
+    table = snap.table()
+    rows = table.reset_index().to_dict(orient="records") if not table.empty else []
+    out = {"runner": snap.runner, "running": snap.running, "elapsed_s": snap.elapsed_s,
+           "items_out": snap.items_out, "stages": rows}
+    if getattr(snap, "step", None) is not None:
+        out["step"] = snap.step.to_dict()
+    return out
