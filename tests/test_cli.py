@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import spdl_lab as lab
-from spdl_lab import cli, cli_inputs
+from spdl_lab import _cli_inputs as cli_inputs
+from spdl_lab import cli
 from spdl_lab._diagnose.env_mode import ENV, ENV_REPORT_DIR, EXIT_STATUS
 from spdl_lab._diagnose.result import Diagnosis, Point, StageDiagnosis
 from spdl_lab.cli import main
