@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import shutil, sysconfig; shutil.copy('spdl_lab_watch.pth', sysconfig.get_path('purelib'))"
 	touch $(STAMP)
 
-# Unit tests first, in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one
-# worker, so module fixtures start once). Then, one at a time, what timing or a loaded
+# Unit tests first, in TEST_WORKERS processes (pytest-xdist, worksteal: an idle worker takes
+# tests from a busy one, so one long file does not hold the run). Then, one at a time, what timing or a loaded
 # machine could change: the browser tests, the `measurement` set (real timing) and the
 # notebooks. Exit 5 (none selected, e.g. under PYTEST_ARGS=-k...) is fine for the middle two.
 # The browser tests must run, not skip: Chromium is installed first and
@@ -31,7 +31,7 @@ BROWSER_TESTS := tests/ui/test_browser.py
 
 test: $(STAMP) browser-deps
 	$(PY) -m ruff check spdl_lab tests benchmarks tools notebooks
-	$(PY) -m pytest -m "not measurement" -n $(TEST_WORKERS) --dist loadfile --ignore=$(BROWSER_TESTS) $(PYTEST_ARGS) tests
+	$(PY) -m pytest -m "not measurement" -n $(TEST_WORKERS) --dist worksteal --ignore=$(BROWSER_TESTS) $(PYTEST_ARGS) tests
 	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BROWSER_TESTS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(PY) -m pytest -m measurement -p no:cacheprovider $(PYTEST_ARGS) tests; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
