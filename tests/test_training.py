@@ -282,6 +282,35 @@ def test_cuda_times_are_resolved_lazily_without_per_step_syncs(monkeypatch):
     assert gpu.synchronized == 1  # nothing pending: no second wait
 
 
+def test_copies_are_timed_apart_from_the_step_on_cpu():
+    clock = StepClock(cuda=False)
+    assert math.isnan(clock.summary().copy_mean_ms)
+    for _ in clock.iterate(range(4)):
+        with clock.step():
+            with clock.copy():
+                sum(range(2000))
+    s = clock.summary()
+    assert s.steps == 4 and 0 < s.copy_mean_ms <= s.step_mean_ms
+    assert series(clock.rows(0.1))["copy_ms"] == pytest.approx(s.copy_mean_ms)
+    assert "copy_ms" not in series(clock.rows(0.1))  # no copies since the last tick
+
+
+def test_cuda_copies_are_event_pairs_resolved_lazily(monkeypatch):
+    torch = pytest.importorskip("torch")
+    gpu = FakeGpu()
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(clock_module, "cuda_available", lambda: True)
+    clock = StepClock(cuda=True)
+    with clock.step():
+        with clock.copy():  # events 1 and 2 inside the step's 0 and 3
+            pass
+    assert "copy_ms" not in series(clock.rows(0.1)) and gpu.synchronized == 0
+    with pytest.raises(ValueError), clock.copy():
+        raise ValueError("a failed copy is not one")
+    s = clock.summary()
+    assert s.copy_mean_ms == pytest.approx(2.0) and s.device_mean_ms == pytest.approx(6.0)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_cuda_events_time_a_real_step():
     import torch

@@ -70,6 +70,7 @@ class StepClock:
         self._cuda_explicit = bool(cuda)
         use_cuda = device is None and (cuda or (cuda is None and cuda_available()))
         self._cuda: CudaStepTimer[StepRecord] | None = CudaStepTimer() if use_cuda else None
+        self._cuda_copies: CudaStepTimer[None] | None = CudaStepTimer() if use_cuda else None
         self._origin_ns = time.perf_counter_ns()
         self._records: deque[StepRecord] = deque(maxlen=history)
         self._totals = Totals()
@@ -135,6 +136,38 @@ class StepClock:
         device_ns = None if device is None else round((device.totals().busy_s - busy0) * 1e9)
         self._record(start_ns, end_ns, device_ns, cuda_start)
 
+    @contextmanager
+    def copy(self) -> Iterator[None]:
+        """A context manager timing a host-to-device copy, inside a step or not (``copy_ms``).
+
+        With CUDA it is an event pair on the current stream, so a ``non_blocking`` copy is timed
+        where the GPU does it, read lazily like the step's; otherwise the block's wall time.
+        """
+        timer = self._cuda_copies
+        if timer is None:
+            start_ns = time.perf_counter_ns()
+            yield
+            copy_ns = time.perf_counter_ns() - start_ns
+            with self._write_lock:
+                self._add_copies([(None, copy_ns / 1e9)])
+            return
+        start = timer.start()
+        try:
+            yield
+        except BaseException:
+            timer.cancel(start)
+            raise
+        with self._write_lock:  # summary() may drain the same timer from a reader's thread
+            timer.end(start, None)
+            self._add_copies(timer.poll())
+
+    def _add_copies(self, resolved: list[tuple[None, float]]) -> None:
+        """Count copies whose time is known; the caller holds the write lock."""
+        if resolved:
+            t = self._totals
+            copy_ns = sum(round(seconds * 1e9) for _, seconds in resolved)
+            self._totals = t._replace(copies=t.copies + len(resolved), copy_ns=t.copy_ns + copy_ns)
+
     def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
             stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
         """Run ``step_fn`` on each batch, timed, until ``steps`` steps, the end of ``iterable`` or
@@ -152,7 +185,7 @@ class StepClock:
             if self._cuda_explicit:
                 raise PipelineSpecError("StepClock.run: the step is a SimulatedDevice but the clock was made "
                                         "with cuda=True; make it with StepClock(device=...) or cuda=None")
-            self.device, self._cuda = step_fn, None
+            self.device, self._cuda, self._cuda_copies = step_fn, None, None
         batches = self._timed(_iter_of(iterable, "StepClock.run"))
         done = 0
         try:
@@ -226,7 +259,8 @@ class StepClock:
     def rows(self, dt_s: float) -> list[Row]:
         """A Sampler source (one per clock) of stage ``"step"``: ``steps``, and per tick with steps
         ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``, ``data_wait_frac``, and
-        ``device_ms`` and ``device_util`` (device time / step time) once device time is known."""
+        ``device_ms`` and ``device_util`` (device time / step time) once device time is known, and
+        ``copy_ms`` for ticks with copies timed by ``copy()``."""
         now = self._totals
         rows: list[Row] = [("steps", STAGE, float(now.steps))]
         if dt_s <= 0:
@@ -248,6 +282,9 @@ class StepClock:
             wall_ns = now.device_step_ns - before.device_step_ns
             if wall_ns > 0:
                 rows.append(("device_util", STAGE, device_ns / wall_ns))
+        copies = now.copies - before.copies
+        if copies > 0:
+            rows.append(("copy_ms", STAGE, (now.copy_ns - before.copy_ns) / copies / 1e6))
         return rows
 
     def summary(self) -> StepSummary:
@@ -258,6 +295,9 @@ class StepClock:
                 for record, seconds in self._cuda.drain():
                     t = self._add_device(t, record, round(seconds * 1e9))
                 self._totals = t
+        if self._cuda_copies is not None and self._cuda_copies.pending:
+            with self._write_lock:
+                self._add_copies(self._cuda_copies.drain())
         t = self._totals
         steps = t.steps
         elapsed_ns = t.last_end_ns - self._first_ns if steps else 0
@@ -274,7 +314,7 @@ class StepClock:
             data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
             device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
             device_util=t.device_ns / t.device_step_ns if t.device_step_ns > 0 else math.nan,
-            device=self.device_name)
+            device=self.device_name, copy_mean_ms=_mean_ms(t.copy_ns, t.copies))
 
     def __repr__(self) -> str:
         return f"StepClock(steps={self.steps}, device={self.device_name!r})"

@@ -3,6 +3,7 @@ the figures over every step (``StepSummary``), with the summary's row as tables 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
@@ -39,6 +40,7 @@ class StepSummary:
     device_mean_ms: float
     device_util: float  # device time / step wall time, over the steps with device time
     device: str  # "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
+    copy_mean_ms: float = math.nan  # host-to-device copies timed by StepClock.copy(), per copy
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +57,9 @@ class Totals(NamedTuple):
     device_steps: int = 0
     device_ns: int = 0
     device_step_ns: int = 0
+    #: copies timed by StepClock.copy() whose time is known, and that time
+    copies: int = 0
+    copy_ns: int = 0
 
 
 def summary_row(step: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,8 @@ WINDOWS_S = (60.0, 300.0, 1800.0)
 SMOOTH_S = 2.0
 _TOOLS = "xwheel_zoom,xbox_zoom,reset,save"
 
-STEP_SERIES = (("data_wait_ms", "data wait"), ("step_ms", "step"), ("device_ms", "device"))
+STEP_SERIES = (("data_wait_ms", "data wait"), ("step_ms", "step"), ("device_ms", "device"),
+               ("copy_ms", "host-to-device copy"))
 CPU_SERIES = (("main", "this process"), ("children", "child processes"), ("total", "total"),
               ("machine", "whole machine"))
 WAIT_SERIES = (("gil_wait_frac", "train", "training thread: GIL wait"),
