@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test lab demo bench lint soak clean browser-deps notebooks
+.PHONY: venv test lab demo bench lint soak clean browser-deps notebooks gpu-check
 
 venv: $(STAMP)
 
@@ -48,6 +48,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_overhead.py
+
+# The StepClock's CUDA timing on a real GPU (benchmarks/gpu_check.py): a conv net under the thread
+# and process runners, checked against the script's own CUDA events and torch.profiler's kernel
+# time. Without CUDA it says so and exits 0.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # The soak tests at full size (tests/reliability/test_soak.py): 1,000,000 items through
 # each thread engine, 100 open/close cycles of every runner. `make test` runs them short;

@@ -328,6 +328,21 @@ def test_cuda_events_time_a_real_step():
     assert all(r.device_s > 0 for r in clock.records())
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_copy_is_timed_on_the_stream():
+    import torch
+
+    host = torch.ones(64, 1024, 1024, dtype=torch.uint8).pin_memory()
+    clock = StepClock(cuda=True)
+    for _ in range(5):
+        with clock.step():
+            with clock.copy():
+                dev = host.to("cuda", non_blocking=True)
+            dev.float().sum()
+    s = clock.summary()
+    assert 0 < s.copy_mean_ms < s.device_mean_ms
+
+
 # -- SimulatedDevice ----------------------------------------------------------
 #
 # Two things make step times on a shared machine noisy, and the tests below
@@ -561,3 +576,16 @@ def test_step_clock_rejects_bad_arguments():
         clock.run(5, print)  # type: ignore[arg-type]
     with pytest.raises(PipelineSpecError, match="expected an iterable of batches"):
         clock.iterate(5)  # type: ignore[arg-type]
+
+
+def test_gpu_check_without_cuda_says_so_and_exits_0():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if HAS_CUDA:
+        pytest.skip("this machine has CUDA: `make gpu-check` runs the real check")
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA on this machine" in done.stdout and "nothing was checked" in done.stdout
