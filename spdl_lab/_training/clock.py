@@ -233,7 +233,7 @@ class StepClock:
     def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
         return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
-                          device_step_ns=t.device_step_ns + round(record.step_s * 1e9))
+                          device_loop_ns=t.device_loop_ns + round((record.data_wait_s + record.step_s) * 1e9))
 
     @property
     def steps(self) -> int:
@@ -259,7 +259,7 @@ class StepClock:
     def rows(self, dt_s: float) -> list[Row]:
         """A Sampler source (one per clock) of stage ``"step"``: ``steps``, and per tick with steps
         ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``, ``data_wait_frac``, and
-        ``device_ms`` and ``device_util`` (device time / step time) once device time is known, and
+        ``device_ms`` and ``device_util`` (device time / loop time) once device time is known, and
         ``copy_ms`` for ticks with copies timed by ``copy()``."""
         now = self._totals
         rows: list[Row] = [("steps", STAGE, float(now.steps))]
@@ -279,9 +279,9 @@ class StepClock:
         if resolved > 0:
             device_ns = now.device_ns - before.device_ns
             rows.append(("device_ms", STAGE, device_ns / resolved / 1e6))
-            wall_ns = now.device_step_ns - before.device_step_ns
-            if wall_ns > 0:
-                rows.append(("device_util", STAGE, device_ns / wall_ns))
+            loop_ns = now.device_loop_ns - before.device_loop_ns
+            if loop_ns > 0:
+                rows.append(("device_util", STAGE, _share(device_ns, loop_ns)))
         copies = now.copies - before.copies
         if copies > 0:
             rows.append(("copy_ms", STAGE, (now.copy_ns - before.copy_ns) / copies / 1e6))
@@ -313,7 +313,7 @@ class StepClock:
             data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
             data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
             device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
-            device_util=t.device_ns / t.device_step_ns if t.device_step_ns > 0 else math.nan,
+            device_util=_share(t.device_ns, t.device_loop_ns) if t.device_loop_ns > 0 else math.nan,
             device=self.device_name, copy_mean_ms=_mean_ms(t.copy_ns, t.copies))
 
     def __repr__(self) -> str:
@@ -325,6 +325,12 @@ def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
         return iter(iterable)
     except TypeError:
         raise PipelineSpecError(f"{where}: expected an iterable of batches, got {type(iterable).__name__}") from None
+
+
+def _share(device_ns: int, loop_ns: int) -> float:
+    """The device's share of the loop. CUDA work runs behind the loop, so a window's event pairs
+    can outlast its wall time (they end on the GPU later): a share is at most 1."""
+    return min(1.0, device_ns / loop_ns)
 
 
 def _mean_ms(total_ns: int, count: int) -> float:

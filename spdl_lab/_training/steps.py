@@ -38,7 +38,7 @@ class StepSummary:
     data_wait_p90_ms: float
     data_wait_frac: float  # wait / (wait + step): the share of the loop spent waiting for data
     device_mean_ms: float
-    device_util: float  # device time / step wall time, over the steps with device time
+    device_util: float  # device time / loop time (wait + step), over the steps with device time, <= 1
     device: str  # "sim" (a SimulatedDevice's name), "cuda", or "" without device timing
     copy_mean_ms: float = math.nan  # host-to-device copies timed by StepClock.copy(), per copy
 
@@ -53,10 +53,10 @@ class Totals(NamedTuple):
     wait_ns: int = 0
     step_ns: int = 0
     last_end_ns: int = 0
-    #: steps whose device time is known, their device time and their step wall time
+    #: steps whose device time is known, their device time and their loop time (wait + step)
     device_steps: int = 0
     device_ns: int = 0
-    device_step_ns: int = 0
+    device_loop_ns: int = 0
     #: copies timed by StepClock.copy() whose time is known, and that time
     copies: int = 0
     copy_ns: int = 0

@@ -22,7 +22,7 @@ __all__ = ["duration_s", "read_run", "run_summary", "run_text", "write_run_page"
 SUMMARY = [("batches_per_s", "step", "training batches/s"), ("step_ms", "step", "step (ms)"),
            ("data_wait_ms", "step", "data wait per batch (ms)"),
            ("data_wait_frac", "step", "data wait, share of the loop"),
-           ("device_util", "step", "device busy, share of the step"), ("qps", None, "items/s"),
+           ("device_util", "step", "device busy, share of the loop"), ("qps", None, "items/s"),
            ("p50_ms", None, "task p50 (ms)"), ("busy_frac", None, "busy share of its workers"),
            ("cpu_percent", None, "CPU (% of one core)"), ("gil_wait_frac", None, "GIL wait share")]
 #: (title, series, y label) of the plots over time, each a line per stage.
