@@ -25,7 +25,7 @@ from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._telemetry.snapshot import Snapshot
 from .._training import SimulatedDevice, StepClock
-from .._training.steps import summary_row
+from .._training.steps import summary_table
 from .._training.waits import TrainingThreadWaits
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
@@ -302,10 +302,7 @@ class Session:
 
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the step."""
-        snap = self.stats()
-        table = snap.table() if snap.stages else pd.DataFrame()
-        row = summary_row(snap.step.to_dict())
-        return pd.concat([table, pd.DataFrame([row], index=pd.Index(["step"], name="name"))])
+        return summary_table(self.stats())
 
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard widget (``lab.Dashboard``; options: ``hz``, ``rollover``)."""

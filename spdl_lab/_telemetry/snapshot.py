@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pandas as pd
@@ -65,6 +65,26 @@ class Snapshot:
         frame = pd.DataFrame([asdict(s) for s in self._rows()])
         return frame.set_index("name") if not frame.empty else frame
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (a row per stage, source first; the step's figures), as sent to viewers."""
+        table = self.table()
+        out = {"runner": self.runner, "running": self.running, "elapsed_s": self.elapsed_s,
+               "items_out": self.items_out,
+               "stages": table.reset_index().to_dict(orient="records") if not table.empty else []}
+        if self.step is not None:
+            out["step"] = self.step.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], step: Any = None) -> Snapshot:
+        """The Snapshot ``to_dict`` gave (a published run's, received or recorded); ``step`` is
+        its step's figures, made by the caller (a StepSummary)."""
+        rows = [_stage(row) for row in data.get("stages", [])]
+        source = next((r for r in rows if r.kind == "source"), None)
+        return cls(runner=str(data.get("runner", "?")), running=bool(data.get("running", False)),
+                   elapsed_s=_float(data.get("elapsed_s")), items_out=int(data.get("items_out") or 0),
+                   stages={r.name: r for r in rows if r is not source}, source=source, step=step)
+
     def _rows(self) -> list[StageStats]:
         return ([self.source] if self.source else []) + list(self.stages.values())
 
@@ -85,6 +105,24 @@ class Snapshot:
                          f"p50={_ms(s.p50_ms):>7} p99={_ms(s.p99_ms):>7} conc={s.concurrency:<3} "
                          f"queue={s.queue_depth}/{s.queue_capacity}")
         return "\n".join(lines)
+
+
+def _stage(row: Mapping[str, Any]) -> StageStats:
+    """A StageStats from a row of plain data; a missing or null figure reads NaN (or 0 for a count)."""
+    values = {}
+    for f in fields(StageStats):
+        value = row.get(f.name)
+        if f.type == "str":
+            values[f.name] = str(value if value is not None else "")
+        elif f.type == "int":
+            values[f.name] = int(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0
+        else:
+            values[f.name] = _float(value)
+    return StageStats(**values)
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
 def _cell(x: float) -> str:

@@ -12,12 +12,14 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from .._telemetry.frames import Row
-from .._telemetry.histogram import bucket_of, new_counts, quantile_ns
+from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
 from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
-from .steps import StepRecord, StepSummary, Totals
+from .steps import StepRecord, StepSummary, Totals, summarize
 
 __all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
 
@@ -85,14 +87,16 @@ class StepClock:
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = threading.Lock()
 
-    def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
-        """Yield from ``iterable``, timing each ``next()`` as data wait."""
-        return self._timed(_iter_of(iterable, "StepClock.iterate"))
+    def iterate(self, iterable: Iterable[T], started_ns: int | None = None) -> Iterator[T]:
+        """Yield from ``iterable``, timing each ``next()`` as data wait. ``started_ns``
+        (``time.perf_counter_ns()``) is when the epoch began, if before this call: a DataLoader
+        starts its workers in ``iter()``, and the first batch waits for that too."""
+        return self._timed(_iter_of(iterable, "StepClock.iterate"), started_ns)
 
-    def _timed(self, iterator: Iterator[T]) -> Generator[T, None, None]:
+    def _timed(self, iterator: Iterator[T], started_ns: int | None = None) -> Generator[T, None, None]:
         clock = time.perf_counter_ns
         while True:
-            t0 = clock()
+            t0, started_ns = started_ns or clock(), None
             if not self._first_ns:
                 self._first_ns = t0
             try:
@@ -103,11 +107,12 @@ class StepClock:
             self._waited = True
             yield item
 
-    def iterate_steps(self, iterable: Iterable[T]) -> Generator[T, None, None]:
+    def iterate_steps(self, iterable: Iterable[T], started_ns: int | None = None) -> Generator[T, None, None]:
         """Yield from ``iterable`` to a loop that is not the clock's (``lab.publish``): each
-        ``next()`` is data wait, and the time the loop holds a batch, until it asks for the
-        next, is that batch's step. A step the loop leaves (``break``, an error) is not one."""
-        for batch in self.iterate(iterable):
+        ``next()`` is data wait (the first from ``started_ns``, as in ``iterate``), and the time
+        the loop holds a batch, until it asks for the next, is that batch's step. A step the loop
+        leaves (``break``, an error) is not one."""
+        for batch in self.iterate(iterable, started_ns):
             with self.step():
                 yield batch
 
@@ -233,11 +238,17 @@ class StepClock:
     def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
         record.device_s = device_ns / 1e9
         return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
-                          device_loop_ns=t.device_loop_ns + round((record.data_wait_s + record.step_s) * 1e9))
+                          device_loop_ns=t.device_loop_ns + round(record.data_wait_s * 1e9)
+                          + round(record.step_s * 1e9))
 
     @property
     def steps(self) -> int:
         return self._totals.steps
+
+    @property
+    def totals(self) -> Totals:
+        """The running sums, as of the last step (one immutable value)."""
+        return self._totals
 
     @property
     def device_name(self) -> str:
@@ -248,6 +259,27 @@ class StepClock:
     def records(self) -> list[StepRecord]:
         """The last ``history`` steps, oldest first."""
         return list(self._records)  # one C-level copy: safe while the loop appends
+
+    def records_since(self, cursor: int) -> list[StepRecord]:
+        """The steps from index ``cursor`` on whose figures are final (CUDA time resolved), oldest
+        first: how a publisher copies them into its record. Steps that left the history are gone."""
+        settled = self._totals.steps - (self._cuda.pending if self._cuda is not None else 0)
+        if settled <= cursor:
+            return []
+        records = list(self._records)
+        return [r for r in records[max(0, len(records) - (records[-1].index + 1 - cursor)):]
+                if cursor <= r.index < settled]
+
+    @property
+    def first_ns(self) -> int:
+        """When the first batch was asked for (or the first step began), ns since the clock was
+        made; 0 before."""
+        return self._first_ns - self._origin_ns if self._first_ns else 0
+
+    @property
+    def origin_s(self) -> float:
+        """``time.perf_counter()`` when the clock was made: a StepRecord's ``end_s`` counts from here."""
+        return self._origin_ns / 1e9
 
     def last(self) -> StepRecord | None:
         """The latest step, or None before the first (no copy of the history)."""
@@ -299,22 +331,14 @@ class StepClock:
             with self._write_lock:
                 self._add_copies(self._cuda_copies.drain())
         t = self._totals
-        steps = t.steps
-        elapsed_ns = t.last_end_ns - self._first_ns if steps else 0
-        step_hist, wait_hist = list(self.step_hist), list(self.wait_hist)  # one consistent copy each
-        step = [quantile_ns(step_hist, q) / 1e6 for q in (0.5, 0.9, 0.99)]
-        wait = [quantile_ns(wait_hist, q) / 1e6 for q in (0.5, 0.9)]
-        loop_ns = t.wait_ns + t.step_ns
-        return StepSummary(
-            steps=steps, elapsed_s=elapsed_ns / 1e9,
-            batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
-            step_mean_ms=_mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
-            step_p99_ms=step[2], data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
-            data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
-            data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
-            device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
-            device_util=_share(t.device_ns, t.device_loop_ns) if t.device_loop_ns > 0 else math.nan,
-            device=self.device_name, copy_mean_ms=_mean_ms(t.copy_ns, t.copies))
+        records = list(self._records)  # one C-level copy: safe while the loop appends
+        steps_s = waits_s = None
+        if records and records[0].index == 0 and len(records) >= t.steps:  # every step is here
+            records = records[:t.steps]  # not those the loop added after ``t``
+            steps_s = np.fromiter((r.step_s for r in records), float, len(records))
+            waits_s = np.fromiter((r.data_wait_s for r in records), float, len(records))
+        return summarize(t, self._first_ns, self.device_name, list(self.step_hist), list(self.wait_hist),
+                         steps_s, waits_s)
 
     def __repr__(self) -> str:
         return f"StepClock(steps={self.steps}, device={self.device_name!r})"
@@ -331,8 +355,4 @@ def _share(device_ns: int, loop_ns: int) -> float:
     """The device's share of the loop. CUDA work runs behind the loop, so a window's event pairs
     can outlast its wall time (they end on the GPU later): a share is at most 1."""
     return min(1.0, device_ns / loop_ns)
-
-
-def _mean_ms(total_ns: int, count: int) -> float:
-    return total_ns / count / 1e6 if count else math.nan
 

@@ -4,11 +4,16 @@ the figures over every step (``StepSummary``), with the summary's row as tables 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["StepRecord", "StepSummary", "Totals", "summary_row"]
+import numpy as np
+import pandas as pd
+
+from .._telemetry.histogram import quantile_ns
+
+__all__ = ["StepRecord", "StepSummary", "Totals", "summarize", "summary_row", "summary_table"]
 
 
 @dataclass(slots=True)
@@ -62,9 +67,50 @@ class Totals(NamedTuple):
     copy_ns: int = 0
 
 
+def summarize(t: Totals, first_ns: int, device: str, step_hist: Sequence[int], wait_hist: Sequence[int],
+              steps_s: np.ndarray | None = None, waits_s: np.ndarray | None = None) -> StepSummary:
+    """The figures over every step: rates and shares from the running totals; percentiles over
+    the steps themselves when ``steps_s``/``waits_s`` hold every one (seconds), else from the
+    histograms (within a bucket: under 7%). A clock and a record of its steps both come here,
+    so a record reads exactly what the live run read at its end."""
+    steps = t.steps
+    elapsed_ns = t.last_end_ns - first_ns if steps else 0
+    if steps and steps_s is not None and waits_s is not None and len(steps_s) == len(waits_s) == steps:
+        step = [float(v) * 1e3 for v in np.percentile(steps_s, [50, 90, 99])]
+        wait = [float(v) * 1e3 for v in np.percentile(waits_s, [50, 90])]
+    else:
+        step = [quantile_ns(step_hist, q) / 1e6 for q in (0.5, 0.9, 0.99)]
+        wait = [quantile_ns(wait_hist, q) / 1e6 for q in (0.5, 0.9)]
+    loop_ns = t.wait_ns + t.step_ns
+    return StepSummary(
+        steps=steps, elapsed_s=elapsed_ns / 1e9,
+        batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
+        step_mean_ms=_mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
+        step_p99_ms=step[2], data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
+        data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
+        data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
+        device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
+        device_util=min(1.0, t.device_ns / t.device_loop_ns) if t.device_loop_ns > 0 else math.nan,
+        device=device, copy_mean_ms=_mean_ms(t.copy_ns, t.copies))
+
+
+def _mean_ms(total_ns: int, count: int) -> float:
+    return total_ns / count / 1e6 if count else math.nan
+
+
 def summary_row(step: Mapping[str, Any]) -> dict[str, Any]:
     """The training step as one row of a stage table (``Session.summary``, a remote run's),
     from ``StepSummary.to_dict()`` or the same keys received from a published run."""
     return {"kind": "step", "tasks": step.get("steps"), "qps": step.get("batches_per_s"),
             "p50_ms": step.get("step_p50_ms"), "p99_ms": step.get("step_p99_ms"),
             "data_wait_frac": step.get("data_wait_frac"), "device_util": step.get("device_util")}
+
+
+def summary_table(snap: Any) -> pd.DataFrame:
+    """A Snapshot as ``summary()`` shows it, for a local session, a remote one and a record alike:
+    one row per stage (the source first), then the training step's."""
+    table = snap.table() if snap.stages else pd.DataFrame()
+    if snap.step is None:
+        return table
+    step = pd.DataFrame([summary_row(snap.step.to_dict())], index=pd.Index(["step"], name="name"))
+    return pd.concat([table, step]) if not table.empty else step

@@ -12,15 +12,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._json import loads
 from .._telemetry.frames import FrameChunk, chunk_since, to_frame
 from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_TICKS
-from .._training.steps import summary_row
+from .._telemetry.snapshot import Snapshot
+from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .client import EndpointClient
 from .discovery import list_endpoints
-from .records import read_record, record_meta
+from .records import read_record, record_meta, with_record
+from .step_records import read_step_summary
 from .timeline import append_ticks
 
 __all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
@@ -91,6 +94,9 @@ class RemoteSession:
         self._remote_cursor = 0
         self._state = state
         self._stats: dict[str, Any] = {}
+        #: ticks the run dropped rather than make training wait (for its record, for viewers)
+        self.dropped_ticks: dict[str, int] = {}
+        self._final: Snapshot | None = None  # a record's: its last stats, its steps' figures
         self._controls: dict[str, int] = {}
         self._t0 = time.monotonic()
         self._lock = threading.Lock()  # one request at a time on the client
@@ -113,7 +119,16 @@ class RemoteSession:
             ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
         pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
         entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path)}
-        return cls(entry, ring=ring, state=meta.get("state", "?"))
+        session = cls(entry, ring=ring, state=meta.get("state", "?"))
+        step = with_record(path, lambda db: read_step_summary(db, meta))
+        try:
+            stats = loads(meta["stats"]) if meta.get("stats") else {}
+        except ValueError:
+            stats = {}  # a stats line cut short by a kill: the steps still stand
+        stats = stats if isinstance(stats, dict) else {}
+        stats.setdefault("runner", entry["runner"])
+        session._final = Snapshot.from_dict({**stats, "running": False}, step=step)
+        return session
 
     # -- polling -----------------------------------------------------------------
     def _loop(self) -> None:
@@ -159,32 +174,32 @@ class RemoteSession:
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         return chunk_since(self._ring, cursor)
 
-    def stats(self) -> dict[str, Any]:
-        """The run's own summary (runner, running, elapsed_s, items_out, a row per stage)."""
+    def stats(self) -> Snapshot:
+        """The run's figures, as ``Session.stats()`` gives them: a ``lab.Snapshot`` with a row per
+        stage and the training step's figures in ``step`` (per step, from the run's own clock)."""
+        if self._final is not None:
+            return self._final
         if self.running and self._client is not None:
             try:
                 with self._lock:
                     self._stats = self._client.request("stats").stats
             except SpdlLabError:
                 pass
-        return dict(self._stats)
+        stats = dict(self._stats)
+        self.dropped_ticks = dict(stats.get("dropped_ticks") or {})
+        step = stats.get("step")
+        return Snapshot.from_dict({"runner": self.runner, **stats, "running": self.running},
+                                  step=_step_summary(step) if step else None)
 
     def summary(self) -> pd.DataFrame:
-        """One row per stage and one for the training step (as ``Session.summary``), from ``stats()``."""
-        stats = self.stats()
-        frame = pd.DataFrame(stats.get("stages", []))
-        frame = frame.set_index("name") if "name" in frame else frame
-        step = stats.get("step")
-        if not step:
-            return frame
-        step_frame = pd.DataFrame([summary_row(step)], index=pd.Index(["step"], name="name"))
-        step_frame = step_frame.astype(float, errors="ignore")
-        return pd.concat([frame, step_frame]) if not frame.empty else step_frame
+        """One row per stage and one for the training step, as ``Session.summary``."""
+        return summary_table(self.stats())
 
     @property
     def stage_names(self) -> list[str]:
         """The run's stages in order, the source first (what the dashboard plots)."""
-        return [str(row["name"]) for row in self.stats().get("stages", []) if "name" in row]
+        table = self.stats().table()
+        return [str(name) for name in table.index] if not table.empty else []
 
     def controls(self) -> dict[str, int]:
         return dict(self._controls)
@@ -222,3 +237,10 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"
+
+
+def _step_summary(step: dict[str, Any]) -> StepSummary:
+    """A StepSummary from its ``to_dict()`` sent over the wire (JSON null for NaN)."""
+    known = StepSummary.__dataclass_fields__
+    return StepSummary(**{k: (float("nan") if v is None and k != "device" else v)
+                          for k, v in step.items() if k in known})

@@ -36,10 +36,10 @@ def start_hook(event: str, subject: Any) -> None:
         publish_once(subject)
 
 
-def published_epoch(obj: Any, items: Any) -> Any:
+def published_epoch(obj: Any, items: Any, started_ns: int | None = None) -> Any:
     """``items``, an epoch's iterator the script just made from ``obj`` (a DataLoader, an SPDL
-    pipeline), timed for ``obj``'s published run."""
-    return publish_once(obj).source.epoch(items)
+    pipeline) from ``started_ns`` (``time.perf_counter_ns()``) on, timed for ``obj``'s published run."""
+    return publish_once(obj).source.epoch(items, started_ns)
 
 
 def _base_name() -> str:

@@ -10,6 +10,7 @@ import importlib.machinery
 import inspect
 import os
 import sys
+import time
 from typing import Any
 
 __all__ = ["install", "installed"]
@@ -86,6 +87,7 @@ def _patch(module: Any) -> None:
 
     @functools.wraps(original)
     def epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started_ns = time.perf_counter_ns()  # a DataLoader starts its workers here: data wait
         items = original(self, *args, **kwargs)
         frame = inspect.currentframe()
         caller = frame.f_back.f_globals.get("__name__", "") if frame and frame.f_back else ""
@@ -93,7 +95,7 @@ def _patch(module: Any) -> None:
             return items
         from spdl_lab._watch.auto import published_epoch
 
-        return published_epoch(self, items)
+        return published_epoch(self, items, started_ns)
 
     epoch._spdl_lab_watch = True  # type: ignore[attr-defined]
     setattr(cls, method, epoch)

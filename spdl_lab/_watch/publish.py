@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import sys
 import threading
+import time
 from typing import Any
 
+from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
 from .discovery import safe_name
 from .endpoint import Endpoint, Handlers
 from .records import RecordWriter, default_record_path
 from .sources import source_of
+from .step_records import step_rows
 from .timeline import Timeline
 
 __all__ = ["PUMP_EVERY_S", "Publisher", "publish", "published_by", "unpublish"]
 
-#: How often new frames go from the run's ring to the record's buffer.
+#: How often new frames and steps go from the run to the record's buffer.
 PUMP_EVERY_S = 0.25
+#: How often the run's stats (the stages' figures) are kept in the record, besides at its end.
+STATS_EVERY_S = 5.0
 #: The open publishers, by id of what they publish.
 _PUBLISHED: dict[int, Publisher] = {}
 #: States after which a run produces no more frames.
@@ -70,6 +76,8 @@ class Publisher:
         #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
         self.failed = False
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record
+        self._steps_recorded = 0  # the clock's step index: steps before it are in the record
+        self._stats_at = -math.inf
         self._stop = threading.Event()
         self._lock = threading.Lock()
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
@@ -91,16 +99,31 @@ class Publisher:
         while not self._stop.wait(PUMP_EVERY_S):
             self._copy()
             if self.source.state() in _ENDED:
-                self._copy()
+                self._copy(final=True)
                 self.writer.close(state=self._final_state())
                 return
 
-    def _copy(self) -> None:
+    def _copy(self, final: bool = False) -> None:
         self.timeline.pull(self.source.sampler())
         chunk = chunk_since(self.timeline.ring, self._recorded)
         self._recorded = chunk.cursor
+        clock = self.source.clock
+        if final:
+            clock.summary()  # resolves the CUDA time of the last steps
+        rows = step_rows(clock.records_since(self._steps_recorded))
+        if rows:
+            self._steps_recorded = rows[-1][0] + 1
+        totals = clock.totals
+        facts = {"steps_first_ns": str(clock.first_ns), "steps_device": clock.device_name,
+                 "steps_offset_s": repr(clock.origin_s - self.timeline.started_at),
+                 "step_copies": str(totals.copies), "step_copy_ns": str(totals.copy_ns)}
+        now = time.monotonic()
+        if final or now - self._stats_at >= STATS_EVERY_S:
+            self._stats_at = now
+            facts["stats"] = dumps(self.stats())
         if not self.writer.closed:  # the pump closes it when the run ends
             self.writer.add(chunk)
+            self.writer.add_steps(rows, facts)
 
     def _final_state(self) -> str:
         return "failed" if self.failed or self.source.state() == "failed" else "finished"
@@ -123,7 +146,7 @@ class Publisher:
         self._pump.join(5.0)
         state = self._final_state()
         self.source.close()  # a source's sampler takes its last tick as it stops
-        self._copy()
+        self._copy(final=True)
         self.writer.close(state=state)
         self.endpoint.close()
         atexit.unregister(self.close)

@@ -22,10 +22,12 @@ from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
 from .._telemetry.ring import Ring
 from ..errors import FileFormatError, SpdlLabError
 from .discovery import pid_alive, safe_name
+from .step_records import SCHEMA as STEPS_SCHEMA
+from .step_records import Row, thin_steps, write_steps
 from .timeline import append_ticks
 
-__all__ = ["FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path", "read_record",
-           "record_meta"]
+__all__ = ["END_STATES", "FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
+           "read_record", "record_meta", "with_record"]
 
 # Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
 # the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
@@ -33,10 +35,15 @@ FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0
 RECORD_ENV = "SPDL_LAB_RECORD"
 THREAD_NAME = "spdl_lab:record"
+#: How a closed record's run ended: its loop's end, an uncaught exception, a signal (SIGTERM, SIGINT).
+END_STATES = ("finished", "failed", "stopped")
+#: Steps held for the next flush at most; more (a disk that fails for minutes) are dropped, counted.
+MAX_BUFFERED_STEPS = 1_000_000
 T = TypeVar("T")
 
 # frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
-# runner, dropped_ticks, and state: "running", then "finished" or "failed" at close).
+# runner, dropped_ticks, stats: the run's last stats as JSON, the steps' facts, and state:
+# "running", then one of END_STATES at close); steps and step_seconds: see step_records.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
@@ -75,6 +82,10 @@ class RecordWriter:
         self.error: BaseException | None = None
         self._buffer = Ring(max(2, max_buffered_ticks))
         self._written = 0  # the buffer's cursor: ticks before it are flushed or dropped
+        self._steps: list[Row] = []
+        self._facts: dict[str, str] = {}
+        self.dropped_steps = 0
+        self._steps_lock = threading.Lock()
         self._db_lock = threading.Lock()
         self._thinned_until = -math.inf
         self._newest_s = -math.inf
@@ -95,7 +106,7 @@ class RecordWriter:
             # NORMAL in WAL mode loses nothing when the process dies, only on power loss.
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks after each checkpoint
-            db.executescript(_SCHEMA)
+            db.executescript(_SCHEMA + STEPS_SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise SpdlLabError(f"cannot create record file {self.path}: {e}; pick a writable path "
                                f"(--record or ${RECORD_ENV})") from e
@@ -110,6 +121,17 @@ class RecordWriter:
         if self.closed:
             raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
         append_ticks(self._buffer, chunk.times, chunk.columns)
+
+    def add_steps(self, rows: list[Row], facts: dict[str, str]) -> None:
+        """Queue training steps (``step_records.step_rows``) and the meta facts that go with them
+        (stats, the clock's first request...) for the next flush; never waits on the disk."""
+        with self._steps_lock:
+            self._steps += rows
+            over = len(self._steps) - MAX_BUFFERED_STEPS
+            if over > 0:
+                del self._steps[:over]
+                self.dropped_steps += over
+            self._facts.update(facts)
 
     def flush(self) -> None:
         """Write the buffered ticks now, in one transaction, then thin old ticks."""
@@ -129,7 +151,13 @@ class RecordWriter:
                 if len(times):
                     self._newest_s = max(self._newest_s, float(times.max()))
                 self._thin()
-                self._db.execute(_SET_META, ("dropped_ticks", str(self.dropped_ticks)))
+                with self._steps_lock:
+                    steps, self._steps = self._steps, []
+                    facts, self._facts = self._facts, {}
+                write_steps(self._db, steps)
+                thin_steps(self._db)
+                self._db.executemany(_SET_META, [*facts.items(), ("dropped_ticks", str(self.dropped_ticks)),
+                                                 ("dropped_steps", str(self.dropped_steps))])
 
     def _thin(self) -> None:
         # Whole buckets only, so a bucket is thinned once, when it is complete.
@@ -151,9 +179,9 @@ class RecordWriter:
                 self.error = e
 
     def close(self, state: str = "finished") -> None:
-        """Flush, set meta ``state`` ("finished" or "failed") and close the file; idempotent."""
-        if state not in ("finished", "failed"):
-            raise SpdlLabError(f"close(state={state!r}): state must be 'finished' or 'failed'")
+        """Flush, set meta ``state`` (one of END_STATES) and close the file; idempotent."""
+        if state not in END_STATES:
+            raise SpdlLabError(f"close(state={state!r}): state must be one of {', '.join(END_STATES)}")
         if self.closed:
             return
         self.closed = True
@@ -198,6 +226,11 @@ def record_meta(path: str | os.PathLike) -> dict[str, str]:
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
     return meta
+
+
+def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:
+    """``read`` on the record at ``path``, opened read-only (a reader of its other tables)."""
+    return _read(path, read)
 
 
 def _read(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:

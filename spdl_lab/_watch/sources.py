@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,9 +60,9 @@ class _Epoch(_Proxy):
     """One pass of the training loop over a published iterable: the iterator it was given,
     timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's."""
 
-    def __init__(self, items: Iterator[Any], clock: StepClock) -> None:
+    def __init__(self, items: Iterator[Any], clock: StepClock, started_ns: int | None = None) -> None:
         self._of = items
-        self._timed = clock.iterate_steps(items)
+        self._timed = clock.iterate_steps(items, started_ns)
 
     def __iter__(self) -> _Epoch:
         return self
@@ -85,10 +86,11 @@ class _TimedLoop:
         self._epoch: _Epoch | None = None
         self._lock = threading.Lock()
 
-    def epoch(self, items: Iterator[Any]) -> _Epoch:
-        """Time the loop over ``items``; an epoch still open (left by a ``break``) ends first."""
+    def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
+        """Time the loop over ``items`` (made at ``started_ns``, ``time.perf_counter_ns()``, if
+        known); an epoch still open (left by a ``break``) ends first."""
         with self._lock:
-            previous, self._epoch = self._epoch, _Epoch(items, self.clock)
+            previous, self._epoch = self._epoch, _Epoch(items, self.clock, started_ns)
             epoch = self._epoch
         if previous is not None:
             previous.close()
@@ -102,6 +104,8 @@ class SessionSource:
     def __init__(self, obj: Any) -> None:
         self.published = self.obj = obj
         self.runner = obj.runner
+        #: the clock timing the loop's steps: its steps go into the record one by one
+        self.clock: StepClock = getattr(obj, "clock", None) or StepClock()
 
     def sampler(self) -> Sampler | None:
         return self.obj.sampler
@@ -113,7 +117,7 @@ class SessionSource:
         return dict(self.obj.controls())
 
     def stats(self) -> dict[str, Any]:
-        return _snapshot_dict(self.obj.stats())
+        return self.obj.stats().to_dict()
 
     def state(self) -> str:
         return self.obj.state
@@ -131,6 +135,7 @@ class OwnerSource(SessionSource):
         super().__init__(owner)
         self.runner = owner.runner or "iterable"
         self.loop = _TimedLoop(children=self.runner != "thread")
+        self.clock = self.loop.clock
         self._sources = [self.loop.clock.rows, *self.loop.probes]
         for source in self._sources:
             owner.add_source(source)
@@ -159,6 +164,7 @@ class LoopSource:
         self.obj = iterable
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
         self.loop = _TimedLoop(children=self.workers is None)
+        self.clock = self.loop.clock
         from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
         self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
                        else type(iterable).__name__)
@@ -169,11 +175,12 @@ class LoopSource:
         self.loop.gil.start()
         self._sampler.start()
 
-    def epoch(self, items: Iterator[Any]) -> _Epoch:
-        """Time one pass over ``items`` (an iterator of the published iterable)."""
+    def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
+        """Time one pass over ``items`` (an iterator of the published iterable, made at
+        ``started_ns``: its first batch waited from then)."""
         if self.workers is not None:
             self.workers.follow(items)
-        return self.loop.epoch(items)
+        return self.loop.epoch(items, started_ns)
 
     def sampler(self) -> Sampler | None:
         return self._sampler
@@ -215,17 +222,8 @@ class PublishedLoop(_Proxy):
         self._of = source.obj
 
     def __iter__(self) -> Iterator[Any]:
-        return self._source.epoch(iter(self._of))
+        started_ns = time.perf_counter_ns()  # a DataLoader's iter() starts its workers: data wait
+        return self._source.epoch(iter(self._of), started_ns)
 
     def __repr__(self) -> str:
         return f"published({self._of!r})"
-
-
-def _snapshot_dict(snap: Any) -> dict[str, Any]:
-    table = snap.table()
-    rows = table.reset_index().to_dict(orient="records") if not table.empty else []
-    out = {"runner": snap.runner, "running": snap.running, "elapsed_s": snap.elapsed_s,
-           "items_out": snap.items_out, "stages": rows}
-    if getattr(snap, "step", None) is not None:
-        out["step"] = snap.step.to_dict()
-    return out

@@ -172,7 +172,7 @@ def test_dashboard_attached_to_a_script_in_another_process(open_notebook, tmp_pa
     path = tmp_path / "attached_dashboard.ipynb"
     nbformat.write(notebook, path)
     opened = open_notebook(path)
-    concurrency = "[r['concurrency'] for r in session.stats()['stages'] if r['name'] == 'decode'][0]"
+    concurrency = "session.stats().stages['decode'].concurrency"
     check_dashboard(opened, concurrency, "attached",
                     stop_expr="(stop(), dash.close(), session.close(), session.state)[-1]",
                     stopped="'finished'")

@@ -77,7 +77,9 @@ def test_attach_reads_steers_and_sees_a_kill(script, wait_until):
             remote.set_concurrency("slow", 0)
         with pytest.raises(lab.SpdlLabError, match="nope"):
             remote.set_concurrency("nope", 2)
-        assert remote.stats()["runner"] == "thread"
+        snap = remote.stats()
+        assert isinstance(snap, lab.Snapshot) and snap.runner == "thread"
+        assert snap.stages["slow"].concurrency == 3 and snap.step is not None
         record = runs["record"].iloc[0]
         wait_until(lambda: len(read_record(record)) > 0, timeout=10)  # flushed at least every 2 s
         proc.send_signal(signal.SIGKILL)
