@@ -7,7 +7,6 @@ import atexit
 import contextlib
 import math
 import os
-import sys
 import threading
 import time
 from typing import Any
@@ -16,6 +15,7 @@ from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
 from .discovery import safe_name
+from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
 from .records import RecordWriter, default_record_path
 from .sources import source_of
@@ -73,13 +73,15 @@ class Publisher:
         path = default_record_path(name, os.getpid())
         if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
-        #: set when an uncaught exception ends the script (``_watch_uncaught_exceptions``)
-        self.failed = False
+        #: how the script ended the run, when not by its loop's end: "failed" (an uncaught
+        #: exception) or "stopped" (SIGTERM, SIGINT); set by ``endings``
+        self.ended_by: str | None = None
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._steps_recorded = 0  # the clock's step index: steps before it are in the record
         self._stats_at = -math.inf
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._copy_lock = threading.RLock()
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
                             state=self.state, set_concurrency=self.source.set_concurrency,
                             controls=self.source.controls)
@@ -89,7 +91,7 @@ class Publisher:
             undo.callback(self.writer.close, state="failed")
             self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
             undo.pop_all()
-        _watch_uncaught_exceptions()
+        watch_endings(lambda: list(_PUBLISHED.values()))
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
@@ -104,6 +106,15 @@ class Publisher:
                 return
 
     def _copy(self, final: bool = False) -> None:
+        with self._copy_lock:  # the pump, close() and a signal's flush(): one at a time
+            self._copy_unlocked(final)
+
+    def flush(self) -> None:
+        """Put everything so far in the record file now (a signal is about to end the script)."""
+        self._copy()
+        self.writer.flush()
+
+    def _copy_unlocked(self, final: bool) -> None:
         self.timeline.pull(self.source.sampler())
         chunk = chunk_since(self.timeline.ring, self._recorded)
         self._recorded = chunk.cursor
@@ -126,7 +137,9 @@ class Publisher:
             self.writer.add_steps(rows, facts)
 
     def _final_state(self) -> str:
-        return "failed" if self.failed or self.source.state() == "failed" else "finished"
+        if self.source.state() == "failed":
+            return "failed"
+        return self.ended_by or "finished"
 
     def stats(self) -> dict[str, Any]:
         """The source's stats, plus the ticks publishing dropped rather than make training wait."""
@@ -135,7 +148,7 @@ class Publisher:
 
     def state(self) -> str:
         """The run's state as viewers see it."""
-        return "failed" if self.failed else self.source.state()
+        return self.ended_by or self.source.state()
 
     def close(self) -> None:
         """Stop publishing: the record gets the run's last frames and state, the endpoint goes."""
@@ -152,25 +165,3 @@ class Publisher:
         atexit.unregister(self.close)
         if _PUBLISHED.get(id(self.obj)) is self:
             del _PUBLISHED[id(self.obj)]
-
-
-_hook_lock = threading.Lock()
-_previous_hook: Any = None
-
-
-def _watch_uncaught_exceptions() -> None:
-    """Once: an uncaught exception marks every published run "failed" before atexit closes them."""
-    global _previous_hook
-    with _hook_lock:
-        if _previous_hook is not None:
-            return
-        _previous_hook = sys.excepthook
-
-        def hook(kind: Any, value: Any, tb: Any) -> None:
-            if not issubclass(kind, KeyboardInterrupt):
-                for publisher in list(_PUBLISHED.values()):
-                    if publisher.source.state() not in _ENDED:  # a run that ended before is not
-                        publisher.failed = True
-            _previous_hook(kind, value, tb)
-
-        sys.excepthook = hook

@@ -1,0 +1,116 @@
+"""A record holds every step of the script's loop, however the script ends: counted, step by step,
+against the loop's own count; and a finished record reads what the live run read at its end."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import spdl_lab as lab
+from spdl_lab._watch.publish import published_by, unpublish
+from spdl_lab._watch.records import record_meta
+
+SCRIPT = '''
+    import os, signal, sys, threading, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Items(Dataset):
+        def __len__(self): return 40
+        def __getitem__(self, i): return torch.full((4,), float(i))
+
+    END, STOP_AT = sys.argv[1], 45
+    counted = 0
+
+    def note():
+        with open("counted.txt", "w") as f:
+            f.write(str(counted))
+
+    def train():
+        global counted
+        dl = DataLoader(Items(), batch_size=2, num_workers=0)
+        for epoch in range(3):
+            for batch in dl:
+                if counted == STOP_AT and END != "normal":
+                    note()
+                    if END == "exception":
+                        raise RuntimeError("the script fails here")
+                    if END in ("sigterm", "sigint"):
+                        os.kill(os.getpid(), getattr(signal, END.upper()))
+                        time.sleep(30)
+                    if END == "thread_exit":
+                        sys.exit(0)
+                    if END == "sigkill":
+                        time.sleep(2.6)  # the record flushes every 2 s
+                        os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.002)
+                counted += 1
+        note()
+
+    if __name__ == "__main__":
+        if END == "thread_exit":
+            t = threading.Thread(target=train)
+            t.start()
+            t.join()
+        else:
+            train()
+'''
+
+ENDS = {"normal": "finished", "exception": "failed", "sigterm": "stopped", "sigint": "stopped",
+        "thread_exit": "finished", "sigkill": "killed"}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("end", list(ENDS))
+def test_the_record_holds_every_step_however_the_script_ends(tmp_path, end):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    record = tmp_path / "run.sqlite"
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(record),
+           "SPDL_LAB_WATCH": "1"}
+    done = subprocess.run([sys.executable, str(script), end], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=80)
+    counted = int((tmp_path / "counted.txt").read_text())
+    assert counted == (60 if end in ("normal",) else 45), done.stderr
+    assert record_meta(record)["state"] == ENDS[end], done.stderr
+    step = lab.open(record).stats().step
+    assert step is not None and step.steps == counted, done.stderr
+
+
+def test_a_finished_record_reads_what_the_live_run_read_at_its_end(runtime_dir, no_thread_leak):
+    items = list(range(300))
+    batches = lab.publish(items, "live-vs-record")
+    for i, _ in enumerate(batches):
+        sum(range(2000 + 50 * (i % 7)))  # steps of a few sizes: percentiles between buckets
+    publisher = published_by(items)
+    live_stats = publisher.source.clock.summary()
+    remote = lab.attach("live-vs-record")
+    try:
+        live_summary = remote.summary()
+    finally:
+        remote.close()
+    record = publisher.writer.path
+    unpublish(batches)
+    opened = lab.open(record)
+    assert _same(opened.stats().step.to_dict(), live_stats.to_dict())
+    assert opened.stats().step.steps == 300
+    recorded = opened.summary()
+    assert list(recorded.columns) == list(live_summary.columns)
+    assert _same(recorded.loc["step"].to_dict(), live_summary.loc["step"].to_dict())
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        (isinstance(a[k], float) and isinstance(b[k], float) and math.isnan(a[k]) and math.isnan(b[k]))
+        or a[k] == b[k] for k in a)
+
+
+@pytest.fixture
+def runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    return tmp_path
