@@ -62,10 +62,11 @@ def _is_record(path: Path) -> bool:
 
 def _report_run(source: Path, out: Path) -> int:
     """A published run's record (``lab.publish``, ``spdl-lab watch``) as one HTML file."""
-    from spdl_lab._ui.run_report import read_run, run_text, write_run_page
+    from spdl_lab._ui.run_report import read_run, run_steps, run_text, write_run_page
 
     meta, frames = read_run(source)  # read once: a running record grows between two reads
-    path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}")
-    print(run_text(meta, frames))
+    step = run_steps(source, meta)
+    path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}", step=step)
+    print(run_text(meta, frames, step))
     print(f"\nreport: {path.resolve()}")
     return EXIT_OK

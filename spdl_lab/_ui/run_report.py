@@ -4,6 +4,8 @@ the page only escaped, and Bokeh's code is inlined, so the page opens with no ne
 
 from __future__ import annotations
 
+import html
+import math
 import os
 from pathlib import Path
 
@@ -12,19 +14,29 @@ from bokeh.layouts import column
 from bokeh.models import Legend
 from bokeh.plotting import figure
 
-from .._watch.records import read_record, record_meta
+from .._training.steps import StepSummary
+from .._watch.records import read_record, record_meta, with_record
+from .._watch.step_records import read_step_summary
 from .live_plots import stage_colors
 from .report import write_page
 
-__all__ = ["duration_s", "read_run", "run_summary", "run_text", "write_run_page", "write_run_report"]
+__all__ = ["duration_s", "read_run", "run_steps", "run_summary", "run_text", "step_table", "write_run_page",
+           "write_run_report"]
 
-#: (series, stage or None for every stage, label) in the summary table, in this order.
-SUMMARY = [("batches_per_s", "step", "training batches/s"), ("step_ms", "step", "step (ms)"),
-           ("data_wait_ms", "step", "data wait per batch (ms)"),
-           ("data_wait_frac", "step", "data wait, share of the loop"),
-           ("device_util", "step", "device busy, share of the loop"), ("qps", None, "items/s"),
-           ("p50_ms", None, "task p50 (ms)"), ("busy_frac", None, "busy share of its workers"),
-           ("cpu_percent", None, "CPU (% of one core)"), ("gil_wait_frac", None, "GIL wait share")]
+#: (series, stage or None for every stage, label) in the table over ticks, in this order: what
+#: the stages and probes did. The training loop's figures are per step (``step_table``).
+SUMMARY = [("qps", None, "items/s"), ("p50_ms", None, "task p50 (ms)"),
+           ("busy_frac", None, "busy share of its workers"), ("cpu_percent", None, "CPU (% of one core)"),
+           ("gil_wait_frac", None, "GIL wait share")]
+#: (StepSummary field, label) of the training loop's figures, over every step.
+STEP_FIGURES = [("steps", "steps"), ("elapsed_s", "seconds, first batch asked to last step"),
+                ("batches_per_s", "steps/s"), ("step_p50_ms", "step p50 (ms)"),
+                ("step_p90_ms", "step p90 (ms)"), ("step_p99_ms", "step p99 (ms)"),
+                ("data_wait_p50_ms", "data wait p50 (ms)"), ("data_wait_p90_ms", "data wait p90 (ms)"),
+                ("data_wait_frac", "data wait, share of the loop"),
+                ("device_mean_ms", "device time per step (ms)"),
+                ("device_util", "device busy, share of the loop"),
+                ("copy_mean_ms", "host-to-device copy (ms)")]
 #: (title, series, y label) of the plots over time, each a line per stage.
 PLOTS = [("training step: batches/s", "batches_per_s", "batches/s"),
          ("share of the loop spent waiting for data", "data_wait_frac", "share"),
@@ -47,8 +59,21 @@ def read_run(record: str | os.PathLike) -> tuple[dict[str, str], pd.DataFrame]:
     return record_meta(record), _numbers(read_record(record))
 
 
+def run_steps(record: str | os.PathLike, meta: dict[str, str]) -> StepSummary | None:
+    """The training loop's figures over every step the record holds; None without steps."""
+    return with_record(record, lambda db: read_step_summary(db, meta))
+
+
+def step_table(step: StepSummary | None) -> pd.DataFrame:
+    """The training loop's figures, one row each (those the run has: no device, no device rows)."""
+    rows = [] if step is None else [
+        {"what": label, "value": getattr(step, name)} for name, label in STEP_FIGURES
+        if not (isinstance(getattr(step, name), float) and math.isnan(getattr(step, name)))]
+    return pd.DataFrame(rows, columns=["what", "value"])
+
+
 def run_summary(frames: pd.DataFrame) -> pd.DataFrame:
-    """Median, 10th and 90th percentile over the ticks of the run's main series."""
+    """Median, 10th and 90th percentile over the ticks of the stages' and probes' series."""
     rows = []
     for series, stage, label in SUMMARY:
         chosen = frames[frames["series"] == series]
@@ -82,16 +107,24 @@ def duration_s(frames: pd.DataFrame) -> float:
     return float(frames["time_s"].max() - frames["time_s"].min()) if len(frames) else 0.0
 
 
-def run_text(meta: dict[str, str], frames: pd.DataFrame) -> str:
-    """The run for a terminal: who and in what state, the median batches/s, the summary table."""
-    rate = frames.loc[(frames["series"] == "batches_per_s") & (frames["stage"] == "step"), "value"]
-    lines = [_who(meta, frames),
-             f"training: {rate.median():,.3g} batches/s (median over {len(rate)} ticks)" if len(rate)
-             else "training: no batches/s in the record (no training step was timed)"]
+def run_text(meta: dict[str, str], frames: pd.DataFrame, step: StepSummary | None = None) -> str:
+    """The run for a terminal: who and in what state, the training loop per step, the stages."""
+    lines = [_who(meta, frames), _headline(step)]
+    if step is not None and step.steps:
+        lines.append(step_table(step).to_string(index=False, header=False, float_format=lambda v: f"{v:,.4g}"))
     summary = run_summary(frames)
     if not summary.empty:
-        lines.append(summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
+        lines += ["over the ticks (10 a second):",
+                  summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}")]
     return "\n".join(lines)
+
+
+def _headline(step: StepSummary | None) -> str:
+    if step is None or not step.steps:
+        return "training: no steps in the record (no training step was timed)"
+    return (f"training: {step.steps:,} steps in {step.elapsed_s:,.1f} s, {step.batches_per_s:,.4g} steps/s; "
+            f"step p50 {step.step_p50_ms:,.3g} ms, data wait p50 {step.data_wait_p50_ms:,.3g} ms, "
+            f"{step.data_wait_frac:.0%} of the loop waiting for data")
 
 
 def _facts(meta: dict[str, str], frames: pd.DataFrame) -> str:
@@ -124,14 +157,20 @@ def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
 def write_run_report(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> Path:
     """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path."""
     meta, frames = read_run(record)
-    return write_run_page(meta, frames, out, title=title or f"spdl_lab run: {meta.get('name', Path(record).stem)}")
+    return write_run_page(meta, frames, out, title=title or f"spdl_lab run: {meta.get('name', Path(record).stem)}",
+                          step=run_steps(record, meta))
 
 
-def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.PathLike, *, title: str) -> Path:
-    """The page of a run already read (``read_run``): header, summary table, plots over time."""
+def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.PathLike, *, title: str,
+                   step: StepSummary | None = None) -> Path:
+    """The page of a run already read (``read_run``, ``run_steps``): header, the training loop per
+    step, the stages over ticks, plots over time."""
     figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None]
     if not figures:
         figures = [figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
     summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
-    tables = f"{_facts(meta, frames)}<h2>each series over the ticks: median, 10th and 90th percentile</h2>{summary}"
+    steps = step_table(step).to_html(index=False, header=False, float_format=lambda v: f"{v:,.4g}", escape=True)
+    tables = (f"{_facts(meta, frames)}<h2>the training loop, over every step</h2>"
+              f"<p>{html.escape(_headline(step))}</p>{steps}"
+              f"<h2>stages and probes over the ticks: median, 10th and 90th percentile</h2>{summary}")
     return write_page(column(*figures), out, title, note=_note(meta, frames), table=tables)

@@ -31,6 +31,9 @@ def make_record(path, *, name="resnet", state="finished", stages=("decode",), pi
     writer = RecordWriter(path, meta={"name": name, "pid": str(pid or os.getpid()), "started": "2026-11-25T07:00:00",
                                       "runner": runner, "state": "running"})
     writer.add(FrameChunk(50, ticks / 10, columns))
+    # 49 steps of 60 ms, each after 20 ms of data wait, ending every 0.1 s from 0.1 s on
+    writer.add_steps([(i, (i + 1) * 100_000_000, 20_000_000, 60_000_000, None) for i in range(49)],
+                     {"steps_first_ns": "0", "steps_device": ""})
     writer.close(state="finished" if state == "killed" else state)
     if state == "killed":  # what a killed script leaves: its last flush, "running" in meta, no pid
         with sqlite3.connect(path) as db:
@@ -47,12 +50,13 @@ def test_the_page_shows_the_run_its_summary_and_plots(tmp_path):
     make_record(record)
     page = write_run_report(record, tmp_path / "run.html").read_text(encoding="utf-8")
     no_external_scripts(page)
-    assert "resnet" in page and "state finished" in page and "training batches/s" in page
+    assert "resnet" in page and "state finished" in page and "the training loop, over every step" in page
+    assert "49 steps in 4.9 s, 10 steps/s; step p50 60 ms, data wait p50 20 ms, 25% of the loop" in page
     assert "<td>duration recorded</td>" in page and "<td>4.9 s</td>" in page  # ticks 0.0 .. 4.9 s
     assert "items/s: decode" in page and "queue depth" in page
     meta, frames = read_run(record)
     summary = run_summary(frames).set_index("what")
-    assert summary.loc["data wait, share of the loop", "median"] == 0.25
+    assert "training batches/s" not in summary.index  # the loop's figures are per step, not ticks
     assert summary.loc["items/s: decode", "median"] == 300.0
 
 
@@ -61,7 +65,7 @@ def test_a_dataloader_run_without_stages_and_a_killed_run(tmp_path):
     make_record(record, stages=(), state="killed", pid=2**22 + 12345)  # a pid that is not running
     page = write_run_report(record, tmp_path / "dl.html").read_text(encoding="utf-8")
     assert "state killed" in page and "<td>killed</td>" in page and "up to its" in page
-    assert "items/s:" not in page and "queue depth" not in page and "training batches/s" in page
+    assert "items/s:" not in page and "queue depth" not in page and "49 steps in 4.9 s" in page
 
 
 def test_a_record_without_frames_still_makes_a_page(tmp_path):
@@ -98,7 +102,8 @@ def test_spdl_lab_report_takes_a_record(tmp_path, capsys):
     assert main(["report", str(record), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "resnet (pid" in printed and "finished, 4.9 s recorded" in printed and out.is_file()
-    assert "training: 10 batches/s (median over 50 ticks)" in printed and f"report: {out.resolve()}" in printed
+    assert "training: 49 steps in 4.9 s, 10 steps/s; step p50 60 ms" in printed
+    assert f"report: {out.resolve()}" in printed
     assert main(["report", str(record)]) == 0 and record.with_suffix(".html").is_file()
 
 
