@@ -168,6 +168,20 @@ class Window:
         out[("steps_in_window", "step")] = float(steps[-1] - steps[0]) if len(steps) >= 2 else 0.0
         return out
 
+    def rate(self, key: Key, seconds: float | None = None) -> float:
+        """A counter's rise per second over the last ``seconds``: the count between its first and
+        last reading in that span over the time between them (steps/s from ``steps``, as the loop
+        counts them; a mean of per-tick rates would weigh a short tick like a long one)."""
+        row = self._keys.get(key)
+        if row is None or not len(self._times):
+            return math.nan
+        span = self.seconds if seconds is None else seconds
+        keep = (self._times >= self._times[-1] - span) & np.isfinite(self._data[row])
+        times, values = self._times[keep], self._data[row][keep]
+        if len(times) < 2 or times[-1] <= times[0]:
+            return math.nan
+        return max(0.0, float(values[-1] - values[0]) / float(times[-1] - times[0]))
+
     def latest(self, key: Key) -> float:
         """The newest non-NaN value of a series, NaN when it has none."""
         row = self._keys.get(key)

@@ -215,13 +215,13 @@ class Dashboard(widgets.VBox):
             slider.value = n
 
     def _header_html(self, session: Any, recent: dict) -> str:
-        bps = recent.get(("batches_per_s", "step"), math.nan)
+        bps = self._window.rate(("steps", "step"), TABLE_WINDOW_S)  # steps counted over their wall time
         steps = self._window.latest(("steps", "step"))
         limit = f"/{session.steps}" if session.steps else ""
         parts = [f"runner <b>{html.escape(session.runner)}</b>", f"<b>{session.state}</b>",
                  f"Python {self.interpreter.python}, {self.interpreter.gil}",
                  f"{session.elapsed_s:.0f} s", f"steps {0 if math.isnan(steps) else int(steps)}{limit}",
-                 f"{_num(bps, '{:.2f}')} batches/s"]
+                 f"{_num(bps, '{:.2f}')} steps/s"]
         return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
 
     def _table_html(self, session: Any, means: dict) -> str:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from spdl_lab._telemetry import live_verdict as v
 from spdl_lab._telemetry.frames import FRAME_COLUMNS, FrameChunk
@@ -151,3 +152,18 @@ def test_window_keeps_fixed_memory_and_new_series():
     assert means[("qps", "late")] == 1.0
     assert window.latest(("qps", "decode")) == 99.0
     assert math.isnan(window.latest(("qps", "missing")))
+
+
+def test_a_window_rate_counts_steps_over_their_wall_time_not_a_mean_of_tick_rates():
+    # Ticks late and early: 10 steps in a 0.5 s tick, then 10 in each of five 0.1 s ticks.
+    times = np.array([0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
+    steps = np.array([0.0, 10, 20, 30, 40, 50, 60])
+    window = Window(seconds=10.0)
+    window.add(FrameChunk(len(times), times, {("steps", "step"): steps}))
+    assert window.rate(("steps", "step")) == pytest.approx(60.0)  # 60 steps in 1.0 s
+    tick_rates = np.diff(steps) / np.diff(times)
+    assert tick_rates.mean() == pytest.approx(86.67, abs=0.01)  # what a mean of ticks would say
+    assert window.rate(("steps", "step"), 0.25) == pytest.approx(100.0)  # the last 0.25 s
+    assert math.isnan(window.rate(("steps", "missing")))
+    window.add(FrameChunk(8, np.array([1.1]), {("steps", "step"): np.array([0.0])}))  # a reset counter
+    assert window.rate(("steps", "step"), 0.15) == 0.0  # never a negative rate

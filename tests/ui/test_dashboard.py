@@ -59,7 +59,7 @@ def test_dashboard_streams_frames(wait_until):
         assert np.nanmax(source.data["qps:decode"]) > 0
         assert len({len(column) for column in source.data.values()}) == 1  # one row per tick
         # header, table and verdict are filled from the same frames
-        assert wait_until(lambda: "batches/s" in dash.header.value and "decode" in dash.table.value, 10)
+        assert wait_until(lambda: "steps/s" in dash.header.value and "decode" in dash.table.value, 10)
         assert "GIL on" in dash.header.value and "runner <b>thread</b>" in dash.header.value
         assert dash.last_verdict is not None and dash.last_verdict.text in dash.verdict.value.replace("&#x27;", "'")
         assert dash.publisher_cpu_s > 0 and dash.publishes >= 2
@@ -152,7 +152,7 @@ def test_the_publisher_rewrites_text_only_when_due_or_when_the_state_changes(wai
     session = lab.run(pipeline(), step, duration=60)
     dash = session.dashboard(hz=1e-3)  # no publisher pushes: the test makes them
     try:
-        assert wait_until(lambda: (dash.publish(), "batches/s" in dash.header.value)[1], 15)
+        assert wait_until(lambda: (dash.publish(), "steps/s" in dash.header.value)[1], 15)
         header, t = dash.header.value, session.elapsed_s
         assert wait_until(lambda: session.elapsed_s > t + 1.5, 15)  # a rewrite would show new seconds
         before = dash.publishes
