@@ -591,3 +591,29 @@ def test_gpu_check_without_cuda_says_so_and_exits_0():
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "no CUDA on this machine" in done.stdout and "nothing was checked" in done.stdout
+
+
+def test_a_step_the_loop_lets_go_of_counts_when_it_ends_unless_the_script_fails():
+    clock = StepClock(cuda=False)
+    for i, _ in enumerate(clock.iterate_steps(range(10))):
+        if i == 3:
+            break  # after its 4th step: the generator is dropped here
+    assert clock.steps == 3  # the 4th ended when it was let go, but counts only once settled
+    clock.settle(counted=True)
+    assert clock.steps == 4
+    clock.settle(counted=True)
+    assert clock.steps == 4  # settled once
+
+    epoch = clock.iterate_steps(range(10))
+    next(epoch)
+    epoch.close()  # a step raised in the loop: the script fails in it
+    clock.settle(counted=False)
+    assert clock.steps == 4
+
+    sized = clock.iterate_steps(range(2))  # a trainer that never asks past the length
+    next(sized), next(sized)
+    clock.leave()  # the next epoch begins
+    assert clock.steps == 6
+    sized.close()
+    clock.settle(counted=True)
+    assert clock.steps == 6  # left already: not twice

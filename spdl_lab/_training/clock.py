@@ -84,6 +84,8 @@ class StepClock:
         self._wait_ns = 0
         self._waited = False
         self._open = False
+        self._held: tuple[int, float, Any] | None = None  # the step iterate_steps holds open
+        self._let_go: tuple[tuple[int, float, Any], int] | None = None  # ...and one it let go of, when
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = threading.Lock()
 
@@ -110,15 +112,59 @@ class StepClock:
     def iterate_steps(self, iterable: Iterable[T], started_ns: int | None = None) -> Generator[T, None, None]:
         """Yield from ``iterable`` to a loop that is not the clock's (``lab.publish``): each
         ``next()`` is data wait (the first from ``started_ns``, as in ``iterate``), and the time
-        the loop holds a batch, until it asks for the next, is that batch's step. A step the loop
-        leaves (``break``, an error) is not one."""
+        the loop holds a batch, until it asks for the next, is that batch's step.
+
+        A loop may let go of a batch without asking for another: a ``break`` after its last step,
+        a trainer that knows the epoch's length or stops at ``max_steps``, but also an exception
+        in the step. Such a step ends when the loop starts another epoch (``leave``), or when it
+        drops or closes this iterator; then ``settle()`` decides whether it was one."""
         for batch in self.iterate(iterable, started_ns):
-            with self.step():
+            self._held = self._open_step()
+            try:
                 yield batch
+            except GeneratorExit:
+                held, self._held = self._held, None
+                if held is not None:  # let go: it counts once the script is known not to fail
+                    self._open = False
+                    self._let_go = (held, time.perf_counter_ns())
+                raise
+            except BaseException:  # thrown into the generator: not a step
+                held, self._held = self._held, None
+                if held is not None:
+                    self._close_step(held, counted=False)
+                raise
+            held, self._held = self._held, None
+            if held is not None:  # None: leave() ended it already
+                self._close_step(held, counted=True)
+
+    def leave(self, at_ns: int | None = None) -> None:
+        """The loop starts another epoch (at ``at_ns``, ``time.perf_counter_ns()``, or now): a step
+        it let go of or still holds ended, and counts."""
+        self.settle(counted=True)
+        held, self._held = self._held, None
+        if held is not None:
+            self._close_step(held, counted=True, end_ns=at_ns)
+
+    def settle(self, counted: bool) -> None:
+        """Count the step a loop let go of (``iterate_steps``), ending when it did, or drop it
+        (``counted=False``: the script failed or was stopped in it)."""
+        let_go, self._let_go = self._let_go, None
+        if let_go is not None:
+            self._open = True  # _close_step's bookkeeping expects the step it closes open
+            self._close_step(let_go[0], counted=counted, end_ns=let_go[1])
 
     @contextmanager
     def step(self) -> Iterator[None]:
         """A context manager timing one training step; a step that raises is not one."""
+        opened = self._open_step()
+        try:
+            yield
+        except BaseException:
+            self._close_step(opened, counted=False)
+            raise
+        self._close_step(opened, counted=True)
+
+    def _open_step(self) -> tuple[int, float, Any]:
         if self._open:
             raise PipelineSpecError("StepClock.step(): a step is already open; steps do not nest")
         self._open = True
@@ -127,17 +173,18 @@ class StepClock:
         device, cuda = self.device, self._cuda
         busy0 = device.totals().busy_s if device is not None else 0.0
         cuda_start = cuda.start() if device is None and cuda is not None else None
-        start_ns = time.perf_counter_ns()
-        try:
-            yield
-        except BaseException:
+        return time.perf_counter_ns(), busy0, cuda_start
+
+    def _close_step(self, opened: tuple[int, float, Any], *, counted: bool, end_ns: int | None = None) -> None:
+        start_ns, busy0, cuda_start = opened
+        self._open = False
+        if not counted:
             self._wait_ns, self._waited = 0, False
-            if cuda is not None and cuda_start is not None:
-                cuda.cancel(cuda_start)
-            raise
-        finally:
-            self._open = False
-        end_ns = time.perf_counter_ns()
+            if cuda_start is not None:
+                self._cuda.cancel(cuda_start)
+            return
+        end_ns = max(start_ns, end_ns or time.perf_counter_ns())
+        device = self.device
         device_ns = None if device is None else round((device.totals().busy_s - busy0) * 1e9)
         self._record(start_ns, end_ns, device_ns, cuda_start)
 

@@ -91,6 +91,9 @@ class Publisher:
             undo.callback(self.writer.close, state="failed")
             self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
             undo.pop_all()
+        loop = getattr(self.source, "loop", None)
+        if loop is not None:  # a batch the loop holds as the script fails was no step
+            loop.left_counts = lambda: self.ended_by is None
         watch_endings(lambda: list(_PUBLISHED.values()))
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
@@ -127,6 +130,7 @@ class Publisher:
         totals = clock.totals
         facts = {"steps_first_ns": str(clock.first_ns), "steps_device": clock.device_name,
                  "steps_offset_s": repr(clock.origin_s - self.timeline.started_at),
+                 "steps_origin_s": repr(clock.origin_s),
                  "step_copies": str(totals.copies), "step_copy_ns": str(totals.copy_ns)}
         now = time.monotonic()
         if final or now - self._stats_at >= STATS_EVERY_S:

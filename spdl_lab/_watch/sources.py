@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._experiments.session import Session
@@ -58,11 +59,12 @@ class _Proxy:
 
 class _Epoch(_Proxy):
     """One pass of the training loop over a published iterable: the iterator it was given,
-    timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's."""
+    timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's.
+    When the loop lets go of it (drops or closes it) holding a batch, that batch's step ends then."""
 
-    def __init__(self, items: Iterator[Any], clock: StepClock, started_ns: int | None = None) -> None:
+    def __init__(self, items: Iterator[Any], loop: _TimedLoop, started_ns: int | None = None) -> None:
         self._of = items
-        self._timed = clock.iterate_steps(items, started_ns)
+        self._timed = loop.clock.iterate_steps(items, started_ns)
 
     def __iter__(self) -> _Epoch:
         return self
@@ -71,7 +73,7 @@ class _Epoch(_Proxy):
         return next(self._timed)
 
     def close(self) -> None:
-        self._timed.close()  # a step left open (the loop broke out) is not counted
+        self._timed.close()
 
 
 class _TimedLoop:
@@ -83,18 +85,33 @@ class _TimedLoop:
         self.clock = StepClock()
         self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
         self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
-        self._epoch: _Epoch | None = None
+        #: whether a step the loop let go of counts at the end: not when the script failed (the publisher says)
+        self.left_counts: Callable[[], bool] = lambda: True
+        # Weakly: when the loop drops its iterator (a break, a trainer's teardown), the step it
+        # held ends at that moment, not when the script ends.
+        self._epoch: weakref.ref[_Epoch] | None = None
         self._lock = threading.Lock()
 
     def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
         """Time the loop over ``items`` (made at ``started_ns``, ``time.perf_counter_ns()``, if
-        known); an epoch still open (left by a ``break``) ends first."""
+        known). A step the loop still holds from the epoch before (a trainer that knows the
+        epoch's length does not ask past it) ended when this epoch began."""
+        self.clock.leave(started_ns)
+        epoch = _Epoch(items, self, started_ns)
         with self._lock:
-            previous, self._epoch = self._epoch, _Epoch(items, self.clock, started_ns)
-            epoch = self._epoch
-        if previous is not None:
-            previous.close()
+            previous, self._epoch = self._epoch, weakref.ref(epoch)
+        if previous is not None and (open_epoch := previous()) is not None:
+            open_epoch.close()
         return epoch
+
+    def close(self) -> None:
+        """The run ends: a step the loop let go of (or still holds) counts, unless the script is
+        failing or stopped in it (``left_counts``)."""
+        with self._lock:
+            previous, self._epoch = self._epoch, None
+        if previous is not None and (open_epoch := previous()) is not None:
+            open_epoch.close()
+        self.clock.settle(counted=self.left_counts())
 
 
 class SessionSource:
@@ -150,6 +167,7 @@ class OwnerSource(SessionSource):
         return "finished" if self.obj.state == "closed" else "running"
 
     def close(self) -> None:
+        self.loop.close()
         self.obj.consumer = None
         for source in self._sources:
             self.obj.remove_source(source)
@@ -208,6 +226,7 @@ class LoopSource:
         return {}
 
     def close(self) -> None:
+        self.loop.close()  # before the sampler's last tick, which then counts the step it held
         self._closed = True
         self._sampler.stop()
         self.loop.gil.stop()

@@ -1,7 +1,13 @@
 """A published run's training steps in its record: every step in full for the last
 ``STEPS_FULL_S`` (table ``steps``), older ones thinned into per-second sums and histograms (table
 ``step_seconds``). A record's figures come from the same ``summarize`` as the live clock's, so
-``lab.open(record)`` reads what the run read at its end."""
+``lab.open(record)`` reads what the run read at its end.
+
+Meta keys the publisher keeps for them: ``steps_first_ns`` (the first batch asked, ns from the
+clock's origin, as ``end_ns``), ``steps_origin_s`` (``time.perf_counter()`` at that origin: the
+machine's monotonic clock, so another process can hold its own times against the steps),
+``steps_offset_s`` (the origin in the frames' time), ``steps_device``, ``step_copies``,
+``step_copy_ns``."""
 
 from __future__ import annotations
 
@@ -29,9 +35,6 @@ CREATE TABLE IF NOT EXISTS step_seconds (second INTEGER PRIMARY KEY, steps INTEG
     step_ns INTEGER, last_end_ns INTEGER, device_steps INTEGER, device_ns INTEGER,
     device_loop_ns INTEGER, step_hist TEXT, wait_hist TEXT);
 """
-
-#: The meta keys a publisher keeps up to date for the steps (see ``step_facts``).
-FACTS = ("steps_first_ns", "steps_device", "steps_offset_s", "step_copies", "step_copy_ns")
 
 Row = tuple[int, int, int, int, "int | None"]
 

@@ -3,6 +3,8 @@ ones from the field notes and real ones (JPEG decoding, tokenizing). Functions a
 so every runner (threads, a child process, DataLoader workers) imports them by reference.
 """
 
+from pathlib import Path
+
 from ._images import ImageFolder, image_dataloader, image_step, images
 from ._synthetic import (
     augment,
@@ -17,5 +19,17 @@ from ._synthetic import (
 from ._text import DocumentTokens, text, text_dataloader, text_step
 
 __all__ = ["DocumentTokens", "ImageFolder", "augment", "collate_list", "collate_stack", "decode_sample",
-           "fetch_array", "image_dataloader", "image_step", "images", "ipc_overhead", "noisy_neighbour",
-           "read_sample", "text", "text_dataloader", "text_step"]
+           "fetch_array", "image_dataloader", "image_step", "images", "ipc_overhead", "job_script",
+           "noisy_neighbour", "read_sample", "text", "text_dataloader", "text_step"]
+
+#: Training scripts that know nothing of the lab, to watch and tune as a user's own job.
+JOBS = {"images": "train_images.py"}
+
+
+def job_script(name: str = "images") -> Path:
+    """The path of a real training script that never imports spdl_lab (``images``: JPEGs, a torch
+    DataLoader, a conv net, under Lightning or a plain loop; ``--help`` says how), for
+    ``spdl-lab watch -- python PATH ...`` as a user's job would run."""
+    if name not in JOBS:
+        raise ValueError(f"job_script: no job {name!r}; the jobs are: {', '.join(sorted(JOBS))}")
+    return Path(__file__).with_name("jobs") / JOBS[name]

@@ -1,0 +1,175 @@
+"""A real training job, as a user writes it, that knows nothing of spdl_lab: JPEGs decoded with
+PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU;
+run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
+
+It counts its own figures, per step, and writes them to ``--timing`` (JSON): steps, the wall time
+from its first epoch's start to its last step's end (``time.perf_counter``, which is the machine's
+monotonic clock, so another process can compare), steps/s over it, and the step and data-wait p50.
+``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's figures against these.
+
+    python train_images.py --images DIR [--n 2000] [--steps 1000] [--trainer lightning|plain]
+                           [--workers 2] [--batch 32] [--timing timing.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+SIZE = 160  # the JPEGs' side; crops are CROP x CROP
+CROP = 128
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+def make_images(folder: Path, n: int) -> list[Path]:
+    """``n`` JPEGs of random pixels (quality 90) in ``folder``, made once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        path = folder / f"{i:05d}.jpg"
+        if not path.exists():
+            pixels = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(path, quality=90)
+    return [folder / f"{i:05d}.jpg" for i in range(n)]
+
+
+class Jpegs(Dataset):
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        with Image.open(self.files[i]) as image:
+            pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+        rng = np.random.default_rng()
+        top, left = rng.integers(0, SIZE - CROP + 1, size=2)
+        crop = pixels[top:top + CROP, left:left + CROP]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        crop = (crop - MEAN) / STD
+        return torch.from_numpy(np.ascontiguousarray(crop.transpose(2, 0, 1))), i % 10
+
+
+def conv_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+class Timing:
+    """The job's own per-step figures: a step is its batch's training, the data wait the time
+    from the previous step's end (or the epoch's start) to this step's start."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+        self.started: float | None = None
+        self.ended = 0.0
+        self._mark = 0.0
+        self._begun = 0.0
+
+    def epoch_start(self) -> None:
+        self._mark = time.perf_counter()
+        if self.started is None:
+            self.started = self._mark
+
+    def step_start(self) -> None:
+        self._begun = time.perf_counter()
+        self.waits.append(self._begun - self._mark)
+
+    def step_end(self) -> None:
+        self._mark = self.ended = time.perf_counter()
+        self.steps.append(self._mark - self._begun)
+
+    def write(self, path: str) -> None:
+        wall = self.ended - (self.started or self.ended)
+        Path(path).write_text(json.dumps({
+            "steps": len(self.steps), "started": self.started, "ended": self.ended, "wall_s": wall,
+            "steps_per_s": len(self.steps) / wall if wall > 0 else None,
+            "step_p50_ms": statistics.median(self.steps) * 1e3 if self.steps else None,
+            "data_wait_p50_ms": statistics.median(self.waits) * 1e3 if self.waits else None}))
+
+
+def train_plain(loader: DataLoader, steps: int, timing: Timing) -> None:
+    model = conv_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    done = 0
+    while done < steps:
+        timing.epoch_start()
+        for images, labels in loader:
+            timing.step_start()
+            loss = nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            timing.step_end()
+            done += 1
+            if done == steps:
+                break
+
+
+def train_lightning(loader: DataLoader, steps: int, timing: Timing) -> None:
+    import lightning as L
+
+    class Classifier(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = conv_net()
+
+        def training_step(self, batch, batch_idx):
+            images, labels = batch
+            return nn.functional.cross_entropy(self.net(images), labels)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Timer(L.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            timing.epoch_start()
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            timing.step_start()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            timing.step_end()
+
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[Timer()],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Classifier(), loader)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", required=True, help="folder of the JPEGs (made if missing)")
+    parser.add_argument("--n", type=int, default=2000, help="images: an epoch is n / batch steps")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--trainer", choices=["lightning", "plain"], default="lightning")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--timing", help="write the job's own per-step figures here (JSON)")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    dataset = Jpegs(make_images(Path(args.images), args.n))
+    loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers, drop_last=True)
+    timing = Timing()
+    (train_lightning if args.trainer == "lightning" else train_plain)(loader, args.steps, timing)
+    if args.timing:
+        timing.write(args.timing)
+    print(f"trained {len(timing.steps)} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
