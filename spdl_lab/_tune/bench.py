@@ -136,6 +136,7 @@ class Bench:
         windows, fills = windows_until_sure(lambda: self._window(contender, config, timeout),
                                             contender.loader.reading, deadline, self.min_windows,
                                             self.max_windows)
+        windows = [self._recharged(w, config, passes.epoch_batches) for w in windows]
         after, span = contender.loader.reading(), None
         if passes.passes != pass_ and after is not None:
             # A new pass is a new run, its meters from zero: the span since it began.
@@ -216,13 +217,20 @@ class Bench:
         """``window`` with each batch charged its share of an epoch restart: this configuration's
         own restarts, else those of its runner and options (a runner's workers start alike)."""
         extras, steady = restart_extras(window.records, first, restarts)
-        family = (config.runner, config.options)
-        for key in (config, family):
+        for key in (config, (config.runner, config.options)):
             self._restarts.setdefault(key, []).extend(extras)
-        known = self._restarts.get(config) or self._restarts.get(family) or []
-        restart_s = statistics.mean(known) if known else math.nan
         fields = {f.name: getattr(window, f.name) for f in dataclasses.fields(Window)}
-        return EpochWindow(**fields, rate=epoch_rate(steady, restart_s, epoch_batches), restart_s=restart_s)
+        return self._recharged(EpochWindow(**fields, steady_s=steady), config, epoch_batches)
+
+    def _recharged(self, window: EpochWindow, config: Config, epoch_batches: int | None) -> EpochWindow:
+        """``window`` charged the mean restart known now: windows measured before a trial's first
+        restart pay for it as the later ones do."""
+        known = self._restarts.get(config) or self._restarts.get((config.runner, config.options)) or []
+        restart_s = statistics.mean(known) if known else math.nan
+        if not window.steady_s > 0:  # every step of it began a pass: it is all restart, as measured
+            return dataclasses.replace(window, rate=Window.batches_per_s.fget(window), restart_s=restart_s)
+        return dataclasses.replace(window, rate=epoch_rate(window.steady_s, restart_s, epoch_batches),
+                                   restart_s=restart_s)
 
     def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
         self._round += 1

@@ -26,6 +26,7 @@ class EpochWindow(Window):
 
     rate: float = math.nan
     restart_s: float = math.nan  # the restart's extra seconds charged (NaN: no restart known)
+    steady_s: float = math.nan  # the mean seconds of its steps that began no pass
 
     @property
     def batches_per_s(self) -> float:

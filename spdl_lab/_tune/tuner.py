@@ -15,6 +15,7 @@ import psutil
 from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
+from .._runners.process import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError, SpdlLabError
 from .advice import advise
@@ -196,16 +197,14 @@ def _cuda() -> bool:
 
 
 def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
-    """Options the process runner gives its DataLoader, refused as torch's DataLoader refuses them."""
-    from torch.utils.data import DataLoader
-
-    kwargs = {k: v for k, v in options.items() if k in ("num_workers", "prefetch_factor", "persistent_workers")}
-    try:
-        DataLoader(range(1), **kwargs)
-    except (ValueError, TypeError) as exc:
-        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise PipelineSpecError(f"tune: torch's DataLoader refuses {given}: {exc}. Pass num_workers >= 1 with "
-                                f"prefetch_factor or persistent_workers, or leave them out") from None
+    """Refuse what torch's DataLoader refuses (the process runner would drop it silently): its
+    worker options without worker processes."""
+    given = {k: options[k] for k in ("prefetch_factor", "persistent_workers") if options.get(k)}
+    if options.get("num_workers", DEFAULT_NUM_WORKERS) == 0 and given:
+        named = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise PipelineSpecError(f"tune: torch's DataLoader refuses num_workers=0 with {named}: they set up "
+                                f"worker processes, and 0 loads in the main process. Pass num_workers >= 1, "
+                                f"or leave them out")
 
 
 def _pipeline(source: Any) -> tuple[Pipeline, bool]:

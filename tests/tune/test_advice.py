@@ -105,7 +105,7 @@ def test_dataloader_options_it_would_refuse_are_refused_before_anything_runs():
     from torch.utils.data import DataLoader, TensorDataset
 
     dl = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2)
-    with pytest.raises(PipelineSpecError, match="DataLoader refuses num_workers=0, prefetch_factor=2"):
+    with pytest.raises(PipelineSpecError, match="DataLoader refuses num_workers=0 with prefetch_factor=2"):
         lab.tune(dl, lambda b: None, runner_options={"process": {"num_workers": 0, "prefetch_factor": 2}},
                  progress=False)
 

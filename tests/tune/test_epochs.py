@@ -79,3 +79,30 @@ def test_a_one_epoch_dataloader_is_tuned_within_its_budget():
     assert tuning.trials["restart_s"].notna().any(), tuning.trials
     assert "dataloader_kwargs = dict(num_workers=" in tuning.code or tuning.best["runner"] != "process"
     assert "prefetch_factor" in tuning.start["options"] and "persistent_workers" in tuning.start["options"]
+
+
+def test_windows_before_the_first_restart_pay_for_it_as_later_ones_do():
+    from spdl_lab._experiments.contender import Window
+    from spdl_lab._tune.bench import Bench
+    from spdl_lab._tune.space import Config
+
+    def window(*waits: float) -> Window:
+        records = tuple(SimpleNamespace(data_wait_s=w, step_s=0.01) for w in waits)
+        return Window(runner="thread", round=1, started_s=0.0, records=records, cpu_percent=50.0,
+                      others_percent=0.0, gil_wait_frac=math.nan, runqueue_wait_frac=math.nan,
+                      train_gil_wait_frac=math.nan, train_runqueue_wait_frac=math.nan)
+
+    bench = Bench(lab.Pipeline(range(4)).map(abs, name="a").batch(2), lambda b: None, window_s=0.3, probes=False)
+    try:
+        config = Config.of("thread", {"a": 1})
+        early = bench._charged(window(0, 0, 0, 0), config, first=0, restarts=[], epoch_batches=62)
+        assert early.batches_per_s == pytest.approx(100.0) and math.isnan(early.restart_s)  # none known yet
+        later = bench._charged(window(0, 0, 2.0, 0), config, first=10, restarts=[12], epoch_batches=62)
+        charged = 1 / (0.01 + 2.0 / 62)
+        assert later.batches_per_s == pytest.approx(charged) and later.restart_s == pytest.approx(2.0)
+        assert bench._recharged(early, config, 62).batches_per_s == pytest.approx(charged)
+        # A window that is all restart is taken as measured.
+        alone = bench._charged(window(3.0), config, first=20, restarts=[20], epoch_batches=62)
+        assert alone.batches_per_s == pytest.approx(1 / 3.01)
+    finally:
+        bench.close()
