@@ -205,7 +205,7 @@ def run_grid(case: Case, window_s: float) -> Grid:
     t0 = time.perf_counter()
     bench = Bench(pipeline, step, window_s=window_s)
     try:
-        configs = grid_configs(pipeline, case.grid, bench.cores)
+        configs = grid_configs(pipeline, case.grid, bench.machine.cores)
         rates: dict[Config, float] = {}
         for i, config in enumerate(configs, 1):
             trial = bench.measure(config, WINDOW_TIMEOUT_S)
@@ -226,6 +226,8 @@ def run_tune(case: Case, budget_s: float, window_s: float) -> Tuned:
                       window_s=min(window_s, budget_s), progress=False)
     wall = time.perf_counter() - t0
     log(f"{case.name} tuned in {wall:.1f} s: {tuning.summary()}")
+    for warning in tuning.warnings:
+        log(f"  warning: {warning}")
     for line in tuning.log:
         log(f"  {line}")
     return Tuned(tuned_config(tuning), tuning.best_batches_per_s, wall, budget_s, tuning)
@@ -256,7 +258,7 @@ def side_by_side(case: Case, configs: list[Config], rounds: int, window_s: float
         rates: dict[Config, list[float]] = {c: [] for c in configs}
         for r in range(rounds):
             for config in configs[r % len(configs):] + configs[:r % len(configs)]:
-                rates[config].append(bench.rate_once(config, WINDOW_TIMEOUT_S))
+                rates[config].append(bench.rate_once(config, WINDOW_TIMEOUT_S).batches_per_s)
     finally:
         bench.close()
     return rates, hand

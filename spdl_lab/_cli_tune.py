@@ -4,6 +4,7 @@ table, the tuner's log and the code to paste, and an HTML report (JSON with ``--
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import pandas as pd
@@ -19,7 +20,7 @@ from ._cli_inputs import (
 )
 from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
-from ._tune.space import TUNABLE_RUNNERS
+from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 
 __all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune"]
 
@@ -42,7 +43,8 @@ def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
     t0 = time.perf_counter()
     tuning = run_tuner(pipeline, step, runners=runners, budget_s=args.budget, start=args.start,
                        progress=progress)
-    print(tuning.summary(), "", trials_table(tuning.trials), "", *tuning.log, "",
+    warnings = [f"warning: {w}" for w in tuning.warnings]
+    print(tuning.summary(), *warnings, "", trials_table(tuning.trials), "", *tuning.log, "",
           f"code (p is the pipeline {args.target} names):", tuning.code, sep="\n")
     print(f"\nreport: {tuning.to_html(html).resolve()}")
     if data is not None:
@@ -77,7 +79,8 @@ def _runner_names(text: str) -> list[str]:
 
 def _concurrency(row: pd.Series) -> str:
     if row["runner"] == "process":  # every stage runs in each worker: the pool is the knob
-        return f"workers={row['options'].get('num_workers')}"
+        knobs = [f"{k}={row['options'][k]}" for k in DATALOADER_KNOBS if k in row["options"]]
+        return " ".join([f"workers={row['options'].get('num_workers')}", *knobs])
     return " ".join(f"{name}={n}" for name, n in row["concurrency"].items())
 
 
@@ -85,13 +88,14 @@ def trials_table(trials: pd.DataFrame) -> str:
     """``Tuning.trials`` as fixed-width text, one line per trial in the order measured: text
     columns aligned left, numbers right."""
     headings = ["runner", "concurrency", "batches/s [lo-hi]", "predicted", "step p50 ms", "data wait", "CPU %",
-                "move", "kept"]
+                "others CPU %", "move", "kept"]
     rows = [[str(row["runner"]), _concurrency(row), spread(row["batches_per_s"], row["batches_per_s_lo"],
                                                            row["batches_per_s_hi"]),
              num(row["predicted_batches_per_s"]), num(row["step_p50_ms"], ".1f"), pct(row["data_wait_frac"]),
-             num(row["cpu_percent"], ".0f"), str(row["move"]), "kept" if row["kept"] else "-"]
+             num(row["cpu_percent"], ".0f"), num(row.get("others_percent", math.nan), ".0f"), str(row["move"]),
+             "kept" if row["kept"] else "-"]
             for _, row in trials.iterrows()]
-    return "\n".join(text_table(headings, rows, left=(0, 1, 7, 8)))
+    return "\n".join(text_table(headings, rows, left=(0, 1, 8, 9)))
 
 
 # -- the options -------------------------------------------------------------------------------

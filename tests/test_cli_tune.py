@@ -134,10 +134,10 @@ def trials() -> pd.DataFrame:
 def test_the_table_has_a_column_per_heading_and_a_line_per_trial():
     lines = cli_tune.trials_table(trials()).splitlines()
     assert re.split(r"\s{2,}", lines[0]) == ["runner", "concurrency", "batches/s [lo-hi]", "predicted",
-                                              "step p50 ms", "data wait", "CPU %", "move", "kept"]
+                                              "step p50 ms", "data wait", "CPU %", "others CPU %", "move", "kept"]
     assert re.split(r"\s{2,}", lines[1]) == ["thread", "read=8 decode=2", "30.5 [29-31.2]", "-", "21.0", "42%",
-                                              "95", "started from thread read=8 decode=2", "kept"]
-    assert re.split(r"\s{2,}", lines[2]) == ["process", "workers=2", "41", "45.2", "21.0", "42%", "95",
+                                              "95", "-", "started from thread read=8 decode=2", "kept"]
+    assert re.split(r"\s{2,}", lines[2]) == ["process", "workers=2", "41", "45.2", "21.0", "42%", "95", "-",
                                               "switched to process workers=2", "-"]
     for heading in ("concurrency", "move", "kept"):  # fixed width: text starts under its heading
         at = lines[0].index(heading)
@@ -164,6 +164,9 @@ def test_tune_prints_table_log_and_code_and_writes_the_report(tiny, tmp_path, ca
     table = cli_tune.trials_table(tuning.trials)
     assert table in out and table.startswith("runner  concurrency  batches/s [lo-hi]")
     assert "started from thread slow=1" in out and "stopped: " in out  # the log
+    # The advice (move, or keep what you have with the ratio) and why no move, if so.
+    assert tuning.advice.startswith(("move to", "keep what you have")) and tuning.advice in out
+    assert all(f"warning: {w}" in out for w in tuning.warnings)
     assert tuning.code in out and "loader = lab.Loader(" in out
     order = [out.index(part) for part in (table, "stopped: ", tuning.code, "report: ")]
     assert order == sorted(order)

@@ -10,6 +10,7 @@ from multiprocessing.connection import Connection
 
 import cloudpickle
 
+from .._runners.children import exit_without_finalizing
 from .measure import diagnose_here
 
 
@@ -60,4 +61,5 @@ def main(data_fd: int, ctrl_fd: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
+    # Not sys.exit: a daemon thread left in a stage must not free torch tensors during finalization.
+    exit_without_finalizing(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -4,6 +4,7 @@ the stage function in a loop; a control thread obeys the parent: run, pause, rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -132,5 +133,15 @@ def _send_quietly(conn: Connection, message: tuple) -> bool:
         return False
 
 
+def exit_without_finalizing(code: int) -> None:
+    """``spdl_lab._runners.children.exit_without_finalizing``, here for a child that imports only
+    the standard library: a daemon thread (the control thread, dropping the last reference to torch
+    tensors among the inputs) must not free them while the interpreter finalizes."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream has nothing to flush
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
+    exit_without_finalizing(main(int(sys.argv[1]), int(sys.argv[2])))

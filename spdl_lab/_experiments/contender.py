@@ -95,6 +95,11 @@ class Contender:
         self._t0 = t0
         self._batches: Iterator[Any] | None = None
 
+    def feed(self, batches: Iterator[Any]) -> None:
+        """Take the steps from ``batches`` (e.g. the tuner's epochs of ``self.loader``) instead of one
+        pass of the loader."""
+        self._batches = batches
+
     def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
                timeout: float | None, max_s: float | None = None) -> Window:
         """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.

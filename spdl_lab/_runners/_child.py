@@ -22,6 +22,7 @@ from ..errors import PipelineError, RunnerError
 from ._shipping import output_stage, pickled, unsendable_output
 from ._shm import SeqlockBlock, ShmFile
 from ._transport import Copier, SlotWriter, encode, write_arrays
+from .children import exit_without_finalizing
 
 #: How often the child publishes its meters for the parent's sampler.
 METER_HZ = 50.0
@@ -151,4 +152,5 @@ def _describe_error(err: BaseException) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
+    # Not sys.exit: an engine thread abandoned in a stage must not free torch tensors during finalization.
+    exit_without_finalizing(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -5,6 +5,7 @@ worker's slot of the meter block.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import traceback
@@ -19,6 +20,7 @@ from ..errors import PipelineSpecError, RunnerError, describe
 from ._delivered import Delivered
 from ._shipping import output_stage, pickled, pickling_error
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
+from .children import exit_without_finalizing
 
 __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
 
@@ -109,8 +111,12 @@ class PipelineDataset(IterableDataset):
         self._parent_block = block
 
     def init_worker(self, worker_id: int) -> None:
-        """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid."""
+        """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end the
+        worker without finalizing its interpreter (``exit_without_finalizing``), where a queue's
+        feeder thread or a stage's daemon thread would free torch tensors and abort it. torch's
+        worker loop sends every error to the parent as data and returns: its status is 0."""
         self._load(worker_id).block.pids[worker_id] = os.getpid()
+        atexit.register(exit_without_finalizing, 0)  # runs before finalizing starts; spawn only
 
     def _load(self, slot: int) -> _Loaded:
         if self._loaded is not None:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 
 __all__ = ["Child", "ChildTraceback", "MainFreeSpawnContext", "ended", "exit_reason", "exit_status",
-           "kill", "spawn", "stop_process"]
+           "exit_without_finalizing", "kill", "spawn", "stop_process"]
 
 
 class ChildTraceback(Exception):
@@ -54,6 +54,22 @@ def spawn(args: list[str]) -> Child:
         os.close(data_w)
         os.close(ctrl_r)
     return Child(proc, Connection(data_r, writable=False), Connection(ctrl_w, readable=False))
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End a child of ours with ``code`` once it has said all it has to say, without finalizing
+    its interpreter (``os._exit``, the standard streams flushed first).
+
+    Finalizing lets a daemon thread (one abandoned in a stage, or the control thread dropping the
+    last reference to the data) free a torch tensor: its deallocation releases the GIL, and a
+    thread that asks for the GIL back while the interpreter finalizes is ended by ``pthread_exit``,
+    whose unwinding through torch's C++ frames calls ``std::terminate``: "terminate called without
+    an active exception" on stderr, then SIGABRT.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream has nothing to flush
+            stream.flush()
+    os._exit(code)
 
 
 def ended(killed: bool, code: int) -> str:

@@ -1,10 +1,14 @@
 """Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
-its knobs live, drains what the old setting made, then takes windows until the rate is sure.
+its knobs live, drains what the old setting made, then takes windows until the rate is sure. A
+finite source runs epochs, as a training loop does: each pass ends and the next starts, and each
+window's rate carries its share of that restart (``epochs``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +22,7 @@ from .._runners.process import WORKERS
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
+from .epochs import EpochWindow, Passes, endless, epoch_rate, restart_extras
 from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
@@ -75,8 +80,11 @@ class Bench:
 
     def __init__(self, pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
                  window_s: float, probes: bool = True, t0: float | None = None,
-                 min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS) -> None:
+                 min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
+                 epoch_batches: int | None = None) -> None:
         self.pipeline = pipeline
+        #: batches in one pass of the source when known beforehand (a DataLoader's ``len``)
+        self.epoch_batches = epoch_batches
         self.step = step
         self.window_s = window_s
         self.min_windows = min_windows
@@ -88,6 +96,13 @@ class Bench:
             self._probe.start()
         self.machine = MachineClock(self._probe)
         self._contenders: dict[str, Contender] = {}
+        self._passes: dict[str, Passes] = {}
+        #: the options each runner's open Loader was made with (another value opens a new one)
+        self._opened: dict[str, tuple] = {}
+        #: extra seconds of each epoch restart seen, by configuration and by (runner, options)
+        self._restarts: dict[Any, list[float]] = {}
+        #: the other processes' CPU over each window, in the order measured
+        self.others: list[float] = []
         #: the last measured batches/s of each configuration, to size its windows
         self._rate: dict[Config, float] = {}
         self._round = 0
@@ -102,7 +117,7 @@ class Bench:
     def trial_cost(self, config: Config) -> float:
         """Seconds a trial of ``config`` is expected to take: start-up, warm-up, the fewest windows."""
         cost = (self.min_windows + 1.0) * self.window_s
-        if config.runner not in self._contenders:
+        if not self._is_open(config):
             children = [s for r, s in self.startup_s.items() if r != "thread"]
             guess = max(children) if children else _STARTUP_GUESS_S.get(config.runner, 0.0)
             cost += self.startup_s.get(config.runner, guess)
@@ -112,20 +127,26 @@ class Bench:
         """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window,
         and past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second."""
         started = time.perf_counter()
-        opening = config.runner not in self._contenders
+        opening = not self._is_open(config)
         contender = self._switch_to(config, timeout)
         if opening:
             self.startup_s[config.runner] = time.perf_counter() - started
-        before = contender.loader.reading()
+        passes = self._passes[config.runner]
+        before, pass_ = contender.loader.reading(), passes.passes
         windows, fills = windows_until_sure(lambda: self._window(contender, config, timeout),
                                             contender.loader.reading, deadline, self.min_windows,
                                             self.max_windows)
-        return trial_of(config, windows, before, contender.loader.reading(), fills, self._items, started, self.t0)
+        windows = [self._recharged(w, config, passes.epoch_batches) for w in windows]
+        after, span = contender.loader.reading(), None
+        if passes.passes != pass_ and after is not None:
+            # A new pass is a new run, its meters from zero: the span since it began.
+            before, span = _zero(after), time.perf_counter() - passes.began
+        return trial_of(config, windows, before, after, fills, self._items, started, self.t0, span)
 
-    def rate_once(self, config: Config, timeout: float) -> float:
+    def rate_once(self, config: Config, timeout: float) -> Window:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
         contender = self._switch_to(config, timeout)
-        return self._window(contender, config, timeout).batches_per_s
+        return self._window(contender, config, timeout)
 
     def close(self) -> None:
         try:
@@ -133,6 +154,7 @@ class Bench:
                 contender.close()
         finally:
             self._contenders.clear()
+            self._passes.clear()
             if self._probe is not None:
                 self._probe.stop()
 
@@ -140,15 +162,25 @@ class Bench:
         """Set ``config`` on its runner (opened on first use), drain what the setting before made,
         then size the windows from a short run."""
         contender = self._contenders.get(config.runner)
+        if contender is not None and not self._is_open(config):
+            # Another value of an option (a DataLoader's prefetch_factor...): a new Loader, as the job's.
+            self._contenders.pop(config.runner).close()
+            contender = None
         if contender is None:
             options = dict(config.options)
+            pipeline = self.pipeline
             if config.runner == "process":
                 options["num_workers"] = config.knob(WORKERS)
-            contender = Contender(self.pipeline, config.runner, self.step, options, self._probe, self.t0, who="tune")
+                if options.get("persistent_workers"):
+                    pipeline = endless(pipeline)  # its workers see every epoch in one run
+            contender = Contender(pipeline, config.runner, self.step, options, self._probe, self.t0, who="tune")
             self._contenders[config.runner] = contender
+            self._opened[config.runner] = config.options
+            self._passes[config.runner] = Passes(contender.loader, self.epoch_batches)
+            contender.feed(self._passes[config.runner])
         controls = contender.loader.controls()
         # What the setting it had could have made and kept where the readings do not show it.
-        unseen = unseen_batches(self.pipeline, controls, self._items)
+        unseen = unseen_batches(self.pipeline, controls, self._items, config.option("prefetch_factor"))
         for name, value in config.knobs:
             if controls.get(name) != value:
                 contender.loader.set_concurrency(name, value)
@@ -165,13 +197,40 @@ class Bench:
             self._rate[config] = sizing.batches_per_s
         return contender
 
-    def _window(self, contender: Contender, config: Config, timeout: float) -> Window:
+    def _is_open(self, config: Config) -> bool:
+        return config.runner in self._contenders and self._opened.get(config.runner) == config.options
+
+    def _window(self, contender: Contender, config: Config, timeout: float) -> EpochWindow:
         rate = self._rate.get(config, 0.0)
         steps = max(2, round(rate * self.window_s)) if rate > 0 else _SIZING_STEPS
-        window = self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s)
+        passes = self._passes[config.runner]
+        first, seen = passes.yielded, len(passes.restarts)
+        window = self._charged(self._run(contender, steps, timeout, max_s=_WINDOW_CAP * self.window_s),
+                               config, first, passes.restarts[seen:], passes.epoch_batches)
         if window.batches_per_s > 0:
             self._rate[config] = window.batches_per_s
+        self.others.append(window.others_percent)
         return window
+
+    def _charged(self, window: Window, config: Config, first: int, restarts: list[int],
+                 epoch_batches: int | None) -> EpochWindow:
+        """``window`` with each batch charged its share of an epoch restart: this configuration's
+        own restarts, else those of its runner and options (a runner's workers start alike)."""
+        extras, steady = restart_extras(window.records, first, restarts)
+        for key in (config, (config.runner, config.options)):
+            self._restarts.setdefault(key, []).extend(extras)
+        fields = {f.name: getattr(window, f.name) for f in dataclasses.fields(Window)}
+        return self._recharged(EpochWindow(**fields, steady_s=steady), config, epoch_batches)
+
+    def _recharged(self, window: EpochWindow, config: Config, epoch_batches: int | None) -> EpochWindow:
+        """``window`` charged the mean restart known now: windows measured before a trial's first
+        restart pay for it as the later ones do."""
+        known = self._restarts.get(config) or self._restarts.get((config.runner, config.options)) or []
+        restart_s = statistics.mean(known) if known else math.nan
+        if not window.steady_s > 0:  # every step of it began a pass: it is all restart, as measured
+            return dataclasses.replace(window, rate=Window.batches_per_s.fget(window), restart_s=restart_s)
+        return dataclasses.replace(window, rate=epoch_rate(window.steady_s, restart_s, epoch_batches),
+                                   restart_s=restart_s)
 
     def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
         self._round += 1
@@ -179,17 +238,30 @@ class Bench:
 
 
 def trial_of(config: Config, windows: list[Window], before: EngineReading | None, after: EngineReading | None,
-             fills: list[dict[str, float]], items: dict[str, float], started: float, t0: float = 0.0) -> Trial:
-    """A Trial from its measured windows and the meter readings around them (offline or live)."""
+             fills: list[dict[str, float]], items: dict[str, float], started: float, t0: float = 0.0,
+             span_s: float | None = None) -> Trial:
+    """A Trial from its measured windows and the meter readings around them (offline or live);
+    ``span_s`` is the time the readings cover when it is not the windows' loop time."""
     row = runner_row(windows)
-    span = sum(w.loop_s for w in windows)
+    span = sum(w.loop_s for w in windows) if span_s is None else span_s
+    restarts = [w.restart_s for w in windows if math.isfinite(getattr(w, "restart_s", math.nan))]
     return Trial(
         config=config, rates=tuple(w.batches_per_s for w in windows), step_p50_ms=row["step_p50_ms"],
         data_wait_frac=row["data_wait_frac"], cpu_percent=row["cpu_percent"],
         train_gil_wait_frac=row["train_gil_wait_frac"], gil_wait_frac=row["gil_wait_frac"],
         stages=stage_samples(before, after, span, items, fills), elapsed_s=time.perf_counter() - started,
-        started_s=started - t0 if t0 else 0.0,
+        started_s=started - t0 if t0 else 0.0, others_percent=row["others_cpu_percent"],
+        restart_s=restarts[-1] if restarts else math.nan,
     )
+
+
+def _zero(reading: EngineReading) -> EngineReading:
+    """``reading``'s stages with every counter at zero: where a new run's meters started."""
+    def zero(s: Any) -> Any:
+        return dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
+
+    return EngineReading(source=zero(reading.source), stages=[zero(s) for s in reading.stages],
+                         inputs=reading.inputs, queues=reading.queues)
 
 
 def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
@@ -203,14 +275,16 @@ def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> in
     return math.ceil(total)
 
 
-def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float]) -> int:
+def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float],
+                   prefetch_factor: int | None = None) -> int:
     """Batches' worth of finished items a runner at ``controls`` may hold outside its readings.
 
     A thread-engine map stage keeps finished items in its reorder window (ordered) or in
-    workers blocked on a full queue (one each); DataLoader workers prefetch two batches each.
+    workers blocked on a full queue (one each); DataLoader workers prefetch ``prefetch_factor``
+    batches each (torch's default 2).
     """
     if WORKERS in controls:
-        return 2 * controls[WORKERS]
+        return (prefetch_factor or 2) * controls[WORKERS]
     held = [(s, controls[s.name]) for s in pipeline.stages if s.kind == "map" and s.name in controls]
     return math.ceil(sum((reorder_window(n) if s.ordered else n) / items.get(s.name, 1.0) for s, n in held))
 

@@ -30,8 +30,9 @@ from .._file_checks import (
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
+from .advice import Advice
 from .search import Step
-from .space import TUNABLE_RUNNERS, WORKERS, Config
+from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config
 from .trial import Trial
 
 __all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
@@ -79,6 +80,8 @@ class TrialRow:
     windows: integer(0, 10**6)
     started_s: Rate
     elapsed_s: Rate
+    others_percent: Rate = math.nan  # other processes' CPU over its windows, 100 = one core
+    restart_s: Rate = math.nan  # an epoch restart's extra seconds, charged to its batches (NaN: none)
 
 
 #: Columns of ``Tuning.trials``.
@@ -99,10 +102,13 @@ def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
     return LoaderConfig(runner=config.runner, concurrency=concurrency, options=options)
 
 
-def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from_dataloader: bool) -> str:
+def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from_dataloader: bool,
+                advice: str = "") -> str:
     """Code that builds the loader ``best`` describes; for a DataLoader under ``process``, its keywords."""
     head = (f"# spdl_lab tune: {best['runner']}, {batches_per_s:.3g} training batches/s, "
             f"{speedup:.2f}x the starting configuration (measured side by side)")
+    if advice.startswith("keep"):
+        head = f"# spdl_lab tune: {advice}"
     options = best["options"]
     if best["runner"] == "process" and from_dataloader:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in options.items())
@@ -148,19 +154,41 @@ class Tuning(Saved):
     code: Text
     best_batches_per_s: Rate = math.nan  # the best's own trial, median of its windows
     source_is_dataloader: Flag = False
+    #: "move to ...: ..." or "keep what you have: ..." with the ratio measured
+    advice: Text = ""
+    #: True when ``best`` is a move from ``start``; False: keep what you have (``best`` is ``start``)
+    moved: Flag = True
+    #: what made the measurement less than trustworthy (a busy machine, windows spread wide)
+    warnings: Annotated[list[Text], Field(max_length=1000)] = field(default_factory=list)
+    #: the fastest configuration measured other than the start, and its side-by-side ratio to it
+    change: LoaderConfig | None = None
+    change_speedup: Rate = math.nan
+    change_speedup_lo: Rate = math.nan
+    change_speedup_hi: Rate = math.nan
+    #: other processes' CPU before measuring, 100 = one core
+    others_before_percent: Rate = math.nan
     pipeline: Annotated[Pipeline | None, PlainValidator(_no_pipeline)] = field(default=None, repr=False)
 
     @classmethod
     def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,
               steps: Sequence[Step], log: list[str],
-              speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int) -> Tuning:
+              speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int,
+              advice: Advice | None = None, change: Trial | None = None,
+              change_speedup: tuple[float, float, float] = (math.nan, math.nan, math.nan),
+              others_before: float = math.nan) -> Tuning:
         table = pd.DataFrame([trial_row(s, pipeline) for s in steps], columns=TRIAL_COLUMNS)
         best_d = config_dict(best.config, pipeline)
+        sentence = advice.sentence if advice is not None else ""
         return cls(best=best_d, start=config_dict(start, pipeline), trials=table, log=list(log),
                    speedup=speedup[0], speedup_lo=speedup[1], speedup_hi=speedup[2], budget_s=budget_s,
                    elapsed_s=elapsed_s, cores=cores,
-                   code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader),
+                   code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader, sentence),
                    best_batches_per_s=best.batches_per_s, source_is_dataloader=source_is_dataloader,
+                   advice=sentence, moved=best.config != start if advice is None else advice.move,
+                   warnings=list(advice.warnings) if advice is not None else [],
+                   change=config_dict(change.config, pipeline) if change is not None else None,
+                   change_speedup=change_speedup[0], change_speedup_lo=change_speedup[1],
+                   change_speedup_hi=change_speedup[2], others_before_percent=others_before,
                    pipeline=pipeline)
 
     def loader(self, pipeline: Pipeline | None = None, **loader_options: Any):
@@ -185,17 +213,23 @@ class Tuning(Saved):
         return view("tuning_report")(self, path)
 
     def summary(self) -> str:
+        """One line: the advice (move, or keep what you have, with the ratio measured) and the effort."""
+        effort = f"{len(self.trials)} trials in {self.elapsed_s:.0f} s (budget {self.budget_s:.0f} s)"
+        warned = f"; {len(self.warnings)} warning(s): no move recommended" if self.warnings and not self.moved else ""
+        if self.advice and not self.moved:
+            return f"{self.advice}; {effort}{warned}"
         best = self.best
         knobs = " ".join(f"{k}={v}" for k, v in best["concurrency"].items()) if best["runner"] != "process" \
-            else f"num_workers={best['options'].get('num_workers')}"
+            else " ".join(f"{k}={best['options'][k]}" for k in ("num_workers", *DATALOADER_KNOBS)
+                          if k in best["options"])
         spread = (f" [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
                   if math.isfinite(self.speedup_lo) and self.speedup_lo != self.speedup_hi else "")
         return (f"best: {best['runner']} {knobs}: {self.best_batches_per_s:.3g} batches/s, "
-                f"{self.speedup:.2f}x{spread} the start side by side; {len(self.trials)} trials in "
-                f"{self.elapsed_s:.0f} s (budget {self.budget_s:.0f} s)")
+                f"{self.speedup:.2f}x{spread} the start side by side; {effort}")
 
     def __repr__(self) -> str:
-        return "\n".join([f"Tuning({self.summary()})", *(f"  {line}" for line in self.log)])
+        warnings = [f"  warning: {w}" for w in self.warnings]
+        return "\n".join([f"Tuning({self.summary()})", *warnings, *(f"  {line}" for line in self.log)])
 
     def _repr_html_(self) -> str:
         return view("tuning_html")(self)
@@ -214,4 +248,5 @@ def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
         batches_per_s=t.batches_per_s, batches_per_s_lo=t.lo, batches_per_s_hi=t.hi, spread=t.spread,
         predicted_batches_per_s=predicted, limit=limit, step_p50_ms=t.step_p50_ms, data_wait_frac=t.data_wait_frac,
         cpu_percent=t.cpu_percent, train_gil_wait_frac=t.train_gil_wait_frac, gil_wait_frac=t.gil_wait_frac,
-        move=move.describe(), kept=kept, windows=len(t.rates), started_s=t.started_s, elapsed_s=t.elapsed_s))
+        move=move.describe(), kept=kept, windows=len(t.rates), started_s=t.started_s, elapsed_s=t.elapsed_s,
+        others_percent=t.others_percent, restart_s=t.restart_s))

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from .machine import busy_reason
 from .model import Prediction, RateModel
 from .space import WORKERS, Config, Move, Space
 from .trial import MIN_GAIN, Trial, margin
@@ -44,13 +45,22 @@ class Decision:
     gain: float  # measured / best - 1
 
 
-def decide(best: Trial, new: Trial) -> Decision:
-    """Keep ``new`` over ``best`` only when it is faster beyond the noise, or as fast for less CPU."""
+def decide(best: Trial, new: Trial, cores: int | None = None) -> Decision:
+    """Keep ``new`` over ``best`` only when it is faster beyond the noise, or as fast for less CPU;
+    never from a measurement the machine's other processes disturbed (given ``cores``), nor for a
+    gain smaller than either trial's spread."""
     if not new.batches_per_s > 0:
         return Decision(False, "no batches measured", math.nan)
     gain = new.batches_per_s / best.batches_per_s - 1.0
     need = margin(best, new)
+    busy = busy_reason([best, new], cores) if cores else None
+    if busy is not None and gain > -need:
+        return Decision(False, f"{gain:+.0%}, but {busy}", gain)
     if gain > need:
+        wide = max(best, new, key=_spread)
+        if _spread(wide) > gain:
+            return Decision(False, f"{gain:+.0%}, but the windows of {wide.config.describe()} spread "
+                                   f"{_spread(wide):.0%}, wider than that gain", gain)
         return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain)
     cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
                if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
@@ -61,6 +71,10 @@ def decide(best: Trial, new: Trial) -> Decision:
     if gain >= -need:
         return Decision(False, f"{gain:+.0%}, within the noise (±{need:.0%})", gain)
     return Decision(False, f"{gain:+.0%}, slower beyond the noise (±{need:.0%})", gain)
+
+
+def _spread(trial: Trial) -> float:
+    return trial.spread if math.isfinite(trial.spread) else 0.0
 
 
 class Climb:
@@ -164,6 +178,10 @@ class Climb:
                 continue
             if runner not in unmeasured or _switch_rank(c) > _switch_rank(unmeasured[runner]):
                 unmeasured[runner] = c
+        # The model does not see a DataLoader's own options: each move of one is measured once.
+        for c in fresh:
+            if c.move.kind == "set":
+                yield Candidate(c.move, c.predicted, f"the model does not see {c.move.knob}: measured once")
         for runner, c in unmeasured.items():
             yield Candidate(c.move, c.predicted, f"{runner} not measured yet: the model predicts across "
                                                  f"runners least well")
@@ -265,7 +283,7 @@ def climb(search: Climb, first: Config, measure: Callable[[Config], Trial],
     while (candidate := search.next_move(best, affordable)) is not None:
         trial = measure(candidate.move.config)
         search.record(trial)
-        verdict = decide(best, trial)
+        verdict = decide(best, trial, search.space.cores)
         predicted = candidate.predicted.batches_per_s
         sentence = (f"{candidate.move.describe()}: predicted {predicted:.3g}, measured {_rate(trial)} batches/s; "
                     f"{'kept' if verdict.kept else 'reverted'} ({verdict.reason}). Why tried: {candidate.why}")

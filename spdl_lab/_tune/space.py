@@ -10,7 +10,8 @@ from typing import Any
 from .._pipeline import Pipeline
 from .._runners.process import DEFAULT_NUM_WORKERS, WORKERS
 
-__all__ = ["Config", "LADDER", "MAX_THREADS", "Move", "Space", "TUNABLE_RUNNERS", "WORKERS"]
+__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space", "TUNABLE_RUNNERS", "WORKERS",
+           "dataloader_options"]
 
 #: Knob values the tuner visits: dense where one step matters, sparse above.
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -18,6 +19,19 @@ LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_THREADS = 64
 #: Runners the tuner chooses between (``cache`` is the headspace, not a way to load).
 TUNABLE_RUNNERS = ("thread", "subprocess-threads", "process")
+#: The DataLoader's keyword arguments the tuner may move besides ``num_workers``.
+DATALOADER_KNOBS = ("prefetch_factor", "persistent_workers", "pin_memory")
+#: ``prefetch_factor`` values the tuner visits (batches each DataLoader worker keeps ready).
+PREFETCH_LADDER = (1, 2, 4, 8)
+
+
+def dataloader_options(cuda: bool) -> dict[str, tuple[Any, ...]]:
+    """The DataLoader's own knobs beside ``num_workers``, each with the values the tuner visits;
+    ``pin_memory`` only where CUDA is (without it torch ignores it)."""
+    knobs: dict[str, tuple[Any, ...]] = {"prefetch_factor": PREFETCH_LADDER, "persistent_workers": (False, True)}
+    if cuda:
+        knobs["pin_memory"] = (False, True)
+    return knobs
 
 
 @dataclass(frozen=True)
@@ -38,27 +52,36 @@ class Config:
     def with_knob(self, name: str, value: int) -> Config:
         return Config(self.runner, tuple((k, value if k == name else v) for k, v in self.knobs), self.options)
 
+    def with_option(self, name: str, value: Any) -> Config:
+        return Config.of(self.runner, dict(self.knobs), {**dict(self.options), name: value})
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return dict(self.options).get(name, default)
+
     @property
     def threads(self) -> int:
         """Loading threads or processes this configuration starts."""
         return sum(v for _, v in self.knobs)
 
     def describe(self) -> str:
-        """``thread read=8 decode=2`` or ``process workers=2``."""
-        return " ".join([self.runner, *(f"{k}={v}" for k, v in self.knobs)])
+        """``thread read=8 decode=2`` or ``process workers=2`` (and the DataLoader knobs it sets)."""
+        shown = [f"{k}={v}" for k, v in self.options if k in DATALOADER_KNOBS]
+        return " ".join([self.runner, *(f"{k}={v}" for k, v in self.knobs), *shown])
 
 
 @dataclass(frozen=True)
 class Move:
     """A step from one configuration to another, in words the log can use."""
 
-    kind: str  # "raise" | "lower" | "switch" | "start"
+    kind: str  # "raise" | "lower" | "set" (an option) | "switch" | "start"
     config: Config
     knob: str = ""
-    old: int = 0
-    new: int = 0
+    old: Any = 0
+    new: Any = 0
 
     def describe(self) -> str:
+        if self.kind == "set":
+            return f"set {self.knob} {self.old} -> {self.new}"
         if self.kind in ("raise", "lower"):
             return f"{'raised' if self.kind == 'raise' else 'lowered'} {self.knob} {self.old} -> {self.new}"
         if self.kind == "switch":
@@ -77,6 +100,8 @@ class Space:
     runner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: set once ``cores`` workers measured faster than fewer: rungs above cores open
     allow_more_workers: bool = False
+    #: options of the process runner the tuner moves, each with its values (a DataLoader's own knobs)
+    process_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def start(self, runner: str, concurrency: Mapping[str, int] | None = None) -> Config:
         """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""
@@ -106,6 +131,21 @@ class Space:
                 yield Move("raise", config.with_knob(name, up[0]), name, value, up[0])
             if down:
                 yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
+        yield from self.option_moves(config)
+
+    def option_moves(self, config: Config) -> Iterator[Move]:
+        """The next value up and down of each option knob (process only: they are the DataLoader's)."""
+        if config.runner != "process":
+            return
+        for name, values in self.process_options.items():
+            value = config.option(name)
+            ladder = sorted(set(values) | ({value} if value is not None else set()))
+            if value is None:
+                continue
+            i = ladder.index(value)
+            for j in (i + 1, i - 1):
+                if 0 <= j < len(ladder):
+                    yield Move("set", config.with_option(name, ladder[j]), name, value, ladder[j])
 
     def workers(self, config: Config, n: int) -> Config:
         return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))

@@ -43,6 +43,8 @@ class Trial:
     stages: tuple[StageSample, ...] = ()
     elapsed_s: float = 0.0  # wall time of the trial, warm-up and start-up included
     started_s: float = 0.0  # seconds since the tuning started
+    others_percent: float = math.nan  # other processes' CPU over its windows, 100 = one core
+    restart_s: float = math.nan  # an epoch restart's extra seconds charged to its windows (NaN: none)
 
     @property
     def batches_per_s(self) -> float:

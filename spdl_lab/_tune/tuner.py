@@ -1,5 +1,6 @@
 """``lab.tune``: measure, model, move, keep only beyond the noise; then measure the best and the
-start in alternating rounds, so the speedup is side by side and a worse best is never returned."""
+start in alternating rounds, so the speedup is side by side; the advice moves only when that
+speedup is beyond the noise on a quiet machine, and otherwise keeps what you have."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import psutil
 from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
+from .._runners.process import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError, SpdlLabError
+from .advice import advise
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
+from .machine import busy_reason, others_percent
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
-from .space import TUNABLE_RUNNERS, Config, Space
+from .space import TUNABLE_RUNNERS, Config, Space, dataloader_options
 from .trial import Trial
 
 __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
@@ -31,6 +35,8 @@ CONFIRM_ROUNDS = 3
 CONFIRM_SHARE = 0.2
 #: Budgets shorter than this many windows measure each trial in fewer windows.
 TIGHT_WINDOWS = 40
+#: Seconds the machine is watched before measuring, for what other processes take.
+_LOOK_S = 0.5
 #: The shortest time one window may take before the tuning fails as hung: a runner's start-up
 #: (workers importing torch on a loaded machine) can take seconds.
 WINDOW_TIMEOUT_S = 60.0
@@ -42,39 +48,51 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
          diagnosis: Any = None, window_s: float | None = None, progress: bool = True, probes: bool = True) -> Tuning:
     """Find the configuration with the most training batches/s for ``step`` within ``budget_s``
     seconds: each map stage's concurrency, the process runner's ``num_workers``, and the runner.
-    ``pipeline`` may be a torch DataLoader (it starts as itself: the process runner); ``start``
-    is a runner or ``{"runner": ..., "concurrency": {...}}``; ``diagnosis`` seeds the model. Example::
+    ``pipeline`` may be a torch DataLoader: it starts as itself (the process runner), its own
+    ``prefetch_factor``, ``persistent_workers`` and (with CUDA) ``pin_memory`` are knobs too, and
+    it runs epoch after epoch as a training loop does. ``start`` is a runner or
+    ``{"runner": ..., "concurrency": {...}}``; ``diagnosis`` seeds the model.
+
+    ``tuning.best`` is a move only when it ran faster than the start beyond the noise, side by
+    side, on a machine whose other processes left the cores alone; otherwise it is the start
+    (``tuning.advice`` says "keep what you have" and the ratio measured). Example::
 
         tuning = lab.tune(p, step=train_step, budget_s=60)
-        tuning.best, tuning.log, tuning.speedup   # the speedup is measured side by side
+        tuning.advice, tuning.warnings, tuning.speedup   # the speedup is measured side by side
         loader = tuning.loader()
     """
     source = pipeline
     pipeline, from_dl = _pipeline(pipeline)
     runners = _check(pipeline, step, runners, budget_s, window_s)
     options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
-    if from_dl:  # it starts as itself: the process runner at its num_workers and prefetch_factor
-        own = {"num_workers": max(1, source.num_workers)}
-        if source.num_workers > 0 and source.prefetch_factor is not None:
-            own["prefetch_factor"] = source.prefetch_factor
-        options["process"] = {**own, **options.get("process", {})}
+    epoch_batches = None
+    if from_dl:  # it starts as itself: the process runner with its own keyword arguments
+        options["process"] = {**_dataloader_start(source), **options.get("process", {})}
+        epoch_batches = _length(source)
+    if "process" in options:
+        _check_dataloader_kwargs(options["process"])
     t0 = time.perf_counter()
     end = t0 + float(budget_s)  # with the runners closed: measuring ends bench.close_cost() before
     window_s = window_s if window_s is not None else window_for_budget(budget_s)
-    space = Space(pipeline, runners, psutil.cpu_count() or 1, options)
+    space = Space(pipeline, runners, psutil.cpu_count() or 1, options,
+                  process_options=dataloader_options(_cuda()) if from_dl else {})
     model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
     search = Climb(space, model)
     first = _start(space, start, runners, from_dl)
     # A budget of fewer than TIGHT_WINDOWS windows could otherwise pay for the start and the
     # confirmation only: its trials take two windows (four at most when the noise asks for them).
     tight = budget_s < TIGHT_WINDOWS * window_s
-    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0,
+    bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0, epoch_batches=epoch_batches,
                   min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
     # Kept for the side-by-side confirmation: two rounds of drain, quarter-window warm-up and window
     # for both (about 9 windows), within 20-40% of the budget; a tight budget keeps one round.
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
+    before = others_percent(_LOOK_S)  # the machine before measuring: what other processes take
+    busy = busy_reason([before], space.cores, "before it measured")
+    if busy is not None:
+        log.append(f"{busy}: the rates below move with their load")
     steps: list[Step] = []
     stopped = "converged: no move is predicted to gain, and none is left to explore"
     try:
@@ -97,23 +115,30 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
             _tick(bar, t0, budget_s, f"best {best.batches_per_s:.3g} batches/s")
         log.append(f"stopped: {stopped}")
         start_trial = steps[0].trial
-        speedup = _confirm(bench, start_trial, best, end - bench.close_cost(), log)
-        if best.config != first and (speedup[2] < 1.0 or speedup[0] < 0.97):  # worse beyond the noise
-            log.append(f"the best measured {speedup[0]:.2f}x the start side by side, worse beyond the noise: "
-                       f"returning the starting configuration")
-            best, speedup = start_trial, (1.0, 1.0, 1.0)
+        during: list[float] = []
+        speedup = _confirm(bench, start_trial, best, end - bench.close_cost(), log, during)
+        others = [s.trial for s in steps[1:] if s.trial.batches_per_s > 0]
+        change = max(others, key=lambda t: t.batches_per_s) if others else None
+        advice = advise(start_trial, best, change, speedup, cores=space.cores, before=before, during=during)
+        log.append(advice.sentence)
+        if not advice.move:
+            change_speedup, best, speedup = speedup, start_trial, (1.0, 1.0, 1.0)
+        else:
+            change_speedup = speedup
         _tick(bar, t0, budget_s, "done")
     finally:
         bar.close()
         bench.close()
     return Tuning.build(pipeline=pipeline, source_is_dataloader=from_dl, start=first, best=best, steps=steps,
                         log=log, speedup=speedup, budget_s=float(budget_s),
-                        elapsed_s=time.perf_counter() - t0, cores=space.cores)
+                        elapsed_s=time.perf_counter() - t0, cores=space.cores, advice=advice, change=change,
+                        change_speedup=change_speedup, others_before=before)
 
 
 def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
-             log: list[str]) -> tuple[float, float, float]:
-    """Median, lowest and highest per-round ratio of best to start, measured alternately."""
+             log: list[str], others: list[float]) -> tuple[float, float, float]:
+    """Median, lowest and highest per-round ratio of best to start, measured alternately; the other
+    processes' CPU over each round's windows goes to ``others``."""
     if best.config == start.config:
         log.append("the starting configuration stayed the best: speedup 1.00x")
         return 1.0, 1.0, 1.0
@@ -125,7 +150,10 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
         if ratios and now + (now - began) / len(ratios) > deadline:
             break
         order = (start, best) if round_ % 2 == 0 else (best, start)
-        rates = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter())) for t in order}
+        windows = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter()))
+                   for t in order}
+        others += [w.others_percent for w in windows.values()]
+        rates = {config: w.batches_per_s for config, w in windows.items()}
         if rates[start.config] > 0:
             ratios.append(rates[best.config] / rates[start.config])
     if not ratios:
@@ -142,6 +170,41 @@ def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
     done = min(round(budget_s), round(time.perf_counter() - t0))
     if done > bar.n:
         bar.update(done - bar.n)
+
+
+def _dataloader_start(dl: Any) -> dict[str, Any]:
+    """The DataLoader's own keyword arguments the tuner starts from (``num_workers`` at least 1)."""
+    workers = max(1, dl.num_workers)
+    own: dict[str, Any] = {"num_workers": workers, "prefetch_factor": dl.prefetch_factor or 2,
+                           "persistent_workers": bool(dl.persistent_workers) and dl.num_workers > 0}
+    if _cuda():
+        own["pin_memory"] = bool(dl.pin_memory)
+    return own
+
+
+def _length(dl: Any) -> int | None:
+    """Batches in one epoch of ``dl``, or None where it has no length."""
+    try:
+        return len(dl) or None
+    except TypeError:
+        return None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
+    """Refuse what torch's DataLoader refuses (the process runner would drop it silently): its
+    worker options without worker processes."""
+    given = {k: options[k] for k in ("prefetch_factor", "persistent_workers") if options.get(k)}
+    if options.get("num_workers", DEFAULT_NUM_WORKERS) == 0 and given:
+        named = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise PipelineSpecError(f"tune: torch's DataLoader refuses num_workers=0 with {named}: they set up "
+                                f"worker processes, and 0 loads in the main process. Pass num_workers >= 1, "
+                                f"or leave them out")
 
 
 def _pipeline(source: Any) -> tuple[Pipeline, bool]:

@@ -31,6 +31,7 @@ def test_unseen_batches_counts_reorder_windows_workers_and_prefetch():
     items = batch_items(p)
     assert unseen_batches(p, {"a": 8, "b": 3}, items) == -(-(reorder_window(8) + 3) // 4)
     assert unseen_batches(p, {WORKERS: 3}, items) == 6  # two prefetched batches a worker
+    assert unseen_batches(p, {WORKERS: 3}, items, prefetch_factor=4) == 12  # or prefetch_factor
     assert unseen_batches(p, {}, items) == 0
 
 
@@ -58,7 +59,7 @@ def test_a_slow_setting_after_a_fast_one_is_measured_at_its_own_speed():
         slow, fast = Config.of("thread", {"fetch": 1}), Config.of("thread", {"fetch": 16})
         bench.measure(slow, 30)
         bench.measure(fast, 30)
-        rate = bench.rate_once(slow, 30)
+        rate = bench.rate_once(slow, 30).batches_per_s
         assert rate < 50, rate  # 25 batches/s at most, whatever the machine's noise
     finally:
         bench.close()

@@ -81,7 +81,8 @@ def test_a_short_tuning_returns_data_a_user_can_act_on(tuning):
     assert tuning.best["concurrency"]["read"] >= 1 and tuning.best["options"] == {}
     assert list(tuning.trials.columns) == TRIAL_COLUMNS
     assert tuning.trials["kept"].iloc[0] and tuning.trials["move"].iloc[0].startswith("started from")
-    assert tuning.log[0].startswith("started from thread read=1")
+    # (after a word on the machine, if other processes were busy before it measured)
+    assert next(line for line in tuning.log if line.startswith("started from")).startswith("started from thread read=1")
     assert any(line.startswith("stopped:") for line in tuning.log)
     assert tuning.speedup > 0
     # The trials never show what cannot be.

@@ -1,0 +1,63 @@
+"""The tuner's advice: move to the best configuration only when the side-by-side rounds put it
+beyond the noise, on a machine quiet enough to trust, with windows tighter than the gain; in
+every other case keep what you have, and say the ratio that was measured."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .machine import busy_reason
+from .trial import MIN_GAIN, Trial
+
+__all__ = ["Advice", "advise", "ratio_text"]
+
+_AGAIN = "no move is recommended from this measurement; tune again on a quieter machine"
+
+
+@dataclass(frozen=True)
+class Advice:
+    move: bool  # False: keep the starting configuration
+    sentence: str  # "move to ...: ..." or "keep what you have: ..."
+    warnings: tuple[str, ...]  # what made the measurement less than trustworthy
+
+
+def ratio_text(mid: float, lo: float, hi: float) -> str:
+    """``0.99x [0.95-1.03]`` (the range only when it is one)."""
+    spread = f" [{lo:.2f}-{hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) and lo != hi else ""
+    return f"{mid:.2f}x{spread}"
+
+
+def advise(start: Trial, best: Trial, change: Trial | None, speedup: tuple[float, float, float], *,
+           cores: int, before: float = math.nan, during: Sequence[float] = ()) -> Advice:
+    """Whether to move from ``start`` to ``best`` (the climb's best, measured side by side at
+    ``speedup``: median, lo, hi); ``change`` is the fastest configuration other than the start,
+    named when the advice is to keep. ``before`` and ``during`` are the other processes' CPU
+    (100 = one core) before measuring and over the windows that compared the two."""
+    warnings = []
+    early = busy_reason([before], cores, "before it measured")
+    late = busy_reason([start, best, *during], cores)
+    warnings += [f"{why}: {_AGAIN}" for why in (early, late) if why is not None]
+    if best.config == start.config:
+        if change is None:
+            return Advice(False, "keep what you have: no other configuration was measured", tuple(warnings))
+        # The climb's own trials: the change's windows against the start's.
+        ratio = ratio_text(change.batches_per_s / start.batches_per_s, change.lo / start.hi, change.hi / start.lo)
+        named = f"the best change ({change.config.describe()}) measured {ratio}"
+    else:
+        named = f"the best change ({best.config.describe()}) measured {ratio_text(*speedup)} side by side"
+    if early or late:
+        return Advice(False, f"keep what you have: the machine was busy; {named}", tuple(warnings))
+    if best.config == start.config:
+        return Advice(False, f"keep what you have: {named}", tuple(warnings))
+    mid, lo, hi = speedup
+    if not (lo > 1.0 and mid >= 1.0 + MIN_GAIN):
+        return Advice(False, f"keep what you have: {named}, within the noise", tuple(warnings))
+    wide = max((start, best), key=lambda t: t.spread if math.isfinite(t.spread) else 0.0)
+    if math.isfinite(wide.spread) and wide.spread > mid - 1.0:
+        warnings.append(f"the windows of {wide.config.describe()} spread {wide.spread:.0%}, wider than the "
+                        f"{mid - 1.0:+.0%} the change would claim: no move is recommended from this measurement")
+        return Advice(False, f"keep what you have: {named}, within its spread", tuple(warnings))
+    return Advice(True, f"move to {best.config.describe()}: it measured {ratio_text(mid, lo, hi)} the start "
+                        f"side by side", tuple(warnings))
