@@ -4,8 +4,13 @@ table, the tuner's log and the code to paste, and an HTML report (JSON with ``--
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -13,6 +18,7 @@ from ._cli_inputs import (
     EXIT_OK,
     UsageError,
     add_outputs,
+    count,
     load_pipeline,
     load_step,
     output_path,
@@ -22,7 +28,7 @@ from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 
-__all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune"]
+__all__ = ["DEFAULT_BUDGET_S", "add_arguments", "trials_table", "tune", "tune_script"]
 
 #: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
 DEFAULT_BUDGET_S = 60.0
@@ -51,6 +57,54 @@ def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
         print(f"data:   {tuning.to_json(data).resolve()}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     return EXIT_OK
+
+
+def tune_script(args: argparse.Namespace) -> int:
+    """Check DataLoader advice in the unchanged script: its own steps/s both ways, alternating."""
+    from ._watch.script_check import check_script
+
+    if args.target is not None:
+        raise UsageError(f"--script checks advice in a script; TARGET {args.target!r} is for tuning a "
+                         "pipeline: give one or the other")
+    advice = {**_advice_file(args.advice), **dict(args.set or [])}
+    command = list(args.script)
+    if command and command[0].endswith(".py"):
+        command = [sys.executable, *command]
+    print(f"script: {' '.join(command)}", f"advice: {json.dumps(advice)} (as $SPDL_LAB_DATALOADER_KWARGS)",
+          f"{args.rounds} runs each way, alternating, {args.warmup} warm-up steps then {args.steps} counted",
+          "", sep="\n", flush=True)
+    with tempfile.TemporaryDirectory(prefix="spdl_lab_tune_script_") as workdir:
+        check = check_script(command, advice, Path(workdir), steps=args.steps, warmup=args.warmup,
+                             rounds=args.rounds, timeout_s=args.timeout)
+    print(check.table(), "", check.verdict, sep="\n")
+    return EXIT_OK
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    """One --set KEY=VALUE: VALUE as JSON (4, true, null), else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a DataLoader keyword argument), got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _advice_file(path: str | None) -> dict[str, Any]:
+    """The DataLoader keyword arguments of a saved tuning's best configuration."""
+    if path is None:
+        return {}
+    from ._tune.result import Tuning
+
+    if not Path(path).is_file():
+        raise UsageError(f"--advice {path}: no such file; give what spdl-lab tune --json or Tuning.to_json wrote")
+    best = Tuning.from_json(path).best
+    if best["runner"] != "process":
+        raise UsageError(f"the tuning in {path} advises the {best['runner']!r} runner, which a script's "
+                         "DataLoader cannot take: use lab.from_dataloader in the script, or check "
+                         "DataLoader arguments with --set")
+    return dict(best["options"])
 
 
 def _runners(groups: list[list[str]] | None) -> list[str]:
@@ -113,3 +167,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the first of --runners)")
     add_outputs(parser, ("-o", "--output"), "tune-MODULE-ATTR.html",
                 "also save the tuning as JSON (lab.Tuning.from_json reads it)")
+    job = parser.add_argument_group(
+        "checking advice in the job itself (--script)",
+        "Run the unchanged script under watch, alternately with its own DataLoader arguments and\n"
+        "with the advice (given to every DataLoader it builds through $SPDL_LAB_DATALOADER_KWARGS),\n"
+        "each run stopped after its steps; print the job's own steps/s both ways.")
+    job.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
+                     help="a DataLoader keyword argument to try, e.g. --set num_workers=4 (repeatable)")
+    job.add_argument("--advice", metavar="TUNING.json",
+                     help="take the DataLoader arguments of a saved tuning's best configuration")
+    job.add_argument("--steps", type=count(1), default=200, metavar="N", help="steps counted per run (default 200)")
+    job.add_argument("--warmup", type=count(0), default=20, metavar="N",
+                     help="steps not counted at the start of each run (default 20)")
+    job.add_argument("--rounds", type=count(2), default=2, metavar="N",
+                     help="runs each way, alternating; at least 2 (default 2)")
+    job.add_argument("--timeout", type=seconds, default=600.0, metavar="SECONDS",
+                     help="longest one run may take (default 600)")
+    job.add_argument("--script", nargs=argparse.REMAINDER, metavar="SCRIPT",
+                     help="the script and its arguments, last on the line: --script train.py --epochs 3 "
+                          "(a .py runs with this Python)")

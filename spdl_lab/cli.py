@@ -131,7 +131,13 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    """Tune the runner and concurrency of the Pipeline named by module:attr (see cli_tune.py)."""
+    """Tune the runner and concurrency of the Pipeline named by module:attr, or check DataLoader
+    advice in an unchanged script (``--script``); see cli_tune.py."""
+    if args.script is not None:
+        return cli_tune.tune_script(args)
+    if args.target is None:
+        raise UsageError("give TARGET (module:attr naming a lab.Pipeline) to tune, or --script train.py "
+                         "[args...] with --set KEY=VALUE to check DataLoader advice in the job itself")
     return cli_tune.tune(args, progress=_progress(args), stem=_stem(args.target))
 
 
@@ -194,12 +200,13 @@ def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers
                         help="give up on a runner that takes longer than this, all its rounds together (exit 3)")
 
 
-def _target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="TARGET", help="module:attr naming a lab.Pipeline or a zero-argument factory")
+def _target(parser: argparse.ArgumentParser, optional: str = "") -> None:
+    parser.add_argument("target", metavar="TARGET", nargs="?" if optional else None,
+                        help=f"module:attr naming a lab.Pipeline or a zero-argument factory{optional}")
 
 
-def _target_and_step(parser: argparse.ArgumentParser) -> None:
-    _target(parser)
+def _target_and_step(parser: argparse.ArgumentParser, optional: str = "") -> None:
+    _target(parser, optional)
     parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
                         help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
                              f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
@@ -272,8 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the runner) and keep a move only beyond the noise; then measure the best against the\n"
         "start side by side. Print the trials, the log and the code to paste; write an HTML report.",
         "spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60 --runners thread,process"
-        + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",)), quiet=True)
-    _target_and_step(tune)
+        + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",))
+        + "\n  spdl-lab tune --set num_workers=4 --steps 200 --script train.py --epochs 3", quiet=True)
+    _target_and_step(tune, optional=" (not with --script)")
     cli_tune.add_arguments(tune)
 
     report = _subcommand(

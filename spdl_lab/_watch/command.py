@@ -13,15 +13,11 @@ from pathlib import Path
 from ..errors import UsageError
 from .auto import ENV, ENV_NAME
 
-__all__ = ["run_watched"]
+__all__ = ["run_watched", "watched_env"]
 
 
-def run_watched(command: list[str], name: str | None = None, record: str | None = None) -> int:
-    """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it)."""
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise UsageError("give the command to run after --, e.g. spdl-lab watch -- python train.py")
+def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
+    """This process's environment with publishing on, for a script run under watch."""
     env = {**os.environ, ENV: "1"}
     # The hook that publishes DataLoaders in scripts that never import spdl_lab: installed
     # by spdl_lab_watch.pth when that is in site-packages, and by this sitecustomize anyway.
@@ -31,6 +27,16 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         env[ENV_NAME] = name
     if record:
         env["SPDL_LAB_RECORD"] = str(Path(record).resolve())
+    return env
+
+
+def run_watched(command: list[str], name: str | None = None, record: str | None = None) -> int:
+    """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it)."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the command to run after --, e.g. spdl-lab watch -- python train.py")
+    env = watched_env(name, record)
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:

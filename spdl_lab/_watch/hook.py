@@ -13,9 +13,12 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["install", "installed"]
+__all__ = ["KWARGS_ENV", "dataloader_kwargs", "install", "installed"]
 
 ENV = "SPDL_LAB_WATCH"
+#: JSON object of keyword arguments given to every torch DataLoader the script builds, over its
+#: own (``spdl-lab tune --script`` tries advice with it), e.g. ``{"num_workers": 4}``.
+KWARGS_ENV = "SPDL_LAB_DATALOADER_KWARGS"
 #: module -> (class, method) whose result is an epoch's iterator
 TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
            "spdl.pipeline._pipeline": ("Pipeline", "get_iterator")}
@@ -78,8 +81,57 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
+def dataloader_kwargs() -> dict[str, Any]:
+    """``$SPDL_LAB_DATALOADER_KWARGS`` read: {} when unset; ValueError naming it when it is not a
+    JSON object of keyword arguments."""
+    import json
+
+    text = os.environ.get(KWARGS_ENV, "")
+    if not text.strip():
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"${KWARGS_ENV} is not JSON ({exc}): give an object of DataLoader keyword "
+                         f"arguments, e.g. {{\"num_workers\": 4}}") from None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ValueError(f"${KWARGS_ENV} must be a JSON object of DataLoader keyword arguments, "
+                         f"e.g. {{\"num_workers\": 4}}; got {text!r}")
+    return kwargs
+
+
+def _patch_init(cls: Any) -> None:
+    """Give every DataLoader the keyword arguments of ``$SPDL_LAB_DATALOADER_KWARGS``, over the
+    script's own (positional ones included); a combination torch rejects names the variable."""
+    original = cls.__init__
+    if getattr(original, "_spdl_lab_watch", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        given = dataloader_kwargs()
+        if not given or os.getpid() != _pid:
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        unknown = sorted(set(given) - set(signature.parameters))
+        if unknown:
+            raise TypeError(f"${KWARGS_ENV} names {', '.join(unknown)}, which DataLoader does not take")
+        arguments = {**{k: v for k, v in bound.arguments.items() if k != "self"}, **given}
+        try:
+            return original(self, **arguments)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"the DataLoader rejects ${KWARGS_ENV}={os.environ.get(KWARGS_ENV)} with the "
+                             f"script's own arguments: {exc}") from exc
+
+    init._spdl_lab_watch = True  # type: ignore[attr-defined]
+    cls.__init__ = init
+
+
 def _patch(module: Any) -> None:
     class_name, method = TARGETS[module.__name__]
+    if class_name == "DataLoader" and getattr(module, class_name, None) is not None:
+        _patch_init(getattr(module, class_name))
     cls = getattr(module, class_name, None)
     original = getattr(cls, method, None)
     if original is None or getattr(original, "_spdl_lab_watch", False):

@@ -1,0 +1,113 @@
+"""``spdl-lab tune --script``: DataLoader advice applied where an unchanged script builds its
+DataLoader ($SPDL_LAB_DATALOADER_KWARGS), checked in the job, and what bad input says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from spdl_lab.cli import main
+
+SCRIPT = '''
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self): return 128
+        def __getitem__(self, i):
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.004: pass
+            return torch.full((8,), float(i))
+
+    if __name__ == "__main__":
+        dl = DataLoader(Slow(), batch_size=4, num_workers=0)
+        print("num_workers", dl.num_workers, "prefetch_factor", dl.prefetch_factor, flush=True)
+        for epoch in range(100):
+            for batch in dl:
+                time.sleep(0.005)
+'''
+
+NO_DATALOADER = '''
+    print("no DataLoader here")
+'''
+
+
+def _script(tmp_path, code: str):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+def test_the_hook_gives_the_advice_to_the_scripts_dataloader(tmp_path):
+    script = _script(tmp_path, SCRIPT.replace("for epoch in range(100)", "for epoch in range(0)"))
+    env_cmd = [sys.executable, "-m", "spdl_lab", "watch", "--", sys.executable, str(script)]
+    done = subprocess.run(env_cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**_env(tmp_path), "SPDL_LAB_DATALOADER_KWARGS": '{"num_workers": 2, "prefetch_factor": 3}'})
+    assert done.returncode == 0, done.stderr
+    assert "num_workers 2 prefetch_factor 3" in done.stdout
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ('{"prefetch_factor": 4}', "the DataLoader rejects $SPDL_LAB_DATALOADER_KWARGS"),
+    ('{"no_such_option": 1}', "names no_such_option, which DataLoader does not take"),
+    ('[4]', "must be a JSON object of DataLoader keyword arguments"),
+])
+def test_advice_the_dataloader_rejects_says_so(tmp_path, kwargs, says):
+    script = _script(tmp_path, SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "spdl_lab", "watch", "--", sys.executable, str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**_env(tmp_path), "SPDL_LAB_DATALOADER_KWARGS": kwargs})
+    assert done.returncode != 0 and says in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_tune_script_stops_at_advice_the_dataloader_rejects(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    script = _script(tmp_path, SCRIPT)
+    code = main(["tune", "--set", "prefetch_factor=4", "--steps", "5", "--warmup", "1", "--script", str(script)])
+    err = capsys.readouterr().err
+    assert code != 0 and "the DataLoader rejects $SPDL_LAB_DATALOADER_KWARGS" in err
+
+
+@pytest.mark.timeout(120)
+def test_tune_script_on_a_script_without_a_dataloader_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    script = _script(tmp_path, NO_DATALOADER)
+    code = main(["tune", "--set", "num_workers=2", "--steps", "5", "--script", str(script)])
+    err = capsys.readouterr().err
+    assert code != 0 and "never iterated a torch DataLoader" in err
+
+
+def test_tune_needs_a_target_or_a_script_and_advice(tmp_path, capsys):
+    assert main(["tune"]) == 2
+    assert "or --script train.py" in capsys.readouterr().err
+    assert main(["tune", "--script", str(_script(tmp_path, SCRIPT))]) == 2
+    assert "give the advice to check" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--set", "num_workers", "--script", "x.py"])
+    assert exit_.value.code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.measurement
+@pytest.mark.timeout(300)
+def test_tune_script_reports_the_jobs_own_steps_per_second_both_ways(tmp_path, capsys, monkeypatch):
+    # A Dataset of 4 ms per item, batches of 4: 16 ms of loading per 5 ms step in the loop's
+    # thread; two workers load while the loop steps.
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    script = _script(tmp_path, SCRIPT)
+    assert main(["tune", "--set", "num_workers=2", "--steps", "40", "--warmup", "5", "--script", str(script)]) == 0
+    out = capsys.readouterr().out
+    runs = [line.split()[1] for line in out.splitlines() if re.match(r"\s+\d+\s+(start|advice)\s", line)]
+    assert runs == ["start", "advice", "advice", "start"]  # alternating, twice each
+    assert "start:" in out and "advice:" in out and "the advice holds in the job" in out
+
+
+def _env(tmp_path) -> dict[str, str]:
+    import os
+
+    return {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite")}
