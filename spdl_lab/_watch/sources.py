@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 from .._experiments.session import Session
@@ -75,10 +76,10 @@ class _Epoch(_Proxy):
 
 class _TimedLoop:
     """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time.
-    ``children=False`` skips the CPU probe's scan of every process on the machine for children,
-    where they are known another way (a DataLoader's workers) or there are none (threads)."""
+    ``children``, the CPU probe's (False or a callable skips its scan of every process on the
+    machine: there are none, threads, or they are known another way, a DataLoader's workers)."""
 
-    def __init__(self, children: bool) -> None:
+    def __init__(self, children: Any) -> None:
         self.clock = StepClock()
         self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
         self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
@@ -93,6 +94,12 @@ class _TimedLoop:
         if previous is not None:
             previous.close()
         return epoch
+
+    def forget(self) -> None:
+        """Let go of the last epoch; the loop iterating it keeps it, and torch stops a
+        DataLoader's workers as soon as nobody does (after an error, too)."""
+        with self._lock:
+            self._epoch = None
 
 
 class SessionSource:
@@ -158,7 +165,7 @@ class LoopSource:
     def __init__(self, iterable: Any) -> None:
         self.obj = iterable
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
-        self.loop = _TimedLoop(children=self.workers is None)
+        self.loop = _TimedLoop(children=self.workers.processes if self.workers is not None else True)
         from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
         self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
                        else type(iterable).__name__)
@@ -175,13 +182,21 @@ class LoopSource:
             self.workers.follow(items)
         return self.loop.epoch(items)
 
+    def open_epoch(self, make: Callable[[], Iterator[Any]]) -> _Epoch:
+        """Time one pass over ``make()``; a DataLoader's workers start with their stages metered."""
+        if self.workers is not None:
+            return self.loop.epoch(self.workers.open(make))
+        return self.loop.epoch(make())
+
     def sampler(self) -> Sampler | None:
         return self._sampler
 
     def stats(self) -> dict[str, Any]:
         step = self.loop.clock.summary().to_dict()
-        return {"runner": self.runner, "running": not self._closed, "elapsed_s": self._sampler.elapsed_s,
-                "items_out": step["steps"], "stages": [], "step": step}
+        elapsed = self._sampler.elapsed_s
+        stages = self.workers.stages(elapsed).values() if self.workers is not None else ()
+        return {"runner": self.runner, "running": not self._closed, "elapsed_s": elapsed,
+                "items_out": step["steps"], "stages": [asdict(s) for s in stages], "step": step}
 
     def state(self) -> str:
         return "finished" if self._closed else "running"
@@ -204,6 +219,9 @@ class LoopSource:
         self._closed = True
         self._sampler.stop()
         self.loop.gil.stop()
+        self.loop.forget()
+        if self.workers is not None:
+            self.workers.close()
 
 
 class PublishedLoop(_Proxy):
@@ -215,7 +233,7 @@ class PublishedLoop(_Proxy):
         self._of = source.obj
 
     def __iter__(self) -> Iterator[Any]:
-        return self._source.epoch(iter(self._of))
+        return self._source.open_epoch(lambda: iter(self._of))
 
     def __repr__(self) -> str:
         return f"published({self._of!r})"
