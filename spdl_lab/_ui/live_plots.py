@@ -149,7 +149,7 @@ class LivePlots:
             self.source.stream(data, rollover=self.rollover)
 
     def _note(self, text: str) -> Div:
-        note = Div(text=html.escape(text), width=self._size["width"],
+        note = Div(text=html.escape(text, quote=False), width=self._size["width"],
                    styles={"font-size": "12px", "color": "#555", "padding": "8px"})
         self.notes.append(note)
         return note

@@ -9,6 +9,7 @@ import functools
 import gc
 import os
 import sys
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +29,13 @@ pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 BATCH = 4
 BATCHES = jobs.ITEMS // BATCH
 CONTEXTS = ["fork", "spawn", "forkserver"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forkserver_running():
+    """multiprocessing's fork server starts on first use and lives as long as this process, as its
+    resource tracker does: a singleton of the standard library, not a child a test leaves."""
+    forkserver.ensure_running()
 
 
 @pytest.fixture
@@ -130,7 +138,8 @@ def test_lab_run_meters_a_dataloaders_workers(context, persistent, tmp_path, wai
     assert stats.stages["fetch"].concurrency == 2 and stats.step.steps == BATCHES
     assert len(session.summary().loc[["fetch", "collate", "step"]]) == 3
     assert len(list(tmp_path.glob("worker*-*"))) == 2
-    del session, dl, box
+    box.clear()
+    del session, dl
     gc.collect()
 
 
@@ -169,10 +178,10 @@ def test_a_dataset_that_raises_raises_the_same_through_the_lab(context, runtime)
 @pytest.mark.timeout(120)
 def test_a_killed_worker_leaves_no_shared_memory(runtime):
     session = lab.run(dataloader(jobs.Killed(), "fork", persistent=True), step=lambda b: None)
-    kind, first, _ = raised(lambda: session.wait(timeout=60), RuntimeError)
+    kind, first, _ = raised(functools.partial(session.wait, timeout=60), RuntimeError)
     assert "exited unexpectedly" in first
     dl = dataloader(jobs.Killed(), "fork", persistent=False)
-    kind, first, _ = raised(lambda: drain(lab.publish(dl, name="killed")), RuntimeError)
+    kind, first, _ = raised(functools.partial(drain, lab.publish(dl, name="killed")), RuntimeError)
     assert "exited unexpectedly" in first
     lab.unpublish(dl)
     del session, dl  # a persistent DataLoader's workers go with it; no_child_leak checks the rest
