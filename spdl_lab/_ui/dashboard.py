@@ -252,7 +252,8 @@ class Dashboard(widgets.VBox):
         if pipeline is not None:
             stages = ["source", *(s.name for s in pipeline.stages)]
         else:  # a DataLoader's stages, each followed by its part in every worker
-            workers = sorted(stage for series, stage in self._seen if series == "qps" and is_worker_stage(stage))
+            workers = sorted((stage for series, stage in self._seen if series == "qps" and is_worker_stage(stage)),
+                             key=lambda name: int(name.rpartition("/worker")[2]))
             stages = [row for stage in self._lines(session)["stages"]
                       for row in [stage, *(w for w in workers if w.startswith(f"{stage}/"))]]
         if not stages:
