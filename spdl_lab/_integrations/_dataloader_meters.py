@@ -44,6 +44,7 @@ class DataLoaderMeters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._opening = threading.Lock()
         self._block: MeterBlock | None = None
         self._iterator: Callable[[], Any] = lambda: None
         self._before: list[StageReading] | None = None
@@ -59,12 +60,13 @@ class DataLoaderMeters:
         if block is None:
             it = make()
         else:
-            user_fn = dl.worker_init_fn
-            dl.worker_init_fn = MeteredWorkerInit(block.name, block.layout, user_fn)
-            try:
-                it = make()
-            finally:
-                dl.worker_init_fn = user_fn
+            with self._opening:  # two threads starting epochs of one DataLoader: one at a time
+                user_fn = dl.worker_init_fn
+                dl.worker_init_fn = MeteredWorkerInit(block.name, block.layout, user_fn)
+                try:
+                    it = make()
+                finally:
+                    dl.worker_init_fn = user_fn
         with self._lock:
             self.num_workers = workers
             try:  # weakly: torch stops an iterator's workers when it is dropped

@@ -91,9 +91,9 @@ class WatchedDataLoader:
 
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered."""
-        return self.follow(self.meters.open(self.dataloader, make))
+        return self._follow(self.meters.open(self.dataloader, make))
 
-    def follow(self, it: Iterator[Any]) -> Iterator[Any]:
+    def _follow(self, it: Iterator[Any]) -> Iterator[Any]:
         """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
         # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
         procs = []

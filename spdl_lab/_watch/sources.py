@@ -176,12 +176,6 @@ class LoopSource:
         self.loop.gil.start()
         self._sampler.start()
 
-    def epoch(self, items: Iterator[Any]) -> _Epoch:
-        """Time one pass over ``items`` (an iterator of the published iterable)."""
-        if self.workers is not None:
-            self.workers.follow(items)
-        return self.loop.epoch(items)
-
     def open_epoch(self, make: Callable[[], Iterator[Any]]) -> _Epoch:
         """Time one pass over ``make()``; a DataLoader's workers start with their stages metered."""
         if self.workers is not None:
