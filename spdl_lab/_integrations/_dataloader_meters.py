@@ -1,6 +1,7 @@
 """The parent's side of a watched DataLoader's stage meters: one shared-memory block (a slot per
 worker, a row per stage) that its workers find by name; read into frame rows (``fetch`` and
-``collate``, summed and per worker) and the queue of batches prefetched or in flight.
+``collate``, summed over the workers; ``worker_qps``... per worker, under ``"fetch/worker0"``, so
+that what reads stages sees only stages) and the queue of batches prefetched or in flight.
 """
 
 from __future__ import annotations
@@ -17,24 +18,18 @@ from .._telemetry.meters import QueueReading, StageReading
 from .._telemetry.snapshot import StageStats
 from ._dataloader_worker import STAGES, MeteredWorkerInit
 
-__all__ = ["PER_WORKER_SERIES", "QUEUE", "DataLoaderMeters", "is_worker_stage", "worker_stage"]
+__all__ = ["PER_WORKER", "QUEUE", "DataLoaderMeters", "worker_stage"]
 
 #: The DataLoader's queue: batches asked of the workers and not yet taken by the loop.
 QUEUE = f"{STAGES[-1]}→output"
-#: The series drawn per worker (the stage's own rows carry the rest, summed over workers).
-PER_WORKER_SERIES = ("qps", "busy_frac", "p50_ms", "p99_ms")
+#: A stage's series -> the same series of one worker (the stage's rows carry the rest, summed).
+PER_WORKER = {series: f"worker_{series}" for series in ("qps", "busy_frac", "p50_ms", "p99_ms")}
 _KINDS = ["map"] * len(STAGES)
 
 
 def worker_stage(stage: str, worker: int) -> str:
     """The frame rows' name of ``stage`` in one worker: ``"fetch/worker0"``."""
     return f"{stage}/worker{worker}"
-
-
-def is_worker_stage(name: str) -> bool:
-    """Whether ``name`` is a ``worker_stage`` (one worker's part of a stage, not a stage)."""
-    stage, _, worker = name.rpartition("/worker")
-    return bool(stage) and worker.isdigit()
 
 
 class DataLoaderMeters:
@@ -88,7 +83,7 @@ class DataLoaderMeters:
             return self._block
 
     def rows(self, dt_s: float) -> list[Row]:
-        """The stages' rows (summed, and ``PER_WORKER_SERIES`` per worker) and the queue's."""
+        """The stages' rows (summed, and ``PER_WORKER`` per worker) and the queue's."""
         rows = self._queue_rows(dt_s)
         with self._lock:
             block = self._block
@@ -105,9 +100,9 @@ class DataLoaderMeters:
             self._before_workers[w] = readings
             for i, reading in enumerate(readings):
                 name = worker_stage(reading.name, w)
-                rows += [(series, name, value)
+                rows += [(PER_WORKER[series], name, value)
                          for series, _, value in stage_rows(reading, previous[i] if previous else None, dt_s)
-                         if series in PER_WORKER_SERIES]
+                         if series in PER_WORKER]
         return rows
 
     def _queue_rows(self, dt_s: float) -> list[Row]:

@@ -20,7 +20,7 @@ from bokeh.resources import INLINE
 from IPython import get_ipython
 from jupyter_bokeh.widgets import BokehModel
 
-from .._integrations._dataloader_meters import is_worker_stage
+from .._integrations._dataloader_meters import PER_WORKER
 from .._interpreter import describe
 from .._runners import RUNNERS
 from .._telemetry.live_verdict import Window, live_verdict
@@ -205,8 +205,7 @@ class Dashboard(widgets.VBox):
         """What the plots draw now: stages, queues, CPU lines, and why a plot has none."""
         seen = self._seen
         stages = list(self._stages)
-        stages += [stage for series, stage in sorted(seen) if series == "tasks" and stage not in stages
-                   and not is_worker_stage(stage)]
+        stages += [stage for series, stage in sorted(seen) if series == "tasks" and stage not in stages]
         queues = [stage for series, stage in sorted(seen) if series == "queue_depth"]
         # The children line only where the CPU probe looks for children (not: a thread runner).
         cpu = [s for s, _ in CPU_SERIES if s != "children" or ("processes", "children") in seen
@@ -252,7 +251,7 @@ class Dashboard(widgets.VBox):
         if pipeline is not None:
             stages = ["source", *(s.name for s in pipeline.stages)]
         else:  # a DataLoader's stages, each followed by its part in every worker
-            workers = sorted((stage for series, stage in self._seen if series == "qps" and is_worker_stage(stage)),
+            workers = sorted((stage for series, stage in self._seen if series == PER_WORKER["qps"]),
                              key=lambda name: int(name.rpartition("/worker")[2]))
             stages = [row for stage in self._lines(session)["stages"]
                       for row in [stage, *(w for w in workers if w.startswith(f"{stage}/"))]]
@@ -262,11 +261,13 @@ class Dashboard(widgets.VBox):
         head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in
                        ("stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"))
         rows = []
+        worker_rows = {w for series, w in self._seen if series == PER_WORKER["qps"]}
         for stage in stages:
             queue = queues.get(stage)
             depth, cap = (means.get((s, queue), math.nan) for s in ("queue_depth", "queue_capacity"))
+            names = PER_WORKER if stage in worker_rows else {}  # one worker's part of a stage
             cells = [stage, _num(self._window.latest(("concurrency", stage)), "{:.0f}"),
-                     *(_num(means.get((series, stage), math.nan), fmt) for series, fmt in _TABLE),
+                     *(_num(means.get((names.get(series, series), stage), math.nan), fmt) for series, fmt in _TABLE),
                      f"{_num(depth, '{:.1f}')}/{_num(cap, '{:.0f}')}" if queue else ""]
             rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
         return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
