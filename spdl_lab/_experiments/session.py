@@ -156,6 +156,8 @@ class Session:
                 self._gil.stop()
             if self._sampler is not None:
                 self._sampler.stop()
+            if isinstance(self._iterable, WatchedDataLoader):
+                self._iterable.close()  # its meters' shared memory
             self._done.set()
 
     def _gate(self) -> None:
@@ -283,8 +285,10 @@ class Session:
         if self.loader is not None:
             snap = self.loader.stats()
         else:
+            stages = (self._iterable.stages(self.elapsed_s) if isinstance(self._iterable, WatchedDataLoader)
+                      else {})
             snap = Snapshot(runner=self.runner, running=self.running, elapsed_s=self.elapsed_s,
-                            items_out=self.clock.summary().steps, stages={})
+                            items_out=self.clock.summary().steps, stages=stages)
         return dataclasses.replace(snap, running=self.running, step=self.clock.summary())
 
     @property

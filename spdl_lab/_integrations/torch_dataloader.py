@@ -5,7 +5,8 @@ iterated untouched with its worker processes watched (``WatchedDataLoader``, for
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -14,7 +15,9 @@ import psutil
 from .._pipeline import Pipeline
 from .._telemetry.cpu_rates import ProcessRates
 from .._telemetry.frames import Row
+from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
+from ._dataloader_meters import DataLoaderMeters
 
 __all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
 
@@ -27,8 +30,9 @@ def is_dataloader(obj: Any) -> bool:
 
 def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
     """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]`` at
-    ``concurrency`` (default ``dl.num_workers``), batches of ``batch_size``, ``collate_fn``.
-    A ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage.
+    ``concurrency`` (default ``dl.num_workers``), batches of ``batch_size``, ``collate_fn``; its
+    stages are named as a watched DataLoader's (``fetch``, ``batch``, ``collate``). A
+    ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage.
     Example::
 
         p = lab.from_dataloader(DataLoader(ds, batch_size=32, shuffle=True, num_workers=4))
@@ -57,7 +61,7 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
     else:
         # Without automatic batching (batch_size None), collate_fn applies to each item.
         # A sampler is re-iterable: each pass draws a fresh shuffle.
-        pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="getitem")
+        pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="fetch")
         if dl.batch_size is not None:
             pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
     return pipeline.map(dl.collate_fn, name="collate")
@@ -69,18 +73,27 @@ def _fetch(dataset: Any, indices: Any) -> list[Any]:
 
 class WatchedDataLoader:
     """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
-    (``("processes", "workers")``) and CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``)."""
+    (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``),
+    and the Dataset and collate_fn inside them as stages ``fetch`` and ``collate`` with the queue
+    of batches prefetched or in flight (``DataLoaderMeters``). ``close()`` removes the meters'
+    shared memory; so does the garbage collector, or the interpreter's exit, if nobody closes it."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
         self._lock = threading.Lock()
         self._workers: list[psutil.Process] = []
         self._rates = ProcessRates()
+        self.meters = DataLoaderMeters()
+        self._release = weakref.finalize(self, DataLoaderMeters.release, self.meters)
 
     def __iter__(self) -> Iterator[Any]:
-        return self.follow(iter(self.dataloader))
+        return self.open(lambda: iter(self.dataloader))
 
-    def follow(self, it: Iterator[Any]) -> Iterator[Any]:
+    def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered."""
+        return self._follow(self.meters.open(self.dataloader, make))
+
+    def _follow(self, it: Iterator[Any]) -> Iterator[Any]:
         """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
         # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
         procs = []
@@ -93,6 +106,19 @@ class WatchedDataLoader:
             self._workers, self._rates = procs, ProcessRates()
         return it
 
+    def processes(self) -> list[psutil.Process]:
+        """The worker processes of the current epoch (for the CPU probe's total)."""
+        with self._lock:
+            return list(self._workers)
+
+    def stages(self, elapsed_s: float) -> dict[str, StageStats]:
+        """``fetch`` and ``collate`` over ``elapsed_s``, as a Snapshot's stages."""
+        return self.meters.stages(elapsed_s)
+
+    def close(self) -> None:
+        """Remove the meters' shared memory (the workers torch still runs keep their mapping)."""
+        self._release()
+
     def __len__(self) -> int:
         return len(self.dataloader)
 
@@ -101,7 +127,9 @@ class WatchedDataLoader:
             # Each worker against its own time stamp (cpu_rates); an exited one gives None.
             pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
         alive = [(i, pct) for i, pct in pcts if pct is not None]
-        rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]
+        rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers))),
+                           ("num_workers", "dataloader", float(self.dataloader.num_workers))]
+        rows += self.meters.rows(dt_s)
         if not alive:  # the first reading is the baseline, or a span too short
             return rows
         for i, pct in alive:

@@ -73,10 +73,13 @@ class MeterBlock:
         self.pids[:] = 0
         self.counters[:, :, STARTED_NS] = 0
 
-    def read(self, names: list[str], kinds: list[str], concurrency: int) -> list[StageReading]:
-        """One reading per row, summed over the slots; tasks in progress add to busy time."""
+    def read(self, names: list[str], kinds: list[str], concurrency: int,
+             slot: int | None = None) -> list[StageReading]:
+        """One reading per row, summed over the slots (or of ``slot`` alone); tasks in progress
+        add to busy time."""
         now = time.monotonic_ns()
-        snap = np.array(self.counters)  # one copy, so every figure is of the same instant
+        # one copy, so every figure is of the same instant
+        snap = np.array(self.counters if slot is None else self.counters[slot : slot + 1])
         started = snap[:, :, STARTED_NS]
         running = np.where(started > 0, np.maximum(now - started, 0), 0).sum(axis=0)
         in_flight = (started > 0).sum(axis=0)
@@ -113,13 +116,15 @@ class SlotMeter:
         self._rows[row, STARTED_NS] = t0
         return t0
 
-    def done(self, row: int, t0: int) -> None:
+    def done(self, row: int, t0: int, items: int = 1) -> None:
+        """The task begun at ``t0`` is done; it made ``items`` items (each counted, at the mean time)."""
         r = self._rows[row]
-        r[TASKS] += 1
+        r[TASKS] += items
         if self._metered:
             d = time.monotonic_ns() - t0
             r[BUSY_NS] += d
-            r[HIST + bucket_of(d)] += 1
+            if items > 0:
+                r[HIST + bucket_of(d // items)] += items
             r[STARTED_NS] = 0
 
     def failed(self, row: int) -> None:

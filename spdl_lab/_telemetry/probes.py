@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import psutil
@@ -166,10 +167,12 @@ class CpuTotals:
 class CpuProbe:
     """CPU use since the previous call, in percent of one core: rows ``("cpu_percent", stage)`` for
     ``"main"``, ``"children"`` (every descendant from the first call that sees it; skipped with
-    ``children=False``), ``"total"`` and ``"machine"`` (every process here), and
-    ``("processes", "children")``. The first call sets the baseline."""
+    ``children=False``; with a callable, the processes it returns, found another way than a scan
+    of the machine: a DataLoader's workers), ``"total"`` (this process and its children) and
+    ``"machine"`` (every process here), and ``("processes", "children")``. The first call sets
+    the baseline."""
 
-    def __init__(self, children: bool = True) -> None:
+    def __init__(self, children: bool | Callable[[], list[psutil.Process]] = True) -> None:
         self.children = children
         self._me = psutil.Process()
         self._cpus = psutil.cpu_count() or 1
@@ -224,7 +227,7 @@ class CpuProbe:
         if not self.children:
             return 0
         try:
-            found = self._me.children(recursive=True)
+            found = self.children() if callable(self.children) else self._me.children(recursive=True)
         except GONE:
             return len(self._kids)
         kids: dict[int, tuple[psutil.Process, float]] = {}

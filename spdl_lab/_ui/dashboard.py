@@ -13,17 +13,19 @@ import time
 from typing import Any
 
 import ipywidgets as widgets
+import numpy as np
 from bokeh.io import output_notebook
 from bokeh.io.state import curstate
 from bokeh.resources import INLINE
 from IPython import get_ipython
 from jupyter_bokeh.widgets import BokehModel
 
+from .._integrations._dataloader_meters import PER_WORKER
 from .._interpreter import describe
 from .._runners import RUNNERS
 from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import PipelineSpecError, SpdlLabError
-from .live_plots import DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
+from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 __all__ = ["Dashboard"]
 
@@ -124,10 +126,12 @@ class Dashboard(widgets.VBox):
         self.auto.disabled = not callable(getattr(session, "autotune", None)) or not self._applied
         self.sliders = {name: self._slider(name, n) for name, n in self._applied.items()}
         self._slider_box.children = list(self.sliders.values())
-        # A RemoteSession has no Pipeline object here, but knows the names of the run's stages.
+        # A RemoteSession has no Pipeline object here, but knows the names of the run's stages;
+        # a DataLoader's (fetch, collate) show up in its frames.
         self._stages = (["source", *(s.name for s in pipeline.stages)] if pipeline is not None
                         else list(getattr(session, "stage_names", ())))
-        self.plots = None  # drawn by the first publish, again when new queues appear
+        self._seen: set[tuple[str, str]] = set()  # (series, stage) with a value in some tick
+        self.plots = None  # drawn by the first publish, again when new lines appear
         self._publish_locked()
         if self._publisher is None and not self._closed.is_set():
             self._publisher = threading.Thread(target=self._run, name="spdl_lab:dashboard", daemon=True)
@@ -164,14 +168,15 @@ class Dashboard(widgets.VBox):
         chunk = session.frames_since(self._cursor)
         self._cursor = chunk.cursor
         self._window.add(chunk)
-        queues = [stage for series, stage in chunk.columns if series == "queue_depth"]
-        # Drawn once the runner names its queues (or after QUEUE_WAIT_S); redrawn when new ones appear.
-        early = self.plots is None and not queues and self._stages and session.running
+        self._seen.update(key for key, values in chunk.columns.items() if np.isfinite(values).any())
+        lines = self._lines(session)
+        # Drawn once the runner names its queues (or after QUEUE_WAIT_S); redrawn when new lines appear.
+        early = self.plots is None and not lines["queues"] and self._stages and session.running
         if early and session.elapsed_s < QUEUE_WAIT_S:
             _set(self.message, "waiting for the runner's first sample…")
-        elif self.plots is None or not set(queues) <= set(self.plots.queues):
+        elif self.plots is None or self._redraw(lines):
             _set(self.message, "")
-            self._draw(queues, session.frames_since(0))
+            self._draw(lines, session.frames_since(0))
         else:
             self.plots.stream(self.plots.stream_chunk(chunk))
         self._sync_sliders(session)
@@ -196,8 +201,25 @@ class Dashboard(widgets.VBox):
         if session.error is not None:
             _error(self.message, f"the session failed: {type(session.error).__name__}: {session.error}")
 
-    def _draw(self, queues: list[str], history: Any) -> None:
-        self.plots = LivePlots(self._stages, queues, rollover=self.rollover)
+    def _lines(self, session: Any) -> dict[str, Any]:
+        """What the plots draw now: stages, queues, CPU lines, and why a plot has none."""
+        seen = self._seen
+        stages = list(self._stages)
+        stages += [stage for series, stage in sorted(seen) if series == "tasks" and stage not in stages]
+        queues = [stage for series, stage in sorted(seen) if series == "queue_depth"]
+        # The children line only where the CPU probe looks for children (not: a thread runner).
+        cpu = [s for s, _ in CPU_SERIES if s != "children" or ("processes", "children") in seen
+               or ("cpu_percent", "children") in seen]
+        return {"stages": stages, "queues": queues, "cpu": cpu, "why_empty": _why_empty(session, self._window)}
+
+    def _redraw(self, lines: dict[str, Any]) -> bool:
+        plots = self.plots
+        return (not set(lines["queues"]) <= set(plots.queues) or not set(lines["stages"]) <= set(plots.stages)
+                or not set(lines["cpu"]) <= set(plots.cpu) or lines["why_empty"] != plots.why_empty)
+
+    def _draw(self, lines: dict[str, Any], history: Any) -> None:
+        self.plots = LivePlots(lines["stages"], lines["queues"], cpu=lines["cpu"], why_empty=lines["why_empty"],
+                               rollover=self.rollover)
         self.plots.set_window(self.window.value)
         self.plots.stream(self.plots.stream_chunk(history))
         old, self._bokeh = self._bokeh, _BokehView(self.plots.layout)
@@ -226,17 +248,26 @@ class Dashboard(widgets.VBox):
 
     def _table_html(self, session: Any, means: dict) -> str:
         pipeline = session.pipeline
-        if pipeline is None:
+        if pipeline is not None:
+            stages = ["source", *(s.name for s in pipeline.stages)]
+        else:  # a DataLoader's stages, each followed by its part in every worker
+            workers = sorted((stage for series, stage in self._seen if series == PER_WORKER["qps"]),
+                             key=lambda name: int(name.rpartition("/worker")[2]))
+            stages = [row for stage in self._lines(session)["stages"]
+                      for row in [stage, *(w for w in workers if w.startswith(f"{stage}/"))]]
+        if not stages:
             return ""
         queues = {stage.split("→")[0]: stage for series, stage in means if series == "queue_depth"}
         head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in
                        ("stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"))
         rows = []
-        for stage in ["source", *(s.name for s in pipeline.stages)]:
+        worker_rows = {w for series, w in self._seen if series == PER_WORKER["qps"]}
+        for stage in stages:
             queue = queues.get(stage)
             depth, cap = (means.get((s, queue), math.nan) for s in ("queue_depth", "queue_capacity"))
+            names = PER_WORKER if stage in worker_rows else {}  # one worker's part of a stage
             cells = [stage, _num(self._window.latest(("concurrency", stage)), "{:.0f}"),
-                     *(_num(means.get((series, stage), math.nan), fmt) for series, fmt in _TABLE),
+                     *(_num(means.get((names.get(series, series), stage), math.nan), fmt) for series, fmt in _TABLE),
                      f"{_num(depth, '{:.1f}')}/{_num(cap, '{:.0f}')}" if queue else ""]
             rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
         return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
@@ -284,7 +315,7 @@ class Dashboard(widgets.VBox):
             if self.plots is None:
                 return
             if change["new"] > change["old"]:  # a longer window: redraw from the session's history
-                self._draw(self.plots.queues, self.session.frames_since(0))
+                self._draw(self._lines(self.session), self.session.frames_since(0))
             else:
                 self.plots.set_window(change["new"])
                 self.plots.stream({k: [] for k in self.plots.source.data})  # trim now
@@ -334,6 +365,22 @@ class _BokehView(BokehModel):
     def close(self) -> None:
         with contextlib.suppress(KeyError):
             super().close()
+
+
+def _why_empty(session: Any, window: Window) -> dict[str, str]:
+    """Why the throughput and queue plots would have no line, in one sentence each."""
+    workers = window.latest(("num_workers", "dataloader"))
+    if workers == 0:
+        return {"stages": "no stage meters: a DataLoader with num_workers=0 runs its Dataset and "
+                          "collate_fn in the loop's thread; their time is the data wait (training step plot)",
+                "queues": "no queue: a DataLoader with num_workers=0 fetches each batch when the loop asks"}
+    if workers == workers:  # a DataLoader with workers, before their first readings
+        return {"stages": "no stage meters yet: waiting for the DataLoader's workers to start",
+                "queues": "no queue yet: waiting for the DataLoader's workers to start"}
+    runner = getattr(session, "runner", "iterable")
+    return {"stages": f"no stage meters: the loop iterates a {runner} as it is; run a lab.Pipeline "
+                      f"(or a torch DataLoader with workers) to see its stages",
+            "queues": f"no queue meters: a {runner} iterated as it is has none the lab can read"}
 
 
 def _set(widget: widgets.HTML, value: str) -> None:

@@ -4,14 +4,15 @@ waits are drawn smoothed over SMOOTH_S; a stage has one colour in every plot."""
 
 from __future__ import annotations
 
+import html
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, HoverTool, Legend, Span
+from bokeh.models import ColumnDataSource, Div, HoverTool, Legend, Span
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
@@ -45,16 +46,23 @@ def column_name(series: str, stage: str) -> str:
 
 
 class LivePlots:
-    """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait."""
+    """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait.
+    ``cpu``: the CPU lines to draw (default all of CPU_SERIES; a line with no data has no legend).
+    A plot with no line to draw (no ``stages``, no ``queues``) is one line of text saying why:
+    ``why_empty["stages"]``, ``why_empty["queues"]``."""
 
-    def __init__(self, stages: Sequence[str], queues: Sequence[str], *,
-                 rollover: int = DEFAULT_ROLLOVER, width: int = 460, height: int = 220) -> None:
+    def __init__(self, stages: Sequence[str], queues: Sequence[str], *, cpu: Sequence[str] | None = None,
+                 why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,
+                 width: int = 460, height: int = 220) -> None:
         self.rollover = rollover
+        self.stages = list(stages)
         self.queues = list(queues)
+        cpu_series = [(s, label) for s, label in CPU_SERIES if cpu is None or s in cpu]
+        self.cpu = [s for s, _ in cpu_series]
         keys = [("qps", s) for s in stages]
         keys += [(series, q) for q in queues for series in ("queue_depth", "queue_capacity")]
         keys += [(series, "step") for series, _ in STEP_SERIES]
-        keys += [("cpu_percent", stage) for stage, _ in CPU_SERIES]
+        keys += [("cpu_percent", stage) for stage, _ in cpu_series]
         keys += [(series, stage) for series, stage, _ in WAIT_SERIES]
         self.keys = keys
         self.source = ColumnDataSource({"time_s": [], **{column_name(*k): [] for k in keys}},
@@ -62,21 +70,30 @@ class LivePlots:
         self._size = dict(width=width, height=height)
         self.colors = stage_colors(stages)
         smooth = f"{SMOOTH_S:g} s average"
-        self.figures = [
-            self._lines(f"throughput per stage ({smooth})", "items/s",
-                        [(("qps", s), s, self.colors[s]) for s in stages]),
-            self._queues(queues),
+        why = self.why_empty = dict(why_empty or {})
+        #: in place of a plot with nothing to draw: a line of text saying why
+        self.notes: list[Div] = []
+        throughput = (self._lines(f"throughput per stage ({smooth})", "items/s",
+                                  [(("qps", s), s, self.colors[s]) for s in stages])
+                      if stages else self._note(why.get("stages", "no stage meters in this run")))
+        queue = self._queues(queues) if queues else self._note(why.get("queues", "no queue meters in this run"))
+        cpu_figure = self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
+                                 [(("cpu_percent", s), label, Category10_10[i])
+                                  for i, (s, label) in enumerate(CPU_SERIES) if s in self.cpu])
+        ceiling = 100.0 * (os.cpu_count() or 1)
+        cpu_figure.add_layout(Span(location=ceiling, dimension="width", line_dash="dotted",
+                                   line_color="#888"))  # what the machine has
+        panels = [
+            throughput, queue,
             self._lines("training step (per step)", "ms",
                         [((s, "step"), label, Category10_10[i]) for i, (s, label) in enumerate(STEP_SERIES)]),
-            self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
-                        [(("cpu_percent", s), label, Category10_10[i]) for i, (s, label) in enumerate(CPU_SERIES)]),
+            cpu_figure,
             self._lines(f"waiting: GIL vs CPU run queue ({smooth})", "share of time",
                         [((s, g), label, Category10_10[i]) for i, (s, g, label) in enumerate(WAIT_SERIES)]),
         ]
-        ceiling = 100.0 * (os.cpu_count() or 1)
-        self.figures[3].add_layout(Span(location=ceiling, dimension="width", line_dash="dotted",
-                                        line_color="#888"))  # what the machine has
-        self.layout = gridplot(self.figures, ncols=2, toolbar_location="right")
+        #: the plots drawn (a note is not one)
+        self.figures = [p for p in panels if not isinstance(p, Div)]
+        self.layout = gridplot(panels, ncols=2, toolbar_location="right")
         # A per-step series has no value in a tick where no step ended: drawn as its last value.
         self._hold = {k for k in keys if k[1] in ("step", "train")}
         self._smooth = {k for k in keys if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
@@ -131,6 +148,12 @@ class LivePlots:
         """Append ticks, if any (call with the document lock held); keep the window's points."""
         if data is not None:
             self.source.stream(data, rollover=self.rollover)
+
+    def _note(self, text: str) -> Div:
+        note = Div(text=html.escape(text, quote=False), width=self._size["width"],
+                   styles={"font-size": "12px", "color": "#555", "padding": "8px"})
+        self.notes.append(note)
+        return note
 
     def _figure(self, title: str, y_label: str):
         fig = figure(title=title, x_axis_label="seconds since the run started", y_axis_label=y_label,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._runs import caller_line
@@ -36,10 +37,10 @@ def start_hook(event: str, subject: Any) -> None:
         publish_once(subject)
 
 
-def published_epoch(obj: Any, items: Any, started_ns: int | None = None) -> Any:
-    """``items``, an epoch's iterator the script just made from ``obj`` (a DataLoader, an SPDL
-    pipeline) from ``started_ns`` (``time.perf_counter_ns()``) on, timed for ``obj``'s published run."""
-    return publish_once(obj).source.epoch(items, started_ns)
+def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
+    """``make()``, the epoch's iterator the script asks of ``obj`` (a DataLoader, an SPDL
+    pipeline), timed for ``obj``'s published run (a DataLoader's workers start metered)."""
+    return publish_once(obj).source.open_epoch(make)
 
 
 def _base_name() -> str:

@@ -10,7 +10,6 @@ import importlib.machinery
 import inspect
 import os
 import sys
-import time
 from typing import Any
 
 __all__ = ["KWARGS_ENV", "dataloader_kwargs", "install", "installed"]
@@ -139,15 +138,15 @@ def _patch(module: Any) -> None:
 
     @functools.wraps(original)
     def epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        started_ns = time.perf_counter_ns()  # a DataLoader starts its workers here: data wait
-        items = original(self, *args, **kwargs)
         frame = inspect.currentframe()
         caller = frame.f_back.f_globals.get("__name__", "") if frame and frame.f_back else ""
         if caller == "spdl_lab" or caller.startswith("spdl_lab.") or os.getpid() != _pid:
-            return items
+            return original(self, *args, **kwargs)
         from spdl_lab._watch.auto import published_epoch
 
-        return published_epoch(self, items, started_ns)
+        # The iterator is made by the publisher: a DataLoader's workers start with its meters,
+        # and the time they take to start is the first batch's data wait.
+        return published_epoch(self, functools.partial(original, self, *args, **kwargs))
 
     epoch._spdl_lab_watch = True  # type: ignore[attr-defined]
     setattr(cls, method, epoch)

@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 from .._experiments.session import Session
@@ -78,10 +79,10 @@ class _Epoch(_Proxy):
 
 class _TimedLoop:
     """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time.
-    ``children=False`` skips the CPU probe's scan of every process on the machine for children,
-    where they are known another way (a DataLoader's workers) or there are none (threads)."""
+    ``children``, the CPU probe's (False or a callable skips its scan of every process on the
+    machine: there are none, threads, or they are known another way, a DataLoader's workers)."""
 
-    def __init__(self, children: bool) -> None:
+    def __init__(self, children: Any) -> None:
         self.clock = StepClock()
         self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
         self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
@@ -181,7 +182,7 @@ class LoopSource:
     def __init__(self, iterable: Any) -> None:
         self.obj = iterable
         self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
-        self.loop = _TimedLoop(children=self.workers is None)
+        self.loop = _TimedLoop(children=self.workers.processes if self.workers is not None else True)
         self.clock = self.loop.clock
         from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
         self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
@@ -193,11 +194,11 @@ class LoopSource:
         self.loop.gil.start()
         self._sampler.start()
 
-    def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
-        """Time one pass over ``items`` (an iterator of the published iterable, made at
-        ``started_ns``: its first batch waited from then)."""
-        if self.workers is not None:
-            self.workers.follow(items)
+    def open_epoch(self, make: Callable[[], Iterator[Any]]) -> _Epoch:
+        """Time one pass over ``make()``; a DataLoader's workers start with their stages metered,
+        and the time they take to start is the first batch's data wait."""
+        started_ns = time.perf_counter_ns()
+        items = self.workers.open(make) if self.workers is not None else make()
         return self.loop.epoch(items, started_ns)
 
     def sampler(self) -> Sampler | None:
@@ -205,8 +206,10 @@ class LoopSource:
 
     def stats(self) -> dict[str, Any]:
         step = self.loop.clock.summary().to_dict()
-        return {"runner": self.runner, "running": not self._closed, "elapsed_s": self._sampler.elapsed_s,
-                "items_out": step["steps"], "stages": [], "step": step}
+        elapsed = self._sampler.elapsed_s
+        stages = self.workers.stages(elapsed).values() if self.workers is not None else ()
+        return {"runner": self.runner, "running": not self._closed, "elapsed_s": elapsed,
+                "items_out": step["steps"], "stages": [asdict(s) for s in stages], "step": step}
 
     def state(self) -> str:
         return "finished" if self._closed else "running"
@@ -230,6 +233,8 @@ class LoopSource:
         self._closed = True
         self._sampler.stop()
         self.loop.gil.stop()
+        if self.workers is not None:
+            self.workers.close()
 
 
 class PublishedLoop(_Proxy):
@@ -241,8 +246,7 @@ class PublishedLoop(_Proxy):
         self._of = source.obj
 
     def __iter__(self) -> Iterator[Any]:
-        started_ns = time.perf_counter_ns()  # a DataLoader's iter() starts its workers: data wait
-        return self._source.epoch(iter(self._of), started_ns)
+        return self._source.open_epoch(lambda: iter(self._of))
 
     def __repr__(self) -> str:
         return f"published({self._of!r})"

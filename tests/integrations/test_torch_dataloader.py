@@ -38,7 +38,7 @@ def batches_equal(a: list, b: list) -> bool:
 def test_the_converted_pipeline_makes_the_dataloaders_batches(runner, drop_last):
     dl = DataLoader(Squares(), batch_size=4, drop_last=drop_last)
     p = from_dataloader(dl)
-    assert [s.name for s in p.stages] == ["getitem", "batch", "collate"]
+    assert [s.name for s in p.stages] == ["fetch", "batch", "collate"]
     with lab.Loader(p, runner=runner) as loader:
         got = list(loader)
     assert batches_equal(got, list(dl))
