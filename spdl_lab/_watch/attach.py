@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -120,14 +121,7 @@ class RemoteSession:
         pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
         entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path)}
         session = cls(entry, ring=ring, state=meta.get("state", "?"))
-        step = with_record(path, lambda db: read_step_summary(db, meta))
-        try:
-            stats = loads(meta["stats"]) if meta.get("stats") else {}
-        except ValueError:
-            stats = {}  # a stats line cut short by a kill: the steps still stand
-        stats = stats if isinstance(stats, dict) else {}
-        stats.setdefault("runner", entry["runner"])
-        session._final = Snapshot.from_dict({**stats, "running": False}, step=step)
+        session._final = _recorded_stats(path, meta)
         return session
 
     # -- polling -----------------------------------------------------------------
@@ -177,6 +171,11 @@ class RemoteSession:
     def stats(self) -> Snapshot:
         """The run's figures, as ``Session.stats()`` gives them: a ``lab.Snapshot`` with a row per
         stage and the training step's figures in ``step`` (per step, from the run's own clock)."""
+        if self._final is None and not self.running and self.record and self._client is not None:
+            with contextlib.suppress(SpdlLabError):  # ended: what its record says at the end, as lab.open
+                meta = record_meta(self.record)
+                if meta.get("state") != "running":
+                    self._final = _recorded_stats(self.record, meta)
         if self._final is not None:
             return self._final
         if self.running and self._client is not None:
@@ -237,6 +236,18 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"
+
+
+def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:
+    """A record's last stats (its stages), with the step's figures from every step it holds."""
+    step = with_record(path, lambda db: read_step_summary(db, meta))
+    try:
+        stats = loads(meta["stats"]) if meta.get("stats") else {}
+    except ValueError:
+        stats = {}  # a stats line cut short by a kill: the steps still stand
+    stats = stats if isinstance(stats, dict) else {}
+    stats.setdefault("runner", meta.get("runner", "?"))
+    return Snapshot.from_dict({**stats, "running": False}, step=step)
 
 
 def _step_summary(step: dict[str, Any]) -> StepSummary:
