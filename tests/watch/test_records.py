@@ -271,3 +271,30 @@ def test_default_record_path(monkeypatch):
     assert default_record_path("", 7).name == "run-7.sqlite"
     monkeypatch.setenv("SPDL_LAB_RECORD", "/tmp/mine.sqlite")
     assert str(default_record_path("x", 1)) == "/tmp/mine.sqlite"
+
+
+def test_steps_older_than_an_hour_are_thinned_into_seconds_and_still_add_up(tmp_path, no_thread_leak):
+    from spdl_lab._telemetry.histogram import bucket_of, new_counts, quantile_ns
+    from spdl_lab._watch.records import with_record
+    from spdl_lab._watch.step_records import STEPS_FULL_S, read_step_summary
+
+    path = tmp_path / "steps.sqlite"
+    writer = RecordWriter(path, meta={"name": "long"}, flush_every_s=3600)
+    # Two hours of steps, three a second: 1 ms waits, 10..19 ms steps.
+    rows = [(i, (i + 1) * 333_333_333, 1_000_000, 10_000_000 + (i % 10) * 1_000_000, None) for i in range(21_600)]
+    writer.add_steps(rows, {"steps_first_ns": "0"})
+    writer.close()
+    with sqlite3.connect(path) as db:
+        kept = db.execute("SELECT count(*), min(end_ns) FROM steps").fetchone()
+        seconds = db.execute("SELECT count(*), sum(steps) FROM step_seconds").fetchone()
+    newest_s = rows[-1][1] / 1e9
+    assert kept[1] / 1e9 >= newest_s - STEPS_FULL_S - 1  # an hour of steps in full
+    assert kept[0] + seconds[1] == len(rows) and seconds[0] <= newest_s - STEPS_FULL_S + 1
+    step = with_record(path, lambda db: read_step_summary(db, record_meta(path)))
+    assert step.steps == len(rows)
+    assert step.step_mean_ms == pytest.approx(sum(r[3] for r in rows) / len(rows) / 1e6)
+    assert step.data_wait_frac == pytest.approx(1 / (1 + 14.5))
+    hist = new_counts()
+    for r in rows:
+        hist[bucket_of(r[3])] += 1
+    assert step.step_p50_ms == quantile_ns(hist, 0.5) / 1e6  # thinned: from the histograms
