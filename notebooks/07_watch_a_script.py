@@ -127,14 +127,12 @@ done = subprocess.run([sys.executable, "-m", "spdl_lab", "watch", "--name", "dat
                        str(dl_record), "--", sys.executable, "train_dl.py"], cwd=workdir, timeout=180)
 assert done.returncode == 0
 dl_run = lab.open(dl_record)
+step = dl_run.stats().step  # per step, from every step the record holds
 f = dl_run.frames()
-
-def median(series, stage):
-    return f[(f["series"] == series) & (f["stage"] == stage)]["value"].median()
-
-print(f"{dl_run.runner} run, {dl_run.state}: {int(f[f['series'] == 'steps']['value'].max())} steps, "
-      f"{median('batches_per_s', 'step'):.1f} batches/s, data wait {median('data_wait_frac', 'step'):.0%} "
-      f"of the loop, workers at {median('cpu_percent', 'workers'):.0f}% CPU")
+workers_cpu = f[(f["series"] == "cpu_percent") & (f["stage"] == "workers")]["value"].median()
+print(f"{dl_run.runner} run, {dl_run.state}: {step.steps} steps, {step.batches_per_s:.1f} steps/s, "
+      f"data wait {step.data_wait_frac:.0%} of the loop, workers at {workers_cpu:.0f}% CPU (median tick)")
+dl_run.summary()
 
 # %%
 import shutil

@@ -62,15 +62,18 @@ class DataLoaderMeters:
                     it = make()
                 finally:
                     dl.worker_init_fn = user_fn
-        with self._lock:
-            self.num_workers = workers
-            try:  # weakly: torch stops an iterator's workers when it is dropped
-                self._iterator = weakref.ref(it)
-            except TypeError:
-                self._iterator = lambda: None
+        # Plain assignments, no lock: the loop's thread never waits for a sampler's read.
+        self.num_workers = workers
+        try:  # weakly: torch stops an iterator's workers when it is dropped
+            self._iterator = weakref.ref(it)
+        except TypeError:
+            self._iterator = lambda: None
         return it
 
     def _block_for(self, workers: int) -> MeterBlock | None:
+        block = self._block  # made once: later epochs need no lock, which a sampler's read may hold
+        if block is not None and not self.released:
+            return block
         with self._lock:
             if self.released:
                 return None

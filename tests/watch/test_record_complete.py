@@ -128,3 +128,43 @@ def _same(a: dict, b: dict) -> bool:
 def runtime_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
     return tmp_path
+
+
+NO_CYCLE = '''
+    import gc, weakref
+    import torch
+    from torch.utils.data import DataLoader
+
+    gc.disable()  # what is freed must be freed by reference count, as without the lab
+    class Combined:  # as Lightning's CombinedLoader makes its iterators
+        def __iter__(self):
+            self.iterators = [iter(dl) for _ in range(1)]
+            return self
+
+        def __next__(self):
+            return next(self.iterators[0])
+
+    dl = DataLoader(list(range(8)), batch_size=4, num_workers=1)
+    seen = []
+    for epoch in range(3):
+        combined = iter(Combined())
+        seen.append(weakref.ref(combined.iterators[0]))
+        for _ in range(len(dl)):
+            next(combined)
+        combined = None
+    print("alive", sum(ref() is not None for ref in seen))
+'''
+
+
+@pytest.mark.timeout(90)
+def test_an_epoch_the_loop_drops_is_freed_at_once_not_by_a_garbage_collection(tmp_path):
+    # Freed by a collection instead, torch takes 5 s per worker to stop the old epoch's workers,
+    # and did so in the middle of a Lightning job's steps.
+    script = tmp_path / "epochs.py"
+    script.write_text(textwrap.dedent(NO_CYCLE))
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
+           "SPDL_LAB_WATCH": "1"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=80)
+    assert done.returncode == 0, done.stderr
+    assert "alive 0" in done.stdout, done.stdout
