@@ -617,3 +617,27 @@ def test_a_step_the_loop_lets_go_of_counts_when_it_ends_unless_the_script_fails(
     sized.close()
     clock.settle(counted=True)
     assert clock.steps == 6  # left already: not twice
+
+
+def test_the_clock_keeps_no_batch_the_loop_let_go_of():
+    import weakref
+
+    class Batch:
+        pass
+
+    seen: list[weakref.ref] = []
+
+    def batches():
+        for _ in range(3):
+            batch = Batch()
+            seen.append(weakref.ref(batch))
+            del batch
+            yield seen[-1]()
+
+    clock = StepClock(cuda=False)
+    for batch in clock.iterate_steps(batches()):
+        del batch  # the step frees its batch: nothing of the lab's may keep it alive
+        assert seen[-1]() is None
+    for batch in clock.iterate(batches()):
+        del batch
+        assert seen[-1]() is None

@@ -96,18 +96,23 @@ class StepClock:
         return self._timed(_iter_of(iterable, "StepClock.iterate"), started_ns)
 
     def _timed(self, iterator: Iterator[T], started_ns: int | None = None) -> Generator[T, None, None]:
+        # Each batch is handed on through a one-item list emptied by the yield, never kept in a
+        # local: a generator suspended at ``yield item`` would hold the batch until the next one
+        # came, so the loop's ``del batch`` would free nothing, and a batch's release (a shared-
+        # memory tensor's unmapping, milliseconds) would fall after its step, in neither figure.
         clock = time.perf_counter_ns
+        hand: list[T] = []
         while True:
             t0, started_ns = started_ns or clock(), None
             if not self._first_ns:
                 self._first_ns = t0
             try:
-                item = next(iterator)
+                hand.append(next(iterator))
             except StopIteration:
                 return
             self._wait_ns += clock() - t0
             self._waited = True
-            yield item
+            yield hand.pop()
 
     def iterate_steps(self, iterable: Iterable[T], started_ns: int | None = None) -> Generator[T, None, None]:
         """Yield from ``iterable`` to a loop that is not the clock's (``lab.publish``): each
@@ -118,10 +123,15 @@ class StepClock:
         a trainer that knows the epoch's length or stops at ``max_steps``, but also an exception
         in the step. Such a step ends when the loop starts another epoch (``leave``), or when it
         drops or closes this iterator; then ``settle()`` decides whether it was one."""
-        for batch in self.iterate(iterable, started_ns):
+        timed, hand = self._timed(_iter_of(iterable, "StepClock.iterate_steps"), started_ns), []
+        while True:
+            try:
+                hand.append(next(timed))  # handed on, not kept (see _timed)
+            except StopIteration:
+                return
             self._held = self._open_step()
             try:
-                yield batch
+                yield hand.pop()
             except GeneratorExit:
                 held, self._held = self._held, None
                 if held is not None:  # let go: it counts once the script is known not to fail

@@ -117,6 +117,7 @@ def train_plain(loader: DataLoader, steps: int, timing: Timing) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            del images, labels, loss  # the step is done with its batch: freeing it is the step's work
             timing.step_end()
             done += 1
             if done == steps:
