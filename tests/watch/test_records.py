@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -298,3 +299,28 @@ def test_steps_older_than_an_hour_are_thinned_into_seconds_and_still_add_up(tmp_
     for r in rows:
         hist[bucket_of(r[3])] += 1
     assert step.step_p50_ms == quantile_ns(hist, 0.5) / 1e6  # thinned: from the histograms
+
+
+def test_a_record_cut_in_the_middle_of_a_write_reads_up_to_its_last_whole_flush(tmp_path, no_thread_leak):
+    """What a script killed while the record thread writes leaves: the database and a WAL whose
+    last frames are torn. SQLite's checksums drop the torn commit; the lab reads the rest."""
+    import shutil
+
+    import spdl_lab as lab
+
+    live = tmp_path / "live.sqlite"
+    writer = RecordWriter(live, meta={"name": "cut", "pid": str(2**22 + 4321)}, flush_every_s=3600)
+    writer.add_steps([(i, (i + 1) * 10_000_000, 1_000_000, 9_000_000, None) for i in range(100)],
+                     {"steps_first_ns": "0"})
+    writer.flush()
+    writer.add_steps([(i, (i + 1) * 10_000_000, 1_000_000, 9_000_000, None) for i in range(100, 200)], {})
+    writer.flush()
+    cut = tmp_path / "cut.sqlite"
+    shutil.copy(live, cut)  # as the files were when the process died, the last commit half written
+    wal = Path(f"{live}-wal").read_bytes()
+    Path(f"{cut}-wal").write_bytes(wal[:len(wal) - 1000])
+    writer.close()
+    run = lab.open(cut)
+    assert run.state == "killed"  # "running" in meta, and its pid is gone
+    assert run.stats().step.steps in (100, 200)  # whole flushes only: never a torn one
+    run.close()
