@@ -24,6 +24,7 @@ from ._cli_inputs import (
     output_path,
     seconds,
 )
+from ._json import loads
 from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
@@ -86,7 +87,7 @@ def _setting(text: str) -> tuple[str, Any]:
     if not sep or not key.strip().isidentifier():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a DataLoader keyword argument), got {text!r}")
     try:
-        return key.strip(), json.loads(value)
+        return key.strip(), loads(value)
     except ValueError:
         return key.strip(), value
 

@@ -112,7 +112,7 @@ def _patch_init(cls: Any) -> None:
         given = dataloader_kwargs()
         if not given or os.getpid() != _pid:
             return original(self, *args, **kwargs)
-        bound = signature.bind(self, *args, **kwargs)
+        bound = signature.bind_partial(self, *args, **kwargs)  # a call torch would refuse still fails there
         unknown = sorted(set(given) - set(signature.parameters))
         if unknown:
             raise TypeError(f"${KWARGS_ENV} names {', '.join(unknown)}, which DataLoader does not take")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._json import loads
 from .._telemetry.histogram import bucket_of, new_counts
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 
@@ -87,7 +88,7 @@ def thin_steps(db: sqlite3.Connection) -> None:
 
 def _merged(mine: dict[int, int], stored: str) -> dict[int, int]:
     out = dict(mine)
-    for bucket, count in json.loads(stored).items():
+    for bucket, count in loads(stored).items():
         out[int(bucket)] = out.get(int(bucket), 0) + count
     return out
 
@@ -115,7 +116,7 @@ def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSumma
     sums = [sum(row[i] for row in thinned) for i in (0, 1, 2, 4, 5, 6)]
     for row in thinned:
         for hist, stored in ((step_hist, row[7]), (wait_hist, row[8])):
-            for bucket, count in json.loads(stored).items():
+            for bucket, count in loads(stored).items():
                 hist[int(bucket)] += count
     last_end = max(([int(ends.max())] if len(ends) else []) + [row[3] for row in thinned])
     totals = Totals(steps=len(steps) + sums[0], wait_ns=int(waits.sum()) + sums[1],

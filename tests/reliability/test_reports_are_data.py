@@ -375,6 +375,10 @@ _UNPICKLERS = {"pickle.Unpickler", "_pickle.Unpickler"}
 
 #: Every risky site in spdl_lab/: "file::scope::operation" -> why it is safe.
 ALLOWED = {
+    "spdl_lab/_watch/hook.py::dataloader_kwargs::json.loads":
+        "stdlib-only hook: the user's own $SPDL_LAB_DATALOADER_KWARGS, an object of identifier keys only",
+    "spdl_lab/workloads/jobs/train_images.py::main::torch.utils.data.DataLoader":
+        "a job the user runs as their own script; its workers read the JPEG files it made",
     "spdl_lab/_runners/__init__.py::runner_class::importlib.import_module":
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
     "spdl_lab/_cli_inputs.py::import_attr::importlib.import_module":
