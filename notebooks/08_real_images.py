@@ -39,13 +39,16 @@ print(f"plain DataLoader, num_workers=2: {plain_rate:.1f} batches/s after start-
 
 # %% [markdown]
 # `lab.workloads.images` is the same work split into stages (read, decode, augment,
-# normalize, collate), so `lab.diagnose` can measure each alone, in threads and in
-# processes, and say what limits it. PIL releases the GIL while it decodes, so decode
-# should not read gil-bound; what it reads on this machine is printed below.
+# normalize, collate), so `lab.diagnose` can measure each alone in threads and say what
+# limits it. PIL releases the GIL while it decodes, so decode should not read gil-bound;
+# what it reads on this machine is printed below. `processes=False` leaves out the sweep
+# in worker processes (notebook 06 shows it): a stage that holds no GIL has nothing to
+# gain there, and starting the workers would more than double this cell's time on two cores.
 
 # %%
 QUICK = lab.SweepSettings(warmup_s=0.1, window_s=0.2, min_windows=3, max_windows=4)
-diag = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=64, settings=QUICK, progress=False)
+diag = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=64, settings=QUICK, processes=False,
+                    progress=False)
 print(diag.headline())
 diag.verdicts()
 

@@ -42,7 +42,7 @@ print(pipeline.stages)
 
 # %%
 tuning = lab.tune(pipeline, step=device, runners=("thread", "subprocess-threads", "process"),
-                  budget_s=25, progress=False)
+                  budget_s=15, progress=False)
 print(tuning.summary())
 for line in tuning.log:
     print("-", line)

@@ -7,12 +7,17 @@ import importlib
 from ..errors import PipelineSpecError
 from .base import Runner
 
-__all__ = ["LOCAL_RUNNERS", "RUNNERS", "Runner", "runner_class"]
+__all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Runner", "WORKERS", "runner_class"]
 
 #: The runners on this host: what ``lab.compare`` and the CLI compare unless told otherwise
 #: (``ray`` starts a Ray instance, tens of seconds: it is compared when named).
 LOCAL_RUNNERS: tuple[str, ...] = ("thread", "subprocess-threads", "process", "cache")
 RUNNERS: tuple[str, ...] = LOCAL_RUNNERS + ("ray",)
+
+#: The process runner's pseudo-stage naming its worker pool in ``set_concurrency``/``concurrency``,
+#: and its default pool size. Here, not in ``process``, so that naming them imports no torch.
+WORKERS = "workers"
+DEFAULT_NUM_WORKERS = 2
 
 # Imported when first asked for: only ``process`` needs torch, and the subprocess-threads
 # child (which imports this package) starts much sooner without it.

@@ -142,7 +142,7 @@ class RayConnection:
                 return
             temp_dir, _LOCAL["temp_dir"], _LOCAL["core"] = _LOCAL["temp_dir"], None, []
             ray.shutdown()
-        _reap(timeout)
+        _reap(timeout, temp_dir)
         if temp_dir:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -152,8 +152,16 @@ class RayConnection:
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def _reap(timeout: float) -> None:
-    """Wait for the instance's processes to exit; kill what is left at the deadline."""
+def _reap(timeout: float, temp_dir: str | None) -> None:
+    """Wait for the instance's processes to exit; kill what is left at the deadline.
+
+    Workers the raylet was still starting when it died are orphans (no longer this process's
+    descendants), and each waits about 30 s for its raylet before it gives up: they are found
+    by the instance's temporary directory on their command line and killed now.
+    """
+    for p in _orphans(temp_dir):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     deadline = time.monotonic() + timeout
     left = ray_processes()
     while left and time.monotonic() < deadline:
@@ -163,3 +171,18 @@ def _reap(timeout: float) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(left, timeout=1.0)
+
+
+def _orphans(temp_dir: str | None) -> list[psutil.Process]:
+    """Processes of the instance in ``temp_dir`` that are not this process's descendants."""
+    if not temp_dir:
+        return []
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid not in ours and any(temp_dir in part for part in proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

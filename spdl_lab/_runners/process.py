@@ -28,6 +28,7 @@ from ..errors import (
     describe,
     stage_failure,
 )
+from . import DEFAULT_NUM_WORKERS, WORKERS
 from ._process_worker import Dropped, Failure, PipelineDataset, Plan
 from ._shipping import ship, unsendable_output
 from ._shm_meters import Layout, MeterBlock
@@ -35,10 +36,6 @@ from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
 __all__ = ["ProcessRunner", "WORKERS"]
-
-#: The pseudo-stage naming the worker pool in ``set_concurrency``/``concurrency``.
-WORKERS = "workers"
-DEFAULT_NUM_WORKERS = 2
 
 #: The DataLoader's own ``timeout``: how soon the pump notices close() or a new worker count
 #: (torch leaves the iterator as it was when it fires, so waiting resumes).

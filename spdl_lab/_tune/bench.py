@@ -18,7 +18,7 @@ from .._engine.map_stage import reorder_window
 from .._experiments.contender import Contender, MachineClock, Window
 from .._experiments.spread import runner_row
 from .._pipeline import Pipeline
-from .._runners.process import WORKERS
+from .._runners import WORKERS
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._pipeline import Pipeline
-from .._runners.process import DEFAULT_NUM_WORKERS, WORKERS
+from .._runners import DEFAULT_NUM_WORKERS, WORKERS
 
 __all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space", "TUNABLE_RUNNERS", "WORKERS",
            "dataloader_options"]

@@ -208,14 +208,11 @@ def hang_then_close(runner: str, hygiene) -> float:
     return took
 
 
-@pytest.mark.parametrize("runner", [*lab.RUNNERS, INLINE])
-def test_hanging_stage_close_reports_what_it_abandons(runner, release, hygiene):
-    hang_then_close(runner, hygiene)
-
-
+# Each scenario below runs once, in the measurement set: its behaviour asserts and its timing
+# assert come from the same run (the timing one cannot be a unit test's).
 @pytest.mark.measurement
 @pytest.mark.parametrize("runner", [*lab.RUNNERS, INLINE])
-def test_hanging_stage_close_is_prompt(runner, release, hygiene):
+def test_hanging_stage_close_reports_what_it_abandons_and_is_prompt(runner, release, hygiene):
     assert hang_then_close(runner, hygiene) < 5
 
 
@@ -249,16 +246,10 @@ def kill_a_child_mid_iteration(runner: str) -> float:
     return took
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("runner", CHILD_RUNNERS)
-def test_sigkill_of_a_child_mid_iteration_is_a_runner_error(runner):
-    kill_a_child_mid_iteration(runner)
-
-
 @pytest.mark.measurement
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("runner", CHILD_RUNNERS)
-def test_sigkill_of_a_child_mid_iteration_is_reported_promptly(runner):
+def test_sigkill_of_a_child_mid_iteration_is_a_runner_error_reported_promptly(runner):
     assert kill_a_child_mid_iteration(runner) < 5
 
 
@@ -340,16 +331,10 @@ def ctrl_c_then_close(runner: str, release, ctrl_c) -> float:
     return took
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("runner", lab.RUNNERS)
-def test_ctrl_c_while_blocked_in_next_propagates_and_leaves_nothing(runner, release, ctrl_c):
-    ctrl_c_then_close(runner, release, ctrl_c)
-
-
 @pytest.mark.measurement
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("runner", lab.RUNNERS)
-def test_close_after_ctrl_c_is_prompt(runner, release, ctrl_c):
+def test_ctrl_c_while_blocked_in_next_propagates_leaves_nothing_and_close_is_prompt(runner, release, ctrl_c):
     assert ctrl_c_then_close(runner, release, ctrl_c) < 5
 
 
@@ -375,16 +360,10 @@ def close_from_another_thread(runner: str) -> float:
     return took
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("runner", lab.RUNNERS)
-def test_close_from_another_thread_ends_iteration_and_close_twice_is_safe(runner):
-    close_from_another_thread(runner)
-
-
 @pytest.mark.measurement
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("runner", lab.RUNNERS)
-def test_close_from_another_thread_is_prompt(runner):
+def test_close_from_another_thread_ends_iteration_promptly_and_close_twice_is_safe(runner):
     assert close_from_another_thread(runner) < 5
 
 

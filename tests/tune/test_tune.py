@@ -91,11 +91,6 @@ def test_a_short_tuning_returns_data_a_user_can_act_on(tuning):
     assert (t["cpu_percent"] <= 100 * tuning.cores).all() and (t["spread"] >= 0).all()
 
 
-@pytest.mark.measurement
-def test_a_short_tuning_keeps_to_its_budget(tuning):
-    assert tuning.elapsed_s < 12 + 10
-
-
 def test_the_code_builds_the_tuned_loader(tuning):
     namespace = {"p": pipeline()}
     exec(compile(tuning.code, "<tuning.code>", "exec"), namespace)  # noqa: S102 - our own generated code

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.measurement, pytest.mark.timeout(300)]
 
 
 def _diagnose(pipeline: lab.Pipeline) -> lab.Diagnosis:
-    return lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=400, progress=False)
+    # The verdicts come from the thread sweep alone; processes only add advice (not checked here).
+    return lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=400, processes=False, progress=False)
 
 
 @pytest.mark.parametrize("tokenizer", [PythonTokenize, RustTokenize])
