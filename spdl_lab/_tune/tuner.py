@@ -15,7 +15,7 @@ import psutil
 from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
-from .._runners.process import DEFAULT_NUM_WORKERS
+from .._runners import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError, SpdlLabError
 from .advice import advise
