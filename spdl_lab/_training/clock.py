@@ -19,7 +19,7 @@ from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
 from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
-from .steps import StepRecord, StepSummary, Totals, summarize
+from .steps import NO_STEPS, StepRecord, StepSummary, Totals, summarize
 
 __all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
 
@@ -75,8 +75,8 @@ class StepClock:
         self._cuda_copies: CudaStepTimer[None] | None = CudaStepTimer() if use_cuda else None
         self._origin_ns = time.perf_counter_ns()
         self._records: deque[StepRecord] = deque(maxlen=history)
-        self._totals = Totals()
-        self._rows_prev = Totals()
+        self._totals = NO_STEPS
+        self._rows_prev = NO_STEPS
         self.step_hist = new_counts()
         self.wait_hist = new_counts()
         # Loop state, touched only by the training thread.

@@ -13,7 +13,7 @@ import pandas as pd
 
 from .._telemetry.histogram import quantile_ns
 
-__all__ = ["StepRecord", "StepSummary", "Totals", "summarize", "summary_row", "summary_table"]
+__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "summarize", "summary_row", "summary_table"]
 
 
 @dataclass(slots=True)
@@ -52,19 +52,23 @@ class StepSummary:
 
 
 class Totals(NamedTuple):
-    """Running sums, published as one immutable value so readers see them whole."""
+    """Running sums, published as one immutable value so readers see them whole (``NO_STEPS``
+    before the first): steps, their waits and times (ns) and the last one's end; the steps whose
+    device time is known, that time and their loop time (wait + step); the copies timed by
+    ``StepClock.copy()`` whose time is known, and that time."""
 
-    steps: int = 0
-    wait_ns: int = 0
-    step_ns: int = 0
-    last_end_ns: int = 0
-    #: steps whose device time is known, their device time and their loop time (wait + step)
-    device_steps: int = 0
-    device_ns: int = 0
-    device_loop_ns: int = 0
-    #: copies timed by StepClock.copy() whose time is known, and that time
-    copies: int = 0
-    copy_ns: int = 0
+    steps: int
+    wait_ns: int
+    step_ns: int
+    last_end_ns: int
+    device_steps: int
+    device_ns: int
+    device_loop_ns: int
+    copies: int
+    copy_ns: int
+
+
+NO_STEPS = Totals(*[0] * len(Totals._fields))
 
 
 def summarize(t: Totals, first_ns: int, device: str, step_hist: Sequence[int], wait_hist: Sequence[int],
