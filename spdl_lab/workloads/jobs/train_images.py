@@ -4,8 +4,9 @@ run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--tr
 
 It counts its own figures, per step, and writes them to ``--timing`` (JSON): steps, the wall time
 from its first epoch's start to its last step's end (``time.perf_counter``, which is the machine's
-monotonic clock, so another process can compare), steps/s over it, and the step and data-wait p50
-(under Lightning, the wait as its profiler times each fetch of a batch).
+monotonic clock, so another process can compare), steps/s over it, and the step and data-wait p50.
+Under Lightning the loop's figures come from its profiler: a fetch of a batch is the data wait,
+the time from one fetch to the next the step.
 ``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's figures against these.
 
     python train_images.py --images DIR [--n 2000] [--steps 1000] [--trainer lightning|plain]
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -149,18 +151,38 @@ def train_lightning(loader: DataLoader, steps: int, timing: Timing) -> None:
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             timing.step_end()
 
-    # Lightning's own count of the data wait: its profiler times each fetch of the next batch. The
-    # time between a step's end and the next one's start is that plus Lightning's bookkeeping.
+    # Lightning's own count of the loop: its profiler marks each fetch of the next batch. The data
+    # wait is a fetch; the step, the loop's time from a batch's fetch to the next fetch (the
+    # callbacks' window leaves out Lightning's own per-batch work: moving the batch, progress,
+    # hooks, about 2 ms here), and from the last fetch to the last batch's end.
     from lightning.pytorch.profilers import SimpleProfiler
 
-    profiler = SimpleProfiler()
+    class FetchMarks(SimpleProfiler):
+        fetch = "[_TrainingEpochLoop].train_dataloader_next"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks: list[tuple[float, float]] = []  # (start, end) of every fetch
+
+        def start(self, action_name: str) -> None:
+            if action_name == self.fetch:
+                self.marks.append((time.perf_counter(), math.nan))
+            super().start(action_name)
+
+        def stop(self, action_name: str) -> None:
+            super().stop(action_name)
+            if action_name == self.fetch and self.marks:
+                self.marks[-1] = (self.marks[-1][0], time.perf_counter())
+
+    profiler = FetchMarks()
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[Timer()],
                         profiler=profiler, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.fit(Classifier(), loader)
-    fetches = profiler.recorded_durations.get("[_TrainingEpochLoop].train_dataloader_next", [])
-    if len(fetches) == len(timing.steps):
-        timing.waits = list(fetches)
+    marks = profiler.marks
+    if len(marks) == len(timing.steps):
+        timing.waits = [end - start for start, end in marks]
+        timing.steps = [nxt[0] - end for (_, end), nxt in zip(marks, marks[1:])] + [timing.ended - marks[-1][1]]
 
 
 def main() -> None:
