@@ -162,10 +162,15 @@ class Publisher:
             self._stop.set()
         self._pump.join(5.0)
         state = self._final_state()
-        self.source.close()  # a source's sampler takes its last tick as it stops
-        self._copy(final=True)
-        self.writer.close(state=state)
-        self.endpoint.close()
+        # Each step runs even when one before it fails: the record closes, the endpoint goes.
+        with contextlib.ExitStack() as steps:
+            steps.callback(self._forget)
+            steps.callback(self.endpoint.close)
+            steps.callback(self.writer.close, state=state)
+            steps.callback(self._copy, final=True)
+            self.source.close()  # a source's sampler takes its last tick as it stops
+
+    def _forget(self) -> None:
         atexit.unregister(self.close)
         if _PUBLISHED.get(id(self.obj)) is self:
             del _PUBLISHED[id(self.obj)]

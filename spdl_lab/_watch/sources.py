@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -101,8 +102,7 @@ class _TimedLoop:
         epoch = _Epoch(items, self, started_ns)
         with self._lock:
             previous, self._epoch = self._epoch, weakref.ref(epoch)
-        if previous is not None and (open_epoch := previous()) is not None:
-            open_epoch.close()
+        _close(previous)
         return epoch
 
     def close(self) -> None:
@@ -110,9 +110,17 @@ class _TimedLoop:
         failing or stopped in it (``left_counts``)."""
         with self._lock:
             previous, self._epoch = self._epoch, None
-        if previous is not None and (open_epoch := previous()) is not None:
-            open_epoch.close()
+        _close(previous)
         self.clock.settle(counted=self.left_counts())
+
+
+def _close(epoch: weakref.ref[_Epoch] | None) -> None:
+    """Close an epoch still open. One whose ``next()`` is running (a signal's handler closes the
+    run while the loop waits for data) holds no step: there is nothing to end."""
+    open_epoch = epoch() if epoch is not None else None
+    if open_epoch is not None:
+        with contextlib.suppress(ValueError):  # "generator already executing"
+            open_epoch.close()
 
 
 class SessionSource:

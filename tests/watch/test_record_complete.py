@@ -168,3 +168,40 @@ def test_an_epoch_the_loop_drops_is_freed_at_once_not_by_a_garbage_collection(tm
                           timeout=80)
     assert done.returncode == 0, done.stderr
     assert "alive 0" in done.stdout, done.stdout
+
+
+SIGTERM_IN_WAIT = '''
+    import os, signal, threading, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self): return 64
+        def __getitem__(self, i):
+            time.sleep(2.0 if i >= 16 else 0.001)  # the loop waits in next() from the 5th batch
+            return torch.full((4,), float(i))
+
+    if __name__ == "__main__":
+        print("pid", os.getpid(), flush=True)
+        steps = 0
+        for batch in DataLoader(Slow(), batch_size=4, num_workers=1):
+            steps += 1
+            if steps == 4:  # the next next() waits 8 s: SIGTERM arrives inside it
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+'''
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_while_the_loop_waits_for_data_closes_the_run_and_its_shared_memory(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(textwrap.dedent(SIGTERM_IN_WAIT))
+    record = tmp_path / "run.sqlite"
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(record),
+           "SPDL_LAB_WATCH": "1"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=80)
+    assert done.returncode == -15, done.stderr  # the signal still ends it, as without the lab
+    pid = done.stdout.split()[1]
+    assert record_meta(record)["state"] == "stopped"
+    assert lab.open(record).stats().step.steps == 4
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"spdl_lab_{pid}_")]
