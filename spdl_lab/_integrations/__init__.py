@@ -2,7 +2,8 @@
 Importing this package needs none of them.
 """
 
+from ._dataloader_meters import PER_WORKER
 from .spdl import from_spdl
 from .spdl_monitor import SpdlMonitor, is_spdl_spec, open_spdl
 
-__all__ = ["SpdlMonitor", "from_spdl", "is_spdl_spec", "open_spdl"]
+__all__ = ["PER_WORKER", "SpdlMonitor", "from_spdl", "is_spdl_spec", "open_spdl"]

@@ -11,8 +11,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._runners._shm import ShmFile, new_prefix
-from .._runners._shm_meters import Layout, MeterBlock
+from .._runners import Layout, MeterBlock, ShmFile, new_prefix
 from .._telemetry.frames import Row, queue_rows, stage_rows
 from .._telemetry.meters import QueueReading, StageReading
 from .._telemetry.snapshot import StageStats

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._runners._shm_meters import Layout, MeterBlock, SlotMeter
+from .._runners import Layout, MeterBlock, SlotMeter
 
 __all__ = ["COLLATE", "FETCH", "STAGES", "MeteredWorkerInit"]
 

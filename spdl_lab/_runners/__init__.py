@@ -5,9 +5,14 @@ from __future__ import annotations
 import importlib
 
 from ..errors import PipelineSpecError
+from ._shm import ShmFile, new_prefix
+from ._shm_meters import Layout, MeterBlock, SlotMeter
 from .base import Runner
 
-__all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Runner", "WORKERS", "runner_class"]
+# The shared-memory meter block (``_shm_meters``) is the runners' own mechanism, and also what
+# meters a torch DataLoader's workers (``_integrations``): it is offered here, with the registry.
+__all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Layout", "MeterBlock", "Runner", "ShmFile",
+           "SlotMeter", "WORKERS", "new_prefix", "runner_class"]
 
 #: The runners on this host: what ``lab.compare`` and the CLI compare unless told otherwise
 #: (``ray`` starts a Ray instance, tens of seconds: it is compared when named).

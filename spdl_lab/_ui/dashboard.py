@@ -20,7 +20,7 @@ from bokeh.resources import INLINE
 from IPython import get_ipython
 from jupyter_bokeh.widgets import BokehModel
 
-from .._integrations._dataloader_meters import PER_WORKER
+from .._integrations import PER_WORKER
 from .._interpreter import describe
 from .._runners import RUNNERS
 from .._telemetry.live_verdict import Window, live_verdict
