@@ -28,12 +28,16 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-import spdl_lab as lab
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import print_table  # noqa: E402
+
+import spdl_lab as lab  # noqa: E402
 
 #: The largest relative difference a check allows.
 TOLERANCE = 0.05
@@ -254,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
     results = [check_runner(runner, args) for runner in args.runners]
     rows = [(name, *(getattr(f, name) for f in results)) for name in Figures.__dataclass_fields__]
-    _print_table(["figure", *args.runners], rows[1:])
+    # Four significant digits: the checks below compare figures that differ in the third.
+    print_table(["figure", *args.runners], [[row[0], *(v if isinstance(v, str) else f"{v:.4g}" for v in row[1:])]
+                                           for row in rows[1:]])
     failed = 0
     print()
     for f in results:
@@ -268,14 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(len(checks(f)) for f in results)
     print(f"\ngpu-check: {total - failed} of {total} checks passed")
     return 1 if failed else 0
-
-
-def _print_table(headers: list[str], rows: list[tuple[Any, ...]]) -> None:
-    cells = [[v if isinstance(v, str) else f"{v:.4g}" for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    for r in cells:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 if __name__ == "__main__":
