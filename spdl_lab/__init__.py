@@ -17,9 +17,11 @@ from ._runs import add_start_hook as _add_start_hook
 from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
 from ._training import SimulatedDevice, StepClock
 from ._tune import Tuning, tune
-from ._watch.attach import RemoteSession, attach
-from ._watch.attach import open_record as open  # noqa: A001 (lab.open(record_path))
+from ._watch.attach import RemoteSession
 from ._watch.auto import start_hook as _watch_mode
+from ._watch.job import JobSession
+from ._watch.lookup import attach
+from ._watch.lookup import open_record as open  # noqa: A001 (lab.open(record_path))
 from ._watch.publish import publish, unpublish
 from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 
@@ -38,6 +40,8 @@ _views.register(
     diagnosis_html="spdl_lab._ui.diagnosis_report:diagnosis_html",
     diagnosis_plot="spdl_lab._ui.diagnosis_report:diagnosis_plot",
     diagnosis_report="spdl_lab._ui.diagnosis_report:write_diagnosis_report",
+    job_dashboard="spdl_lab._ui.job_dashboard:JobDashboard",
+    job_report="spdl_lab._ui.job_report:write_job_report",
     run_report="spdl_lab._ui.run_report:write_run_report",
     session_autotuner="spdl_lab._tune.live:AutoTuner",
     tuning_html="spdl_lab._ui.tuning_report:html_summary",
@@ -51,6 +55,7 @@ __all__ = [
     "Comparison",
     "Diagnosis",
     "FileFormatError",
+    "JobSession",
     "LOCAL_RUNNERS",
     "Loader",
     "Pipeline",

@@ -1,5 +1,6 @@
-"""``spdl-lab report FILE``: a saved diagnosis or comparison (JSON), or a run's record
-(SQLite, by ``lab.publish`` or ``spdl-lab watch``), as one self-contained HTML file."""
+"""``spdl-lab report FILE``: a saved diagnosis or comparison (JSON), a run's record (SQLite, by
+``lab.publish`` or ``spdl-lab watch``), or a data-parallel job's record folder (a record per
+rank), as one self-contained HTML file."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from ._cli_inputs import EXIT_OK, UsageError, output_path, read_saved
 from ._experiments.compare import Comparison
-from .errors import FileFormatError
+from .errors import FileFormatError, SpdlLabError
 
 __all__ = ["RECORD_SUFFIXES", "report"]
 
@@ -19,9 +20,11 @@ def report(args: argparse.Namespace) -> int:
     from spdl_lab._ui.report import write_comparison_report
 
     source = Path(args.file)
+    if source.is_dir():
+        return _report_job(source, Path(args.output) if args.output else source.with_suffix(".html"))
     if not source.is_file():
         raise UsageError(f"{source}: no such file; give the .json that spdl-lab diagnose or "
-                         "spdl-lab compare --json wrote, or a run's .sqlite record")
+                         "spdl-lab compare --json wrote, a run's .sqlite record, or a job's record folder")
     out = Path(args.output) if args.output else source.with_suffix(".html")
     if out.resolve() == source.resolve():
         raise UsageError(f"{out} would overwrite the file it is read from; name another file with -o")
@@ -68,5 +71,23 @@ def _report_run(source: Path, out: Path) -> int:
     step = run_steps(source, meta)
     path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}", step=step)
     print(run_text(meta, frames, step))
+    print(f"\nreport: {path.resolve()}")
+    return EXIT_OK
+
+
+def _report_job(folder: Path, out: Path) -> int:
+    """A data-parallel job's record folder (``rank0.sqlite``, ...) as one HTML file."""
+    from spdl_lab._ui.job_report import write_job_report
+    from spdl_lab._watch.job import JobSession
+
+    output_path(str(out), None)
+    try:
+        job = JobSession.from_dir(folder)
+    except SpdlLabError as exc:
+        raise UsageError(str(exc)) from None
+    path = write_job_report(job, out)
+    print(f"job {job.name}: {len(job.ranks)} ranks, {job.state}")
+    print(job.summary().to_string(float_format=lambda x: f"{x:.3g}"))
+    print(f"\nverdict: {job.verdict()}")
     print(f"\nreport: {path.resolve()}")
     return EXIT_OK

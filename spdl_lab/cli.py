@@ -288,20 +288,27 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
         "Render a diagnosis or comparison saved as JSON (by spdl-lab diagnose,\n"
         "spdl-lab compare --json, Diagnosis.to_json or Comparison.to_json), or a run's\n"
-        "record (.sqlite, by lab.publish or spdl-lab watch), as one HTML file that opens\n"
-        "without a network (Bokeh inline). The file is checked strictly and never executed.",
+        "record (.sqlite, by lab.publish or spdl-lab watch), or a torchrun job's record\n"
+        "folder (a rankR.sqlite per rank), as one HTML file that opens without a network\n"
+        "(Bokeh inline). The file is checked strictly and never executed.",
         f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
         "wrote in the example above; writes diagnosis.html)\n  "
         "spdl-lab report spdl_lab_runs/resnet-4242.sqlite -o run.html\n  (a run spdl-lab watch recorded: "
-        "its state, medians of the step, stages, CPU and GIL wait, plots over time)")
+        "its state, medians of the step, stages, CPU and GIL wait, plots over time)\n  "
+        "spdl-lab report spdl_lab_runs/train-4cc7fda4 -o job.html\n  (a torchrun job: a row per rank, "
+        "the straggler verdict, each rank's line over time)")
     watch = _subcommand(
         sub, "watch", _watch, "run a training script with its runs published for lab.attach",
         "Run COMMAND (a training script, unchanged) with SPDL_LAB_WATCH=1: every torch\n"
         "DataLoader, SPDL pipeline and lab.Loader it iterates and every lab.run session is\n"
         "published (a record file and a local endpoint) for lab.attach() in a notebook.\n"
-        "Exits with the script's status; SIGTERM and SIGHUP are passed on to it.",
+        "Under torchrun every rank publishes, with its rank and the job's id; the job's\n"
+        "records go into one folder. Exits with the script's status; SIGTERM and SIGHUP\n"
+        "are passed on to it.",
         "spdl-lab watch --name resnet -- python train.py --epochs 3\n"
-        "  (writes spdl_lab_runs/resnet-PID.sqlite; in a notebook: lab.attach(\"resnet\"))")
+        "  (writes spdl_lab_runs/resnet-PID.sqlite; in a notebook: lab.attach(\"resnet\"))\n"
+        "spdl-lab watch --name train -- torchrun --nproc_per_node=2 train.py\n"
+        "  (every rank: spdl_lab_runs/train-JOBID/rankR.sqlite; lab.attach(\"train\") is the job)")
     watch.add_argument("--name", default=None, metavar="NAME",
                        help="the published runs' name (default: the script and line that started each)")
     watch.add_argument("--record", default=None, metavar="PATH.sqlite",

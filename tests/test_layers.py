@@ -33,9 +33,16 @@ APART = {frozenset({"_diagnose", "_tune"})}
 ALLOWED = {("spdl_lab", "spdl_lab._magics"), ("spdl_lab._magics", "spdl_lab")}
 
 
+#: Training scripts shipped as data (``lab.workloads.job_script``): run as a user's ``__main__``,
+#: never imported by the package, so no layer; one may use the public API as a user does.
+SCRIPTS = PACKAGE / "workloads" / "jobs"
+
+
 def _modules() -> dict[str, Path]:
     out = {}
     for path in PACKAGE.rglob("*.py"):
+        if SCRIPTS in path.parents:
+            continue
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()

@@ -20,56 +20,20 @@ from .._telemetry.sampler import DEFAULT_TICKS
 from .._telemetry.snapshot import Snapshot
 from .._training.steps import StepSummary, summary_table
 from .._views import view
-from ..errors import PipelineSpecError, SpdlLabError
+from ..errors import SpdlLabError
 from .client import EndpointClient
-from .discovery import list_endpoints
 from .records import read_record, record_meta, with_record
 from .step_records import read_step_summary
 from .timeline import append_ticks
 
-__all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
+__all__ = ["POLL_S", "RemoteSession", "record_state"]
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
-_COLUMNS = ["name", "pid", "started", "state", "runner", "record"]
 
 
-def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
-    """The published runs on this host (a DataFrame), or a ``RemoteSession`` watching the one of
-    that name (as given to ``lab.publish``) or pid, waiting up to ``timeout`` s for it::
-
-        lab.attach("resnet").dashboard()
-    """
-    if name_or_pid is None:
-        runs = pd.DataFrame(list_endpoints(), columns=_COLUMNS)
-        runs["state"] = [_record_state(record, "running") for record in runs["record"]]
-        return runs
-    if isinstance(name_or_pid, bool) or not isinstance(name_or_pid, (str, int)):
-        raise PipelineSpecError(f"lab.attach takes a run's name or pid, got {name_or_pid!r}")
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [e for e in list_endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
-        if len(found) > 1:
-            pids = ", ".join(str(e["pid"]) for e in found)
-            raise SpdlLabError(f"lab.attach: {len(found)} published runs are named {name_or_pid!r} "
-                               f"(pids {pids}); attach by pid")
-        if found:
-            return RemoteSession(found[0])
-        if time.monotonic() >= deadline:
-            names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in list_endpoints()) or "none"
-            raise SpdlLabError(f"lab.attach: no published run {name_or_pid!r} appeared within {timeout:g} s "
-                               f"(published now: {names}); start the script with lab.publish(...) or "
-                               f"spdl-lab watch, or pass a longer timeout=")
-        time.sleep(0.1)
-
-
-def open_record(path: str | os.PathLike) -> RemoteSession:
-    """A published run's record file as a RemoteSession (read only), live or ended:
-    ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
-    return RemoteSession.from_record(path)
-
-
-def _record_state(record: str | None, default: str) -> str:
+def record_state(record: str | None, default: str) -> str:
+    """The state a run's record says it is in (``default`` without one)."""
     if not record:
         return default
     try:
@@ -89,6 +53,8 @@ class RemoteSession:
     def __init__(self, entry: dict[str, Any], ring: Ring | None = None, state: str = "running") -> None:
         """Watch the run a discovery ``entry`` names; given a ``ring`` (a record's), show it instead."""
         self.name, self.pid, self.record = entry["name"], entry["pid"], entry.get("record")
+        #: the rank of a data-parallel job this run is, or None
+        self.rank: int | None = entry.get("rank")
         self.runner = entry.get("runner") or "?"
         self._client = EndpointClient(entry["socket"]) if ring is None else None
         self._ring = ring if ring is not None else Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
@@ -119,7 +85,9 @@ class RemoteSession:
         for t, rows in ticks:
             ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
         pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
-        entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path)}
+        rank = meta.get("rank", "")
+        entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path),
+                 "rank": int(rank) if rank.isdigit() else None}
         session = cls(entry, ring=ring, state=meta.get("state", "?"))
         session._final = _recorded_stats(path, meta)
         return session
@@ -137,7 +105,7 @@ class RemoteSession:
                 state = self._client.request("state").state
                 controls = self._client.request("controls").controls
         except SpdlLabError:
-            state = _record_state(self.record, "killed")
+            state = record_state(self.record, "killed")
             self._state = "killed" if state == "running" else state  # gone, yet never closed
             return False
         frame = chunk.frame_chunk()
@@ -167,6 +135,14 @@ class RemoteSession:
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         return chunk_since(self._ring, cursor)
+
+    def recent(self, seconds: float) -> FrameChunk:
+        """The ticks of the run's latest ``seconds`` (and the one before them), wide."""
+        chunk = chunk_since(self._ring, 0)
+        if not len(chunk):
+            return chunk
+        first = max(0, int(np.searchsorted(chunk.times, chunk.times[-1] - seconds)) - 1)
+        return FrameChunk(chunk.cursor, chunk.times[first:], {k: v[first:] for k, v in chunk.columns.items()})
 
     def stats(self) -> Snapshot:
         """The run's figures, as ``Session.stats()`` gives them: a ``lab.Snapshot`` with a row per

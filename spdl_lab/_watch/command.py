@@ -8,17 +8,20 @@ import os
 import signal
 import subprocess
 import threading
+import uuid
 from pathlib import Path
 
 from ..errors import UsageError
 from .auto import ENV, ENV_NAME
+from .ranks import JOB_ENV
 
 __all__ = ["run_watched", "watched_env"]
 
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
     """This process's environment with publishing on, for a script run under watch."""
-    env = {**os.environ, ENV: "1"}
+    # A job id of its own, for the ranks of a launcher that gives them none (torchrun gives one).
+    env = {**os.environ, ENV: "1", JOB_ENV: f"watch-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
     # The hook that publishes DataLoaders in scripts that never import spdl_lab: installed
     # by spdl_lab_watch.pth when that is in site-packages, and by this sitecustomize anyway.
     boot = str(Path(__file__).resolve().parent / "boot")

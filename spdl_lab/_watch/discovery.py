@@ -79,6 +79,12 @@ class Discovery(Message):
     record: str | None
     runner: str | None
     version: Literal[VERSION] = VERSION
+    #: a rank of a data-parallel job: the job's id and name, the rank, its local rank, the ranks in all
+    job: str | None = None
+    job_name: str | None = None
+    rank: int | None = Field(default=None, ge=0)
+    local_rank: int | None = Field(default=None, ge=0)
+    world_size: int | None = Field(default=None, gt=0)
 
 
 def _read_discovery(path: Path) -> dict | None:

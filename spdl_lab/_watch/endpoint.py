@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import _json
 from .._telemetry.frames import FrameChunk
@@ -57,7 +58,7 @@ class Endpoint:
 
     def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
                  runner: str | None = None, max_viewers: int = 16,
-                 request_timeout: float = 5.0) -> None:
+                 request_timeout: float = 5.0, job: dict[str, Any] | None = None) -> None:
         self.name = name
         self.handlers = handlers
         self.runner = runner
@@ -85,7 +86,7 @@ class Endpoint:
         try:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat()
             info = Discovery(name=name, pid=self.pid, started=started, socket=str(self.socket_path),
-                             record=record, runner=runner)
+                             record=record, runner=runner, **(job or {}))
             _json.dump_file(info.model_dump(), self.discovery_path, compact=True)  # atomically
         except BaseException:
             self._listener.close()

@@ -17,7 +17,8 @@ from .._telemetry.frames import chunk_since
 from .discovery import safe_name
 from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
-from .records import RecordWriter, default_record_path
+from .ranks import job_record_path, rank_identity
+from .records import RECORD_ENV, RecordWriter, default_record_path
 from .sources import source_of
 from .step_records import step_rows
 from .timeline import Timeline
@@ -69,9 +70,17 @@ class Publisher:
         self.timeline = Timeline()  # first: every tick of the source counts from here, none before
         self.source = source_of(obj)
         self.obj = obj
-        self.name = name
-        path = default_record_path(name, os.getpid())
-        if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
+        #: the rank of a torchrun job this process is (its runs are named ``NAME-rankR``), or None
+        self.rank = rank_identity()
+        self.name = name = self.rank.run_name(name) if self.rank else name
+        job: dict[str, str | int] = {}
+        if self.rank is not None:
+            job_name = self.rank.job_name(name)
+            job = self.rank.facts(job_name)
+            path = job_record_path(job_name, self.rank, os.environ.get(RECORD_ENV))
+        else:
+            path = default_record_path(name, os.getpid())
+        if (os.environ.get(RECORD_ENV) or self.rank) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         #: how the script ended the run, when not by its loop's end: "failed" (an uncaught
         #: exception) or "stopped" (SIGTERM, SIGINT); set by ``endings``
@@ -87,9 +96,9 @@ class Publisher:
                             controls=self.source.controls)
         with contextlib.ExitStack() as undo:  # a step that fails stops what the steps before started
             undo.callback(self.source.close)
-            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner})
+            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner, **job})
             undo.callback(self.writer.close, state="failed")
-            self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner)
+            self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner, job=job)
             undo.pop_all()
         loop = getattr(self.source, "loop", None)
         if loop is not None:  # a batch the loop holds as the script fails was no step

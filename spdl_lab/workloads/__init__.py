@@ -23,13 +23,14 @@ __all__ = ["DocumentTokens", "ImageFolder", "augment", "collate_list", "collate_
            "noisy_neighbour", "read_sample", "text", "text_dataloader", "text_step"]
 
 #: Training scripts that know nothing of the lab, to watch and tune as a user's own job.
-JOBS = {"images": "train_images.py"}
+JOBS = {"ddp": "train_ddp.py", "images": "train_images.py"}
 
 
 def job_script(name: str = "images") -> Path:
     """The path of a real training script that never imports spdl_lab (``images``: JPEGs, a torch
-    DataLoader, a conv net, under Lightning or a plain loop; ``--help`` says how), for
-    ``spdl-lab watch -- python PATH ...`` as a user's job would run."""
+    DataLoader, a conv net, under Lightning or a plain loop; ``ddp``: a data-parallel job for
+    ``torchrun``, one rank of which can be slowed; ``--help`` says how), for ``spdl-lab watch --
+    python PATH ...`` (or ``-- torchrun ... PATH``) as a user's job would run."""
     if name not in JOBS:
         raise ValueError(f"job_script: no job {name!r}; the jobs are: {', '.join(sorted(JOBS))}")
     return Path(__file__).with_name("jobs") / JOBS[name]

@@ -379,6 +379,8 @@ ALLOWED = {
         "stdlib-only hook: the user's own $SPDL_LAB_DATALOADER_KWARGS, an object of identifier keys only",
     "spdl_lab/workloads/jobs/train_images.py::main::torch.utils.data.DataLoader":
         "a job the user runs as their own script; its workers read the JPEG files it made",
+    "spdl_lab/workloads/jobs/train_ddp.py::make_loader::torch.utils.data.DataLoader":
+        "a job the user runs as their own script (torchrun); its workers make their items from indices",
     "spdl_lab/_runners/__init__.py::runner_class::importlib.import_module":
         "imports one of the four runner modules named in its own fixed table, never a name from outside",
     "spdl_lab/_cli_inputs.py::import_attr::importlib.import_module":

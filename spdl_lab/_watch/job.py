@@ -1,0 +1,194 @@
+"""``lab.attach(job)``: the ranks of a data-parallel job (``torchrun``) seen as one, live or from
+the records in its directory: a row per rank, every rank's frames, and the straggler verdict."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .._telemetry.straggler import VERDICT_WINDOW_S, JobVerdict, judge, rank_window
+from .._views import view
+from ..errors import PipelineSpecError, SpdlLabError
+from .attach import RemoteSession
+from .discovery import list_endpoints
+from .records import record_meta
+
+__all__ = ["JobSession", "job_entries"]
+
+#: How often a live job looks for ranks that have published since.
+RANKS_EVERY_S = 0.5
+
+
+def job_entries(name_or_id: str) -> list[dict[str, Any]]:
+    """The published runs of the job named (or with the id) ``name_or_id``, lowest rank first."""
+    found = [e for e in list_endpoints() if e.get("job") and name_or_id in (e.get("job_name"), e["job"])]
+    jobs = {e["job"] for e in found}
+    if len(jobs) > 1:
+        raise SpdlLabError(f"lab.attach: {len(jobs)} published jobs are named {name_or_id!r} (ids "
+                           f"{', '.join(sorted(jobs))}); attach by the job's id")
+    return sorted(found, key=lambda e: e["rank"])
+
+
+class JobSession:
+    """A data-parallel job: ``ranks`` maps each rank to its ``RemoteSession``; ``summary()`` has a
+    row per rank, ``frames()`` a ``rank`` column; ``verdict()`` names the rank whose loading holds
+    the job back (``straggler``), or says the ranks are balanced::
+
+        job = lab.attach("train")
+        job.verdict()
+        job.set_concurrency("load", 8, rank=1)
+    """
+
+    def __init__(self, name: str, job_id: str, world_size: int | None, sessions: dict[int, RemoteSession],
+                 live: bool) -> None:
+        self.name, self.job_id, self.world_size = name, job_id, world_size
+        self.record = None
+        self._ranks = dict(sorted(sessions.items()))
+        self._live = live
+        self._lock = threading.Lock()
+        self._looked_at = time.monotonic()
+
+    @classmethod
+    def attach(cls, entries: list[dict[str, Any]]) -> JobSession:
+        first = entries[0]
+        sessions = {e["rank"]: RemoteSession(e) for e in entries}
+        return cls(first.get("job_name") or first["name"], first["job"], first.get("world_size"), sessions, True)
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> JobSession:
+        """The job whose ranks recorded into the folder ``path`` (``rank0.sqlite``, ...), read only."""
+        folder = Path(path)
+        files = sorted(folder.glob("rank*.sqlite"))
+        if not files:
+            raise SpdlLabError(f"{folder} holds no rank records (rank0.sqlite, ...); give the job's record "
+                               f"folder, as `spdl-lab watch --record DIR -- torchrun ...` writes it")
+        sessions: dict[int, RemoteSession] = {}
+        metas = []
+        for file in files:
+            meta = record_meta(file)
+            rank = meta.get("rank", "")
+            if not rank.isdigit():
+                raise SpdlLabError(f"{file} is not a rank's record (its meta names no rank); open it "
+                                   f"with lab.open({str(file)!r}) on its own")
+            sessions[int(rank)] = RemoteSession.from_record(file)
+            metas.append(meta)
+        world = metas[0].get("world_size", "")
+        job = cls(metas[0].get("job_name") or folder.name, metas[0].get("job", folder.name),
+                  int(world) if world.isdigit() else None, sessions, False)
+        job.record = str(folder)
+        return job
+
+    # -- the ranks ---------------------------------------------------------------
+    @property
+    def ranks(self) -> dict[int, RemoteSession]:
+        """Each rank's RemoteSession, lowest rank first (a live job adds ranks as they publish)."""
+        self._look_for_ranks()
+        return dict(self._ranks)
+
+    def _look_for_ranks(self) -> None:
+        if not self._live or time.monotonic() - self._looked_at < RANKS_EVERY_S:
+            return
+        with self._lock:
+            self._looked_at = time.monotonic()
+            for entry in list_endpoints():
+                if entry.get("job") == self.job_id and entry["rank"] not in self._ranks:
+                    self._ranks = dict(sorted({**self._ranks, entry["rank"]: RemoteSession(entry)}.items()))
+
+    @property
+    def states(self) -> dict[int, str]:
+        return {rank: session.state for rank, session in self.ranks.items()}
+
+    @property
+    def state(self) -> str:
+        """"running" while any rank runs; else each rank's end, as ``"finished"`` or ``"0 stopped, 1 killed"``."""
+        states = self.states
+        if any(s == "running" for s in states.values()) or not states:
+            return "running"
+        ends = set(states.values())
+        return ends.pop() if len(ends) == 1 else ", ".join(f"{r} {s}" for r, s in states.items())
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    # -- the read API ----------------------------------------------------------------
+    def summary(self) -> pd.DataFrame:
+        """One row per rank: its state, its steps' figures, and what each loader stage made (items/s
+        over the run)."""
+        rows = []
+        for rank, session in self.ranks.items():
+            snap = session.stats()
+            step = snap.step.to_dict() if snap.step is not None else {}
+            row = {"rank": rank, "name": session.name, "pid": session.pid, "state": session.state,
+                   "runner": session.runner, "steps": step.get("steps", 0),
+                   "batches_per_s": step.get("batches_per_s", math.nan),
+                   "step_p50_ms": step.get("step_p50_ms", math.nan),
+                   "data_wait_p50_ms": step.get("data_wait_p50_ms", math.nan),
+                   "data_wait_frac": step.get("data_wait_frac", math.nan)}
+            row.update({f"{name} items/s": stage.qps_avg for name, stage in snap.stages.items()})
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
+
+    def frames(self) -> pd.DataFrame:
+        """Every rank's ticks so far, long format with a ``rank`` column first."""
+        parts = [session.frames().assign(rank=rank) for rank, session in self.ranks.items()]
+        if not parts:
+            return pd.DataFrame(columns=["rank", "time_s", "series", "stage", "value"])
+        frame = pd.concat(parts, ignore_index=True)
+        return frame[["rank", *(c for c in frame.columns if c != "rank")]]
+
+    def judge(self, window_s: float = VERDICT_WINDOW_S) -> JobVerdict:
+        """The verdict over each rank's latest ``window_s`` seconds, with its kind and straggler."""
+        windows = [rank_window(session.recent(window_s), rank, session.state, window_s)
+                   for rank, session in self.ranks.items()]
+        return judge(windows, self.world_size)
+
+    def verdict(self) -> str:
+        """The current verdict, a sentence: which rank's loading holds the job back, or balanced."""
+        return self.judge().text
+
+    @property
+    def straggler(self) -> int | None:
+        """The rank whose loading holds the job back now, or None."""
+        return self.judge().straggler
+
+    # -- steering ----------------------------------------------------------------
+    def controls(self) -> dict[int, dict[str, int]]:
+        return {rank: session.controls() for rank, session in self.ranks.items()}
+
+    def set_concurrency(self, stage: str, n: int, rank: int | None = None) -> None:
+        """Set ``stage``'s concurrency on every rank, or on ``rank`` alone (a lab.Loader's stage)."""
+        ranks = self.ranks
+        if rank is not None and rank not in ranks:
+            raise PipelineSpecError(f"set_concurrency: the job {self.name!r} has no rank {rank!r}; its ranks "
+                                    f"are {', '.join(map(str, ranks))}")
+        for r in [rank] if rank is not None else list(ranks):
+            try:
+                ranks[r].set_concurrency(stage, n)
+            except SpdlLabError as exc:
+                raise type(exc)(f"rank {r}: {exc}") from exc
+
+    # -- views -------------------------------------------------------------------
+    def dashboard(self, **options: Any) -> Any:
+        return view("job_dashboard")(self, **options)
+
+    def to_html(self, path: str | os.PathLike) -> Any:
+        """The job's records as one self-contained HTML page (as ``spdl-lab report DIR``)."""
+        return view("job_report")(self, path)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop watching every rank (the job goes on)."""
+        for session in self._ranks.values():
+            session.close(timeout)
+
+    stop = close
+
+    def __repr__(self) -> str:
+        states = ", ".join(f"{r}: {s}" for r, s in self.states.items())
+        return f"JobSession({self.name!r}, job={self.job_id!r}, world_size={self.world_size}, ranks={{{states}}})"

@@ -1,0 +1,96 @@
+"""A torchrun job under ``spdl-lab watch``, seen as one: a real 2-rank DDP job (gloo, CPU) whose
+ranks publish with their rank and the job's id; ``lab.attach(job)`` gives a JobSession with a row
+per rank, every rank's frames, the straggler verdict, and concurrency set per rank; the records
+go into one folder that ``lab.open`` and ``spdl-lab report`` read; a rank killed mid-run is named.
+How fast and how right the verdict is on a quiet machine: tests/watch/test_job_verdicts.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import spdl_lab as lab
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ddp_jobs import start_job, stop_job, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_a_torchrun_job_is_one_job_with_a_session_per_rank(tmp_path):
+    proc = start_job("ddp-one", tmp_path, "--loader", "lab", "--seconds", "60", "--slow-rank", "1",
+                     "--slow-ms", "9")
+    job = None
+    try:
+        job = lab.attach("ddp-one", timeout=90)
+        assert isinstance(job, lab.JobSession) and job.world_size == 2
+        wait_for(lambda: len(job.ranks) == 2, 60, "both ranks")
+        listing = lab.attach()
+        row = listing[listing["name"] == "ddp-one"]
+        assert len(row) == 1 and row["ranks"].iloc[0] == "0,1 of 2"
+        assert {r: s.name for r, s in job.ranks.items()} == {0: "ddp-one-rank0", 1: "ddp-one-rank1"}
+        assert {s.rank for s in job.ranks.values()} == {0, 1}
+
+        wait_for(lambda: job.straggler == 1, 90, "the slowed rank named")
+        assert job.verdict().startswith("rank 1 waits")
+        summary = job.summary()
+        assert list(summary.index) == [0, 1] and set(summary["state"]) == {"running"}
+        assert summary.loc[1, "data_wait_frac"] > summary.loc[0, "data_wait_frac"]
+        assert "load items/s" in summary.columns
+        frames = job.frames()
+        assert list(frames.columns[:2]) == ["rank", "time_s"] and set(frames["rank"]) == {0, 1}
+
+        job.set_concurrency("load", 12, rank=1)  # the slowed rank only
+        wait_for(lambda: job.controls()[1].get("load") == 12, 30, "rank 1's new concurrency")
+        assert job.controls()[0]["load"] == 2
+        with pytest.raises(lab.PipelineSpecError, match="no rank 5"):
+            job.set_concurrency("load", 4, rank=5)
+        job.set_concurrency("load", 3)  # every rank
+        wait_for(lambda: all(c.get("load") == 3 for c in job.controls().values()), 30, "every rank at 3")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the scheduler's stop: watch passes it on to torchrun
+        out = stop_job(proc, timeout=60)
+        if job is not None:
+            job.close()
+    wait_for(lambda: not job.running, 30, f"the ranks' end; output:\n{out[-3000:]}")
+
+    folder = tmp_path / "ddp-one"
+    assert sorted(p.name for p in folder.glob("*.sqlite")) == ["rank0.sqlite", "rank1.sqlite"]
+    recorded = lab.open(folder)
+    assert isinstance(recorded, lab.JobSession) and sorted(recorded.ranks) == [0, 1]
+    assert recorded.world_size == 2 and recorded.name == "ddp-one"
+    assert (recorded.summary()["steps"] > 0).all()
+    report = subprocess.run([sys.executable, "-m", "spdl_lab", "report", str(folder), "-o",
+                             str(tmp_path / "job.html")], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "verdict: " in report.stdout and (tmp_path / "job.html").stat().st_size > 10_000
+    page = (tmp_path / "job.html").read_text()
+    assert "spdl_lab job ddp-one" in page and "rank 1" in page
+
+
+def test_a_rank_killed_mid_run_is_named_and_the_others_follow_torchrun(tmp_path):
+    proc = start_job("ddp-kill", tmp_path, "--seconds", "90")
+    job = None
+    try:
+        job = lab.attach("ddp-kill", timeout=90)
+        wait_for(lambda: len(job.ranks) == 2, 60, "both ranks")
+        wait_for(lambda: (job.summary()["steps"] > 5).all(), 60, "steps on both ranks")
+        os.kill(job.ranks[1].pid, signal.SIGKILL)
+        wait_for(lambda: not job.running, 60, "the job's end")
+        out = stop_job(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if job is not None:
+            job.close()
+    # torchrun stops the other ranks (SIGTERM) when one fails, and exits non-zero.
+    assert proc.returncode != 0, out[-2000:]
+    assert job.states == {0: "stopped", 1: "killed"}
+    assert job.verdict() == "rank 1 died (killed); rank 0 stopped"
+    assert job.state == "0 stopped, 1 killed"
