@@ -17,11 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import psutil
-
 from .._experiments.contender import gil_fracs
 from .._telemetry.histogram import bucket_of, new_counts, quantile_ns
-from .._telemetry.probes import GilProbe, GilTotals
+from .._telemetry.probes import GilProbe, GilTotals, machine_times
 from ..errors import SpdlLabError
 from ._sweep_worker import PointFailed, Reading, StageFeed, ThreadWorkers, WorkerPool
 from .result import Point
@@ -162,7 +160,7 @@ class _Point(PointWindows):
         first = self._first(turn)
         try:
             before = self._read(first)
-            g0, m0 = self._gil(), _machine_busy()
+            g0, m0 = self._gil(), machine_times()
             self.workers.send(c, ("run",), first)
             start = time.perf_counter()
             time.sleep(self.window_s)
@@ -171,7 +169,7 @@ class _Point(PointWindows):
             # waits its turn for it, and the window would stretch (docs/measurements.md).
             self.workers.send(c, ("pause",), first)
             now = self._read(first)
-            g1, m1 = self._gil(), _machine_busy()
+            g1, m1 = self._gil(), machine_times()
             self._pause(turn)
         except PointFailed as failed:
             self._fail(failed)
@@ -334,10 +332,3 @@ class Sweep:
 def _median(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return statistics.median(finite) if finite else math.nan
-
-
-def _machine_busy() -> tuple[float, float]:
-    """(busy CPU seconds, total CPU seconds) of the whole machine so far."""
-    t = psutil.cpu_times()
-    total = sum(t)
-    return total - t.idle - getattr(t, "iowait", 0.0), total
