@@ -41,8 +41,7 @@ class WindowReading:
     hist: list[int]  # task times (``telemetry.histogram``)
     gil: float  # the GIL probe's wait share (NaN for processes)
     runq: float
-    machine: float  # the whole machine's busy share
-    others: float  # other processes' share of the cores
+    machine: float  # the whole machine's busy share: less ``cpu``, other processes' share
 
 
 @dataclass
@@ -184,7 +183,7 @@ class _Point(PointWindows):
         reading = WindowReading(
             qps=window_qps(now.ends_ns, round(start * 1e9), round(stop * 1e9)), cpu=cpu,
             done=now.done - before.done, failures=now.failures - before.failures, hist=hist, gil=gil, runq=runq,
-            machine=machine, others=machine - cpu if not math.isnan(machine) else 0.0)
+            machine=machine)
         self.readings.append(reading)
         self.failures += reading.failures
         self.add(reading.qps)
@@ -323,7 +322,8 @@ class Sweep:
                 sweep.points.append(point.summary())
                 if note := point.note():
                     sweep.notes.append(note)
-                sweep.others = max([sweep.others, *(r.others for r in point.readings if not math.isnan(r.others))])
+                others = [r.machine - r.cpu for r in point.readings]
+                sweep.others = max([sweep.others, *(o for o in others if not math.isnan(o))])
                 if sweep.points[-1].status in FAILED:
                     break
         return out
