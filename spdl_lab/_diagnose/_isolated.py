@@ -4,8 +4,8 @@ the Diagnosis's JSON file come back. Ctrl-C, an error or a timeout stops the chi
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,36 +23,34 @@ __all__ = ["diagnose_in_child"]
 
 def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Diagnosis:
     """Run ``diagnose_here`` in a fresh interpreter on the shipped pipeline; return its Diagnosis."""
-    folder = Path(tempfile.mkdtemp(prefix="spdl_lab_diagnose_"))
+    folder = tempfile.TemporaryDirectory(prefix="spdl_lab_diagnose_", ignore_cleanup_errors=True)
     child = spawn(["-m", "spdl_lab._diagnose._isolated_child"])
     proc, data, ctrl = child.proc, child.data, child.ctrl
     bar = None
     try:
         ctrl.send({"pipeline": payload, "options": options, "sys_path": list(sys.path),
-                   "cwd": os.getcwd(), "result": str(folder / "diagnosis.json")})
+                   "cwd": os.getcwd(), "result": str(Path(folder.name) / "diagnosis.json")})
         while True:
-            message = _next(data, proc)
-            kind = message[0]
+            kind, *args = _next(data, proc)
             if kind == "total":
-                bar = progress_bar(message[1], progress, message[2])
+                bar = progress_bar(args[0], progress, args[1])
+            elif kind == "describe" and bar is not None:
+                bar.set_description(args[0])
             elif kind == "progress" and bar is not None:
-                bar.set_description(message[2], refresh=False)
-                bar.update(message[1])
+                bar.update(args[0])
             elif kind == "done":
-                return Diagnosis.from_json(message[1])
+                return Diagnosis.from_json(args[0])
             elif kind == "error":
-                raise _child_error(*message[1:])
+                raise _child_error(*args)
     finally:
         if bar is not None:
             bar.close()
-        try:
+        with contextlib.suppress(OSError):
             ctrl.send(("stop",))
-        except OSError:
-            pass
         ctrl.close()
         stop_process(proc, timeout=3.0)
         data.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.cleanup()
 
 
 def _next(data: Connection, proc: subprocess.Popen) -> tuple:

@@ -18,20 +18,15 @@ class _RemoteBar:
     """What ``diagnose_here`` uses of a progress bar, sent to the parent's bar."""
 
     def __init__(self, data: Connection, total: int, unit: str) -> None:
-        self._data = data
-        self.total = total
-        self.n = 0
-        self._description = ""
+        self._data, self.total, self.n = data, total, 0
         data.send(("total", total, unit))
 
     def set_description(self, text: str) -> None:
-        self._description = text
-        self._data.send(("progress", 0, text))
+        self._data.send(("describe", text))
 
     def update(self, n: int = 1) -> None:
-        if n:
-            self.n += n
-            self._data.send(("progress", n, self._description))
+        self.n += n
+        self._data.send(("progress", n))
 
     def close(self) -> None:
         pass

@@ -4,28 +4,44 @@ window of each point, and its QPS (its second-best window) leaves them out (docs
 
 # How a point ends: "ok" once it has ``min_windows`` and its fastest windows agree (``quiet``);
 # "unstable" at ``max_windows`` or past the budget (``budget_cut``); "timeout" or "error" when its
-# executor raises ``PointFailed``, which also ends its stage's sweep there (larger concurrencies
+# workers raise ``PointFailed``, which also ends its stage's sweep there (larger concurrencies
 # would fail alike); "error" with qps 0 when every call raised. Each point is worth ``max_windows``
 # windows on the progress bar however it ends, so its total never moves.
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._telemetry.histogram import quantile_ns
-from .._telemetry.probes import GilProbe
+from .._experiments.contender import gil_fracs
+from .._telemetry.histogram import bucket_of, new_counts, quantile_ns
+from .._telemetry.probes import GilProbe, GilTotals, machine_times
 from ..errors import SpdlLabError
-from ._executor import Executor, WindowReading
-from ._sweep_worker import PointFailed, StageFeed, ThreadWorkers, WorkerPool
+from ._sweep_worker import PointFailed, Reading, StageFeed, ThreadWorkers, WorkerPool
 from .result import Point
-from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for
+from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for, window_qps
 
 __all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
 
 FAILED = ("timeout", "error")
+
+
+@dataclass
+class WindowReading:
+    """What a point read over one window (CPU shares are of all the cores, 0..1)."""
+
+    qps: float
+    cpu: float
+    done: int  # calls that returned
+    failures: int  # calls that raised
+    hist: list[int]  # task times (``telemetry.histogram``)
+    gil: float  # the GIL probe's wait share (NaN for processes)
+    runq: float
+    machine: float  # the whole machine's busy share: less ``cpu``, other processes' share
 
 
 @dataclass
@@ -95,38 +111,109 @@ class PointWindows:
 
 
 class _Point(PointWindows):
-    """One (stage, executor, concurrency): its warm-up, its windows, and how it ended."""
+    """One (stage, workers, concurrency): its warm-up, its windows, and how it ended. At concurrency
+    c it runs a different c of the workers each window, in turn (cores do not all run at one speed).
+    A worker that dies -> "error"; one that does not answer, or a call that does not return after
+    the pause -> "timeout" (the workers are then killed, or left behind)."""
 
-    def __init__(self, stage: str, executor: Executor, c: int, settings: SweepSettings,
-                 report: Callable[[int], None], deadline: float) -> None:
+    def __init__(self, stage: str, workers: ThreadWorkers | WorkerPool, c: int, settings: SweepSettings,
+                 report: Callable[[int], None], deadline: float, probe: GilProbe | None) -> None:
         super().__init__(settings, report)
-        self.stage, self.executor, self.c, self.deadline = stage, executor, c, deadline
+        self.stage, self.workers, self.c, self.deadline = stage, workers, c, deadline
+        self.probe = probe if workers.kind == "thread" else None  # reads the GIL of thread workers
         self.window_s = settings.window_s
         self.readings: list[WindowReading] = []
         self.failures = 0  # calls that raised in its warm-up and windows
         self.why = ""  # why it failed
 
     def warm_up(self) -> bool:
+        """Run ``warmup_s`` and until a task finished, then pause; the task time sets the window."""
+        plan, workers, c = self.settings, self.workers, self.c
         try:
-            rate, self.failures = self.executor.warm_up(self.c)
+            base = self._read(0)
+            workers.send(c, ("run",))
+            end = base.at + plan.point_timeout_s
+            check_at = base.at + plan.warmup_s
+            while True:
+                time.sleep(max(0.0, check_at - time.perf_counter()))
+                now = workers.read(c, max(0.5, end - time.perf_counter()))
+                if now is not None and now.done + now.failures > base.done + base.failures:
+                    break
+                if now is None or now.at >= end:
+                    raise PointFailed("timeout", f"no task finished within {plan.point_timeout_s:g} s; pass a "
+                                                 f"longer point_timeout_s if the function is only slow")
+                check_at = min(now.at + 0.05, end)
+            self._pause(0)
         except PointFailed as failed:
             return self._fail(failed)
-        self.window_s = window_for(self.settings.window_s, self.c, rate)
+        task_s = statistics.median(now.times_ns) / 1e9 if now.times_ns else 0.0
+        self.failures = now.failures - base.failures
+        self.window_s = window_for(plan.window_s, c, c / task_s if task_s > 0 else math.inf)
         return True
 
     def window(self) -> None:
+        """Read the paused workers, run them ``window_s``, pause them and read again."""
         if not self.wants_window(self.window_s, self.deadline):
             return
-        turn = len(self.qps)
+        c, turn = self.c, len(self.qps)
+        first = self._first(turn)
         try:
-            reading = self.executor.window(self.c, self.window_s, turn)
-            self.executor.pause(self.c, turn)
+            before = self._read(first)
+            g0, m0 = self._gil(), machine_times()
+            self.workers.send(c, ("run",), first)
+            start = time.perf_counter()
+            time.sleep(self.window_s)
+            stop = time.perf_counter()
+            # No new tasks from here: behind workers that hold the GIL, each reading below
+            # waits its turn for it, and the window would stretch (docs/measurements.md).
+            self.workers.send(c, ("pause",), first)
+            now = self._read(first)
+            g1, m1 = self._gil(), machine_times()
+            self._pause(turn)
         except PointFailed as failed:
             self._fail(failed)
             return
+        hist = new_counts()
+        for t in now.times_ns:
+            hist[bucket_of(t)] += 1
+        cpu = (now.cpu_s - before.cpu_s) / ((now.at - before.at) * (os.cpu_count() or 1))
+        # Clamped: busy = total - idle - iowait, in floats, can come out a hair below 0 on an idle machine.
+        machine = min(1.0, max(0.0, (m1[0] - m0[0]) / (m1[1] - m0[1]))) if m1[1] > m0[1] else math.nan
+        gil, runq = gil_fracs(g0, g1)
+        reading = WindowReading(
+            qps=window_qps(now.ends_ns, round(start * 1e9), round(stop * 1e9)), cpu=cpu,
+            done=now.done - before.done, failures=now.failures - before.failures, hist=hist, gil=gil, runq=runq,
+            machine=machine)
         self.readings.append(reading)
         self.failures += reading.failures
         self.add(reading.qps)
+
+    def _pause(self, turn: int) -> None:
+        """Pause the workers and wait until none is inside the function."""
+        first, timeout = self._first(turn), self.settings.point_timeout_s
+        self.workers.send(self.c, ("pause",), first)
+        deadline = time.monotonic() + timeout
+        while True:
+            now = self.workers.read(self.c, max(0.1, deadline - time.monotonic()), first)
+            if now is not None and now.busy == 0:
+                return
+            if time.monotonic() >= deadline:
+                raise PointFailed("timeout", f"a call did not return within {timeout:g} s after the workers "
+                                             f"were paused")
+            time.sleep(0.001)
+
+    def _first(self, turn: int) -> int:
+        """The first of the workers that the ``turn``-th window runs."""
+        return turn % (self.workers.size - self.c + 1)
+
+    def _read(self, first: int) -> Reading:
+        now = self.workers.read(self.c, self.settings.point_timeout_s, first)
+        if now is None:
+            raise PointFailed("timeout", f"a worker did not answer within {self.settings.point_timeout_s:g} s")
+        return now
+
+    def _gil(self) -> GilTotals | None:
+        return self.probe.totals() if self.probe is not None else None
 
     def _fail(self, failed: PointFailed) -> bool:
         self.end(failed.status)
@@ -139,8 +226,8 @@ class _Point(PointWindows):
     def note(self) -> str:
         why = self.why
         if not why and self._all_raised():
-            why = f"every call raised ({self.failures} failures). The first one:\n{self.executor.workers.first_error or ''}"
-        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.executor.workers.named}: {why}" if why else ""
+            why = f"every call raised ({self.failures} failures). The first one:\n{self.workers.first_error or ''}"
+        return f"lab.diagnose: stage {self.stage!r} with {self.c} {self.workers.named}: {why}" if why else ""
 
     def summary(self) -> Point:
         status, qps, spread = self.status, self.value, self.spread
@@ -150,7 +237,7 @@ class _Point(PointWindows):
             status, qps, spread = "error", 0.0, math.nan
         hist = [sum(counts) for counts in zip(*(r.hist for r in self.readings))]
         return Point(
-            stage=self.stage, executor=self.executor.workers.kind, concurrency=self.c, qps=qps, qps_spread=spread,
+            stage=self.stage, executor=self.workers.kind, concurrency=self.c, qps=qps, qps_spread=spread,
             cpu_util=_median([r.cpu for r in self.readings]), gil_wait_frac=_median([r.gil for r in self.readings]),
             runqueue_wait_frac=_median([r.runq for r in self.readings]),
             p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
@@ -168,7 +255,7 @@ class Sweep:
         self.settings = settings or SweepSettings()
         self.probe = probe
         self._report = on_window or (lambda n: None)
-        self._executors: dict[tuple[str, str], Executor] = {}
+        self._workers: dict[tuple[str, str], ThreadWorkers | WorkerPool] = {}
         self._points: dict[tuple[str, str], list[_Point]] = {}
         self._errors: dict[tuple[str, str], SpdlLabError] = {}
         self._abandoned: dict[tuple[str, str], int] = {}
@@ -192,9 +279,9 @@ class Sweep:
             self._errors[key] = exc
             self._report(self.settings.max_windows * len(levels))
             return
-        executor = self._executors[key] = Executor(workers, self.settings, self.probe)
+        self._workers[key] = workers
         for i, c in enumerate(levels):
-            points.append(_Point(feed.name, executor, c, self.settings, self._report, deadline))
+            points.append(_Point(feed.name, workers, c, self.settings, self._report, deadline, self.probe))
             if not points[-1].warm_up():
                 self._report(self.settings.max_windows * (len(levels) - 1 - i))  # not tried
                 break
@@ -218,10 +305,10 @@ class Sweep:
             pass
 
     def close(self) -> None:
-        for key, executor in self._executors.items():
+        for key, workers in self._workers.items():
             if key not in self._abandoned:
                 kill = any(p.status == "timeout" for p in self._points[key])
-                self._abandoned[key] = executor.workers.close(kill)
+                self._abandoned[key] = workers.close(kill)
 
     def results(self, kind: str) -> dict[str, StageSweep]:
         """Each stage's points in ``kind`` so far, ascending, up to the first that failed."""
@@ -235,7 +322,8 @@ class Sweep:
                 sweep.points.append(point.summary())
                 if note := point.note():
                     sweep.notes.append(note)
-                sweep.others = max([sweep.others, *(r.others for r in point.readings if not math.isnan(r.others))])
+                others = [r.machine - r.cpu for r in point.readings]
+                sweep.others = max([sweep.others, *(o for o in others if not math.isnan(o))])
                 if sweep.points[-1].status in FAILED:
                     break
         return out

@@ -134,9 +134,8 @@ def _send_quietly(conn: Connection, message: tuple) -> bool:
 
 
 def exit_without_finalizing(code: int) -> None:
-    """``spdl_lab._runners.children.exit_without_finalizing``, here for a child that imports only
-    the standard library: a daemon thread (the control thread, dropping the last reference to torch
-    tensors among the inputs) must not free them while the interpreter finalizes."""
+    """``spdl_lab._runners.children.exit_without_finalizing`` (see why there), for a child that
+    imports only the standard library."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream has nothing to flush
             stream.flush()

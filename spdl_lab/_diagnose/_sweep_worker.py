@@ -23,7 +23,7 @@ from ..errors import PipelineSpecError, RunnerError
 from ._sweep_child import _Worker
 from .settings import SweepSettings
 
-__all__ = ["PointFailed", "Reading", "StageFeed", "ThreadWorkers", "WorkerDied", "WorkerPool"]
+__all__ = ["PointFailed", "Reading", "StageFeed", "ThreadWorkers", "WorkerPool"]
 
 #: The script each worker runs.
 CHILD = Path(__file__).with_name("_sweep_child.py")
@@ -112,14 +112,6 @@ class ThreadWorkers:
         return sum(t.is_alive() for t in self.threads)
 
 
-class WorkerDied(PointFailed):
-    """A worker process exited or closed its pipe: its point is an "error"; ``how`` says how."""
-
-    def __init__(self, how: str) -> None:
-        super().__init__("error", f"a {how}")
-        self.how = how
-
-
 class WorkerPool:
     """``n`` worker processes, each with a control pipe (parent -> child) and a data pipe
     (child -> parent); all start before any is waited on, so their imports overlap."""
@@ -153,9 +145,9 @@ class WorkerPool:
                                       f"to wait longer")
         except BaseException as exc:
             self.close(kill=True)
-            if isinstance(exc, WorkerDied):
+            if isinstance(exc, PointFailed):  # a worker died
                 raise RunnerError(f"lab.diagnose: stage {self.stage!r}: a worker process could not start: "
-                                  f"{exc.how}") from exc.__cause__
+                                  f"{exc}") from exc.__cause__
             raise
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
@@ -186,7 +178,7 @@ class WorkerPool:
             reading.add(reply)
         self.first_error = self.first_error or reading.first_error
         if math.isnan(cpu_s):
-            raise WorkerDied("worker process vanished")
+            raise PointFailed("error", "a worker process vanished")
         return reading
 
     def _recv(self, i: int, deadline: float) -> Any:
@@ -197,12 +189,12 @@ class WorkerPool:
                     # Unpickled only because it comes from a child we started ourselves.
                     message = data.recv()
                     if message[0] == "crash":
-                        raise WorkerDied(_exit_reason(proc)) from ChildTraceback(message[1])
+                        raise _died(proc) from ChildTraceback(message[1])
                     return message
             except (EOFError, OSError):
-                raise WorkerDied(_exit_reason(proc)) from None
+                raise _died(proc) from None
             if proc.poll() is not None:
-                raise WorkerDied(_exit_reason(proc))
+                raise _died(proc)
             if time.monotonic() >= deadline:
                 return None
 
@@ -229,5 +221,6 @@ def _pickled(stage: str, what: str, value: Any, hint: str) -> bytes:
         ) from exc
 
 
-def _exit_reason(proc: subprocess.Popen) -> str:
-    return f"worker process (pid {proc.pid}) {exit_reason(proc)}"
+def _died(proc: subprocess.Popen) -> PointFailed:
+    """A worker process exited or closed its pipe: its point is an "error"."""
+    return PointFailed("error", f"a worker process (pid {proc.pid}) {exit_reason(proc)}")

@@ -16,15 +16,16 @@ from typing import Any
 
 import cloudpickle
 
+from .._experiments.session import sessions_paused
+from .._experiments.spread import BUSY_MACHINE
 from .._interpreter import describe
 from .._pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from .._progress import progress_bar
 from .._telemetry.probes import GilProbe
 from ..errors import PipelineError, PipelineSpecError
 from ._isolated import diagnose_in_child
-from ._pausing import sessions_paused
 from ._sweep import StageFeed, StageSweep, Sweep
-from .result import BUSY_MACHINE, FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
+from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
 from .rules import judge, rises
 from .settings import SweepSettings
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import pandas as pd
 from pydantic import PlainValidator
 
+from .._experiments.spread import BUSY_MACHINE
 from .._file_checks import (
     RECORD,
     Count,
@@ -32,7 +33,7 @@ from .._table import amount, num, text_table
 from .._views import view
 from ..errors import FileFormatError
 
-__all__ = ["BUSY_MACHINE", "FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
+__all__ = ["FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
            "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
 
 #: The verdict vocabulary (see ``rules``).
@@ -47,8 +48,6 @@ TABLE_COLUMNS = [
 #: A stage at least this many times faster than the limiting one gets its verdict and no advice:
 #: changing it does not change the pipeline's rate.
 FAR_FASTER = 2.0
-#: Share of the cores used by other processes above which the diagnosis names the load.
-BUSY_MACHINE = 0.25
 
 MAX_STAGES, MAX_POINTS = 1000, 10_000  # in a file; points over all its stages
 Concurrency = integer(1, MAX_CONCURRENCY)

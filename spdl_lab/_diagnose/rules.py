@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._table import amount
 from .result import Point, usable
 
 __all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
@@ -80,7 +81,7 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     gil_bound = gil >= GIL_WAIT_BOUND or ceiling
     if rising and not gil_bound and not cpu >= CPU_SATURATED:
         verdict = "scales"
-        details = (f"QPS rose {speedup:.1f}x {span} ({_n(first.qps)} to {_n(best.qps)}/s, best at "
+        details = (f"QPS rose {speedup:.1f}x {span} ({amount(first.qps)} to {amount(best.qps)}/s, best at "
                    f"{best_c}) with {cpu_text}: the workers wait without holding the GIL or a core.")
         evidence = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads without filling the cores "
                     f"or waiting on the GIL.")
@@ -91,38 +92,39 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     elif (cpu >= CPU_SATURATED or crowded) and not gil_bound:
         verdict = "cpu-bound"
         moved = "rose" if rising else "changed"
-        details = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}, "
+        details = (f"QPS {moved} {speedup:.1f}x {span} to {amount(best.qps)}/s at {best_c}, "
                    f"with {cpu_text} there: the cores are the limit.")
-        evidence = f"The cores were {_pct(cpu)} busy at {best_c} threads ({_n(best.qps)}/s): they are the limit."
+        evidence = f"The cores were {_pct(cpu)} busy at {best_c} threads ({amount(best.qps)}/s): they are the limit."
         advice = (f"concurrency {best_c} is enough; more threads add nothing once the cores are busy. "
                   f"To go faster, make the function cheaper or give it more cores")
         if crowded:
-            details = (f"QPS {moved} {speedup:.1f}x {span} to {_n(best.qps)}/s at {best_c}; this process "
+            details = (f"QPS {moved} {speedup:.1f}x {span} to {amount(best.qps)}/s at {best_c}; this process "
                        f"used {_pct(cpu)} of {cores} cores but the machine was {_pct(machine)} busy: other "
                        f"processes held the cores it needed.")
-            evidence = f"The machine's cores were {_pct(machine)} busy, mostly with other processes: they are the limit."
+            evidence = (f"The machine's cores were {_pct(machine)} busy, mostly with other processes: "
+                        "they are the limit.")
             advice = "diagnose again on a quiet machine: other processes held the cores; " + advice
     elif gil_bound:
         verdict = "gil-bound"
         advice = ("keep it off the training process's GIL: run the pipeline under subprocess-threads, "
                   "or make the function release the GIL (numpy/torch operations on whole arrays)")
         if ceiling and not gil >= GIL_WAIT_BOUND:
-            details = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads ({_n(first.qps)} to "
-                       f"{_n(best.qps)}/s) and no further, with {cpu_text}; at {hi} threads the GIL probe "
+            details = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads ({amount(first.qps)} to "
+                       f"{amount(best.qps)}/s) and no further, with {cpu_text}; at {hi} threads the GIL probe "
                        f"waited {_pct(ok[-1].gil_wait_frac)} of the time: its waits overlap, its Python "
                        f"parts queue for the GIL.")
             evidence = (f"QPS stopped rising at {best_c} threads while the GIL probe waited "
                         f"{_pct(ok[-1].gil_wait_frac)} at {hi}: the GIL is its ceiling.")
             advice = f"set concurrency to {best_c}; to go faster, " + advice
         else:
-            details = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) while the GIL "
+            details = (f"QPS changed {speedup:.1f}x {span} (best {amount(best.qps)}/s at {best_c}) while the GIL "
                        f"probe waited {_pct(gil)} of the time, with {cpu_text}: the function holds the GIL.")
             evidence = (f"The GIL probe waited {_pct(gil)} of the time with 2 or more threads: "
                         f"the function holds the GIL.")
     else:
         verdict = "contended"
         gil_text = "GIL wait n/a" if math.isnan(gil) else f"GIL wait {_pct(gil)}"
-        details = (f"QPS changed {speedup:.1f}x {span} (best {_n(best.qps)}/s at {best_c}) with "
+        details = (f"QPS changed {speedup:.1f}x {span} (best {amount(best.qps)}/s at {best_c}) with "
                    f"{cpu_text} and {gil_text}: neither the GIL nor the cores are full, so a lock "
                    f"or another shared resource serializes it.")
         evidence = (f"More threads did not help, yet neither the GIL ({gil_text.removeprefix('GIL wait ')}) "
@@ -145,7 +147,7 @@ def _with_processes(details: str, advice: str, verdict: str, best: Point,
     top = max(ok, key=lambda p: p.qps)
     ratio = top.qps / best.qps
     details += (f" {top.concurrency} worker process{'es' if top.concurrency > 1 else ''} "
-                 f"reached {_n(top.qps)}/s ({ratio:.1f}x the best with threads).")
+                 f"reached {amount(top.qps)}/s ({ratio:.1f}x the best with threads).")
     if ratio >= PROCESS_HELPS:
         advice = (f"processes help: {ratio:.1f}x with {top.concurrency} processes; run this stage under "
                   f"the process runner (DataLoader workers) or subprocess-threads; or " + advice)
@@ -156,7 +158,3 @@ def _with_processes(details: str, advice: str, verdict: str, best: Point,
 
 def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.0%}"
-
-
-def _n(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"

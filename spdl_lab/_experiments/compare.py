@@ -14,6 +14,7 @@ import pandas as pd
 from .._pipeline import Pipeline
 from .._progress import progress_bar
 from .._runners import LOCAL_RUNNERS, RUNNERS
+from .._runners.cache import expected_outputs
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
@@ -130,14 +131,6 @@ def _check_length(pipeline: Pipeline, needed: int, repeats: int, warmup: int, st
 
 def pipeline_length(pipeline: Pipeline) -> int | None:
     """Outputs of one pass of ``pipeline`` when its source has a ``len()``; None when unknown."""
-    if pipeline.source_is_factory:
+    if pipeline.source_is_factory or not hasattr(pipeline.source, "__len__"):
         return None
-    try:
-        n = len(pipeline.source)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    for stage in pipeline.stages:
-        if stage.kind == "batch":
-            size = stage.size or 1
-            n = n // size if stage.drop_last else -(-n // size)
-    return n
+    return expected_outputs(pipeline)

@@ -16,7 +16,7 @@ import psutil
 from .._loader import Loader
 from .._pipeline import Pipeline
 from .._telemetry.frames import Row
-from .._telemetry.probes import CpuProbe, GilProbe
+from .._telemetry.probes import CpuProbe, GilProbe, machine_times
 from .._training import SimulatedDevice, StepClock
 from .._training.clock import StepRecord
 from .._training.waits import TrainingThreadWaits, training_waits
@@ -64,10 +64,8 @@ class MachineClock:
 
     def read(self) -> tuple[float, float, float, Any]:
         ours = self.cpu.totals()
-        t = psutil.cpu_times()
-        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
         gil = self.probe.totals() if self.probe is not None else None
-        return time.monotonic(), ours.main_s + ours.children_s, busy, gil
+        return time.monotonic(), ours.main_s + ours.children_s, machine_times()[0], gil
 
 
 class Contender:

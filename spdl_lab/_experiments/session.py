@@ -9,7 +9,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pandas as pd
@@ -30,14 +31,36 @@ from .._training.waits import TrainingThreadWaits
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["Session", "live_sessions", "run"]
+__all__ = ["IDLE_CORES", "Session", "run", "sessions_paused"]
 
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
+#: CPU (in cores) of this process and its children below which the paused sessions count as idle.
+IDLE_CORES = 0.1
+_TICK_S = 0.2
 
 
-def live_sessions() -> list[Session]:
-    """The sessions of this interpreter whose loop is still running (paused or not)."""
-    return [s for s in list(_LIVE) if s.running]
+@contextmanager
+def sessions_paused(timeout_s: float = 5.0) -> Iterator[int]:
+    """Pause this interpreter's running sessions, wait (at most ``timeout_s``) until this process and
+    its children idle, and resume them on exit; yields how many were paused. ``lab.diagnose`` measures
+    meanwhile: a session training beside it would make every stage read "cpu-bound"."""
+    paused = [s for s in list(_LIVE) if s.state == "running"]
+    try:
+        deadline = time.monotonic() + timeout_s
+        for session in paused:
+            session.pause(max(0.0, deadline - time.monotonic()))
+        cpu = CpuProbe()
+        last = 0.0
+        while paused and time.monotonic() < deadline:
+            time.sleep(_TICK_S)
+            now = cpu.totals()
+            if now.main_s + now.children_s - last < IDLE_CORES * _TICK_S:
+                break
+            last = now.main_s + now.children_s
+        yield len(paused)
+    finally:
+        for session in paused:
+            session.resume()
 
 
 def run(pipeline_or_iterable: Pipeline | Loader | Iterable[Any],

@@ -208,7 +208,7 @@ def test_pause_holds_the_loop_and_resume_goes_on(wait_until):
 
 
 def test_diagnose_pauses_the_running_sessions_of_this_kernel(wait_until):
-    from spdl_lab._diagnose._pausing import sessions_paused
+    from spdl_lab._experiments.session import sessions_paused
 
     session = lab.run(pipeline(), step=lambda b: time.sleep(0.002))
     try:
