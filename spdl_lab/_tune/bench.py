@@ -219,18 +219,17 @@ class Bench:
         extras, steady = restart_extras(window.records, first, restarts)
         for key in (config, (config.runner, config.options)):
             self._restarts.setdefault(key, []).extend(extras)
-        fields = {f.name: getattr(window, f.name) for f in dataclasses.fields(Window)}
-        return self._recharged(EpochWindow(**fields, steady_s=steady), config, epoch_batches)
+        return self._recharged(EpochWindow(**vars(window), steady_s=steady), config, epoch_batches)
 
     def _recharged(self, window: EpochWindow, config: Config, epoch_batches: int | None) -> EpochWindow:
         """``window`` charged the mean restart known now: windows measured before a trial's first
         restart pay for it as the later ones do."""
         known = self._restarts.get(config) or self._restarts.get((config.runner, config.options)) or []
         restart_s = statistics.mean(known) if known else math.nan
-        if not window.steady_s > 0:  # every step of it began a pass: it is all restart, as measured
-            return dataclasses.replace(window, rate=Window.batches_per_s.fget(window), restart_s=restart_s)
-        return dataclasses.replace(window, rate=epoch_rate(window.steady_s, restart_s, epoch_batches),
-                                   restart_s=restart_s)
+        # A window whose every step began a pass is all restart, as measured.
+        rate = (epoch_rate(window.steady_s, restart_s, epoch_batches) if window.steady_s > 0
+                else Window.batches_per_s.fget(window))
+        return dataclasses.replace(window, rate=rate, restart_s=restart_s)
 
     def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
         self._round += 1

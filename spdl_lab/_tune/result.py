@@ -30,7 +30,7 @@ from .._file_checks import (
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
-from .advice import Advice
+from .advice import Advice, ratio_text
 from .search import Step
 from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config
 from .trial import Trial
@@ -222,10 +222,8 @@ class Tuning(Saved):
         knobs = " ".join(f"{k}={v}" for k, v in best["concurrency"].items()) if best["runner"] != "process" \
             else " ".join(f"{k}={best['options'][k]}" for k in ("num_workers", *DATALOADER_KNOBS)
                           if k in best["options"])
-        spread = (f" [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
-                  if math.isfinite(self.speedup_lo) and self.speedup_lo != self.speedup_hi else "")
         return (f"best: {best['runner']} {knobs}: {self.best_batches_per_s:.3g} batches/s, "
-                f"{self.speedup:.2f}x{spread} the start side by side; {effort}")
+                f"{ratio_text(self.speedup, self.speedup_lo, self.speedup_hi)} the start side by side; {effort}")
 
     def __repr__(self) -> str:
         warnings = [f"  warning: {w}" for w in self.warnings]
