@@ -151,28 +151,12 @@ def _mapping_line(label: str, values: dict) -> str:
     return f"<p class='note'><b>{label}:</b> {html.escape(items) or '-'}</p>"
 
 
-# Bokeh's own page with the report around its plots. Jinja escapes nothing by itself here: the
-# title passes through ``e``; the functions that made the HTML pieces escaped them.
-_PAGE = """
-{% block postamble %}<style>
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-.points table { border-collapse: collapse; font-size: 12px; }
-.points th, .points td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
-.points td:first-child { text-align: left; }
-</style>{% endblock %}
-{% block contents %}<h1>{{ title | e }}</h1>{{ verdicts }}
-<h2>QPS against concurrency</h2>{{ super() }}
-<h2>Details</h2>{{ machine }}{{ settings }}<h3>All measured points</h3><div class="points">{{ points }}</div>
-{% endblock %}
-"""
-
-
 def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "spdl_lab diagnosis") -> Path:
     """Write the verdicts, figures and every measured point to one self-contained HTML file."""
     # Bokeh escapes the names inside its document JSON itself.
-    return write_page(diagnosis_plot(diag), path, title, template=_PAGE,
-                      machine=_mapping_line("machine", diag.machine),
-                      settings=_mapping_line("settings", diag.settings),
-                      verdicts=diagnosis_html(diag, charts=False),  # Bokeh draws the charts
-                      points=diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
-                                                escape=True))
+    verdicts = diagnosis_html(diag, charts=False)  # Bokeh draws the charts
+    points = diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True)
+    details = (f"<h2>Details</h2>{_mapping_line('machine', diag.machine)}{_mapping_line('settings', diag.settings)}"
+               f"<h3>All measured points</h3>{points}")
+    return write_page(diagnosis_plot(diag), path, title, note="", table=f"{verdicts}<h2>QPS against concurrency</h2>",
+                      after=details)
