@@ -6,7 +6,6 @@ whose restarts cost more (workers starting again) is slower by what the job pays
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -47,7 +46,6 @@ class Passes:
         self.restarts: list[int] = []
         self._it: Iterator[Any] | None = None
         self._in_pass = 0
-        self.began = 0.0  # perf_counter when the current pass began (its run's meters start at zero)
 
     def __iter__(self) -> Passes:
         return self
@@ -74,7 +72,6 @@ class Passes:
         return batch
 
     def _begin(self) -> None:
-        self.began = time.perf_counter()
         self._it = iter(self.loader)
         self.passes += 1
         self._in_pass = 0

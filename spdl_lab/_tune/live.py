@@ -161,8 +161,8 @@ class AutoTuner:
         loader = self.session.loader
         self._steps(queued_batches(loader.reading(), self._items) + unseen + 2, deadline)
         before = loader.reading()
-        windows, fills = windows_until_sure(lambda: self._window(deadline), loader.reading, deadline)
-        return trial_of(config, windows, before, loader.reading(), fills, self._items, started)
+        windows = windows_until_sure(lambda: self._window(deadline), deadline)
+        return trial_of(config, windows, before, loader.reading(), self._items, started)
 
     def _steps(self, n: int, deadline: float) -> list:
         """Wait for ``n`` more training steps of the session (checking for stop and takeover)."""

@@ -14,19 +14,7 @@ import pandas as pd
 from pydantic import Field, PlainValidator, with_config
 from typing_extensions import TypedDict
 
-from .._file_checks import (
-    RECORD,
-    Flag,
-    Meta,
-    Name,
-    Rate,
-    Saved,
-    Share,
-    Text,
-    integer,
-    refuse,
-    rows,
-)
+from .._file_checks import RECORD, Flag, Meta, Name, Rate, Saved, Share, Text, integer, refuse, rows
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
