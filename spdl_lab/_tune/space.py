@@ -10,8 +10,8 @@ from typing import Any
 from .._pipeline import Pipeline
 from .._runners import DEFAULT_NUM_WORKERS, WORKERS
 
-__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space", "TUNABLE_RUNNERS", "WORKERS",
-           "dataloader_options"]
+__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space",
+           "TUNABLE_RUNNERS", "WORKERS", "dataloader_options"]
 
 #: Knob values the tuner visits: dense where one step matters, sparse above.
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

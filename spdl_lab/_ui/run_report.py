@@ -44,17 +44,13 @@ PLOTS = [("training step: batches/s", "batches_per_s", "batches/s"),
          ("GIL wait (probe) and the training thread's", "gil_wait_frac", "share")]
 
 
-def _numbers(frames: pd.DataFrame) -> pd.DataFrame:
-    """Only finite numeric rows: a record from elsewhere may hold anything."""
-    out = frames.assign(time_s=pd.to_numeric(frames["time_s"], errors="coerce"),
-                        value=pd.to_numeric(frames["value"], errors="coerce"),
-                        series=frames["series"].astype(str), stage=frames["stage"].astype(str))
-    return out.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
-
-
 def read_run(record: str | os.PathLike) -> tuple[dict[str, str], pd.DataFrame]:
-    """The record's meta and its frames, numbers only."""
-    return record_meta(record), _numbers(read_record(record))
+    """The record's meta and its frames, finite numbers only: a record from elsewhere may hold anything."""
+    meta, frames = record_meta(record), read_record(record)
+    frames = frames.assign(time_s=pd.to_numeric(frames["time_s"], errors="coerce"),
+                           value=pd.to_numeric(frames["value"], errors="coerce"),
+                           series=frames["series"].astype(str), stage=frames["stage"].astype(str))
+    return meta, frames.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
 
 
 def run_steps(record: str | os.PathLike, meta: dict[str, str]) -> StepSummary | None:
