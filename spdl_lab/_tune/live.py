@@ -25,7 +25,7 @@ from .bench import (
     windows_until_sure,
 )
 from .model import RateModel, batch_items
-from .result import TRIAL_COLUMNS, trial_row
+from .result import trials_frame
 from .search import GIL_SWITCH, Climb, Step, climb
 from .space import Config, Space
 from .trial import Trial
@@ -85,8 +85,7 @@ class AutoTuner:
     @property
     def trials(self) -> pd.DataFrame:
         """One row per measured configuration, as ``Tuning.trials``."""
-        rows = [trial_row(s, self.session.pipeline) for s in list(self.steps)]
-        return pd.DataFrame(rows, columns=TRIAL_COLUMNS)
+        return trials_frame(list(self.steps), self.session.pipeline)
 
     def _say(self, sentence: str) -> None:
         self.log.append(sentence)

@@ -174,8 +174,7 @@ def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
 
 def _dataloader_start(dl: Any) -> dict[str, Any]:
     """The DataLoader's own keyword arguments the tuner starts from (``num_workers`` at least 1)."""
-    workers = max(1, dl.num_workers)
-    own: dict[str, Any] = {"num_workers": workers, "prefetch_factor": dl.prefetch_factor or 2,
+    own: dict[str, Any] = {"num_workers": max(1, dl.num_workers), "prefetch_factor": dl.prefetch_factor or 2,
                            "persistent_workers": bool(dl.persistent_workers) and dl.num_workers > 0}
     if cuda_available():
         own["pin_memory"] = bool(dl.pin_memory)
@@ -213,9 +212,7 @@ def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s:
     if not callable(step):
         raise PipelineSpecError(f"tune: step must be a callable taking a batch (or a lab.SimulatedDevice), "
                                 f"got {type(step).__name__}")
-    if isinstance(runners, str):
-        runners = [runners]
-    runners = list(runners)
+    runners = [runners] if isinstance(runners, str) else list(runners)
     for r in runners:
         if r == "cache":
             raise PipelineSpecError("tune: 'cache' replays batches (the headspace); it is not a way to load. "
