@@ -1,8 +1,6 @@
 """Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
 its knobs live, drains what the old setting made, then takes windows until the rate is sure. A
-finite source runs epochs, as a training loop does: each pass ends and the next starts, and each
-window's rate carries its share of that restart (``epochs``).
-"""
+finite source runs epochs, each window charged its share of their restarts (``epochs``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""A training loop's epochs over a finite loader. ``Passes`` iterates the Loader again when a pass
-ends, as ``for epoch in range(n): for batch in loader`` does, and notes which batch began each new
-pass; ``epoch_rate`` charges each batch of a window its share of one restart, so a configuration
-whose restarts cost more (workers starting again) is slower by what the job pays for them."""
+"""A training loop's epochs over a finite loader: ``Passes`` iterates the Loader again when a pass
+ends and notes which batch began each; ``epoch_rate`` charges each batch its share of one restart,
+so a configuration whose restarts cost more (workers starting again) is slower by what they cost."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code). The types
-below are also the JSON file's description, checked by pydantic.
-"""
+below are also the JSON file's description, checked by pydantic."""
 
 from __future__ import annotations
 

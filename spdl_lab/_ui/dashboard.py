@@ -1,7 +1,6 @@
 """The live dashboard: a header, concurrency controls, five Bokeh plots, a stage table and a verdict.
 It reads only the session's frames and acts only through its control methods; one publisher thread
-pushes new ticks at ``hz``, under the lock every change takes (slider callbacks come on subshells).
-"""
+pushes new ticks at ``hz``, under the lock every change takes (slider callbacks come on subshells)."""
 
 from __future__ import annotations
 

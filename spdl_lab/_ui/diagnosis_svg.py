@@ -1,6 +1,5 @@
-"""QPS against concurrency per stage as plain inline SVG: the first thing a Diagnosis shows.
-No JavaScript, so it renders wherever HTML does; Bokeh's interactive figures are ``diagnosis_plot``.
-"""
+"""QPS against concurrency per stage as plain inline SVG, the first thing a Diagnosis shows: no
+JavaScript, so it renders wherever HTML does (Bokeh's interactive figures are ``diagnosis_plot``)."""
 
 from __future__ import annotations
 
