@@ -13,7 +13,7 @@ from bokeh.layouts import column, gridplot
 from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
 from bokeh.plotting import figure
 
-from .diagnosis_svg import qps_charts
+from .diagnosis_svg import EXECUTOR_COLORS, qps_charts
 from .report import write_page
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
 
-_THREAD, _PROCESS, _CPU, _GIL = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
+_CPU, _GIL = "#2ca02c", "#d62728"
 _VERDICT_COLORS = {"scales": "#2ca02c", "cpu-bound": "#d68910", "gil-bound": "#c0392b", "contended": "#8e44ad"}
 _FAILED = ("timeout", "error")
 _TOOLTIPS = [("executor", "@executor"), ("concurrency", "@concurrency"), ("qps", "@qps{0,0.0}"),
@@ -56,7 +56,7 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
     fig.extra_y_ranges = {"frac": Range1d(0, 1)}
     fig.add_layout(LinearAxis(y_range_name="frac", axis_label="CPU util, GIL wait"), "right")
     hovered = []
-    for executor, color in (("thread", _THREAD), ("process", _PROCESS)):
+    for executor, color in EXECUTOR_COLORS.items():
         points = sorted((p for p in stage.points if p.executor == executor), key=lambda p: p.concurrency)
         if not points:
             continue
