@@ -4,6 +4,7 @@ a knob found at a value it did not set hands control back to the user."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -90,10 +91,8 @@ class AutoTuner:
     def _say(self, sentence: str) -> None:
         self.log.append(sentence)
         if self.on_log is not None:
-            try:
+            with contextlib.suppress(Exception):  # a display's failure must not end the tuning
                 self.on_log(sentence)
-            except Exception:  # noqa: BLE001 - a display's failure must not end the tuning
-                pass
 
     def _main(self) -> None:
         session = self.session
