@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._table import spread
 from .machine import busy_reason
 from .trial import MIN_GAIN, Trial
 
@@ -25,8 +26,7 @@ class Advice:
 
 def ratio_text(mid: float, lo: float, hi: float) -> str:
     """``0.99x [0.95-1.03]`` (the range only when it is one)."""
-    spread = f" [{lo:.2f}-{hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) and lo != hi else ""
-    return f"{mid:.2f}x{spread}"
+    return spread(mid, lo, hi, ".2f", "x")
 
 
 def advise(start: Trial, best: Trial, change: Trial | None, speedup: tuple[float, float, float], *,

@@ -1,8 +1,6 @@
 """Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
 its knobs live, drains what the old setting made, then takes windows until the rate is sure. A
-finite source runs epochs, as a training loop does: each pass ends and the next starts, and each
-window's rate carries its share of that restart (``epochs``).
-"""
+finite source runs epochs, each window charged its share of their restarts (``epochs``)."""
 
 from __future__ import annotations
 
@@ -56,23 +54,18 @@ def window_for_budget(budget_s: float) -> float:
     return min(1.0, max(0.25, budget_s / 50.0))
 
 
-def windows_until_sure(window: Callable[[], Window], reading: Callable[[], EngineReading | None],
-                       deadline: float | None, min_windows: int = MIN_WINDOWS,
-                       max_windows: int = MAX_WINDOWS) -> tuple[list[Window], list[dict[str, float]]]:
+def windows_until_sure(window: Callable[[], Window], deadline: float | None, min_windows: int = MIN_WINDOWS,
+                       max_windows: int = MAX_WINDOWS) -> list[Window]:
     """Windows until the rate's relative noise is under ``TARGET_NOISE`` (and ``min_windows``
-    are done), or ``max_windows``; past ``deadline`` (``perf_counter``) none beyond the second.
-    Returns the windows and the input queues' fill after each."""
+    are done), or ``max_windows``; past ``deadline`` (``perf_counter``) none beyond the second."""
     windows: list[Window] = []
-    fills: list[dict[str, float]] = []
     while len(windows) < max_windows:
         windows.append(window())
-        now = reading()
-        fills.append({n: q.depth / q.capacity for n, q in now.inputs.items() if q.capacity > 0} if now else {})
         if len(windows) >= min_windows and relative_noise([w.batches_per_s for w in windows]) <= TARGET_NOISE:
             break
         if deadline is not None and len(windows) >= 2 and time.perf_counter() > deadline:
             break
-    return windows, fills
+    return windows
 
 
 class Bench:
@@ -101,8 +94,6 @@ class Bench:
         self._opened: dict[str, tuple] = {}
         #: extra seconds of each epoch restart seen, by configuration and by (runner, options)
         self._restarts: dict[Any, list[float]] = {}
-        #: the other processes' CPU over each window, in the order measured
-        self.others: list[float] = []
         #: the last measured batches/s of each configuration, to size its windows
         self._rate: dict[Config, float] = {}
         self._round = 0
@@ -133,15 +124,13 @@ class Bench:
             self.startup_s[config.runner] = time.perf_counter() - started
         passes = self._passes[config.runner]
         before, pass_ = contender.loader.reading(), passes.passes
-        windows, fills = windows_until_sure(lambda: self._window(contender, config, timeout),
-                                            contender.loader.reading, deadline, self.min_windows,
-                                            self.max_windows)
+        windows = windows_until_sure(lambda: self._window(contender, config, timeout), deadline,
+                                     self.min_windows, self.max_windows)
         windows = [self._recharged(w, config, passes.epoch_batches) for w in windows]
-        after, span = contender.loader.reading(), None
+        after = contender.loader.reading()
         if passes.passes != pass_ and after is not None:
-            # A new pass is a new run, its meters from zero: the span since it began.
-            before, span = _zero(after), time.perf_counter() - passes.began
-        return trial_of(config, windows, before, after, fills, self._items, started, self.t0, span)
+            before = _zero(after)  # a new pass is a new run, its meters from zero
+        return trial_of(config, windows, before, after, self._items, started, self.t0)
 
     def rate_once(self, config: Config, timeout: float) -> Window:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
@@ -209,7 +198,6 @@ class Bench:
                                config, first, passes.restarts[seen:], passes.epoch_batches)
         if window.batches_per_s > 0:
             self._rate[config] = window.batches_per_s
-        self.others.append(window.others_percent)
         return window
 
     def _charged(self, window: Window, config: Config, first: int, restarts: list[int],
@@ -219,18 +207,17 @@ class Bench:
         extras, steady = restart_extras(window.records, first, restarts)
         for key in (config, (config.runner, config.options)):
             self._restarts.setdefault(key, []).extend(extras)
-        fields = {f.name: getattr(window, f.name) for f in dataclasses.fields(Window)}
-        return self._recharged(EpochWindow(**fields, steady_s=steady), config, epoch_batches)
+        return self._recharged(EpochWindow(**vars(window), steady_s=steady), config, epoch_batches)
 
     def _recharged(self, window: EpochWindow, config: Config, epoch_batches: int | None) -> EpochWindow:
         """``window`` charged the mean restart known now: windows measured before a trial's first
         restart pay for it as the later ones do."""
         known = self._restarts.get(config) or self._restarts.get((config.runner, config.options)) or []
         restart_s = statistics.mean(known) if known else math.nan
-        if not window.steady_s > 0:  # every step of it began a pass: it is all restart, as measured
-            return dataclasses.replace(window, rate=Window.batches_per_s.fget(window), restart_s=restart_s)
-        return dataclasses.replace(window, rate=epoch_rate(window.steady_s, restart_s, epoch_batches),
-                                   restart_s=restart_s)
+        # A window whose every step began a pass is all restart, as measured.
+        rate = (epoch_rate(window.steady_s, restart_s, epoch_batches) if window.steady_s > 0
+                else Window.batches_per_s.fget(window))
+        return dataclasses.replace(window, rate=rate, restart_s=restart_s)
 
     def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
         self._round += 1
@@ -238,18 +225,15 @@ class Bench:
 
 
 def trial_of(config: Config, windows: list[Window], before: EngineReading | None, after: EngineReading | None,
-             fills: list[dict[str, float]], items: dict[str, float], started: float, t0: float = 0.0,
-             span_s: float | None = None) -> Trial:
-    """A Trial from its measured windows and the meter readings around them (offline or live);
-    ``span_s`` is the time the readings cover when it is not the windows' loop time."""
+             items: dict[str, float], started: float, t0: float = 0.0) -> Trial:
+    """A Trial from its measured windows and the meter readings around them (offline or live)."""
     row = runner_row(windows)
-    span = sum(w.loop_s for w in windows) if span_s is None else span_s
     restarts = [w.restart_s for w in windows if math.isfinite(getattr(w, "restart_s", math.nan))]
     return Trial(
         config=config, rates=tuple(w.batches_per_s for w in windows), step_p50_ms=row["step_p50_ms"],
         data_wait_frac=row["data_wait_frac"], cpu_percent=row["cpu_percent"],
         train_gil_wait_frac=row["train_gil_wait_frac"], gil_wait_frac=row["gil_wait_frac"],
-        stages=stage_samples(before, after, span, items, fills), elapsed_s=time.perf_counter() - started,
+        stages=stage_samples(before, after, items), elapsed_s=time.perf_counter() - started,
         started_s=started - t0 if t0 else 0.0, others_percent=row["others_cpu_percent"],
         restart_s=restarts[-1] if restarts else math.nan,
     )
@@ -257,11 +241,9 @@ def trial_of(config: Config, windows: list[Window], before: EngineReading | None
 
 def _zero(reading: EngineReading) -> EngineReading:
     """``reading``'s stages with every counter at zero: where a new run's meters started."""
-    def zero(s: Any) -> Any:
-        return dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
-
-    return EngineReading(source=zero(reading.source), stages=[zero(s) for s in reading.stages],
-                         inputs=reading.inputs, queues=reading.queues)
+    return dataclasses.replace(reading, stages=[
+        dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
+        for s in reading.stages])
 
 
 def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
@@ -289,9 +271,10 @@ def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str
     return math.ceil(sum((reorder_window(n) if s.ordered else n) / items.get(s.name, 1.0) for s, n in held))
 
 
-def stage_samples(before: EngineReading | None, after: EngineReading | None, span_s: float,
-                   items: dict[str, float], queue_fill: list[dict[str, float]]) -> tuple[StageSample, ...]:
-    if before is None or after is None or span_s <= 0:
+def stage_samples(before: EngineReading | None, after: EngineReading | None,
+                  items: dict[str, float]) -> tuple[StageSample, ...]:
+    """Each map stage's mean task time between two readings (NaN where no task finished)."""
+    if before is None or after is None:
         return ()
     old = {s.name: s for s in before.stages}
     out = []
@@ -301,12 +284,5 @@ def stage_samples(before: EngineReading | None, after: EngineReading | None, spa
         was = old[now.name]
         timed = sum(now.hist) - sum(was.hist)
         task_s = (now.busy_done_ns - was.busy_done_ns) / timed / 1e9 if timed > 0 else math.nan
-        busy = (now.busy_ns - was.busy_ns) / 1e9 / span_s / max(1, now.concurrency)
-        fills = [f[now.name] for f in queue_fill if now.name in f]
-        out.append(StageSample(
-            name=now.name, concurrency=now.concurrency, items_per_batch=items[now.name],
-            qps=max(0.0, now.tasks - was.tasks) / span_s, task_s=task_s,
-            busy_frac=min(1.0, max(0.0, busy)),
-            queue_frac=sum(fills) / len(fills) if fills else math.nan,
-        ))
+        out.append(StageSample(now.name, now.concurrency, task_s))
     return tuple(out)

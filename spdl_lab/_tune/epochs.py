@@ -1,12 +1,10 @@
-"""A training loop's epochs over a finite loader. ``Passes`` iterates the Loader again when a pass
-ends, as ``for epoch in range(n): for batch in loader`` does, and notes which batch began each new
-pass; ``epoch_rate`` charges each batch of a window its share of one restart, so a configuration
-whose restarts cost more (workers starting again) is slower by what the job pays for them."""
+"""A training loop's epochs over a finite loader: ``Passes`` iterates the Loader again when a pass
+ends and notes which batch began each; ``epoch_rate`` charges each batch its share of one restart,
+so a configuration whose restarts cost more (workers starting again) is slower by what they cost."""
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -47,7 +45,6 @@ class Passes:
         self.restarts: list[int] = []
         self._it: Iterator[Any] | None = None
         self._in_pass = 0
-        self.began = 0.0  # perf_counter when the current pass began (its run's meters start at zero)
 
     def __iter__(self) -> Passes:
         return self
@@ -74,7 +71,6 @@ class Passes:
         return batch
 
     def _begin(self) -> None:
-        self.began = time.perf_counter()
         self._it = iter(self.loader)
         self.passes += 1
         self._in_pass = 0

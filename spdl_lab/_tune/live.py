@@ -4,6 +4,7 @@ a knob found at a value it did not set hands control back to the user."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -25,7 +26,7 @@ from .bench import (
     windows_until_sure,
 )
 from .model import RateModel, batch_items
-from .result import TRIAL_COLUMNS, trial_row
+from .result import trials_frame
 from .search import GIL_SWITCH, Climb, Step, climb
 from .space import Config, Space
 from .trial import Trial
@@ -85,16 +86,13 @@ class AutoTuner:
     @property
     def trials(self) -> pd.DataFrame:
         """One row per measured configuration, as ``Tuning.trials``."""
-        rows = [trial_row(s, self.session.pipeline) for s in list(self.steps)]
-        return pd.DataFrame(rows, columns=TRIAL_COLUMNS)
+        return trials_frame(list(self.steps), self.session.pipeline)
 
     def _say(self, sentence: str) -> None:
         self.log.append(sentence)
         if self.on_log is not None:
-            try:
+            with contextlib.suppress(Exception):  # a display's failure must not end the tuning
                 self.on_log(sentence)
-            except Exception:  # noqa: BLE001 - a display's failure must not end the tuning
-                pass
 
     def _main(self) -> None:
         session = self.session
@@ -161,8 +159,8 @@ class AutoTuner:
         loader = self.session.loader
         self._steps(queued_batches(loader.reading(), self._items) + unseen + 2, deadline)
         before = loader.reading()
-        windows, fills = windows_until_sure(lambda: self._window(deadline), loader.reading, deadline)
-        return trial_of(config, windows, before, loader.reading(), fills, self._items, started)
+        windows = windows_until_sure(lambda: self._window(deadline), deadline)
+        return trial_of(config, windows, before, loader.reading(), self._items, started)
 
     def _steps(self, n: int, deadline: float) -> list:
         """Wait for ``n`` more training steps of the session (checking for stop and takeover)."""

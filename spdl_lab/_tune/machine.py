@@ -9,10 +9,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import psutil
-
+from .._experiments.contender import MachineClock
 from .._experiments.spread import BUSY_MACHINE
-from .._telemetry.probes import CpuProbe
 
 __all__ = ["BUSY_SHARE", "busy_reason", "others_percent"]
 
@@ -23,19 +21,11 @@ BUSY_SHARE = BUSY_MACHINE
 
 def others_percent(seconds: float = 0.5) -> float:
     """CPU used by every process outside this one and its children over ``seconds``, 100 = one core."""
-    ours, cores = CpuProbe(), psutil.cpu_count() or 1
-
-    def read() -> tuple[float, float, float]:
-        t = psutil.cpu_times()
-        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-        mine = ours.totals()
-        return time.monotonic(), busy, mine.main_s + mine.children_s
-
-    t0, busy0, mine0 = read()
+    clock = MachineClock(None)
+    t0, ours0, busy0, _ = clock.read()
     time.sleep(seconds)
-    t1, busy1, mine1 = read()
-    span = max(t1 - t0, 1e-9)
-    return min(100.0 * cores, max(0.0, (busy1 - busy0) - (mine1 - mine0)) / span * 100.0)
+    t1, ours1, busy1, _ = clock.read()
+    return min(100.0 * clock.cores, max(0.0, (busy1 - busy0) - (ours1 - ours0)) / max(t1 - t0, 1e-9) * 100.0)
 
 
 def busy_reason(measured: Iterable[Any], cores: int, when: str = "while it was measured") -> str | None:

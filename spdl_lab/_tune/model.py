@@ -5,6 +5,7 @@ needs ``k`` of its tasks; training is bounded by the slowest stage, the step and
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -69,13 +70,9 @@ class RateModel:
     def alpha(self, family: str, stage: str) -> float:
         """How task time grows with concurrency: fitted when two concurrencies were measured."""
         seen = self._times.get((family, stage), {})
-        if len(seen) >= 2:
-            xs = [math.log(c) for c in seen]
-            ys = [math.log(t) for t in seen.values()]
-            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-            sxx = sum((x - mx) ** 2 for x in xs)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
-            return min(_ALPHA_MAX, max(0.0, slope))
+        if len(seen) >= 2:  # distinct concurrencies: the fit is defined
+            fit = statistics.linear_regression([math.log(c) for c in seen], [math.log(t) for t in seen.values()])
+            return min(_ALPHA_MAX, max(0.0, fit.slope))
         if stage in self.verdicts and family == "threads":
             return VERDICT_ALPHA.get(self.verdicts[stage], 0.0)
         if family == "threads":

@@ -1,6 +1,5 @@
 """``lab.Tuning``: what a tuning measured and chose, as data (trials, log, best, code). The types
-below are also the JSON file's description, checked by pydantic.
-"""
+below are also the JSON file's description, checked by pydantic."""
 
 from __future__ import annotations
 
@@ -14,29 +13,17 @@ import pandas as pd
 from pydantic import Field, PlainValidator, with_config
 from typing_extensions import TypedDict
 
-from .._file_checks import (
-    RECORD,
-    Flag,
-    Meta,
-    Name,
-    Rate,
-    Saved,
-    Share,
-    Text,
-    integer,
-    refuse,
-    rows,
-)
+from .._file_checks import RECORD, Flag, Meta, Name, Rate, Saved, Share, Text, integer, refuse, rows
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
-from .advice import Advice
+from .advice import Advice, ratio_text
 from .search import Step
 from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config
 from .trial import Trial
 
 __all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
-           "loader_code", "trial_row"]
+           "loader_code", "trials_frame"]
 
 Runner = Literal[TUNABLE_RUNNERS]
 Knobs = Annotated[dict[Name, integer(1, MAX_CONCURRENCY)], Field(max_length=1000)]  # {stage: threads}
@@ -176,10 +163,9 @@ class Tuning(Saved):
               advice: Advice | None = None, change: Trial | None = None,
               change_speedup: tuple[float, float, float] = (math.nan, math.nan, math.nan),
               others_before: float = math.nan) -> Tuning:
-        table = pd.DataFrame([trial_row(s, pipeline) for s in steps], columns=TRIAL_COLUMNS)
         best_d = config_dict(best.config, pipeline)
         sentence = advice.sentence if advice is not None else ""
-        return cls(best=best_d, start=config_dict(start, pipeline), trials=table, log=list(log),
+        return cls(best=best_d, start=config_dict(start, pipeline), trials=trials_frame(steps, pipeline), log=list(log),
                    speedup=speedup[0], speedup_lo=speedup[1], speedup_hi=speedup[2], budget_s=budget_s,
                    elapsed_s=elapsed_s, cores=cores,
                    code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader, sentence),
@@ -222,10 +208,8 @@ class Tuning(Saved):
         knobs = " ".join(f"{k}={v}" for k, v in best["concurrency"].items()) if best["runner"] != "process" \
             else " ".join(f"{k}={best['options'][k]}" for k in ("num_workers", *DATALOADER_KNOBS)
                           if k in best["options"])
-        spread = (f" [{self.speedup_lo:.2f}-{self.speedup_hi:.2f}]"
-                  if math.isfinite(self.speedup_lo) and self.speedup_lo != self.speedup_hi else "")
         return (f"best: {best['runner']} {knobs}: {self.best_batches_per_s:.3g} batches/s, "
-                f"{self.speedup:.2f}x{spread} the start side by side; {effort}")
+                f"{ratio_text(self.speedup, self.speedup_lo, self.speedup_hi)} the start side by side; {effort}")
 
     def __repr__(self) -> str:
         warnings = [f"  warning: {w}" for w in self.warnings]
@@ -239,14 +223,16 @@ class Tuning(Saved):
         return {**saved, "trials": self.trials[TRIAL_COLUMNS].to_dict(orient="records")}
 
 
-def trial_row(step: Step, pipeline: Pipeline | None) -> dict[str, Any]:
-    """One row of ``Tuning.trials``."""
-    t, move, predicted, limit, kept = step.trial, step.move, step.predicted, step.limit, step.kept
-    config = config_dict(t.config, pipeline)
-    return asdict(TrialRow(
-        runner=t.config.runner, concurrency=config["concurrency"], options=config["options"],
-        batches_per_s=t.batches_per_s, batches_per_s_lo=t.lo, batches_per_s_hi=t.hi, spread=t.spread,
-        predicted_batches_per_s=predicted, limit=limit, step_p50_ms=t.step_p50_ms, data_wait_frac=t.data_wait_frac,
-        cpu_percent=t.cpu_percent, train_gil_wait_frac=t.train_gil_wait_frac, gil_wait_frac=t.gil_wait_frac,
-        move=move.describe(), kept=kept, windows=len(t.rates), started_s=t.started_s, elapsed_s=t.elapsed_s,
-        others_percent=t.others_percent, restart_s=t.restart_s))
+def trials_frame(steps: Sequence[Step], pipeline: Pipeline | None) -> pd.DataFrame:
+    """``Tuning.trials``: a row per measured configuration, in the order measured."""
+    rows = []
+    for step in steps:
+        t, config = step.trial, config_dict(step.trial.config, pipeline)
+        rows.append(asdict(TrialRow(
+            runner=t.config.runner, concurrency=config["concurrency"], options=config["options"],
+            batches_per_s=t.batches_per_s, batches_per_s_lo=t.lo, batches_per_s_hi=t.hi, spread=t.spread,
+            predicted_batches_per_s=step.predicted, limit=step.limit, step_p50_ms=t.step_p50_ms,
+            data_wait_frac=t.data_wait_frac, cpu_percent=t.cpu_percent, train_gil_wait_frac=t.train_gil_wait_frac,
+            gil_wait_frac=t.gil_wait_frac, move=step.move.describe(), kept=step.kept, windows=len(t.rates),
+            started_s=t.started_s, elapsed_s=t.elapsed_s, others_percent=t.others_percent, restart_s=t.restart_s)))
+    return pd.DataFrame(rows, columns=TRIAL_COLUMNS)

@@ -10,8 +10,8 @@ from typing import Any
 from .._pipeline import Pipeline
 from .._runners import DEFAULT_NUM_WORKERS, WORKERS
 
-__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space", "TUNABLE_RUNNERS", "WORKERS",
-           "dataloader_options"]
+__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space",
+           "TUNABLE_RUNNERS", "WORKERS", "dataloader_options"]
 
 #: Knob values the tuner visits: dense where one step matters, sparse above.
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -80,10 +80,9 @@ class Move:
     new: Any = 0
 
     def describe(self) -> str:
-        if self.kind == "set":
-            return f"set {self.knob} {self.old} -> {self.new}"
-        if self.kind in ("raise", "lower"):
-            return f"{'raised' if self.kind == 'raise' else 'lowered'} {self.knob} {self.old} -> {self.new}"
+        verb = {"set": "set", "raise": "raised", "lower": "lowered"}.get(self.kind)
+        if verb is not None:
+            return f"{verb} {self.knob} {self.old} -> {self.new}"
         if self.kind == "switch":
             return f"switched to {self.config.describe()}"
         return f"started from {self.config.describe()}"
@@ -139,9 +138,9 @@ class Space:
             return
         for name, values in self.process_options.items():
             value = config.option(name)
-            ladder = sorted(set(values) | ({value} if value is not None else set()))
             if value is None:
                 continue
+            ladder = sorted(set(values) | {value})
             i = ladder.index(value)
             for j in (i + 1, i - 1):
                 if 0 <= j < len(ladder):

@@ -18,15 +18,11 @@ MIN_GAIN = 0.03
 
 @dataclass(frozen=True)
 class StageSample:
-    """One map stage over a trial's measured span (from two meter readings)."""
+    """One map stage over a trial's measured span (from two meter readings): what the model learns."""
 
     name: str
     concurrency: int
-    items_per_batch: float  # the stage's tasks per training batch (the batch size, or 1)
-    qps: float  # tasks per second
     task_s: float  # mean time of one task (NaN: none finished)
-    busy_frac: float  # share of its workers' time inside the function, 0..1
-    queue_frac: float  # its input queue's fill at the windows' ends, 0..1 (NaN: no queue)
 
 
 @dataclass(frozen=True)

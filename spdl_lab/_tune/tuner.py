@@ -17,6 +17,7 @@ from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice
+from .._training._cuda import cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
 from .advice import advise
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
@@ -75,7 +76,7 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     end = t0 + float(budget_s)  # with the runners closed: measuring ends bench.close_cost() before
     window_s = window_s if window_s is not None else window_for_budget(budget_s)
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options,
-                  process_options=dataloader_options(_cuda()) if from_dl else {})
+                  process_options=dataloader_options(cuda_available()) if from_dl else {})
     model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
     search = Climb(space, model)
     first = _start(space, start, runners, from_dl)
@@ -121,10 +122,9 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
         change = max(others, key=lambda t: t.batches_per_s) if others else None
         advice = advise(start_trial, best, change, speedup, cores=space.cores, before=before, during=during)
         log.append(advice.sentence)
+        change_speedup = speedup
         if not advice.move:
-            change_speedup, best, speedup = speedup, start_trial, (1.0, 1.0, 1.0)
-        else:
-            change_speedup = speedup
+            best, speedup = start_trial, (1.0, 1.0, 1.0)
         _tick(bar, t0, budget_s, "done")
     finally:
         bar.close()
@@ -174,10 +174,9 @@ def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
 
 def _dataloader_start(dl: Any) -> dict[str, Any]:
     """The DataLoader's own keyword arguments the tuner starts from (``num_workers`` at least 1)."""
-    workers = max(1, dl.num_workers)
-    own: dict[str, Any] = {"num_workers": workers, "prefetch_factor": dl.prefetch_factor or 2,
+    own: dict[str, Any] = {"num_workers": max(1, dl.num_workers), "prefetch_factor": dl.prefetch_factor or 2,
                            "persistent_workers": bool(dl.persistent_workers) and dl.num_workers > 0}
-    if _cuda():
+    if cuda_available():
         own["pin_memory"] = bool(dl.pin_memory)
     return own
 
@@ -188,12 +187,6 @@ def _length(dl: Any) -> int | None:
         return len(dl) or None
     except TypeError:
         return None
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
@@ -219,9 +212,7 @@ def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s:
     if not callable(step):
         raise PipelineSpecError(f"tune: step must be a callable taking a batch (or a lab.SimulatedDevice), "
                                 f"got {type(step).__name__}")
-    if isinstance(runners, str):
-        runners = [runners]
-    runners = list(runners)
+    runners = [runners] if isinstance(runners, str) else list(runners)
     for r in runners:
         if r == "cache":
             raise PipelineSpecError("tune: 'cache' replays batches (the headspace); it is not a way to load. "

@@ -1,7 +1,6 @@
 """The live dashboard: a header, concurrency controls, five Bokeh plots, a stage table and a verdict.
 It reads only the session's frames and acts only through its control methods; one publisher thread
-pushes new ticks at ``hz``, under the lock every change takes (slider callbacks come on subshells).
-"""
+pushes new ticks at ``hz``, under the lock every change takes (slider callbacks come on subshells)."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from jupyter_bokeh.widgets import BokehModel
 from .._integrations import PER_WORKER
 from .._interpreter import describe
 from .._runners import RUNNERS
+from .._table import num
 from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import PipelineSpecError, SpdlLabError
 from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
@@ -39,7 +39,7 @@ TEXT_EVERY_S = 1.0
 AUTO_BUDGET_S = 60.0
 AUTO_LOG_LINES = 8
 #: The stage table's columns after stage and concurrency: (series, format).
-_TABLE = (("qps", "{:.1f}"), ("p50_ms", "{:.2f}"), ("p99_ms", "{:.2f}"), ("busy_frac", "{:.0%}"))
+_TABLE = (("qps", ".1f"), ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("busy_frac", ".0%"))
 #: Plots wait this long for the runner to name its queues (a child process takes a while).
 QUEUE_WAIT_S = 10.0
 
@@ -243,7 +243,7 @@ class Dashboard(widgets.VBox):
         parts = [f"runner <b>{html.escape(session.runner)}</b>", f"<b>{session.state}</b>",
                  f"Python {self.interpreter.python}, {self.interpreter.gil}",
                  f"{session.elapsed_s:.0f} s", f"steps {0 if math.isnan(steps) else int(steps)}{limit}",
-                 f"{_num(bps, '{:.2f}')} steps/s"]
+                 f"{num(bps, '.2f')} steps/s"]
         return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
 
     def _table_html(self, session: Any, means: dict) -> str:
@@ -266,9 +266,9 @@ class Dashboard(widgets.VBox):
             queue = queues.get(stage)
             depth, cap = (means.get((s, queue), math.nan) for s in ("queue_depth", "queue_capacity"))
             names = PER_WORKER if stage in worker_rows else {}  # one worker's part of a stage
-            cells = [stage, _num(self._window.latest(("concurrency", stage)), "{:.0f}"),
-                     *(_num(means.get((names.get(series, series), stage), math.nan), fmt) for series, fmt in _TABLE),
-                     f"{_num(depth, '{:.1f}')}/{_num(cap, '{:.0f}')}" if queue else ""]
+            cells = [stage, num(self._window.latest(("concurrency", stage)), ".0f"),
+                     *(num(means.get((names.get(series, series), stage), math.nan), fmt) for series, fmt in _TABLE),
+                     f"{num(depth, '.1f')}/{num(cap, '.0f')}" if queue else ""]
             rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
         return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
 
@@ -390,10 +390,6 @@ def _set(widget: widgets.HTML, value: str) -> None:
 
 def _error(widget: widgets.HTML, text: str) -> None:
     _set(widget, f"<span style='color:#b00'>{html.escape(text)}</span>")
-
-
-def _num(value: float, fmt: str) -> str:
-    return "–" if value is None or math.isnan(value) else fmt.format(value)
 
 
 def _load_bokehjs() -> None:

@@ -13,7 +13,7 @@ from bokeh.layouts import column, gridplot
 from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
 from bokeh.plotting import figure
 
-from .diagnosis_svg import qps_charts
+from .diagnosis_svg import EXECUTOR_COLORS, qps_charts
 from .report import write_page
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
 
-_THREAD, _PROCESS, _CPU, _GIL = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
+_CPU, _GIL = "#2ca02c", "#d62728"
 _VERDICT_COLORS = {"scales": "#2ca02c", "cpu-bound": "#d68910", "gil-bound": "#c0392b", "contended": "#8e44ad"}
 _FAILED = ("timeout", "error")
 _TOOLTIPS = [("executor", "@executor"), ("concurrency", "@concurrency"), ("qps", "@qps{0,0.0}"),
@@ -56,7 +56,7 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
     fig.extra_y_ranges = {"frac": Range1d(0, 1)}
     fig.add_layout(LinearAxis(y_range_name="frac", axis_label="CPU util, GIL wait"), "right")
     hovered = []
-    for executor, color in (("thread", _THREAD), ("process", _PROCESS)):
+    for executor, color in EXECUTOR_COLORS.items():
         points = sorted((p for p in stage.points if p.executor == executor), key=lambda p: p.concurrency)
         if not points:
             continue
@@ -151,28 +151,12 @@ def _mapping_line(label: str, values: dict) -> str:
     return f"<p class='note'><b>{label}:</b> {html.escape(items) or '-'}</p>"
 
 
-# Bokeh's own page with the report around its plots. Jinja escapes nothing by itself here: the
-# title passes through ``e``; the functions that made the HTML pieces escaped them.
-_PAGE = """
-{% block postamble %}<style>
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-.points table { border-collapse: collapse; font-size: 12px; }
-.points th, .points td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
-.points td:first-child { text-align: left; }
-</style>{% endblock %}
-{% block contents %}<h1>{{ title | e }}</h1>{{ verdicts }}
-<h2>QPS against concurrency</h2>{{ super() }}
-<h2>Details</h2>{{ machine }}{{ settings }}<h3>All measured points</h3><div class="points">{{ points }}</div>
-{% endblock %}
-"""
-
-
 def write_diagnosis_report(diag: Diagnosis, path: str | Path, *, title: str = "spdl_lab diagnosis") -> Path:
     """Write the verdicts, figures and every measured point to one self-contained HTML file."""
     # Bokeh escapes the names inside its document JSON itself.
-    return write_page(diagnosis_plot(diag), path, title, template=_PAGE,
-                      machine=_mapping_line("machine", diag.machine),
-                      settings=_mapping_line("settings", diag.settings),
-                      verdicts=diagnosis_html(diag, charts=False),  # Bokeh draws the charts
-                      points=diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
-                                                escape=True))
+    verdicts = diagnosis_html(diag, charts=False)  # Bokeh draws the charts
+    points = diag.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True)
+    details = (f"<h2>Details</h2>{_mapping_line('machine', diag.machine)}{_mapping_line('settings', diag.settings)}"
+               f"<h3>All measured points</h3>{points}")
+    return write_page(diagnosis_plot(diag), path, title, note="", table=f"{verdicts}<h2>QPS against concurrency</h2>",
+                      after=details)

@@ -1,6 +1,5 @@
-"""QPS against concurrency per stage as plain inline SVG: the first thing a Diagnosis shows.
-No JavaScript, so it renders wherever HTML does; Bokeh's interactive figures are ``diagnosis_plot``.
-"""
+"""QPS against concurrency per stage as plain inline SVG, the first thing a Diagnosis shows: no
+JavaScript, so it renders wherever HTML does (Bokeh's interactive figures are ``diagnosis_plot``)."""
 
 from __future__ import annotations
 
@@ -13,10 +12,10 @@ from .._table import amount
 if TYPE_CHECKING:
     from .._diagnose.result import Diagnosis, StageDiagnosis
 
-__all__ = ["qps_charts"]
+__all__ = ["EXECUTOR_COLORS", "qps_charts"]
 
 _W, _H, _PAD_L, _PAD_B, _PAD_T, _PAD_R = 250, 170, 52, 30, 26, 10
-_COLORS = {"thread": "#1f77b4", "process": "#ff7f0e"}
+EXECUTOR_COLORS = {"thread": "#1f77b4", "process": "#ff7f0e"}
 
 
 def qps_charts(diag: Diagnosis) -> str:
@@ -33,7 +32,7 @@ def qps_charts(diag: Diagnosis) -> str:
 
 def _chart(stage: StageDiagnosis, limiting: bool) -> str:
     lines = {ex: sorted((p for p in stage.points if p.executor == ex and p.qps > 0 and math.isfinite(p.qps)),
-                        key=lambda p: p.concurrency) for ex in _COLORS}
+                        key=lambda p: p.concurrency) for ex in EXECUTOR_COLORS}
     every = [p for pts in lines.values() for p in pts]
     if not every:
         return ""
@@ -57,11 +56,11 @@ def _chart(stage: StageDiagnosis, limiting: bool) -> str:
         if not pts:
             continue
         path = " ".join(f"{x(p.concurrency):.1f},{y(p.qps):.1f}" for p in pts)
-        parts.append(f"<polyline points='{path}' fill='none' stroke='{_COLORS[ex]}' stroke-width='2'/>")
+        parts.append(f"<polyline points='{path}' fill='none' stroke='{EXECUTOR_COLORS[ex]}' stroke-width='2'/>")
         for p in pts:
-            hollow = "white" if p.status == "unstable" else _COLORS[ex]
+            hollow = "white" if p.status == "unstable" else EXECUTOR_COLORS[ex]
             parts.append(f"<circle cx='{x(p.concurrency):.1f}' cy='{y(p.qps):.1f}' r='3' fill='{hollow}' "
-                         f"stroke='{_COLORS[ex]}'><title>{ex} x{p.concurrency}: {amount(p.qps)}/s "
+                         f"stroke='{EXECUTOR_COLORS[ex]}'><title>{ex} x{p.concurrency}: {amount(p.qps)}/s "
                          f"({html.escape(p.status)})</title></circle>")
     title = f"{stage.name}: {stage.verdict or stage.status}" + (" (limits the pipeline)" if limiting else "")
     parts.append(f"<text x='{_PAD_L}' y='15' font-weight='bold'>{html.escape(title)}</text>")

@@ -100,13 +100,11 @@ class LivePlots:
         self._last: dict[tuple[str, str], float] = {}
         self._avg: dict[tuple[str, str], float] = {}
         self._last_t: float | None = None
-        self.window_s = rollover * DRAW_EVERY_S
 
     def set_window(self, seconds: float) -> None:
         """Show the last ``seconds`` of every plot: the source keeps that many points (a following
         x range would sync each of its moves back, comm messages that starve the kernel)."""
         self.rollover = max(1, int(round(float(seconds) / DRAW_EVERY_S)))
-        self.window_s = float(seconds)
 
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
         """The new data for ``source.stream`` from a chunk; None when it has no ticks. Lists, not

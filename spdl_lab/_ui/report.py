@@ -25,17 +25,18 @@ th:first-child, td:first-child { text-align: left; }
 .note { color: #555; max-width: 60em; }
 .warnings { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; max-width: 60em; }
 </style>{% endblock %}
-{% block contents %}<h1>{{ title | e }}</h1><p class="note">{{ note | e }}</p>{{ table }}{{ super() }}{% endblock %}
+{% block contents %}<h1>{{ title | e }}</h1><p class="note">{{ note | e }}</p>{{ table }}{{ super() }}{{ after }}
+{% endblock %}
 """
 
 
-def write_page(layout: Any, path: str | Path, title: str, *, template: str = _PAGE,
-               **variables: str) -> Path:
-    """``layout`` in one HTML file, in ``template`` filled with ``variables``; return its path."""
+def write_page(layout: Any, path: str | Path, title: str, **variables: str) -> Path:
+    """``layout`` in one HTML file, the page's ``note`` and the HTML of ``table`` above it and of
+    ``after`` below it (both escaped by whoever made them); return its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # INLINE: Bokeh's code in the page, only the bundles this layout uses; nothing fetched.
-    page = file_html(layout, INLINE, title, template=template, template_variables=variables)
+    page = file_html(layout, INLINE, title, template=_PAGE, template_variables=variables)
     path.write_text(page, encoding="utf-8")
     return path
 

@@ -5,7 +5,6 @@ the page only escaped, and Bokeh's code is inlined, so the page opens with no ne
 from __future__ import annotations
 
 import html
-import math
 import os
 from pathlib import Path
 
@@ -23,11 +22,10 @@ from .report import write_page
 __all__ = ["duration_s", "read_run", "run_steps", "run_summary", "run_text", "step_table", "write_run_page",
            "write_run_report"]
 
-#: (series, stage or None for every stage, label) in the table over ticks, in this order: what
-#: the stages and probes did. The training loop's figures are per step (``step_table``).
-SUMMARY = [("qps", None, "items/s"), ("p50_ms", None, "task p50 (ms)"),
-           ("busy_frac", None, "busy share of its workers"), ("cpu_percent", None, "CPU (% of one core)"),
-           ("gil_wait_frac", None, "GIL wait share")]
+#: (series, label) in the table over ticks, a row per stage, in this order: what the stages and
+#: probes did. The training loop's figures are per step (``step_table``).
+SUMMARY = [("qps", "items/s"), ("p50_ms", "task p50 (ms)"), ("busy_frac", "busy share of its workers"),
+           ("cpu_percent", "CPU (% of one core)"), ("gil_wait_frac", "GIL wait share")]
 #: (StepSummary field, label) of the training loop's figures, over every step.
 STEP_FIGURES = [("steps", "steps"), ("elapsed_s", "seconds, first batch asked to last step"),
                 ("batches_per_s", "steps/s"), ("step_p50_ms", "step p50 (ms)"),
@@ -46,17 +44,13 @@ PLOTS = [("training step: batches/s", "batches_per_s", "batches/s"),
          ("GIL wait (probe) and the training thread's", "gil_wait_frac", "share")]
 
 
-def _numbers(frames: pd.DataFrame) -> pd.DataFrame:
-    """Only finite numeric rows: a record from elsewhere may hold anything."""
-    out = frames.assign(time_s=pd.to_numeric(frames["time_s"], errors="coerce"),
-                        value=pd.to_numeric(frames["value"], errors="coerce"),
-                        series=frames["series"].astype(str), stage=frames["stage"].astype(str))
-    return out.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
-
-
 def read_run(record: str | os.PathLike) -> tuple[dict[str, str], pd.DataFrame]:
-    """The record's meta and its frames, numbers only."""
-    return record_meta(record), _numbers(read_record(record))
+    """The record's meta and its frames, finite numbers only: a record from elsewhere may hold anything."""
+    meta, frames = record_meta(record), read_record(record)
+    frames = frames.assign(time_s=pd.to_numeric(frames["time_s"], errors="coerce"),
+                           value=pd.to_numeric(frames["value"], errors="coerce"),
+                           series=frames["series"].astype(str), stage=frames["stage"].astype(str))
+    return meta, frames.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
 
 
 def run_steps(record: str | os.PathLike, meta: dict[str, str]) -> StepSummary | None:
@@ -66,21 +60,17 @@ def run_steps(record: str | os.PathLike, meta: dict[str, str]) -> StepSummary | 
 
 def step_table(step: StepSummary | None) -> pd.DataFrame:
     """The training loop's figures, one row each (those the run has: no device, no device rows)."""
-    rows = [] if step is None else [
-        {"what": label, "value": getattr(step, name)} for name, label in STEP_FIGURES
-        if not (isinstance(getattr(step, name), float) and math.isnan(getattr(step, name)))]
+    rows = [] if step is None else [{"what": label, "value": getattr(step, name)} for name, label in STEP_FIGURES
+                                    if pd.notna(getattr(step, name))]
     return pd.DataFrame(rows, columns=["what", "value"])
 
 
 def run_summary(frames: pd.DataFrame) -> pd.DataFrame:
     """Median, 10th and 90th percentile over the ticks of the stages' and probes' series."""
     rows = []
-    for series, stage, label in SUMMARY:
-        chosen = frames[frames["series"] == series]
-        if stage is not None:
-            chosen = chosen[chosen["stage"] == stage]
-        for name, values in chosen.groupby("stage", sort=False)["value"]:
-            rows.append({"what": label if stage else f"{label}: {name}", "median": values.median(),
+    for series, label in SUMMARY:
+        for name, values in frames[frames["series"] == series].groupby("stage", sort=False)["value"]:
+            rows.append({"what": f"{label}: {name}", "median": values.median(),
                          "p10": values.quantile(0.1), "p90": values.quantile(0.9), "ticks": len(values)})
     return pd.DataFrame(rows, columns=["what", "median", "p10", "p90", "ticks"])
 

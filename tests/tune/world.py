@@ -69,10 +69,7 @@ class World:
         rate, times, step, conc, cpu_per_batch = self.rate(config)
         rng = random.Random(hash((self.seed, config)))
         rates = tuple(rate * (1 + rng.uniform(-self.noise, self.noise)) for _ in range(4))
-        stages = tuple(
-            StageSample(name=s, concurrency=conc[s], items_per_batch=law.k, qps=rate * law.k, task_s=times[s],
-                        busy_frac=min(1.0, rate * law.k * times[s] / conc[s]), queue_frac=0.5)
-            for s, law in self.stages.items())
+        stages = tuple(StageSample(name=s, concurrency=conc[s], task_s=times[s]) for s in self.stages)
         thread = config.runner == "thread"
         return Trial(config=config, rates=rates, step_p50_ms=step * 1e3,
                      data_wait_frac=max(0.0, 1 - rate * step), cpu_percent=100 * rate * cpu_per_batch,
