@@ -1,6 +1,7 @@
 """The live dashboard of a data-parallel job: its ranks side by side (steps/s, data wait, step
-time, and each loader stage's items/s, a line per rank), a table with a row per rank, and the
-straggler verdict. It only reads the job's frames; one thread pushes new ticks at ``hz``.
+time, and each loader stage's items/s, a line per rank, each point over the last ``SMOOTH_S``), a
+table with a row per rank, and the straggler verdict. It only reads the job's frames; one thread
+pushes new points at ``hz``.
 """
 
 from __future__ import annotations
@@ -18,20 +19,25 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from .._table import num
+from .._telemetry.frames import FrameChunk
+from .._telemetry.straggler import rank_window
 from ..errors import SpdlLabError
 from .dashboard import _BokehView, _load_bokehjs, _set
 
 __all__ = ["JobDashboard"]
 
 DEFAULT_HZ = 1.0
-#: Ticks each rank's plot lines keep (at the default 10 Hz sampler: ten minutes).
-ROLLOVER = 6000
-#: (series, title, y axis) of the plots drawn a line per rank; the loader's is added per stage.
-_PLOTS = (("batches_per_s", "steps/s", "steps/s"),
-          ("data_wait_frac", "data wait, share of the loop", "share"),
+#: A point a second per rank, each over the ticks of the latest SMOOTH_S (as the verdict reads
+#: its window): a rank's steps do not fall on every 0.1 s tick, so a tick's own rate zigzags.
+POINT_EVERY_S = 1.0
+SMOOTH_S = 2.0
+#: Points each rank's lines keep: an hour.
+ROLLOVER = 3600
+#: (column, title, y axis) of the plots drawn a line per rank; the loader's is added per stage.
+_PLOTS = (("steps_per_s", "steps/s", "steps/s"),
+          ("wait_frac", "data wait, share of the loop", "share"),
           ("step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
 _STEP = "step"
-_DASHES = ("solid", "dashed", "dotted", "dotdash")
 
 
 class JobDashboard(widgets.VBox):
@@ -53,7 +59,7 @@ class JobDashboard(widgets.VBox):
         self._plot_box = widgets.Box()
         self.children = [self.header, self.verdict, self._plot_box, self.table]
         self._lock = threading.Lock()
-        self._cursors: dict[int, int] = {}
+        self._until: dict[int, float] = {}  # each rank's latest point (seconds since it started)
         self._sources: dict[int, ColumnDataSource] = {}
         self._drawn: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
         #: the verdict last shown
@@ -70,34 +76,40 @@ class JobDashboard(widgets.VBox):
                 return
 
     def publish(self) -> None:
-        """Push each rank's new ticks and rewrite the header, table and verdict."""
+        """Push each rank's new points and rewrite the header, table and verdict."""
         with self._lock:
             ranks = self.job.ranks
-            chunks = {rank: session.frames_since(self._cursors.get(rank, 0)) for rank, session in ranks.items()}
-            stages = tuple(sorted({stage for chunk in chunks.values() for series, stage in chunk.columns
+            stages = tuple(sorted({stage for session in ranks.values()
+                                   for series, stage in session.recent(SMOOTH_S).columns
                                    if series == "qps" and "/worker" not in stage and stage != _STEP}))
             if (tuple(ranks), stages) != self._drawn:
                 self._draw(tuple(ranks), stages)
-                chunks = {rank: session.frames_since(0) for rank, session in ranks.items()}
-            for rank, chunk in chunks.items():
-                self._cursors[rank] = chunk.cursor
-                if len(chunk):
-                    self._sources[rank].stream(_columns(chunk, stages), rollover=ROLLOVER)
+                self._until = {}
+            for rank, session in ranks.items():
+                until = self._until.get(rank, -math.inf)
+                chunk = session.recent(min(ROLLOVER * POINT_EVERY_S, session.elapsed_s - until) + SMOOTH_S)
+                points, self._until[rank] = _points(chunk, rank, until, stages)
+                if points["time_s"]:
+                    self._sources[rank].stream(points, rollover=ROLLOVER)
             self._write_text(ranks)
 
     def _draw(self, ranks: tuple[int, ...], stages: tuple[str, ...]) -> None:
         self._drawn = (ranks, stages)
-        self._sources = {rank: ColumnDataSource(_columns(None, stages), name=f"spdl-lab-rank{rank}")
-                         for rank in ranks}
+        empty = _points(FrameChunk(0, np.empty(0), {}), 0, 0.0, stages)[0]
+        self._sources = {rank: ColumnDataSource(dict(empty), name=f"spdl-lab-rank{rank}") for rank in ranks}
         plots = [(series, title, axis) for series, title, axis in _PLOTS]
-        plots += [(f"qps:{stage}", f"loader: {stage} items/s", "items/s") for stage in stages]
+        plots += [(f"cap:{stage}", f"loader: {stage}, items/s it can make (made: dashed)", "items/s")
+                  for stage in stages]
         figures = []
         for key, title, axis in plots:
             fig = figure(title=title, height=210, width=420, x_axis_label="seconds since the rank started",
                          y_axis_label=axis, toolbar_location=None)
             for i, rank in enumerate(ranks):
-                fig.line("time_s", key, source=self._sources[rank], color=Category10_10[i % 10], line_width=2,
-                         legend_label=f"rank {rank}", line_dash=_DASHES[0])
+                color = Category10_10[i % 10]
+                fig.line("time_s", key, source=self._sources[rank], color=color, line_width=2,
+                         legend_label=f"rank {rank}")
+                if key.startswith("cap:"):
+                    fig.line("time_s", f"qps:{key[4:]}", source=self._sources[rank], color=color, line_dash="dashed")
             fig.legend.location = "top_left"
             fig.legend.label_text_font_size = "9pt"
             figures.append(fig)
@@ -127,17 +139,29 @@ class JobDashboard(widgets.VBox):
         super().close()
 
 
-def _columns(chunk: Any, stages: tuple[str, ...]) -> dict[str, list[float]]:
-    """A rank's new ticks as the plots' columns (NaN where a tick has no value)."""
-    keys = [(series, _STEP) for series, _, _ in _PLOTS] + [("qps", stage) for stage in stages]
-    names = [series for series, _, _ in _PLOTS] + [f"qps:{stage}" for stage in stages]
-    if chunk is None:
-        return {"time_s": [], **{name: [] for name in names}}
-    empty = np.full(len(chunk.times), math.nan)
-    out = {"time_s": chunk.times.tolist()}
-    for key, name in zip(keys, names):
-        out[name] = chunk.columns.get(key, empty).tolist()
-    return out
+def _points(chunk: FrameChunk, rank: int, after: float, stages: tuple[str, ...]) -> tuple[dict[str, list], float]:
+    """A rank's points after ``after`` (seconds since it started), one each POINT_EVERY_S, each over
+    the ticks of the SMOOTH_S before it; and the time of the last one."""
+    out: dict[str, list] = {"time_s": [], **{c: [] for c, _, _ in _PLOTS},
+                            **{f"{kind}:{s}": [] for s in stages for kind in ("qps", "cap")}}
+    times = chunk.times
+    if len(times) < 2:
+        return out, after
+    first = max(after, times[0] + SMOOTH_S - POINT_EVERY_S)
+    for end in np.arange((first // POINT_EVERY_S + 1) * POINT_EVERY_S, times[-1] + 1e-9, POINT_EVERY_S):
+        upto = int(np.searchsorted(times, end, side="right"))
+        window = rank_window(FrameChunk(upto, times[:upto], {k: v[:upto] for k, v in chunk.columns.items()}),
+                             rank, "", SMOOTH_S)
+        out["time_s"].append(float(end))
+        for column, _, _ in _PLOTS:
+            out[column].append(getattr(window, column))
+        by_name = {stage.name: stage for stage in window.stages}
+        for name in stages:
+            stage = by_name.get(name)
+            out[f"qps:{name}"].append(stage.items_per_s if stage else math.nan)
+            out[f"cap:{name}"].append(stage.capacity_per_s if stage else math.nan)
+        after = float(end)
+    return out, after
 
 
 def _table_html(summary: Any) -> str:

@@ -13,7 +13,6 @@ from bokeh.plotting import figure
 
 from .job_dashboard import _table_html
 from .report import write_page
-from .run_report import _numbers
 
 __all__ = ["write_job_report"]
 
@@ -26,7 +25,7 @@ PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
 
 def write_job_report(job: Any, path: str | os.PathLike) -> Path:
     """Write ``job`` (a JobSession, live or from its folder) to ``path``; return the path."""
-    frames = _numbers(job.frames().astype({"rank": int}))
+    frames = job.frames().dropna(subset=["value"])  # numbers already: each rank's ring holds floats
     stages = sorted({s for s in frames.loc[frames["series"] == "qps", "stage"] if s != "step" and "/worker" not in s})
     figures = []
     for series, stage, title, axis in PLOTS:

@@ -176,3 +176,73 @@ def test_dashboard_attached_to_a_script_in_another_process(open_notebook, tmp_pa
     check_dashboard(opened, concurrency, "attached",
                     stop_expr="(stop(), dash.close(), session.close(), session.state)[-1]",
                     stopped="'finished'")
+
+
+JOB_CELLS = [
+    """
+import os, signal, subprocess, sys, tempfile
+from pathlib import Path
+import spdl_lab as lab
+from bokeh.io import output_notebook
+from bokeh.resources import INLINE
+
+output_notebook(INLINE, hide_banner=True)
+workdir = Path(tempfile.mkdtemp(prefix="spdl_lab_browser_job_"))
+torchrun = str(Path(sys.executable).with_name("torchrun"))
+process = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "browser-job", "--record",
+                            str(workdir / "job"), "--", torchrun, "--nproc_per_node=2", "--standalone",
+                            str(lab.workloads.job_script("ddp")), "--slow-rank", "1", "--slow-ms", "9",
+                            "--seconds", "150"], cwd=workdir, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def stop():
+    os.killpg(process.pid, signal.SIGTERM)
+    return process.wait(60)
+""",
+    """
+job = lab.attach("browser-job", timeout=120)
+dash = job.dashboard()
+dash
+""",
+    """
+dash
+""",
+]
+JOB_DASHBOARD = ".spdl-lab-job-dashboard"
+
+
+@pytest.mark.timeout(300)
+def test_job_dashboard_shows_every_rank_and_names_the_straggler(open_notebook, tmp_path):
+    """A torchrun job's dashboard: a line per rank in each plot, a row per rank, and the verdict
+    naming the slowed rank, drawn from the frames every rank publishes."""
+    import nbformat
+
+    tutorial = nbformat.read(DASHBOARD_NOTEBOOK, as_version=4)
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.strip()) for c in JOB_CELLS],
+                                        metadata=tutorial.metadata)
+    path = tmp_path / "job_dashboard.ipynb"
+    nbformat.write(notebook, path)
+    opened = open_notebook(path)
+    page = opened.page
+    try:
+        run_all_above_last_cell(page)
+        assert error_outputs(page) == []
+        # steps/s, data wait, step time, and the DataLoader's fetch and collate: five plots
+        wait_until(lambda: bokeh_plot_count(page, JOB_DASHBOARD) >= 5, timeout=90,
+                   what="5 Bokeh plots in the job dashboard")
+        for rank in (0, 1):
+            first = wait_until(lambda r=rank: bokeh_column_length(page, f"spdl-lab-rank{r}", "time_s"),
+                               timeout=60, what=f"rank {rank}'s ticks on the page")
+            wait_until(lambda r=rank, f=first: (bokeh_column_length(page, f"spdl-lab-rank{r}", "time_s") or 0) > f,
+                       timeout=30, what=f"rank {rank}'s line to grow")
+        verdict = page.locator(f"{JOB_DASHBOARD} .spdl-lab-job-verdict")
+        wait_until(lambda: "rank 1 waits" in (verdict.inner_text() or ""), timeout=90,
+                   what="the verdict naming rank 1 on the page", interval=0.5)
+        rows = page.locator(f"{JOB_DASHBOARD} .spdl-lab-job-table tr")
+        assert rows.count() == 3  # the heading and a row per rank
+        screenshot(page, "job-dashboard", JOB_DASHBOARD)
+        run_cell(page, -1)
+        assert error_outputs(page) == []
+    finally:
+        code = opened.kernel_eval("(stop(), dash.close(), job.close(), 0)[-1]", timeout=90)
+    assert code == "0"
