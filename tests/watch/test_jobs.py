@@ -94,3 +94,19 @@ def test_a_rank_killed_mid_run_is_named_and_the_others_follow_torchrun(tmp_path)
     assert job.states == {0: "stopped", 1: "killed"}
     assert job.verdict() == "rank 1 died (killed); rank 0 stopped"
     assert job.state == "0 stopped, 1 killed"
+
+
+def test_spdl_lab_watch_1_under_torchrun_alone_records_the_job_in_one_folder(tmp_path):
+    from ddp_jobs import TORCHRUN
+
+    env = {**os.environ, "SPDL_LAB_WATCH": "1", "SPDL_LAB_WATCH_NAME": "envjob", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([TORCHRUN, "--nproc_per_node=2", "--standalone", str(lab.workloads.job_script("ddp")),
+                           "--steps", "40", "--workers", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (folder,) = (tmp_path / "spdl_lab_runs").iterdir()
+    assert folder.name.startswith("envjob-")  # NAME-JOBID: torchrun's TORCHELASTIC_RUN_ID
+    job = lab.open(folder)
+    assert job.world_size == 2 and job.name == "envjob" and job.state == "finished"
+    assert list(job.summary()["steps"]) == [40, 40]
+    assert job.job_id.startswith(folder.name.removeprefix("envjob-"))
