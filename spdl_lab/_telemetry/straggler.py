@@ -17,13 +17,16 @@ import numpy as np
 
 from .frames import FrameChunk
 
-__all__ = ["HELD_BACK", "MIN_STEPS", "SLOWER_STAGE", "STRAGGLER_GAP", "VERDICT_WINDOW_S", "WAITS_FOR_DATA", "JobVerdict", "RankWindow",
+__all__ = ["HELD_BACK", "MIN_STEPS", "SLOWER_STAGE", "STRAGGLER_GAP", "VERDICT_WINDOW_S", "WAITS_FOR_DATA", "WARMUP_STEPS", "JobVerdict", "RankWindow",
            "StageWindow", "judge", "rank_window"]
 
 #: The latest seconds of each rank's ticks that a verdict reads.
 VERDICT_WINDOW_S = 10.0
 #: Steps each rank needs in the window before the ranks are compared.
 MIN_STEPS = 10
+#: A rank's first steps wait for its loader to start (worker processes, their first batches):
+#: that is start-up, not the rank's pace, and no window holds them.
+WARMUP_STEPS = 3
 #: A rank waits for data when at least this share of its loop (data wait + step) is data wait.
 WAITS_FOR_DATA = 0.25
 #: A straggler also waits at least this much more of its loop than the median of the other ranks...
@@ -82,6 +85,10 @@ def rank_window(chunk: FrameChunk, rank: int, state: str, window_s: float = VERD
     if len(times) < 2:
         return RankWindow(rank, state, 0, 0.0, math.nan, math.nan, math.nan, math.nan)
     first = max(0, int(np.searchsorted(times, times[-1] - window_s, side="left")) - 1)
+    counter = chunk.columns.get(("steps", _STEP))
+    if counter is not None:  # from the tick where the warm-up steps are done
+        warm = np.flatnonzero(counter >= WARMUP_STEPS)
+        first = max(first, int(warm[0]) if warm.size else len(times) - 1)
     span = float(times[-1] - times[first])
 
     def column(series: str, stage: str) -> np.ndarray:

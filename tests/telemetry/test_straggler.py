@@ -123,3 +123,13 @@ def test_too_few_steps_or_ranks_waits():
 def test_a_rank_that_died_is_named_with_what_became_of_the_others():
     verdict = judge([window(0, 1, 50, state="stopped"), window(1, 60, 10, state="killed")], world_size=2)
     assert verdict.kind == "ended" and verdict.text == "rank 1 died (killed); rank 0 stopped"
+
+
+def test_a_ranks_first_steps_wait_for_its_loader_to_start_and_are_not_counted():
+    chunk = ticks(steps_per_s=10, wait_ms=5, step_ms=45)
+    wait = chunk.columns[("data_wait_ms", "step")]
+    steps = chunk.columns[("steps", "step")]
+    wait[steps <= s.WARMUP_STEPS] = 900.0  # the workers starting: the first batches come late
+    w = rank_window(chunk, 0, "running", window_s=30)
+    assert w.data_wait_ms == pytest.approx(5) and w.wait_frac == pytest.approx(0.1)
+    assert w.steps == pytest.approx(steps[-1] - s.WARMUP_STEPS, abs=1)
