@@ -61,8 +61,6 @@ class Loader(RunOwner):
         if buffer_size is not None:
             _check_int("buffer_size", buffer_size, minimum=1)
         _check_int("max_failures", max_failures, minimum=0)
-        if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
-            raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
         self.pipeline = pipeline
         self.runner = runner
         self._options = dict(
