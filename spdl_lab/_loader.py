@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ._pipeline import Pipeline, validate_concurrency
+from ._pipeline import Pipeline, check_ints, validate_concurrency
 from ._runners import runner_class
 from ._runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from ._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
@@ -58,9 +58,8 @@ class Loader(RunOwner):
                 f"wrap an iterable as lab.Pipeline(iterable), or use lab.run() for an existing loader"
             )
         self._runner_cls = runner_class(runner)
-        if buffer_size is not None:
-            _check_int("buffer_size", buffer_size, minimum=1)
-        _check_int("max_failures", max_failures, minimum=0)
+        check_ints("Loader", buffer_size=(1 if buffer_size is None else buffer_size, 1),
+                   max_failures=(max_failures, 0))
         self.pipeline = pipeline
         self.runner = runner
         self._options = dict(
@@ -143,10 +142,3 @@ class Loader(RunOwner):
     def __repr__(self) -> str:
         stages = ", ".join(s.name for s in self.pipeline.stages)
         return f"Loader(runner={self.runner!r}, stages=[{stages}], {self.state})"
-
-
-def _check_int(field: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise PipelineSpecError(f"Loader: {field} must be an int >= {minimum}, got {value!r}")
-
-

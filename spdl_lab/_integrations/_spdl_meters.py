@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 from spdl.pipeline import AsyncQueue, StageInfo, TaskHook, is_eof, is_epoch_end
 
 from .._engine.engine import EngineReading
-from .._telemetry.histogram import bucket_of
 from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
 from ._spdl_config import SINK, SOURCE, SpdlSpec
 
@@ -117,9 +116,7 @@ class _Task:
         slot.started_ns = 0
         self.hook.free.append(slot)
         if exc_type is None:
-            slot.tasks += 1
-            slot.busy_ns += duration
-            slot.hist[bucket_of(duration)] += 1
+            slot.record(duration)
         elif issubclass(exc_type, Exception) and exc_type is not StopAsyncIteration:
             slot.tasks += 1
             slot.failures += 1

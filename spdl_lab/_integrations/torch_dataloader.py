@@ -90,12 +90,9 @@ class WatchedDataLoader:
         return self.open(lambda: iter(self.dataloader))
 
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered."""
-        return self._follow(self.meters.open(self.dataloader, make))
-
-    def _follow(self, it: Iterator[Any]) -> Iterator[Any]:
-        """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
-        # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
+        """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered and
+        watched (torch keeps them on the iterator; a single-process DataLoader has none)."""
+        it = self.meters.open(self.dataloader, make)
         procs = []
         for w in getattr(it, "_workers", []) or []:
             try:
