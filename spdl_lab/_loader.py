@@ -28,14 +28,12 @@ class Loader(RunOwner):
                 train(batch)
             print(loader.stats())
 
-    ``buffer_size`` is how many outputs are held ready for the consumer; by
-    default 3 when the pipeline batches, 32 when it yields single items.
-    ``max_failures=N`` drops and counts up to N failing items instead of
-    stopping at the first (see the engine's failure model). ``meters=False``
-    turns off per-task timing (counts and queue depths stay). ``sample_hz``
-    sets the sampler's rate (``0`` turns the sampler off). ``close_timeout``
-    is how long closing waits for work in flight before it abandons stuck
-    threads (named in a RuntimeWarning) or kills stuck processes. Other
+    ``buffer_size`` is how many outputs are held ready for the consumer; by default 3 when the
+    pipeline batches, 32 when it yields single items. ``max_failures=N`` drops and counts up to N
+    failing items instead of stopping at the first (see the engine's failure model). ``meters=False``
+    turns off per-task timing (counts and queue depths stay). ``sample_hz`` sets the sampler's rate
+    (``0`` turns the sampler off). ``close_timeout`` is how long closing waits for work in flight
+    before it abandons stuck threads (named in a RuntimeWarning) or kills stuck processes. Other
     keyword arguments are options of the chosen runner.
     """
 
@@ -94,20 +92,16 @@ class Loader(RunOwner):
         return dict(self._options)
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        """Change a map stage's concurrency, live if a run is in progress.
-
-        Under ``process`` every stage shares the DataLoader's workers: any map
-        stage, or the pseudo-stage ``"workers"``, sets ``num_workers`` (the
-        workers restart), for this run and later ones.
-        """
+        """Change a map stage's concurrency, live if a run is in progress. Under ``process`` every
+        stage shares the DataLoader's workers: any map stage, or the pseudo-stage ``"workers"``, sets
+        ``num_workers`` (the workers restart), for this run and later ones."""
         cls = self._runner_cls
         if stage != cls.pool_stage:
             spec = self.pipeline.stage(stage)
             if spec.kind != "map":
                 raise PipelineSpecError(
                     f"stage {stage!r} is a batch stage and has no concurrency; "
-                    f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}"
-                )
+                    f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}")
         validate_concurrency(n, stage=stage)
         with self._config:
             if cls.pool_option is not None:
@@ -119,11 +113,8 @@ class Loader(RunOwner):
                 run.runner.set_concurrency(stage, n)
 
     def controls(self) -> dict[str, int]:
-        """What ``set_concurrency`` takes here, with each one's current value.
-
-        The map stages for the thread engines; the one shared pool (``workers``)
-        for runners that have one.
-        """
+        """What ``set_concurrency`` takes here, with each one's current value: the map stages for
+        the thread engines; the one shared pool (``workers``) for runners that have one."""
         cls = self._runner_cls
         run = self._state.run
         live = run is not None and not run.finished

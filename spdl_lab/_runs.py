@@ -200,13 +200,10 @@ class Run:
         return rows
 
     def finish(self, timeout: float) -> None:
-        """Close the runner and stop the sampler; returns once that is done.
-
-        A second caller (``close()`` from another thread while the loop's own
-        ``finally`` closes) waits for the first rather than returning early:
-        otherwise a process could exit while the first is still removing the
-        runner's shared memory.
-        """
+        """Close the runner and stop the sampler; returns once that is done. A second caller
+        (``close()`` from another thread while the loop's own ``finally`` closes) waits for the first
+        rather than returning early: else a process could exit while the first is still removing the
+        runner's shared memory."""
         with self._lock:
             first = not self.finished
             self.finished = True

@@ -161,16 +161,14 @@ class SpdlMeters:
 
     def _stage_meter(self, info: StageInfo) -> StageMeter:
         position = _position(info)
-        if 1 <= position <= len(self.stages) and self._matches(self.stages[position - 1], info):
-            return self.stages[position - 1]
+        if 1 <= position <= len(self.stages):
+            meter = self.stages[position - 1]
+            # SPDL names a stage as the spec does, before lab's de-duplication suffix.
+            if meter.name == info.stage_name or meter.name.startswith(f"{info.stage_name}_"):
+                return meter
         meter = StageMeter(f"{info.stage_name}#{info.stage_id}", "other", info.concurrency or 1)
         self._others.append(meter)
         return meter
-
-    @staticmethod
-    def _matches(meter: StageMeter, info: StageInfo) -> bool:
-        # SPDL names a stage as the spec does, before lab's de-duplication suffix.
-        return meter.name == info.stage_name or meter.name.startswith(f"{info.stage_name}_")
 
     def read(self) -> EngineReading:
         now = _clock()

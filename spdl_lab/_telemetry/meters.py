@@ -108,7 +108,6 @@ class StageMeter:
         with self._lock:
             workers = list(self._workers)
         tasks = failures = in_flight = busy = running = 0
-        hist = new_counts()
         for w in workers:
             tasks += w.tasks
             failures += w.failures
@@ -116,8 +115,6 @@ class StageMeter:
             if started := w.started_ns:
                 in_flight += 1
                 running += max(0, now_ns - started)
-            for i, c in enumerate(w.hist):
-                if c:
-                    hist[i] += c
+        hist = [sum(counts) for counts in zip(*(w.hist for w in workers))] if workers else new_counts()
         return StageReading(self.name, self.kind, tasks, failures, in_flight, busy + running,
                             self.concurrency, hist, busy_done_ns=busy)

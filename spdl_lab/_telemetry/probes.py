@@ -18,7 +18,7 @@ from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
 from .schedstat import SCHEDSTAT_PATH, open_schedstat, read_runqueue_ns
 
-__all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals"]
+__all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals", "machine_times"]
 
 NAN = float("nan")
 #: Per-wake GIL waits kept for the per-tick maximum: about 20 s of wakes at the
@@ -201,7 +201,7 @@ class CpuProbe:
                 found = [proc for proc, _ in self._kids.values()]
                 kids = [self._rates.percent(proc, proc) for proc in found]
                 self._rates.keep_only({"main", *found})
-            machine = _machine_times()
+            machine = machine_times()
             before, self._machine = self._machine, machine
         rows: list[Row] = [("processes", "children", float(count))] if self.children else []
         if main is None:  # the first call, or a span too short: the baseline stays
@@ -246,7 +246,7 @@ class CpuProbe:
         return len(kids)
 
 
-def _machine_times() -> tuple[float, float]:
+def machine_times() -> tuple[float, float]:
     """(busy, total) CPU seconds over all CPUs, counted as psutil.cpu_percent does."""
     # Not psutil.cpu_percent(interval=None): its baseline is module-global, moved by any caller.
     t = psutil.cpu_times()
