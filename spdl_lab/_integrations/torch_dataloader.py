@@ -73,10 +73,11 @@ def _fetch(dataset: Any, indices: Any) -> list[Any]:
 
 class WatchedDataLoader:
     """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
-    (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``),
-    and the Dataset and collate_fn inside them as stages ``fetch`` and ``collate`` with the queue
-    of batches prefetched or in flight (``DataLoaderMeters``). ``close()`` removes the meters'
-    shared memory; so does the garbage collector, or the interpreter's exit, if nobody closes it."""
+    (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU
+    (``("cpu_percent", "worker<i>")``, their sum ``"workers"``), and the Dataset and collate_fn inside
+    them as stages ``fetch`` and ``collate`` with the queue of batches prefetched or in flight
+    (``DataLoaderMeters``). ``close()`` removes the meters' shared memory; so does the garbage
+    collector, or the interpreter's exit, if nobody closes it."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
