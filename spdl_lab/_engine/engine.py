@@ -19,6 +19,7 @@ Shutdown rules
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -168,10 +169,8 @@ class Engine:
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
-                try:
+                with contextlib.suppress(Exception):
                     close()
-                except Exception:
-                    pass
 
     def get(self, timeout: float) -> Any:
         """The next output record ``(seq, index, value)``, END, or TIMEOUT; the pipeline's

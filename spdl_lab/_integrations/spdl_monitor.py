@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import threading
@@ -156,10 +157,8 @@ class SpdlRunner(Runner):
         try:
             pipeline, self._pipeline = self._pipeline, None
             if pipeline is not None:
-                try:
+                with contextlib.suppress(Exception):  # the failure, if any, was raised by get() already
                     pipeline.stop(timeout=timeout)
-                except Exception:  # the failure, if any, was raised by get() already
-                    pass
         finally:
             if got:
                 self._io.release()
