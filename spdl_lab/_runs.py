@@ -94,9 +94,7 @@ class RunOwner:
     # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         run = self._state.run
-        if run is None:
-            return self._empty_stats()
-        return run.snapshot()
+        return self._empty_stats() if run is None else run.snapshot()
 
     def _empty_stats(self) -> Snapshot:
         raise NotImplementedError
@@ -112,10 +110,8 @@ class RunOwner:
 
     def frames(self) -> pd.DataFrame:
         """The sampler's rows for the current or last run (see ``spdl_lab._telemetry.frames``)."""
-        run = self._state.run
-        if run is None or run.sampler is None:
-            return to_frame(Ring(2))
-        return run.sampler.frames()
+        sampler = self.sampler
+        return to_frame(Ring(2)) if sampler is None else sampler.frames()
 
     @property
     def sampler(self) -> Sampler | None:
@@ -138,8 +134,8 @@ class RunOwner:
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
-        run = self._state.run
-        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
+        sampler = self.sampler
+        return chunk_since(sampler.ring if sampler is not None else None, cursor)
 
     # -- closing -----------------------------------------------------------------
     def close(self) -> None:
