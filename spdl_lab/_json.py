@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dump_file", "dumps", "loads", "plain"]
+__all__ = ["dump_file", "dumps", "loads", "plain", "write_atomically"]
 
 _AS_IS = (str, int, bool, type(None))
 
@@ -43,16 +43,22 @@ def dumps(value: Any, *, compact: bool = True) -> str:
 
 
 def dump_file(value: Any, path: str | os.PathLike, *, compact: bool = False) -> Path:
-    """Write ``value`` as JSON to ``path`` atomically: a reader never sees half a file."""
+    """Write ``value`` as JSON to ``path`` atomically; return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    write_atomically(path, dumps(value, compact=compact).encode("utf-8"))
+    return path
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (another process, maybe making the same file)
+    never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(dumps(value, compact=compact), encoding="utf-8")
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
 
 
 def _no_constants(name: str) -> Any:

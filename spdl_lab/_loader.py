@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ._pipeline import Pipeline, validate_concurrency
+from ._pipeline import Pipeline, check_ints, validate_concurrency
 from ._runners import runner_class
 from ._runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from ._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
@@ -28,14 +28,12 @@ class Loader(RunOwner):
                 train(batch)
             print(loader.stats())
 
-    ``buffer_size`` is how many outputs are held ready for the consumer; by
-    default 3 when the pipeline batches, 32 when it yields single items.
-    ``max_failures=N`` drops and counts up to N failing items instead of
-    stopping at the first (see the engine's failure model). ``meters=False``
-    turns off per-task timing (counts and queue depths stay). ``sample_hz``
-    sets the sampler's rate (``0`` turns the sampler off). ``close_timeout``
-    is how long closing waits for work in flight before it abandons stuck
-    threads (named in a RuntimeWarning) or kills stuck processes. Other
+    ``buffer_size`` is how many outputs are held ready for the consumer; by default 3 when the
+    pipeline batches, 32 when it yields single items. ``max_failures=N`` drops and counts up to N
+    failing items instead of stopping at the first (see the engine's failure model). ``meters=False``
+    turns off per-task timing (counts and queue depths stay). ``sample_hz`` sets the sampler's rate
+    (``0`` turns the sampler off). ``close_timeout`` is how long closing waits for work in flight
+    before it abandons stuck threads (named in a RuntimeWarning) or kills stuck processes. Other
     keyword arguments are options of the chosen runner.
     """
 
@@ -58,11 +56,8 @@ class Loader(RunOwner):
                 f"wrap an iterable as lab.Pipeline(iterable), or use lab.run() for an existing loader"
             )
         self._runner_cls = runner_class(runner)
-        if buffer_size is not None:
-            _check_int("buffer_size", buffer_size, minimum=1)
-        _check_int("max_failures", max_failures, minimum=0)
-        if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
-            raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
+        check_ints("Loader", buffer_size=(1 if buffer_size is None else buffer_size, 1),
+                   max_failures=(max_failures, 0))
         self.pipeline = pipeline
         self.runner = runner
         self._options = dict(
@@ -97,20 +92,16 @@ class Loader(RunOwner):
         return dict(self._options)
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        """Change a map stage's concurrency, live if a run is in progress.
-
-        Under ``process`` every stage shares the DataLoader's workers: any map
-        stage, or the pseudo-stage ``"workers"``, sets ``num_workers`` (the
-        workers restart), for this run and later ones.
-        """
+        """Change a map stage's concurrency, live if a run is in progress. Under ``process`` every
+        stage shares the DataLoader's workers: any map stage, or the pseudo-stage ``"workers"``, sets
+        ``num_workers`` (the workers restart), for this run and later ones."""
         cls = self._runner_cls
         if stage != cls.pool_stage:
             spec = self.pipeline.stage(stage)
             if spec.kind != "map":
                 raise PipelineSpecError(
                     f"stage {stage!r} is a batch stage and has no concurrency; "
-                    f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}"
-                )
+                    f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}")
         validate_concurrency(n, stage=stage)
         with self._config:
             if cls.pool_option is not None:
@@ -122,11 +113,8 @@ class Loader(RunOwner):
                 run.runner.set_concurrency(stage, n)
 
     def controls(self) -> dict[str, int]:
-        """What ``set_concurrency`` takes here, with each one's current value.
-
-        The map stages for the thread engines; the one shared pool (``workers``)
-        for runners that have one.
-        """
+        """What ``set_concurrency`` takes here, with each one's current value: the map stages for
+        the thread engines; the one shared pool (``workers``) for runners that have one."""
         cls = self._runner_cls
         run = self._state.run
         live = run is not None and not run.finished
@@ -145,10 +133,3 @@ class Loader(RunOwner):
     def __repr__(self) -> str:
         stages = ", ".join(s.name for s in self.pipeline.stages)
         return f"Loader(runner={self.runner!r}, stages=[{stages}], {self.state})"
-
-
-def _check_int(field: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise PipelineSpecError(f"Loader: {field} must be an int >= {minimum}, got {value!r}")
-
-

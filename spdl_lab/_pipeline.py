@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from .errors import PipelineSpecError
 
-__all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "describe_source", "find_stage", "unique_name",
+__all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "check_ints", "describe_source", "find_stage", "unique_name",
            "validate_concurrency"]
 
 #: Upper bound on a stage's concurrency: beyond this a pool of threads or
@@ -38,6 +38,13 @@ def validate_concurrency(value: object, *, stage: str) -> int:
         raise PipelineSpecError(f"stage {stage!r}: concurrency must be an int in 1..{MAX_CONCURRENCY}, "
                                 f"got {value!r} ({type(value).__name__})")
     return value
+
+
+def check_ints(where: str, **values: tuple[Any, int]) -> None:
+    """Each ``name=(value, low)`` must be an int of at least ``low``; else an error naming ``where``."""
+    for name, (value, low) in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PipelineSpecError(f"{where}: {name} must be an int >= {low}, got {value!r}")
 
 
 class Pipeline:

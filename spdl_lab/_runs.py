@@ -22,6 +22,7 @@ from ._telemetry.frames import FrameChunk, chunk_since, queue_rows, stage_rows, 
 from ._telemetry.ring import Ring
 from ._telemetry.sampler import Sampler, Source
 from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
+from .errors import PipelineSpecError
 
 __all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
            "run_start_hooks"]
@@ -64,6 +65,8 @@ class RunOwner:
     is before any run (``_empty_stats``)."""
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
+        if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
+            raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
         self._sample_hz = float(sample_hz)
         self._sample_ticks = sample_ticks
         self._close_timeout = close_timeout
@@ -91,9 +94,7 @@ class RunOwner:
     # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         run = self._state.run
-        if run is None:
-            return self._empty_stats()
-        return run.snapshot()
+        return self._empty_stats() if run is None else run.snapshot()
 
     def _empty_stats(self) -> Snapshot:
         raise NotImplementedError
@@ -109,10 +110,8 @@ class RunOwner:
 
     def frames(self) -> pd.DataFrame:
         """The sampler's rows for the current or last run (see ``spdl_lab._telemetry.frames``)."""
-        run = self._state.run
-        if run is None or run.sampler is None:
-            return to_frame(Ring(2))
-        return run.sampler.frames()
+        sampler = self.sampler
+        return to_frame(Ring(2)) if sampler is None else sampler.frames()
 
     @property
     def sampler(self) -> Sampler | None:
@@ -135,8 +134,8 @@ class RunOwner:
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
-        run = self._state.run
-        return chunk_since(run.sampler.ring if run is not None and run.sampler is not None else None, cursor)
+        sampler = self.sampler
+        return chunk_since(sampler.ring if sampler is not None else None, cursor)
 
     # -- closing -----------------------------------------------------------------
     def close(self) -> None:
@@ -197,13 +196,10 @@ class Run:
         return rows
 
     def finish(self, timeout: float) -> None:
-        """Close the runner and stop the sampler; returns once that is done.
-
-        A second caller (``close()`` from another thread while the loop's own
-        ``finally`` closes) waits for the first rather than returning early:
-        otherwise a process could exit while the first is still removing the
-        runner's shared memory.
-        """
+        """Close the runner and stop the sampler; returns once that is done. A second caller
+        (``close()`` from another thread while the loop's own ``finally`` closes) waits for the first
+        rather than returning early: else a process could exit while the first is still removing the
+        runner's shared memory."""
         with self._lock:
             first = not self.finished
             self.finished = True
@@ -231,37 +227,14 @@ class Run:
         live = not self.finished
 
         def stats(r, queue) -> StageStats:
-            avg = r.tasks / elapsed if elapsed > 0 else 0.0
             recent = self.sampler.recent_rate("tasks", r.name) if (live and self.sampler) else None
-            return StageStats(
-                name=r.name,
-                kind=r.kind,
-                tasks=r.tasks,
-                failures=r.failures,
-                qps=avg if recent is None else recent,
-                qps_avg=avg,
-                mean_ms=r.mean_ms,
-                p50_ms=r.quantile_ms(0.5),
-                p99_ms=r.quantile_ms(0.99),
-                concurrency=r.concurrency,
-                in_flight=r.in_flight,
-                busy_frac=(r.busy_ns / 1e9 / elapsed / max(1, r.concurrency)) if elapsed > 0 else 0.0,
-                queue_depth=queue.depth if queue else 0,
-                queue_capacity=queue.capacity if queue else 0,
-            )
+            return StageStats.of(r, elapsed, recent, queue)
 
-        return Snapshot(
-            runner=self.runner.name,
-            running=live,
-            elapsed_s=elapsed,
-            items_out=self.items_out,
-            stages={r.name: stats(r, reading.inputs.get(r.name)) for r in reading.stages},
-            source=stats(reading.source, None),
-            queues={
-                q.name: QueueStats(q.name, q.depth, q.capacity, q.put_blocked_ns / 1e9, q.get_blocked_ns / 1e9)
-                for q in reading.queues
-            },
-        )
+        queues = {q.name: QueueStats(q.name, q.depth, q.capacity, q.put_blocked_ns / 1e9, q.get_blocked_ns / 1e9)
+                  for q in reading.queues}
+        return Snapshot(runner=self.runner.name, running=live, elapsed_s=elapsed, items_out=self.items_out,
+                        stages={r.name: stats(r, reading.inputs.get(r.name)) for r in reading.stages},
+                        source=stats(reading.source, None), queues=queues)
 
 
 class _State:
@@ -323,13 +296,8 @@ def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
 
 def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -> Snapshot:
     nan = float("nan")
-    stages = {
-        s.name: StageStats(
-            s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan,
-            overrides.get(s.name, s.concurrency), 0, 0.0, 0, 0,
-        )
-        for s in pipeline.stages
-    }
+    stages = {s.name: StageStats(s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan, overrides.get(s.name, s.concurrency),
+                                 0, 0.0, 0, 0) for s in pipeline.stages}
     return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
 
 

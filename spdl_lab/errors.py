@@ -1,7 +1,5 @@
-"""Exceptions raised by spdl_lab, and the one stage-failure message every runner raises.
-
-Every message says what failed, where (which stage, which item, which runner)
-and, where there is one, what to do about it.
+"""Exceptions raised by spdl_lab, and the one stage-failure message every runner raises. Every message
+says what failed, where (which stage, which item, which runner) and, where there is one, what to do.
 """
 
 from __future__ import annotations
@@ -15,20 +13,14 @@ class SpdlLabError(Exception):
 
 
 class PipelineSpecError(SpdlLabError, ValueError, TypeError):
-    """A pipeline, stage or setting was described wrongly.
-
-    It is both a ``ValueError`` and a ``TypeError`` so that callers who catch
-    either of the built-in kinds for bad arguments catch this one too.
-    """
+    """A pipeline, stage or setting was described wrongly: a ``ValueError`` and a ``TypeError`` both,
+    so that callers who catch either of the built-in kinds for bad arguments catch this one too."""
 
 
 class PipelineError(SpdlLabError, RuntimeError):
-    """A stage (or the source) raised while the pipeline ran.
-
-    ``stage`` names the stage, ``index`` the item (source index for per-item
-    stages, batch index after a ``batch`` stage); the original exception is
-    chained as ``__cause__``.
-    """
+    """A stage (or the source) raised while the pipeline ran: ``stage`` names the stage, ``index``
+    the item (source index for per-item stages, batch index after a ``batch`` stage); the original
+    exception is chained as ``__cause__``."""
 
     def __init__(self, message: str, *, stage: str, index: int | None) -> None:
         super().__init__(message)
@@ -69,13 +61,10 @@ def stage_failure(
     per_worker: bool = False,
     message: str | None = None,
 ) -> PipelineError:
-    """The error a failing stage (or the source) ends a run with, under every runner.
-
-    ``what`` is the failure as text when ``cause`` did not survive the trip from
-    a worker; ``where`` says where it ran ("in a Ray worker"); ``per_worker``:
-    ``max_failures`` counts per worker process (``process``). ``message`` is
-    one this function worded in a child process, sent back as text.
-    """
+    """The error a failing stage (or the source) ends a run with, under every runner. ``what`` is
+    the failure as text when ``cause`` did not survive the trip from a worker; ``where`` says where
+    it ran ("in a Ray worker"); ``per_worker``: ``max_failures`` counts per worker process
+    (``process``). ``message`` is one this function worded in a child process, sent back as text."""
     if message is None:
         place = "the source" if stage == "source" else f"stage {stage!r}"
         item = f" on item {index}" if index is not None else ""

@@ -19,6 +19,7 @@ Shutdown rules
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -26,14 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._pipeline import Pipeline, Stage
-from .._telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, bucket_of
-from .._telemetry.meters import (
-    SAMPLE_BELOW_NS,
-    SAMPLE_STRIDE,
-    QueueReading,
-    StageMeter,
-    StageReading,
-)
+from .._telemetry.meters import QueueReading, StageMeter, StageReading
 from ..errors import stage_failure
 from .batcher import Batcher, Sink
 from .map_stage import MapStage
@@ -146,7 +140,6 @@ class Engine:
                 self.fail("source", None, exc)
                 return
             metered = self._metered
-            hist, fast = meter.hist, FAST_BUCKETS
             untimed = budget = 0  # sampling, as in the map stages' workers
             while True:
                 if self.stopping:
@@ -165,12 +158,7 @@ class Engine:
                     return
                 meter.tasks += 1
                 if t0:
-                    d = clock() - t0
-                    meter.started_ns = 0
-                    weight, untimed = untimed + 1, 0
-                    budget = SAMPLE_STRIDE - 1 if d < SAMPLE_BELOW_NS else 0
-                    meter.busy_ns += d * weight
-                    hist[fast[d >> 4] if d < FAST_LIMIT_NS else bucket_of(d)] += weight
+                    budget, untimed = meter.sampled(clock() - t0, untimed), 0
                 sink.put(index, item)
                 index += 1
             sink.finish()
@@ -181,10 +169,8 @@ class Engine:
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
-                try:
+                with contextlib.suppress(Exception):
                     close()
-                except Exception:
-                    pass
 
     def get(self, timeout: float) -> Any:
         """The next output record ``(seq, index, value)``, END, or TIMEOUT; the pipeline's

@@ -11,12 +11,9 @@ import time
 from typing import Any, Protocol
 
 from .._pipeline import Stage
-from .._telemetry.histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of
-from .._telemetry.meters import SAMPLE_BELOW_NS, SAMPLE_STRIDE, StageMeter, WorkerMeter
+from .._telemetry.meters import StageMeter, WorkerMeter
 from .batcher import Sink
 from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
-
-assert FAST_SHIFT == 4  # the worker loop below inlines the shift
 
 __all__ = ["FailureRule", "MapStage", "reorder_window"]
 
@@ -126,7 +123,6 @@ class MapStage:
         ordered = self._ordered
         emit_ordered, put = self._emit_ordered, self._out.put
         clock = time.perf_counter_ns
-        hist, fast = meter.hist, FAST_BUCKETS
         metered = self._metered
         # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
@@ -161,12 +157,7 @@ class MapStage:
                 result = _DROPPED
             else:
                 if t0:
-                    d = clock() - t0
-                    meter.started_ns = 0
-                    weight, untimed = untimed + 1, 0
-                    budget = SAMPLE_STRIDE - 1 if d < SAMPLE_BELOW_NS else 0
-                    meter.busy_ns += d * weight
-                    hist[fast[d >> 4] if d < FAST_LIMIT_NS else bucket_of(d)] += weight
+                    budget, untimed = meter.sampled(clock() - t0, untimed), 0
             if ordered:
                 emit_ordered(seq, index, result)
             else:

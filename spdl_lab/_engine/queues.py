@@ -4,6 +4,7 @@ names the item in errors), metered; ``close()`` wakes every waiter with ``QueueC
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections import deque
@@ -14,18 +15,12 @@ from .._telemetry.meters import QueueReading
 __all__ = ["BoundedQueue", "QueueClosed", "END", "TIMEOUT"]
 
 
-class _Marker:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
+class _Marker(enum.Enum):
+    END = "END"
+    TIMEOUT = "TIMEOUT"
 
 
-END = _Marker("END")
-TIMEOUT = _Marker("TIMEOUT")
+END, TIMEOUT = _Marker.END, _Marker.TIMEOUT
 
 
 class QueueClosed(Exception):
@@ -133,13 +128,6 @@ class BoundedQueue:
             self._items.clear()
             self._wake_all_getters()
             self._not_full.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __len__(self) -> int:
-        return len(self._items)
 
     def read(self) -> QueueReading:
         return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity, puts=self.puts,

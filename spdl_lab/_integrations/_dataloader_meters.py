@@ -128,14 +128,7 @@ class DataLoaderMeters:
         """``fetch`` and ``collate`` over the whole run, as a Snapshot's stages (none before a worker)."""
         with self._lock:
             readings = self._totals()
-        span = max(elapsed_s, 1e-9)
-        return {r.name: StageStats(name=r.name, kind=r.kind, tasks=r.tasks, failures=r.failures,
-                                   qps=r.tasks / span, qps_avg=r.tasks / span, mean_ms=r.mean_ms,
-                                   p50_ms=r.quantile_ms(0.5), p99_ms=r.quantile_ms(0.99),
-                                   concurrency=r.concurrency, in_flight=r.in_flight,
-                                   busy_frac=r.busy_ns / 1e9 / span / r.concurrency,
-                                   queue_depth=0, queue_capacity=0)
-                for r in readings}
+        return {r.name: StageStats.of(r, max(elapsed_s, 1e-9)) for r in readings}
 
     def release(self) -> None:
         """Unmap and unlink the block: workers still running keep their own mapping until they exit."""

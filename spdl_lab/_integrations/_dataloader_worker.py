@@ -71,19 +71,20 @@ def _timed(fetcher: Any, meter: SlotMeter) -> Any:
     elif hasattr(fetcher, "dataset"):
         fetcher.dataset = _TimedDataset(fetcher.dataset, meter)
     if callable(getattr(fetcher, "collate_fn", None)):
-        fetcher.collate_fn = functools.partial(_collate, fetcher.collate_fn, meter)
+        fetcher.collate_fn = functools.partial(_call, meter, COLLATE, fetcher.collate_fn)
     return fetcher
 
 
-def _collate(collate_fn: Callable[[Any], Any], meter: SlotMeter, data: Any) -> Any:
-    t0 = meter.begin(COLLATE)
+def _call(meter: SlotMeter, row: int, fn: Callable[[Any], Any], arg: Any, items: int = 1) -> Any:
+    """``fn(arg)`` timed as one task of ``row`` that made ``items`` items; a raise counts a failure."""
+    t0 = meter.begin(row)
     try:
-        batch = collate_fn(data)
+        out = fn(arg)
     except BaseException:
-        meter.failed(COLLATE)
+        meter.failed(row)
         raise
-    meter.done(COLLATE, t0)
-    return batch
+    meter.done(row, t0, items=items)
+    return out
 
 
 class _TimedDataset:
@@ -98,26 +99,10 @@ class _TimedDataset:
             self.__getitems__ = functools.partial(self._getitems, getitems)
 
     def __getitem__(self, index: Any) -> Any:
-        meter = self._meter
-        t0 = meter.begin(FETCH)
-        try:
-            item = self._dataset[index]
-        except BaseException:
-            meter.failed(FETCH)
-            raise
-        meter.done(FETCH, t0)
-        return item
+        return _call(self._meter, FETCH, self._dataset.__getitem__, index)
 
     def _getitems(self, getitems: Callable[[Any], Any], indices: Any) -> Any:
-        meter = self._meter
-        t0 = meter.begin(FETCH)
-        try:
-            items = getitems(indices)
-        except BaseException:
-            meter.failed(FETCH)
-            raise
-        meter.done(FETCH, t0, items=len(indices))
-        return items
+        return _call(self._meter, FETCH, getitems, indices, items=len(indices))
 
     def __len__(self) -> int:
         return len(self._dataset)

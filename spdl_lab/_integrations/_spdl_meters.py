@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 from spdl.pipeline import AsyncQueue, StageInfo, TaskHook, is_eof, is_epoch_end
 
 from .._engine.engine import EngineReading
-from .._telemetry.histogram import bucket_of
 from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
 from ._spdl_config import SINK, SOURCE, SpdlSpec
 
@@ -117,9 +116,7 @@ class _Task:
         slot.started_ns = 0
         self.hook.free.append(slot)
         if exc_type is None:
-            slot.tasks += 1
-            slot.busy_ns += duration
-            slot.hist[bucket_of(duration)] += 1
+            slot.record(duration)
         elif issubclass(exc_type, Exception) and exc_type is not StopAsyncIteration:
             slot.tasks += 1
             slot.failures += 1
@@ -164,16 +161,14 @@ class SpdlMeters:
 
     def _stage_meter(self, info: StageInfo) -> StageMeter:
         position = _position(info)
-        if 1 <= position <= len(self.stages) and self._matches(self.stages[position - 1], info):
-            return self.stages[position - 1]
+        if 1 <= position <= len(self.stages):
+            meter = self.stages[position - 1]
+            # SPDL names a stage as the spec does, before lab's de-duplication suffix.
+            if meter.name == info.stage_name or meter.name.startswith(f"{info.stage_name}_"):
+                return meter
         meter = StageMeter(f"{info.stage_name}#{info.stage_id}", "other", info.concurrency or 1)
         self._others.append(meter)
         return meter
-
-    @staticmethod
-    def _matches(meter: StageMeter, info: StageInfo) -> bool:
-        # SPDL names a stage as the spec does, before lab's de-duplication suffix.
-        return meter.name == info.stage_name or meter.name.startswith(f"{info.stage_name}_")
 
     def read(self) -> EngineReading:
         now = _clock()

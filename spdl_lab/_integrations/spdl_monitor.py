@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import threading
@@ -47,8 +48,6 @@ class SpdlMonitor(RunOwner):
                  sample_ticks: int = DEFAULT_TICKS, close_timeout: float = CLOSE_TIMEOUT_S,
                  start_timeout: float = 30.0, **build_options: Any) -> None:
         self.pipeline: SpdlSpec = read_spec(builder_or_config, caller="lab.run", convert=False)
-        if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
-            raise PipelineSpecError(f"sample_hz must be a number >= 0, got {sample_hz!r}")
         _check_build_options(build_options)
         build_options.setdefault("num_threads", default_num_threads(self.pipeline, build_options))
         self._build_options = build_options
@@ -158,10 +157,8 @@ class SpdlRunner(Runner):
         try:
             pipeline, self._pipeline = self._pipeline, None
             if pipeline is not None:
-                try:
+                with contextlib.suppress(Exception):  # the failure, if any, was raised by get() already
                     pipeline.stop(timeout=timeout)
-                except Exception:  # the failure, if any, was raised by get() already
-                    pass
         finally:
             if got:
                 self._io.release()

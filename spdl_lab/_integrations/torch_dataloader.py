@@ -73,10 +73,11 @@ def _fetch(dataset: Any, indices: Any) -> list[Any]:
 
 class WatchedDataLoader:
     """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
-    (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU (``("cpu_percent", "worker<i>")``, their sum ``"workers"``),
-    and the Dataset and collate_fn inside them as stages ``fetch`` and ``collate`` with the queue
-    of batches prefetched or in flight (``DataLoaderMeters``). ``close()`` removes the meters'
-    shared memory; so does the garbage collector, or the interpreter's exit, if nobody closes it."""
+    (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU
+    (``("cpu_percent", "worker<i>")``, their sum ``"workers"``), and the Dataset and collate_fn inside
+    them as stages ``fetch`` and ``collate`` with the queue of batches prefetched or in flight
+    (``DataLoaderMeters``). ``close()`` removes the meters' shared memory; so does the garbage
+    collector, or the interpreter's exit, if nobody closes it."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
@@ -90,12 +91,9 @@ class WatchedDataLoader:
         return self.open(lambda: iter(self.dataloader))
 
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered."""
-        return self._follow(self.meters.open(self.dataloader, make))
-
-    def _follow(self, it: Iterator[Any]) -> Iterator[Any]:
-        """Watch the worker processes of ``it``, an iterator of this DataLoader; returns it."""
-        # torch keeps its worker processes on the iterator; a single-process DataLoader has none.
+        """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered and
+        watched (torch keeps them on the iterator; a single-process DataLoader has none)."""
+        it = self.meters.open(self.dataloader, make)
         procs = []
         for w in getattr(it, "_workers", []) or []:
             try:

@@ -98,6 +98,7 @@ def long_frame(times: np.ndarray, columns: dict[tuple[str, str], np.ndarray]) ->
         parts.append(pd.DataFrame({"time_s": times[keep], "series": series, "stage": stage,
                                    "value": values[keep]}))
     if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, ["float64", "object", "object", "float64"])})
+        dtypes = ["float64", "object", "object", "float64"]
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, dtypes)})
     frame = pd.concat(parts, ignore_index=True)
     return frame.sort_values(["time_s", "series", "stage"], kind="stable", ignore_index=True)

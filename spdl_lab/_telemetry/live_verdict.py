@@ -64,7 +64,8 @@ def live_verdict(means: Mapping[Key, float], *, runner: str,
         parts.append(f"data-starved: {pct(wait)} of step time waiting for data")
     elif gil >= GIL_BOUND_TRAIN:
         kind = "gil-bound"
-        parts.append(f"training thread GIL-bound while loading keeps up (data wait {pct(wait)})")
+        parts.append(f"training thread GIL-bound ({pct(gil)} GIL wait) while loading keeps up "
+                     f"(data wait {pct(wait)})")
     elif queued >= CPU_WAIT_TRAIN:
         kind = "cpu-contended"
         parts.append(
@@ -80,8 +81,6 @@ def live_verdict(means: Mapping[Key, float], *, runner: str,
         parts.append(f"slowest stage: {slowest[0]} at {pct(slowest[1])} busy")
     if gil >= GIL_BOUND_TRAIN and kind == "data-starved":
         parts.append(f"GIL wait {pct(gil)} on the training thread")
-    elif gil >= GIL_BOUND_TRAIN:
-        parts[0] = parts[0].replace("GIL-bound", f"GIL-bound ({pct(gil)} GIL wait)")
     text = "; ".join(parts)
     advice = _advice(kind, runner, gil, cpu, slowest, controls)
     return Verdict(kind, f"{text} — {advice}" if advice else text)

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .histogram import bucket_of, new_counts, quantile_ns
+from .histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of, new_counts, quantile_ns
 
 __all__ = ["SAMPLE_BELOW_NS", "SAMPLE_STRIDE", "QueueReading", "StageMeter", "StageReading", "WorkerMeter"]
 
@@ -34,10 +34,21 @@ class WorkerMeter:
         self.started_ns = 0
 
     def record(self, duration_ns: int) -> None:
-        """Record one completed, timed task (workers inline this on their hot path)."""
+        """Record one completed, timed task."""
         self.tasks += 1
         self.busy_ns += duration_ns
         self.hist[bucket_of(duration_ns)] += 1
+
+    def sampled(self, duration_ns: int, untimed: int) -> int:
+        """Record the timed task that ended the one in progress, standing for itself and the
+        ``untimed`` tasks before it (all counted already); return how many of the next tasks go
+        untimed. The workers' hot path: a table lookup finds the bucket of a short task."""
+        weight = untimed + 1
+        self.started_ns = 0
+        self.busy_ns += duration_ns * weight
+        fast = duration_ns < FAST_LIMIT_NS
+        self.hist[FAST_BUCKETS[duration_ns >> FAST_SHIFT] if fast else bucket_of(duration_ns)] += weight
+        return SAMPLE_STRIDE - 1 if duration_ns < SAMPLE_BELOW_NS else 0
 
 
 @dataclass
@@ -97,7 +108,6 @@ class StageMeter:
         with self._lock:
             workers = list(self._workers)
         tasks = failures = in_flight = busy = running = 0
-        hist = new_counts()
         for w in workers:
             tasks += w.tasks
             failures += w.failures
@@ -105,8 +115,6 @@ class StageMeter:
             if started := w.started_ns:
                 in_flight += 1
                 running += max(0, now_ns - started)
-            for i, c in enumerate(w.hist):
-                if c:
-                    hist[i] += c
+        hist = [sum(counts) for counts in zip(*(w.hist for w in workers))] if workers else new_counts()
         return StageReading(self.name, self.kind, tasks, failures, in_flight, busy + running,
                             self.concurrency, hist, busy_done_ns=busy)

@@ -16,15 +16,52 @@ import psutil
 
 from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
-from .schedstat import SCHEDSTAT_PATH, open_schedstat, read_runqueue_ns
 
-__all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals", "machine_times"]
+__all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals", "machine_times", "open_schedstat",
+           "read_runqueue_ns", "runqueue_ns"]
 
 NAN = float("nan")
 #: Per-wake GIL waits kept for the per-tick maximum: about 20 s of wakes at the
 #: default interval, so only a source called less often than that loses any.
 _RECENT = 4096
 _GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
+#: The calling thread's scheduler counters (Linux); field 2 is its run-queue wait, which, taken from
+#: a thread's lateness, tells CPU oversubscription apart from GIL wait.
+SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
+
+
+def read_runqueue_ns(fd: int | None) -> int | None:
+    """Run-queue nanoseconds read from an fd the thread opened (a kept fd: far cheaper than
+    open+read); None if unreadable."""
+    if fd is None:
+        return None
+    try:
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def open_schedstat(path: str = SCHEDSTAT_PATH) -> int | None:
+    """An fd on the calling thread's schedstat, or None where it is missing or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    if read_runqueue_ns(fd) is None:
+        os.close(fd)
+        return None
+    return fd
+
+
+def runqueue_ns(path: str = SCHEDSTAT_PATH) -> int | None:
+    """One-off read for the calling thread (opens and closes the file)."""
+    fd = open_schedstat(path)
+    if fd is None:
+        return None
+    try:
+        return read_runqueue_ns(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """The sampler: one thread that reads every source (meters, probes, the training step) ~10 times a
-second into a bounded ring, which ``frames()`` and the live dashboard read.
+second into a bounded ring, which ``frames()`` and the live dashboard read. A row's value is brought
+within what its series can physically be (CPU times tick in 10 ms steps, so a short tick's rate can
+exceed the machine) as it enters the ring, and counted in a ``clamped`` row.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -11,11 +14,10 @@ from collections.abc import Callable
 import pandas as pd
 import psutil
 
-from .bounds import bounded
 from .frames import Row, to_frame
 from .ring import Ring
 
-__all__ = ["DEFAULT_HZ", "DEFAULT_TICKS", "Sampler"]
+__all__ = ["DEFAULT_HZ", "DEFAULT_TICKS", "Sampler", "bounded", "limits"]
 
 DEFAULT_HZ = 10.0
 #: Ticks kept (ten minutes at 10 Hz): memory stays fixed however long a session runs.
@@ -41,7 +43,7 @@ class Sampler:
         self._name = name
         self._cores = psutil.cpu_count() or 1
         self.errors: list[BaseException] = []
-        #: values brought back within their physical limits (``bounds``), over the whole run
+        #: values brought back within their physical limits (``bounded``), over the whole run
         self.clamped = 0
 
     def add_source(self, source: Source) -> None:
@@ -112,3 +114,32 @@ class Sampler:
         if t1 <= t0 or v0 != v0 or v1 != v1:
             return None
         return (v1 - v0) / (t1 - t0)
+
+
+def limits(series: str, cores: int) -> tuple[float, float]:
+    """(lowest, highest) value ``series`` can take on a machine of ``cores`` cores."""
+    if series == "cpu_percent":
+        return 0.0, 100.0 * cores
+    if series.endswith(("_frac", "_util")):
+        return 0.0, 1.0
+    return 0.0, math.inf
+
+
+def bounded(rows: list[Row], cores: int) -> tuple[list[Row], int]:
+    """``rows`` with every value brought within its limits, and how many had to be."""
+    out: list[Row] = []
+    clamped = 0
+    for series, stage, value in rows:
+        if value != value:  # NaN: no value this tick
+            out.append((series, stage, value))
+            continue
+        if math.isinf(value):
+            out.append((series, stage, math.nan))
+            clamped += 1
+            continue
+        lo, hi = limits(series, cores)
+        if value < lo or value > hi:
+            value = min(hi, max(lo, value))
+            clamped += 1
+        out.append((series, stage, value))
+    return out, clamped

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from .._table import num
+from .meters import QueueReading, StageReading
 
 __all__ = ["StageStats", "QueueStats", "Snapshot"]
 
@@ -34,6 +35,16 @@ class StageStats:
     busy_frac: float
     queue_depth: int
     queue_capacity: int
+
+    @classmethod
+    def of(cls, r: StageReading, elapsed_s: float, qps: float | None = None,
+           queue: QueueReading | None = None) -> StageStats:
+        """A stage's totals over ``elapsed_s``; ``qps`` the recent rate, if known, else the average."""
+        avg = r.tasks / elapsed_s if elapsed_s > 0 else 0.0
+        busy = r.busy_ns / 1e9 / elapsed_s / max(1, r.concurrency) if elapsed_s > 0 else 0.0
+        return cls(r.name, r.kind, r.tasks, r.failures, avg if qps is None else qps, avg, r.mean_ms,
+                   r.quantile_ms(0.5), r.quantile_ms(0.99), r.concurrency, r.in_flight, busy,
+                   queue.depth if queue else 0, queue.capacity if queue else 0)
 
 
 @dataclass(frozen=True)

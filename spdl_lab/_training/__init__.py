@@ -5,8 +5,7 @@ CUDA timing is used when torch sees a GPU; nothing here needs one.
 
 from __future__ import annotations
 
-from .clock import DEFAULT_HISTORY, StepClock, StepRecord, StepSummary
-from .device import DeviceStep, DeviceTotals, SimulatedDevice
+from .clock import StepClock
+from .device import DeviceStep, SimulatedDevice
 
-__all__ = ["DEFAULT_HISTORY", "DeviceStep", "DeviceTotals", "SimulatedDevice", "StepClock", "StepRecord",
-           "StepSummary"]
+__all__ = ["DeviceStep", "SimulatedDevice", "StepClock"]

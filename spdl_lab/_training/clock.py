@@ -369,8 +369,8 @@ class StepClock:
             device_ns = now.device_ns - before.device_ns
             rows.append(("device_ms", STAGE, device_ns / resolved / 1e6))
             loop_ns = now.device_loop_ns - before.device_loop_ns
-            if loop_ns > 0:
-                rows.append(("device_util", STAGE, _share(device_ns, loop_ns)))
+            if loop_ns > 0:  # at most 1: a window's CUDA event pairs can outlast its wall time
+                rows.append(("device_util", STAGE, min(1.0, device_ns / loop_ns)))
         copies = now.copies - before.copies
         if copies > 0:
             rows.append(("copy_ms", STAGE, (now.copy_ns - before.copy_ns) / copies / 1e6))
@@ -406,10 +406,3 @@ def _iter_of(iterable: Iterable[T], where: str) -> Iterator[T]:
         return iter(iterable)
     except TypeError:
         raise PipelineSpecError(f"{where}: expected an iterable of batches, got {type(iterable).__name__}") from None
-
-
-def _share(device_ns: int, loop_ns: int) -> float:
-    """The device's share of the loop. CUDA work runs behind the loop, so a window's event pairs
-    can outlast its wall time (they end on the GPU later): a share is at most 1."""
-    return min(1.0, device_ns / loop_ns)
-

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from .._telemetry.schedstat import runqueue_ns
+from .._telemetry.probes import runqueue_ns
 from ..errors import PipelineSpecError
 
 __all__ = ["SimulatedDevice", "DeviceStep", "DeviceTotals"]

@@ -4,7 +4,7 @@ the figures over every step (``StepSummary``), with the summary's row as tables 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -13,7 +13,7 @@ import pandas as pd
 
 from .._telemetry.histogram import quantile_ns
 
-__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "summarize", "summary_row", "summary_table"]
+__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "summarize", "summary_table"]
 
 
 @dataclass(slots=True)
@@ -102,19 +102,14 @@ def _mean_ms(total_ns: int, count: int) -> float:
     return total_ns / count / 1e6 if count else math.nan
 
 
-def summary_row(step: Mapping[str, Any]) -> dict[str, Any]:
-    """The training step as one row of a stage table (``Session.summary``, a remote run's),
-    from ``StepSummary.to_dict()`` or the same keys received from a published run."""
-    return {"kind": "step", "tasks": step.get("steps"), "qps": step.get("batches_per_s"),
-            "p50_ms": step.get("step_p50_ms"), "p99_ms": step.get("step_p99_ms"),
-            "data_wait_frac": step.get("data_wait_frac"), "device_util": step.get("device_util")}
-
-
 def summary_table(snap: Any) -> pd.DataFrame:
     """A Snapshot as ``summary()`` shows it, for a local session, a remote one and a record alike:
     one row per stage (the source first), then the training step's."""
     table = snap.table() if snap.stages else pd.DataFrame()
     if snap.step is None:
         return table
-    step = pd.DataFrame([summary_row(snap.step.to_dict())], index=pd.Index(["step"], name="name"))
+    s = snap.step
+    row = {"kind": "step", "tasks": s.steps, "qps": s.batches_per_s, "p50_ms": s.step_p50_ms,
+           "p99_ms": s.step_p99_ms, "data_wait_frac": s.data_wait_frac, "device_util": s.device_util}
+    step = pd.DataFrame([row], index=pd.Index(["step"], name="name"))
     return pd.concat([table, step]) if not table.empty else step

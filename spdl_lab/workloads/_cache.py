@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import PipelineSpecError
 
-__all__ = ["cache_dir", "write_atomically"]
+__all__ = ["cache_dir"]
 
 CACHE_ENV = "SPDL_LAB_CACHE_DIR"
 
@@ -31,11 +31,3 @@ def cache_dir(root: str | os.PathLike | None, kind: str) -> Path:
     if not path.is_dir():
         raise PipelineSpecError(f"{path} is not a folder; pass root= or set ${CACHE_ENV}")
     return path
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (another process making the same data set)
-    never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

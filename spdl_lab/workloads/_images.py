@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from .._pipeline import Pipeline
+from .._json import write_atomically
+from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from ._cache import cache_dir, write_atomically
-from ._steps import ModelStep, check_ints, dataloader, seeded, step_for
+from ._cache import cache_dir
+from ._steps import ModelStep, dataloader, seeded, step_for
 
 __all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
 

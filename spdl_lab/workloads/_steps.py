@@ -1,5 +1,5 @@
 """What the real workloads share: a small model trained on CPU with SGD on made-up labels (or a
-SimulatedDevice), the torch DataLoader over their Datasets, and argument checks."""
+SimulatedDevice), and the torch DataLoader over their Datasets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 
-__all__ = ["ModelStep", "check_ints", "dataloader", "seeded", "step_for"]
+__all__ = ["ModelStep", "dataloader", "seeded", "step_for"]
 
 
 class ModelStep:
@@ -69,10 +69,3 @@ def dataloader(dataset: Any, batch_size: int, num_workers: int, options: dict[st
     from torch.utils.data import DataLoader
 
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True, **options)
-
-
-def check_ints(workload: str, **values: tuple[Any, int]) -> None:
-    """Each ``name=(value, low)`` must be an int of at least ``low``."""
-    for name, (value, low) in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise PipelineSpecError(f"{workload}: {name} must be an int >= {low}, got {value!r}")

@@ -5,6 +5,7 @@ Functions are module-level so every runner imports them by reference.
 
 from __future__ import annotations
 
+import functools
 import time
 from functools import partial
 from typing import Any
@@ -54,17 +55,13 @@ def _checksum(seed: int, iterations: int) -> int:
     return state
 
 
-_ITERATIONS_PER_US: list[float] = []
-
-
+@functools.cache
 def decode_iterations_per_us() -> float:
-    """Speed of the decode loop on this machine (CPU time, best of 5; cached)."""
-    if not _ITERATIONS_PER_US:
-        n = 200_000
-        _checksum(0, n)
-        best = min(_cpu_ns(n) for _ in range(5))
-        _ITERATIONS_PER_US.append(n / (best / 1000))
-    return _ITERATIONS_PER_US[0]
+    """Speed of the decode loop on this machine (CPU time, best of 5; measured once)."""
+    n = 200_000
+    _checksum(0, n)
+    best = min(_cpu_ns(n) for _ in range(5))
+    return n / (best / 1000)
 
 
 def _cpu_ns(iterations: int) -> int:

@@ -17,9 +17,8 @@ import psutil
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._telemetry.bounds import bounded, limits
 from spdl_lab._telemetry.probes import CpuProbe
-from spdl_lab._telemetry.sampler import Sampler
+from spdl_lab._telemetry.sampler import Sampler, bounded, limits
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 
