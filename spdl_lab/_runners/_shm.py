@@ -9,14 +9,21 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import secrets
 import struct
 import tempfile
+import threading
 import time
 
 from ..errors import RunnerError
 
-__all__ = ["ShmFile", "SeqlockBlock", "free_bytes", "new_prefix", "remove_all", "shm_dir"]
+__all__ = ["ShmFile", "SeqlockBlock", "free_bytes", "new_prefix", "remove_all", "shm_dir", "sweep_dead_owners"]
+
+#: Every segment's name: ``spdl_lab_<pid of the process that made it>_<random>_<what>``.
+_OURS = re.compile(r"spdl_lab_(\d+)_[0-9a-f]+_")
+_swept_in: int | None = None  # the pid of the process that swept (a forked child sweeps again)
+_sweep_lock = threading.Lock()
 
 
 def shm_dir() -> str:
@@ -24,7 +31,36 @@ def shm_dir() -> str:
 
 
 def new_prefix() -> str:
+    """A new run's prefix; the first one a process asks for first removes what dead owners left."""
+    global _swept_in
+    with _sweep_lock:
+        if _swept_in != os.getpid():
+            _swept_in = os.getpid()
+            sweep_dead_owners()
     return f"spdl_lab_{os.getpid()}_{secrets.token_hex(4)}_"
+
+
+def sweep_dead_owners() -> list[str]:
+    """Unlink every segment whose maker is gone (SIGKILLed, it could not unlink its own): its pid
+    no longer runs. Returns the names removed. A pid in use again keeps its old segment until then."""
+    directory, removed = shm_dir(), []
+    for name in os.listdir(directory):
+        match = _OURS.match(name)
+        if match and not _pid_runs(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+    return removed
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
 
 
 def free_bytes(directory: str) -> int:

@@ -1,0 +1,74 @@
+"""Nothing left in /dev/shm: a process-runner owner killed with SIGKILL cannot unlink its meters'
+segment, and the first segment another process makes removes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from spdl_lab._runners import _shm
+
+pytestmark = pytest.mark.timeout(120)
+
+HOLDER = textwrap.dedent('''
+    import sys, time
+    import spdl_lab as lab
+
+    def slow(x):
+        time.sleep(0.01)
+        return x
+
+    if __name__ == "__main__":
+        loader = lab.Loader(lab.Pipeline(range(10**9)).map(slow, concurrency=2), runner="process")
+        for i, _ in enumerate(loader):
+            if i == 5:
+                print("running", flush=True)
+''')
+
+
+def _segments_of(pid: int) -> list[str]:
+    return [name for name in os.listdir(_shm.shm_dir()) if name.startswith(f"spdl_lab_{pid}_")]
+
+
+def test_a_killed_owners_segments_are_removed_by_the_next_process_that_makes_one(tmp_path):
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "running"
+        assert _segments_of(holder.pid), "the holder's Loader made no segment"
+        os.killpg(holder.pid, signal.SIGKILL)  # the owner and its workers: no one unlinks
+        holder.wait(30)
+        assert _segments_of(holder.pid), "SIGKILL left nothing to sweep"
+        # Elsewhere, a new Loader makes its first segment (its meters): that sweeps.
+        fresh = subprocess.run([sys.executable, "-c", "import spdl_lab as lab\n"
+                                "with lab.Loader(lab.Pipeline(range(4)), runner='process') as loader:\n"
+                                "    assert list(loader) == [0, 1, 2, 3]"],
+                               capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert fresh.returncode == 0, fresh.stderr
+        deadline = time.monotonic() + 5
+        while _segments_of(holder.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _segments_of(holder.pid) == []
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(30)
+
+
+def test_a_live_owners_segments_stay():
+    name = f"{_shm.new_prefix()}probe"
+    segment = _shm.ShmFile(name, 4096, create=True)
+    try:
+        assert name not in _shm.sweep_dead_owners()
+        assert os.path.exists(segment.path)
+    finally:
+        segment.close()
+        segment.unlink()
