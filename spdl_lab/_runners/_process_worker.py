@@ -18,8 +18,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, describe
 from ._delivered import Delivered
-from ._shipping import output_stage, pickled, pickling_error
+from ._shipping import output_stage, pickled
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
+from ._transport import pickling_error
 from .children import exit_without_finalizing
 
 __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
