@@ -188,8 +188,7 @@ class PipelineDataset(IterableDataset):
         error = pickling_error(value)
         if error is None:
             return indices, value
-        index = indices[0] // self.plan.chunk if self.plan.batch is not None else indices[0]
-        stage = output_stage(self._load(info.id).pipeline)
+        stage, index = output_stage(self._load(info.id).pipeline), indices[0] // self.plan.chunk
         return indices, Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
 
     def _collate(self, data: Any) -> tuple[list[int], Any]:

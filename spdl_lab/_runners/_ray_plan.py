@@ -160,7 +160,8 @@ class _Stages:
                 value = fn(item)
             except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
                 number, what = _first(index) // span, describe(exc)
-                record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0, (name, number, what, time.time()))
+                ns = time.perf_counter_ns() - t0
+                record(self.key, self.board, name, "failed", ns, (name, number, what, time.time()))
                 if strict or self.strict:
                     text = "".join(traceback.format_exception(exc))
                     error = exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: text alone
