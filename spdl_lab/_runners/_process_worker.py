@@ -18,8 +18,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, describe
 from ._delivered import Delivered
-from ._shipping import output_stage, pickled, pickling_error
+from ._shipping import output_stage, pickled
 from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
+from ._transport import pickling_error
 from .children import exit_without_finalizing
 
 __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
@@ -187,8 +188,7 @@ class PipelineDataset(IterableDataset):
         error = pickling_error(value)
         if error is None:
             return indices, value
-        index = indices[0] // self.plan.chunk if self.plan.batch is not None else indices[0]
-        stage = output_stage(self._load(info.id).pipeline)
+        stage, index = output_stage(self._load(info.id).pipeline), indices[0] // self.plan.chunk
         return indices, Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
 
     def _collate(self, data: Any) -> tuple[list[int], Any]:

@@ -160,10 +160,12 @@ class _Stages:
                 value = fn(item)
             except Exception as exc:  # noqa: BLE001 - the user's function: counted, then raised or dropped
                 number, what = _first(index) // span, describe(exc)
-                record(self.key, self.board, name, "failed", time.perf_counter_ns() - t0, (name, number, what, time.time()))
+                ns = time.perf_counter_ns() - t0
+                record(self.key, self.board, name, "failed", ns, (name, number, what, time.time()))
                 if strict or self.strict:
                     text = "".join(traceback.format_exception(exc))
-                    raise StageFailure(name, number, what, text, _picklable(exc)) from None
+                    error = exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: text alone
+                    raise StageFailure(name, number, what, text, error) from None
                 continue
             record(self.key, self.board, name, "done", time.perf_counter_ns() - t0)
             out.append((index, value))
@@ -214,16 +216,14 @@ def _first(index: Any) -> int:
     return index[0] if isinstance(index, list) else index
 
 
-def _picklable(exc: BaseException) -> BaseException | None:
-    return exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: the text has to do
-
-
 def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
-    """A block as rows of plain Python indices and scalars; a batch as a list."""
-    values = block["item"]
-    if batches:
-        return [(plain(i), [plain_scalar(x) for x in v]) for i, v in zip(block["idx"], values)]
-    return [(plain(i), plain_scalar(v)) for i, v in zip(block["idx"], values)]
+    """A block as rows of Python indices (a batch's as a list) and values, numpy scalars as Python's;
+    a batch as a list."""
+    def scalar(value: Any) -> Any:
+        return value.item() if isinstance(value, np.generic) else value
+
+    items = [[scalar(x) for x in v] for v in block["item"]] if batches else [scalar(v) for v in block["item"]]
+    return list(zip([i.tolist() for i in block["idx"]], items))
 
 
 def _block_of(rows: list[Row]) -> dict[str, Any]:
@@ -302,16 +302,3 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
     ds.context.enable_progress_bars = False
     return ds
 
-
-def plain(value: Any) -> Any:
-    """numpy scalars and arrays from Ray's batches as plain Python."""
-    if isinstance(value, np.ndarray):
-        return [plain(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def plain_scalar(value: Any) -> Any:
-    """A numpy scalar as the Python value it was made from; anything else as it is."""
-    return value.item() if isinstance(value, np.generic) else value

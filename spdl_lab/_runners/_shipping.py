@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import pickle
-import sys
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import cloudpickle
-import numpy as np
 
 from .._pipeline import Pipeline
 from ..errors import PipelineError, PipelineSpecError, describe, stage_failure
 
-__all__ = ["ship", "output_stage", "pickled", "pickling_error", "unsendable_output"]
+__all__ = ["ship", "output_stage", "pickled", "unsendable_output"]
 
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
@@ -57,24 +54,6 @@ def unsendable_output(stage: str, index: int | None, exc: BaseException, runner:
         f"generators and open files where the batch is used instead, or use runner='thread'."))
 
 
-class _Discard:
-    def write(self, data: bytes) -> int:
-        return len(data)
-
-
-class _StructureProbe(ForkingPickler):
-    """Pickles an output as multiprocessing would, less array and tensor data (they travel by
-    their own means), to find what cannot travel at all: a lock, a generator, an open file."""
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
-            return 0
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
-            return 0
-        return None
-
-
 def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes | None:
     """An exception as bytes that load back (some pickle, yet cannot be rebuilt), or None."""
     try:
@@ -83,12 +62,3 @@ def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) ->
     except Exception:
         return None
     return data
-
-
-def pickling_error(value: Any) -> Exception | None:
-    """Why ``value`` cannot be pickled to another process, or None if it can."""
-    try:
-        _StructureProbe(_Discard(), pickle.HIGHEST_PROTOCOL).dump(value)
-    except Exception as exc:
-        return exc
-    return None

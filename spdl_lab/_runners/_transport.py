@@ -1,9 +1,6 @@
-"""Moving outputs from the child to the parent through shared memory.
-
-The child pickles an output with its numpy arrays and CPU tensors taken out, copied once into a
-reusable slot. The parent lends them as views of the slot, held by a ``Lease`` whose finalizer
-gives the slot back once the last view is garbage, or copies them out when lending would leave
-the child no slot to fill (a consumer that keeps outputs must never make the child wait).
+"""Outputs from the child to the parent: pickled with their arrays and CPU tensors copied once
+into a reusable shared-memory slot. The parent lends them as views of the slot until the last is
+garbage, or copies them out when lending would leave the child no slot to fill.
 """
 
 from __future__ import annotations
@@ -23,7 +20,8 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
 from ._shm import ShmFile
 
-__all__ = ["Copier", "Encoded", "Leases", "SlotWriter", "SlotReader", "encode", "write_arrays", "decode"]
+__all__ = ["Copier", "Encoded", "Leases", "SlotReader", "SlotWriter", "decode", "encode", "pickling_error",
+           "write_arrays"]
 
 _ALIGN = 64
 #: Slots grow to fit the largest output, with headroom: batches of varying size reuse a slot.
@@ -70,6 +68,15 @@ def encode(obj: Any) -> Encoded:
     encoder = _Encoder(buffer)
     encoder.dump(obj)
     return Encoded(buffer.getvalue(), encoder.arrays, encoder.nbytes)
+
+
+def pickling_error(value: Any) -> Exception | None:
+    """Why ``value`` cannot be pickled to another process (its arrays and tensors travel apart), or None."""
+    try:
+        encode(value)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def write_arrays(encoded: Encoded, shm: ShmFile, copier: Copier | None = None) -> None:

@@ -42,7 +42,13 @@ class Runner(ABC):
 
     @classmethod
     def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
-        """Reject options this runner does not take, before anything starts."""
+        """Reject bad options before anything starts: building a runner checks them and starts nothing."""
+        cls.check_names(options)
+        cls(pipeline, **options)
+
+    @classmethod
+    def check_names(cls, options: dict[str, Any]) -> None:
+        """Reject options this runner does not take."""
         params = inspect.signature(cls).parameters
         unknown = [k for k in options if k not in params]
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -30,8 +30,14 @@ class CacheRunner(Runner):
                  source_runner: str = "thread", num_caches: int = 8, forever: bool = False,
                  num_outputs: int | None = None, **source_options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        self._source = runner_class(source_runner)(pipeline, buffer_size=buffer_size, max_failures=max_failures,
-                                                   metered=metered, **source_options)
+        if source_runner == "cache":
+            raise PipelineSpecError("cache runner: source_runner must be another runner than 'cache'")
+        if isinstance(num_caches, bool) or not isinstance(num_caches, int) or num_caches < 1:
+            raise PipelineSpecError(f"cache runner: num_caches must be an int >= 1, got {num_caches!r}")
+        source_class = runner_class(source_runner)
+        source_class.check_names(source_options)
+        self._source = source_class(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered,
+                                    **source_options)
         self._num_caches = num_caches
         self._forever = forever
         self._num_outputs = num_outputs
@@ -41,18 +47,6 @@ class CacheRunner(Runner):
         self._total: float = math.inf
         self._final: EngineReading | None = None
         self._closed = False
-
-    @classmethod
-    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
-        source_runner = options.get("source_runner", "thread")
-        if source_runner == "cache":
-            raise PipelineSpecError("cache runner: source_runner must be another runner than 'cache'")
-        num_caches = options.get("num_caches", 8)
-        if isinstance(num_caches, bool) or not isinstance(num_caches, int) or num_caches < 1:
-            raise PipelineSpecError(f"cache runner: num_caches must be an int >= 1, got {num_caches!r}")
-        own = {"source_runner", "num_caches", "forever", "num_outputs"}
-        source_options = {k: v for k, v in options.items() if k not in own}
-        runner_class(source_runner).check_options(pipeline, source_options)
 
     def start(self) -> None:
         self._source.start()

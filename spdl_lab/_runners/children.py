@@ -57,14 +57,11 @@ def spawn(args: list[str]) -> Child:
 
 
 def exit_without_finalizing(code: int) -> NoReturn:
-    """End a child of ours with ``code`` once it has said all it has to say, without finalizing
-    its interpreter (``os._exit``, the standard streams flushed first).
+    """End a child of ours with ``code`` by ``os._exit``, its standard streams flushed first.
 
-    Finalizing lets a daemon thread (one abandoned in a stage, or the control thread dropping the
-    last reference to the data) free a torch tensor: its deallocation releases the GIL, and a
-    thread that asks for the GIL back while the interpreter finalizes is ended by ``pthread_exit``,
-    whose unwinding through torch's C++ frames calls ``std::terminate``: "terminate called without
-    an active exception" on stderr, then SIGABRT.
+    Finalizing would let a daemon thread free a torch tensor: its deallocation releases the GIL,
+    and a thread asking for it back during finalization is ended by ``pthread_exit``, whose
+    unwinding through torch's C++ frames calls ``std::terminate`` (SIGABRT).
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream has nothing to flush

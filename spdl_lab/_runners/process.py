@@ -1,7 +1,5 @@
-"""``process``: torch's own DataLoader with ``num_workers`` worker processes, the baseline.
-
-A pump thread iterates the DataLoader into a bounded queue and restarts it when the number of
-workers changes; the pipeline travels to the workers as cloudpickle bytes.
+"""``process``: torch's own DataLoader with ``num_workers`` worker processes, the baseline. A pump
+thread iterates it into a bounded queue and restarts it when the number of workers changes.
 """
 
 from __future__ import annotations
@@ -64,28 +62,24 @@ class ProcessRunner(PumpRunner):
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._plan = Plan.of(pipeline)
         self._num_workers = _check_num_workers(num_workers, WORKERS)
-        self._timeout = _check_timeout(timeout)
+        self._timeout = float(_checked(timeout, (int, float), 0, math.inf,
+                                       "process runner: timeout must be seconds >= 0"))
+        if prefetch_factor is not None:
+            _checked(prefetch_factor, int, 1, math.inf, "process runner: prefetch_factor must be an int >= 1 or None")
         self._base_options = {"pin_memory": bool(pin_memory), **_passed_through(options)}
-        self._worker_options = {"prefetch_factor": _check_prefetch(prefetch_factor),
+        self._worker_options = {"prefetch_factor": prefetch_factor,
                                 "persistent_workers": bool(persistent_workers),
                                 "multiprocessing_context": _context(multiprocessing_context)}
         self._names = ["source", *(s.name for s in pipeline.stages)]
         self._kinds = ["source", *(s.kind for s in pipeline.stages)]
-        self._payload = b""
+        self._payload = ship(pipeline, "process", "the worker processes")
         self._block: MeterBlock | None = None
         self._final: list[StageReading] | None = None
         self._block_lock = threading.Lock()
         self._live = False  # a generation's workers are up: an exit now is a failure
 
-    @classmethod
-    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
-        """Building a runner checks every option and starts nothing."""
-        cls(pipeline, **options)
-        ship(pipeline, "process", "the worker processes")
-
     def start(self) -> None:
         if self._pump is None:
-            self._payload = ship(self.pipeline, "process", "the worker processes")
             self._block = MeterBlock.create(Layout(max(1, self._num_workers), len(self._names)))
         super().start()
 
@@ -225,24 +219,11 @@ _PASSED_THROUGH = ("pin_memory_device", "in_order")
 
 def _check_num_workers(n: object, stage: str) -> int:
     return _checked(n, int, 0, MAX_CONCURRENCY,
-                    f"process runner, {stage!r}: num_workers must be an int in "
-                    f"0..{MAX_CONCURRENCY} (0 runs in this process)")
+                    f"process runner, {stage!r}: num_workers must be an int in 0..{MAX_CONCURRENCY} "
+                    f"(0 runs in this process)")
 
 
-def _check_timeout(timeout: object) -> float:
-    return float(_checked(timeout, (int, float), 0, math.inf,
-                          "process runner: timeout must be seconds >= 0"))
-
-
-def _check_prefetch(prefetch_factor: object) -> int | None:
-    if prefetch_factor is None:
-        return None
-    return _checked(prefetch_factor, int, 1, math.inf,
-                    "process runner: prefetch_factor must be an int >= 1 or None")
-
-
-def _checked(value: Any, kinds: type | tuple[type, ...], low: float, high: float,
-             message: str) -> Any:
+def _checked(value: Any, kinds: type | tuple[type, ...], low: float, high: float, message: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
         raise PipelineSpecError(f"{message}, got {value!r}")
     return value

@@ -16,7 +16,7 @@ from .._engine.engine import EngineReading
 from .._engine.queues import QueueClosed
 from .._pipeline import Pipeline, validate_concurrency
 from .._telemetry.meters import QueueReading
-from ..errors import PipelineSpecError, RunnerError, SpdlLabError, stage_failure
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError, describe, stage_failure
 from ._ray_cluster import RayConnection
 from ._ray_meters import FLUSH_S, board_class, reading_of
 from ._ray_plan import WINDOW_CHUNKS, build, chunk_size, find_failure, groups, rows_of
@@ -53,6 +53,10 @@ class RayRunner(PumpRunner):
                  address: str | None = None, ray_init_kwargs: dict[str, Any] | None = None,
                  resources: dict[str, dict[str, float]] | None = None) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
+        try:
+            import ray.data  # noqa: F401
+        except ImportError as exc:
+            raise PipelineSpecError("runner 'ray' needs Ray Data: pip install 'ray[data]==2.60.0'") from exc
         self._connection = RayConnection(address, ray_init_kwargs)
         self._resources = _check_resources(pipeline, resources)
         self._source: Any = None  # an indexable source, made when the run starts
@@ -70,15 +74,6 @@ class RayRunner(PumpRunner):
         self._executor: Any = None  # the running Ray Data execution (its StreamingExecutor)
         self._groups: list[Any] = []  # its operations' stages (``_ray_plan.groups``)
         self._alive_at = 0.0
-
-    @classmethod
-    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
-        super().check_options(pipeline, options)
-        try:
-            import ray.data  # noqa: F401
-        except ImportError as exc:
-            raise PipelineSpecError("runner 'ray' needs Ray Data: pip install 'ray[data]==2.60.0'") from exc
-        cls(pipeline, **options)
 
     def start(self) -> None:
         if self._pump is None:
@@ -103,7 +98,7 @@ class RayRunner(PumpRunner):
         if failure is not None:
             return stage_failure(failure.stage, failure.index, failure.error or exc, what=failure.what,
                                  where=_IN_RAY)
-        error = RunnerError(f"ray runner: the Ray Data execution failed: {type(exc).__name__}: {exc}")
+        error = RunnerError(f"ray runner: the Ray Data execution failed: {describe(exc)}")
         error.__cause__ = exc
         return error
 
@@ -122,20 +117,21 @@ class RayRunner(PumpRunner):
 
     def _read_source(self, iterator: Any) -> list[Any]:
         items: list[Any] = []
-        while True:
-            try:
-                items.append(next(iterator))
-            except StopIteration:
-                return items
-            except Exception as exc:  # noqa: BLE001 - the user's source: the run's error, naming the item
-                raise stage_failure("source", len(items), exc, where="read here, before Ray starts") from exc
-            if self._stopping:
-                raise QueueClosed("closed while the source was read")
-            if len(items) > MAX_MATERIALIZED:
-                raise PipelineSpecError(
-                    f"ray runner: the source yields more than {MAX_MATERIALIZED} items without random access "
-                    f"(each is read into a list here before Ray Data splits them). Pass a sequence: "
-                    f"a list of paths, a range, or a dataset with __getitem__ and __len__")
+        try:
+            for item in iterator:
+                items.append(item)
+                if self._stopping or len(items) > MAX_MATERIALIZED:
+                    break
+        except Exception as exc:  # noqa: BLE001 - the user's source: the run's error, naming the item
+            raise stage_failure("source", len(items), exc, where="read here, before Ray starts") from exc
+        if self._stopping:
+            raise QueueClosed("closed while the source was read")
+        if len(items) > MAX_MATERIALIZED:
+            raise PipelineSpecError(
+                f"ray runner: the source yields more than {MAX_MATERIALIZED} items without random access "
+                f"(each is read into a list here before Ray Data splits them). Pass a sequence: "
+                f"a list of paths, a range, or a dataset with __getitem__ and __len__")
+        return items
 
     def _run_window(self) -> bool:
         """One execution over the next window: True at the end of the data, False on a restart."""
@@ -163,7 +159,7 @@ class RayRunner(PumpRunner):
             batches = self.pipeline.stages[-1].kind == "batch"
             for bundle in bundles:
                 for ref in bundle.block_refs:
-                    for row in rows_of(_columns(self._get_block(ref)), batches):
+                    for row in rows_of(self._get_block(ref), batches):
                         if self._stopping or self._generation != generation:
                             return False
                         self._deliver(row, chunk)
@@ -179,12 +175,14 @@ class RayRunner(PumpRunner):
             del bundles
 
     def _get_block(self, ref: Any) -> Any:
+        """A block fetched from Ray, as Ray Data's numpy columns (``idx``, ``item``)."""
         import ray
+        from ray.data.block import BlockAccessor
         from ray.exceptions import GetTimeoutError
 
         while True:
             try:
-                return ray.get(ref, timeout=_POLL_S)
+                return BlockAccessor.for_block(ray.get(ref, timeout=_POLL_S)).to_batch_format("numpy")
             except GetTimeoutError:
                 if self._stopping:
                     raise QueueClosed("closed while a block was fetched") from None
@@ -357,10 +355,3 @@ def _shutdown(executor: Any) -> None:
         output = executor._output_node
         if output is not None:
             output[1].mark_finished()  # its consumer's wait for output ends (StopIteration)
-
-
-def _columns(block: Any) -> Any:
-    """A block fetched from Ray, as Ray Data's numpy columns (``idx``, ``item``)."""
-    from ray.data.block import BlockAccessor
-
-    return BlockAccessor.for_block(block).to_batch_format("numpy")

@@ -1,7 +1,5 @@
-"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp").
-
-Stage functions run in a fresh interpreter, outputs come back through shared memory (never
-pickled), and the parent reads the child's meters from a shared block.
+"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp"); outputs
+come back through shared memory, and the parent reads the child's meters from a shared block.
 """
 
 from __future__ import annotations
@@ -53,11 +51,6 @@ class SubprocessThreadsRunner(Runner):
         self._leases = Leases(slots)
         self._closed = False
         self._ended = False
-
-    @classmethod
-    def check_options(cls, pipeline: Pipeline, options: dict[str, Any]) -> None:
-        super().check_options(pipeline, options)
-        ship(pipeline, "subprocess-threads", "the child process")  # fail at Loader(...) if it cannot reach the child
 
     def start(self) -> None:
         meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
