@@ -44,9 +44,11 @@ def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
 
 
 def _base_name() -> str:
-    """``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or the line that started the run (a
-    rank of a ``torchrun`` job appends ``-rankR``: see ``Publisher``)."""
-    return os.environ.get(ENV_NAME, "") or caller_line()
+    """``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or the line that started the run, with
+    the rank of a ``torchrun`` job (``$RANK``) appended."""
+    name = os.environ.get(ENV_NAME, "") or caller_line()
+    rank = os.environ.get("RANK", "")
+    return f"{name}-rank{rank}" if rank.isdigit() else name
 
 
 def _unique(name: str) -> str:
