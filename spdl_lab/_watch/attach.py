@@ -23,8 +23,7 @@ from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .client import EndpointClient
 from .discovery import list_endpoints
-from .records import read_record, record_meta, with_record
-from .step_records import read_step_summary
+from .records import read_record, read_step_summary, record_meta, with_record
 from .timeline import append_ticks
 
 __all__ = ["POLL_S", "RemoteSession", "attach", "open_record"]
@@ -61,12 +60,6 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
                                f"(published now: {names}); start the script with lab.publish(...) or "
                                f"spdl-lab watch, or pass a longer timeout=")
         time.sleep(0.1)
-
-
-def open_record(path: str | os.PathLike) -> RemoteSession:
-    """A published run's record file as a RemoteSession (read only), live or ended:
-    ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
-    return RemoteSession.from_record(path)
 
 
 def _record_state(record: str | None, default: str) -> str:
@@ -112,7 +105,8 @@ class RemoteSession:
 
     @classmethod
     def from_record(cls, path: str | os.PathLike) -> RemoteSession:
-        """The run a record file holds, its frames and its state; nothing to poll or steer."""
+        """A published run's record file as a RemoteSession (read only), live or ended: its frames
+        and its state, nothing to poll or steer: ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
         meta = record_meta(path)
         ticks = read_record(path).groupby("time_s", sort=True)
         ring = Ring(max(2, ticks.ngroups))
@@ -236,6 +230,9 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"
+
+
+open_record = RemoteSession.from_record
 
 
 def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:

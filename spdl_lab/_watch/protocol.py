@@ -247,25 +247,23 @@ def send_message(sock: socket.socket, obj: dict | BaseModel, *, timeout: float |
 
 def _recv_exactly(sock: socket.socket, size: int, deadline: float, *, first: bool,
                   timeout: float) -> bytes:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
+    buf = bytearray()
+    while len(buf) < size:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise MessageTimeout(f"a message did not arrive within {timeout} s "
-                                 f"({got} of {size} bytes read)")
+                                 f"({len(buf)} of {size} bytes read)")
         sock.settimeout(remaining)
         try:
-            n = sock.recv_into(view[got:], min(size - got, 1 << 20))
+            data = sock.recv(min(size - len(buf), 1 << 20))
         except TimeoutError:
             continue
-        if n == 0:
-            if first and got == 0:
+        if not data:
+            if first and not buf:
                 raise PeerClosed("the connection was closed")
-            raise ProtocolError(f"the message is truncated: the connection closed after {got} "
+            raise ProtocolError(f"the message is truncated: the connection closed after {len(buf)} "
                                 f"of {size} bytes")
-        got += n
+        buf += data
     return bytes(buf)
 
 

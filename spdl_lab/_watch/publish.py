@@ -17,9 +17,8 @@ from .._telemetry.frames import chunk_since
 from .discovery import safe_name
 from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
-from .records import RecordWriter, default_record_path
+from .records import RecordWriter, default_record_path, step_rows
 from .sources import source_of
-from .step_records import step_rows
 from .timeline import Timeline
 
 __all__ = ["PUMP_EVERY_S", "Publisher", "publish", "published_by", "unpublish"]
@@ -110,40 +109,35 @@ class Publisher:
 
     def _copy(self, final: bool = False) -> None:
         with self._copy_lock:  # the pump, close() and a signal's flush(): one at a time
-            self._copy_unlocked(final)
+            self.timeline.pull(self.source.sampler())
+            chunk = chunk_since(self.timeline.ring, self._recorded)
+            self._recorded = chunk.cursor
+            clock = self.source.clock
+            if final:
+                clock.summary()  # resolves the CUDA time of the last steps
+            rows = step_rows(clock.records_since(self._steps_recorded))
+            if rows:
+                self._steps_recorded = rows[-1][0] + 1
+            totals = clock.totals
+            facts = {"steps_first_ns": str(clock.first_ns), "steps_device": clock.device_name,
+                     "steps_offset_s": repr(clock.origin_s - self.timeline.started_at),
+                     "steps_origin_s": repr(clock.origin_s),
+                     "step_copies": str(totals.copies), "step_copy_ns": str(totals.copy_ns)}
+            now = time.monotonic()
+            if final or now - self._stats_at >= STATS_EVERY_S:
+                self._stats_at = now
+                facts["stats"] = dumps(self.stats())
+            if not self.writer.closed:  # the pump closes it when the run ends
+                self.writer.add(chunk)
+                self.writer.add_steps(rows, facts)
 
     def flush(self) -> None:
         """Put everything so far in the record file now (a signal is about to end the script)."""
         self._copy()
         self.writer.flush()
 
-    def _copy_unlocked(self, final: bool) -> None:
-        self.timeline.pull(self.source.sampler())
-        chunk = chunk_since(self.timeline.ring, self._recorded)
-        self._recorded = chunk.cursor
-        clock = self.source.clock
-        if final:
-            clock.summary()  # resolves the CUDA time of the last steps
-        rows = step_rows(clock.records_since(self._steps_recorded))
-        if rows:
-            self._steps_recorded = rows[-1][0] + 1
-        totals = clock.totals
-        facts = {"steps_first_ns": str(clock.first_ns), "steps_device": clock.device_name,
-                 "steps_offset_s": repr(clock.origin_s - self.timeline.started_at),
-                 "steps_origin_s": repr(clock.origin_s),
-                 "step_copies": str(totals.copies), "step_copy_ns": str(totals.copy_ns)}
-        now = time.monotonic()
-        if final or now - self._stats_at >= STATS_EVERY_S:
-            self._stats_at = now
-            facts["stats"] = dumps(self.stats())
-        if not self.writer.closed:  # the pump closes it when the run ends
-            self.writer.add(chunk)
-            self.writer.add_steps(rows, facts)
-
     def _final_state(self) -> str:
-        if self.source.state() == "failed":
-            return "failed"
-        return self.ended_by or "finished"
+        return "failed" if self.source.state() == "failed" else self.ended_by or "finished"
 
     def stats(self) -> dict[str, Any]:
         """The source's stats, plus the ticks publishing dropped rather than make training wait."""
