@@ -39,6 +39,7 @@ from ._cli_inputs import (
     load_step,
     one_line,
     output_path,
+    print_written,
     report_dir,
     seconds,
 )
@@ -104,11 +105,7 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
                   repeats=args.repeats, runner_options=options, timeout=args.timeout,
                   progress=_progress(args))
     print(cmp)  # the table (100 columns at most), ratios to cache with their spread, then the warnings
-    print(f"\nreport: {write_comparison_report(cmp, html, title=title).resolve()}")
-    if data is not None:
-        print(f"data:   {cmp.to_json(data).resolve()}")
-    print(f"({time.perf_counter() - t0:.0f} s)")
-    return EXIT_OK
+    return print_written(write_comparison_report(cmp, html, title=title), cmp, data, t0)
 
 
 def _diagnose(args: argparse.Namespace) -> int:

@@ -173,11 +173,8 @@ class RemoteSession:
         if self._final is not None:
             return self._final
         if self.running and self._client is not None:
-            try:
-                with self._lock:
-                    self._stats = self._client.request("stats").stats
-            except SpdlLabError:
-                pass
+            with contextlib.suppress(SpdlLabError), self._lock:
+                self._stats = self._client.request("stats").stats
         stats = dict(self._stats)
         self.dropped_ticks = dict(stats.get("dropped_ticks") or {})
         step = stats.get("step")
