@@ -19,8 +19,8 @@ from ._training import SimulatedDevice, StepClock
 from ._tune import Tuning, tune
 from ._watch.attach import RemoteSession, attach
 from ._watch.attach import open_record as open  # noqa: A001 (lab.open(record_path))
-from ._watch.auto import start_hook as _watch_mode
 from ._watch.publish import publish, unpublish
+from ._watch.publish import start_hook as _watch_mode
 from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 
 __version__ = "0.1.0"

@@ -247,23 +247,25 @@ def send_message(sock: socket.socket, obj: dict | BaseModel, *, timeout: float |
 
 def _recv_exactly(sock: socket.socket, size: int, deadline: float, *, first: bool,
                   timeout: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise MessageTimeout(f"a message did not arrive within {timeout} s "
-                                 f"({len(buf)} of {size} bytes read)")
+                                 f"({got} of {size} bytes read)")
         sock.settimeout(remaining)
         try:
-            data = sock.recv(min(size - len(buf), 1 << 20))
+            n = sock.recv_into(view[got:], min(size - got, 1 << 20))
         except TimeoutError:
             continue
-        if not data:
-            if first and not buf:
+        if n == 0:
+            if first and got == 0:
                 raise PeerClosed("the connection was closed")
-            raise ProtocolError(f"the message is truncated: the connection closed after {len(buf)} "
+            raise ProtocolError(f"the message is truncated: the connection closed after {got} "
                                 f"of {size} bytes")
-        buf += data
+        got += n
     return bytes(buf)
 
 

@@ -1,5 +1,8 @@
 """``lab.publish``: a training script makes its run visible to notebooks on this host, through
-a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates."""
+a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates. With
+``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``), every ``lab.run`` session, every Loader no session
+owns, and (through ``hook``) every torch DataLoader and SPDL pipeline a script iterates is
+published with no code change, each under a name of its own."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._json import dumps
@@ -17,11 +21,15 @@ from .._telemetry.frames import chunk_since
 from .discovery import safe_name
 from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
-from .records import RecordWriter, default_record_path, step_rows
+from .hook import ENV
+from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
 from .timeline import Timeline
 
-__all__ = ["PUMP_EVERY_S", "Publisher", "publish", "published_by", "unpublish"]
+__all__ = ["ENV", "ENV_NAME", "PUMP_EVERY_S", "Publisher", "publish", "publish_once", "published_by",
+           "published_epoch", "start_hook", "unpublish"]
+
+ENV_NAME = "SPDL_LAB_WATCH_NAME"
 
 #: How often new frames and steps go from the run to the record's buffer.
 PUMP_EVERY_S = 0.25
@@ -31,6 +39,9 @@ STATS_EVERY_S = 5.0
 _PUBLISHED: dict[int, Publisher] = {}
 #: States after which a run produces no more frames.
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
+#: The names taken by runs published with no code change.
+_taken: set[str] = set()
+_lock = threading.Lock()
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -59,6 +70,48 @@ def unpublish(obj: Any) -> None:
             publisher.close()
 
 
+# -- publishing with no code change (SPDL_LAB_WATCH=1) ---------------------------------------
+
+def publish_once(obj: Any) -> Any:
+    """Publish ``obj`` unless it already is, and return its Publisher."""
+    with _lock:
+        publisher = published_by(obj)
+        if publisher is None:
+            publisher = Publisher(obj, _unique(_base_name()))
+    return publisher
+
+
+def start_hook(event: str, subject: Any) -> None:
+    """The start hook (``spdl_lab._runs.StartHook``): with ``SPDL_LAB_WATCH=1``, a session or a
+    Loader that no session owns is published when it starts."""
+    if event in ("loader", "session") and os.environ.get(ENV, "") == "1":
+        publish_once(subject)
+
+
+def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
+    """``make()``, the epoch's iterator the script asks of ``obj`` (a DataLoader, an SPDL
+    pipeline), timed for ``obj``'s published run (a DataLoader's workers start metered)."""
+    return publish_once(obj).source.open_epoch(make)
+
+
+def _base_name() -> str:
+    """``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or the line that started the run, with
+    the rank of a ``torchrun`` job (``$RANK``) appended."""
+    name = os.environ.get(ENV_NAME, "") or caller_line()
+    rank = os.environ.get("RANK", "")
+    return f"{name}-rank{rank}" if rank.isdigit() else name
+
+
+def _unique(name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``... for a second run of that name in this script."""
+    candidate, n = name, 1
+    while candidate in _taken:
+        n += 1
+        candidate = f"{name}-{n}"
+    _taken.add(candidate)
+    return candidate
+
+
 class Publisher:
     """The record and the endpoint of one published run; ``close()`` (or the exit) ends both.
     It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
@@ -70,7 +123,7 @@ class Publisher:
         self.obj = obj
         self.name = name
         path = default_record_path(name, os.getpid())
-        if os.environ.get("SPDL_LAB_RECORD") and path.exists():  # a second run in one script
+        if os.environ.get(RECORD_ENV) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         #: how the script ended the run, when not by its loop's end: "failed" (an uncaught
         #: exception) or "stopped" (SIGTERM, SIGINT); set by ``endings``
