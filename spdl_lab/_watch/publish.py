@@ -21,7 +21,6 @@ from .._telemetry.frames import chunk_since
 from .discovery import safe_name
 from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
-from .hook import ENV
 from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
 from .timeline import Timeline
@@ -29,6 +28,7 @@ from .timeline import Timeline
 __all__ = ["ENV", "ENV_NAME", "PUMP_EVERY_S", "Publisher", "publish", "publish_once", "published_by",
            "published_epoch", "start_hook", "unpublish"]
 
+ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
 
 #: How often new frames and steps go from the run to the record's buffer.
