@@ -2,7 +2,8 @@
 a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates. With
 ``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``), every ``lab.run`` session, every Loader no session
 owns, and (through ``hook``) every torch DataLoader and SPDL pipeline a script iterates is
-published with no code change, each under a name of its own."""
+published with no code change, each under a name of its own. How the script ends reaches the
+records: an uncaught exception marks its runs "failed", Ctrl-C and SIGTERM "stopped"."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import atexit
 import contextlib
 import math
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +22,6 @@ from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
 from .discovery import safe_name
-from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
 from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
@@ -42,6 +44,9 @@ _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 #: The names taken by runs published with no code change.
 _taken: set[str] = set()
 _lock = threading.Lock()
+_ends_lock = threading.Lock()  # not _lock: publish_once holds that while a Publisher starts
+_ends_watched = False
+_sigterm_taken = False
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -126,7 +131,7 @@ class Publisher:
         if os.environ.get(RECORD_ENV) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         #: how the script ended the run, when not by its loop's end: "failed" (an uncaught
-        #: exception) or "stopped" (SIGTERM, SIGINT); set by ``endings``
+        #: exception) or "stopped" (SIGTERM, SIGINT); set by ``_watch_endings``
         self.ended_by: str | None = None
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._steps_recorded = 0  # the clock's step index: steps before it are in the record
@@ -146,7 +151,7 @@ class Publisher:
         loop = getattr(self.source, "loop", None)
         if loop is not None:  # a batch the loop holds as the script fails was no step
             loop.left_counts = lambda: self.ended_by is None
-        watch_endings(lambda: list(_PUBLISHED.values()))
+        _watch_endings()
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
@@ -221,3 +226,54 @@ class Publisher:
         atexit.unregister(self.close)
         if _PUBLISHED.get(id(self.obj)) is self:
             del _PUBLISHED[id(self.obj)]
+
+
+# -- how the script ends -------------------------------------------------------------------------
+
+def _watch_endings() -> None:
+    """Once per process: watch how the script ends, for every open publisher."""
+    global _ends_watched, _sigterm_taken
+    with _ends_lock:
+        if not _ends_watched:
+            _ends_watched = True
+            previous_hook = sys.excepthook
+
+            def hook(kind: Any, value: Any, tb: Any) -> None:
+                _mark("stopped" if issubclass(kind, KeyboardInterrupt) else "failed")
+                previous_hook(kind, value, tb)
+
+            sys.excepthook = hook
+        if not _sigterm_taken and threading.current_thread() is threading.main_thread():
+            _sigterm_taken = True
+            _take_sigterm()
+
+
+def _mark(how: str) -> None:
+    for publisher in list(_PUBLISHED.values()):
+        if publisher.ended_by is None and publisher.source.state() == "running":  # an ended run is not
+            publisher.ended_by = how
+
+
+def _take_sigterm() -> None:
+    """Flush on SIGTERM, then let the script's own handler (or the default: exit) act. Only the
+    main thread may set a handler; a run published from another one flushes every 2 s. SIGTERM
+    would end the process without running ``atexit``: every run's last steps and frames go first."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_IGN, None):  # the script ignores it, or it was set outside Python
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if previous is signal.SIG_DFL:  # the process ends now: the runs end with it
+            _mark("stopped")
+            for publisher in list(_PUBLISHED.values()):
+                with contextlib.suppress(Exception):  # a record that cannot close must not keep it alive
+                    publisher.close()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        for publisher in list(_PUBLISHED.values()):  # the script's handler decides whether it ends
+            with contextlib.suppress(Exception):
+                publisher.flush()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
