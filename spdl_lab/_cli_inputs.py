@@ -19,8 +19,8 @@ from ._training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDev
 from .errors import PipelineSpecError, UsageError
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
-           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written", "read_saved",
-           "report_dir", "seconds"]
+           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written",
+           "read_saved", "report_dir", "seconds"]
 
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).

@@ -178,7 +178,8 @@ def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, e
 def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers: int | None) -> None:
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(LOCAL_RUNNERS), metavar="RUNNER",
                         help=f"runners to compare (default: {' '.join(LOCAL_RUNNERS)}; "
-                             f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, which starts a Ray instance)")
+                             f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, "
+                             "which starts a Ray instance)")
     parser.add_argument("--steps", type=count(1), default=steps, metavar="N",
                         help=f"measured steps per runner, over all rounds (default {steps})")
     parser.add_argument("--warmup", type=count(0), default=DEFAULT_WARMUP, metavar="N",  # the API's default too
