@@ -8,6 +8,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from ._training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDev
 from .errors import PipelineSpecError, UsageError
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
-           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "read_saved",
-           "report_dir", "seconds"]
+           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written",
+           "read_saved", "report_dir", "seconds"]
 
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
@@ -107,6 +108,15 @@ def read_saved(path: Path) -> Any:
 def a_noun(obj: Any) -> str:
     name = type(obj).__name__
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def print_written(report: Path, result: Any, data: Path | None, t0: float) -> int:
+    """Where the HTML report went, and the JSON (``result.to_json(data)``) when ``data`` is given; the time."""
+    print(f"\nreport: {report.resolve()}")
+    if data is not None:
+        print(f"data:   {result.to_json(data).resolve()}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return EXIT_OK
 
 
 def one_line(exc: BaseException, limit: int | None = 300) -> str:

@@ -22,6 +22,7 @@ from ._cli_inputs import (
     load_pipeline,
     load_step,
     output_path,
+    print_written,
     seconds,
 )
 from ._json import loads
@@ -53,11 +54,7 @@ def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
     warnings = [f"warning: {w}" for w in tuning.warnings]
     print(tuning.summary(), *warnings, "", trials_table(tuning.trials), "", *tuning.log, "",
           f"code (p is the pipeline {args.target} names):", tuning.code, sep="\n")
-    print(f"\nreport: {tuning.to_html(html).resolve()}")
-    if data is not None:
-        print(f"data:   {tuning.to_json(data).resolve()}")
-    print(f"({time.perf_counter() - t0:.0f} s)")
-    return EXIT_OK
+    return print_written(tuning.to_html(html), tuning, data, t0)
 
 
 def tune_script(args: argparse.Namespace) -> int:

@@ -63,7 +63,8 @@ class SpdlMagics(Magics):
     @argument("--warmup", type=int, help="warm-up steps per runner in each round (default 10)")
     @argument("--repeats", type=int, help="interleaved rounds; batches/s is the median of them (default 5)")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    @argument("--name", default="spdl_comparison", help="the variable that receives the Comparison (default spdl_comparison)")
+    @argument("--name", default="spdl_comparison",
+              help="the variable that receives the Comparison (default spdl_comparison)")
     @line_magic
     def spdl_compare(self, line: str) -> Any:
         """Run the pipeline and step under each runner in interleaved rounds; show the Comparison."""
@@ -83,7 +84,8 @@ class SpdlMagics(Magics):
     @argument("--no-processes", dest="processes", action="store_false",
               help="skip the process-pool sweep of stages that do not scale with threads")
     @argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    @argument("--name", default="spdl_diagnosis", help="the variable that receives the Diagnosis (default spdl_diagnosis)")
+    @argument("--name", default="spdl_diagnosis",
+              help="the variable that receives the Diagnosis (default spdl_diagnosis)")
     @line_magic
     def spdl_diagnose(self, line: str) -> Any:
         """Profile each stage alone, sweeping concurrency; show the verdicts."""
@@ -98,7 +100,8 @@ class SpdlMagics(Magics):
     @magic_arguments()
     @argument("run", help="the published run's name or pid (lab.attach() lists them)")
     @argument("--timeout", type=float, default=10.0, help="seconds to wait for the run to appear")
-    @argument("--name", default="spdl_remote", help="the variable that receives the RemoteSession (default spdl_remote)")
+    @argument("--name", default="spdl_remote",
+              help="the variable that receives the RemoteSession (default spdl_remote)")
     @line_magic
     def spdl_attach(self, line: str) -> Any:
         """Attach to a run a script published (lab.publish, spdl-lab watch); show its dashboard."""

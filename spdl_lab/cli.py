@@ -39,6 +39,7 @@ from ._cli_inputs import (
     load_step,
     one_line,
     output_path,
+    print_written,
     report_dir,
     seconds,
 )
@@ -104,11 +105,7 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
                   repeats=args.repeats, runner_options=options, timeout=args.timeout,
                   progress=_progress(args))
     print(cmp)  # the table (100 columns at most), ratios to cache with their spread, then the warnings
-    print(f"\nreport: {write_comparison_report(cmp, html, title=title).resolve()}")
-    if data is not None:
-        print(f"data:   {cmp.to_json(data).resolve()}")
-    print(f"({time.perf_counter() - t0:.0f} s)")
-    return EXIT_OK
+    return print_written(write_comparison_report(cmp, html, title=title), cmp, data, t0)
 
 
 def _diagnose(args: argparse.Namespace) -> int:
@@ -179,16 +176,15 @@ def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, e
 
 
 def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers: int | None) -> None:
-    warmup = DEFAULT_WARMUP  # one default for the API, compare and demo
-
     parser.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(LOCAL_RUNNERS), metavar="RUNNER",
                         help=f"runners to compare (default: {' '.join(LOCAL_RUNNERS)}; "
-                             f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, which starts a Ray instance)")
+                             f"also {' '.join(r for r in RUNNERS if r not in LOCAL_RUNNERS)}, "
+                             "which starts a Ray instance)")
     parser.add_argument("--steps", type=count(1), default=steps, metavar="N",
                         help=f"measured steps per runner, over all rounds (default {steps})")
-    parser.add_argument("--warmup", type=count(0), default=warmup, metavar="N",
+    parser.add_argument("--warmup", type=count(0), default=DEFAULT_WARMUP, metavar="N",  # the API's default too
                         help=f"warm-up steps at the start of each runner's window in each round, "
-                             f"not measured (default {warmup})")
+                             f"not measured (default {DEFAULT_WARMUP})")
     parser.add_argument("--repeats", type=count(1), default=None, metavar="N",
                         help=f"interleaved rounds: each runner gets one window per round, and its "
                              f"batches/s is the median of its rounds (default {DEFAULT_REPEATS}, "
@@ -335,16 +331,15 @@ def _interrupted(prog: str) -> int:
     return EXIT_INTERRUPTED
 
 
-def _caused_by_interrupt(exc: BaseException) -> bool:
+def _caused_by_interrupt(exc: BaseException | None) -> bool:
     """True when a KeyboardInterrupt is somewhere in the chain that led to ``exc`` (an
     experiment may wrap what stopped it in its own error)."""
     seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
             return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
     return False
 
 

@@ -14,8 +14,7 @@ from bokeh.models import Legend
 from bokeh.plotting import figure
 
 from .._training.steps import StepSummary
-from .._watch.records import read_record, record_meta, with_record
-from .._watch.step_records import read_step_summary
+from .._watch.records import read_record, read_step_summary, record_meta, with_record
 from .live_plots import stage_colors
 from .report import write_page
 

@@ -1,11 +1,12 @@
 """``lab.attach``: a notebook watches a published run (``lab.publish``) on this host, and
 ``lab.open`` reads one's record. A ``RemoteSession`` has the read API of a Session, so a
-``Dashboard`` reads it as it reads a local one."""
+``Dashboard`` reads it as it reads a local one; its ``EndpointClient`` talks to the run's endpoint."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -21,12 +22,11 @@ from .._telemetry.snapshot import Snapshot
 from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import SpdlLabError
-from .client import EndpointClient
-from .records import read_record, record_meta, with_record
-from .step_records import read_step_summary
+from . import protocol as wire
+from .records import read_record, read_step_summary, record_meta, with_record
 from .timeline import append_ticks
 
-__all__ = ["POLL_S", "RemoteSession", "record_state"]
+__all__ = ["POLL_S", "EndpointClient", "RemoteSession", "record_state"]
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
@@ -40,6 +40,76 @@ def record_state(record: str | None, default: str) -> str:
         return record_meta(record).get("state", default)
     except SpdlLabError:
         return default
+
+
+class EndpointClient:
+    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure:
+    ``EndpointClient(list_endpoints()[0]["socket"]).request("state").state``."""
+
+    def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
+        self.socket_path = str(socket_path)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._connect()
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise self._failure("connecting", exc) from None
+        self._sock = sock
+        return sock
+
+    def request(self, op: str, **fields: Any) -> Any:
+        """Send ``{"op": op, **fields}``; the reply, checked, as its model (``REQUESTS[op][1]``)."""
+        with self._lock:
+            sock = self._sock or self._connect()
+            try:
+                try:
+                    wire.send_message(sock, {"op": op, **fields}, timeout=self.timeout,
+                                      limit=wire.MAX_REQUEST_BYTES)
+                except ConnectionError:
+                    # The endpoint may have closed after saying why (too many viewers):
+                    # that reply is still ours to read.
+                    message = wire.recv_message(sock, wire.MAX_REPLY_BYTES, min(self.timeout, 1.0))
+                    self._drop()
+                else:
+                    message = wire.recv_message(sock, wire.MAX_REPLY_BYTES, self.timeout)
+                reply = wire.read_reply(op, message)
+            except (wire.ProtocolError, OSError) as exc:
+                self._drop()  # after a timeout, a late reply would be read as the next one's
+                raise self._failure(f"request {op!r}", exc) from None
+        if isinstance(reply, wire.Failure):
+            raise SpdlLabError(reply.error)
+        return reply
+
+    def _failure(self, doing: str, exc: Exception) -> SpdlLabError:
+        run = f"the published run {self.socket_path}"
+        if isinstance(exc, (wire.PeerClosed, ConnectionError, FileNotFoundError)):
+            return SpdlLabError(f"{run} is gone (the script ended or was killed)")
+        if isinstance(exc, wire.MessageTimeout):
+            return SpdlLabError(f"{doing}: no reply from {run} within {self.timeout} s; it may be busy: "
+                                "try again, or use a longer timeout")
+        return SpdlLabError(f"{doing}: talking to {run} failed: {exc}")
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def __enter__(self) -> EndpointClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class RemoteSession:
@@ -78,7 +148,8 @@ class RemoteSession:
 
     @classmethod
     def from_record(cls, path: str | os.PathLike) -> RemoteSession:
-        """The run a record file holds, its frames and its state; nothing to poll or steer."""
+        """A published run's record file as a RemoteSession (read only), live or ended: its frames
+        and its state, nothing to poll or steer: ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
         meta = record_meta(path)
         ticks = read_record(path).groupby("time_s", sort=True)
         ring = Ring(max(2, ticks.ngroups))
@@ -155,11 +226,8 @@ class RemoteSession:
         if self._final is not None:
             return self._final
         if self.running and self._client is not None:
-            try:
-                with self._lock:
-                    self._stats = self._client.request("stats").stats
-            except SpdlLabError:
-                pass
+            with contextlib.suppress(SpdlLabError), self._lock:
+                self._stats = self._client.request("stats").stats
         stats = dict(self._stats)
         self.dropped_ticks = dict(stats.get("dropped_ticks") or {})
         step = stats.get("step")
@@ -212,6 +280,8 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"
+
+
 
 
 def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:

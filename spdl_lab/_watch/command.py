@@ -1,5 +1,5 @@
 """``spdl-lab watch [--name NAME] [--record PATH] -- COMMAND...``: run a training script,
-unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``auto`` and ``hook``), and
+unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``publish`` and ``hook``), and
 exit with the script's status."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import UsageError
-from .auto import ENV, ENV_NAME
+from .publish import ENV, ENV_NAME
 from .ranks import JOB_ENV
 
 __all__ = ["run_watched", "watched_env"]

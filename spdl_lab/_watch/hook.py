@@ -28,7 +28,7 @@ def install() -> bool:
 
     Loaded at interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
     ``boot/sitecustomize.py``); each epoch a TARGETS class starts is then published
-    (``auto.published_epoch``), except those spdl_lab starts itself.
+    (``publish.published_epoch``), except those spdl_lab starts itself.
     """
     if os.environ.get(ENV, "") != "1":
         return False
@@ -144,7 +144,7 @@ def _patch(module: Any) -> None:
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller == "spdl_lab" or caller.startswith("spdl_lab.") or os.getpid() != _pid:
             return original(self, *args, **kwargs)
-        from spdl_lab._watch.auto import published_epoch
+        from spdl_lab._watch.publish import published_epoch
 
         # The iterator is made by the publisher: a DataLoader's workers start with its meters,
         # and the time they take to start is the first batch's data wait.

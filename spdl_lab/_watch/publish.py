@@ -1,5 +1,9 @@
 """``lab.publish``: a training script makes its run visible to notebooks on this host, through
-a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates."""
+a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates. With
+``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``), every ``lab.run`` session, every Loader no session
+owns, and (through ``hook``) every torch DataLoader and SPDL pipeline a script iterates is
+published with no code change, each under a name of its own. How the script ends reaches the
+records: an uncaught exception marks its runs "failed", Ctrl-C and SIGTERM "stopped"."""
 
 from __future__ import annotations
 
@@ -7,23 +11,28 @@ import atexit
 import contextlib
 import math
 import os
+import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
 from .discovery import safe_name
-from .endings import watch_endings
 from .endpoint import Endpoint, Handlers
 from .ranks import job_record_path, rank_identity
-from .records import RECORD_ENV, RecordWriter, default_record_path
+from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
-from .step_records import step_rows
 from .timeline import Timeline
 
-__all__ = ["PUMP_EVERY_S", "Publisher", "publish", "published_by", "unpublish"]
+__all__ = ["ENV", "ENV_NAME", "PUMP_EVERY_S", "Publisher", "publish", "publish_once", "published_by",
+           "published_epoch", "start_hook", "unpublish"]
+
+ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
+ENV_NAME = "SPDL_LAB_WATCH_NAME"
 
 #: How often new frames and steps go from the run to the record's buffer.
 PUMP_EVERY_S = 0.25
@@ -33,6 +42,12 @@ STATS_EVERY_S = 5.0
 _PUBLISHED: dict[int, Publisher] = {}
 #: States after which a run produces no more frames.
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
+#: The names taken by runs published with no code change.
+_taken: set[str] = set()
+_lock = threading.Lock()
+_ends_lock = threading.Lock()  # not _lock: publish_once holds that while a Publisher starts
+_ends_watched = False
+_sigterm_taken = False
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -61,6 +76,48 @@ def unpublish(obj: Any) -> None:
             publisher.close()
 
 
+# -- publishing with no code change (SPDL_LAB_WATCH=1) ---------------------------------------
+
+def publish_once(obj: Any) -> Any:
+    """Publish ``obj`` unless it already is, and return its Publisher."""
+    with _lock:
+        publisher = published_by(obj)
+        if publisher is None:
+            publisher = Publisher(obj, _unique(_base_name()))
+    return publisher
+
+
+def start_hook(event: str, subject: Any) -> None:
+    """The start hook (``spdl_lab._runs.StartHook``): with ``SPDL_LAB_WATCH=1``, a session or a
+    Loader that no session owns is published when it starts."""
+    if event in ("loader", "session") and os.environ.get(ENV, "") == "1":
+        publish_once(subject)
+
+
+def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
+    """``make()``, the epoch's iterator the script asks of ``obj`` (a DataLoader, an SPDL
+    pipeline), timed for ``obj``'s published run (a DataLoader's workers start metered)."""
+    return publish_once(obj).source.open_epoch(make)
+
+
+def _base_name() -> str:
+    """``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or the line that started the run, with
+    the rank of a ``torchrun`` job (``$RANK``) appended."""
+    name = os.environ.get(ENV_NAME, "") or caller_line()
+    rank = os.environ.get("RANK", "")
+    return f"{name}-rank{rank}" if rank.isdigit() else name
+
+
+def _unique(name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``... for a second run of that name in this script."""
+    candidate, n = name, 1
+    while candidate in _taken:
+        n += 1
+        candidate = f"{name}-{n}"
+    _taken.add(candidate)
+    return candidate
+
+
 class Publisher:
     """The record and the endpoint of one published run; ``close()`` (or the exit) ends both.
     It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
@@ -83,7 +140,7 @@ class Publisher:
         if (os.environ.get(RECORD_ENV) or self.rank) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         #: how the script ended the run, when not by its loop's end: "failed" (an uncaught
-        #: exception) or "stopped" (SIGTERM, SIGINT); set by ``endings``
+        #: exception) or "stopped" (SIGTERM, SIGINT); set by ``_watch_endings``
         self.ended_by: str | None = None
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._steps_recorded = 0  # the clock's step index: steps before it are in the record
@@ -103,7 +160,7 @@ class Publisher:
         loop = getattr(self.source, "loop", None)
         if loop is not None:  # a batch the loop holds as the script fails was no step
             loop.left_counts = lambda: self.ended_by is None
-        watch_endings(lambda: list(_PUBLISHED.values()))
+        _watch_endings()
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
@@ -119,40 +176,35 @@ class Publisher:
 
     def _copy(self, final: bool = False) -> None:
         with self._copy_lock:  # the pump, close() and a signal's flush(): one at a time
-            self._copy_unlocked(final)
+            self.timeline.pull(self.source.sampler())
+            chunk = chunk_since(self.timeline.ring, self._recorded)
+            self._recorded = chunk.cursor
+            clock = self.source.clock
+            if final:
+                clock.summary()  # resolves the CUDA time of the last steps
+            rows = step_rows(clock.records_since(self._steps_recorded))
+            if rows:
+                self._steps_recorded = rows[-1][0] + 1
+            totals = clock.totals
+            facts = {"steps_first_ns": str(clock.first_ns), "steps_device": clock.device_name,
+                     "steps_offset_s": repr(clock.origin_s - self.timeline.started_at),
+                     "steps_origin_s": repr(clock.origin_s),
+                     "step_copies": str(totals.copies), "step_copy_ns": str(totals.copy_ns)}
+            now = time.monotonic()
+            if final or now - self._stats_at >= STATS_EVERY_S:
+                self._stats_at = now
+                facts["stats"] = dumps(self.stats())
+            if not self.writer.closed:  # the pump closes it when the run ends
+                self.writer.add(chunk)
+                self.writer.add_steps(rows, facts)
 
     def flush(self) -> None:
         """Put everything so far in the record file now (a signal is about to end the script)."""
         self._copy()
         self.writer.flush()
 
-    def _copy_unlocked(self, final: bool) -> None:
-        self.timeline.pull(self.source.sampler())
-        chunk = chunk_since(self.timeline.ring, self._recorded)
-        self._recorded = chunk.cursor
-        clock = self.source.clock
-        if final:
-            clock.summary()  # resolves the CUDA time of the last steps
-        rows = step_rows(clock.records_since(self._steps_recorded))
-        if rows:
-            self._steps_recorded = rows[-1][0] + 1
-        totals = clock.totals
-        facts = {"steps_first_ns": str(clock.first_ns), "steps_device": clock.device_name,
-                 "steps_offset_s": repr(clock.origin_s - self.timeline.started_at),
-                 "steps_origin_s": repr(clock.origin_s),
-                 "step_copies": str(totals.copies), "step_copy_ns": str(totals.copy_ns)}
-        now = time.monotonic()
-        if final or now - self._stats_at >= STATS_EVERY_S:
-            self._stats_at = now
-            facts["stats"] = dumps(self.stats())
-        if not self.writer.closed:  # the pump closes it when the run ends
-            self.writer.add(chunk)
-            self.writer.add_steps(rows, facts)
-
     def _final_state(self) -> str:
-        if self.source.state() == "failed":
-            return "failed"
-        return self.ended_by or "finished"
+        return "failed" if self.source.state() == "failed" else self.ended_by or "finished"
 
     def stats(self) -> dict[str, Any]:
         """The source's stats, plus the ticks publishing dropped rather than make training wait."""
@@ -183,3 +235,54 @@ class Publisher:
         atexit.unregister(self.close)
         if _PUBLISHED.get(id(self.obj)) is self:
             del _PUBLISHED[id(self.obj)]
+
+
+# -- how the script ends -------------------------------------------------------------------------
+
+def _watch_endings() -> None:
+    """Once per process: watch how the script ends, for every open publisher."""
+    global _ends_watched, _sigterm_taken
+    with _ends_lock:
+        if not _ends_watched:
+            _ends_watched = True
+            previous_hook = sys.excepthook
+
+            def hook(kind: Any, value: Any, tb: Any) -> None:
+                _mark("stopped" if issubclass(kind, KeyboardInterrupt) else "failed")
+                previous_hook(kind, value, tb)
+
+            sys.excepthook = hook
+        if not _sigterm_taken and threading.current_thread() is threading.main_thread():
+            _sigterm_taken = True
+            _take_sigterm()
+
+
+def _mark(how: str) -> None:
+    for publisher in list(_PUBLISHED.values()):
+        if publisher.ended_by is None and publisher.source.state() == "running":  # an ended run is not
+            publisher.ended_by = how
+
+
+def _take_sigterm() -> None:
+    """Flush on SIGTERM, then let the script's own handler (or the default: exit) act. Only the
+    main thread may set a handler; a run published from another one flushes every 2 s. SIGTERM
+    would end the process without running ``atexit``: every run's last steps and frames go first."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_IGN, None):  # the script ignores it, or it was set outside Python
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if previous is signal.SIG_DFL:  # the process ends now: the runs end with it
+            _mark("stopped")
+            for publisher in list(_PUBLISHED.values()):
+                with contextlib.suppress(Exception):  # a record that cannot close must not keep it alive
+                    publisher.close()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        for publisher in list(_PUBLISHED.values()):  # the script's handler decides whether it ends
+            with contextlib.suppress(Exception):
+                publisher.flush()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)

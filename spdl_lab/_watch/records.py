@@ -1,33 +1,37 @@
 """Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
 viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
-directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``."""
+directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``. The training steps are
+kept in full for the last ``STEPS_FULL_S`` (table ``steps``), older ones thinned into per-second
+sums and histograms (``step_seconds``), read by the same ``summarize`` as the live clock's."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from itertools import repeat
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
+from .._json import loads
 from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
+from .._telemetry.histogram import bucket_of, new_counts
 from .._telemetry.ring import Ring
+from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
 from .discovery import pid_alive, safe_name
-from .step_records import SCHEMA as STEPS_SCHEMA
-from .step_records import Row, thin_steps, write_steps
 from .timeline import append_ticks
 
-__all__ = ["END_STATES", "FULL_RATE_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
-           "read_record", "record_meta", "with_record"]
+__all__ = ["END_STATES", "FULL_RATE_S", "STEPS_FULL_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
+           "read_record", "read_step_summary", "record_meta", "step_rows", "with_record"]
 
 # Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
 # the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
@@ -39,15 +43,24 @@ THREAD_NAME = "spdl_lab:record"
 END_STATES = ("finished", "failed", "stopped")
 #: Steps held for the next flush at most; more (a disk that fails for minutes) are dropped, counted.
 MAX_BUFFERED_STEPS = 1_000_000
+#: Steps kept one row each; older ones become one row per second (a day at 60 steps/s: about
+#: 13 MB of full steps plus 83,000 rows of seconds, instead of 5 million rows).
+STEPS_FULL_S = 3600.0
 T = TypeVar("T")
+Row = tuple[int, int, int, int, "int | None"]
 
 # frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
 # runner, dropped_ticks, stats: the run's last stats as JSON, the steps' facts, and state:
-# "running", then one of END_STATES at close); steps and step_seconds: see step_records.
+# "running", then one of END_STATES at close); steps and step_seconds: a step each, a second each.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS steps (idx INTEGER PRIMARY KEY, end_ns INTEGER, wait_ns INTEGER,
+                                  step_ns INTEGER, device_ns INTEGER);
+CREATE TABLE IF NOT EXISTS step_seconds (second INTEGER PRIMARY KEY, steps INTEGER, wait_ns INTEGER,
+    step_ns INTEGER, last_end_ns INTEGER, device_steps INTEGER, device_ns INTEGER,
+    device_loop_ns INTEGER, step_hist TEXT, wait_hist TEXT);
 """
 
 _SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
@@ -106,7 +119,7 @@ class RecordWriter:
             # NORMAL in WAL mode loses nothing when the process dies, only on power loss.
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks after each checkpoint
-            db.executescript(_SCHEMA + STEPS_SCHEMA)
+            db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise SpdlLabError(f"cannot create record file {self.path}: {e}; pick a writable path "
                                f"(--record or ${RECORD_ENV})") from e
@@ -123,7 +136,7 @@ class RecordWriter:
         append_ticks(self._buffer, chunk.times, chunk.columns)
 
     def add_steps(self, rows: list[Row], facts: dict[str, str]) -> None:
-        """Queue training steps (``step_records.step_rows``) and the meta facts that go with them
+        """Queue training steps (``step_rows``) and the meta facts that go with them
         (stats, the clock's first request...) for the next flush; never waits on the disk."""
         with self._steps_lock:
             self._steps += rows
@@ -154,7 +167,7 @@ class RecordWriter:
                 with self._steps_lock:
                     steps, self._steps = self._steps, []
                     facts, self._facts = self._facts, {}
-                write_steps(self._db, steps)
+                self._db.executemany("INSERT OR IGNORE INTO steps VALUES (?, ?, ?, ?, ?)", steps)
                 thin_steps(self._db)
                 self._db.executemany(_SET_META, [*facts.items(), ("dropped_ticks", str(self.dropped_ticks)),
                                                  ("dropped_steps", str(self.dropped_steps))])
@@ -216,24 +229,19 @@ class RecordWriter:
 def read_record(path: str | os.PathLike) -> pd.DataFrame:
     """The record's frames (``FRAME_COLUMNS``), sorted by time; the file is opened read-only."""
     query = "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid"
-    return _read(path, lambda db: pd.read_sql(query, db))[FRAME_COLUMNS]
+    return with_record(path, lambda db: pd.read_sql(query, db))[FRAME_COLUMNS]
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:
     """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is
     gone: the process died without closing, and the record holds all up to its last flush."""
-    meta = _read(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
+    meta = with_record(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
     return meta
 
 
 def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:
-    """``read`` on the record at ``path``, opened read-only (a reader of its other tables)."""
-    return _read(path, read)
-
-
-def _read(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T:
     """``read`` on the record at ``path``, opened read-only; SpdlLabError if it is none."""
     path = Path(path)
     if not path.is_file():
@@ -245,3 +253,94 @@ def _read(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]) -> T
     except (sqlite3.Error, pd.errors.DatabaseError) as e:
         raise FileFormatError(f"{path} is not a readable spdl_lab record ({e}); pass a file written "
                               "by RecordWriter", source=str(path), field="") from e
+
+
+# -- training steps --------------------------------------------------------------------------------
+# Meta keys the publisher keeps for them: steps_first_ns (the first batch asked, ns from the
+# clock's origin, as end_ns), steps_origin_s (time.perf_counter() at that origin: the machine's
+# monotonic clock, so another process can hold its own times against the steps), steps_offset_s
+# (the origin in the frames' time), steps_device, step_copies, step_copy_ns.
+
+def step_rows(records: Iterable[StepRecord]) -> list[Row]:
+    """(idx, end_ns, wait_ns, step_ns, device_ns or None) of each step; the clock's own integers."""
+    return [(r.index, round(r.end_s * 1e9), round(r.data_wait_s * 1e9), round(r.step_s * 1e9),
+             None if math.isnan(r.device_s) else round(r.device_s * 1e9)) for r in records]
+
+
+def thin_steps(db: sqlite3.Connection) -> None:
+    """Fold the steps that ended over ``STEPS_FULL_S`` before the newest into whole seconds."""
+    newest = db.execute("SELECT max(end_ns) FROM steps").fetchone()[0]
+    if newest is None:
+        return
+    cutoff_s = math.floor(newest / 1e9 - STEPS_FULL_S)
+    old = db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?",
+                     (cutoff_s * 1_000_000_000,)).fetchall()
+    if not old:
+        return
+    seconds: dict[int, list[Any]] = {}
+    for end_ns, wait_ns, step_ns, device_ns in old:
+        s = seconds.setdefault(end_ns // 1_000_000_000, [0, 0, 0, 0, 0, 0, 0, {}, {}])
+        s[0] += 1
+        s[1] += wait_ns
+        s[2] += step_ns
+        s[3] = max(s[3], end_ns)
+        if device_ns is not None:
+            s[4] += 1
+            s[5] += device_ns
+            s[6] += wait_ns + step_ns
+        for hist, ns in ((s[7], step_ns), (s[8], wait_ns)):
+            hist[bucket_of(ns)] = hist.get(bucket_of(ns), 0) + 1
+    for second, s in seconds.items():
+        before = db.execute("SELECT steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, "
+                            "device_loop_ns, step_hist, wait_hist FROM step_seconds WHERE second = ?",
+                            (second,)).fetchone()
+        if before is not None:  # a second thinned in two flushes: add up
+            s = [*(a + b for a, b in zip(s[:3], before[:3])), max(s[3], before[3]),
+                 *(a + b for a, b in zip(s[4:7], before[4:7])),
+                 _merged(s[7], before[7]), _merged(s[8], before[8])]
+        db.execute("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (second, *s[:7], json.dumps(s[7]), json.dumps(s[8])))
+    db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_s * 1_000_000_000,))
+
+
+def _merged(mine: dict[int, int], stored: str) -> dict[int, int]:
+    out = dict(mine)
+    for bucket, count in loads(stored).items():
+        out[int(bucket)] = out.get(int(bucket), 0) + count
+    return out
+
+
+def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSummary | None:
+    """The figures over every recorded step, as the live clock computes them; None without steps
+    (or in a record from before steps were kept)."""
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"steps", "step_seconds"} <= tables:
+        return None
+    full = np.array(db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps ORDER BY idx")
+                    .fetchall(), dtype=object).reshape(-1, 4)
+    thinned = db.execute("SELECT steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, "
+                         "device_loop_ns, step_hist, wait_hist FROM step_seconds").fetchall()
+    if not len(full) and not thinned:
+        return None
+    ends, waits, steps = (full[:, i].astype(np.int64) for i in range(3))
+    has_device = np.array([d is not None for d in full[:, 3]], dtype=bool)
+    device = full[has_device, 3].astype(np.int64)
+    step_hist, wait_hist = new_counts(), new_counts()
+    for ns in steps.tolist():
+        step_hist[bucket_of(ns)] += 1
+    for ns in waits.tolist():
+        wait_hist[bucket_of(ns)] += 1
+    sums = [sum(row[i] for row in thinned) for i in (0, 1, 2, 4, 5, 6)]
+    for row in thinned:
+        for hist, stored in ((step_hist, row[7]), (wait_hist, row[8])):
+            for bucket, count in loads(stored).items():
+                hist[int(bucket)] += count
+    last_end = max(([int(ends.max())] if len(ends) else []) + [row[3] for row in thinned])
+    totals = Totals(steps=len(steps) + sums[0], wait_ns=int(waits.sum()) + sums[1],
+                    step_ns=int(steps.sum()) + sums[2], last_end_ns=last_end,
+                    device_steps=len(device) + sums[3], device_ns=int(device.sum()) + sums[4],
+                    device_loop_ns=int((waits[has_device] + steps[has_device]).sum()) + sums[5],
+                    copies=int(meta.get("step_copies", 0) or 0), copy_ns=int(meta.get("step_copy_ns", 0) or 0))
+    exact = not thinned
+    return summarize(totals, int(meta.get("steps_first_ns", 0) or 0), meta.get("steps_device", ""),
+                     step_hist, wait_hist, steps / 1e9 if exact else None, waits / 1e9 if exact else None)

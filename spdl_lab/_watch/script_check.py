@@ -11,7 +11,6 @@ import json
 import math
 import os
 import signal
-import sqlite3
 import statistics
 import subprocess
 import time
@@ -19,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
 from .command import watched_env
 from .hook import KWARGS_ENV
-from .records import record_meta
+from .records import record_meta, with_record
 
 __all__ = ["POLL_S", "STOP_GRACE_S", "ScriptCheck", "ScriptRun", "check_script"]
 
@@ -73,10 +73,10 @@ class ScriptCheck:
         return f"not beyond the noise in the job: {spread}; keep what you have"
 
     def table(self) -> str:
-        lines = [f"{'run':>3}  {'config':<7} {'steps':>5}  {'steps/s':>8}  {'step p50 ms':>11}  {'wait p50 ms':>11}"]
-        for i, r in enumerate(self.runs, 1):
-            lines.append(f"{i:>3}  {r.config:<7} {r.steps:>5}  {r.steps_per_s:>8.3g}  {r.step_p50_ms:>11.3g}  "
-                         f"{r.data_wait_p50_ms:>11.3g}")
+        headings = ["run", "config", "steps", "steps/s", "step p50 ms", "wait p50 ms"]
+        rows = [[str(i), r.config, str(r.steps), num(r.steps_per_s), num(r.step_p50_ms), num(r.data_wait_p50_ms)]
+                for i, r in enumerate(self.runs, 1)]
+        lines = text_table(headings, rows, left=(1,))
         for config in CONFIGS:
             rates = self.rates(config)
             lines.append(f"{config}: {statistics.median(rates):.3g} steps/s [{min(rates):.3g}-{max(rates):.3g}] "
@@ -145,12 +145,9 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
 
 
 def _steps_in(record: Path) -> int:
-    if not record.exists():
-        return 0
     try:
-        with contextlib.closing(sqlite3.connect(f"{record.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            return int(db.execute("SELECT count(*) FROM steps").fetchone()[0])
-    except sqlite3.Error:  # still being made
+        return with_record(record, lambda db: int(db.execute("SELECT count(*) FROM steps").fetchone()[0]))
+    except SpdlLabError:  # not there yet, or still being made
         return 0
 
 
@@ -159,8 +156,8 @@ def _figures(record: Path, config: str, round_: int, warmup: int, steps: int) ->
     if meta.get("runner") != "DataLoader":
         raise SpdlLabError(f"the script's published run iterates a {meta.get('runner')!r}, not a torch DataLoader: "
                            "tune --script applies DataLoader arguments only")
-    with contextlib.closing(sqlite3.connect(f"{record.resolve().as_uri()}?mode=ro", uri=True)) as db:
-        rows = db.execute("SELECT end_ns, wait_ns, step_ns FROM steps ORDER BY idx").fetchall()
+    rows = with_record(record, lambda db: db.execute("SELECT end_ns, wait_ns, step_ns FROM steps ORDER BY idx")
+                       .fetchall())
     if len(rows) < warmup + 2:
         raise SpdlLabError(f"the {config} run of the script ended after {len(rows)} steps, fewer than the "
                            f"warm-up ({warmup}) and two more; pass a smaller --warmup or --steps")

@@ -407,7 +407,7 @@ ALLOWED = {
         "control messages from the parent that spawned this sweep child, over its inherited pipe",
     "spdl_lab/_diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
         "unpickles only messages from sweep children this process started, over pipes only they hold",
-    "spdl_lab/_watch/client.py::EndpointClient._connect::socket.socket":
+    "spdl_lab/_watch/attach.py::EndpointClient._connect::socket.socket":
         "an AF_UNIX socket a viewer connects with, to a run's socket in the user's 0700 runtime dir",
     "spdl_lab/_watch/endpoint.py::Endpoint._accept_loop::.accept()":
         "viewers of the AF_UNIX endpoint in the user's 0700 runtime dir; at most max_viewers at once",
@@ -564,7 +564,7 @@ ENDPOINT_SITES = {
     "spdl_lab/_watch/endpoint.py::Endpoint._listen::.listen()",
     "spdl_lab/_watch/endpoint.py::Endpoint._accept_loop::.accept()",
     "spdl_lab/_watch/endpoint.py::Endpoint._answers::socket.socket",
-    "spdl_lab/_watch/client.py::EndpointClient._connect::socket.socket",
+    "spdl_lab/_watch/attach.py::EndpointClient._connect::socket.socket",
 }
 
 

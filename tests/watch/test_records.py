@@ -276,8 +276,7 @@ def test_default_record_path(monkeypatch):
 
 def test_steps_older_than_an_hour_are_thinned_into_seconds_and_still_add_up(tmp_path, no_thread_leak):
     from spdl_lab._telemetry.histogram import bucket_of, new_counts, quantile_ns
-    from spdl_lab._watch.records import with_record
-    from spdl_lab._watch.step_records import STEPS_FULL_S, read_step_summary
+    from spdl_lab._watch.records import STEPS_FULL_S, read_step_summary, with_record
 
     path = tmp_path / "steps.sqlite"
     writer = RecordWriter(path, meta={"name": "long"}, flush_every_s=3600)
