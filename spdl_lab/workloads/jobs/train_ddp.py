@@ -7,7 +7,7 @@ item rank R loads (a slower disk or decoder: the rank waits for data), ``--compu
 --compute-ms X`` adds X ms of CPU work to every step of rank R (the rank computes longer).
 
     torchrun --nproc_per_node=2 train_ddp.py [--steps 400 | --seconds 60] [--loader dataloader|lab]
-        [--workers 2] [--batch 16] [--load-ms 1] [--slow-rank R --slow-ms X]
+        [--workers 2] [--batch 16] [--load-ms 0.5] [--slow-rank R --slow-ms X]
         [--compute-rank R --compute-ms X] [--timing DIR]
 
 ``--timing DIR`` writes each rank's own count to ``DIR/rankR.json``: steps, wall time, steps/s, and
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers, or the lab load stage's threads")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--n", type=int, default=1024, help="items per rank: an epoch is n / batch steps")
-    parser.add_argument("--load-ms", type=float, default=1.0, help="time to load one item, every rank")
+    parser.add_argument("--load-ms", type=float, default=0.5, help="time to load one item, every rank")
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0, help="added to every item the slow rank loads")
     parser.add_argument("--compute-rank", type=int, default=-1)
