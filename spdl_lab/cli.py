@@ -322,10 +322,12 @@ def _watch(args: argparse.Namespace) -> int:
     return run_watched(args.script, name=args.name, record=args.record)
 
 
-def _interrupted(prog: str) -> int:
+def _interrupted(prog: str, exiting: bool) -> int:
     """Ctrl-C: one line and 130. A second Ctrl-C while runs close would only print a traceback
-    from the middle of the clean-up, so it is ignored from here on."""
-    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+    from the middle of the clean-up, so a process about to exit (``exiting``: the command itself)
+    ignores it from here on; a caller of ``main(argv)`` keeps its own handler (its children would
+    inherit an ignored SIGINT)."""
+    if exiting and threading.current_thread() is threading.main_thread():  # signal.signal works only there
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"{prog}: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
@@ -355,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return _interrupted(prog)
+        return _interrupted(prog, exiting=argv is None)
     except Exception as exc:  # a stage or the step raised, a runner died: show where
         if _caused_by_interrupt(exc):
-            return _interrupted(prog)
+            return _interrupted(prog, exiting=argv is None)
         traceback.print_exc()
         print(f"{prog}: failed: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED

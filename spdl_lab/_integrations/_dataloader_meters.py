@@ -6,11 +6,11 @@ that what reads stages sees only stages) and the queue of batches prefetched or 
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .. import _forksafe
 from .._runners import Layout, MeterBlock, ShmFile, new_prefix
 from .._telemetry.frames import Row, queue_rows, stage_rows
 from .._telemetry.meters import QueueReading, StageReading
@@ -37,8 +37,8 @@ class DataLoaderMeters:
     before it returns); ``release`` unmaps and unlinks the block (safe twice)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._opening = threading.Lock()
+        self._lock = _forksafe.Lock()
+        self._opening = _forksafe.Lock()
         self._block: MeterBlock | None = None
         self._iterator: Callable[[], Any] = lambda: None
         self._before: list[StageReading] | None = None

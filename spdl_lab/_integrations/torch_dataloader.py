@@ -4,7 +4,6 @@ iterated untouched with its worker processes watched (``WatchedDataLoader``, for
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -12,6 +11,7 @@ from typing import Any
 
 import psutil
 
+from .. import _forksafe
 from .._pipeline import Pipeline
 from .._telemetry.cpu_rates import ProcessRates
 from .._telemetry.frames import Row
@@ -81,7 +81,7 @@ class WatchedDataLoader:
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
         self._workers: list[psutil.Process] = []
         self._rates = ProcessRates()
         self.meters = DataLoaderMeters()

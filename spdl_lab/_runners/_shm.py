@@ -13,9 +13,9 @@ import re
 import secrets
 import struct
 import tempfile
-import threading
 import time
 
+from .. import _forksafe
 from ..errors import RunnerError
 
 __all__ = ["ShmFile", "SeqlockBlock", "free_bytes", "new_prefix", "remove_all", "shm_dir", "sweep_dead_owners"]
@@ -23,7 +23,7 @@ __all__ = ["ShmFile", "SeqlockBlock", "free_bytes", "new_prefix", "remove_all", 
 #: Every segment's name: ``spdl_lab_<pid of the process that made it>_<random>_<what>``.
 _OURS = re.compile(r"spdl_lab_(\d+)_[0-9a-f]+_")
 _swept_in: int | None = None  # the pid of the process that swept (a forked child sweeps again)
-_sweep_lock = threading.Lock()
+_sweep_lock = _forksafe.Lock()
 
 
 def shm_dir() -> str:

@@ -4,10 +4,10 @@ writes only its own ``WorkerMeter`` (no lock: under the GIL a reader sees each i
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
+from .. import _forksafe
 from .histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of, new_counts, quantile_ns
 
 __all__ = ["SAMPLE_BELOW_NS", "SAMPLE_STRIDE", "QueueReading", "StageMeter", "StageReading", "WorkerMeter"]
@@ -95,7 +95,7 @@ class StageMeter:
         self.kind = kind
         self.concurrency = concurrency
         self._workers: list[WorkerMeter] = []
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
 
     def new_worker(self) -> WorkerMeter:
         meter = WorkerMeter()

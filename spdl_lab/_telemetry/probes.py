@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
+from .. import _forksafe
 from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
 
@@ -98,7 +99,7 @@ class GilProbe:
         self._totals = GilTotals()
         self._recent = [0.0] * _RECENT  # GIL wait of wake i at index i % _RECENT
         self._seen = GilTotals()  # totals at the previous source call
-        self._lock = threading.Lock()  # serialises start/stop only
+        self._lock = _forksafe.Lock()  # serialises start/stop only
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -213,7 +214,7 @@ class CpuProbe:
         self.children = children
         self._me = psutil.Process()
         self._cpus = psutil.cpu_count() or 1
-        self._lock = threading.Lock()  # the sampler calls; totals() may come from anywhere
+        self._lock = _forksafe.Lock()  # the sampler calls; totals() may come from anywhere
         self._t0 = time.monotonic()
         self._main0 = cpu_seconds(self._me) or 0.0
         self._main_s = self._children_s = 0.0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 
 import numpy as np
+
+from .. import _forksafe
 
 __all__ = ["Ring"]
 
@@ -23,7 +24,7 @@ class Ring:
         self._times = np.full(capacity, np.nan)
         self._columns: dict[Key, np.ndarray] = {}
         self._count = 0  # ticks ever appended
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
 
     def append(self, time_s: float, values: Iterable[tuple[str, str, float]]) -> None:
         with self._lock:

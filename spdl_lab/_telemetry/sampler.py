@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 import psutil
 
+from .. import _forksafe
 from .frames import Row, to_frame
 from .ring import Ring
 
@@ -36,7 +37,7 @@ class Sampler:
         self.ring = Ring(ticks)
         self._sources: list[Source] = list(sources or [])
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
         self._thread: threading.Thread | None = None
         self._t0 = time.perf_counter()
         self._last = self._t0

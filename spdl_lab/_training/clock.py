@@ -5,7 +5,6 @@ bounded history and running totals, fed to the sampler as a row source.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -14,6 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from .. import _forksafe
 from .._telemetry.frames import Row
 from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
@@ -87,7 +87,7 @@ class StepClock:
         self._held: tuple[int, float, Any] | None = None  # the step iterate_steps holds open
         self._let_go: tuple[tuple[int, float, Any], int] | None = None  # ...and one it let go of, when
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
-        self._write_lock = threading.Lock()
+        self._write_lock = _forksafe.Lock()
 
     def iterate(self, iterable: Iterable[T], started_ns: int | None = None) -> Iterator[T]:
         """Yield from ``iterable``, timing each ``next()`` as data wait. ``started_ns``

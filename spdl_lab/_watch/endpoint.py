@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _json
+from .. import _forksafe, _json
 from .._telemetry.frames import FrameChunk
 from ..errors import SpdlLabError
 from . import protocol as wire
@@ -65,7 +65,7 @@ class Endpoint:
         self.max_viewers = max_viewers
         self.request_timeout = request_timeout
         self.pid = os.getpid()
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
         self._stop = threading.Event()
         #: messages rejected (malformed, unknown op, bad fields) and viewers refused
         self.rejected = 0

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _forksafe
 from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
@@ -44,8 +45,8 @@ _PUBLISHED: dict[int, Publisher] = {}
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 #: The names taken by runs published with no code change.
 _taken: set[str] = set()
-_lock = threading.Lock()
-_ends_lock = threading.Lock()  # not _lock: publish_once holds that while a Publisher starts
+_lock = _forksafe.Lock()
+_ends_lock = _forksafe.Lock()  # not _lock: publish_once holds that while a Publisher starts
 _ends_watched = False
 _sigterm_taken = False
 
@@ -125,6 +126,7 @@ class Publisher:
 
     def __init__(self, obj: Any, name: str) -> None:
         self.timeline = Timeline()  # first: every tick of the source counts from here, none before
+        self._pid = os.getpid()
         self.source = source_of(obj)
         self.obj = obj
         #: the rank of a torchrun job this process is (its runs are named ``NAME-rankR``), or None
@@ -146,8 +148,8 @@ class Publisher:
         self._steps_recorded = 0  # the clock's step index: steps before it are in the record
         self._stats_at = -math.inf
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._copy_lock = threading.RLock()
+        self._lock = _forksafe.Lock()
+        self._copy_lock = _forksafe.RLock()
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
                             state=self.state, set_concurrency=self.source.set_concurrency,
                             controls=self.source.controls)
@@ -200,6 +202,8 @@ class Publisher:
 
     def flush(self) -> None:
         """Put everything so far in the record file now (a signal is about to end the script)."""
+        if _forksafe.forked_child(self._pid):  # a forked worker's SIGTERM: the script's record is not its own
+            return
         self._copy()
         self.writer.flush()
 
@@ -216,7 +220,11 @@ class Publisher:
         return self.ended_by or self.source.state()
 
     def close(self) -> None:
-        """Stop publishing: the record gets the run's last frames and state, the endpoint goes."""
+        """Stop publishing: the record gets the run's last frames and state, the endpoint goes.
+        Nothing in a forked child (its atexit and SIGTERM handlers are the script's): the pump and
+        record threads run only in the script, and the record and endpoint are the script's."""
+        if _forksafe.forked_child(self._pid):
+            return
         with self._lock:
             if self._stop.is_set():
                 return

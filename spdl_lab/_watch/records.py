@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from .. import _forksafe
 from .._json import loads
 from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
 from .._telemetry.histogram import bucket_of, new_counts
@@ -98,8 +99,8 @@ class RecordWriter:
         self._steps: list[Row] = []
         self._facts: dict[str, str] = {}
         self.dropped_steps = 0
-        self._steps_lock = threading.Lock()
-        self._db_lock = threading.Lock()
+        self._steps_lock = _forksafe.Lock()
+        self._db_lock = _forksafe.Lock()
         self._thinned_until = -math.inf
         self._newest_s = -math.inf
         self.closed = False

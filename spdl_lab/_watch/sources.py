@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
+from .. import _forksafe
 from .._experiments.session import Session
 from .._integrations import is_spdl_spec, open_spdl
 from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
@@ -92,7 +92,7 @@ class _TimedLoop:
         # Weakly: when the loop drops its iterator (a break, a trainer's teardown), the step it
         # held ends at that moment, not when the script ends.
         self._epoch: weakref.ref[_Epoch] | None = None
-        self._lock = threading.Lock()
+        self._lock = _forksafe.Lock()
 
     def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
         """Time the loop over ``items`` (made at ``started_ns``, ``time.perf_counter_ns()``, if

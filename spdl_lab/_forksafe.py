@@ -1,0 +1,132 @@
+"""Locks that stay usable across ``fork()``. A script that forks while one of the lab's threads
+holds a lock (a DataLoader forking its workers while the sampler, the publisher or the record
+writer runs) would hand the child a lock that no thread there will ever release. Every lock made
+here is taken by the forking thread before the fork, released after it in the parent, and made
+anew in the child (``os.register_at_fork``); one the forking thread itself holds, it still holds
+in the child. ``forked_child()`` tells code that must not act for its parent (its atexit and
+signal handlers run in a forked child too) that it runs in one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+__all__ = ["FORK_WAIT_S", "Lock", "RLock", "forked_child"]
+
+#: How long a fork waits for each lock another thread holds. A thread that holds one lock and waits
+#: for another the fork has taken would wait forever: past this, the fork goes on, and the child
+#: gets a fresh lock all the same (its copy of what the lock guards may be half-written).
+FORK_WAIT_S = 1.0
+
+_locks: weakref.WeakSet = weakref.WeakSet()
+_registry = threading.Lock()
+
+
+def forked_child(pid: int) -> bool:
+    """Whether this process is a fork of process ``pid`` rather than ``pid`` itself."""
+    return os.getpid() != pid
+
+
+class Lock:
+    """``threading.Lock`` that survives fork: ``acquire``, ``release``, ``locked``, ``with``."""
+
+    __slots__ = ("__weakref__", "_lock", "_owner", "_taken_for_fork")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._taken_for_fork = False
+        with _registry:
+            _locks.add(self)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._owner = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _before_fork(self) -> None:
+        if self._owner != threading.get_ident():
+            self._taken_for_fork = self._lock.acquire(timeout=FORK_WAIT_S)
+
+    def _after_fork_in_parent(self) -> None:
+        if self._taken_for_fork:
+            self._taken_for_fork = False
+            self._lock.release()
+
+    def _after_fork_in_child(self) -> None:
+        mine = self._owner == threading.get_ident()  # the forking thread: it goes on holding it
+        self._lock, self._taken_for_fork = threading.Lock(), False
+        if mine:
+            self._lock.acquire()
+        else:
+            self._owner = None
+
+
+class RLock(Lock):
+    """``threading.RLock`` that survives fork: the thread that holds it may take it again."""
+
+    __slots__ = ("_count",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._owner == threading.get_ident():
+            self._count += 1
+            return True
+        if not super().acquire(blocking, timeout):
+            return False
+        self._count = 1
+        return True
+
+    def release(self) -> None:
+        if self._owner != threading.get_ident():
+            raise RuntimeError("cannot release un-acquired lock")
+        self._count -= 1
+        if not self._count:
+            super().release()
+
+    def _after_fork_in_child(self) -> None:
+        super()._after_fork_in_child()
+        if self._owner is None:
+            self._count = 0
+
+
+def _before_fork() -> None:
+    _registry.acquire()
+    for lock in list(_locks):
+        lock._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for lock in list(_locks):
+        lock._after_fork_in_parent()
+    _registry.release()
+
+
+def _after_fork_in_child() -> None:
+    global _registry
+    _registry = threading.Lock()
+    for lock in list(_locks):
+        lock._after_fork_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
