@@ -55,9 +55,10 @@ bench: $(STAMP)
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py
 
-# The soak tests at full size (tests/reliability/test_soak.py): 1,000,000 items through
-# each thread engine, 100 open/close cycles of every runner. `make test` runs them short;
-# -s shows the numbers they print (RSS before and after, items/s, cycles).
+# The soak tests at full size (tests/reliability/test_soak.py, test_fork_soak.py): 1,000,000 items
+# through each thread engine, 100 open/close cycles of every runner, 500 epochs of a watched DataLoader
+# forking its workers every epoch while the lab's threads run. `make test` runs them short;
+# -s shows the numbers they print (RSS before and after, items/s, cycles, epochs).
 soak: $(STAMP)
 	SPDL_LAB_SOAK=full $(PY) -m pytest -m slow -s -p no:cacheprovider $(PYTEST_ARGS) tests
 
