@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -86,8 +87,10 @@ def test_the_record_holds_every_step_however_the_script_ends(tmp_path, end):
     record = tmp_path / "run.sqlite"
     env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(record),
            "SPDL_LAB_WATCH": "1"}
+    # A shell's background jobs (`make test &`) ignore SIGINT, and Python keeps it ignored in what they
+    # start: restore it, as a terminal has it, or the script's own SIGINT would do nothing.
     done = subprocess.run([sys.executable, str(script), end], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=80)
+                          text=True, timeout=80, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     counted = int((tmp_path / "counted.txt").read_text())
     state, expected = ENDS[end]
     assert counted == expected, done.stderr
