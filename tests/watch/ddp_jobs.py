@@ -39,6 +39,15 @@ def stop_job(proc: subprocess.Popen, timeout: float = 30.0) -> str:
     return out
 
 
+def leave_nothing(proc: subprocess.Popen, job) -> None:
+    """After a test, whatever happened: the job's processes killed, the viewer closed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    if job is not None:
+        job.close()
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
     deadline = time.monotonic() + timeout
     while True:

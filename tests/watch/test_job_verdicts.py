@@ -5,8 +5,6 @@ said balanced; a rank slowed by extra compute is never called a data straggler. 
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 import spdl_lab as lab
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ddp_jobs import start_job, stop_job, wait_for  # noqa: E402
+from ddp_jobs import leave_nothing, start_job, stop_job, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.measurement, pytest.mark.timeout(300)]
 #: The issue's bound: the straggler named this soon after the job's ranks started.
@@ -41,11 +39,7 @@ def watch_verdicts(name: str, folder: Path, *args: str, seconds: float) -> list[
             time.sleep(0.5)
         out = stop_job(proc, timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if job is not None:
-            job.close()
+        leave_nothing(proc, job)
     assert proc.returncode == 0, out[-3000:]
     print(f"\n{name}: job launched {zero - launched:+.1f} s before its ranks started")
     for t, verdict in seen:

@@ -17,7 +17,7 @@ import pytest
 import spdl_lab as lab
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ddp_jobs import start_job, stop_job, wait_for  # noqa: E402
+from ddp_jobs import leave_nothing, start_job, stop_job, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -84,11 +84,7 @@ def test_a_rank_killed_mid_run_is_named_and_the_others_follow_torchrun(tmp_path)
         wait_for(lambda: not job.running, 60, "the job's end")
         out = stop_job(proc, timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if job is not None:
-            job.close()
+        leave_nothing(proc, job)
     # torchrun stops the other ranks (SIGTERM) when one fails, and exits non-zero.
     assert proc.returncode != 0, out[-2000:]
     assert job.states == {0: "stopped", 1: "killed"}
