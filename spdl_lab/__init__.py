@@ -4,6 +4,10 @@ Bring a pipeline and a training step; run them under several parallelism
 models, watch what happens live, and find out where the time goes.
 """
 
+from ._startup import quit_on_interrupt as _quit_on_interrupt
+
+_quit_on_interrupt()  # only in the spdl-lab command's own process: Ctrl-C while it starts exits 130 quietly
+
 from . import _views, workloads
 from ._diagnose import Diagnosis, SweepSettings, diagnose
 from ._diagnose.env_mode import start_hook as _diagnostic_mode

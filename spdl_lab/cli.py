@@ -50,6 +50,7 @@ from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
 from ._interpreter import describe
 from ._pipeline import MAX_CONCURRENCY
 from ._runners import LOCAL_RUNNERS, RUNNERS
+from ._startup import import_safe_interrupts
 from ._watch.command import run_watched
 from .errors import FileFormatError, PipelineSpecError
 
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad option
     prog = f"spdl-lab {args.command}"
     try:
+        if argv is None:  # the command itself: Ctrl-C from here raises, though never inside an import
+            import_safe_interrupts()
         return args.run(args)
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
         # What the command line named cannot be used: the message says what and what to do.

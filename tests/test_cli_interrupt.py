@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -60,5 +61,38 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, command):
     code, err, kids = _interrupt(tmp_path, *command)
     assert code == 130, err
     assert err.strip().splitlines() == [f"spdl-lab {command[0]}: interrupted"], err
+    gone = psutil.wait_procs([psutil.Process(pid) for pid in kids if psutil.pid_exists(pid)], timeout=5)[1]
+    assert not gone, f"processes left running after Ctrl-C: {[p.pid for p in gone]}"
+
+
+COMMAND = ["compare", "ctrlc_pipeline:make_pipeline", "--step", "ctrlc_pipeline:step", "--runners", "thread",
+           "--steps", "100000"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("entry", ["-m", "console-script"])
+@pytest.mark.parametrize("after_s", [0.1, 0.3, 0.6])
+def test_ctrl_c_while_the_command_starts_and_imports_exits_130_with_one_line(tmp_path, entry, after_s):
+    """SIGINT while the interpreter imports spdl_lab and its modules: no traceback from the import
+    machinery, no exit by the signal, no hang on a module lock."""
+    (tmp_path / "ctrlc_pipeline.py").write_text(MODULE)
+    program = ([sys.executable, "-m", "spdl_lab"] if entry == "-m"
+               else [str(Path(sys.executable).with_name("spdl-lab"))])
+    if not Path(program[0]).exists():
+        pytest.skip("the spdl-lab console script is not installed")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SPDL_LAB_REPORT_DIR": str(tmp_path / "reports")}
+    proc = subprocess.Popen([*program, *COMMAND], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(after_s)
+        kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["spdl-lab compare: interrupted"], err
     gone = psutil.wait_procs([psutil.Process(pid) for pid in kids if psutil.pid_exists(pid)], timeout=5)[1]
     assert not gone, f"processes left running after Ctrl-C: {[p.pid for p in gone]}"

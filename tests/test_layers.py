@@ -16,7 +16,8 @@ PACKAGE = Path(spdl_lab.__file__).parent
 # Layout section has this table). Names in one row may import each other, except the pairs
 # in APART.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_pipeline", "_json", "_table", "_views", "_file_checks", "_interpreter", "_progress", "_forksafe"),
+    ("errors", "_pipeline", "_json", "_table", "_views", "_file_checks", "_interpreter", "_progress", "_forksafe",
+     "_startup"),
     ("_telemetry", "_training"),
     ("_engine",),
     ("_runners",),
