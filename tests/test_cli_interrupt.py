@@ -29,18 +29,24 @@ MODULE = textwrap.dedent('''
 ''')
 
 
-def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, list[int]]:
+def _interrupt(tmp_path: Path, *args: str, program: list[str] | None = None,
+               after_s: float | None = None) -> tuple[int, str, list[int]]:
+    """Run the command; SIGINT once its runs begin (or ``after_s`` after its start); its exit code,
+    stderr, and the processes it had then."""
     (tmp_path / "ctrlc_pipeline.py").write_text(MODULE)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "SPDL_LAB_REPORT_DIR": str(tmp_path / "reports")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spdl_lab", *args], cwd=tmp_path, env=env, text=True,
+        [*(program or [sys.executable, "-m", "spdl_lab"]), *args], cwd=tmp_path, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         # A shell's background jobs ignore SIGINT and Python keeps it ignored: restore it, as a terminal has it.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        first = proc.stdout.readline()  # printed once the pipeline is loaded and the runs begin
-        assert first.startswith("pipeline:"), first
+        if after_s is None:
+            first = proc.stdout.readline()  # printed once the pipeline is loaded and the runs begin
+            assert first.startswith("pipeline:"), first
+        else:
+            time.sleep(after_s)
         kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
@@ -75,24 +81,12 @@ COMMAND = ["compare", "ctrlc_pipeline:make_pipeline", "--step", "ctrlc_pipeline:
 def test_ctrl_c_while_the_command_starts_and_imports_exits_130_with_one_line(tmp_path, entry, after_s):
     """SIGINT while the interpreter imports spdl_lab and its modules: no traceback from the import
     machinery, no exit by the signal, no hang on a module lock."""
-    (tmp_path / "ctrlc_pipeline.py").write_text(MODULE)
     program = ([sys.executable, "-m", "spdl_lab"] if entry == "-m"
                else [str(Path(sys.executable).with_name("spdl-lab"))])
     if not Path(program[0]).exists():
         pytest.skip("the spdl-lab console script is not installed")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SPDL_LAB_REPORT_DIR": str(tmp_path / "reports")}
-    proc = subprocess.Popen([*program, *COMMAND], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        time.sleep(after_s)
-        kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == 130, err
+    code, err, kids = _interrupt(tmp_path, *COMMAND, program=program, after_s=after_s)
+    assert code == 130, err
     assert err.strip().splitlines() == ["spdl-lab compare: interrupted"], err
     gone = psutil.wait_procs([psutil.Process(pid) for pid in kids if psutil.pid_exists(pid)], timeout=5)[1]
     assert not gone, f"processes left running after Ctrl-C: {[p.pid for p in gone]}"
