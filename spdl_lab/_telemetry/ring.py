@@ -70,6 +70,16 @@ class Ring:
             index = np.arange(first, self._count) % self.capacity
             return self._count, self._times[index], {k: c[index] for k, c in self._columns.items()}
 
+    def latest(self, seconds: float) -> tuple[int, np.ndarray, dict[Key, np.ndarray]]:
+        """The ticks of the latest ``seconds`` and the one before them (its base), and the cursor:
+        copies of those ticks only, however many the ring holds."""
+        with self._lock:
+            order = self._order()
+            times = self._times[order]
+            first = max(0, int(np.searchsorted(times, times[-1] - seconds)) - 1) if len(times) else 0
+            index = order[first:]
+            return self._count, times[first:], {k: c[index] for k, c in self._columns.items()}
+
     def last(self, key: Key, back_s: float) -> tuple[float, float, float, float] | None:
         """(t_then, value_then, t_now, value_now) spanning about ``back_s`` seconds."""
         with self._lock:

@@ -111,11 +111,9 @@ def rank_window(chunk: FrameChunk, rank: int, state: str, window_s: float = VERD
 
 def _filled(values: np.ndarray) -> np.ndarray:
     """A cumulative counter with its missing ticks carried forward (0 before its first value)."""
-    out = values.copy()
-    for i in range(len(out)):
-        if not np.isfinite(out[i]):
-            out[i] = out[i - 1] if i else 0.0
-    return out
+    known = np.isfinite(values)
+    last_known = np.maximum.accumulate(np.where(known, np.arange(len(values)), 0))
+    return np.where(known[last_known], values[last_known], 0.0)
 
 
 def _stage_names(columns: dict[tuple[str, str], np.ndarray]) -> list[str]:

@@ -5,7 +5,8 @@ CUDA timing is used when torch sees a GPU; nothing here needs one.
 
 from __future__ import annotations
 
+from ._cuda import cuda_available
 from .clock import StepClock
 from .device import DeviceStep, SimulatedDevice
 
-__all__ = ["DeviceStep", "SimulatedDevice", "StepClock"]
+__all__ = ["DeviceStep", "SimulatedDevice", "StepClock", "cuda_available"]

@@ -16,8 +16,7 @@ from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
-from .._training import SimulatedDevice
-from .._training._cuda import cuda_available
+from .._training import SimulatedDevice, cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
 from .advice import advise
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget

@@ -209,11 +209,7 @@ class RemoteSession:
 
     def recent(self, seconds: float) -> FrameChunk:
         """The ticks of the run's latest ``seconds`` (and the one before them), wide."""
-        chunk = chunk_since(self._ring, 0)
-        if not len(chunk):
-            return chunk
-        first = max(0, int(np.searchsorted(chunk.times, chunk.times[-1] - seconds)) - 1)
-        return FrameChunk(chunk.cursor, chunk.times[first:], {k: v[first:] for k, v in chunk.columns.items()})
+        return FrameChunk(*self._ring.latest(seconds))
 
     def stats(self) -> Snapshot:
         """The run's figures, as ``Session.stats()`` gives them: a ``lab.Snapshot`` with a row per
