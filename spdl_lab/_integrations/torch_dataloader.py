@@ -13,8 +13,8 @@ import psutil
 
 from .. import _forksafe
 from .._pipeline import Pipeline
-from .._telemetry.cpu_rates import ProcessRates
 from .._telemetry.frames import Row
+from .._telemetry.probes import ProcessRates
 from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
 from ._dataloader_meters import DataLoaderMeters
@@ -122,7 +122,7 @@ class WatchedDataLoader:
 
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
-            # Each worker against its own time stamp (cpu_rates); an exited one gives None.
+            # Each worker against its own time stamp (ProcessRates); an exited one gives None.
             pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
         alive = [(i, pct) for i, pct in pcts if pct is not None]
         rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers))),

@@ -47,8 +47,8 @@ class Verdict:
 def live_verdict(means: Mapping[Key, float], *, runner: str,
                  controls: Mapping[str, int] | None = None, cpu_cores: int = 1) -> Verdict:
     """The verdict from ``means[(series, stage)]`` over the recent window. The GIL wait is the
-    training thread's (``("gil_wait_frac", "train")``, from a SimulatedDevice), not the probe's:
-    the probe reads high whenever the training thread holds the GIL: it cannot blame the loader."""
+    training thread's (a SimulatedDevice's), not the probe's, which reads high whenever the
+    training thread holds the GIL: it cannot blame the loader."""
     controls = dict(controls or {})
     if not means.get(("steps_in_window", "step"), 0) > 0:
         return Verdict("warming-up", "warming up: no training step finished in the last seconds")
@@ -120,8 +120,8 @@ def _get(means: Mapping[Key, float], series: str, stage: str) -> float:
 
 
 class Window:
-    """The last ``seconds`` of ticks from a live reader's chunks, for window means: one series x
-    ticks array of at most ``max_ticks`` ticks, so each step is a few numpy calls in fixed memory."""
+    """The last ``seconds`` of a live reader's chunks: one series x ticks array of at most
+    ``max_ticks`` ticks, so each call is a few numpy calls in fixed memory."""
 
     def __init__(self, seconds: float = WINDOW_S, max_ticks: int = 512) -> None:
         self.seconds = seconds
@@ -168,9 +168,8 @@ class Window:
         return out
 
     def rate(self, key: Key, seconds: float | None = None) -> float:
-        """A counter's rise per second over the last ``seconds``: the count between its first and
-        last reading in that span over the time between them (steps/s from ``steps``, as the loop
-        counts them; a mean of per-tick rates would weigh a short tick like a long one)."""
+        """A counter's rise per second between its first and last reading in the last ``seconds``
+        (a mean of per-tick rates would weigh a short tick like a long one)."""
         row = self._keys.get(key)
         if row is None or not len(self._times):
             return math.nan

@@ -12,10 +12,10 @@ from .histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of, new_c
 
 __all__ = ["SAMPLE_BELOW_NS", "SAMPLE_STRIDE", "QueueReading", "StageMeter", "StageReading", "WorkerMeter"]
 
-#: Timing policy on the hot path, so that timing tiny tasks does not cost their pipeline's
-#: throughput. Every task is counted. A task is timed unless the worker's last timed task took
-#: under SAMPLE_BELOW_NS; then one in SAMPLE_STRIDE is, standing for the untimed ones before it.
-#: Which task is timed never depends on its own duration, so the estimates are unbiased.
+#: Timing policy, so that timing tiny tasks does not cost throughput. Every task is counted; one is
+#: timed unless the worker's last timed task took under SAMPLE_BELOW_NS, then one in SAMPLE_STRIDE
+#: is, standing for the untimed ones before it. Which task is timed never depends on its own
+#: duration, so the estimates are unbiased.
 SAMPLE_BELOW_NS = 20_000
 SAMPLE_STRIDE = 8
 
@@ -40,9 +40,8 @@ class WorkerMeter:
         self.hist[bucket_of(duration_ns)] += 1
 
     def sampled(self, duration_ns: int, untimed: int) -> int:
-        """Record the timed task that ended the one in progress, standing for itself and the
-        ``untimed`` tasks before it (all counted already); return how many of the next tasks go
-        untimed. The workers' hot path: a table lookup finds the bucket of a short task."""
+        """Record the timed task that ended, standing for itself and the ``untimed`` ones before it
+        (all counted already); return how many of the next tasks go untimed."""
         weight = untimed + 1
         self.started_ns = 0
         self.busy_ns += duration_ns * weight

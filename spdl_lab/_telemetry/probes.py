@@ -1,6 +1,6 @@
-"""Probes the sampler reads each tick: GIL wait versus CPU wait, and CPU use per process.
-
-Both are sampler sources (``probe(dt_s) -> rows``) and keep totals for whole-run summaries.
+"""Probes the sampler reads each tick (``probe(dt_s) -> rows``, with totals for whole-run
+summaries): GIL wait versus CPU wait, and CPU use per process. Each process's CPU is stamped
+mid-read: one stamp for many slow /proc reads overstates it (docs/measurement-noise.md).
 """
 
 from __future__ import annotations
@@ -9,31 +9,32 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 
 import psutil
 
 from .. import _forksafe
-from .cpu_rates import GONE, ProcessRates, cpu_seconds
 from .frames import Row
 
-__all__ = ["SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals", "machine_times", "open_schedstat",
-           "read_runqueue_ns", "runqueue_ns"]
+__all__ = ["GONE", "MIN_SPAN_S", "SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals",
+           "ProcessRates", "cpu_seconds", "machine_times", "open_schedstat", "read_runqueue_ns",
+           "runqueue_ns"]
 
+#: A rate over a shorter span keeps its baseline: CPU times tick in 10 ms steps.
+MIN_SPAN_S = 0.05
+GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 NAN = float("nan")
-#: Per-wake GIL waits kept for the per-tick maximum: about 20 s of wakes at the
-#: default interval, so only a source called less often than that loses any.
+#: Per-wake GIL waits kept for the per-tick maximum: about 20 s of wakes at the default interval.
 _RECENT = 4096
 _GIL_SERIES = ("gil_wait_frac", "gil_wait_ms", "gil_wait_max_ms")
-#: The calling thread's scheduler counters (Linux); field 2 is its run-queue wait, which, taken from
-#: a thread's lateness, tells CPU oversubscription apart from GIL wait.
+#: The calling thread's scheduler counters (Linux); field 2, its run-queue wait, taken from its
+#: lateness, tells CPU oversubscription apart from GIL wait.
 SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 
 
 def read_runqueue_ns(fd: int | None) -> int | None:
-    """Run-queue nanoseconds read from an fd the thread opened (a kept fd: far cheaper than
-    open+read); None if unreadable."""
+    """Run-queue ns from a kept schedstat fd (far cheaper than open+read); None if unreadable."""
     if fd is None:
         return None
     try:
@@ -77,14 +78,12 @@ class GilTotals:
 
 
 class GilProbe:
-    """A thread that sleeps ``interval_s`` and measures how late it wakes: lateness less the
-    thread's run-queue wait (schedstat) is GIL wait. Rows (stage ``name``) over the wakes since
-    the last call: ``gil_wait_frac`` (of the wakes' wall time; contended, about ``w / (interval_s
-    + w)`` for the switch interval ``w``), ``runqueue_wait_frac``, ``gil_wait_ms`` (mean per
-    wake), ``gil_wait_max_ms``, and ``gil_probe_schedstat`` (0.0: unreadable, so all lateness is
-    GIL wait and the run-queue share NaN). NaN with the GIL off or without a wake. One sampler
-    per probe (each call moves the baseline); other readers use ``totals()``.
-    """
+    """A thread that sleeps ``interval_s``: its lateness less its run-queue wait (schedstat) is GIL
+    wait. Rows (stage ``name``) over the wakes since the last call: ``gil_wait_frac`` (contended,
+    about ``w / (interval_s + w)`` for the switch interval ``w``), ``runqueue_wait_frac``,
+    ``gil_wait_ms`` (mean per wake), ``gil_wait_max_ms``, ``gil_probe_schedstat`` (0.0: unreadable,
+    all lateness is GIL wait). NaN with the GIL off or without a wake. Each call moves the
+    baseline, so one sampler per probe; other readers use ``totals()``."""
 
     def __init__(self, interval_s: float = 0.005, name: str = "gil", *,
                  schedstat_path: str = SCHEDSTAT_PATH) -> None:
@@ -93,8 +92,7 @@ class GilProbe:
         self.interval_s = interval_s
         self.name = name
         self.schedstat_path = schedstat_path
-        #: Whether the run-queue split is measured; None until the thread has tried.
-        self.schedstat: bool | None = None
+        self.schedstat: bool | None = None  # the run-queue split is measured; None until tried
         # Written only by the probe thread, a whole object at a time: readers need no lock.
         self._totals = GilTotals()
         self._recent = [0.0] * _RECENT  # GIL wait of wake i at index i % _RECENT
@@ -123,7 +121,7 @@ class GilProbe:
         ready.wait(1.0)  # so that ``schedstat`` is known when start returns
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop and join the probe thread; safe to call twice or before start."""
+        """Stop and join the probe thread; safe twice or before start."""
         with self._lock:
             thread, self._thread = self._thread, None
             self._stop.set()
@@ -193,6 +191,46 @@ class GilProbe:
                 os.close(fd)
 
 
+def cpu_seconds(proc: psutil.Process) -> float | None:
+    """User + system CPU seconds of ``proc`` itself; None when it is gone or not ours to read."""
+    try:
+        times = proc.cpu_times()
+    except GONE:
+        return None
+    return times.user + times.system
+
+
+class ProcessRates:
+    """Per process: (CPU seconds, time) at its last reading, and its percent since then."""
+
+    def __init__(self, cores: int | None = None) -> None:
+        self.cores = cores or psutil.cpu_count() or 1
+        self._last: dict[Hashable, tuple[float, float]] = {}
+
+    def percent(self, key: Hashable, proc: psutil.Process) -> float | None:
+        """CPU percent of ``proc`` (100 = one core) since its last reading; None the first time,
+        over a too-short span, or when gone. ``key``: the psutil.Process (a reused pid is new)."""
+        t0 = time.monotonic()
+        cpu = cpu_seconds(proc)
+        t = (t0 + time.monotonic()) / 2
+        if cpu is None:
+            self._last.pop(key, None)
+            return None
+        before = self._last.get(key)
+        if before is not None and t - before[1] < MIN_SPAN_S:
+            return None  # keep the baseline
+        self._last[key] = (cpu, t)
+        if before is None:
+            return None
+        pct = max(0.0, cpu - before[0]) / (t - before[1]) * 100.0
+        return min(pct, 100.0 * self.cores)  # one process cannot use more than every core
+
+    def keep_only(self, keys: set) -> None:
+        """Forget processes no longer seen: the table does not grow with every child ever made."""
+        for key in [k for k in self._last if k not in keys]:
+            del self._last[key]
+
+
 @dataclass(frozen=True)
 class CpuTotals:
     """CPU seconds (user + system) since the CpuProbe was created."""
@@ -203,12 +241,10 @@ class CpuTotals:
 
 
 class CpuProbe:
-    """CPU use since the previous call, in percent of one core: rows ``("cpu_percent", stage)`` for
-    ``"main"``, ``"children"`` (every descendant from the first call that sees it; skipped with
-    ``children=False``; with a callable, the processes it returns, found another way than a scan
-    of the machine: a DataLoader's workers), ``"total"`` (this process and its children) and
-    ``"machine"`` (every process here), and ``("processes", "children")``. The first call sets
-    the baseline."""
+    """CPU use since the previous call (100 = one core): rows ``("cpu_percent", stage)`` for
+    ``"main"``, ``"children"`` (every descendant; none with ``children=False``; with a callable, the
+    processes it returns: a DataLoader's workers), ``"total"`` and ``"machine"``, and
+    ``("processes", "children")``. The first call sets the baseline."""
 
     def __init__(self, children: bool | Callable[[], list[psutil.Process]] = True) -> None:
         self.children = children
@@ -218,8 +254,7 @@ class CpuProbe:
         self._t0 = time.monotonic()
         self._main0 = cpu_seconds(self._me) or 0.0
         self._main_s = self._children_s = 0.0
-        # pid -> (process, CPU seconds when last read): a child's baseline between ticks, compared
-        # by (pid, create time) so a reused pid starts afresh instead of a bogus delta.
+        # pid -> (process, CPU seconds last read); by (pid, create time): a reused pid starts anew.
         self._kids: dict[int, tuple[psutil.Process, float]] = {}
         self._refresh()
         self._rates = ProcessRates(self._cpus)

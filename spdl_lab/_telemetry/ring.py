@@ -46,16 +46,13 @@ class Ring:
     def __len__(self) -> int:
         return min(self._count, self.capacity)
 
-    def _order(self) -> np.ndarray:
-        n = len(self)
-        start = self._count - n
-        return (np.arange(start, start + n)) % self.capacity
+    def _slots(self, cursor: int = 0) -> np.ndarray:
+        """Slots of the ticks after ``cursor`` still held, oldest first (under the lock)."""
+        return np.arange(max(cursor, self._count - len(self)), self._count) % self.capacity
 
     def view(self) -> tuple[np.ndarray, dict[Key, np.ndarray]]:
         """Times and columns, oldest first (copies)."""
-        with self._lock:
-            order = self._order()
-            return self._times[order], {k: c[order] for k, c in self._columns.items()}
+        return self.since(0)[1:]
 
     @property
     def count(self) -> int:
@@ -66,31 +63,15 @@ class Ring:
         """The ticks appended after ``cursor`` (those still held), and the new cursor: each tick
         comes once; a reader more than ``capacity`` ticks behind skips ahead."""
         with self._lock:
-            first = max(cursor, self._count - len(self))
-            index = np.arange(first, self._count) % self.capacity
+            index = self._slots(cursor)
             return self._count, self._times[index], {k: c[index] for k, c in self._columns.items()}
 
     def latest(self, seconds: float) -> tuple[int, np.ndarray, dict[Key, np.ndarray]]:
         """The ticks of the latest ``seconds`` and the one before them (its base), and the cursor:
         copies of those ticks only, however many the ring holds."""
         with self._lock:
-            order = self._order()
-            times = self._times[order]
+            index = self._slots()
+            times = self._times[index]
             first = max(0, int(np.searchsorted(times, times[-1] - seconds)) - 1) if len(times) else 0
-            index = order[first:]
+            index = index[first:]
             return self._count, times[first:], {k: c[index] for k, c in self._columns.items()}
-
-    def last(self, key: Key, back_s: float) -> tuple[float, float, float, float] | None:
-        """(t_then, value_then, t_now, value_now) spanning about ``back_s`` seconds."""
-        with self._lock:
-            column = self._columns.get(key)
-            n = len(self)
-            if column is None or n < 2:
-                return None
-            order = self._order()
-            times = self._times[order]
-            values = column[order]
-            t_now = times[-1]
-            then = int(np.searchsorted(times, t_now - back_s, side="left"))
-            then = min(then, n - 2)
-            return float(times[then]), float(values[then]), float(t_now), float(values[-1])

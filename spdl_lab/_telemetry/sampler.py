@@ -1,8 +1,6 @@
-"""The sampler: one thread that reads every source (meters, probes, the training step) ~10 times a
-second into a bounded ring, which ``frames()`` and the live dashboard read. A row's value is brought
-within what its series can physically be (CPU times tick in 10 ms steps, so a short tick's rate can
-exceed the machine) as it enters the ring, and counted in a ``clamped`` row.
-"""
+"""The sampler: a thread that reads every source ~10 times a second into a bounded ring. Values
+are brought within what their series can physically be (CPU times tick in 10 ms steps, so a short
+tick's rate can exceed the machine), counted in a ``clamped`` row."""
 
 from __future__ import annotations
 
@@ -68,7 +66,7 @@ class Sampler:
             self.tick()
 
     def tick(self) -> None:
-        """Take one sample now (the thread calls this; so does ``stop`` for a last one)."""
+        """Take one sample now (the thread; ``stop`` for a last one)."""
         with self._lock:
             now = time.perf_counter()
             dt, self._last = now - self._last, now
@@ -108,13 +106,12 @@ class Sampler:
 
     def recent_rate(self, series: str, stage: str, window_s: float = 1.0) -> float | None:
         """Rate of a cumulative series over about the last ``window_s`` seconds."""
-        span = self.ring.last((series, stage), window_s)
-        if span is None:
+        _, times, columns = self.ring.latest(window_s)
+        values = columns.get((series, stage))
+        if values is None or len(times) < 2 or not times[-1] > times[0]:
             return None
-        t0, v0, t1, v1 = span
-        if t1 <= t0 or v0 != v0 or v1 != v1:
-            return None
-        return (v1 - v0) / (t1 - t0)
+        rate = float(values[-1] - values[0]) / float(times[-1] - times[0])
+        return None if math.isnan(rate) else rate
 
 
 def limits(series: str, cores: int) -> tuple[float, float]:
@@ -131,16 +128,11 @@ def bounded(rows: list[Row], cores: int) -> tuple[list[Row], int]:
     out: list[Row] = []
     clamped = 0
     for series, stage, value in rows:
-        if value != value:  # NaN: no value this tick
-            out.append((series, stage, value))
-            continue
         if math.isinf(value):
-            out.append((series, stage, math.nan))
-            clamped += 1
-            continue
-        lo, hi = limits(series, cores)
-        if value < lo or value > hi:
-            value = min(hi, max(lo, value))
-            clamped += 1
+            value, clamped = math.nan, clamped + 1
+        elif value == value:  # NaN: no value this tick
+            lo, hi = limits(series, cores)
+            if not lo <= value <= hi:
+                value, clamped = min(hi, max(lo, value)), clamped + 1
         out.append((series, stage, value))
     return out, clamped

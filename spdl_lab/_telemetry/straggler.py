@@ -1,11 +1,7 @@
-"""The straggler verdict of a data-parallel job: each rank's latest window of ticks made into a
-``RankWindow``, and the ranks held side by side to name the one whose loading holds the job back.
-
-In data-parallel training every rank waits for the slowest at each step's all-reduce. A rank that
-loads slowly therefore waits for data itself, and lengthens the step of every other rank, which
-waits for it in the collective. A rank that computes slowly makes every rank's step long, and no
-rank waits for data: that is no data straggler, and the rules below do not call it one.
-"""
+"""The straggler verdict of a data-parallel job: each rank's latest ticks made into a ``RankWindow``,
+side by side, to name the rank whose loading holds the job back. Every rank waits for the slowest at
+each all-reduce: a rank that loads slowly waits for data and lengthens every other rank's step; one
+that computes slowly lengthens every step, but no rank waits for data: no data straggler."""
 
 from __future__ import annotations
 
@@ -15,10 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._table import pct
 from .frames import FrameChunk
 
-__all__ = ["HELD_BACK", "MIN_STEPS", "SLOWER_STAGE", "STRAGGLER_GAP", "VERDICT_WINDOW_S", "WAITS_FOR_DATA", "WARMUP_STEPS", "JobVerdict", "RankWindow",
-           "StageWindow", "judge", "rank_window"]
+__all__ = ["HELD_BACK", "MIN_STEPS", "SLOWER_STAGE", "STRAGGLER_GAP", "VERDICT_WINDOW_S",
+           "WAITS_FOR_DATA", "WARMUP_STEPS", "JobVerdict", "RankWindow", "StageWindow", "judge",
+           "rank_window"]
 
 #: The latest seconds of each rank's ticks that a verdict reads.
 VERDICT_WINDOW_S = 10.0
@@ -161,17 +159,17 @@ def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdic
     if worst.wait_frac >= WAITS_FOR_DATA and worst.wait_frac - others_wait >= STRAGGLER_GAP:
         if others_step >= worst.step_ms * (1 + HELD_BACK):
             return JobVerdict("straggler", _straggler_text(worst, others), straggler=worst.rank)
-        return JobVerdict("balanced", f"rank {worst.rank} waits {_pct(worst.wait_frac)} of its loop for data, "
+        return JobVerdict("balanced", f"rank {worst.rank} waits {pct(worst.wait_frac)} of its loop for data, "
                                       f"yet the other ranks do not wait for it (their step {others_step:.1f} ms "
                                       f"against its {worst.step_ms:.1f} ms): it holds no rank back")
     low, high = min(windows, key=lambda w: w.wait_frac), worst
     if low.wait_frac >= WAITS_FOR_DATA:
-        return JobVerdict("input-bound", f"balanced, and every rank waits for data ({_pct(low.wait_frac)}"
-                                         f"-{_pct(high.wait_frac)} of its loop): loading holds back the whole "
+        return JobVerdict("input-bound", f"balanced, and every rank waits for data ({pct(low.wait_frac)}"
+                                         f"-{pct(high.wait_frac)} of its loop): loading holds back the whole "
                                          f"job, not one rank")
     fast, slow = min(w.step_ms for w in windows), max(w.step_ms for w in windows)
     return JobVerdict("balanced", f"balanced: no rank waits long for data (the most: rank {worst.rank}, "
-                                  f"{_pct(worst.wait_frac)} of its loop); steps take {fast:.0f}-{slow:.0f} ms on "
+                                  f"{pct(worst.wait_frac)} of its loop); steps take {fast:.0f}-{slow:.0f} ms on "
                                   f"every rank, so the job's pace is set by its steps (compute and the "
                                   f"all-reduce), not by loading")
 
@@ -179,7 +177,7 @@ def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdic
 def _straggler_text(slow: RankWindow, others: list[RankWindow]) -> str:
     others_step = statistics.median(w.step_ms for w in others)
     one = len(others) == 1
-    text = (f"rank {slow.rank} waits {_pct(slow.wait_frac)} of its loop for data; "
+    text = (f"rank {slow.rank} waits {pct(slow.wait_frac)} of its loop for data; "
             f"{f'rank {others[0].rank} waits' if one else 'the other ranks wait'} for rank {slow.rank} in the "
             f"all-reduce ({'its' if one else 'their'} step {_change(others_step, slow.step_ms)}: "
             f"{others_step:.1f} ms against {slow.step_ms:.1f} ms)")
@@ -205,10 +203,6 @@ def _slowest_stage(slow: RankWindow, others: list[RankWindow]) -> tuple[str, flo
             where = f"on rank {others[0].rank}" if len(others) == 1 else "on the others (median)"
             best = (ratio, stage.name, stage.capacity_per_s, peer, where)
     return None if best is None else best[1:]
-
-
-def _pct(share: float) -> str:
-    return f"{share:.0%}"
 
 
 def _change(value: float, base: float) -> str:
