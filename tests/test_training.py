@@ -17,9 +17,8 @@ from typing import TypeVar
 import pytest
 
 from spdl_lab._telemetry.sampler import Sampler
-from spdl_lab._training import DeviceStep, SimulatedDevice, StepClock
+from spdl_lab._training import DeviceStep, SimulatedDevice, StepClock, cuda_available
 from spdl_lab._training import clock as clock_module
-from spdl_lab._training._cuda import cuda_available
 from spdl_lab.errors import PipelineSpecError
 
 HAS_CUDA = cuda_available()

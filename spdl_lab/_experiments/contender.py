@@ -19,7 +19,7 @@ from .._telemetry.frames import Row
 from .._telemetry.probes import CpuProbe, GilProbe, machine_times
 from .._training import SimulatedDevice, StepClock
 from .._training.clock import StepRecord
-from .._training.waits import TrainingThreadWaits, training_waits
+from .._training.device import TrainingThreadWaits, training_waits
 from ..errors import SpdlLabError
 
 __all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]

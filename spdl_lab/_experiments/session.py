@@ -26,8 +26,8 @@ from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._telemetry.snapshot import Snapshot
 from .._training import SimulatedDevice, StepClock
+from .._training.device import TrainingThreadWaits
 from .._training.steps import summary_table
-from .._training.waits import TrainingThreadWaits
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 

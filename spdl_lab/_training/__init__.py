@@ -1,12 +1,9 @@
-"""Timing the training side: StepClock around the loop, SimulatedDevice for a GPU.
-
-CUDA timing is used when torch sees a GPU; nothing here needs one.
-"""
+"""Timing the training side: StepClock around the loop, SimulatedDevice for a GPU. CUDA timing is
+used when torch sees a GPU; nothing here needs one."""
 
 from __future__ import annotations
 
-from ._cuda import cuda_available
-from .clock import StepClock
+from .clock import StepClock, cuda_available
 from .device import DeviceStep, SimulatedDevice
 
 __all__ = ["DeviceStep", "SimulatedDevice", "StepClock", "cuda_available"]

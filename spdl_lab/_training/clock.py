@@ -1,6 +1,6 @@
 """StepClock: where a training loop's time goes, step by step (data wait, step, device share), with
-bounded history and running totals, fed to the sampler as a row source.
-"""
+bounded history and running totals, fed to the sampler as a row source. Import-safe without torch:
+it is imported only for CUDA timing (``CudaStepTimer``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -17,19 +17,86 @@ from .. import _forksafe
 from .._telemetry.frames import Row
 from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
-from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
 from .steps import NO_STEPS, StepRecord, StepSummary, Totals, summarize
 
-__all__ = ["StepClock", "StepRecord", "StepSummary", "DEFAULT_HISTORY"]
+__all__ = ["CudaStepTimer", "DEFAULT_HISTORY", "StepClock", "StepRecord", "StepSummary",
+           "cuda_available"]
 
 T = TypeVar("T")
+Token = TypeVar("Token")
 
 #: Per-step records kept (about 10 MB); totals and histograms cover every step.
 DEFAULT_HISTORY = 100_000
 
 #: The ``stage`` of every row the clock gives the sampler.
 STAGE = "step"
+
+
+#: Pairs pending before the oldest is waited for: only bounds memory (a real stream's launch queue
+#: fills first).
+MAX_PENDING = 1024
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a broken driver: no CUDA, not a crash in a clock
+        return False
+
+
+class CudaStepTimer(Generic[Token]):
+    """A start and an end event on the current stream around each step. Waiting for one would
+    serialize CPU and GPU, so pairs stay pending until ``query()`` says the GPU passed the end;
+    only ``drain()`` synchronizes. A pair spans the stream's gaps: busy only while it stays fed."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event_type: Any = torch.cuda.Event
+        self._pending: deque[tuple[Any, Any, Token]] = deque()
+        self._free: list[Any] = []  # recycled events: creating one costs a driver call
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else self._event_type(enable_timing=True)
+
+    def start(self) -> Any:
+        event = self._event()
+        event.record()
+        return event
+
+    def end(self, start: Any, token: Token) -> None:
+        event = self._event()
+        event.record()
+        self._pending.append((start, event, token))
+        if len(self._pending) > MAX_PENDING:
+            self._pending[0][1].synchronize()
+
+    def cancel(self, start: Any) -> None:
+        """Give back the start event of a step that failed."""
+        self._free.append(start)
+
+    def poll(self) -> list[tuple[Token, float]]:
+        """(token, seconds) for every pair the GPU has finished, oldest first."""
+        resolved: list[tuple[Token, float]] = []
+        pending = self._pending
+        while pending and pending[0][1].query():
+            start, end, token = pending.popleft()
+            resolved.append((token, start.elapsed_time(end) / 1e3))
+            self._free += (start, end)
+        return resolved
+
+    def drain(self) -> list[tuple[Token, float]]:
+        """Wait once for the newest event, then resolve everything pending."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+        return self.poll()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
 
 class _StopEvent(Protocol):
@@ -96,10 +163,9 @@ class StepClock:
         return self._timed(_iter_of(iterable, "StepClock.iterate"), started_ns)
 
     def _timed(self, iterator: Iterator[T], started_ns: int | None = None) -> Generator[T, None, None]:
-        # Each batch is handed on through a one-item list emptied by the yield, never kept in a
-        # local: a generator suspended at ``yield item`` would hold the batch until the next one
-        # came, so the loop's ``del batch`` would free nothing, and a batch's release (a shared-
-        # memory tensor's unmapping, milliseconds) would fall after its step, in neither figure.
+        # A batch goes through a one-item list the yield empties, never a local: suspended at
+        # ``yield item`` the generator would hold it until the next, so the loop's ``del batch``
+        # would free nothing and its release (a shared-memory unmapping, ms) fall in neither figure.
         clock = time.perf_counter_ns
         hand: list[T] = []
         while True:
@@ -116,13 +182,10 @@ class StepClock:
 
     def iterate_steps(self, iterable: Iterable[T], started_ns: int | None = None) -> Generator[T, None, None]:
         """Yield from ``iterable`` to a loop that is not the clock's (``lab.publish``): each
-        ``next()`` is data wait (the first from ``started_ns``, as in ``iterate``), and the time
-        the loop holds a batch, until it asks for the next, is that batch's step.
-
-        A loop may let go of a batch without asking for another: a ``break`` after its last step,
-        a trainer that knows the epoch's length or stops at ``max_steps``, but also an exception
-        in the step. Such a step ends when the loop starts another epoch (``leave``), or when it
-        drops or closes this iterator; then ``settle()`` decides whether it was one."""
+        ``next()`` is data wait (as in ``iterate``); the time the loop holds a batch is its step.
+        A loop may let go of a batch without asking for another (a ``break``, ``max_steps``, an
+        exception in the step): that step ends when the loop starts another epoch (``leave``) or
+        drops this iterator; then ``settle()`` decides whether it was one."""
         timed, hand = self._timed(_iter_of(iterable, "StepClock.iterate_steps"), started_ns), []
         while True:
             try:
@@ -132,15 +195,12 @@ class StepClock:
             self._held = self._open_step()
             try:
                 yield hand.pop()
-            except GeneratorExit:
+            except BaseException as exc:
                 held, self._held = self._held, None
-                if held is not None:  # let go: it counts once the script is known not to fail
-                    self._open = False
+                if held is not None and isinstance(exc, GeneratorExit):  # let go: it counts once
+                    self._open = False  # the script is known not to fail
                     self._let_go = (held, time.perf_counter_ns())
-                raise
-            except BaseException:  # thrown into the generator: not a step
-                held, self._held = self._held, None
-                if held is not None:
+                elif held is not None:  # thrown into the generator: not a step
                     self._close_step(held, counted=False)
                 raise
             held, self._held = self._held, None
@@ -200,11 +260,9 @@ class StepClock:
 
     @contextmanager
     def copy(self) -> Iterator[None]:
-        """A context manager timing a host-to-device copy, inside a step or not (``copy_ms``).
-
-        With CUDA it is an event pair on the current stream, so a ``non_blocking`` copy is timed
-        where the GPU does it, read lazily like the step's; otherwise the block's wall time.
-        """
+        """A context manager timing a host-to-device copy, in a step or not (``copy_ms``): with CUDA
+        an event pair on the current stream, read lazily (a ``non_blocking`` copy is timed where the
+        GPU does it); otherwise the block's wall time."""
         timer = self._cuda_copies
         if timer is None:
             start_ns = time.perf_counter_ns()

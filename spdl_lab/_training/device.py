@@ -1,6 +1,6 @@
 """A simulated GPU stream driven from Python, for machines without CUDA: kernel launches are
-GIL-holding Python work, kernels need no GIL, so when loading threads take the GIL the device idles.
-"""
+GIL-holding Python work, kernels need no GIL, so when loading threads take the GIL the device idles;
+and where the training thread waited while launching (for the GIL, or a core)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from .._telemetry.frames import Row
 from .._telemetry.probes import runqueue_ns
 from ..errors import PipelineSpecError
 
-__all__ = ["SimulatedDevice", "DeviceStep", "DeviceTotals"]
+__all__ = ["DeviceStep", "DeviceTotals", "SimulatedDevice", "TrainingThreadWaits", "training_waits"]
 
 #: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
 #: fed and almost any GIL time another thread takes shows up as device idle (the noisy
@@ -202,6 +203,35 @@ class SimulatedDevice:
     def __repr__(self) -> str:
         return (f"SimulatedDevice(kernels={self.kernels}, launch_us={self.launch_us:g}, "
                 f"kernel_us={self.kernel_us:g}, name={self.name!r})")
+
+
+def training_waits(before: Any, now: Any) -> tuple[float, float]:
+    """GIL and run-queue wait of the training thread while launching, per wall second of its steps:
+    launch wall less CPU less run-queue time is the wait for the GIL."""
+    if before is None or now is None:
+        return math.nan, math.nan
+    wall = now.wall_s - before.wall_s
+    if wall <= 0:
+        return math.nan, math.nan
+    stall = (now.launch_wall_s - before.launch_wall_s) - (now.launch_cpu_s - before.launch_cpu_s)
+    queued = now.launch_runqueue_s - before.launch_runqueue_s
+    return min(1.0, max(0.0, stall - queued) / wall), min(1.0, max(0.0, queued / wall))
+
+
+class TrainingThreadWaits:
+    """Sampler source: ``training_waits`` over each tick, as stage ``"train"`` rows."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self._device = device
+        self._before = device.totals()
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        now = self._device.totals()
+        before, self._before = self._before, now
+        gil, queued = training_waits(before, now)
+        if math.isnan(gil):
+            return []
+        return [("gil_wait_frac", "train", gil), ("runqueue_wait_frac", "train", queued)]
 
 
 def _check(argument: str, value: Any, low: float, meaning: str, *, integer: bool = False,

@@ -15,7 +15,7 @@ import pandas as pd
 
 from .._experiments.contender import MachineClock, Window, gil_fracs
 from .._telemetry.probes import GilProbe
-from .._training.waits import training_waits
+from .._training.device import training_waits
 from ..errors import PipelineSpecError, SpdlLabError
 from .bench import (
     check_budget,
