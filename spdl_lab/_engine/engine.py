@@ -1,20 +1,16 @@
 """The thread engine: a source thread, a pool per map stage, bounded queues.
 
-Failure model
--------------
-* A stage function raising on an item stops the pipeline: the consumer's next ``next()``
-  raises ``PipelineError`` naming the stage and the item (source index before a ``batch``,
-  batch index after), the exception as ``__cause__``; queued results are discarded. With
-  ``max_failures=N`` the first N failing items (all stages together) are dropped and counted.
-* The source raising, or a ``BaseException`` (``KeyboardInterrupt``) anywhere, always stops it.
+Failures: a stage function raising on an item stops the pipeline: the consumer's next ``next()``
+raises ``PipelineError`` naming the stage and the item (source index before a ``batch``, batch
+index after), the exception as ``__cause__``; queued results are discarded. With ``max_failures=N``
+the first N failing items (all stages together) are dropped and counted. The source raising, or a
+``BaseException`` (``KeyboardInterrupt``) anywhere, always stops it.
 
-Shutdown rules
---------------
-* ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader collected)
-  sets ``stopping`` and closes every queue, waking every waiter; every other wait polls
-  ``stopping`` at least every 0.1 s. So each thread exits once its call into user code returns.
-* ``close`` joins for at most ``timeout``; threads still in user code are left as daemons and
-  named, with their stage, in a ``RuntimeWarning``. Closing twice or from several threads is safe.
+Shutdown: ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader
+collected) sets ``stopping`` and closes every queue, waking every waiter; other waits poll
+``stopping`` at least every 0.1 s, so each thread exits once its call into user code returns.
+``close`` joins for at most ``timeout``; threads still in user code are left as daemons, named
+with their stage in a ``RuntimeWarning``. Closing twice or from several threads is safe.
 """
 
 from __future__ import annotations
@@ -29,17 +25,16 @@ from typing import Any
 from .._pipeline import Pipeline, Stage
 from .._telemetry.meters import QueueReading, StageMeter, StageReading
 from ..errors import stage_failure
-from .batcher import Batcher, Sink
 from .map_stage import MapStage
-from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
+from .queues import END, TIMEOUT, Batcher, BoundedQueue, QueueClosed, Sink
 
 __all__ = ["Engine", "EngineReading", "END", "TIMEOUT", "abandoned_message", "default_buffer_size"]
 
 #: Capacity of queues that carry single items: many items per GIL switch, bounded memory.
 ITEM_QUEUE_SIZE = 32
 
-#: Outputs held ready for the consumer when the caller does not say: a few batches, or an
-#: item queue's worth without a batch stage (a small item buffer halves item throughput).
+#: Outputs held ready for the consumer by default: a few batches, or an item queue's worth without a
+#: batch stage (a small item buffer halves item throughput).
 DEFAULT_BATCH_BUFFER = 3
 
 
@@ -84,8 +79,7 @@ class Engine:
         self._wire(pipeline.stages, buffer_size, item_queue_size)
 
     def _wire(self, stages: tuple[Stage, ...], buffer_size: int, item_queue_size: int) -> None:
-        """Split the stages into producers (source, maps) each followed by its
-        batch stages, and give each producer a sink that ends in a queue."""
+        """Producers (source, maps), each with its batch stages and a sink that ends in a queue."""
         groups: list[tuple[Stage | None, list[Stage]]] = [(None, [])]
         for stage in stages:
             if stage.kind == "batch":

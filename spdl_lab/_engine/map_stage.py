@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._pipeline import Stage
 from .._telemetry.meters import StageMeter, WorkerMeter
-from .batcher import Sink
-from .queues import END, TIMEOUT, BoundedQueue, QueueClosed
+from .queues import END, TIMEOUT, BoundedQueue, QueueClosed, Sink
 
-__all__ = ["FailureRule", "MapStage", "reorder_window"]
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["MapStage", "reorder_window"]
 
 _DROPPED = object()
 
@@ -23,18 +25,8 @@ _DROPPED = object()
 _IDLE_POLL_S = 0.1
 
 
-class FailureRule(Protocol):
-    """What a stage asks of its run (the Engine) when an item fails, and whether it stops."""
-
-    stopping: bool
-
-    def tolerate(self) -> bool: ...
-
-    def fail(self, stage: str, index: int | None, exc: BaseException) -> None: ...
-
-
 class MapStage:
-    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: FailureRule, meter: StageMeter,
+    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine, meter: StageMeter,
                  metered: bool) -> None:
         self.spec = spec
         self.name = spec.name
