@@ -1,6 +1,7 @@
 """``lab.compare``: the same pipeline and step under several runners, side by side, in interleaved
 rounds (each runner one window a round, the order rotating), so a slow spell of a shared machine
-hits every runner alike; runners stay open, idle, between their windows."""
+hits every runner alike; runners stay open, idle, between their windows. ``lab.headspace``: the
+one-call form of the ``cache`` runner, the step time when loading is free."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from .._pipeline import Pipeline
+from .._loader import Loader
+from .._pipeline import Pipeline, check_ints
 from .._progress import progress_bar
 from .._runners import LOCAL_RUNNERS, RUNNERS
 from .._runners.cache import expected_outputs
@@ -22,8 +24,8 @@ from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 from .contender import Contender, MachineClock, Window
 from .spread import ratios, runner_row, warnings_for
 
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison",
-           "compare"]
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "ROUND_COLUMNS", "TABLE_COLUMNS",
+           "Comparison", "compare", "headspace"]
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
@@ -48,7 +50,6 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
         repeats = max(1, min(DEFAULT_REPEATS, steps))
     runners = _check(pipeline, runners, steps, warmup, repeats, timeout)
     shares = [steps // repeats + (1 if i < steps % repeats else 0) for i in range(repeats)]
-    _check_length(pipeline, repeats * warmup + steps, repeats, warmup, steps)
     options = runner_options or {}
     bar = progress_bar(len(runners) * (repeats * warmup + steps), progress, "step")
     probe = GilProbe() if probes else None
@@ -107,26 +108,20 @@ def _check(pipeline: Any, runners: Sequence[str], steps: Any, warmup: Any, repea
         raise PipelineSpecError(f"compare: unknown runner(s) {unknown}; choose from {list(RUNNERS)}")
     if len(set(runners)) != len(runners):
         raise PipelineSpecError(f"compare: a runner is named twice in {runners}")
-    for name, value, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise PipelineSpecError(f"compare: {name} must be an int >= {lo}, got {value!r}")
+    check_ints("compare", steps=(steps, 1), warmup=(warmup, 0), repeats=(repeats, 1))
     if repeats > steps:
         raise PipelineSpecError(f"compare: repeats ({repeats}) is more than steps ({steps}); every round "
                                 "measures at least one step")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not timeout > 0):
         raise PipelineSpecError(f"compare: timeout must be a number of seconds > 0 or None, got {timeout!r}")
-    return runners
-
-
-def _check_length(pipeline: Pipeline, needed: int, repeats: int, warmup: int, steps: int) -> None:
-    """Refuse before running when the pipeline's source is known to run out."""
-    available = pipeline_length(pipeline)
-    if available is not None and available < needed:
+    available, needed = pipeline_length(pipeline), repeats * warmup + steps
+    if available is not None and available < needed:  # the source is known to run out
         raise PipelineSpecError(
             f"compare: the pipeline yields {available} outputs per epoch; each runner needs {needed} "
             f"({repeats} rounds x {warmup} warm-up + {steps} measured steps). Pass fewer steps=, "
             f"warmup= or repeats=, or a longer source (e.g. repeat the epoch in the source)")
+    return runners
 
 
 def pipeline_length(pipeline: Pipeline) -> int | None:
@@ -134,3 +129,26 @@ def pipeline_length(pipeline: Pipeline) -> int | None:
     if pipeline.source_is_factory or not hasattr(pipeline.source, "__len__"):
         return None
     return expected_outputs(pipeline)
+
+
+def headspace(loader_or_pipeline: Loader | Pipeline, *, num_caches: int = 8, forever: bool = False,
+              **options: Any) -> Loader:
+    """A Loader that replays the first ``num_caches`` outputs of a Loader (its runner makes them)
+    or a Pipeline (``source_runner=``, default thread): the step time when loading is free::
+
+        with lab.headspace(loader) as fast:
+            for batch in fast:
+                step(batch)
+    """
+    if isinstance(loader_or_pipeline, Loader):
+        base = loader_or_pipeline
+        merged = {**base.options, "source_runner": base.runner, **options}
+        pipeline = base.pipeline
+    elif isinstance(loader_or_pipeline, Pipeline):
+        merged = dict(options)
+        pipeline = loader_or_pipeline
+    else:
+        raise PipelineSpecError(f"headspace takes a lab.Loader or lab.Pipeline, "
+                                f"got {type(loader_or_pipeline).__name__}")
+    merged.pop("metered", None)
+    return Loader(pipeline, runner="cache", num_caches=num_caches, forever=forever, **merged)

@@ -269,18 +269,14 @@ def _wide(frame: Any, runner: str) -> dict[str, Any]:
     if not isinstance(frame, pd.DataFrame) or list(frame.columns) != FRAME_COLUMNS:
         refuse(("frames", runner), f"expected a DataFrame with columns {FRAME_COLUMNS}, got {describe(frame)}")
     try:
-        value, time_s = frame["value"].to_numpy(dtype=float), frame["time_s"].to_numpy(dtype=float)
+        frame = frame.astype({"time_s": float, "value": float}).dropna(subset=["value"])
     except (TypeError, ValueError) as exc:
         refuse(("frames", runner), f"time_s and value must be numbers ({exc})")
-    keep = ~np.isnan(value)
-    frame, value, time_s = frame[keep], value[keep], time_s[keep]
-    times = np.unique(time_s)
-    tick = np.searchsorted(times, time_s)
-    series = []
-    for (name, stage), at in frame.groupby(["series", "stage"], sort=False).indices.items():
-        if len(np.unique(tick[at])) != len(at):
-            refuse(("frames", runner), f"series {name!r} of stage {stage!r} has two values in one tick")
-        values = np.full(len(times), np.nan)
-        values[tick[at]] = value[at]
-        series.append({"series": name, "stage": stage, "values": values})
-    return {"time_s": times, "series": series}
+    twice = frame.duplicated(["time_s", "series", "stage"])
+    if twice.any():
+        name, stage = frame.loc[twice, ["series", "stage"]].iloc[0]
+        refuse(("frames", runner), f"series {name!r} of stage {stage!r} has two values in one tick")
+    wide = frame.pivot(index="time_s", columns=["series", "stage"], values="value")
+    return {"time_s": wide.index.to_numpy(),
+            "series": [{"series": name, "stage": stage, "values": wide[name, stage].to_numpy()}
+                       for name, stage in wide.columns]}

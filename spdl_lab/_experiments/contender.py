@@ -16,10 +16,10 @@ import psutil
 from .._loader import Loader
 from .._pipeline import Pipeline
 from .._telemetry.frames import Row
-from .._telemetry.probes import CpuProbe, GilProbe, machine_times
+from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, machine_times
 from .._training import SimulatedDevice, StepClock
 from .._training.clock import StepRecord
-from .._training.device import TrainingThreadWaits, training_waits
+from .._training.device import training_waits
 from ..errors import SpdlLabError
 
 __all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]
@@ -85,9 +85,9 @@ class Contender:
         self.loader = Loader(pipeline, runner=runner, **options)
         sources: list[Callable[[float], list[Row]]] = [self.clock.rows, CpuProbe()]
         if probe is not None:
-            sources.append(_GilView(probe))
+            sources.append(WaitShares(probe.totals, gil_fracs, "gil"))
         if self.device is not None:
-            sources.append(TrainingThreadWaits(self.device))
+            sources.append(WaitShares(self.device.totals, training_waits, "train"))
         for source in sources:
             self.loader.add_source(source)
         self._t0 = t0
@@ -135,16 +135,31 @@ class Contender:
         return self.clock.steps - before
 
     @contextlib.contextmanager
-    def _watchdog(self, timeout: float | None) -> Iterator[_Watchdog]:
+    def _watchdog(self, timeout: float | None) -> Iterator[threading.Event]:
+        """Close the loader when a window runs past ``timeout`` s (the blocked next() then ends);
+        yields the event set when it did."""
         if self._batches is None:
             self._batches = iter(self.loader)
-        watchdog = _Watchdog(self.loader, timeout)
-        try:
-            yield watchdog
-        finally:
-            watchdog.cancel()
+        fired = threading.Event()
 
-    def _run(self, steps: int, watchdog: _Watchdog, max_s: float | None = None,
+        def fire() -> None:
+            fired.set()
+            self.loader.close()
+
+        timer = threading.Timer(timeout, fire) if timeout is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.name = "spdl_lab:compare-timeout"
+            timer.start()
+        self._timeout = timeout
+        try:
+            yield fired
+        finally:
+            if timer is not None:
+                timer.cancel()
+                timer.join(1.0)
+
+    def _run(self, steps: int, watchdog: threading.Event, max_s: float | None = None,
              waited_after: int | None = None) -> None:
         if steps <= 0:
             return
@@ -161,9 +176,9 @@ class Contender:
             raise SpdlLabError(
                 f"{self.who}: the {self.runner!r} run failed: {type(exc).__name__}: {exc}") from exc
         if done < steps and not out_of_time.is_set():
-            if watchdog.fired:
+            if watchdog.is_set():
                 raise SpdlLabError(
-                    f"{self.who}: the {self.runner!r} runner did not finish within {watchdog.timeout:g} s "
+                    f"{self.who}: the {self.runner!r} runner did not finish within {self._timeout:g} s "
                     f"({len(self.clock.records())} steps done); pass a larger timeout= or fewer steps=")
             raise SpdlLabError(
                 f"{self.who}: the {self.runner!r} runner's data ran out after {len(self.clock.records())} "
@@ -188,44 +203,6 @@ class _Deadline:
         waited = last is not None and last.index >= self._after and (
             last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s))
         return waited or (self._at is not None and time.monotonic() >= self._at)
-
-
-class _Watchdog:
-    """Closes the loader when a window runs past ``timeout`` s: the blocked next() then ends."""
-
-    def __init__(self, loader: Loader, timeout: float | None) -> None:
-        self.timeout = timeout
-        self.fired = False
-        self._timer: threading.Timer | None = None
-        if timeout is not None:
-            self._timer = threading.Timer(timeout, self._fire, args=(loader,))
-            self._timer.daemon = True
-            self._timer.name = "spdl_lab:compare-timeout"
-            self._timer.start()
-
-    def _fire(self, loader: Loader) -> None:
-        self.fired = True
-        loader.close()
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer.join(1.0)
-
-
-class _GilView:
-    """Sampler source: one runner's view of the comparison's one GIL probe (several probes would
-    count each other's GIL holding), from a baseline of its own."""
-
-    def __init__(self, probe: GilProbe) -> None:
-        self._probe = probe
-        self._seen = probe.totals()
-
-    def __call__(self, dt_s: float) -> list[Row]:
-        now, before = self._probe.totals(), self._seen
-        self._seen = now
-        gil, queued = gil_fracs(before, now)
-        return [("gil_wait_frac", "gil", gil), ("runqueue_wait_frac", "gil", queued)]
 
 
 def gil_fracs(before: Any, now: Any) -> tuple[float, float]:

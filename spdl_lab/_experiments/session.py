@@ -21,12 +21,12 @@ from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runs import run_start_hooks
 from .._telemetry.frames import FrameChunk, chunk_since, to_frame
-from .._telemetry.probes import CpuProbe, GilProbe
+from .._telemetry.probes import CpuProbe, GilProbe, WaitShares
 from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._telemetry.snapshot import Snapshot
 from .._training import SimulatedDevice, StepClock
-from .._training.device import TrainingThreadWaits
+from .._training.device import training_waits
 from .._training.steps import summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
@@ -41,9 +41,9 @@ _TICK_S = 0.2
 
 @contextmanager
 def sessions_paused(timeout_s: float = 5.0) -> Iterator[int]:
-    """Pause this interpreter's running sessions, wait (at most ``timeout_s``) until this process and
-    its children idle, and resume them on exit; yields how many were paused. ``lab.diagnose`` measures
-    meanwhile: a session training beside it would make every stage read "cpu-bound"."""
+    """Pause this interpreter's running sessions, wait (at most ``timeout_s``) until this process
+    tree idles, resume them on exit; yields how many were paused. For ``lab.diagnose``: a session
+    training beside it would make every stage read "cpu-bound"."""
     paused = [s for s in list(_LIVE) if s.state == "running"]
     try:
         deadline = time.monotonic() + timeout_s
@@ -100,8 +100,7 @@ class Session:
                                     f"lab.SimulatedDevice), got {type(step).__name__}")
         self.steps = steps
         self.duration = duration
-        # What restart() needs to start the same loop again.
-        self._spec = dict(source=source, step=step, steps=steps, duration=duration,
+        self._spec = dict(source=source, step=step, steps=steps, duration=duration,  # for restart()
                           sample_hz=sample_hz, probes=probes, loader_options=loader_options)
         self.error: BaseException | None = None
         #: sentences about this run a user should know (e.g. the data ran out before ``steps``)
@@ -119,13 +118,12 @@ class Session:
         if self.loader is not None:
             self.loader.managed = True
         self._check_length()
-        #: the SimulatedDevice when the step is one (its totals say where the training thread waited)
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
         self._gil = GilProbe() if probes else None  # the CPU probe reads as called: nothing to start
         sources = [self.clock.rows, *([self._gil, CpuProbe()] if probes else [])]
         if self.device is not None:
-            sources.append(TrainingThreadWaits(self.device))
+            sources.append(WaitShares(self.device.totals, training_waits, "train"))
         if self.loader is None and is_dataloader(self._iterable):
             # A DataLoader run as it is: watch its worker processes too.
             self._iterable = WatchedDataLoader(self._iterable)
@@ -147,7 +145,6 @@ class Session:
         _LIVE.add(self)
         run_start_hooks("session", self)
 
-    # -- the loop ----------------------------------------------------------------
     def _main(self) -> None:
         timer = None
         if self.duration is not None:
@@ -193,10 +190,9 @@ class Session:
         finally:
             self._held.clear()
 
-    # -- control -----------------------------------------------------------------
     def pause(self, timeout: float = 10.0) -> bool:
-        """Hold the loop before its next batch (the held time is neither data wait nor step);
-        True once the current step has ended, False if it is still in it after ``timeout`` s."""
+        """Hold the loop before its next batch (neither data wait nor step); True once the current
+        step has ended, False if it is still in it after ``timeout`` s."""
         self._go.clear()
         deadline = time.monotonic() + timeout
         while self.running and not self._held.wait(0.05):
@@ -217,8 +213,8 @@ class Session:
         self._thread.join(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the loop to end; True if it has. Raises the loop's error and warns of each
-        of ``warnings``, once."""
+        """Wait for the loop to end; True if it has. Raises the loop's error and warns of each of
+        ``warnings``, once."""
         finished = self._done.wait(timeout)
         if finished:
             self._thread.join(1.0)
@@ -245,8 +241,8 @@ class Session:
         return view("session_autotuner")(self, budget_s=budget_s, window_s=window_s, on_log=on_log)
 
     def restart(self, runner: str | None = None, **loader_options: Any) -> Session:
-        """Stop this session and return a new one running the same loop, under ``runner`` if
-        given; loader options carry over when the runner stays the same."""
+        """Stop this session and return a new one running the same loop, under ``runner`` if given;
+        loader options carry over when the runner stays the same."""
         spec = self._spec
         source = spec["source"]
         if runner is not None and not isinstance(source, Pipeline):
@@ -302,7 +298,6 @@ class Session:
         end = self._t_end if self._t_end is not None else time.perf_counter()
         return end - self._t0
 
-    # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         """The loader's Snapshot with the step's figures in ``step``."""
         if self.loader is not None:

@@ -5,12 +5,14 @@ mid-read: one stamp for many slow /proc reads overstates it (docs/measurement-no
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import psutil
 
@@ -18,8 +20,8 @@ from .. import _forksafe
 from .frames import Row
 
 __all__ = ["GONE", "MIN_SPAN_S", "SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals",
-           "ProcessRates", "cpu_seconds", "machine_times", "open_schedstat", "read_runqueue_ns",
-           "runqueue_ns"]
+           "ProcessRates", "WaitShares", "cpu_seconds", "machine_times", "open_schedstat",
+           "read_runqueue_ns", "runqueue_ns"]
 
 #: A rate over a shorter span keeps its baseline: CPU times tick in 10 ms steps.
 MIN_SPAN_S = 0.05
@@ -229,6 +231,26 @@ class ProcessRates:
         """Forget processes no longer seen: the table does not grow with every child ever made."""
         for key in [k for k in self._last if k not in keys]:
             del self._last[key]
+
+
+class WaitShares:
+    """Sampler source: ``gil_wait_frac`` and ``runqueue_wait_frac`` of stage ``stage``, each tick
+    ``shares(before, now)`` of the totals ``read()`` gives (no rows while unknown). Its own
+    baseline: several runners can read one GIL probe (several probes count each other's GIL)."""
+
+    def __init__(self, read: Callable[[], Any], shares: Callable[[Any, Any], tuple[float, float]],
+                 stage: str) -> None:
+        self._read = read
+        self._shares = shares
+        self._stage = stage
+        self._before = read()
+
+    def __call__(self, dt_s: float) -> list[Row]:
+        before, self._before = self._before, self._read()
+        gil, queued = self._shares(before, self._before)
+        if math.isnan(gil):
+            return []
+        return [("gil_wait_frac", self._stage, gil), ("runqueue_wait_frac", self._stage, queued)]
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,10 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from .._telemetry.frames import Row
 from .._telemetry.probes import runqueue_ns
 from ..errors import PipelineSpecError
 
-__all__ = ["DeviceStep", "DeviceTotals", "SimulatedDevice", "TrainingThreadWaits", "training_waits"]
+__all__ = ["DeviceStep", "DeviceTotals", "SimulatedDevice", "training_waits"]
 
 #: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
 #: fed and almost any GIL time another thread takes shows up as device idle (the noisy
@@ -216,22 +215,6 @@ def training_waits(before: Any, now: Any) -> tuple[float, float]:
     stall = (now.launch_wall_s - before.launch_wall_s) - (now.launch_cpu_s - before.launch_cpu_s)
     queued = now.launch_runqueue_s - before.launch_runqueue_s
     return min(1.0, max(0.0, stall - queued) / wall), min(1.0, max(0.0, queued / wall))
-
-
-class TrainingThreadWaits:
-    """Sampler source: ``training_waits`` over each tick, as stage ``"train"`` rows."""
-
-    def __init__(self, device: SimulatedDevice) -> None:
-        self._device = device
-        self._before = device.totals()
-
-    def __call__(self, dt_s: float) -> list[Row]:
-        now = self._device.totals()
-        before, self._before = self._before, now
-        gil, queued = training_waits(before, now)
-        if math.isnan(gil):
-            return []
-        return [("gil_wait_frac", "train", gil), ("runqueue_wait_frac", "train", queued)]
 
 
 def _check(argument: str, value: Any, low: float, meaning: str, *, integer: bool = False,
