@@ -58,14 +58,12 @@ def open_schedstat(path: str = SCHEDSTAT_PATH) -> int | None:
 
 
 def runqueue_ns(path: str = SCHEDSTAT_PATH) -> int | None:
-    """One-off read for the calling thread (opens and closes the file)."""
-    fd = open_schedstat(path)
-    if fd is None:
-        return None
+    """One-off read for the calling thread; None if unreadable."""
     try:
-        return read_runqueue_ns(fd)
-    finally:
-        os.close(fd)
+        with open(path, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)

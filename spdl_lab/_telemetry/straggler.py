@@ -100,8 +100,10 @@ def rank_window(chunk: FrameChunk, rank: int, state: str, window_s: float = VERD
     wait = float((done[timed] * wait_ms[timed]).sum())
     step = float((done[timed] * step_ms[timed]).sum())
     counted = float(done[timed].sum())
-    stages = tuple(_stage_window(column, name, np.diff(times[first:]))
-                   for name in _stage_names(chunk.columns) if name != _STEP)
+    # The loader's stages in the order the run first reported them (no queue, no worker's part).
+    dt = np.diff(times[first:])
+    stages = tuple(_stage_window(column, name, dt) for series, name in chunk.columns
+                   if series == "qps" and "/worker" not in name and name != _STEP)
     return RankWindow(rank, state, steps, span, steps / span if span > 0 else math.nan,
                       wait / counted if counted else math.nan, step / counted if counted else math.nan,
                       wait / (wait + step) if wait + step > 0 else math.nan, stages)
@@ -112,11 +114,6 @@ def _filled(values: np.ndarray) -> np.ndarray:
     known = np.isfinite(values)
     last_known = np.maximum.accumulate(np.where(known, np.arange(len(values)), 0))
     return np.where(known[last_known], values[last_known], 0.0)
-
-
-def _stage_names(columns: dict[tuple[str, str], np.ndarray]) -> list[str]:
-    """The loader's stages, in the order the run first reported them (no queue, no worker's part)."""
-    return [stage for series, stage in columns if series == "qps" and "/worker" not in stage]
 
 
 def _stage_window(column, name: str, dt: np.ndarray) -> StageWindow:
@@ -158,7 +155,8 @@ def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdic
     others_step = statistics.median(w.step_ms for w in others)
     if worst.wait_frac >= WAITS_FOR_DATA and worst.wait_frac - others_wait >= STRAGGLER_GAP:
         if others_step >= worst.step_ms * (1 + HELD_BACK):
-            return JobVerdict("straggler", _straggler_text(worst, others), straggler=worst.rank)
+            text = _straggler_text(worst, others, others_step)
+            return JobVerdict("straggler", text, straggler=worst.rank)
         return JobVerdict("balanced", f"rank {worst.rank} waits {pct(worst.wait_frac)} of its loop for data, "
                                       f"yet the other ranks do not wait for it (their step {others_step:.1f} ms "
                                       f"against its {worst.step_ms:.1f} ms): it holds no rank back")
@@ -174,12 +172,12 @@ def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdic
                                   f"all-reduce), not by loading")
 
 
-def _straggler_text(slow: RankWindow, others: list[RankWindow]) -> str:
-    others_step = statistics.median(w.step_ms for w in others)
+def _straggler_text(slow: RankWindow, others: list[RankWindow], others_step: float) -> str:
     one = len(others) == 1
+    change = f"{others_step / slow.step_ms - 1:+.0%}" if slow.step_ms > 0 else "longer"
     text = (f"rank {slow.rank} waits {pct(slow.wait_frac)} of its loop for data; "
             f"{f'rank {others[0].rank} waits' if one else 'the other ranks wait'} for rank {slow.rank} in the "
-            f"all-reduce ({'its' if one else 'their'} step {_change(others_step, slow.step_ms)}: "
+            f"all-reduce ({'its' if one else 'their'} step {change}: "
             f"{others_step:.1f} ms against {slow.step_ms:.1f} ms)")
     stage = _slowest_stage(slow, others)
     if stage is not None:
@@ -203,7 +201,3 @@ def _slowest_stage(slow: RankWindow, others: list[RankWindow]) -> tuple[str, flo
             where = f"on rank {others[0].rank}" if len(others) == 1 else "on the others (median)"
             best = (ratio, stage.name, stage.capacity_per_s, peer, where)
     return None if best is None else best[1:]
-
-
-def _change(value: float, base: float) -> str:
-    return f"{(value / base - 1):+.0%}" if base > 0 else "longer"
