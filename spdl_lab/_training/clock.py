@@ -5,6 +5,7 @@ it is imported only for CUDA timing (``CudaStepTimer``)."""
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -18,7 +19,7 @@ from .._telemetry.frames import Row
 from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
 from .device import SimulatedDevice
-from .steps import NO_STEPS, StepRecord, StepSummary, Totals, summarize
+from .steps import NO_STEPS, StepRecord, StepSummary, Totals, mean_ms, summarize
 
 __all__ = ["CudaStepTimer", "DEFAULT_HISTORY", "StepClock", "StepRecord", "StepSummary",
            "cuda_available"]
@@ -343,18 +344,22 @@ class StepClock:
             t = t._replace(steps=t.steps + 1, wait_ns=t.wait_ns + wait_ns, step_ns=t.step_ns + step_ns,
                            last_end_ns=end_ns)
             if device_ns is not None:
-                t = self._add_device(t, record, device_ns)
+                t = self._add_device(t, [(record, device_ns / 1e9)])
             elif self._cuda is not None:
                 self._cuda.end(cuda_start, record)
-                for done, seconds in self._cuda.poll():
-                    t = self._add_device(t, done, round(seconds * 1e9))
+                t = self._add_device(t, self._cuda.poll())
             self._totals = t  # publish: one reference assignment
 
-    def _add_device(self, t: Totals, record: StepRecord, device_ns: int) -> Totals:
-        record.device_s = device_ns / 1e9
-        return t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
-                          device_loop_ns=t.device_loop_ns + round(record.data_wait_s * 1e9)
-                          + round(record.step_s * 1e9))
+    @staticmethod
+    def _add_device(t: Totals, resolved: list[tuple[StepRecord, float]]) -> Totals:
+        """``t`` with the steps whose device time (s) is known, that time set on their records."""
+        for record, seconds in resolved:
+            device_ns = round(seconds * 1e9)
+            record.device_s = device_ns / 1e9
+            t = t._replace(device_steps=t.device_steps + 1, device_ns=t.device_ns + device_ns,
+                           device_loop_ns=t.device_loop_ns + round(record.data_wait_s * 1e9)
+                           + round(record.step_s * 1e9))
+        return t
 
     @property
     def steps(self) -> int:
@@ -413,38 +418,28 @@ class StepClock:
         if dt_s <= 0:
             return rows
         before, self._rows_prev = self._rows_prev, now
-        done = now.steps - before.steps
-        rows.append(("batches_per_s", STAGE, done / dt_s))
-        if done > 0:
-            wait_ns = now.wait_ns - before.wait_ns
-            step_ns = now.step_ns - before.step_ns
-            rows.append(("data_wait_ms", STAGE, wait_ns / done / 1e6))
-            rows.append(("step_ms", STAGE, step_ns / done / 1e6))
-            if wait_ns + step_ns > 0:
-                rows.append(("data_wait_frac", STAGE, wait_ns / (wait_ns + step_ns)))
-        resolved = now.device_steps - before.device_steps
-        if resolved > 0:
-            device_ns = now.device_ns - before.device_ns
-            rows.append(("device_ms", STAGE, device_ns / resolved / 1e6))
-            loop_ns = now.device_loop_ns - before.device_loop_ns
-            if loop_ns > 0:  # at most 1: a window's CUDA event pairs can outlast its wall time
-                rows.append(("device_util", STAGE, min(1.0, device_ns / loop_ns)))
-        copies = now.copies - before.copies
-        if copies > 0:
-            rows.append(("copy_ms", STAGE, (now.copy_ns - before.copy_ns) / copies / 1e6))
-        return rows
+        tick = Totals(*map(operator.sub, now, before))  # the sums of this tick's steps
+        loop = tick.wait_ns + tick.step_ns if tick.steps else 0
+        dev_loop = tick.device_loop_ns if tick.device_steps else 0
+        figures = {"batches_per_s": tick.steps / dt_s,
+                   "data_wait_ms": mean_ms(tick.wait_ns, tick.steps),
+                   "step_ms": mean_ms(tick.step_ns, tick.steps),
+                   "data_wait_frac": tick.wait_ns / loop if loop > 0 else math.nan,
+                   "device_ms": mean_ms(tick.device_ns, tick.device_steps),
+                   # at most 1: a window's CUDA event pairs can outlast its wall time
+                   "device_util": min(1.0, tick.device_ns / dev_loop) if dev_loop else math.nan,
+                   "copy_ms": mean_ms(tick.copy_ns, tick.copies)}
+        return rows + [(name, STAGE, value) for name, value in figures.items() if value == value]
 
     def summary(self) -> StepSummary:
         """Figures over every step so far; waits once for pending CUDA events."""
-        if self._cuda is not None and self._cuda.pending:
+        cuda, copies = self._cuda, self._cuda_copies
+        if (cuda is not None and cuda.pending) or (copies is not None and copies.pending):
             with self._write_lock:
-                t = self._totals
-                for record, seconds in self._cuda.drain():
-                    t = self._add_device(t, record, round(seconds * 1e9))
-                self._totals = t
-        if self._cuda_copies is not None and self._cuda_copies.pending:
-            with self._write_lock:
-                self._add_copies(self._cuda_copies.drain())
+                if cuda is not None:
+                    self._totals = self._add_device(self._totals, cuda.drain())
+                if copies is not None:
+                    self._add_copies(copies.drain())
         t = self._totals
         records = list(self._records)  # one C-level copy: safe while the loop appends
         steps_s = waits_s = None

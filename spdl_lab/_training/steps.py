@@ -13,7 +13,8 @@ import pandas as pd
 
 from .._telemetry.histogram import quantile_ns
 
-__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "summarize", "summary_table"]
+__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "mean_ms", "summarize",
+           "summary_table"]
 
 
 @dataclass(slots=True)
@@ -89,16 +90,16 @@ def summarize(t: Totals, first_ns: int, device: str, step_hist: Sequence[int], w
     return StepSummary(
         steps=steps, elapsed_s=elapsed_ns / 1e9,
         batches_per_s=steps / (elapsed_ns / 1e9) if elapsed_ns > 0 else math.nan,
-        step_mean_ms=_mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
-        step_p99_ms=step[2], data_wait_mean_ms=_mean_ms(t.wait_ns, steps),
+        step_mean_ms=mean_ms(t.step_ns, steps), step_p50_ms=step[0], step_p90_ms=step[1],
+        step_p99_ms=step[2], data_wait_mean_ms=mean_ms(t.wait_ns, steps),
         data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
         data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
-        device_mean_ms=_mean_ms(t.device_ns, t.device_steps),
+        device_mean_ms=mean_ms(t.device_ns, t.device_steps),
         device_util=min(1.0, t.device_ns / t.device_loop_ns) if t.device_loop_ns > 0 else math.nan,
-        device=device, copy_mean_ms=_mean_ms(t.copy_ns, t.copies))
+        device=device, copy_mean_ms=mean_ms(t.copy_ns, t.copies))
 
 
-def _mean_ms(total_ns: int, count: int) -> float:
+def mean_ms(total_ns: int, count: int) -> float:
     return total_ns / count / 1e6 if count else math.nan
 
 
