@@ -1,8 +1,6 @@
-"""A ``map`` stage: a resizable pool of worker threads between two queues.
-
-Ordered stages release results in ``seq`` order through a reorder buffer: a worker starts no item
-more than ``window`` places ahead of the oldest unreleased one, so one slow item cannot grow memory.
-"""
+"""A ``map`` stage: a resizable pool of worker threads between two queues. Ordered stages release
+results in ``seq`` order through a reorder buffer: a worker starts no item more than ``window``
+places ahead of the oldest unreleased one, so one slow item cannot grow memory."""
 
 from __future__ import annotations
 

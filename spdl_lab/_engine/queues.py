@@ -30,8 +30,7 @@ class QueueClosed(Exception):
 class BoundedQueue:
     """A FIFO of at most ``capacity`` records; only the waits are timed, so an unblocked put or get
     costs one lock round trip. A blocked writer is woken once the queue drains to half, not on
-    every get, which would make the two threads trade the GIL once per item (a convoy).
-    """
+    every get, which would make the two threads trade the GIL once per item (a convoy)."""
 
     def __init__(self, name: str, capacity: int) -> None:
         if capacity < 1:

@@ -1,6 +1,5 @@
 """Fixed log-bucket histogram of durations in nanoseconds: eight buckets per power of two (error
-under 7% after interpolation), so recording is a few integer operations.
-"""
+under 7% after interpolation), so recording is a few integer operations."""
 
 from __future__ import annotations
 

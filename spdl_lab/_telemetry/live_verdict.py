@@ -1,6 +1,5 @@
 """The live verdict: one line, from the last seconds of frames, on where the time goes
-("data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy — ...").
-"""
+("data-starved: 63% of step time waiting for data; slowest stage: decode at 100% busy — ...")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Counters owned by stages, written on the hot path and read by the sampler: each worker thread
-writes only its own ``WorkerMeter`` (no lock: under the GIL a reader sees each int whole).
-"""
+writes only its own ``WorkerMeter`` (no lock: under the GIL a reader sees each int whole)."""
 
 from __future__ import annotations
 

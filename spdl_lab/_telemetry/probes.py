@@ -1,7 +1,6 @@
 """Probes the sampler reads each tick (``probe(dt_s) -> rows``, with totals for whole-run
 summaries): GIL wait versus CPU wait, and CPU use per process. Each process's CPU is stamped
-mid-read: one stamp for many slow /proc reads overstates it (docs/measurement-noise.md).
-"""
+mid-read: one stamp for many slow /proc reads overstates it (docs/measurement-noise.md)."""
 
 from __future__ import annotations
 

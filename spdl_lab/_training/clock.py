@@ -392,8 +392,7 @@ class StepClock:
 
     @property
     def first_ns(self) -> int:
-        """When the first batch was asked for (or the first step began), ns since the clock was
-        made; 0 before."""
+        """ns from the clock's making to the first batch asked for (or step begun); 0 before."""
         return self._first_ns - self._origin_ns if self._first_ns else 0
 
     @property
@@ -409,10 +408,9 @@ class StepClock:
             return None
 
     def rows(self, dt_s: float) -> list[Row]:
-        """A Sampler source (one per clock) of stage ``"step"``: ``steps``, and per tick with steps
-        ``batches_per_s``, the means ``data_wait_ms`` and ``step_ms``, ``data_wait_frac``, and
-        ``device_ms`` and ``device_util`` (device time / loop time) once device time is known, and
-        ``copy_ms`` for ticks with copies timed by ``copy()``."""
+        """A Sampler source (one per clock), stage ``"step"``: ``steps``, ``batches_per_s``, and if
+        defined that tick the means ``data_wait_ms``, ``step_ms``, ``device_ms``, ``copy_ms``, and
+        ``data_wait_frac`` and ``device_util`` (device time / loop time)."""
         now = self._totals
         rows: list[Row] = [("steps", STAGE, float(now.steps))]
         if dt_s <= 0:

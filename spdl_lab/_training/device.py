@@ -59,8 +59,8 @@ class DeviceStep:
 
     @property
     def launch_gil_wait_s(self) -> float:
-        """Launch loop time lost to the GIL (the stall less the run-queue wait), which tells a noisy
-        neighbour thread apart from a busy machine; NaN where the run-queue wait is unknown."""
+        """Launch loop time lost to the GIL (the stall less the run-queue wait: a noisy neighbour
+        thread, not a busy machine); NaN where the run-queue wait is unknown."""
         if math.isnan(self.launch_runqueue_s):
             return math.nan
         return max(0.0, self.launch_stall_s - self.launch_runqueue_s)

@@ -53,10 +53,8 @@ class StepSummary:
 
 
 class Totals(NamedTuple):
-    """Running sums, published as one immutable value so readers see them whole (``NO_STEPS``
-    before the first): steps, their waits and times (ns) and the last one's end; the steps whose
-    device time is known, that time and their loop time (wait + step); the copies timed by
-    ``StepClock.copy()`` whose time is known, and that time."""
+    """Running sums (ns), one immutable value so readers see them whole (``NO_STEPS`` before the
+    first); the device and copy sums cover the steps and copies whose time is known."""
 
     steps: int
     wait_ns: int
@@ -74,10 +72,9 @@ NO_STEPS = Totals(*[0] * len(Totals._fields))
 
 def summarize(t: Totals, first_ns: int, device: str, step_hist: Sequence[int], wait_hist: Sequence[int],
               steps_s: np.ndarray | None = None, waits_s: np.ndarray | None = None) -> StepSummary:
-    """The figures over every step: rates and shares from the running totals; percentiles over
-    the steps themselves when ``steps_s``/``waits_s`` hold every one (seconds), else from the
-    histograms (within a bucket: under 7%). A clock and a record of its steps both come here,
-    so a record reads exactly what the live run read at its end."""
+    """The figures over every step: rates and shares from the totals; percentiles over the steps
+    when ``steps_s``/``waits_s`` hold every one (s), else from the histograms (under 7% off). A
+    clock and a record both come here, so a record reads what the live run read at its end."""
     steps = t.steps
     elapsed_ns = t.last_end_ns - first_ns if steps else 0
     if steps and steps_s is not None and waits_s is not None and len(steps_s) == len(waits_s) == steps:
