@@ -94,8 +94,7 @@ class Contender:
         self._batches: Iterator[Any] | None = None
 
     def feed(self, batches: Iterator[Any]) -> None:
-        """Take the steps from ``batches`` (e.g. the tuner's epochs of ``self.loader``) instead of one
-        pass of the loader."""
+        """Take the steps from ``batches`` (the tuner's epochs of ``self.loader``), not one pass."""
         self._batches = batches
 
     def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
@@ -136,8 +135,8 @@ class Contender:
 
     @contextlib.contextmanager
     def _watchdog(self, timeout: float | None) -> Iterator[threading.Event]:
-        """Close the loader when a window runs past ``timeout`` s (the blocked next() then ends);
-        yields the event set when it did."""
+        """Close the loader once a window runs past ``timeout`` s (a blocked next() ends); yields
+        the event set when it did."""
         if self._batches is None:
             self._batches = iter(self.loader)
         fired = threading.Event()

@@ -213,8 +213,7 @@ class Session:
         self._thread.join(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the loop to end; True if it has. Raises the loop's error and warns of each of
-        ``warnings``, once."""
+        """Wait for the loop to end; True if it has. Raises its error, warns its warnings, once."""
         finished = self._done.wait(timeout)
         if finished:
             self._thread.join(1.0)
