@@ -92,9 +92,8 @@ def _advice(kind: str, runner: str, gil: float, cpu: float, slowest: tuple[str, 
     if kind not in ("data-starved", "gil-bound"):
         return ""
     if gil >= GIL_BOUND_TRAIN:
-        if runner == "thread":
-            return "try subprocess-threads"
-        return "something else in the training process holds the GIL"
+        return ("try subprocess-threads" if runner == "thread"
+                else "something else in the training process holds the GIL")
     if kind != "data-starved" or slowest is None:
         return ""
     name, busy = slowest
@@ -135,17 +134,15 @@ class Window:
             return
         for key in chunk.columns:
             self._keys.setdefault(key, len(self._keys))
-        rows = np.full((len(self._keys), n), np.nan)
+        held = len(self._times)
+        data = np.full((len(self._keys), held + n), np.nan)  # a series first seen now: NaN before
+        data[:len(self._data), :held] = self._data
         for key, values in chunk.columns.items():
-            rows[self._keys[key]] = values
-        old = self._data
-        if old.shape[0] < len(self._keys):  # series first seen in this chunk
-            old = np.vstack([old, np.full((len(self._keys) - old.shape[0], old.shape[1]), np.nan)])
+            data[self._keys[key], held:] = values
         times = np.concatenate([self._times, chunk.times])
         start = max(len(times) - self._max_ticks,
                     int(np.searchsorted(times, times[-1] - self.seconds, side="left")))
-        self._times = times[start:]
-        self._data = np.hstack([old, rows])[:, start:]
+        self._times, self._data = times[start:], data[:, start:]
 
     def means(self, seconds: float | None = None) -> dict[Key, float]:
         """NaN-ignoring mean of every series over the last ``seconds``, plus
