@@ -1,6 +1,6 @@
 """Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
 its knobs live, drains what the old setting made, then takes windows until the rate is sure. A
-finite source runs epochs, each window charged its share of their restarts (``epochs``)."""
+finite source runs epoch after epoch (``Passes``), each batch charged its share of a restart."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .._engine.engine import EngineReading
@@ -19,21 +21,21 @@ from .._pipeline import Pipeline
 from .._runners import WORKERS
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
-from ..errors import PipelineSpecError
-from .epochs import EpochWindow, Passes, endless, epoch_rate, restart_extras
+from ..errors import PipelineSpecError, SpdlLabError
 from .model import batch_items
 from .space import Config
 from .trial import StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MAX_WINDOWS", "MIN_WINDOWS", "TARGET_NOISE", "check_budget", "queued_batches",
-           "stage_samples", "trial_of", "unseen_batches", "window_for_budget", "windows_until_sure"]
+__all__ = ["Bench", "EpochWindow", "MAX_WINDOWS", "MIN_WINDOWS", "Passes", "TARGET_NOISE", "check_budget",
+           "endless", "epoch_rate", "queued_batches", "restart_extras", "stage_samples", "trial_of",
+           "unseen_batches", "window_for_budget", "windows_until_sure"]
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
 #: A trial stops adding windows once its rate's relative standard error is below this.
 TARGET_NOISE = 0.02
-#: Start-up before a runner's first batch, until one was measured: a child process that imports
-#: this package (and torch, for DataLoader workers) on a small machine.
+#: Start-up before a runner's first batch until one is measured: a child imports this package
+#: (and torch, for DataLoader workers).
 _STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 1.2, "process": 3.0}
 #: Closing a runner: joining threads, or a child process and its shared memory, or DataLoader workers.
 _CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
@@ -115,8 +117,7 @@ class Bench:
         return cost
 
     def measure(self, config: Config, timeout: float, deadline: float | None = None) -> Trial:
-        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window,
-        and past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second."""
+        """Windows of ``config`` as ``windows_until_sure`` takes them; ``timeout`` bounds each."""
         started = time.perf_counter()
         opening = not self._is_open(config)
         contender = self._switch_to(config, timeout)
@@ -148,8 +149,8 @@ class Bench:
                 self._probe.stop()
 
     def _switch_to(self, config: Config, timeout: float) -> Contender:
-        """Set ``config`` on its runner (opened on first use), drain what the setting before made,
-        then size the windows from a short run."""
+        """Set ``config`` on its runner (opened on first use), drain what the old setting made, then
+        size the windows from a short run."""
         contender = self._contenders.get(config.runner)
         if contender is not None and not self._is_open(config):
             # Another value of an option (a DataLoader's prefetch_factor...): a new Loader, as the job's.
@@ -202,8 +203,8 @@ class Bench:
 
     def _charged(self, window: Window, config: Config, first: int, restarts: list[int],
                  epoch_batches: int | None) -> EpochWindow:
-        """``window`` with each batch charged its share of an epoch restart: this configuration's
-        own restarts, else those of its runner and options (a runner's workers start alike)."""
+        """``window`` with each batch charged its share of a restart: this configuration's, else
+        those of its runner and options (a runner's workers start alike)."""
         extras, steady = restart_extras(window.records, first, restarts)
         for key in (config, (config.runner, config.options)):
             self._restarts.setdefault(key, []).extend(extras)
@@ -259,12 +260,9 @@ def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> in
 
 def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float],
                    prefetch_factor: int | None = None) -> int:
-    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings.
-
-    A thread-engine map stage keeps finished items in its reorder window (ordered) or in
-    workers blocked on a full queue (one each); DataLoader workers prefetch ``prefetch_factor``
-    batches each (torch's default 2).
-    """
+    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings: a
+    map stage's reorder window (ordered) or its workers blocked on a full queue (one each);
+    DataLoader workers prefetch ``prefetch_factor`` batches each (torch's default 2)."""
     if WORKERS in controls:
         return (prefetch_factor or 2) * controls[WORKERS]
     held = [(s, controls[s.name]) for s in pipeline.stages if s.kind == "map" and s.name in controls]
@@ -286,3 +284,101 @@ def stage_samples(before: EngineReading | None, after: EngineReading | None,
         task_s = (now.busy_done_ns - was.busy_done_ns) / timed / 1e9 if timed > 0 else math.nan
         out.append(StageSample(now.name, now.concurrency, task_s))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class EpochWindow(Window):
+    """A window whose rate is ``epoch_rate`` (a restart inside it is not paid twice)."""
+
+    rate: float = math.nan
+    restart_s: float = math.nan  # the restart's extra seconds charged (NaN: no restart known)
+    steady_s: float = math.nan  # the mean seconds of its steps that began no pass
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.rate
+
+
+class Passes:
+    """Batches of ``loader``, pass after pass; ``epoch_batches`` is a pass's length when known
+    beforehand (``len(dataloader)``), else that of the first pass that ends."""
+
+    def __init__(self, loader: Any, epoch_batches: int | None = None, who: str = "tune") -> None:
+        self.loader = loader
+        self.epoch_batches = epoch_batches
+        self.who = who
+        self.yielded = 0  # batches handed out, all passes together
+        self.passes = 0
+        #: the number (in ``yielded`` order) of the batch that began each pass after the first
+        self.restarts: list[int] = []
+        self._it: Iterator[Any] | None = None
+        self._in_pass = 0
+
+    def __iter__(self) -> Passes:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._begin()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            if self.loader.state == "closed":  # closed (a timeout's watchdog): no new epoch
+                raise
+            if self._in_pass == 0:
+                raise SpdlLabError(f"{self.who}: a pass of the {self.loader.runner!r} runner gave no batch; "
+                                   f"the source ran out. Pass a re-iterable source (a list, a Dataset, a "
+                                   f"sampler) or a zero-argument callable returning a fresh iterator") from None
+            if self.epoch_batches is None:
+                self.epoch_batches = self._in_pass
+            self._begin()
+            self.restarts.append(self.yielded)
+            return self.__next__()
+        self.yielded += 1
+        self._in_pass += 1
+        return batch
+
+    def _begin(self) -> None:
+        self._it = iter(self.loader)
+        self.passes += 1
+        self._in_pass = 0
+
+
+def restart_extras(records: Iterable[Any], first: int, restarts: Iterable[int]) -> tuple[list[float], float]:
+    """Each restart step's seconds beyond a steady step among ``records`` (numbered from ``first``),
+    and a steady step's mean seconds."""
+    records = list(records)
+    at = {b - first for b in restarts if 0 <= b - first < len(records)}
+    steady = [r.data_wait_s + r.step_s for i, r in enumerate(records) if i not in at]
+    mean = sum(steady) / len(steady) if steady else math.nan
+    extras = [max(0.0, records[i].data_wait_s + records[i].step_s - mean) for i in sorted(at)] if steady else []
+    return extras, mean
+
+
+def epoch_rate(steady_s: float, restart_s: float, epoch_batches: int | None) -> float:
+    """Batches/s over whole epochs: a steady step of ``steady_s`` plus its share of one restart."""
+    if not steady_s > 0:
+        return math.nan
+    share = restart_s / epoch_batches if epoch_batches and math.isfinite(restart_s) else 0.0
+    return 1.0 / (steady_s + share)
+
+
+def endless(pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` over every epoch in one run, as ``persistent_workers=True`` workers see them."""
+    looped = Pipeline(partial(_passes, Pipeline(pipeline.source)))
+    for s in pipeline.stages:
+        if s.kind == "map":
+            looped = looped.map(s.fn, concurrency=s.concurrency, name=s.name, ordered=s.ordered)
+        else:
+            looped = looped.batch(s.size, drop_last=s.drop_last, name=s.name)
+    return looped
+
+
+def _passes(source: Pipeline) -> Iterator[Any]:
+    """The source's items, pass after pass; it ends only if a pass is empty."""
+    empty = False
+    while not empty:
+        empty = True
+        for item in source.open_source():
+            empty = False
+            yield item

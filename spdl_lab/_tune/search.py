@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from .machine import busy_reason
+from .advice import busy_reason
 from .model import Prediction, RateModel
 from .space import WORKERS, Config, Move, Space
 from .trial import MIN_GAIN, Trial, margin

@@ -1,6 +1,5 @@
-"""``lab.tune``: measure, model, move, keep only beyond the noise; then measure the best and the
-start in alternating rounds, so the speedup is side by side; the advice moves only when that
-speedup is beyond the noise on a quiet machine, and otherwise keeps what you have."""
+"""``lab.tune``: climb on the model, keeping a move only beyond the noise; then the best and the
+start side by side in alternating rounds, which the advice reads."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice, cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
-from .advice import advise
+from .advice import advise, busy_reason, others_percent
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
-from .machine import busy_reason, others_percent
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
@@ -61,8 +59,8 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
         tuning.advice, tuning.warnings, tuning.speedup   # the speedup is measured side by side
         loader = tuning.loader()
     """
-    source = pipeline
-    pipeline, from_dl = _pipeline(pipeline)
+    from_dl = not isinstance(pipeline, Pipeline) and is_dataloader(pipeline)
+    source, pipeline = pipeline, from_dataloader(pipeline) if from_dl else pipeline
     runners = _check(pipeline, step, runners, budget_s, window_s)
     options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
     epoch_batches = None
@@ -136,8 +134,8 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
 
 def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
              log: list[str], others: list[float]) -> tuple[float, float, float]:
-    """Median, lowest and highest per-round ratio of best to start, measured alternately; the other
-    processes' CPU over each round's windows goes to ``others``."""
+    """Median, lowest and highest ratio of best to start over alternating rounds; other processes'
+    CPU over each round's windows goes to ``others``."""
     if best.config == start.config:
         log.append("the starting configuration stayed the best: speedup 1.00x")
         return 1.0, 1.0, 1.0
@@ -189,8 +187,8 @@ def _length(dl: Any) -> int | None:
 
 
 def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
-    """Refuse what torch's DataLoader refuses (the process runner would drop it silently): its
-    worker options without worker processes."""
+    """Refuse worker options without worker processes, as torch's DataLoader does (the process
+    runner would drop them silently)."""
     given = {k: options[k] for k in ("prefetch_factor", "persistent_workers") if options.get(k)}
     if options.get("num_workers", DEFAULT_NUM_WORKERS) == 0 and given:
         named = ", ".join(f"{k}={v!r}" for k, v in given.items())
@@ -199,15 +197,9 @@ def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
                                 f"or leave them out")
 
 
-def _pipeline(source: Any) -> tuple[Pipeline, bool]:
-    if isinstance(source, Pipeline):
-        return source, False
-    if is_dataloader(source):
-        return from_dataloader(source), True
-    raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(source).__name__}")
-
-
 def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s: Any) -> list[str]:
+    if not isinstance(pipeline, Pipeline):
+        raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(pipeline).__name__}")
     if not callable(step):
         raise PipelineSpecError(f"tune: step must be a callable taking a batch (or a lab.SimulatedDevice), "
                                 f"got {type(step).__name__}")
