@@ -129,8 +129,10 @@ class Bench:
                                      self.min_windows, self.max_windows)
         windows = [self._recharged(w, config, passes.epoch_batches) for w in windows]
         after = contender.loader.reading()
-        if passes.passes != pass_ and after is not None:
-            before = _zero(after)  # a new pass is a new run, its meters from zero
+        if passes.passes != pass_ and after is not None:  # a new pass is a new run, its meters from zero
+            before = dataclasses.replace(after, stages=[
+                dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
+                for s in after.stages])
         return trial_of(config, windows, before, after, self._items, started, self.t0)
 
     def rate_once(self, config: Config, timeout: float) -> Window:
@@ -238,13 +240,6 @@ def trial_of(config: Config, windows: list[Window], before: EngineReading | None
         started_s=started - t0 if t0 else 0.0, others_percent=row["others_cpu_percent"],
         restart_s=restarts[-1] if restarts else math.nan,
     )
-
-
-def _zero(reading: EngineReading) -> EngineReading:
-    """``reading``'s stages with every counter at zero: where a new run's meters started."""
-    return dataclasses.replace(reading, stages=[
-        dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
-        for s in reading.stages])
 
 
 def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:

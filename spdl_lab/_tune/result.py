@@ -114,10 +114,6 @@ def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from
     return "\n".join(lines)
 
 
-def _no_pipeline(value: Any) -> None:
-    refuse((), "a tuning file holds no pipeline; pass it to Tuning.loader(p)")
-
-
 @dataclass
 class Tuning(Saved):
     """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
@@ -154,7 +150,9 @@ class Tuning(Saved):
     change_speedup_hi: Rate = math.nan
     #: other processes' CPU before measuring, 100 = one core
     others_before_percent: Rate = math.nan
-    pipeline: Annotated[Pipeline | None, PlainValidator(_no_pipeline)] = field(default=None, repr=False)
+    pipeline: Annotated[Pipeline | None, PlainValidator(
+        lambda _: refuse((), "a tuning file holds no pipeline; pass it to Tuning.loader(p)"))] = field(
+        default=None, repr=False)
 
     @classmethod
     def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,

@@ -1,6 +1,6 @@
-"""The search: a hill climb on the model's predictions (as tf.data's autotuner climbs its model):
-from the best trial, each knob a rung up or down, a jump of the limiting stage, and each other
-runner; the best predicted gain is measured next, and kept only beyond the noise (``decide``)."""
+"""A hill climb on the model's predictions, as tf.data's autotuner climbs its model: from the best
+trial each knob a rung up or down, a jump of the limiting stage, each other runner; the best
+predicted gain is measured next and kept only beyond the noise (``decide``)."""
 
 from __future__ import annotations
 
@@ -62,10 +62,9 @@ def decide(best: Trial, new: Trial, cores: int | None = None) -> Decision:
             return Decision(False, f"{gain:+.0%}, but the windows of {wide.config.describe()} spread "
                                    f"{_spread(wide):.0%}, wider than that gain", gain)
         return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain)
-    cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
-               if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
-    # Cheaper only breaks a tie: a median lower by more than MIN_GAIN is never kept, however noisy.
-    if gain >= -MIN_GAIN and cheaper:
+    # Cheaper (never with a NaN) only breaks a tie: a median lower by more than MIN_GAIN is never kept.
+    if gain >= -MIN_GAIN and new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING),
+                                                   best.cpu_percent - CPU_SAVING_POINTS):
         return Decision(True, f"{gain:+.0%}, within the noise (±{need:.0%}), for {new.cpu_percent:.0f}% CPU "
                               f"instead of {best.cpu_percent:.0f}%", gain)
     if gain >= -need:
@@ -123,20 +122,14 @@ class Climb:
 
     def next_move(self, best: Trial, affordable: Callable[[Config], bool] = lambda config: True
                   ) -> Candidate | None:
-        """The candidate to measure next, or None when nothing is left worth measuring (and affordable).
-
-        A move the budget cannot pay for (a runner's start-up) is passed over for the next
-        best, not counted as tried.
-        """
+        """The candidate to measure next, or None when nothing is left worth measuring; a move the
+        budget cannot pay for (a runner's start-up) is passed over, not counted as tried."""
         candidates = [c for c in self.candidates(best) if affordable(c.move.config)]
         if not candidates:
             return None
-        if self._gil_says(best):
-            # The model sees the GIL only through task times: leaving the interpreter is measured first.
-            for candidate in self._explorations(best, candidates):
-                if candidate.move.kind == "switch":
-                    self._explored.add(candidate.move.config)
-                    return candidate
+        # The model sees the GIL only through task times: leaving the interpreter is measured first.
+        if self._gil_says(best) and (switch := self._explore(best, candidates, "switch")):
+            return switch
         top = max(candidates, key=lambda c: _score(c.predicted.batches_per_s))
         # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
         here = self.model.predict(best.config)
@@ -145,10 +138,14 @@ class Climb:
                 self._jumped[top.move.config] = top.move.knob
             return Candidate(top.move, top.predicted,
                              top.why or f"{here.describe()}; predicted the largest gain")
-        for candidate in self._explorations(best, candidates):
-            self._explored.add(candidate.move.config)
-            return candidate
-        return None
+        return self._explore(best, candidates)
+
+    def _explore(self, best: Trial, candidates: list[Candidate], kind: str = "") -> Candidate | None:
+        """The first exploration (of ``kind``, if given), marked explored."""
+        found = next((c for c in self._explorations(best, candidates) if kind in ("", c.move.kind)), None)
+        if found is not None:
+            self._explored.add(found.move.config)
+        return found
 
     def _explorations(self, best: Trial, candidates: list[Candidate]) -> Iterable[Candidate]:
         fresh = [c for c in candidates if c.move.config not in self._explored]
@@ -269,12 +266,8 @@ class Step:
 
 def climb(search: Climb, first: Config, measure: Callable[[Config], Trial],
           affordable: Callable[[Config], bool] = lambda config: True) -> Iterator[Step]:
-    """Measure ``first``, then one move at a time; each measured step is yielded as it ends.
-
-    The climb ends by itself when nothing is left worth measuring, or when the
-    next move is not ``affordable`` (the caller's budget); the caller may also
-    leave the loop.
-    """
+    """Measure ``first``, then one move at a time, yielding each step; it ends when nothing is left
+    worth measuring or ``affordable`` (the caller's budget), or when the caller leaves the loop."""
     best = measure(first)
     search.record(best)
     here = search.model.predict(first)

@@ -3,6 +3,7 @@ start side by side in alternating rounds, which the advice reads."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -66,7 +67,8 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     epoch_batches = None
     if from_dl:  # it starts as itself: the process runner with its own keyword arguments
         options["process"] = {**_dataloader_start(source), **options.get("process", {})}
-        epoch_batches = _length(source)
+        with contextlib.suppress(TypeError):  # no length over an IterableDataset
+            epoch_batches = len(source) or None
     if "process" in options:
         _check_dataloader_kwargs(options["process"])
     t0 = time.perf_counter()
@@ -176,14 +178,6 @@ def _dataloader_start(dl: Any) -> dict[str, Any]:
     if cuda_available():
         own["pin_memory"] = bool(dl.pin_memory)
     return own
-
-
-def _length(dl: Any) -> int | None:
-    """Batches in one epoch of ``dl``, or None where it has no length."""
-    try:
-        return len(dl) or None
-    except TypeError:
-        return None
 
 
 def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
