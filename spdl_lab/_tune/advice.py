@@ -13,7 +13,7 @@ from typing import Any
 from .._experiments.contender import MachineClock
 from .._experiments.spread import BUSY_MACHINE
 from .._table import spread
-from .trial import MIN_GAIN, Trial
+from .space import MIN_GAIN, Trial
 
 __all__ = ["Advice", "BUSY_SHARE", "advise", "busy_reason", "others_percent", "ratio_text"]
 

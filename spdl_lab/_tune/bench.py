@@ -23,8 +23,7 @@ from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError, SpdlLabError
 from .model import batch_items
-from .space import Config
-from .trial import StageSample, Trial, relative_noise
+from .space import Config, StageSample, Trial, relative_noise
 
 __all__ = ["Bench", "EpochWindow", "MAX_WINDOWS", "MIN_WINDOWS", "Passes", "TARGET_NOISE", "check_budget",
            "endless", "epoch_rate", "queued_batches", "restart_extras", "stage_samples", "trial_of",

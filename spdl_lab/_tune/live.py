@@ -21,8 +21,7 @@ from . import bench
 from .model import RateModel, batch_items
 from .result import trials_frame
 from .search import GIL_SWITCH, Climb, Step, climb
-from .space import Config, Space
-from .trial import Trial
+from .space import Config, Space, Trial
 
 __all__ = ["AutoTuner"]
 

@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._pipeline import Pipeline
-from .space import WORKERS, Config
-from .trial import Trial
+from .space import WORKERS, Config, Trial
 
 __all__ = ["Prediction", "RateModel", "batch_items", "VERDICT_ALPHA"]
 

@@ -19,8 +19,7 @@ from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
 from .advice import Advice, ratio_text
 from .search import Step
-from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config
-from .trial import Trial
+from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config, Trial
 
 __all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
            "loader_code", "trials_frame"]

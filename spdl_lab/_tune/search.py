@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from .advice import busy_reason
 from .model import Prediction, RateModel
-from .space import WORKERS, Config, Move, Space
-from .trial import MIN_GAIN, Trial, margin
+from .space import MIN_GAIN, WORKERS, Config, Move, Space, Trial, margin
 
 __all__ = ["CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "Candidate", "Climb", "Decision",
            "Step", "climb", "decide"]
@@ -112,13 +111,11 @@ class Climb:
         if jump is not None:
             moves.append((jump, f"enough {jump.knob} workers to stop it limiting"))
         moves += [(m, "") for m in self._switches(best)]
-        out, seen = [], set()
+        out: dict[Config, Candidate] = {}
         for move, why in moves:
-            if move.config in self.tried or move.config in seen:
-                continue
-            seen.add(move.config)
-            out.append(Candidate(move, self.model.predict(move.config), why))
-        return out
+            if move.config not in self.tried and move.config not in out:
+                out[move.config] = Candidate(move, self.model.predict(move.config), why)
+        return list(out.values())
 
     def next_move(self, best: Trial, affordable: Callable[[Config], bool] = lambda config: True
                   ) -> Candidate | None:

@@ -23,8 +23,7 @@ from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_bud
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
-from .space import TUNABLE_RUNNERS, Config, Space, dataloader_options
-from .trial import Trial
+from .space import TUNABLE_RUNNERS, Config, Space, Trial, dataloader_options
 
 __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
 
