@@ -23,8 +23,7 @@ ENV_NUM_ITEMS = "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS"
 ENV_CONCURRENCY = "SPDL_PIPELINE_DIAGNOSTIC_MODE_CONCURRENCY"  # e.g. "1,2,4"
 ENV_REPORT_DIR = "SPDL_LAB_REPORT_DIR"
 DEFAULT_REPORT_DIR = "spdl_lab_reports"
-#: The exit status of diagnostic mode (the CLI documents it too).
-EXIT_STATUS = 1
+EXIT_STATUS = 1  # the diagnostic mode's (the CLI documents it too)
 
 
 def enabled() -> bool:

@@ -33,10 +33,8 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "StageRun", "diagnose", "
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
-#: The budget keeps this back for a stage's process sweep besides its windows: the workers' start.
-PROCESS_START_S = 0.5
-#: Thread points whose windows differ by more than this share of their QPS are named in the notes.
-SLOW_SPELLS = 0.25
+PROCESS_START_S = 0.5  # kept back for a stage's process sweep besides its windows
+SLOW_SPELLS = 0.25  # a thread point's window spread above this is named in the notes
 _MISSING = object()
 
 
@@ -89,7 +87,6 @@ def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     begun = time.monotonic()
     inputs = _collect(pipeline, num_items)
-    collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
     # The thread sweep leaves room for every stage's process sweep.
@@ -122,10 +119,9 @@ def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items
     interp = describe()
     stages = _only_where_it_counts({s.name: done[s.name] for s in pipeline.stages})
     return Diagnosis(
-        pipeline=repr(pipeline), stages=stages, created=started,
-        elapsed_s=time.monotonic() - begun,
+        pipeline=repr(pipeline), stages=stages, created=started, elapsed_s=time.monotonic() - begun,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
-                  "num_items": num_items, "inputs_collected": collected,
+                  "num_items": num_items, "inputs_collected": len(inputs),
                   **{k: v for k, v in asdict(settings).items() if k not in ("max_inputs", "start_timeout_s")},
                   "isolated": isolated},
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,

@@ -25,8 +25,7 @@ from ..errors import FileFormatError
 __all__ = ["FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
            "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
 
-#: The verdict vocabulary (see ``rules``).
-VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
+VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")  # see ``rules``
 
 #: ``Diagnosis.table`` columns, in order.
 TABLE_COLUMNS = [
@@ -174,20 +173,16 @@ class Diagnosis(_file_checks.Saved):
 
     def headline(self) -> str:
         """One sentence: which stage limits the pipeline, by how much, and what to change."""
-        failed = [s.name for s in self.stages.values() if s.status == "failed"]
-        parts = []
-        if failed:
-            parts.append(f"Stage {', '.join(map(repr, failed))} failed: fix it first (its traceback is below).")
+        failed = ", ".join(repr(s.name) for s in self.stages.values() if s.status == "failed")
+        parts = [f"Stage {failed} failed: fix it first (its traceback is below)."] if failed else []
         found = limiting(self.stages.values())
         if found is None:
             return " ".join(parts) or "No stage could be measured, so no stage can be named as the limit."
         s, rate, nxt, nxt_rate = found
         by = (f", {nxt_rate / rate:.1f}x slower than the next slowest ({nxt.name!r}, {amount(nxt_rate)} items/s)"
               if nxt is not None else ", the only measured stage")
-        if s.status == "unstable":
-            advice = f" Its numbers are not settled: {s.recommendation}."
-        else:
-            advice = f" To go faster: {s.recommendation}." if s.recommendation else ""
+        advice = (f" Its numbers are not settled: {s.recommendation}." if s.status == "unstable"
+                  else f" To go faster: {s.recommendation}." if s.recommendation else "")
         parts.append(f"{s.name!r} limits the pipeline: {amount(rate)} items/s at its concurrency {s.concurrency} "
                      f"({s.verdict}){by}.{advice}")
         return " ".join(parts)

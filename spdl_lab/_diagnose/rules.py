@@ -15,22 +15,16 @@ from .result import Point, usable
 __all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
            "Judgement", "PROCESS_HELPS", "RISE_MIN_SPEEDUP", "judge", "rises"]
 
-#: Best thread QPS over QPS at the lowest concurrency at or above which a stage "rises".
-RISE_MIN_SPEEDUP = 1.5
+RISE_MIN_SPEEDUP = 1.5  # a stage "rises": its best thread QPS is this many times its first point's
 #: A stage that kept a core this busy at its lowest concurrency rises only by using more CPU:
 #: with CPU growing less than CPU_GROWTH, the rise is the machine's speed changing.
 BUSY_CORE = 0.8
 CPU_GROWTH = 1.3
-#: Share of all cores busy (process CPU / cores) at the best point that means the cores are the limit.
-CPU_SATURATED = 0.75
-#: GIL probe wait share (at concurrency >= 2) that means the GIL is what the workers wait for.
-GIL_WAIT_BOUND = 0.30
-#: ``best_concurrency``: the smallest concurrency within this share of the best QPS...
-BEST_WITHIN = 0.05
-#: ...or within the best point's window spread ((max - min) / QPS), up to this.
-BEST_NOISE_CAP = 0.15
-#: Process QPS over the best thread QPS at or above which processes are recommended.
-PROCESS_HELPS = 1.3
+CPU_SATURATED = 0.75  # share of all cores busy at the best point: the cores are the limit
+GIL_WAIT_BOUND = 0.30  # GIL probe wait share (concurrency >= 2): the GIL is what workers wait for
+BEST_WITHIN = 0.05  # best_concurrency: the least within this share of the best QPS...
+BEST_NOISE_CAP = 0.15  # ...or within the best point's window spread, up to this
+PROCESS_HELPS = 1.3  # process QPS over the best thread QPS at which processes are advised
 
 
 @dataclass(frozen=True)

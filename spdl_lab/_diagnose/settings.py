@@ -51,13 +51,11 @@ class SweepSettings:
                              f"({self.max_windows}); lower min_windows or raise max_windows")
 
 
-#: Longest measurement window, however slow the function.
-MAX_WINDOW_S = 2.0
+MAX_WINDOW_S = 2.0  # longest window, however slow the function
 #: A window lasts long enough for each worker to finish about this many tasks: workers start a
 #: window together, so slow tasks finish in step, and one or two rounds of them read up to 25% off.
 TASKS_PER_WORKER = 4
-#: Past the budget's deadline a point still short of ``min_windows`` stops at this many.
-BUDGET_FLOOR = 2
+BUDGET_FLOOR = 2  # past the deadline, a point short of ``min_windows`` stops at this many
 
 
 def window_for(window_s: float, workers: int, rate: float) -> float:
@@ -76,14 +74,10 @@ def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -
     return now > deadline
 
 
-#: Shortest slice: finer than the machine's speed changes, coarse next to timer noise.
-MIN_SLICE_S = 0.02
-#: Completions a slice should hold at the window's rate; fewer make the median coarse.
-MIN_TASKS_PER_SLICE = 40
-#: Slices needed for a median to mean anything; fewer -> the window's plain rate.
-MIN_SLICES = 4
-#: Fastest windows that must agree before a point needs no more.
-AGREEING = 3
+MIN_SLICE_S = 0.02  # finer than the machine's speed changes, coarse next to timer noise
+MIN_TASKS_PER_SLICE = 40  # completions per slice at the window's rate; fewer: a coarse median
+MIN_SLICES = 4  # for a median to mean anything; fewer -> the window's plain rate
+AGREEING = 3  # fastest windows that must agree before a point needs no more
 
 
 def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:

@@ -31,17 +31,14 @@ __all__ = ["Bench", "EpochWindow", "MAX_WINDOWS", "MIN_WINDOWS", "Passes", "TARG
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
-#: A trial stops adding windows once its rate's relative standard error is below this.
-TARGET_NOISE = 0.02
+TARGET_NOISE = 0.02  # a trial's windows stop once its rate's relative error is below this
 #: Start-up before a runner's first batch until one is measured: a child imports this package
 #: (and torch, for DataLoader workers).
 _STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 1.2, "process": 3.0}
 #: Closing a runner: joining threads, or a child process and its shared memory, or DataLoader workers.
 _CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
-#: A window ends after this many times ``window_s``, whatever its step count said.
-_WINDOW_CAP = 2.5
-#: Unmeasured steps that size the windows of a configuration not measured before.
-_SIZING_STEPS = 4
+_WINDOW_CAP = 2.5  # a window ends after this many ``window_s``, whatever its step count
+_SIZING_STEPS = 4  # unmeasured steps that size a new configuration's windows
 
 
 def check_budget(budget_s: Any, who: str) -> float:
@@ -77,8 +74,7 @@ class Bench:
                  min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
                  epoch_batches: int | None = None) -> None:
         self.pipeline = pipeline
-        #: batches in one pass of the source when known beforehand (a DataLoader's ``len``)
-        self.epoch_batches = epoch_batches
+        self.epoch_batches = epoch_batches  # a pass's batches if known beforehand (len(dataloader))
         self.step = step
         self.window_s = window_s
         self.min_windows = min_windows
@@ -91,15 +87,12 @@ class Bench:
         self.machine = MachineClock(self._probe)
         self._contenders: dict[str, Contender] = {}
         self._passes: dict[str, Passes] = {}
-        #: the options each runner's open Loader was made with (another value opens a new one)
-        self._opened: dict[str, tuple] = {}
+        self._opened: dict[str, tuple] = {}  # each open Loader's options (others open a new one)
         #: extra seconds of each epoch restart seen, by configuration and by (runner, options)
         self._restarts: dict[Any, list[float]] = {}
-        #: the last measured batches/s of each configuration, to size its windows
-        self._rate: dict[Config, float] = {}
+        self._rate: dict[Config, float] = {}  # each configuration's last batches/s, to size windows
         self._round = 0
-        #: seconds from opening each runner to the end of its first warm-up (start-up included)
-        self.startup_s: dict[str, float] = {}
+        self.startup_s: dict[str, float] = {}  # from opening each runner to its first warm-up's end
 
     def close_cost(self, config: Config | None = None) -> float:
         """Seconds closing the runners open now (and ``config``'s, if it would open one) is expected to take."""
@@ -303,8 +296,7 @@ class Passes:
         self.who = who
         self.yielded = 0  # batches handed out, all passes together
         self.passes = 0
-        #: the number (in ``yielded`` order) of the batch that began each pass after the first
-        self.restarts: list[int] = []
+        self.restarts: list[int] = []  # ``yielded`` number of the batch that began each later pass
         self._it: Iterator[Any] | None = None
         self._in_pass = 0
 

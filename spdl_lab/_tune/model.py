@@ -56,8 +56,7 @@ class RateModel:
         self.cores = max(1, cores)
         self.verdicts = dict(verdicts or {})
         self.trials: list[Trial] = []
-        #: (family, stage) -> {concurrency: task seconds}, the latest measurement at each
-        self._times: dict[tuple[str, str], dict[int, float]] = {}
+        self._times: dict[tuple[str, str], dict[int, float]] = {}  # (family, stage) -> {c: task s}
 
     def observe(self, trial: Trial) -> None:
         self.trials.append(trial)

@@ -22,12 +22,9 @@ CPU_SAVING_POINTS = 10.0
 #: The training thread's GIL wait (share of its step) from which moving loading out of
 #: this interpreter is worth measuring even when the model predicts no gain.
 GIL_SWITCH = 0.10
-#: The same, read from the GIL probe when the step's own GIL wait is not known.
-PROBE_GIL_SWITCH = 0.25
-#: A jump raises the limiting stage until the model puts it this far above the next limit.
-JUMP_HEADROOM = 1.25
-#: Data wait below this share of the loop: the loader keeps up, the step sets the pace.
-FED = 0.05
+PROBE_GIL_SWITCH = 0.25  # the same, from the GIL probe when the step's own wait is unknown
+JUMP_HEADROOM = 1.25  # a jump lifts the limiting stage this far above the next limit
+FED = 0.05  # data wait below this share of the loop: the loader keeps up
 
 
 @dataclass(frozen=True)
@@ -83,10 +80,8 @@ class Climb:
         self.model = model
         self.tried: set[Config] = set()
         self._explored: set[Config] = set()
-        #: configurations reached by a jump, with the knob that jumped (its headroom is a guess)
-        self._jumped: dict[Config, str] = {}
-        #: the best trial measured under each runner (a switch goes back to it)
-        self.best_by_runner: dict[str, Trial] = {}
+        self._jumped: dict[Config, str] = {}  # reached by a jump -> the knob (its headroom a guess)
+        self.best_by_runner: dict[str, Trial] = {}  # a switch goes back to the runner's best
 
     def record(self, trial: Trial) -> None:
         self.tried.add(trial.config)

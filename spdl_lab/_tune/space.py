@@ -16,16 +16,13 @@ __all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "MIN_GAIN", "M
            "Space", "StageSample", "TUNABLE_RUNNERS", "Trial", "WORKERS", "dataloader_options", "margin",
            "relative_noise"]
 
-#: Knob values the tuner visits: dense where one step matters, sparse above.
-LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: Most threads the tuner gives one stage.
-MAX_THREADS = 64
+LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # knob values the tuner visits
+MAX_THREADS = 64  # most threads the tuner gives one stage
 #: Runners the tuner chooses between (``cache`` is the headspace, not a way to load).
 TUNABLE_RUNNERS = ("thread", "subprocess-threads", "process")
 #: The DataLoader's keyword arguments the tuner may move besides ``num_workers``.
 DATALOADER_KNOBS = ("prefetch_factor", "persistent_workers", "pin_memory")
-#: ``prefetch_factor`` values the tuner visits.
-PREFETCH_LADDER = (1, 2, 4, 8)
+PREFETCH_LADDER = (1, 2, 4, 8)  # ``prefetch_factor`` values the tuner visits
 
 
 def dataloader_options(cuda: bool) -> dict[str, tuple[Any, ...]]:
@@ -100,10 +97,8 @@ class Space:
     cores: int
     #: options the user gave each runner (kept in every configuration of that runner)
     runner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: set once ``cores`` workers measured faster than fewer: rungs above cores open
-    allow_more_workers: bool = False
-    #: options of the process runner the tuner moves, each with its values (a DataLoader's own knobs)
-    process_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    allow_more_workers: bool = False  # rungs above cores: once ``cores`` workers beat fewer
+    process_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # DataLoader knobs
 
     def start(self, runner: str, concurrency: Mapping[str, int] | None = None) -> Config:
         """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""
@@ -153,8 +148,7 @@ class Space:
         return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))
 
 
-#: A move must gain at least this share of batches/s to count, however quiet the machine.
-MIN_GAIN = 0.03
+MIN_GAIN = 0.03  # the least share of batches/s a move must gain, however quiet the machine
 
 
 @dataclass(frozen=True)

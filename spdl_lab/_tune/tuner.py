@@ -27,16 +27,12 @@ from .space import TUNABLE_RUNNERS, Config, Space, Trial, dataloader_options
 
 __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
 
-#: Rounds of the final side-by-side measurement of the best against the start.
-CONFIRM_ROUNDS = 3
-#: Share of the budget kept for that measurement.
-CONFIRM_SHARE = 0.2
-#: Budgets shorter than this many windows measure each trial in fewer windows.
-TIGHT_WINDOWS = 40
-#: Seconds the machine is watched before measuring, for what other processes take.
-_LOOK_S = 0.5
-#: The shortest time one window may take before the tuning fails as hung: a runner's start-up
-#: (workers importing torch on a loaded machine) can take seconds.
+CONFIRM_ROUNDS = 3  # of the final side-by-side measurement of the best against the start
+CONFIRM_SHARE = 0.2  # of the budget kept for it
+TIGHT_WINDOWS = 40  # budgets under this many windows measure trials in fewer windows
+_LOOK_S = 0.5  # seconds the machine is watched before measuring, for what other processes take
+#: The least time a window may take before the tuning fails as hung: a runner's start-up (workers
+#: importing torch on a loaded machine) can take seconds.
 WINDOW_TIMEOUT_S = 60.0
 
 
@@ -75,17 +71,15 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     window_s = window_s if window_s is not None else window_for_budget(budget_s)
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options,
                   process_options=dataloader_options(cuda_available()) if from_dl else {})
-    model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
-    search = Climb(space, model)
+    search = Climb(space, RateModel(pipeline, space.cores, _verdicts(diagnosis)))
     first = _start(space, start, runners, from_dl)
-    # A budget of fewer than TIGHT_WINDOWS windows could otherwise pay for the start and the
-    # confirmation only: its trials take two windows (four at most when the noise asks for them).
+    # Else a budget under TIGHT_WINDOWS windows pays for the start and the confirmation only.
     tight = budget_s < TIGHT_WINDOWS * window_s
     bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0, epoch_batches=epoch_batches,
                   min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
-    # Kept for the side-by-side confirmation: two rounds of drain, quarter-window warm-up and window
-    # for both (about 9 windows), within 20-40% of the budget; a tight budget keeps one round.
+    # For the confirmation: two rounds of drain, warm-up and window for both (about 9 windows; one
+    # round if tight), within 20-40% of the budget.
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
     before = others_percent(_LOOK_S)  # the machine before measuring: what other processes take
