@@ -262,9 +262,8 @@ class Sweep:
         self.close()
 
     def add(self, feed: StageFeed, kind: str, levels: Sequence[int], deadline: float = math.inf) -> None:
-        """Start ``feed``'s workers in ``kind`` ("thread" or "process") and warm its points up,
-        lowest concurrency first. Past ``deadline`` (``time.monotonic()``) its points take only
-        the windows ``settings.budget_cut`` allows."""
+        """Start ``feed``'s workers in ``kind`` and warm its points up, lowest concurrency first;
+        past ``deadline`` (``time.monotonic()``) they take only what ``budget_cut`` allows."""
         key, levels = (feed.name, kind), sorted(set(levels))
         points: list[_Point] = []
         self._points[key] = points

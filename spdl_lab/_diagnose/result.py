@@ -33,9 +33,7 @@ TABLE_COLUMNS = [
     "runqueue_wait_frac", "p50_ms", "repeats", "qps_spread", "status", "machine_cpu_util",
 ]
 
-#: A stage at least this many times faster than the limiting one gets its verdict and no advice:
-#: changing it does not change the pipeline's rate.
-FAR_FASTER = 2.0
+FAR_FASTER = 2.0  # a stage this many times faster than the limiting one gets a verdict, no advice
 
 MAX_STAGES, MAX_POINTS = 1000, 10_000  # in a file; points over all its stages
 Concurrency = integer(1, MAX_CONCURRENCY)

@@ -57,10 +57,9 @@ def ratio_text(mid: float, lo: float, hi: float) -> str:
 
 def advise(start: Trial, best: Trial, change: Trial | None, speedup: tuple[float, float, float], *,
            cores: int, before: float = math.nan, during: Sequence[float] = ()) -> Advice:
-    """Whether to move from ``start`` to ``best`` (measured side by side at ``speedup``: median, lo,
-    hi); ``change`` is the fastest other than the start, named when the advice is to keep.
-    ``before`` and ``during``: other processes' CPU (100 = one core) before measuring and over the
-    windows that compared the two."""
+    """Whether to move from ``start`` to ``best`` (side by side: ``speedup`` median, lo, hi); ``change``
+    is the fastest other than the start, named to keep. ``before``, ``during``: other processes' CPU
+    (100 = one core) before measuring and over the windows that compared the two."""
     early = busy_reason([before], cores, "before it measured")
     late = busy_reason([start, best, *during], cores)
     warnings = [f"{why}: {_AGAIN}" for why in (early, late) if why is not None]

@@ -34,14 +34,9 @@ class Prediction:
 
 def batch_items(pipeline: Pipeline) -> dict[str, float]:
     """Tasks of each map stage per training batch: the product of the batch sizes after it."""
-    items: dict[str, float] = {}
-    per = 1.0
-    for stage in reversed(pipeline.stages):
-        if stage.kind == "batch":
-            per *= stage.size or 1
-        else:
-            items[stage.name] = per
-    return {s.name: items[s.name] for s in pipeline.stages if s.kind == "map"}
+    stages = pipeline.stages
+    return {s.name: float(math.prod(b.size or 1 for b in stages[i:] if b.kind == "batch"))
+            for i, s in enumerate(stages) if s.kind == "map"}
 
 
 def _family(runner: str) -> str:

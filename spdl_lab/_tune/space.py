@@ -119,7 +119,8 @@ class Space:
         return sorted({n for n in LADDER if n <= top} | {top})
 
     def neighbours(self, config: Config) -> Iterator[Move]:
-        """One rung up and one rung down of every knob (an off-ladder value joins the ladder)."""
+        """One rung up and one down of every knob (an off-ladder value joins the ladder), and the next
+        value up and down of each option knob (process only: they are the DataLoader's)."""
         for name, value in config.knobs:
             rungs = self.rungs(config, name)
             up = [n for n in rungs if n > value]
@@ -128,13 +129,7 @@ class Space:
                 yield Move("raise", config.with_knob(name, up[0]), name, value, up[0])
             if down:
                 yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
-        yield from self.option_moves(config)
-
-    def option_moves(self, config: Config) -> Iterator[Move]:
-        """The next value up and down of each option knob (process only: they are the DataLoader's)."""
-        if config.runner != "process":
-            return
-        for name, values in self.process_options.items():
+        for name, values in (self.process_options.items() if config.runner == "process" else ()):
             value = config.option(name)
             if value is None:
                 continue
