@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -39,10 +40,8 @@ def main(data_fd: int, ctrl_fd: int) -> int:
     for entry in reversed(init["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    try:
+    with contextlib.suppress(OSError):
         os.chdir(init["cwd"])
-    except OSError:
-        pass
     try:
         pipeline = cloudpickle.loads(init["pipeline"])
         diagnosis = diagnose_here(pipeline, **init["options"],

@@ -1,12 +1,11 @@
-"""``lab.diagnose``'s sweep: one point state machine, the executor a parameter. The points of every
-stage take turns, one window each per round, so seconds in which the machine ran slower touch one
-window of each point, and its QPS (its second-best window) leaves them out (docs/measurement-noise.md)."""
+"""``lab.diagnose``'s sweep, threads or processes alike. Every point takes one window per round, so
+a slow spell of the machine touches one window of each, and a point's QPS (its second-best window)
+leaves it out (docs/measurement-noise.md)."""
 
-# How a point ends: "ok" once it has ``min_windows`` and its fastest windows agree (``quiet``);
-# "unstable" at ``max_windows`` or past the budget (``budget_cut``); "timeout" or "error" when its
-# workers raise ``PointFailed``, which also ends its stage's sweep there (larger concurrencies
-# would fail alike); "error" with qps 0 when every call raised. Each point is worth ``max_windows``
-# windows on the progress bar however it ends, so its total never moves.
+# A point ends "ok" once its fastest windows agree (``quiet``); "unstable" at ``max_windows`` or
+# past the budget; "timeout" or "error" on ``PointFailed``, which ends its stage's sweep there
+# (larger concurrencies would fail alike); "error" with qps 0 when every call raised. Each point
+# is worth ``max_windows`` windows on the progress bar however it ends, so the total never moves.
 
 from __future__ import annotations
 
@@ -46,14 +45,13 @@ class WindowReading:
 
 @dataclass
 class StageSweep:
-    """One stage's points in one executor (ascending), why any failed or none could be measured, the
-    threads left stuck in its function, and the most of the cores other processes used in a window."""
+    """One stage's points in one executor, ascending, and what went wrong."""
 
     points: list[Point] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: SpdlLabError | None = None  # no worker started, or the function or inputs cannot be pickled
-    abandoned: int = 0
-    others: float = 0.0
+    abandoned: int = 0  # threads left stuck in the function
+    others: float = 0.0  # the most of the cores other processes used in a window
 
 
 class PointWindows:
@@ -68,7 +66,7 @@ class PointWindows:
         self._counted = 0
 
     def wants_window(self, window_s: float, deadline: float) -> bool:
-        """Whether to take another window of ``window_s``; past the budget the point ends."""
+        """Whether to take another window; past the budget the point ends."""
         if self.done:
             return False
         if budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
@@ -87,7 +85,7 @@ class PointWindows:
             self.end("unstable")
 
     def end(self, status: str) -> None:
-        """End the point ("ok", "unstable", "timeout", "error"); the bar gets its remaining windows."""
+        """End the point; the bar gets its remaining windows."""
         self.status, self.done = status, True
         self._count(self.settings.max_windows - self._counted)
 
@@ -111,10 +109,9 @@ class PointWindows:
 
 
 class _Point(PointWindows):
-    """One (stage, workers, concurrency): its warm-up, its windows, and how it ended. At concurrency
-    c it runs a different c of the workers each window, in turn (cores do not all run at one speed).
-    A worker that dies -> "error"; one that does not answer, or a call that does not return after
-    the pause -> "timeout" (the workers are then killed, or left behind)."""
+    """One (stage, workers, concurrency). At concurrency c it runs a different c of the workers each
+    window, in turn (cores do not all run at one speed). A worker that dies -> "error"; one that does
+    not answer, or a call still running after the pause -> "timeout" (workers killed or left behind)."""
 
     def __init__(self, stage: str, workers: ThreadWorkers | WorkerPool, c: int, settings: SweepSettings,
                  report: Callable[[int], None], deadline: float, probe: GilProbe | None) -> None:
@@ -152,7 +149,6 @@ class _Point(PointWindows):
         return True
 
     def window(self) -> None:
-        """Read the paused workers, run them ``window_s``, pause them and read again."""
         if not self.wants_window(self.window_s, self.deadline):
             return
         c, turn = self.c, len(self.qps)
@@ -202,8 +198,7 @@ class _Point(PointWindows):
                                              f"were paused")
             time.sleep(0.001)
 
-    def _first(self, turn: int) -> int:
-        """The first of the workers that the ``turn``-th window runs."""
+    def _first(self, turn: int) -> int:  # of the workers the ``turn``-th window runs
         return turn % (self.workers.size - self.c + 1)
 
     def _read(self, first: int) -> Reading:
@@ -267,9 +262,8 @@ class Sweep:
         self.close()
 
     def add(self, feed: StageFeed, kind: str, levels: Sequence[int], deadline: float = math.inf) -> None:
-        """Start ``feed``'s workers in ``kind`` ("thread" or "process") and warm its points up,
-        lowest concurrency first. Past ``deadline`` (``time.monotonic()``) its points take only
-        the windows ``settings.budget_cut`` allows."""
+        """Start ``feed``'s workers in ``kind`` and warm its points up, lowest concurrency first;
+        past ``deadline`` (``time.monotonic()``) they take only what ``budget_cut`` allows."""
         key, levels = (feed.name, kind), sorted(set(levels))
         points: list[_Point] = []
         self._points[key] = points
@@ -300,7 +294,6 @@ class Sweep:
         return self.done()
 
     def finish(self) -> None:
-        """Rounds until every point is done (each round ends or adds to every point)."""
         while not self.round():
             pass
 

@@ -14,9 +14,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-#: After a stop (or the parent vanishing), how long a call still inside the
-#: function may take before the worker exits anyway.
-STOP_GRACE_S = 1.0
+STOP_GRACE_S = 1.0  # after a stop (or the parent vanishing), for a call still in the function
 
 
 def main(data_fd: int, ctrl_fd: int) -> int:
@@ -42,8 +40,7 @@ def main(data_fd: int, ctrl_fd: int) -> int:
 
 class _Worker:
     """Calls the function in a loop and counts; ``counts`` reads them without stopping the loop.
-    Paused, it blocks on an Event: idle workers cost nothing while fewer are measured.
-    The thread executor runs the same workers as threads of the parent."""
+    Paused, it blocks on an Event: idle workers cost nothing while fewer are measured."""
 
     def __init__(self, fn: Callable[[Any], Any], inputs: Sequence[Any], start: int = 0) -> None:
         self.fn = fn
@@ -81,13 +78,12 @@ class _Worker:
                         self.failures += 1
                         if self.failures == 1:
                             self.first_error = traceback.format_exc()
-                    self.busy = False
-                    continue
-                end = time.perf_counter_ns()
-                with self.lock:
-                    self.done += 1
-                    self.times_ns.append(end - t0)
-                    self.ends_ns.append(end)
+                else:
+                    end = time.perf_counter_ns()
+                    with self.lock:
+                        self.done += 1
+                        self.times_ns.append(end - t0)
+                        self.ends_ns.append(end)
                 self.busy = False
         finally:
             self.finished.set()
@@ -134,8 +130,7 @@ def _send_quietly(conn: Connection, message: tuple) -> bool:
 
 
 def exit_without_finalizing(code: int) -> None:
-    """``spdl_lab._runners.children.exit_without_finalizing`` (see why there), for a child that
-    imports only the standard library."""
+    """``_runners.children.exit_without_finalizing`` (see why there), for a stdlib-only child."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream has nothing to flush
             stream.flush()

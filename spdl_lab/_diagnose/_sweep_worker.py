@@ -1,6 +1,5 @@
-"""The sweep's workers, as threads (``ThreadWorkers``) or processes (``WorkerPool``), one interface:
-both run ``_sweep_child._Worker``, as threads here or each in a fresh interpreter with two pipes.
-"""
+"""The sweep's workers behind one interface: ``_sweep_child._Worker`` as threads of this interpreter
+(``ThreadWorkers``) or each in a fresh one with two pipes (``WorkerPool``)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from .settings import SweepSettings
 
 __all__ = ["PointFailed", "Reading", "StageFeed", "ThreadWorkers", "WorkerPool"]
 
-#: The script each worker runs.
-CHILD = Path(__file__).with_name("_sweep_child.py")
+CHILD = Path(__file__).with_name("_sweep_child.py")  # the script each worker process runs
 
 
 @dataclass(frozen=True)
@@ -90,10 +88,7 @@ class ThreadWorkers:
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
         for worker in self.workers[first:first + c]:
-            if message[0] == "run":
-                worker.running.set()
-            else:
-                worker.running.clear()
+            (worker.running.set if message[0] == "run" else worker.running.clear)()
 
     def read(self, c: int, timeout_s: float, first: int = 0) -> Reading:
         reading = Reading(time.perf_counter(), 0, 0, time.process_time())
@@ -103,7 +98,7 @@ class ThreadWorkers:
         return reading
 
     def close(self, kill: bool) -> int:
-        """Stop every worker; the threads still inside the function after the stop timeout."""
+        """Stop every worker; returns how many threads are still in the function after the timeout."""
         for worker in self.workers:
             worker.stop()
         deadline = time.monotonic() + self._stop_timeout_s
@@ -151,7 +146,6 @@ class WorkerPool:
             raise
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
-        """To the c workers from ``first`` on."""
         for child in self.children[first:first + c]:
             try:
                 child.ctrl.send(message)
@@ -199,7 +193,7 @@ class WorkerPool:
                 return None
 
     def close(self, kill: bool) -> int:
-        """Stop every worker (kill them after a timeout); nothing is left behind."""
+        """Stop every worker (killed after a timeout): none is left behind."""
         if not kill:
             self.send(len(self.children), ("stop",))
         for child in self.children:

@@ -23,8 +23,7 @@ ENV_NUM_ITEMS = "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS"
 ENV_CONCURRENCY = "SPDL_PIPELINE_DIAGNOSTIC_MODE_CONCURRENCY"  # e.g. "1,2,4"
 ENV_REPORT_DIR = "SPDL_LAB_REPORT_DIR"
 DEFAULT_REPORT_DIR = "spdl_lab_reports"
-#: The exit status of diagnostic mode (the CLI documents it too).
-EXIT_STATUS = 1
+EXIT_STATUS = 1  # the diagnostic mode's (the CLI documents it too)
 
 
 def enabled() -> bool:
@@ -36,23 +35,13 @@ def enabled() -> bool:
     raise PipelineSpecError(f"{ENV}={os.environ[ENV]!r} is not understood; set it to 1 (on) or 0 (off)")
 
 
-def num_items() -> int:
-    raw = os.environ.get(ENV_NUM_ITEMS, "").strip()
-    if not raw:
-        return DEFAULT_NUM_ITEMS
-    if not raw.isdigit() or int(raw) < 1:
-        raise PipelineSpecError(f"{ENV_NUM_ITEMS}={raw!r}: expected a whole number of inputs >= 1, e.g. 100")
-    return int(raw)
-
-
-def concurrency() -> tuple[int, ...]:
-    raw = os.environ.get(ENV_CONCURRENCY, "").strip()
-    if not raw:
-        return DEFAULT_CONCURRENCY
-    parts = [p.strip() for p in raw.split(",")]
-    if not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise PipelineSpecError(f"{ENV_CONCURRENCY}={raw!r}: expected comma-separated thread counts, e.g. 1,2,4,8")
-    return tuple(int(p) for p in parts)
+def _counts(env: str, default: tuple[int, ...], expected: str, many: bool = True) -> tuple[int, ...]:
+    """Whole numbers >= 1 from ``$env`` (comma-separated if ``many``); ``default`` when unset."""
+    raw = os.environ.get(env, "").strip()
+    parts = [p.strip() for p in raw.split(",")] if many else [raw]
+    if raw and not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise PipelineSpecError(f"{env}={raw!r}: expected {expected}")
+    return tuple(int(p) for p in parts) if raw else default
 
 
 def write_reports(diagnosis, directory: str | os.PathLike | None = None, stem: str | None = None) -> tuple[Path, Path]:
@@ -66,7 +55,9 @@ def write_reports(diagnosis, directory: str | os.PathLike | None = None, stem: s
 
 def run_diagnostic_mode(pipeline: Pipeline) -> NoReturn:
     """Diagnose ``pipeline``, write the reports, print where, and ``sys.exit(1)``."""
-    count, levels = num_items(), concurrency()
+    (count,) = _counts(ENV_NUM_ITEMS, (DEFAULT_NUM_ITEMS,), "a whole number of inputs >= 1, e.g. 100",
+                       many=False)
+    levels = _counts(ENV_CONCURRENCY, DEFAULT_CONCURRENCY, "comma-separated thread counts, e.g. 1,2,4,8")
     print(f"spdl_lab: {ENV}=1: diagnosing the pipeline instead of running it "
           f"({count} inputs, concurrency {', '.join(map(str, levels))})", flush=True)
     diagnosis = diagnose(pipeline, levels, num_items=count)

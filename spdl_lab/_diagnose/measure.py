@@ -33,11 +33,8 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "StageRun", "diagnose", "
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
-#: What the budget keeps back for a stage's process sweep besides its windows: the workers' start.
-PROCESS_START_S = 0.5
-#: Thread points whose windows differ by more than this share of their QPS are named in the
-#: evidence: the machine slowed for a while (docs/measurement-noise.md), or inputs differ in cost.
-SLOW_SPELLS = 0.25
+PROCESS_START_S = 0.5  # kept back for a stage's process sweep besides its windows
+SLOW_SPELLS = 0.25  # a thread point's window spread above this is named in the notes
 _MISSING = object()
 
 
@@ -85,19 +82,18 @@ def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENC
 def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items: int, processes: bool,
                   process_concurrency: tuple[int, ...], settings: SweepSettings,
                   bar_factory: Callable[[int, str], Any], isolated: bool = True) -> Diagnosis:
-    """The measurement itself, in this interpreter (the child's, from ``diagnose``)."""
+    """The measurement, in this interpreter (the child's, from ``diagnose``)."""
     cores = os.cpu_count() or 1
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     begun = time.monotonic()
     inputs = _collect(pipeline, num_items)
-    collected = len(inputs)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
-    # The thread sweep leaves room in the budget for every stage's process sweep.
+    # The thread sweep leaves room for every stage's process sweep.
     point_s = settings.warmup_s + settings.min_windows * settings.window_s
     reserve = len(maps) * (PROCESS_START_S + len(process_concurrency) * point_s) if processes else 0.0
-    # The bar's total never changes mid-run: process windows are counted from the start,
-    # and what a stage does not use (quiet points, no process sweep) is filled in at the end.
+    # A fixed total: process windows count from the start, and what a stage does not use is
+    # filled in at the end.
     per_stage = (len(concurrency) + (len(process_concurrency) if processes else 0)) * settings.max_windows
     bar = bar_factory(len(maps) * per_stage, "window")
     probe = GilProbe()
@@ -123,10 +119,9 @@ def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items
     interp = describe()
     stages = _only_where_it_counts({s.name: done[s.name] for s in pipeline.stages})
     return Diagnosis(
-        pipeline=repr(pipeline), stages=stages, created=started,
-        elapsed_s=time.monotonic() - begun,
+        pipeline=repr(pipeline), stages=stages, created=started, elapsed_s=time.monotonic() - begun,
         settings={"concurrency": list(concurrency), "process_concurrency": list(process_concurrency),
-                  "num_items": num_items, "inputs_collected": collected,
+                  "num_items": num_items, "inputs_collected": len(inputs),
                   **{k: v for k, v in asdict(settings).items() if k not in ("max_inputs", "start_timeout_s")},
                   "isolated": isolated},
         machine={"cpu_cores": cores, "python": interp.python, "gil": interp.gil,
@@ -147,8 +142,8 @@ class StageRun:
 
 
 def run_once(fn: Callable[[Any], Any], inputs: Sequence[Any], *, workers: int, timeout_s: float) -> StageRun:
-    """The first pass: apply ``fn`` to every input, ``workers`` threads at a time, keeping order;
-    failing items are dropped, and what raised or hung is reported, not swept."""
+    """The first pass: ``fn`` on every input, ``workers`` threads at a time, in order; items that
+    raise are dropped, and what raised or hung is reported, not swept."""
     n = len(inputs)
     results: list[Any] = [_MISSING] * n
     errors: list[str | None] = [None] * n
@@ -196,8 +191,8 @@ class _Pass:
 
 def _passes(pipeline: Pipeline, inputs: list[Any],
             settings: SweepSettings) -> tuple[dict[str, StageDiagnosis], list[_Pass]]:
-    """Run every stage once, in order, each on the outputs of the one before; returns the stages
-    already settled (batches, failed stages and those after one) and the map stages to sweep."""
+    """Every stage once, each on the outputs of the one before: the stages already settled
+    (batches, failed ones and those after them) and the map stages to sweep."""
     done: dict[str, StageDiagnosis] = {}
     passes: list[_Pass] = []
     blocked: str | None = None  # why the stages after a failed one cannot be measured
@@ -246,8 +241,8 @@ def _failed_pass(stage: Stage, inputs: list[Any], once: StageRun, settings: Swee
 
 def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[int], deadline: float,
             cores: int, bar: Any) -> None:
-    """Rounds until every point is done. A stage's process points start once a round of its
-    thread points says threads do not help it, and take turns with them from then on."""
+    """Rounds until every point is done; a stage's process points join once its thread points
+    say threads do not help."""
     while True:
         sweep.round()
         threads = sweep.results("thread")
@@ -255,8 +250,7 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
             points = [pt for pt in threads[feed.name].points if pt.repeats or pt.status == "timeout"]
             if not process_levels or sweep.has(feed.name, "process") or any(p.status == "timeout" for p in points):
                 continue
-            # Processes are tried where threads do not help: the stage does not rise, or the GIL
-            # (or a lock) is what its threads wait for.
+            # Threads do not help: the stage does not rise, or its threads wait for the GIL or a lock.
             if not rises(points, cores) or judge(points, cores=cores).verdict in ("gil-bound", "contended"):
                 sweep.add(feed, "process", process_levels, deadline)
         if sweep.done():

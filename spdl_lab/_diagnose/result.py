@@ -1,6 +1,6 @@
-"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change. Plain
-data: the dataclasses are also the JSON file's description (checked by pydantic), never pickled; its
-plots and HTML come from ``ui/`` through ``_views``."""
+"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change. The
+dataclasses are also the JSON file's description (checked by pydantic; never pickled); plots and HTML
+come from ``_ui`` through ``_views``."""
 
 from __future__ import annotations
 
@@ -14,20 +14,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import pandas as pd
 from pydantic import PlainValidator
 
+from .. import _file_checks
 from .._experiments.spread import BUSY_MACHINE
-from .._file_checks import (
-    RECORD,
-    Count,
-    Meta,
-    Name,
-    Rate,
-    Saved,
-    Share,
-    Text,
-    check,
-    integer,
-    refuse,
-)
+from .._file_checks import RECORD, Count, Meta, Name, Rate, Share, Text, integer, refuse
 from .._pipeline import MAX_CONCURRENCY
 from .._table import amount, num, text_table
 from .._views import view
@@ -36,8 +25,7 @@ from ..errors import FileFormatError
 __all__ = ["FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
            "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
 
-#: The verdict vocabulary (see ``rules``).
-VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")
+VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")  # see ``rules``
 
 #: ``Diagnosis.table`` columns, in order.
 TABLE_COLUMNS = [
@@ -45,9 +33,7 @@ TABLE_COLUMNS = [
     "runqueue_wait_frac", "p50_ms", "repeats", "qps_spread", "status", "machine_cpu_util",
 ]
 
-#: A stage at least this many times faster than the limiting one gets its verdict and no advice:
-#: changing it does not change the pipeline's rate.
-FAR_FASTER = 2.0
+FAR_FASTER = 2.0  # a stage this many times faster than the limiting one gets a verdict, no advice
 
 MAX_STAGES, MAX_POINTS = 1000, 10_000  # in a file; points over all its stages
 Concurrency = integer(1, MAX_CONCURRENCY)
@@ -105,9 +91,8 @@ class StageDiagnosis:
         return "failed" if self.error and self.kind == "map" else "-"
 
     def rate_now(self) -> float:
-        """Source items/s at its concurrency in the pipeline, from its thread points (NaN: unknown):
-        the point measured there, or linear in log2(concurrency) between the nearest two, as the
-        sweep's levels double; beyond the sweep, the nearest point."""
+        """Source items/s at its pipeline concurrency (NaN: unknown): the thread point there, else
+        linear in log2(concurrency) between the nearest two (levels double), else the nearest."""
         points = usable(self.thread_points())
         c = self.concurrency
         if not points or c is None:
@@ -136,7 +121,7 @@ def _stages(value: Any) -> dict[str, StageDiagnosis]:
         refuse((), f"{len(value)} stages, more than the limit of {MAX_STAGES}")
     stages: dict[str, StageDiagnosis] = {}
     points = 0
-    for i, stage in enumerate(check(list[StageDiagnosis], value)):
+    for i, stage in enumerate(_file_checks.check(list[StageDiagnosis], value)):
         if stage.name in stages:
             refuse((i, "name"), f"stage {stage.name[:60]!r} appears twice")
         stages[stage.name] = stage
@@ -150,7 +135,7 @@ def _stages(value: Any) -> dict[str, StageDiagnosis]:
 
 
 @dataclass
-class Diagnosis(Saved):
+class Diagnosis(_file_checks.Saved):
     """``lab.diagnose``'s result. ``stages[name].verdict``, ``.table``, ``.plot()``,
     ``to_html(path)``, ``to_json(path)``, ``Diagnosis.from_json(path)``."""
 
@@ -186,27 +171,22 @@ class Diagnosis(Saved):
 
     def headline(self) -> str:
         """One sentence: which stage limits the pipeline, by how much, and what to change."""
-        failed = [s.name for s in self.stages.values() if s.status == "failed"]
-        parts = []
-        if failed:
-            parts.append(f"Stage {', '.join(map(repr, failed))} failed: fix it first (its traceback is below).")
+        failed = ", ".join(repr(s.name) for s in self.stages.values() if s.status == "failed")
+        parts = [f"Stage {failed} failed: fix it first (its traceback is below)."] if failed else []
         found = limiting(self.stages.values())
         if found is None:
             return " ".join(parts) or "No stage could be measured, so no stage can be named as the limit."
         s, rate, nxt, nxt_rate = found
         by = (f", {nxt_rate / rate:.1f}x slower than the next slowest ({nxt.name!r}, {amount(nxt_rate)} items/s)"
               if nxt is not None else ", the only measured stage")
-        if s.status == "unstable":
-            advice = f" Its numbers are not settled: {s.recommendation}."
-        else:
-            advice = f" To go faster: {s.recommendation}." if s.recommendation else ""
+        advice = (f" Its numbers are not settled: {s.recommendation}." if s.status == "unstable"
+                  else f" To go faster: {s.recommendation}." if s.recommendation else "")
         parts.append(f"{s.name!r} limits the pipeline: {amount(rate)} items/s at its concurrency {s.concurrency} "
                      f"({s.verdict}){by}.{advice}")
         return " ".join(parts)
 
     def machine_load(self) -> str:
-        """One line naming the load from other processes while the stages were measured, and the
-        kernel's sessions paused meanwhile ("" if neither)."""
+        """Other processes' load while the stages were measured, and the sessions paused ("" if neither)."""
         others = [p.machine_cpu_util - p.cpu_util for s in self.stages.values() for p in s.thread_points()
                   if not math.isnan(p.machine_cpu_util) and not math.isnan(p.cpu_util)]
         worst = max(others, default=0.0)
@@ -229,9 +209,8 @@ class Diagnosis(Saved):
         return frame
 
     def summary(self, width: int = 100) -> str:
-        """A plain-text table for terminals: one block per stage, a row of numbers, then its evidence,
-        recommendation and error. Every string passes through ``_printable``: a file someone sent
-        must not drive the terminal its summary is printed on."""
+        """A plain-text table for terminals, a block per stage. Every string passes through
+        ``_printable``: a file someone sent must not drive the terminal it is printed on."""
         elapsed = f", {self.elapsed_s:.1f} s" if math.isfinite(self.elapsed_s) else ""
         created = f", {_printable(self.created)}" if self.created else ""
         pipeline = _printable(self.pipeline.splitlines()[0]) if self.pipeline else ""

@@ -1,6 +1,6 @@
-"""The diagnosis rules in one place: from a stage's points in threads to a verdict, with the numbers:
-``scales`` (QPS rises; neither the GIL nor the cores are full), ``cpu-bound`` (the cores are busy),
-``gil-bound`` (the GIL probe waits, or caps a rise), ``contended`` (neither: a lock serializes it)."""
+"""From a stage's thread points to a verdict: ``scales`` (QPS rises; neither the GIL nor the cores
+are full), ``cpu-bound`` (the cores are busy), ``gil-bound`` (the GIL probe waits, or caps a rise),
+``contended`` (neither: a lock serializes it)."""
 
 from __future__ import annotations
 
@@ -15,23 +15,16 @@ from .result import Point, usable
 __all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
            "Judgement", "PROCESS_HELPS", "RISE_MIN_SPEEDUP", "judge", "rises"]
 
-#: Best thread QPS over QPS at the lowest concurrency at or above which a stage "rises".
-RISE_MIN_SPEEDUP = 1.5
-#: A stage that kept a core this busy at its lowest concurrency can only rise by
-#: using more CPU: a rise with CPU growing less than CPU_GROWTH is noise (the
-#: machine's speed changed), not scaling.
+RISE_MIN_SPEEDUP = 1.5  # a stage "rises": its best thread QPS is this many times its first point's
+#: A stage that kept a core this busy at its lowest concurrency rises only by using more CPU:
+#: with CPU growing less than CPU_GROWTH, the rise is the machine's speed changing.
 BUSY_CORE = 0.8
 CPU_GROWTH = 1.3
-#: Share of all cores busy (process CPU / cores) at the best point that means the cores are the limit.
-CPU_SATURATED = 0.75
-#: GIL probe wait share (at concurrency >= 2) that means the GIL is what the workers wait for.
-GIL_WAIT_BOUND = 0.30
-#: ``best_concurrency``: the smallest concurrency within this share of the best QPS...
-BEST_WITHIN = 0.05
-#: ...or within the best point's window spread ((max - min) / QPS), up to this.
-BEST_NOISE_CAP = 0.15
-#: Process QPS over the best thread QPS at or above which processes are recommended.
-PROCESS_HELPS = 1.3
+CPU_SATURATED = 0.75  # share of all cores busy at the best point: the cores are the limit
+GIL_WAIT_BOUND = 0.30  # GIL probe wait share (concurrency >= 2): the GIL is what workers wait for
+BEST_WITHIN = 0.05  # best_concurrency: the least within this share of the best QPS...
+BEST_NOISE_CAP = 0.15  # ...or within the best point's window spread, up to this
+PROCESS_HELPS = 1.3  # process QPS over the best thread QPS at which processes are advised
 
 
 @dataclass(frozen=True)
@@ -85,25 +78,24 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
                    f"{best_c}) with {cpu_text}: the workers wait without holding the GIL or a core.")
         evidence = (f"QPS rose {speedup:.1f}x from {lo} to {best_c} threads without filling the cores "
                     f"or waiting on the GIL.")
+        advice = f"set concurrency to {best_c}"
         if best_c == hi:
-            advice = f"set concurrency to {hi} or more: QPS was still rising at {hi}"
-        else:
-            advice = f"set concurrency to {best_c}"
+            advice += f" or more: QPS was still rising at {hi}"
     elif (cpu >= CPU_SATURATED or crowded) and not gil_bound:
         verdict = "cpu-bound"
-        moved = "rose" if rising else "changed"
-        details = (f"QPS {moved} {speedup:.1f}x {span} to {amount(best.qps)}/s at {best_c}, "
-                   f"with {cpu_text} there: the cores are the limit.")
+        details = (f"QPS {'rose' if rising else 'changed'} {speedup:.1f}x {span} to "
+                   f"{amount(best.qps)}/s at {best_c}")
         evidence = f"The cores were {_pct(cpu)} busy at {best_c} threads ({amount(best.qps)}/s): they are the limit."
         advice = (f"concurrency {best_c} is enough; more threads add nothing once the cores are busy. "
                   f"To go faster, make the function cheaper or give it more cores")
         if crowded:
-            details = (f"QPS {moved} {speedup:.1f}x {span} to {amount(best.qps)}/s at {best_c}; this process "
-                       f"used {_pct(cpu)} of {cores} cores but the machine was {_pct(machine)} busy: other "
-                       f"processes held the cores it needed.")
+            details += (f"; this process used {_pct(cpu)} of {cores} cores but the machine was {_pct(machine)} "
+                        f"busy: other processes held the cores it needed.")
             evidence = (f"The machine's cores were {_pct(machine)} busy, mostly with other processes: "
                         "they are the limit.")
             advice = "diagnose again on a quiet machine: other processes held the cores; " + advice
+        else:
+            details += f", with {cpu_text} there: the cores are the limit."
     elif gil_bound:
         verdict = "gil-bound"
         advice = ("keep it off the training process's GIL: run the pipeline under subprocess-threads, "

@@ -1,6 +1,6 @@
-"""How ``lab.diagnose`` measures, threads or processes alike: the settings, a window's length, the
-budget rule, and the QPS of a window (the median over its slices) and of a point (its second-best
-window, as interference only slows a function down: docs/measurement-noise.md)."""
+"""How ``lab.diagnose`` measures: the settings, a window's length, the budget rule, and the QPS of a
+window (the median over its slices) and of a point (its second-best window, as interference only
+slows a function down: docs/measurement-noise.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ class SweepSettings:
     # A tighter rule leaves most points at the cap on a shared machine (docs/measurements.md).
     stable_within: float = 0.10
     point_timeout_s: float = 10.0  # no task finished in this long: the point timed out
-    # Seconds per map stage, threads and processes together (see budget_cut).
-    stage_budget_s: float = 16.0
+    stage_budget_s: float = 16.0  # per map stage, threads and processes together (see budget_cut)
     max_inputs: int = 64  # inputs sent to each worker process
     start_timeout_s: float = 30.0  # for worker processes to start
 
@@ -52,26 +51,21 @@ class SweepSettings:
                              f"({self.max_windows}); lower min_windows or raise max_windows")
 
 
-#: Longest measurement window, however slow the function.
-MAX_WINDOW_S = 2.0
-#: A window lasts long enough for each worker to finish about this many tasks.
-#: Workers start a window together, so slow tasks finish in step, and a window
-#: of one or two rounds of them reads up to 25% off (``window_qps``).
+MAX_WINDOW_S = 2.0  # longest window, however slow the function
+#: A window lasts long enough for each worker to finish about this many tasks: workers start a
+#: window together, so slow tasks finish in step, and one or two rounds of them read up to 25% off.
 TASKS_PER_WORKER = 4
-#: Past the budget's deadline a point still short of ``min_windows`` stops at this many.
-BUDGET_FLOOR = 2
+BUDGET_FLOOR = 2  # past the deadline, a point short of ``min_windows`` stops at this many
 
 
 def window_for(window_s: float, workers: int, rate: float) -> float:
-    """A point's window: ``window_s``, or longer, up to ``MAX_WINDOW_S``, for about
-    ``TASKS_PER_WORKER`` tasks per worker at ``rate`` tasks per second."""
+    """``window_s``, or up to ``MAX_WINDOW_S`` for ``TASKS_PER_WORKER`` tasks per worker at ``rate``."""
     return min(max(window_s, TASKS_PER_WORKER * workers / rate), MAX_WINDOW_S)
 
 
 def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -> bool:
-    """Whether a point that has ``taken`` windows stops for the budget: it has
-    ``min_windows`` and another window of ``window_s`` would end past ``deadline``
-    (``time.monotonic()``), or it has ``BUDGET_FLOOR`` and the deadline has passed."""
+    """Whether a point with ``taken`` windows stops: it has ``min_windows`` and another would end
+    past ``deadline`` (``time.monotonic()``), or it has ``BUDGET_FLOOR`` and the deadline passed."""
     if taken < min(min_windows, BUDGET_FLOOR):
         return False
     now = time.monotonic()
@@ -80,23 +74,16 @@ def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -
     return now > deadline
 
 
-#: Shortest slice: finer than the machine's speed changes, coarse next to timer noise.
-MIN_SLICE_S = 0.02
-#: Completions a slice should hold at the window's rate; fewer make the median coarse.
-MIN_TASKS_PER_SLICE = 40
-#: Slices needed for a median to mean anything; fewer -> the window's plain rate.
-MIN_SLICES = 4
-#: Fastest windows that must agree before a point needs no more.
-AGREEING = 3
+MIN_SLICE_S = 0.02  # finer than the machine's speed changes, coarse next to timer noise
+MIN_TASKS_PER_SLICE = 40  # completions per slice at the window's rate; fewer: a coarse median
+MIN_SLICES = 4  # for a median to mean anything; fewer -> the window's plain rate
+AGREEING = 3  # fastest windows that must agree before a point needs no more
 
 
 def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
-    """QPS over [start_ns, stop_ns) from the completion times (``perf_counter_ns``) inside it: the
-    median over slices of ``MIN_TASKS_PER_SLICE`` completions, so moments shorter than half the
-    window do not count; with fewer than ``MIN_SLICES``, the rate up to the last completion. Example::
-
-        window_qps([t0 + 1_000_000 * k for k in range(400)], t0, t0 + 400_000_000)  # ~1000.0
-    """
+    """QPS over [start_ns, stop_ns) from its completion times: the median over slices of
+    ``MIN_TASKS_PER_SLICE`` completions, so moments shorter than half the window do not count;
+    with fewer than ``MIN_SLICES``, the rate up to the last completion."""
     wall_s = (stop_ns - start_ns) / 1e9
     if wall_s <= 0:
         return float("nan")
@@ -115,10 +102,7 @@ def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
 
 def point_qps(windows: Sequence[float]) -> float:
     """A point's QPS: its second-best window of three or more (so one odd window cannot set it),
-    else the median; NaN windows are left out. Example::
-
-        point_qps([660, 1100, 655, 1090, 670, 1120])  # 1100: the slow windows were the machine's
-    """
+    else the median; NaN windows left out. ``[660, 1100, 655, 1090, 670, 1120]`` -> 1100."""
     seen = sorted((w for w in windows if not math.isnan(w)), reverse=True)
     if not seen:
         return math.nan
@@ -126,12 +110,8 @@ def point_qps(windows: Sequence[float]) -> float:
 
 
 def quiet(windows: Sequence[float], within: float, at_least: int) -> bool:
-    """True once there are ``at_least`` windows and the fastest ``AGREEING`` are within
-    +-``within`` of the point's QPS: slow windows are the neighbours', not uncertainty. Example::
-
-        quiet([1000, 990, 1010, 640], within=0.05, at_least=4)  # True: one slow spell
-        quiet([1000, 800, 1010, 640], within=0.05, at_least=4)  # False: the fast ones disagree
-    """
+    """True once there are ``at_least`` windows and the fastest ``AGREEING`` are within +-``within``
+    of the point's QPS: slow windows are the neighbours', not uncertainty."""
     if len(windows) < at_least or any(math.isnan(w) for w in windows):
         return False
     fastest = sorted(windows, reverse=True)[:AGREEING]

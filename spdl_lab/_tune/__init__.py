@@ -1,6 +1,5 @@
-"""The tuner: a rate model (``model``), a search on it (``search``), real measurement (``bench``,
-over epochs of a finite loader: ``epochs``), the machine's other load (``machine``), the advice
-(``advice``) and the result (``result.Tuning``), kept apart so each is tested alone."""
+"""The tuner: a rate model (``model``), a search on it (``search``), real measurement (``bench``),
+the advice (``advice``) and the result (``result.Tuning``), kept apart so each is tested alone."""
 
 from .result import Tuning
 from .tuner import tune

@@ -1,6 +1,6 @@
 """Measuring a configuration for real: each runner's Loader stays open across trials; a trial sets
 its knobs live, drains what the old setting made, then takes windows until the rate is sure. A
-finite source runs epochs, each window charged its share of their restarts (``epochs``)."""
+finite source runs epoch after epoch (``Passes``), each batch charged its share of a restart."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .._engine.engine import EngineReading
@@ -19,28 +21,24 @@ from .._pipeline import Pipeline
 from .._runners import WORKERS
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
-from ..errors import PipelineSpecError
-from .epochs import EpochWindow, Passes, endless, epoch_rate, restart_extras
+from ..errors import PipelineSpecError, SpdlLabError
 from .model import batch_items
-from .space import Config
-from .trial import StageSample, Trial, relative_noise
+from .space import Config, StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "MAX_WINDOWS", "MIN_WINDOWS", "TARGET_NOISE", "check_budget", "queued_batches",
-           "stage_samples", "trial_of", "unseen_batches", "window_for_budget", "windows_until_sure"]
+__all__ = ["Bench", "EpochWindow", "MAX_WINDOWS", "MIN_WINDOWS", "Passes", "TARGET_NOISE", "check_budget",
+           "endless", "epoch_rate", "queued_batches", "restart_extras", "stage_samples", "trial_of",
+           "unseen_batches", "window_for_budget", "windows_until_sure"]
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
-#: A trial stops adding windows once its rate's relative standard error is below this.
-TARGET_NOISE = 0.02
-#: Start-up before a runner's first batch, until one was measured: a child process that imports
-#: this package (and torch, for DataLoader workers) on a small machine.
+TARGET_NOISE = 0.02  # a trial's windows stop once its rate's relative error is below this
+#: Start-up before a runner's first batch until one is measured: a child imports this package
+#: (and torch, for DataLoader workers).
 _STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 1.2, "process": 3.0}
 #: Closing a runner: joining threads, or a child process and its shared memory, or DataLoader workers.
 _CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
-#: A window ends after this many times ``window_s``, whatever its step count said.
-_WINDOW_CAP = 2.5
-#: Unmeasured steps that size the windows of a configuration not measured before.
-_SIZING_STEPS = 4
+_WINDOW_CAP = 2.5  # a window ends after this many ``window_s``, whatever its step count
+_SIZING_STEPS = 4  # unmeasured steps that size a new configuration's windows
 
 
 def check_budget(budget_s: Any, who: str) -> float:
@@ -76,8 +74,7 @@ class Bench:
                  min_windows: int = MIN_WINDOWS, max_windows: int = MAX_WINDOWS,
                  epoch_batches: int | None = None) -> None:
         self.pipeline = pipeline
-        #: batches in one pass of the source when known beforehand (a DataLoader's ``len``)
-        self.epoch_batches = epoch_batches
+        self.epoch_batches = epoch_batches  # a pass's batches if known beforehand (len(dataloader))
         self.step = step
         self.window_s = window_s
         self.min_windows = min_windows
@@ -90,15 +87,12 @@ class Bench:
         self.machine = MachineClock(self._probe)
         self._contenders: dict[str, Contender] = {}
         self._passes: dict[str, Passes] = {}
-        #: the options each runner's open Loader was made with (another value opens a new one)
-        self._opened: dict[str, tuple] = {}
+        self._opened: dict[str, tuple] = {}  # each open Loader's options (others open a new one)
         #: extra seconds of each epoch restart seen, by configuration and by (runner, options)
         self._restarts: dict[Any, list[float]] = {}
-        #: the last measured batches/s of each configuration, to size its windows
-        self._rate: dict[Config, float] = {}
+        self._rate: dict[Config, float] = {}  # each configuration's last batches/s, to size windows
         self._round = 0
-        #: seconds from opening each runner to the end of its first warm-up (start-up included)
-        self.startup_s: dict[str, float] = {}
+        self.startup_s: dict[str, float] = {}  # from opening each runner to its first warm-up's end
 
     def close_cost(self, config: Config | None = None) -> float:
         """Seconds closing the runners open now (and ``config``'s, if it would open one) is expected to take."""
@@ -115,8 +109,7 @@ class Bench:
         return cost
 
     def measure(self, config: Config, timeout: float, deadline: float | None = None) -> Trial:
-        """Measure ``config`` until its rate is sure (or ``max_windows``); ``timeout`` bounds each window,
-        and past ``deadline`` (a ``perf_counter`` time) no window is added beyond the second."""
+        """Windows of ``config`` as ``windows_until_sure`` takes them; ``timeout`` bounds each."""
         started = time.perf_counter()
         opening = not self._is_open(config)
         contender = self._switch_to(config, timeout)
@@ -128,8 +121,10 @@ class Bench:
                                      self.min_windows, self.max_windows)
         windows = [self._recharged(w, config, passes.epoch_batches) for w in windows]
         after = contender.loader.reading()
-        if passes.passes != pass_ and after is not None:
-            before = _zero(after)  # a new pass is a new run, its meters from zero
+        if passes.passes != pass_ and after is not None:  # a new pass is a new run, its meters from zero
+            before = dataclasses.replace(after, stages=[
+                dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
+                for s in after.stages])
         return trial_of(config, windows, before, after, self._items, started, self.t0)
 
     def rate_once(self, config: Config, timeout: float) -> Window:
@@ -148,8 +143,8 @@ class Bench:
                 self._probe.stop()
 
     def _switch_to(self, config: Config, timeout: float) -> Contender:
-        """Set ``config`` on its runner (opened on first use), drain what the setting before made,
-        then size the windows from a short run."""
+        """Set ``config`` on its runner (opened on first use), drain what the old setting made, then
+        size the windows from a short run."""
         contender = self._contenders.get(config.runner)
         if contender is not None and not self._is_open(config):
             # Another value of an option (a DataLoader's prefetch_factor...): a new Loader, as the job's.
@@ -202,8 +197,8 @@ class Bench:
 
     def _charged(self, window: Window, config: Config, first: int, restarts: list[int],
                  epoch_batches: int | None) -> EpochWindow:
-        """``window`` with each batch charged its share of an epoch restart: this configuration's
-        own restarts, else those of its runner and options (a runner's workers start alike)."""
+        """``window`` with each batch charged its share of a restart: this configuration's, else
+        those of its runner and options (a runner's workers start alike)."""
         extras, steady = restart_extras(window.records, first, restarts)
         for key in (config, (config.runner, config.options)):
             self._restarts.setdefault(key, []).extend(extras)
@@ -239,13 +234,6 @@ def trial_of(config: Config, windows: list[Window], before: EngineReading | None
     )
 
 
-def _zero(reading: EngineReading) -> EngineReading:
-    """``reading``'s stages with every counter at zero: where a new run's meters started."""
-    return dataclasses.replace(reading, stages=[
-        dataclasses.replace(s, tasks=0, failures=0, busy_ns=0, busy_done_ns=0, hist=[0] * len(s.hist))
-        for s in reading.stages])
-
-
 def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> int:
     """Batches' worth of work already queued inside the loader: made under the old setting."""
     if reading is None:
@@ -259,12 +247,9 @@ def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> in
 
 def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float],
                    prefetch_factor: int | None = None) -> int:
-    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings.
-
-    A thread-engine map stage keeps finished items in its reorder window (ordered) or in
-    workers blocked on a full queue (one each); DataLoader workers prefetch ``prefetch_factor``
-    batches each (torch's default 2).
-    """
+    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings: a
+    map stage's reorder window (ordered) or its workers blocked on a full queue (one each);
+    DataLoader workers prefetch ``prefetch_factor`` batches each (torch's default 2)."""
     if WORKERS in controls:
         return (prefetch_factor or 2) * controls[WORKERS]
     held = [(s, controls[s.name]) for s in pipeline.stages if s.kind == "map" and s.name in controls]
@@ -286,3 +271,100 @@ def stage_samples(before: EngineReading | None, after: EngineReading | None,
         task_s = (now.busy_done_ns - was.busy_done_ns) / timed / 1e9 if timed > 0 else math.nan
         out.append(StageSample(now.name, now.concurrency, task_s))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class EpochWindow(Window):
+    """A window whose rate is ``epoch_rate`` (a restart inside it is not paid twice)."""
+
+    rate: float = math.nan
+    restart_s: float = math.nan  # the restart's extra seconds charged (NaN: no restart known)
+    steady_s: float = math.nan  # the mean seconds of its steps that began no pass
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.rate
+
+
+class Passes:
+    """Batches of ``loader``, pass after pass; ``epoch_batches`` is a pass's length when known
+    beforehand (``len(dataloader)``), else that of the first pass that ends."""
+
+    def __init__(self, loader: Any, epoch_batches: int | None = None, who: str = "tune") -> None:
+        self.loader = loader
+        self.epoch_batches = epoch_batches
+        self.who = who
+        self.yielded = 0  # batches handed out, all passes together
+        self.passes = 0
+        self.restarts: list[int] = []  # ``yielded`` number of the batch that began each later pass
+        self._it: Iterator[Any] | None = None
+        self._in_pass = 0
+
+    def __iter__(self) -> Passes:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._begin()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            if self.loader.state == "closed":  # closed (a timeout's watchdog): no new epoch
+                raise
+            if self._in_pass == 0:
+                raise SpdlLabError(f"{self.who}: a pass of the {self.loader.runner!r} runner gave no batch; "
+                                   f"the source ran out. Pass a re-iterable source (a list, a Dataset, a "
+                                   f"sampler) or a zero-argument callable returning a fresh iterator") from None
+            if self.epoch_batches is None:
+                self.epoch_batches = self._in_pass
+            self._begin()
+            self.restarts.append(self.yielded)
+            return self.__next__()
+        self.yielded += 1
+        self._in_pass += 1
+        return batch
+
+    def _begin(self) -> None:
+        self._it = iter(self.loader)
+        self.passes += 1
+        self._in_pass = 0
+
+
+def restart_extras(records: Iterable[Any], first: int, restarts: Iterable[int]) -> tuple[list[float], float]:
+    """Each restart step's seconds beyond a steady step among ``records`` (numbered from ``first``),
+    and a steady step's mean seconds."""
+    records = list(records)
+    at = {b - first for b in restarts if 0 <= b - first < len(records)}
+    steady = [r.data_wait_s + r.step_s for i, r in enumerate(records) if i not in at]
+    mean = sum(steady) / len(steady) if steady else math.nan
+    extras = [max(0.0, records[i].data_wait_s + records[i].step_s - mean) for i in sorted(at)] if steady else []
+    return extras, mean
+
+
+def epoch_rate(steady_s: float, restart_s: float, epoch_batches: int | None) -> float:
+    """Batches/s over whole epochs: a steady step of ``steady_s`` plus its share of one restart."""
+    if not steady_s > 0:
+        return math.nan
+    share = restart_s / epoch_batches if epoch_batches and math.isfinite(restart_s) else 0.0
+    return 1.0 / (steady_s + share)
+
+
+def endless(pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` over every epoch in one run, as ``persistent_workers=True`` workers see them."""
+    looped = Pipeline(partial(_passes, Pipeline(pipeline.source)))
+    for s in pipeline.stages:
+        if s.kind == "map":
+            looped = looped.map(s.fn, concurrency=s.concurrency, name=s.name, ordered=s.ordered)
+        else:
+            looped = looped.batch(s.size, drop_last=s.drop_last, name=s.name)
+    return looped
+
+
+def _passes(source: Pipeline) -> Iterator[Any]:
+    """The source's items, pass after pass; it ends only if a pass is empty."""
+    empty = False
+    while not empty:
+        empty = True
+        for item in source.open_source():
+            empty = False
+            yield item

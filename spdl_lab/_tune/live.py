@@ -17,19 +17,11 @@ from .._experiments.contender import MachineClock, Window, gil_fracs
 from .._telemetry.probes import GilProbe
 from .._training.device import training_waits
 from ..errors import PipelineSpecError, SpdlLabError
-from .bench import (
-    check_budget,
-    queued_batches,
-    trial_of,
-    unseen_batches,
-    window_for_budget,
-    windows_until_sure,
-)
+from . import bench
 from .model import RateModel, batch_items
 from .result import trials_frame
 from .search import GIL_SWITCH, Climb, Step, climb
-from .space import Config, Space
-from .trial import Trial
+from .space import Config, Space, Trial
 
 __all__ = ["AutoTuner"]
 
@@ -47,11 +39,11 @@ class AutoTuner:
         if session.loader is None or session.pipeline is None:
             raise PipelineSpecError("autotune needs a session started from a lab.Pipeline; this one runs an "
                                     "iterable whose concurrency it cannot change")
-        self.budget_s = check_budget(budget_s, "autotune")
+        self.budget_s = bench.check_budget(budget_s, "autotune")
         if not session.running:
             raise SpdlLabError("autotune: the session is not running; start it (or restart()) first")
         self.session = session
-        self.window_s = window_s if window_s is not None else window_for_budget(self.budget_s)
+        self.window_s = window_s if window_s is not None else bench.window_for_budget(self.budget_s)
         self.on_log = on_log
         self.log: list[str] = []
         self.steps: list[Step] = []
@@ -154,13 +146,13 @@ class AutoTuner:
         started = time.perf_counter()
         self._check()
         # Made under the setting before: queued (the readings show it) and held unseen (reorder windows).
-        unseen = unseen_batches(self.session.pipeline, self.session.controls(), self._items)
+        unseen = bench.unseen_batches(self.session.pipeline, self.session.controls(), self._items)
         self._set(dict(config.knobs))
         loader = self.session.loader
-        self._steps(queued_batches(loader.reading(), self._items) + unseen + 2, deadline)
+        self._steps(bench.queued_batches(loader.reading(), self._items) + unseen + 2, deadline)
         before = loader.reading()
-        windows = windows_until_sure(lambda: self._window(deadline), deadline)
-        return trial_of(config, windows, before, loader.reading(), self._items, started)
+        windows = bench.windows_until_sure(lambda: self._window(deadline), deadline)
+        return bench.trial_of(config, windows, before, loader.reading(), self._items, started)
 
     def _steps(self, n: int, deadline: float) -> list:
         """Wait for ``n`` more training steps of the session (checking for stop and takeover)."""

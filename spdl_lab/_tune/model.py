@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._pipeline import Pipeline
-from .space import WORKERS, Config
-from .trial import Trial
+from .space import WORKERS, Config, Trial
 
 __all__ = ["Prediction", "RateModel", "batch_items", "VERDICT_ALPHA"]
 
@@ -35,14 +34,9 @@ class Prediction:
 
 def batch_items(pipeline: Pipeline) -> dict[str, float]:
     """Tasks of each map stage per training batch: the product of the batch sizes after it."""
-    items: dict[str, float] = {}
-    per = 1.0
-    for stage in reversed(pipeline.stages):
-        if stage.kind == "batch":
-            per *= stage.size or 1
-        else:
-            items[stage.name] = per
-    return {s.name: items[s.name] for s in pipeline.stages if s.kind == "map"}
+    stages = pipeline.stages
+    return {s.name: float(math.prod(b.size or 1 for b in stages[i:] if b.kind == "batch"))
+            for i, s in enumerate(stages) if s.kind == "map"}
 
 
 def _family(runner: str) -> str:
@@ -57,8 +51,7 @@ class RateModel:
         self.cores = max(1, cores)
         self.verdicts = dict(verdicts or {})
         self.trials: list[Trial] = []
-        #: (family, stage) -> {concurrency: task seconds}, the latest measurement at each
-        self._times: dict[tuple[str, str], dict[int, float]] = {}
+        self._times: dict[tuple[str, str], dict[int, float]] = {}  # (family, stage) -> {c: task s}
 
     def observe(self, trial: Trial) -> None:
         self.trials.append(trial)

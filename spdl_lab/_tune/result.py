@@ -19,8 +19,7 @@ from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
 from .advice import Advice, ratio_text
 from .search import Step
-from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config
-from .trial import Trial
+from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config, Trial
 
 __all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
            "loader_code", "trials_frame"]
@@ -71,8 +70,7 @@ class TrialRow:
     restart_s: Rate = math.nan  # an epoch restart's extra seconds, charged to its batches (NaN: none)
 
 
-#: Columns of ``Tuning.trials``.
-TRIAL_COLUMNS = [f.name for f in fields(TrialRow)]
+TRIAL_COLUMNS = [f.name for f in fields(TrialRow)]  # of ``Tuning.trials``
 
 
 def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
@@ -114,10 +112,6 @@ def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from
     return "\n".join(lines)
 
 
-def _no_pipeline(value: Any) -> None:
-    refuse((), "a tuning file holds no pipeline; pass it to Tuning.loader(p)")
-
-
 @dataclass
 class Tuning(Saved):
     """The result of ``lab.tune``: ``best``, ``trials``, ``log``, ``speedup``, ``code``, ``loader()``."""
@@ -141,10 +135,8 @@ class Tuning(Saved):
     code: Text
     best_batches_per_s: Rate = math.nan  # the best's own trial, median of its windows
     source_is_dataloader: Flag = False
-    #: "move to ...: ..." or "keep what you have: ..." with the ratio measured
-    advice: Text = ""
-    #: True when ``best`` is a move from ``start``; False: keep what you have (``best`` is ``start``)
-    moved: Flag = True
+    advice: Text = ""  # "move to ...: ..." or "keep what you have: ...", with the ratio measured
+    moved: Flag = True  # False: keep what you have (``best`` is ``start``)
     #: what made the measurement less than trustworthy (a busy machine, windows spread wide)
     warnings: Annotated[list[Text], Field(max_length=1000)] = field(default_factory=list)
     #: the fastest configuration measured other than the start, and its side-by-side ratio to it
@@ -152,9 +144,10 @@ class Tuning(Saved):
     change_speedup: Rate = math.nan
     change_speedup_lo: Rate = math.nan
     change_speedup_hi: Rate = math.nan
-    #: other processes' CPU before measuring, 100 = one core
-    others_before_percent: Rate = math.nan
-    pipeline: Annotated[Pipeline | None, PlainValidator(_no_pipeline)] = field(default=None, repr=False)
+    others_before_percent: Rate = math.nan  # other processes' CPU before measuring, 100 = one core
+    pipeline: Annotated[Pipeline | None, PlainValidator(
+        lambda _: refuse((), "a tuning file holds no pipeline; pass it to Tuning.loader(p)"))] = field(
+        default=None, repr=False)
 
     @classmethod
     def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,

@@ -1,6 +1,6 @@
-"""The search: a hill climb on the model's predictions (as tf.data's autotuner climbs its model):
-from the best trial, each knob a rung up or down, a jump of the limiting stage, and each other
-runner; the best predicted gain is measured next, and kept only beyond the noise (``decide``)."""
+"""A hill climb on the model's predictions, as tf.data's autotuner climbs its model: from the best
+trial each knob a rung up or down, a jump of the limiting stage, each other runner; the best
+predicted gain is measured next and kept only beyond the noise (``decide``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from .machine import busy_reason
+from .advice import busy_reason
 from .model import Prediction, RateModel
-from .space import WORKERS, Config, Move, Space
-from .trial import MIN_GAIN, Trial, margin
+from .space import MIN_GAIN, WORKERS, Config, Move, Space, Trial, margin
 
 __all__ = ["CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "Candidate", "Climb", "Decision",
            "Step", "climb", "decide"]
@@ -23,12 +22,9 @@ CPU_SAVING_POINTS = 10.0
 #: The training thread's GIL wait (share of its step) from which moving loading out of
 #: this interpreter is worth measuring even when the model predicts no gain.
 GIL_SWITCH = 0.10
-#: The same, read from the GIL probe when the step's own GIL wait is not known.
-PROBE_GIL_SWITCH = 0.25
-#: A jump raises the limiting stage until the model puts it this far above the next limit.
-JUMP_HEADROOM = 1.25
-#: Data wait below this share of the loop: the loader keeps up, the step sets the pace.
-FED = 0.05
+PROBE_GIL_SWITCH = 0.25  # the same, from the GIL probe when the step's own wait is unknown
+JUMP_HEADROOM = 1.25  # a jump lifts the limiting stage this far above the next limit
+FED = 0.05  # data wait below this share of the loop: the loader keeps up
 
 
 @dataclass(frozen=True)
@@ -62,10 +58,9 @@ def decide(best: Trial, new: Trial, cores: int | None = None) -> Decision:
             return Decision(False, f"{gain:+.0%}, but the windows of {wide.config.describe()} spread "
                                    f"{_spread(wide):.0%}, wider than that gain", gain)
         return Decision(True, f"{gain:+.0%}, beyond the noise (±{need:.0%})", gain)
-    cheaper = (new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING), best.cpu_percent - CPU_SAVING_POINTS)
-               if math.isfinite(new.cpu_percent) and math.isfinite(best.cpu_percent) else False)
-    # Cheaper only breaks a tie: a median lower by more than MIN_GAIN is never kept, however noisy.
-    if gain >= -MIN_GAIN and cheaper:
+    # Cheaper (never with a NaN) only breaks a tie: a median lower by more than MIN_GAIN is never kept.
+    if gain >= -MIN_GAIN and new.cpu_percent < min(best.cpu_percent * (1.0 - CPU_SAVING),
+                                                   best.cpu_percent - CPU_SAVING_POINTS):
         return Decision(True, f"{gain:+.0%}, within the noise (±{need:.0%}), for {new.cpu_percent:.0f}% CPU "
                               f"instead of {best.cpu_percent:.0f}%", gain)
     if gain >= -need:
@@ -85,10 +80,8 @@ class Climb:
         self.model = model
         self.tried: set[Config] = set()
         self._explored: set[Config] = set()
-        #: configurations reached by a jump, with the knob that jumped (its headroom is a guess)
-        self._jumped: dict[Config, str] = {}
-        #: the best trial measured under each runner (a switch goes back to it)
-        self.best_by_runner: dict[str, Trial] = {}
+        self._jumped: dict[Config, str] = {}  # reached by a jump -> the knob (its headroom a guess)
+        self.best_by_runner: dict[str, Trial] = {}  # a switch goes back to the runner's best
 
     def record(self, trial: Trial) -> None:
         self.tried.add(trial.config)
@@ -113,30 +106,22 @@ class Climb:
         if jump is not None:
             moves.append((jump, f"enough {jump.knob} workers to stop it limiting"))
         moves += [(m, "") for m in self._switches(best)]
-        out, seen = [], set()
+        out: dict[Config, Candidate] = {}
         for move, why in moves:
-            if move.config in self.tried or move.config in seen:
-                continue
-            seen.add(move.config)
-            out.append(Candidate(move, self.model.predict(move.config), why))
-        return out
+            if move.config not in self.tried and move.config not in out:
+                out[move.config] = Candidate(move, self.model.predict(move.config), why)
+        return list(out.values())
 
     def next_move(self, best: Trial, affordable: Callable[[Config], bool] = lambda config: True
                   ) -> Candidate | None:
-        """The candidate to measure next, or None when nothing is left worth measuring (and affordable).
-
-        A move the budget cannot pay for (a runner's start-up) is passed over for the next
-        best, not counted as tried.
-        """
+        """The candidate to measure next, or None when nothing is left worth measuring; a move the
+        budget cannot pay for (a runner's start-up) is passed over, not counted as tried."""
         candidates = [c for c in self.candidates(best) if affordable(c.move.config)]
         if not candidates:
             return None
-        if self._gil_says(best):
-            # The model sees the GIL only through task times: leaving the interpreter is measured first.
-            for candidate in self._explorations(best, candidates):
-                if candidate.move.kind == "switch":
-                    self._explored.add(candidate.move.config)
-                    return candidate
+        # The model sees the GIL only through task times: leaving the interpreter is measured first.
+        if self._gil_says(best) and (switch := self._explore(best, candidates, "switch")):
+            return switch
         top = max(candidates, key=lambda c: _score(c.predicted.batches_per_s))
         # Against the model's own figure for the best: its bias (e.g. the loop's overheads) cancels.
         here = self.model.predict(best.config)
@@ -145,10 +130,14 @@ class Climb:
                 self._jumped[top.move.config] = top.move.knob
             return Candidate(top.move, top.predicted,
                              top.why or f"{here.describe()}; predicted the largest gain")
-        for candidate in self._explorations(best, candidates):
-            self._explored.add(candidate.move.config)
-            return candidate
-        return None
+        return self._explore(best, candidates)
+
+    def _explore(self, best: Trial, candidates: list[Candidate], kind: str = "") -> Candidate | None:
+        """The first exploration (of ``kind``, if given), marked explored."""
+        found = next((c for c in self._explorations(best, candidates) if kind in ("", c.move.kind)), None)
+        if found is not None:
+            self._explored.add(found.move.config)
+        return found
 
     def _explorations(self, best: Trial, candidates: list[Candidate]) -> Iterable[Candidate]:
         fresh = [c for c in candidates if c.move.config not in self._explored]
@@ -269,12 +258,8 @@ class Step:
 
 def climb(search: Climb, first: Config, measure: Callable[[Config], Trial],
           affordable: Callable[[Config], bool] = lambda config: True) -> Iterator[Step]:
-    """Measure ``first``, then one move at a time; each measured step is yielded as it ends.
-
-    The climb ends by itself when nothing is left worth measuring, or when the
-    next move is not ``affordable`` (the caller's budget); the caller may also
-    leave the loop.
-    """
+    """Measure ``first``, then one move at a time, yielding each step; it ends when nothing is left
+    worth measuring or ``affordable`` (the caller's budget), or when the caller leaves the loop."""
     best = measure(first)
     search.record(best)
     here = search.model.predict(first)

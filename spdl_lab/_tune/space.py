@@ -1,8 +1,10 @@
-"""What the tuner may set: a configuration (runner, knobs as in ``Loader.controls()``, options)
-and the moves between them, up and down a ladder of rungs."""
+"""What the tuner may set: a configuration (runner, knobs as in ``Loader.controls()``, options) and
+the moves between them, up and down a ladder of rungs; and what it measured of one (``Trial``)."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,24 +12,22 @@ from typing import Any
 from .._pipeline import Pipeline
 from .._runners import DEFAULT_NUM_WORKERS, WORKERS
 
-__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "Move", "PREFETCH_LADDER", "Space",
-           "TUNABLE_RUNNERS", "WORKERS", "dataloader_options"]
+__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "MIN_GAIN", "Move", "PREFETCH_LADDER",
+           "Space", "StageSample", "TUNABLE_RUNNERS", "Trial", "WORKERS", "dataloader_options", "margin",
+           "relative_noise"]
 
-#: Knob values the tuner visits: dense where one step matters, sparse above.
-LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: Most threads the tuner gives one stage.
-MAX_THREADS = 64
+LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # knob values the tuner visits
+MAX_THREADS = 64  # most threads the tuner gives one stage
 #: Runners the tuner chooses between (``cache`` is the headspace, not a way to load).
 TUNABLE_RUNNERS = ("thread", "subprocess-threads", "process")
 #: The DataLoader's keyword arguments the tuner may move besides ``num_workers``.
 DATALOADER_KNOBS = ("prefetch_factor", "persistent_workers", "pin_memory")
-#: ``prefetch_factor`` values the tuner visits (batches each DataLoader worker keeps ready).
-PREFETCH_LADDER = (1, 2, 4, 8)
+PREFETCH_LADDER = (1, 2, 4, 8)  # ``prefetch_factor`` values the tuner visits
 
 
 def dataloader_options(cuda: bool) -> dict[str, tuple[Any, ...]]:
-    """The DataLoader's own knobs beside ``num_workers``, each with the values the tuner visits;
-    ``pin_memory`` only where CUDA is (without it torch ignores it)."""
+    """The DataLoader's knobs beside ``num_workers`` and their values; ``pin_memory`` only with CUDA
+    (torch ignores it otherwise)."""
     knobs: dict[str, tuple[Any, ...]] = {"prefetch_factor": PREFETCH_LADDER, "persistent_workers": (False, True)}
     if cuda:
         knobs["pin_memory"] = (False, True)
@@ -97,10 +97,8 @@ class Space:
     cores: int
     #: options the user gave each runner (kept in every configuration of that runner)
     runner_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: set once ``cores`` workers measured faster than fewer: rungs above cores open
-    allow_more_workers: bool = False
-    #: options of the process runner the tuner moves, each with its values (a DataLoader's own knobs)
-    process_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    allow_more_workers: bool = False  # rungs above cores: once ``cores`` workers beat fewer
+    process_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # DataLoader knobs
 
     def start(self, runner: str, concurrency: Mapping[str, int] | None = None) -> Config:
         """``runner`` with the pipeline's own concurrency (or ``concurrency``) as its knobs."""
@@ -121,7 +119,8 @@ class Space:
         return sorted({n for n in LADDER if n <= top} | {top})
 
     def neighbours(self, config: Config) -> Iterator[Move]:
-        """One rung up and one rung down of every knob (an off-ladder value joins the ladder)."""
+        """One rung up and one down of every knob (an off-ladder value joins the ladder), and the next
+        value up and down of each option knob (process only: they are the DataLoader's)."""
         for name, value in config.knobs:
             rungs = self.rungs(config, name)
             up = [n for n in rungs if n > value]
@@ -130,13 +129,7 @@ class Space:
                 yield Move("raise", config.with_knob(name, up[0]), name, value, up[0])
             if down:
                 yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
-        yield from self.option_moves(config)
-
-    def option_moves(self, config: Config) -> Iterator[Move]:
-        """The next value up and down of each option knob (process only: they are the DataLoader's)."""
-        if config.runner != "process":
-            return
-        for name, values in self.process_options.items():
+        for name, values in (self.process_options.items() if config.runner == "process" else ()):
             value = config.option(name)
             if value is None:
                 continue
@@ -148,3 +141,67 @@ class Space:
 
     def workers(self, config: Config, n: int) -> Config:
         return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))
+
+
+MIN_GAIN = 0.03  # the least share of batches/s a move must gain, however quiet the machine
+
+
+@dataclass(frozen=True)
+class StageSample:
+    """One map stage over a trial's windows: what the model learns."""
+
+    name: str
+    concurrency: int
+    task_s: float  # mean time of one task (NaN: none finished)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One configuration measured: its windows' rates and what the meters said meanwhile."""
+
+    config: Config
+    rates: tuple[float, ...]  # batches/s of each window
+    step_p50_ms: float
+    data_wait_frac: float
+    cpu_percent: float  # this process and its children, 100 = one core
+    train_gil_wait_frac: float  # NaN unless the step is a SimulatedDevice
+    gil_wait_frac: float  # the GIL probe
+    stages: tuple[StageSample, ...] = ()
+    elapsed_s: float = 0.0  # wall time of the trial, warm-up and start-up included
+    started_s: float = 0.0  # seconds since the tuning started
+    others_percent: float = math.nan  # other processes' CPU over its windows, 100 = one core
+    restart_s: float = math.nan  # an epoch restart's extra seconds charged to its windows (NaN: none)
+
+    @property
+    def batches_per_s(self) -> float:
+        good = [r for r in self.rates if not math.isnan(r)]
+        return statistics.median(good) if good else math.nan
+
+    @property
+    def lo(self) -> float:
+        return min(self.rates) if self.rates else math.nan
+
+    @property
+    def hi(self) -> float:
+        return max(self.rates) if self.rates else math.nan
+
+    @property
+    def spread(self) -> float:
+        """(fastest - slowest window) / median: how far apart the windows were."""
+        mid = self.batches_per_s
+        return (self.hi - self.lo) / mid if mid and mid > 0 else math.nan
+
+
+def relative_noise(rates: Sequence[float]) -> float:
+    """Standard error of the windows' mean over the median; inf with fewer than 2 windows."""
+    good = [r for r in rates if not math.isnan(r)]
+    if len(good) < 2:
+        return math.inf
+    mid = statistics.median(good)
+    return statistics.stdev(good) / math.sqrt(len(good)) / mid if mid > 0 else math.inf
+
+
+def margin(a: Trial, b: Trial) -> float:
+    """The smallest relative gap between ``a`` and ``b`` that is beyond their noise."""
+    noise = math.hypot(min(relative_noise(a.rates), 1.0), min(relative_noise(b.rates), 1.0))
+    return max(MIN_GAIN, 2.0 * noise)

@@ -1,9 +1,9 @@
-"""``lab.tune``: measure, model, move, keep only beyond the noise; then measure the best and the
-start in alternating rounds, so the speedup is side by side; the advice moves only when that
-speedup is beyond the noise on a quiet machine, and otherwise keeps what you have."""
+"""``lab.tune``: climb on the model, keeping a move only beyond the noise; then the best and the
+start side by side in alternating rounds, which the advice reads."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -18,27 +18,21 @@ from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice, cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
-from .advice import advise
+from .advice import advise, busy_reason, others_percent
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
-from .machine import busy_reason, others_percent
 from .model import RateModel
 from .result import Tuning
 from .search import Climb, Step, climb
-from .space import TUNABLE_RUNNERS, Config, Space, dataloader_options
-from .trial import Trial
+from .space import TUNABLE_RUNNERS, Config, Space, Trial, dataloader_options
 
 __all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
 
-#: Rounds of the final side-by-side measurement of the best against the start.
-CONFIRM_ROUNDS = 3
-#: Share of the budget kept for that measurement.
-CONFIRM_SHARE = 0.2
-#: Budgets shorter than this many windows measure each trial in fewer windows.
-TIGHT_WINDOWS = 40
-#: Seconds the machine is watched before measuring, for what other processes take.
-_LOOK_S = 0.5
-#: The shortest time one window may take before the tuning fails as hung: a runner's start-up
-#: (workers importing torch on a loaded machine) can take seconds.
+CONFIRM_ROUNDS = 3  # of the final side-by-side measurement of the best against the start
+CONFIRM_SHARE = 0.2  # of the budget kept for it
+TIGHT_WINDOWS = 40  # budgets under this many windows measure trials in fewer windows
+_LOOK_S = 0.5  # seconds the machine is watched before measuring, for what other processes take
+#: The least time a window may take before the tuning fails as hung: a runner's start-up (workers
+#: importing torch on a loaded machine) can take seconds.
 WINDOW_TIMEOUT_S = 60.0
 
 
@@ -61,14 +55,15 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
         tuning.advice, tuning.warnings, tuning.speedup   # the speedup is measured side by side
         loader = tuning.loader()
     """
-    source = pipeline
-    pipeline, from_dl = _pipeline(pipeline)
+    from_dl = not isinstance(pipeline, Pipeline) and is_dataloader(pipeline)
+    source, pipeline = pipeline, from_dataloader(pipeline) if from_dl else pipeline
     runners = _check(pipeline, step, runners, budget_s, window_s)
     options = {r: dict((runner_options or {}).get(r, {})) for r in runners}
     epoch_batches = None
     if from_dl:  # it starts as itself: the process runner with its own keyword arguments
         options["process"] = {**_dataloader_start(source), **options.get("process", {})}
-        epoch_batches = _length(source)
+        with contextlib.suppress(TypeError):  # no length over an IterableDataset
+            epoch_batches = len(source) or None
     if "process" in options:
         _check_dataloader_kwargs(options["process"])
     t0 = time.perf_counter()
@@ -76,17 +71,15 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     window_s = window_s if window_s is not None else window_for_budget(budget_s)
     space = Space(pipeline, runners, psutil.cpu_count() or 1, options,
                   process_options=dataloader_options(cuda_available()) if from_dl else {})
-    model = RateModel(pipeline, space.cores, _verdicts(diagnosis))
-    search = Climb(space, model)
+    search = Climb(space, RateModel(pipeline, space.cores, _verdicts(diagnosis)))
     first = _start(space, start, runners, from_dl)
-    # A budget of fewer than TIGHT_WINDOWS windows could otherwise pay for the start and the
-    # confirmation only: its trials take two windows (four at most when the noise asks for them).
+    # Else a budget under TIGHT_WINDOWS windows pays for the start and the confirmation only.
     tight = budget_s < TIGHT_WINDOWS * window_s
     bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0, epoch_batches=epoch_batches,
                   min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
-    # Kept for the side-by-side confirmation: two rounds of drain, quarter-window warm-up and window
-    # for both (about 9 windows), within 20-40% of the budget; a tight budget keeps one round.
+    # For the confirmation: two rounds of drain, warm-up and window for both (about 9 windows; one
+    # round if tight), within 20-40% of the budget.
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
     before = others_percent(_LOOK_S)  # the machine before measuring: what other processes take
@@ -136,8 +129,8 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
 
 def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
              log: list[str], others: list[float]) -> tuple[float, float, float]:
-    """Median, lowest and highest per-round ratio of best to start, measured alternately; the other
-    processes' CPU over each round's windows goes to ``others``."""
+    """Median, lowest and highest ratio of best to start over alternating rounds; other processes'
+    CPU over each round's windows goes to ``others``."""
     if best.config == start.config:
         log.append("the starting configuration stayed the best: speedup 1.00x")
         return 1.0, 1.0, 1.0
@@ -180,17 +173,9 @@ def _dataloader_start(dl: Any) -> dict[str, Any]:
     return own
 
 
-def _length(dl: Any) -> int | None:
-    """Batches in one epoch of ``dl``, or None where it has no length."""
-    try:
-        return len(dl) or None
-    except TypeError:
-        return None
-
-
 def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
-    """Refuse what torch's DataLoader refuses (the process runner would drop it silently): its
-    worker options without worker processes."""
+    """Refuse worker options without worker processes, as torch's DataLoader does (the process
+    runner would drop them silently)."""
     given = {k: options[k] for k in ("prefetch_factor", "persistent_workers") if options.get(k)}
     if options.get("num_workers", DEFAULT_NUM_WORKERS) == 0 and given:
         named = ", ".join(f"{k}={v!r}" for k, v in given.items())
@@ -199,15 +184,9 @@ def _check_dataloader_kwargs(options: Mapping[str, Any]) -> None:
                                 f"or leave them out")
 
 
-def _pipeline(source: Any) -> tuple[Pipeline, bool]:
-    if isinstance(source, Pipeline):
-        return source, False
-    if is_dataloader(source):
-        return from_dataloader(source), True
-    raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(source).__name__}")
-
-
 def _check(pipeline: Pipeline, step: Any, runners: Any, budget_s: Any, window_s: Any) -> list[str]:
+    if not isinstance(pipeline, Pipeline):
+        raise PipelineSpecError(f"tune takes a lab.Pipeline or a torch DataLoader, got {type(pipeline).__name__}")
     if not callable(step):
         raise PipelineSpecError(f"tune: step must be a callable taking a batch (or a lab.SimulatedDevice), "
                                 f"got {type(step).__name__}")

@@ -82,8 +82,7 @@ def sample_comparison() -> Any:
 def sample_tuning() -> Any:
     """A Tuning as lab.tune returns it: a start and one kept move."""
     from spdl_lab._tune.search import Step
-    from spdl_lab._tune.space import Config, Move
-    from spdl_lab._tune.trial import Trial
+    from spdl_lab._tune.space import Config, Move, Trial
 
     p = lab.Pipeline(range(10)).map(abs, name="decode").batch(2)
     start, best = Config.of("thread", {"decode": 1}), Config.of("thread", {"decode": 4})

@@ -14,11 +14,10 @@ import psutil
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._tune import machine
+from spdl_lab._tune import advice as machine
 from spdl_lab._tune.advice import advise
 from spdl_lab._tune.search import decide
-from spdl_lab._tune.space import WORKERS, Config, Space, dataloader_options
-from spdl_lab._tune.trial import Trial
+from spdl_lab._tune.space import WORKERS, Config, Space, Trial, dataloader_options
 from spdl_lab.errors import PipelineSpecError
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._tune.epochs import Passes, endless, epoch_rate, restart_extras
+from spdl_lab._tune.bench import Passes, endless, epoch_rate, restart_extras
 from spdl_lab.errors import SpdlLabError
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_thread_leak", "no_child_leak")]

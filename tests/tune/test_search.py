@@ -8,8 +8,7 @@ import pytest
 
 from spdl_lab._tune.model import RateModel, batch_items
 from spdl_lab._tune.search import Climb, climb, decide
-from spdl_lab._tune.space import WORKERS, Config
-from spdl_lab._tune.trial import MIN_GAIN, Trial
+from spdl_lab._tune.space import MIN_GAIN, WORKERS, Config, Trial
 
 from .world import Law, World
 

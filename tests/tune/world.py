@@ -14,8 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 import spdl_lab as lab
-from spdl_lab._tune.space import WORKERS, Config, Space
-from spdl_lab._tune.trial import StageSample, Trial
+from spdl_lab._tune.space import WORKERS, Config, Space, StageSample, Trial
 
 
 @dataclass(frozen=True)
