@@ -12,6 +12,7 @@ import math
 import os
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from itertools import repeat
@@ -24,7 +25,7 @@ import pandas as pd
 from .. import _forksafe
 from .._json import loads
 from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
-from .._telemetry.histogram import bucket_of, new_counts
+from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._telemetry.ring import Ring
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
@@ -261,6 +262,9 @@ def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]
 # clock's origin, as end_ns), steps_origin_s (time.perf_counter() at that origin: the machine's
 # monotonic clock, so another process can hold its own times against the steps), steps_offset_s
 # (the origin in the frames' time), steps_device, step_copies, step_copy_ns.
+_NS = 1_000_000_000
+_SECOND = "steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, device_loop_ns, step_hist, wait_hist"
+
 
 def step_rows(records: Iterable[StepRecord]) -> list[Row]:
     """(idx, end_ns, wait_ns, step_ns, device_ns or None) of each step; the clock's own integers."""
@@ -268,47 +272,33 @@ def step_rows(records: Iterable[StepRecord]) -> list[Row]:
              None if math.isnan(r.device_s) else round(r.device_s * 1e9)) for r in records]
 
 
+def _hist(stored: str) -> Counter[int]:
+    return Counter({int(bucket): count for bucket, count in loads(stored).items()})
+
+
 def thin_steps(db: sqlite3.Connection) -> None:
-    """Fold the steps that ended over ``STEPS_FULL_S`` before the newest into whole seconds."""
+    """Fold the steps that ended over ``STEPS_FULL_S`` before the newest into whole seconds; a
+    second thinned in two flushes adds up."""
     newest = db.execute("SELECT max(end_ns) FROM steps").fetchone()[0]
     if newest is None:
         return
-    cutoff_s = math.floor(newest / 1e9 - STEPS_FULL_S)
-    old = db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?",
-                     (cutoff_s * 1_000_000_000,)).fetchall()
-    if not old:
-        return
+    cutoff_ns = math.floor(newest / 1e9 - STEPS_FULL_S) * _NS
     seconds: dict[int, list[Any]] = {}
-    for end_ns, wait_ns, step_ns, device_ns in old:
-        s = seconds.setdefault(end_ns // 1_000_000_000, [0, 0, 0, 0, 0, 0, 0, {}, {}])
-        s[0] += 1
-        s[1] += wait_ns
-        s[2] += step_ns
-        s[3] = max(s[3], end_ns)
-        if device_ns is not None:
-            s[4] += 1
-            s[5] += device_ns
-            s[6] += wait_ns + step_ns
-        for hist, ns in ((s[7], step_ns), (s[8], wait_ns)):
-            hist[bucket_of(ns)] = hist.get(bucket_of(ns), 0) + 1
-    for second, s in seconds.items():
-        before = db.execute("SELECT steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, "
-                            "device_loop_ns, step_hist, wait_hist FROM step_seconds WHERE second = ?",
-                            (second,)).fetchone()
-        if before is not None:  # a second thinned in two flushes: add up
-            s = [*(a + b for a, b in zip(s[:3], before[:3])), max(s[3], before[3]),
-                 *(a + b for a, b in zip(s[4:7], before[4:7])),
-                 _merged(s[7], before[7]), _merged(s[8], before[8])]
-        db.execute("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (second, *s[:7], json.dumps(s[7]), json.dumps(s[8])))
-    db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_s * 1_000_000_000,))
-
-
-def _merged(mine: dict[int, int], stored: str) -> dict[int, int]:
-    out = dict(mine)
-    for bucket, count in loads(stored).items():
-        out[int(bucket)] = out.get(int(bucket), 0) + count
-    return out
+    for end_ns, wait_ns, step_ns, device_ns in db.execute(
+            "SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?", (cutoff_ns,)).fetchall():
+        s = seconds.get(end_ns // _NS)
+        if s is None:
+            before = db.execute(f"SELECT {_SECOND} FROM step_seconds WHERE second = ?", (end_ns // _NS,)).fetchone()
+            before = before or (0, 0, 0, 0, 0, 0, 0, "{}", "{}")
+            s = seconds[end_ns // _NS] = [*before[:7], _hist(before[7]), _hist(before[8])]
+        on_device = device_ns is not None
+        s[:7] = [s[0] + 1, s[1] + wait_ns, s[2] + step_ns, max(s[3], end_ns), s[4] + on_device,
+                 s[5] + (device_ns or 0), s[6] + on_device * (wait_ns + step_ns)]
+        s[7][bucket_of(step_ns)] += 1
+        s[8][bucket_of(wait_ns)] += 1
+    db.executemany("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   [(second, *s[:7], json.dumps(s[7]), json.dumps(s[8])) for second, s in seconds.items()])
+    db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_ns,))
 
 
 def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSummary | None:
@@ -319,23 +309,17 @@ def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSumma
         return None
     full = np.array(db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps ORDER BY idx")
                     .fetchall(), dtype=object).reshape(-1, 4)
-    thinned = db.execute("SELECT steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, "
-                         "device_loop_ns, step_hist, wait_hist FROM step_seconds").fetchall()
+    thinned = db.execute(f"SELECT {_SECOND} FROM step_seconds").fetchall()
     if not len(full) and not thinned:
         return None
     ends, waits, steps = (full[:, i].astype(np.int64) for i in range(3))
     has_device = np.array([d is not None for d in full[:, 3]], dtype=bool)
     device = full[has_device, 3].astype(np.int64)
-    step_hist, wait_hist = new_counts(), new_counts()
-    for ns in steps.tolist():
-        step_hist[bucket_of(ns)] += 1
-    for ns in waits.tolist():
-        wait_hist[bucket_of(ns)] += 1
+    hists = []
+    for own, column in ((steps, 7), (waits, 8)):
+        counts = sum((_hist(row[column]) for row in thinned), Counter(map(bucket_of, own.tolist())))
+        hists.append([counts[i] for i in range(NUM_BUCKETS)])
     sums = [sum(row[i] for row in thinned) for i in (0, 1, 2, 4, 5, 6)]
-    for row in thinned:
-        for hist, stored in ((step_hist, row[7]), (wait_hist, row[8])):
-            for bucket, count in loads(stored).items():
-                hist[int(bucket)] += count
     last_end = max(([int(ends.max())] if len(ends) else []) + [row[3] for row in thinned])
     totals = Totals(steps=len(steps) + sums[0], wait_ns=int(waits.sum()) + sums[1],
                     step_ns=int(steps.sum()) + sums[2], last_end_ns=last_end,
@@ -344,4 +328,4 @@ def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSumma
                     copies=int(meta.get("step_copies", 0) or 0), copy_ns=int(meta.get("step_copy_ns", 0) or 0))
     exact = not thinned
     return summarize(totals, int(meta.get("steps_first_ns", 0) or 0), meta.get("steps_device", ""),
-                     step_hist, wait_hist, steps / 1e9 if exact else None, waits / 1e9 if exact else None)
+                     *hists, steps / 1e9 if exact else None, waits / 1e9 if exact else None)
