@@ -24,7 +24,7 @@ from .._runs import caller_line
 from .._telemetry.frames import chunk_since
 from .discovery import safe_name
 from .endpoint import Endpoint, Handlers
-from .ranks import job_record_path, rank_identity
+from .ranks import rank_identity
 from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
 from .timeline import Timeline
@@ -131,14 +131,12 @@ class Publisher:
         self.obj = obj
         #: the rank of a torchrun job this process is (its runs are named ``NAME-rankR``), or None
         self.rank = rank_identity()
-        self.name = name = self.rank.run_name(name) if self.rank else name
         job: dict[str, str | int] = {}
         if self.rank is not None:
-            job_name = self.rank.job_name(name)
-            job = self.rank.facts(job_name)
-            path = job_record_path(job_name, self.rank, os.environ.get(RECORD_ENV))
+            name, path, job = self.rank.run(name, os.environ.get(RECORD_ENV))
         else:
             path = default_record_path(name, os.getpid())
+        self.name = name
         if (os.environ.get(RECORD_ENV) or self.rank) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         #: how the script ended the run, when not by its loop's end: "failed" (an uncaught

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .discovery import safe_name
 
-__all__ = ["JOB_ENV", "RankIdentity", "job_record_path", "rank_identity"]
+__all__ = ["JOB_ENV", "RankIdentity", "rank_identity"]
 
 #: The job id ``spdl-lab watch`` gives what it runs, for a launcher that sets none of its own.
 JOB_ENV = "SPDL_LAB_WATCH_JOB"
@@ -19,23 +19,24 @@ JOB_ENV = "SPDL_LAB_WATCH_JOB"
 
 @dataclass(frozen=True)
 class RankIdentity:
-    job_id: str
+    job: str
     rank: int
     local_rank: int
     world_size: int
 
-    def run_name(self, name: str) -> str:
-        """The rank's run name: ``name-rankR`` (the job's name is ``name``)."""
-        suffix = f"-rank{self.rank}"
-        return name if name.endswith(suffix) else f"{name}{suffix}"
-
-    def job_name(self, run_name: str) -> str:
-        return run_name.removesuffix(f"-rank{self.rank}")
-
-    def facts(self, job_name: str) -> dict[str, str | int]:
-        """What a discovery file and a record's meta say of the rank."""
-        return {"job": self.job_id, "job_name": job_name, "rank": self.rank, "local_rank": self.local_rank,
-                "world_size": self.world_size}
+    def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
+        """The rank's run name (``name-rankR``; the job's name is ``name``), its record (``rankR.sqlite``
+        in the job's folder: ``override``, ``--record`` or ``$SPDL_LAB_RECORD``, where a ``.sqlite``
+        name stands for the folder of its stem, else ``spdl_lab_runs/NAME-JOBID``), and what a
+        discovery file and a record's meta say of it."""
+        job_name = name.removesuffix(f"-rank{self.rank}")
+        if override:
+            folder = Path(override)
+            folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
+        else:
+            folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{self.job[:8]}"
+        facts = {"job_name": job_name, **asdict(self)}
+        return f"{job_name}-rank{self.rank}", folder / f"rank{self.rank}.sqlite", facts
 
 
 def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | None:
@@ -52,15 +53,3 @@ def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | Non
     run_id = environ.get("TORCHELASTIC_RUN_ID", "")
     job = run_id if run_id and run_id != "none" else environ.get(JOB_ENV) or f"launcher-{os.getppid()}"
     return RankIdentity(safe_name(job), rank, local, world)
-
-
-def job_record_path(job_name: str, identity: RankIdentity, override: str | None) -> Path:
-    """Where a rank's record goes: ``rankR.sqlite`` in the job's directory, which is ``override``
-    (``--record``, ``$SPDL_LAB_RECORD``; a ``.sqlite`` name stands for the folder of its stem) or
-    ``spdl_lab_runs/NAME-JOBID``."""
-    if override:
-        folder = Path(override)
-        folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
-    else:
-        folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{identity.job_id[:8]}"
-    return folder / f"rank{identity.rank}.sqlite"
