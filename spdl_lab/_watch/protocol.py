@@ -17,7 +17,7 @@ from .._pipeline import MAX_CONCURRENCY
 from .._telemetry.frames import FrameChunk
 from ..errors import SpdlLabError
 
-__all__ = [  # the messages; their checks (read_*); the framing (send, recv)
+__all__ = [
     "REQUESTS", "Ask", "Chunk", "ControlsReply", "Failure", "FramesReply", "FramesSince", "HelloReply",
     "Reply", "Request", "SetConcurrency", "StateReply", "StatsReply", "chunk_from_json",
     "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES",
@@ -76,10 +76,7 @@ class HelloReply(Reply):
 
 def _nullable(values: np.ndarray) -> list[float | None]:
     values = np.asarray(values, dtype=np.float64)
-    out: list[float | None] = values.tolist()
-    for i in np.flatnonzero(~np.isfinite(values)).tolist():
-        out[i] = None
-    return out
+    return np.where(np.isfinite(values), values, None).tolist()
 
 
 class Column(Message):
@@ -228,7 +225,7 @@ def decode_message(body: bytes) -> dict:
 def send_message(sock: socket.socket, obj: dict | BaseModel, *, timeout: float | None = None,
                  limit: int | None = None) -> None:
     """Send ``obj`` as one message; ``limit`` caps the body size, ``timeout`` the whole send. A
-    model is written by pydantic's serializer (NaN as null), several times faster than ``json``."""
+    model goes through pydantic's serializer (NaN as null), several times faster than ``json``."""
     try:
         body = (obj.model_dump_json() if isinstance(obj, BaseModel) else _json.dumps(obj)).encode()
     except (TypeError, ValueError) as exc:
