@@ -19,11 +19,9 @@ __all__ = ["run_watched", "watched_env"]
 
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
-    """This process's environment with publishing on, for a script run under watch."""
-    # A job id of its own, for the ranks of a launcher that gives them none (torchrun gives one).
+    """This process's environment with publishing on, and a job id for a launcher that gives none."""
     env = {**os.environ, ENV: "1", JOB_ENV: f"watch-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
-    # The hook that publishes DataLoaders in scripts that never import spdl_lab: installed
-    # by spdl_lab_watch.pth when that is in site-packages, and by this sitecustomize anyway.
+    # The hook for scripts that never import spdl_lab, as spdl_lab_watch.pth installs it too.
     boot = str(Path(__file__).resolve().parent / "boot")
     env["PYTHONPATH"] = os.pathsep.join([boot, *filter(None, [os.environ.get("PYTHONPATH")])])
     if name:
@@ -61,8 +59,8 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
 
 
 def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
-    """SIGTERM and SIGHUP to this command go to the script too (a scheduler stopping ``spdl-lab
-    watch`` must not leave the script running); returns the handlers to put back."""
+    """SIGTERM and SIGHUP go on to the script (a scheduler stopping ``spdl-lab watch`` must not
+    leave it running); returns the handlers to put back."""
     def forward(sig: int, _frame: object) -> None:
         if proc.poll() is None:
             proc.send_signal(sig)

@@ -1,6 +1,5 @@
-"""Where published runs are found: the per-user 0700 runtime directory, with a Unix socket
-and a discovery file (JSON, a ``Discovery``) for each; ``list_endpoints`` reads the files
-strictly and removes those of processes that are gone."""
+"""Where published runs are found: the per-user 0700 runtime directory, with a Unix socket and
+a discovery file (a ``Discovery`` as JSON) for each."""
 
 from __future__ import annotations
 
@@ -70,8 +69,6 @@ def pid_alive(pid: int | str) -> bool:
 
 
 class Discovery(Message):
-    """A discovery file: exactly these fields, of exactly these types."""
-
     name: str
     pid: int = Field(gt=0)
     started: str
@@ -79,7 +76,7 @@ class Discovery(Message):
     record: str | None
     runner: str | None
     version: Literal[VERSION] = VERSION
-    #: a rank of a data-parallel job: the job's id and name, the rank, its local rank, the ranks in all
+    # a rank of a data-parallel job: the job's id and name, the rank, its local rank, the ranks in all
     job: str | None = None
     job_name: str | None = None
     rank: int | None = Field(default=None, ge=0)
@@ -99,7 +96,7 @@ def _read_discovery(path: Path) -> dict | None:
 
 def list_endpoints() -> list[dict]:
     """The published runs on this host whose process is alive, oldest first; the files of dead
-    processes are removed with their socket, those that do not parse are skipped."""
+    processes are removed with their socket, files that do not parse skipped."""
     found = []
     for path in sorted(runtime_dir().glob("*.json")):
         info = _read_discovery(path)

@@ -1,5 +1,5 @@
 """``lab.attach(job)``: the ranks of a data-parallel job (``torchrun``) seen as one, live or from
-the records in its directory: a row per rank, every rank's frames, and the straggler verdict."""
+the records in its folder."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ __all__ = ["JobSession", "job_entries"]
 
 #: How often a live job looks for ranks that have published since.
 RANKS_EVERY_S = 0.5
+_STEP_FIGURES = ("batches_per_s", "step_p50_ms", "data_wait_p50_ms", "data_wait_frac")
 
 
 def job_entries(name_or_id: str) -> list[dict[str, Any]]:
@@ -69,7 +70,6 @@ class JobSession:
             raise SpdlLabError(f"{folder} holds no rank records (rank0.sqlite, ...); give the job's record "
                                f"folder, as `spdl-lab watch --record DIR -- torchrun ...` writes it")
         sessions: dict[int, RemoteSession] = {}
-        metas = []
         for file in files:
             meta = record_meta(file)
             rank = meta.get("rank", "")
@@ -77,14 +77,13 @@ class JobSession:
                 raise SpdlLabError(f"{file} is not a rank's record (its meta names no rank); open it "
                                    f"with lab.open({str(file)!r}) on its own")
             sessions[int(rank)] = RemoteSession.from_record(file)
-            metas.append(meta)
-        world = metas[0].get("world_size", "")
-        job = cls(metas[0].get("job_name") or folder.name, metas[0].get("job", folder.name),
+        first = record_meta(files[0])
+        world = first.get("world_size", "")
+        job = cls(first.get("job_name") or folder.name, first.get("job", folder.name),
                   int(world) if world.isdigit() else None, sessions, False)
         job.record = str(folder)
         return job
 
-    # -- the ranks ---------------------------------------------------------------
     @property
     def ranks(self) -> dict[int, RemoteSession]:
         """Each rank's RemoteSession, lowest rank first (a live job adds ranks as they publish)."""
@@ -106,7 +105,7 @@ class JobSession:
 
     @property
     def state(self) -> str:
-        """"running" while any rank runs; else each rank's end, as ``"finished"`` or ``"0 stopped, 1 killed"``."""
+        """"running" while any rank runs; else their end, as ``"finished"`` or ``"0 stopped, 1 killed"``."""
         states = self.states
         if any(s == "running" for s in states.values()) or not states:
             return "running"
@@ -117,20 +116,15 @@ class JobSession:
     def running(self) -> bool:
         return self.state == "running"
 
-    # -- the read API ----------------------------------------------------------------
     def summary(self) -> pd.DataFrame:
-        """One row per rank: its state, its steps' figures, and what each loader stage made (items/s
-        over the run)."""
+        """One row per rank: its state, its steps' figures, and each loader stage's items/s."""
         rows = []
         for rank, session in self.ranks.items():
             snap = session.stats()
             step = snap.step.to_dict() if snap.step is not None else {}
             row = {"rank": rank, "name": session.name, "pid": session.pid, "state": session.state,
                    "runner": session.runner, "steps": step.get("steps", 0),
-                   "batches_per_s": step.get("batches_per_s", math.nan),
-                   "step_p50_ms": step.get("step_p50_ms", math.nan),
-                   "data_wait_p50_ms": step.get("data_wait_p50_ms", math.nan),
-                   "data_wait_frac": step.get("data_wait_frac", math.nan)}
+                   **{k: step.get(k, math.nan) for k in _STEP_FIGURES}}
             row.update({f"{name} items/s": stage.qps_avg for name, stage in snap.stages.items()})
             rows.append(row)
         return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
@@ -158,7 +152,6 @@ class JobSession:
         """The rank whose loading holds the job back now, or None."""
         return self.judge().straggler
 
-    # -- steering ----------------------------------------------------------------
     def controls(self) -> dict[int, dict[str, int]]:
         return {rank: session.controls() for rank, session in self.ranks.items()}
 
@@ -174,7 +167,6 @@ class JobSession:
             except SpdlLabError as exc:
                 raise type(exc)(f"rank {r}: {exc}") from exc
 
-    # -- views -------------------------------------------------------------------
     def dashboard(self, **options: Any) -> Any:
         return view("job_dashboard")(self, **options)
 

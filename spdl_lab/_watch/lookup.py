@@ -1,5 +1,4 @@
-"""``lab.attach`` and ``lab.open``: find a published run, or a data-parallel job's ranks, on this
-host and watch it; or read a run's record file, or a job's record folder."""
+"""``lab.attach`` and ``lab.open``: watch a published run or job on this host, or read its records."""
 
 from __future__ import annotations
 
@@ -74,9 +73,8 @@ def _listing() -> pd.DataFrame:
 
 
 def open_record(path: str | os.PathLike) -> Any:
-    """A published run's record file as a RemoteSession (read only), live or ended:
-    ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``; a job's record folder (a
-    ``rankR.sqlite`` per rank) as a JobSession."""
+    """A run's record file as a RemoteSession (read only), live or ended, or a job's record folder
+    as a JobSession: ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
     if Path(path).is_dir():
         return JobSession.from_dir(path)
     return RemoteSession.from_record(path)

@@ -1,6 +1,5 @@
-"""The wire format between a published run and its viewers: a 4-byte big-endian length and
-that many bytes of strict UTF-8 JSON (``_json``), never pickle; every request and reply is one
-of the pydantic models below, checked on arrival."""
+"""The wire format between a published run and its viewers: a 4-byte big-endian length, then
+that many bytes of strict UTF-8 JSON (never pickle) of one of the pydantic models below."""
 
 from __future__ import annotations
 
@@ -132,8 +131,8 @@ class ControlsReply(Reply):
 
 
 class Ask(Message):
-    """A request of no fields: who is publishing (name, pid, runner, protocol version), its stats,
-    its state, or its controls (each stage's concurrency, as the run can set it live)."""
+    """A request of no fields: who is publishing (name, pid, runner, version), its stats, its
+    state, or its controls (each stage's concurrency, as the run can set it live)."""
 
     op: Literal["hello", "stats", "state", "controls"]
 

@@ -1,6 +1,5 @@
 """Which rank of which data-parallel job this process is, from the environment ``torchrun`` sets
-(RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RUN_ID), so that every rank's published run carries
-its job and a notebook sees the job as one."""
+(RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RUN_ID)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
-viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
-directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``. The training steps are
-kept in full for the last ``STEPS_FULL_S`` (table ``steps``), older ones thinned into per-second
-sums and histograms (``step_seconds``), read by the same ``summarize`` as the live clock's."""
+"""Record files: a published run writes its frames and steps to an SQLite file (WAL mode) as it
+goes, so a viewer reads it live and a killed script leaves it whole up to its last flush; pandas
+reads it (``pd.read_sql("select * from frames", sqlite3.connect(path))``)."""
 
 from __future__ import annotations
 
@@ -35,25 +33,23 @@ from .timeline import append_ticks
 __all__ = ["END_STATES", "FULL_RATE_S", "STEPS_FULL_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
            "read_record", "read_step_summary", "record_meta", "step_rows", "with_record"]
 
-# Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
-# the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
+# Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0
 RECORD_ENV = "SPDL_LAB_RECORD"
 THREAD_NAME = "spdl_lab:record"
-#: How a closed record's run ended: its loop's end, an uncaught exception, a signal (SIGTERM, SIGINT).
+#: How a closed record's run ended: its loop's end, an uncaught exception, a signal.
 END_STATES = ("finished", "failed", "stopped")
 #: Steps held for the next flush at most; more (a disk that fails for minutes) are dropped, counted.
 MAX_BUFFERED_STEPS = 1_000_000
-#: Steps kept one row each; older ones become one row per second (a day at 60 steps/s: about
-#: 13 MB of full steps plus 83,000 rows of seconds, instead of 5 million rows).
+#: Steps kept one row each (table ``steps``); older ones are summed into one row per second,
+#: with histograms (``step_seconds``), which ``read_step_summary`` reads as the live clock does.
 STEPS_FULL_S = 3600.0
 T = TypeVar("T")
 Row = tuple[int, int, int, int, "int | None"]
 
 # frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
-# runner, dropped_ticks, stats: the run's last stats as JSON, the steps' facts, and state:
-# "running", then one of END_STATES at close); steps and step_seconds: a step each, a second each.
+# runner, dropped_ticks, stats as JSON, the steps' facts, state: "running" until close).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
@@ -67,8 +63,7 @@ CREATE TABLE IF NOT EXISTS step_seconds (second INTEGER PRIMARY KEY, steps INTEG
 
 _SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 
-# Rows of [lo, hi) except the last one of each (series, stage) in each bucket.
-# Rows are inserted in time order, so the largest rowid is the latest tick.
+# Rows of [lo, hi) but the last of each (series, stage) per bucket (rows go in in time order).
 _THIN = """
 DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
     SELECT max(rowid) FROM frames WHERE time_s >= ? AND time_s < ?
@@ -83,9 +78,9 @@ def default_record_path(name: str, pid: int) -> Path:
 
 
 class RecordWriter:
-    """Writes frame chunks to a new SQLite record from a thread of its own, ``spdl_lab:record``.
-    ``add`` never waits on the disk: it appends to a ring of ``max_buffered_ticks`` (older ticks
-    are dropped and counted), written every ``flush_every_s``; ``close`` raises a failed flush."""
+    """Writes frame chunks to a new SQLite record from its own thread, ``spdl_lab:record``. ``add``
+    never waits on the disk: a ring of ``max_buffered_ticks`` (older ticks dropped, counted) is
+    written every ``flush_every_s``; ``close`` raises a failed flush."""
 
     def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
                  max_buffered_ticks: int = 6000) -> None:
@@ -132,14 +127,12 @@ class RecordWriter:
         return db
 
     def add(self, chunk: FrameChunk) -> None:
-        """Queue a chunk for the next flush; never waits on the disk."""
         if self.closed:
             raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
         append_ticks(self._buffer, chunk.times, chunk.columns)
 
     def add_steps(self, rows: list[Row], facts: dict[str, str]) -> None:
-        """Queue training steps (``step_rows``) and the meta facts that go with them
-        (stats, the clock's first request...) for the next flush; never waits on the disk."""
+        """Queue training steps (``step_rows``) and meta facts (stats...) for the next flush."""
         with self._steps_lock:
             self._steps += rows
             over = len(self._steps) - MAX_BUFFERED_STEPS
@@ -149,9 +142,8 @@ class RecordWriter:
             self._facts.update(facts)
 
     def flush(self) -> None:
-        """Write the buffered ticks now, in one transaction, then thin old ticks."""
-        # Under the disk lock, so that two flushes write their ticks in time order.
-        with self._db_lock:
+        """Write what is buffered now, in one transaction, and thin what is old."""
+        with self._db_lock:  # two flushes write their ticks in time order
             if self._db is None:
                 return
             cursor, times, columns = self._buffer.since(self._written)
@@ -189,8 +181,7 @@ class RecordWriter:
         while not self._stop.wait(self.flush_every_s):
             try:
                 self.flush()
-            except Exception as e:
-                # Keep training going; the buffer stays bounded and close() reports it.
+            except Exception as e:  # training goes on; the buffer stays bounded; close() reports it
                 self.error = e
 
     def close(self, state: str = "finished") -> None:
@@ -211,9 +202,7 @@ class RecordWriter:
         finally:
             with self._db_lock:
                 db, self._db = self._db, None
-            with contextlib.suppress(sqlite3.Error):
-                # A finished record becomes one plain file, which readers open without side
-                # files; a viewer still reading keeps it in WAL mode, which is fine too.
+            with contextlib.suppress(sqlite3.Error):  # one plain file, unless a viewer still reads it
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 db.execute("PRAGMA journal_mode=DELETE")
             db.close()
@@ -235,8 +224,7 @@ def read_record(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:
-    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is
-    gone: the process died without closing, and the record holds all up to its last flush."""
+    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is gone."""
     meta = with_record(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
@@ -258,10 +246,9 @@ def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]
 
 
 # -- training steps --------------------------------------------------------------------------------
-# Meta keys the publisher keeps for them: steps_first_ns (the first batch asked, ns from the
-# clock's origin, as end_ns), steps_origin_s (time.perf_counter() at that origin: the machine's
-# monotonic clock, so another process can hold its own times against the steps), steps_offset_s
-# (the origin in the frames' time), steps_device, step_copies, step_copy_ns.
+# Their meta keys: steps_first_ns (the first batch asked, ns from the clock's origin, as end_ns),
+# steps_origin_s (perf_counter() at that origin, for other processes' times), steps_offset_s (the
+# origin in the frames' time), steps_device, step_copies, step_copy_ns.
 _NS = 1_000_000_000
 _SECOND = "steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, device_loop_ns, step_hist, wait_hist"
 
@@ -302,8 +289,7 @@ def thin_steps(db: sqlite3.Connection) -> None:
 
 
 def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSummary | None:
-    """The figures over every recorded step, as the live clock computes them; None without steps
-    (or in a record from before steps were kept)."""
+    """The figures over every recorded step, as the live clock computes them; None without steps."""
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not {"steps", "step_seconds"} <= tables:
         return None

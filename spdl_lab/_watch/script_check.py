@@ -1,8 +1,6 @@
-"""``spdl-lab tune --script``: advice for a torch DataLoader checked in the job itself. The
-unchanged script runs under watch, alternately with its own DataLoader arguments and with the
-advice (``$SPDL_LAB_DATALOADER_KWARGS``, applied by the watch hook where the script builds its
-DataLoader), each run stopped after its steps; the job's own steps/s, from its record's steps,
-both ways."""
+"""``spdl-lab tune --script``: DataLoader advice checked in the job itself. The unchanged script
+runs under watch, alternately with its own DataLoader arguments and with the advice
+(``$SPDL_LAB_DATALOADER_KWARGS``), and its record's steps/s are compared."""
 
 from __future__ import annotations
 
@@ -35,11 +33,11 @@ CONFIGS = ("start", "advice")
 
 @dataclass(frozen=True)
 class ScriptRun:
-    """One run of the script: its configuration, and the job's figures over its counted steps."""
+    """One run of the script, and the job's figures over its counted steps (after the warm-up)."""
 
     config: str  # "start" (the script's own arguments) or "advice"
     round: int
-    steps: int  # counted: after the warm-up, up to ``steps``
+    steps: int
     steps_per_s: float
     step_p50_ms: float
     data_wait_p50_ms: float
@@ -48,7 +46,7 @@ class ScriptRun:
 
 @dataclass(frozen=True)
 class ScriptCheck:
-    """Every run, the advice, and what the runs say of it."""
+    """The advice, every run, and what the runs say of it."""
 
     advice: dict[str, Any]
     runs: list[ScriptRun]
@@ -106,8 +104,8 @@ def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, s
 
 def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, steps: int,
                timeout_s: float) -> None:
-    """Run the script under watch until its record holds ``steps`` steps (then SIGTERM, which
-    flushes the record), it ends, or ``timeout_s`` passes."""
+    """Run the script under watch until its record holds ``steps`` steps, it ends, or
+    ``timeout_s`` passes (then SIGTERM, which flushes the record)."""
     env = watched_env(name=f"tune-script-{record.stem}", record=str(record))
     env.pop(KWARGS_ENV, None)
     if kwargs is not None:
