@@ -204,7 +204,7 @@ class RemoteSession:
         return FrameChunk(*self._ring.latest(seconds))
 
     def stats(self) -> Snapshot:
-        """The run's figures as ``Session.stats()`` gives them, the step's from the run's own clock."""
+        """The run's figures as ``Session.stats()`` gives them, the step's by its own clock."""
         if self._final is None and not self.running and self.record and self._client is not None:
             with contextlib.suppress(SpdlLabError):  # ended: what its record says, as lab.open
                 meta = record_meta(self.record)

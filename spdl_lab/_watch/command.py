@@ -19,7 +19,7 @@ __all__ = ["run_watched", "watched_env"]
 
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
-    """This process's environment with publishing on, and a job id for a launcher that gives none."""
+    """This process's environment with publishing on, and a job id for launchers that give none."""
     env = {**os.environ, ENV: "1", JOB_ENV: f"watch-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
     # The hook for scripts that never import spdl_lab, as spdl_lab_watch.pth installs it too.
     boot = str(Path(__file__).resolve().parent / "boot")

@@ -76,7 +76,7 @@ class Discovery(Message):
     record: str | None
     runner: str | None
     version: Literal[VERSION] = VERSION
-    # a rank of a data-parallel job: the job's id and name, the rank, its local rank, the ranks in all
+    # a rank of a data-parallel job: the job's id and name, rank, local rank, ranks in all
     job: str | None = None
     job_name: str | None = None
     rank: int | None = Field(default=None, ge=0)

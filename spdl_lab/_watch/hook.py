@@ -26,7 +26,7 @@ TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
 def install() -> bool:
     """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent. Run at
     interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
-    ``boot/sitecustomize.py``); each epoch a TARGETS class starts outside spdl_lab is then published."""
+    ``boot/sitecustomize.py``), so that each epoch of a TARGETS class is published."""
     if os.environ.get(ENV, "") != "1":
         return False
     if not installed():

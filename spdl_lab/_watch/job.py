@@ -105,7 +105,7 @@ class JobSession:
 
     @property
     def state(self) -> str:
-        """"running" while any rank runs; else their end, as ``"finished"`` or ``"0 stopped, 1 killed"``."""
+        """"running" while any rank runs; else ``"finished"`` or ``"0 stopped, 1 killed"``."""
         states = self.states
         if any(s == "running" for s in states.values()) or not states:
             return "running"

@@ -1,4 +1,4 @@
-"""``lab.attach`` and ``lab.open``: watch a published run or job on this host, or read its records."""
+"""``lab.attach`` and ``lab.open``: watch a run or job published on this host, or its records."""
 
 from __future__ import annotations
 

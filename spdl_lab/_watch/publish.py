@@ -85,13 +85,13 @@ def publish_once(obj: Any) -> Any:
 
 
 def start_hook(event: str, subject: Any) -> None:
-    """The ``_runs.StartHook``: with ``SPDL_LAB_WATCH=1``, publish a session or an unowned Loader."""
+    """The ``_runs.StartHook``: with ``SPDL_LAB_WATCH=1``, publish a session or unowned Loader."""
     if event in ("loader", "session") and os.environ.get(ENV, "") == "1":
         publish_once(subject)
 
 
 def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
-    """``make()``, the epoch's iterator of ``obj`` (a DataLoader, an SPDL pipeline), timed for its run."""
+    """``make()``, an epoch's iterator of ``obj`` (a DataLoader, an SPDL pipeline), timed."""
     return publish_once(obj).source.open_epoch(make)
 
 
@@ -208,7 +208,8 @@ class Publisher:
 
     def close(self) -> None:
         """Stop publishing: the record gets the run's last frames and state, the endpoint goes.
-        Nothing in a forked child, whose atexit and SIGTERM handlers, record and endpoint are the script's."""
+        Nothing in a forked child: its atexit and SIGTERM handlers, record and endpoint are the
+        script's."""
         if _forksafe.forked_child(self._pid):
             return
         with self._lock:

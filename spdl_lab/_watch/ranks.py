@@ -24,7 +24,7 @@ class RankIdentity:
     world_size: int
 
     def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
-        """The rank's run name (``name-rankR``; the job's name is ``name``), its record (``rankR.sqlite``
+        """The rank's run name (``name-rankR``; the job's is ``name``), its record (``rankR.sqlite``
         in the job's folder: ``override``, ``--record`` or ``$SPDL_LAB_RECORD``, where a ``.sqlite``
         name stands for the folder of its stem, else ``spdl_lab_runs/NAME-JOBID``), and what a
         discovery file and a record's meta say of it."""

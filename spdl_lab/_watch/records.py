@@ -202,7 +202,7 @@ class RecordWriter:
         finally:
             with self._db_lock:
                 db, self._db = self._db, None
-            with contextlib.suppress(sqlite3.Error):  # one plain file, unless a viewer still reads it
+            with contextlib.suppress(sqlite3.Error):  # one plain file, unless a viewer reads it
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 db.execute("PRAGMA journal_mode=DELETE")
             db.close()
@@ -224,7 +224,7 @@ def read_record(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:
-    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is gone."""
+    """The record's meta table; ``state`` says ``"killed"`` for "running" if its pid is gone."""
     meta = with_record(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
@@ -250,7 +250,8 @@ def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]
 # steps_origin_s (perf_counter() at that origin, for other processes' times), steps_offset_s (the
 # origin in the frames' time), steps_device, step_copies, step_copy_ns.
 _NS = 1_000_000_000
-_SECOND = "steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, device_loop_ns, step_hist, wait_hist"
+_SECOND = ("steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, device_loop_ns, "
+           "step_hist, wait_hist")
 
 
 def step_rows(records: Iterable[StepRecord]) -> list[Row]:
@@ -270,21 +271,22 @@ def thin_steps(db: sqlite3.Connection) -> None:
     if newest is None:
         return
     cutoff_ns = math.floor(newest / 1e9 - STEPS_FULL_S) * _NS
+    old = db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?",
+                     (cutoff_ns,)).fetchall()
     seconds: dict[int, list[Any]] = {}
-    for end_ns, wait_ns, step_ns, device_ns in db.execute(
-            "SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?", (cutoff_ns,)).fetchall():
-        s = seconds.get(end_ns // _NS)
+    for end_ns, wait_ns, step_ns, device_ns in old:
+        s = seconds.get(second := end_ns // _NS)
         if s is None:
-            before = db.execute(f"SELECT {_SECOND} FROM step_seconds WHERE second = ?", (end_ns // _NS,)).fetchone()
-            before = before or (0, 0, 0, 0, 0, 0, 0, "{}", "{}")
-            s = seconds[end_ns // _NS] = [*before[:7], _hist(before[7]), _hist(before[8])]
+            before = db.execute(f"SELECT {_SECOND} FROM step_seconds WHERE second = ?",
+                                (second,)).fetchone() or (0, 0, 0, 0, 0, 0, 0, "{}", "{}")
+            s = seconds[second] = [*before[:7], _hist(before[7]), _hist(before[8])]
         on_device = device_ns is not None
         s[:7] = [s[0] + 1, s[1] + wait_ns, s[2] + step_ns, max(s[3], end_ns), s[4] + on_device,
                  s[5] + (device_ns or 0), s[6] + on_device * (wait_ns + step_ns)]
         s[7][bucket_of(step_ns)] += 1
         s[8][bucket_of(wait_ns)] += 1
     db.executemany("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   [(second, *s[:7], json.dumps(s[7]), json.dumps(s[8])) for second, s in seconds.items()])
+                   [(n, *s[:7], json.dumps(s[7]), json.dumps(s[8])) for n, s in seconds.items()])
     db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_ns,))
 
 

@@ -61,7 +61,7 @@ class _Proxy:
 
 class _Epoch(_Proxy):
     """One pass of the loop over a published iterable, timed by the step clock; other attributes
-    (``len``, torch's ``_workers``) are the iterator's. A step held when the loop lets go ends then."""
+    (``len``, torch's ``_workers``) are the iterator's. A step held as the loop lets go ends."""
 
     def __init__(self, items: Iterator[Any], loop: _TimedLoop, started_ns: int | None = None) -> None:
         self._of = items
@@ -79,7 +79,7 @@ class _Epoch(_Proxy):
 
 class _TimedLoop:
     """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time; ``children``
-    is the CPU probe's (False or a callable, a DataLoader's workers, skips its scan of every process)."""
+    is the CPU probe's (False, or a callable such as a DataLoader's workers, skips its scan)."""
 
     def __init__(self, children: Any) -> None:
         self.clock = StepClock()
@@ -102,7 +102,7 @@ class _TimedLoop:
         return epoch
 
     def close(self) -> None:
-        """The run ends: a step the loop let go of or holds counts, unless ``left_counts`` says no."""
+        """The run ends: a step let go of or still held counts, unless ``left_counts`` says no."""
         with self._lock:
             previous, self._epoch = self._epoch, None
         _close(previous)
@@ -147,7 +147,7 @@ class SessionSource:
 
 class OwnerSource(SessionSource):
     """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters from its runs,
-    steps timed around each run's iterator (``RunOwner.consumer``), clock and probes in its sampler."""
+    steps timed around each run's iterator (``RunOwner.consumer``), clock and probes sampled."""
 
     def __init__(self, owner: Any) -> None:
         super().__init__(owner)
