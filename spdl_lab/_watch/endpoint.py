@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import _forksafe, _json
@@ -93,11 +94,9 @@ class Endpoint:
     def _listen(self) -> socket.socket:
         path = self.socket_path
         if path.exists() or path.is_symlink():
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                probe.settimeout(1.0)
-                if probe.connect_ex(str(path)) == 0:
-                    raise SpdlLabError(f"an endpoint at {path} is already open in this process; "
-                                       "close it or publish under another name")
+            if self._answers(path):
+                raise SpdlLabError(f"an endpoint at {path} is already open in this process; "
+                                   "close it or publish under another name")
             path.unlink()  # left by an earlier process with this pid
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -110,6 +109,12 @@ class Endpoint:
             path.unlink(missing_ok=True)
             raise SpdlLabError(f"cannot listen on {path}: {exc}") from None
         return listener
+
+    @staticmethod
+    def _answers(path: Path) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            return probe.connect_ex(str(path)) == 0
 
     def _count(self, counter: str) -> None:
         with self._lock:
