@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 
 from ..errors import UsageError
+from .discovery import JOB_ENV
 from .publish import ENV, ENV_NAME
-from .ranks import JOB_ENV
 
 __all__ = ["run_watched", "watched_env"]
 

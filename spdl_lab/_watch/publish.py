@@ -20,9 +20,8 @@ from .. import _forksafe
 from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
-from .discovery import safe_name
+from .discovery import rank_identity, safe_name
 from .endpoint import Endpoint, Handlers
-from .ranks import rank_identity
 from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
 from .timeline import Timeline
