@@ -125,9 +125,9 @@ def _patch_init(cls: Any) -> None:
 
 def _patch(module: Any) -> None:
     class_name, method = TARGETS[module.__name__]
-    if class_name == "DataLoader" and getattr(module, class_name, None) is not None:
-        _patch_init(getattr(module, class_name))
     cls = getattr(module, class_name, None)
+    if class_name == "DataLoader" and cls is not None:
+        _patch_init(cls)
     original = getattr(cls, method, None)
     if original is None or getattr(original, "_spdl_lab_watch", False):
         return

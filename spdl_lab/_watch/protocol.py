@@ -41,9 +41,6 @@ class MessageTimeout(ProtocolError, TimeoutError):
     """A message did not arrive, or could not be sent, within its timeout."""
 
 
-# -- the messages -----------------------------------------------------------------------
-
-
 class Message(BaseModel):
     """Exactly its fields, each of exactly its type (no "3" for 3, no true for 1)."""
 
@@ -204,9 +201,6 @@ def _explain(exc: ValidationError, what: str, skip: int = 0) -> str:
         shown = f", not {error['input']!r:.60}" if about_value else ""
         problems.append(f"{loc.lstrip('.')}: {error['msg']}{shown}".lstrip(": "))
     return f"{what}: {'; '.join(problems)}"
-
-
-# -- framing ----------------------------------------------------------------------------
 
 
 def decode_message(body: bytes) -> dict:

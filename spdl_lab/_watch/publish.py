@@ -57,13 +57,11 @@ def publish(obj: Any, name: str | None = None) -> Any:
         for batch in loader:
             train(batch)
     """
-    if id(obj) in _PUBLISHED:
-        return _PUBLISHED[id(obj)].source.published
-    return Publisher(obj, name or caller_line()).source.published
+    publisher = _PUBLISHED.get(id(obj)) or Publisher(obj, name or caller_line())
+    return publisher.source.published
 
 
 def published_by(obj: Any) -> Publisher | None:
-    """The open Publisher of ``obj``, if it is published."""
     return _PUBLISHED.get(id(obj))
 
 
@@ -74,8 +72,7 @@ def unpublish(obj: Any) -> None:
             publisher.close()
 
 
-def publish_once(obj: Any) -> Any:
-    """Publish ``obj`` unless it already is, and return its Publisher."""
+def publish_once(obj: Any) -> Publisher:
     with _lock:
         publisher = published_by(obj)
         if publisher is None:
