@@ -1,8 +1,7 @@
-"""``spdl-lab watch [--name NAME] [--record PATH] -- COMMAND...``: run a training script,
-unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``publish`` and ``hook``), and
-exit with the script's status. ``spdl-lab tune --script``: DataLoader advice checked in the job
-itself: the script runs under watch, alternately with its own DataLoader arguments and with the
-advice (``$SPDL_LAB_DATALOADER_KWARGS``), and its record's steps/s are compared."""
+"""``spdl-lab watch -- COMMAND...``: run a training script, unchanged, with its runs published
+(``SPDL_LAB_WATCH=1``), and exit with its status. ``spdl-lab tune --script``: check DataLoader
+advice in the job itself, running the script under watch alternately with its own DataLoader
+arguments and with the advice (``$SPDL_LAB_DATALOADER_KWARGS``), and comparing steps/s."""
 
 from __future__ import annotations
 

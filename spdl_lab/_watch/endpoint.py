@@ -44,13 +44,12 @@ class Handlers:
 
 
 class Endpoint:
-    """Serves ``handlers`` on ``<runtime_dir>/<name>-<pid>.sock`` (a Unix socket in the per-user
-    0700 ``runtime_dir``, a discovery file beside it) until ``close()`` or the exit, so that no
-    viewer can hurt training: an accept thread and a thread per viewer (``spdl_lab:endpoint``) run
-    the handlers, which must be thread-safe and quick; a message not whole ``request_timeout`` s
-    after its first byte drops its viewer; a request ``protocol`` refuses gets a ``Failure`` and
-    the connection stays, broken framing closes it (both count in ``rejected``, as do viewers over
-    ``max_viewers``)."""
+    """Serves ``handlers`` on ``<runtime_dir>/<name>-<pid>.sock``, a discovery file beside it, until
+    ``close()`` or the exit. No viewer can hurt training: the handlers (thread-safe and quick) run
+    on an accept thread and one per viewer (``spdl_lab:endpoint``); a message not whole
+    ``request_timeout`` s after its first byte drops its viewer; a refused request gets a
+    ``Failure``, broken framing closes the connection (both count in ``rejected``, as do viewers
+    over ``max_viewers``)."""
 
     def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
                  runner: str | None = None, max_viewers: int = 16,
