@@ -22,9 +22,8 @@ from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
 from ._training import SimulatedDevice, StepClock
 from ._tune import Tuning, tune
 from ._watch.attach import RemoteSession
-from ._watch.job import JobSession
-from ._watch.lookup import attach
-from ._watch.lookup import open_record as open  # noqa: A001 (lab.open(record_path))
+from ._watch.job import JobSession, attach
+from ._watch.job import open_record as open  # noqa: A001 (lab.open(record_path))
 from ._watch.publish import publish, unpublish
 from ._watch.publish import start_hook as _watch_mode
 from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerError, SpdlLabError

@@ -59,7 +59,7 @@ def tune(args: argparse.Namespace, *, progress: bool, stem: str) -> int:
 
 def tune_script(args: argparse.Namespace) -> int:
     """Check DataLoader advice in the unchanged script: its own steps/s both ways, alternating."""
-    from ._watch.script_check import check_script
+    from ._watch.command import check_script
 
     if args.target is not None:
         raise UsageError(f"--script checks advice in a script; TARGET {args.target!r} is for tuning a "

@@ -1,6 +1,5 @@
-"""``lab.attach``: a notebook watches a published run (``lab.publish``) on this host, and
-``lab.open`` reads one's record. A ``RemoteSession`` has the read API of a Session, so a
-``Dashboard`` reads it as it reads a local one; its ``EndpointClient`` talks to the run's endpoint."""
+"""A published run seen from a notebook: a ``RemoteSession`` has the read API of a Session (so a
+``Dashboard`` reads it as a local one), fed by an ``EndpointClient`` or by the run's record."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def record_state(record: str | None, default: str) -> str:
 
 
 class EndpointClient:
-    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure:
-    ``EndpointClient(list_endpoints()[0]["socket"]).request("state").state``."""
+    """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure."""
 
     def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
         self.socket_path = str(socket_path)
@@ -72,9 +70,7 @@ class EndpointClient:
                 try:
                     wire.send_message(sock, {"op": op, **fields}, timeout=self.timeout,
                                       limit=wire.MAX_REQUEST_BYTES)
-                except ConnectionError:
-                    # The endpoint may have closed after saying why (too many viewers):
-                    # that reply is still ours to read.
+                except ConnectionError:  # closed after saying why (too many viewers): read that
                     message = wire.recv_message(sock, wire.MAX_REPLY_BYTES, min(self.timeout, 1.0))
                     self._drop()
                 else:
@@ -114,7 +110,7 @@ class EndpointClient:
 
 class RemoteSession:
     """A published run seen from here: the read API of a Session, plus ``set_concurrency``. A
-    poller copies its new ticks here every ``POLL_S``, so they stay readable after it ends."""
+    poller copies its new ticks every ``POLL_S``, so they stay readable after it ends."""
 
     pipeline = None  # the Pipeline object lives in the script: no runner switch from here
     steps = None
@@ -123,16 +119,14 @@ class RemoteSession:
     def __init__(self, entry: dict[str, Any], ring: Ring | None = None, state: str = "running") -> None:
         """Watch the run a discovery ``entry`` names; given a ``ring`` (a record's), show it instead."""
         self.name, self.pid, self.record = entry["name"], entry["pid"], entry.get("record")
-        #: the rank of a data-parallel job this run is, or None
-        self.rank: int | None = entry.get("rank")
+        self.rank: int | None = entry.get("rank")  # in a data-parallel job
         self.runner = entry.get("runner") or "?"
         self._client = EndpointClient(entry["socket"]) if ring is None else None
         self._ring = ring if ring is not None else Ring(DEFAULT_TICKS * 6)  # an hour of ticks at the default 10 Hz
         self._remote_cursor = 0
         self._state = state
         self._stats: dict[str, Any] = {}
-        #: ticks the run dropped rather than make training wait (for its record, for viewers)
-        self.dropped_ticks: dict[str, int] = {}
+        self.dropped_ticks: dict[str, int] = {}  # by the run rather than make training wait
         self._final: Snapshot | None = None  # a record's: its last stats, its steps' figures
         self._controls: dict[str, int] = {}
         self._t0 = time.monotonic()
@@ -148,8 +142,8 @@ class RemoteSession:
 
     @classmethod
     def from_record(cls, path: str | os.PathLike) -> RemoteSession:
-        """A published run's record file as a RemoteSession (read only), live or ended: its frames
-        and its state, nothing to poll or steer: ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
+        """A run's record file, live or ended, read only (nothing to poll or steer):
+        ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
         meta = record_meta(path)
         ticks = read_record(path).groupby("time_s", sort=True)
         ring = Ring(max(2, ticks.ngroups))
@@ -163,7 +157,6 @@ class RemoteSession:
         session._final = _recorded_stats(path, meta)
         return session
 
-    # -- polling -----------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S) and self._poll():
             pass
@@ -185,7 +178,6 @@ class RemoteSession:
         self._state, self._controls = state, dict(controls)
         return True
 
-    # -- the read API of a Session -------------------------------------------------
     @property
     def state(self) -> str:
         return self._state
@@ -212,10 +204,9 @@ class RemoteSession:
         return FrameChunk(*self._ring.latest(seconds))
 
     def stats(self) -> Snapshot:
-        """The run's figures, as ``Session.stats()`` gives them: a ``lab.Snapshot`` with a row per
-        stage and the training step's figures in ``step`` (per step, from the run's own clock)."""
+        """The run's figures as ``Session.stats()`` gives them, the step's by its own clock."""
         if self._final is None and not self.running and self.record and self._client is not None:
-            with contextlib.suppress(SpdlLabError):  # ended: what its record says at the end, as lab.open
+            with contextlib.suppress(SpdlLabError):  # ended: what its record says, as lab.open
                 meta = record_meta(self.record)
                 if meta.get("state") != "running":
                     self._final = _recorded_stats(self.record, meta)
@@ -276,8 +267,6 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"RemoteSession({self.name!r}, pid={self.pid}, runner={self.runner!r}, {self._state})"
-
-
 
 
 def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:

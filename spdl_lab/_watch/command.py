@@ -1,29 +1,39 @@
-"""``spdl-lab watch [--name NAME] [--record PATH] -- COMMAND...``: run a training script,
-unchanged, with its runs published (``SPDL_LAB_WATCH=1``, see ``publish`` and ``hook``), and
-exit with the script's status."""
+"""``spdl-lab watch -- COMMAND...``: run a training script, unchanged, with its runs published
+(``SPDL_LAB_WATCH=1``), and exit with its status. ``spdl-lab tune --script``: check DataLoader
+advice in the job itself, running the script under watch alternately with its own DataLoader
+arguments and with the advice (``$SPDL_LAB_DATALOADER_KWARGS``), and comparing steps/s."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import threading
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..errors import UsageError
+from .._table import num, text_table
+from ..errors import SpdlLabError, UsageError
+from .discovery import JOB_ENV
+from .hook import KWARGS_ENV
 from .publish import ENV, ENV_NAME
-from .ranks import JOB_ENV
+from .records import record_meta, with_record
 
-__all__ = ["run_watched", "watched_env"]
+__all__ = ["POLL_S", "STOP_GRACE_S", "ScriptCheck", "ScriptRun", "check_script", "run_watched",
+           "watched_env"]
 
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
-    """This process's environment with publishing on, for a script run under watch."""
-    # A job id of its own, for the ranks of a launcher that gives them none (torchrun gives one).
+    """This process's environment with publishing on, and a job id for launchers that give none."""
     env = {**os.environ, ENV: "1", JOB_ENV: f"watch-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
-    # The hook that publishes DataLoaders in scripts that never import spdl_lab: installed
-    # by spdl_lab_watch.pth when that is in site-packages, and by this sitecustomize anyway.
+    # The hook for scripts that never import spdl_lab, as spdl_lab_watch.pth installs it too.
     boot = str(Path(__file__).resolve().parent / "boot")
     env["PYTHONPATH"] = os.pathsep.join([boot, *filter(None, [os.environ.get("PYTHONPATH")])])
     if name:
@@ -61,8 +71,8 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
 
 
 def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
-    """SIGTERM and SIGHUP to this command go to the script too (a scheduler stopping ``spdl-lab
-    watch`` must not leave the script running); returns the handlers to put back."""
+    """SIGTERM and SIGHUP go on to the script (a scheduler stopping ``spdl-lab watch`` must not
+    leave it running); returns the handlers to put back."""
     def forward(sig: int, _frame: object) -> None:
         if proc.poll() is None:
             proc.send_signal(sig)
@@ -70,3 +80,147 @@ def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+#: How often a run's record is read for its step count.
+POLL_S = 0.5
+#: How long a script may take to end after SIGTERM before it is killed.
+STOP_GRACE_S = 20.0
+CONFIGS = ("start", "advice")
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """One run of the script, and the job's figures over its counted steps (after the warm-up)."""
+
+    config: str  # "start" (the script's own arguments) or "advice"
+    round: int
+    steps: int
+    steps_per_s: float
+    step_p50_ms: float
+    data_wait_p50_ms: float
+    record: str
+
+
+@dataclass(frozen=True)
+class ScriptCheck:
+    """The advice, every run, and what the runs say of it."""
+
+    advice: dict[str, Any]
+    runs: list[ScriptRun]
+
+    def rates(self, config: str) -> list[float]:
+        return [r.steps_per_s for r in self.runs if r.config == config]
+
+    @property
+    def ratio(self) -> float:
+        """Median steps/s with the advice over the median with the script's own arguments."""
+        return statistics.median(self.rates("advice")) / statistics.median(self.rates("start"))
+
+    @property
+    def verdict(self) -> str:
+        start, advice = self.rates("start"), self.rates("advice")
+        low, high = min(advice) / max(start), max(advice) / min(start)
+        spread = f"{self.ratio:.2f}x [{low:.2f}-{high:.2f}]"
+        if low > 1.0:
+            return f"the advice holds in the job: {spread} the steps/s of the script's own DataLoader"
+        if high < 1.0:
+            return f"the advice is slower in the job: {spread}; keep what you have"
+        return f"not beyond the noise in the job: {spread}; keep what you have"
+
+    def table(self) -> str:
+        headings = ["run", "config", "steps", "steps/s", "step p50 ms", "wait p50 ms"]
+        rows = [[str(i), r.config, str(r.steps), num(r.steps_per_s), num(r.step_p50_ms), num(r.data_wait_p50_ms)]
+                for i, r in enumerate(self.runs, 1)]
+        lines = text_table(headings, rows, left=(1,))
+        for config in CONFIGS:
+            rates = self.rates(config)
+            lines.append(f"{config}: {statistics.median(rates):.3g} steps/s [{min(rates):.3g}-{max(rates):.3g}] "
+                         f"over {len(rates)} runs")
+        return "\n".join(lines)
+
+
+def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, steps: int = 200,
+                 warmup: int = 20, rounds: int = 2, timeout_s: float = 600.0) -> ScriptCheck:
+    """Run ``command`` ``rounds`` times each way, alternating (start, advice, advice, start...),
+    each until ``warmup + steps`` steps; ``timeout_s`` bounds each run."""
+    if not command:
+        raise UsageError("give the script to check after --script, e.g. --script train.py --epochs 3")
+    if not advice:
+        raise UsageError("give the advice to check: --set num_workers=4 (repeat --set for more), or "
+                         "--advice tuning.json (what spdl-lab tune --json or Tuning.to_json wrote)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    order = [CONFIGS[(i + i // 2) % 2] for i in range(2 * rounds)]  # start, advice, advice, start, ...
+    runs = []
+    for i, config in enumerate(order):
+        record = workdir / f"run{i + 1:02d}-{config}.sqlite"
+        kwargs = advice if config == "advice" else None
+        _run_until(command, record, kwargs, warmup + steps, timeout_s)
+        runs.append(_figures(record, config, i // 2 + 1, warmup, steps))
+    return ScriptCheck(advice=dict(advice), runs=runs)
+
+
+def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, steps: int,
+               timeout_s: float) -> None:
+    """Run the script under watch until its record holds ``steps`` steps, it ends, or
+    ``timeout_s`` passes (then SIGTERM, which flushes the record)."""
+    env = watched_env(name=f"tune-script-{record.stem}", record=str(record))
+    env.pop(KWARGS_ENV, None)
+    if kwargs is not None:
+        env[KWARGS_ENV] = json.dumps(kwargs)
+    try:
+        proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            if _steps_in(record) >= steps or time.monotonic() > deadline:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                break
+            time.sleep(POLL_S)
+        stderr = proc.communicate(timeout=STOP_GRACE_S)[1] or ""
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers it left behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if not record.exists():
+        last = stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
+        raise SpdlLabError(f"the script never iterated a torch DataLoader (no run was published), so there "
+                           f"is nothing to apply the advice to; it exited with status {proc.returncode}: "
+                           f"{last[0]}")
+    if kwargs is not None and KWARGS_ENV in stderr:
+        raise SpdlLabError(stderr.strip().splitlines()[-1])
+
+
+def _steps_in(record: Path) -> int:
+    try:
+        return with_record(record, lambda db: int(db.execute("SELECT count(*) FROM steps").fetchone()[0]))
+    except SpdlLabError:  # not there yet, or still being made
+        return 0
+
+
+def _figures(record: Path, config: str, round_: int, warmup: int, steps: int) -> ScriptRun:
+    meta = record_meta(record)
+    if meta.get("runner") != "DataLoader":
+        raise SpdlLabError(f"the script's published run iterates a {meta.get('runner')!r}, not a torch DataLoader: "
+                           "tune --script applies DataLoader arguments only")
+    rows = with_record(record, lambda db: db.execute("SELECT end_ns, wait_ns, step_ns FROM steps ORDER BY idx")
+                       .fetchall())
+    if len(rows) < warmup + 2:
+        raise SpdlLabError(f"the {config} run of the script ended after {len(rows)} steps, fewer than the "
+                           f"warm-up ({warmup}) and two more; pass a smaller --warmup or --steps")
+    counted = rows[warmup:warmup + steps]
+    since = rows[warmup - 1][0] if warmup else counted[0][0] - counted[0][1] - counted[0][2]
+    span_s = (counted[-1][0] - since) / 1e9
+    return ScriptRun(config=config, round=round_, steps=len(counted),
+                     steps_per_s=len(counted) / span_s if span_s > 0 else math.nan,
+                     step_p50_ms=statistics.median(r[2] for r in counted) / 1e6,
+                     data_wait_p50_ms=statistics.median(r[1] for r in counted) / 1e6, record=str(record))

@@ -1,6 +1,7 @@
-"""Where published runs are found: the per-user 0700 runtime directory, with a Unix socket
-and a discovery file (JSON, a ``Discovery``) for each; ``list_endpoints`` reads the files
-strictly and removes those of processes that are gone."""
+"""Where published runs are found: the per-user 0700 runtime directory, with a Unix socket and
+a discovery file (a ``Discovery`` as JSON) for each; and which rank of which data-parallel job
+this process is, from the environment ``torchrun`` sets (RANK, LOCAL_RANK, WORLD_SIZE,
+TORCHELASTIC_RUN_ID)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -18,7 +21,8 @@ from .. import _json
 from ..errors import SpdlLabError
 from .protocol import Message
 
-__all__ = ["VERSION", "Discovery", "list_endpoints", "pid_alive", "runtime_dir", "safe_name"]
+__all__ = ["JOB_ENV", "VERSION", "Discovery", "RankIdentity", "list_endpoints", "pid_alive",
+           "rank_identity", "runtime_dir", "safe_name"]
 
 VERSION = 1
 
@@ -70,8 +74,6 @@ def pid_alive(pid: int | str) -> bool:
 
 
 class Discovery(Message):
-    """A discovery file: exactly these fields, of exactly these types."""
-
     name: str
     pid: int = Field(gt=0)
     started: str
@@ -79,7 +81,7 @@ class Discovery(Message):
     record: str | None
     runner: str | None
     version: Literal[VERSION] = VERSION
-    #: a rank of a data-parallel job: the job's id and name, the rank, its local rank, the ranks in all
+    # a rank of a data-parallel job: the job's id and name, rank, local rank, ranks in all
     job: str | None = None
     job_name: str | None = None
     rank: int | None = Field(default=None, ge=0)
@@ -99,7 +101,7 @@ def _read_discovery(path: Path) -> dict | None:
 
 def list_endpoints() -> list[dict]:
     """The published runs on this host whose process is alive, oldest first; the files of dead
-    processes are removed with their socket, those that do not parse are skipped."""
+    processes are removed with their socket, files that do not parse skipped."""
     found = []
     for path in sorted(runtime_dir().glob("*.json")):
         info = _read_discovery(path)
@@ -113,3 +115,45 @@ def list_endpoints() -> list[dict]:
         if info is not None:
             found.append(info)
     return sorted(found, key=lambda info: info["started"])
+
+
+#: The job id ``spdl-lab watch`` gives what it runs, for a launcher that sets none of its own.
+JOB_ENV = "SPDL_LAB_WATCH_JOB"
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+
+    def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
+        """The rank's run name (``name-rankR``; the job's is ``name``), its record (``rankR.sqlite``
+        in the job's folder: ``override``, ``--record`` or ``$SPDL_LAB_RECORD``, where a ``.sqlite``
+        name stands for the folder of its stem, else ``spdl_lab_runs/NAME-JOBID``), and what a
+        discovery file and a record's meta say of it."""
+        job_name = name.removesuffix(f"-rank{self.rank}")
+        if override:
+            folder = Path(override)
+            folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
+        else:
+            folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{self.job[:8]}"
+        facts = {"job_name": job_name, **asdict(self)}
+        return f"{job_name}-rank{self.rank}", folder / f"rank{self.rank}.sqlite", facts
+
+
+def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | None:
+    """This process's rank, or None outside a multi-process job. The job id: torchrun's
+    TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s own, else the launcher's pid (every rank of a
+    job is a child of one torchrun agent)."""
+    try:
+        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        local = int(environ.get("LOCAL_RANK", rank))
+    except (KeyError, ValueError):
+        return None
+    if not 0 <= rank < world:
+        return None
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+    job = run_id if run_id and run_id != "none" else environ.get(JOB_ENV) or f"launcher-{os.getppid()}"
+    return RankIdentity(safe_name(job), rank, local, world)

@@ -44,17 +44,12 @@ class Handlers:
 
 
 class Endpoint:
-    """Serves ``handlers`` to viewers on ``<runtime_dir>/<name>-<pid>.sock`` until closed, by
-    rules that keep a viewer from ever hurting training:
-
-    - Only a Unix socket, in the per-user 0700 ``runtime_dir``, with a discovery file beside it.
-    - An accept thread and a thread per viewer (``spdl_lab:endpoint``) run the handlers, so
-      those must be thread-safe and quick; the training loop never waits on them.
-    - A message is whole ``request_timeout`` s after its first byte, or the viewer is dropped.
-    - A request ``protocol`` refuses gets a ``Failure`` and the connection stays; broken framing
-      closes it. Both count in ``rejected``, as do viewers over ``max_viewers``.
-    - ``close()`` (also run at exit) stops the threads and removes both files.
-    """
+    """Serves ``handlers`` on ``<runtime_dir>/<name>-<pid>.sock``, a discovery file beside it, until
+    ``close()`` or the exit. No viewer can hurt training: the handlers (thread-safe and quick) run
+    on an accept thread and one per viewer (``spdl_lab:endpoint``); a message not whole
+    ``request_timeout`` s after its first byte drops its viewer; a refused request gets a
+    ``Failure``, broken framing closes the connection (both count in ``rejected``, as do viewers
+    over ``max_viewers``)."""
 
     def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
                  runner: str | None = None, max_viewers: int = 16,
@@ -67,10 +62,8 @@ class Endpoint:
         self.pid = os.getpid()
         self._lock = _forksafe.Lock()
         self._stop = threading.Event()
-        #: messages rejected (malformed, unknown op, bad fields) and viewers refused
-        self.rejected = 0
-        #: requests whose handler raised (answered with the error, not counted as rejected)
-        self.handler_errors = 0
+        self.rejected = 0  # malformed messages, unknown ops, bad fields; viewers refused
+        self.handler_errors = 0  # requests whose handler raised (answered with the error)
         self._viewers: dict[socket.socket, threading.Thread] = {}
 
         directory = runtime_dir()
@@ -97,8 +90,6 @@ class Endpoint:
         self._accept_thread.start()
         atexit.register(self.close)
 
-    # -- setting up -------------------------------------------------------------------
-
     def _listen(self) -> socket.socket:
         path = self.socket_path
         if path.exists() or path.is_symlink():
@@ -123,8 +114,6 @@ class Endpoint:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             probe.settimeout(1.0)
             return probe.connect_ex(str(path)) == 0
-
-    # -- serving ----------------------------------------------------------------------
 
     def _count(self, counter: str) -> None:
         with self._lock:
@@ -160,7 +149,6 @@ class Endpoint:
             conn.close()
 
     def _refuse(self, conn: socket.socket, error: str) -> None:
-        """Count a rejection and tell the viewer why, before its connection is closed."""
         self._count("rejected")
         with contextlib.suppress(OSError, wire.ProtocolError):
             wire.send_message(conn, wire.Failure(error=error), timeout=1.0)
@@ -218,7 +206,7 @@ class Endpoint:
                 return wire.HelloReply(name=self.name, pid=self.pid, runner=self.runner,
                                        version=VERSION)
             case wire.Ask(op="stats"):
-                return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers as Python's
+                return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers too
             case wire.Ask(op="state"):
                 return wire.StateReply(state=str(handlers.state()))
             case wire.Ask(op="controls"):
@@ -231,14 +219,11 @@ class Endpoint:
                 return wire.Reply()
         raise AssertionError(f"no handler for {request!r}")
 
-    # -- closing ----------------------------------------------------------------------
-
     def close(self) -> None:
         """Stop serving, drop the viewers, remove the socket and discovery files (idempotent)."""
         if os.getpid() != self.pid:
-            # A forked child (a DataLoader worker) shares the sockets and the files with the
-            # script: shutting them down here would end the script's endpoint. Checked before
-            # the lock: a fork can copy it held by a viewer thread, which the child does not have.
+            # A forked child (a DataLoader worker) shares the script's sockets and files. Checked
+            # before the lock, which a fork can copy held by a viewer thread the child lacks.
             return
         with self._lock:
             if self._stop.is_set():
@@ -246,8 +231,7 @@ class Endpoint:
             self._stop.set()
             viewers = dict(self._viewers)
         atexit.unregister(self.close)
-        # Gone from the directory first, so no new viewer finds it.
-        self.discovery_path.unlink(missing_ok=True)
+        self.discovery_path.unlink(missing_ok=True)  # first, so no new viewer finds it
         self.socket_path.unlink(missing_ok=True)
         for conn in viewers:
             with contextlib.suppress(OSError):

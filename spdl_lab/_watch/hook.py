@@ -15,8 +15,8 @@ from typing import Any
 __all__ = ["KWARGS_ENV", "dataloader_kwargs", "install", "installed"]
 
 ENV = "SPDL_LAB_WATCH"
-#: JSON object of keyword arguments given to every torch DataLoader the script builds, over its
-#: own (``spdl-lab tune --script`` tries advice with it), e.g. ``{"num_workers": 4}``.
+#: A JSON object of keyword arguments given to every DataLoader the script builds, over its own
+#: (``spdl-lab tune --script`` tries advice with it).
 KWARGS_ENV = "SPDL_LAB_DATALOADER_KWARGS"
 #: module -> (class, method) whose result is an epoch's iterator
 TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
@@ -24,12 +24,9 @@ TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
 
 
 def install() -> bool:
-    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent.
-
-    Loaded at interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
-    ``boot/sitecustomize.py``); each epoch a TARGETS class starts is then published
-    (``publish.published_epoch``), except those spdl_lab starts itself.
-    """
+    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent. Run at
+    interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
+    ``boot/sitecustomize.py``), so that each epoch of a TARGETS class is published."""
     if os.environ.get(ENV, "") != "1":
         return False
     if not installed():
@@ -81,8 +78,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 def dataloader_kwargs() -> dict[str, Any]:
-    """``$SPDL_LAB_DATALOADER_KWARGS`` read: {} when unset; ValueError naming it when it is not a
-    JSON object of keyword arguments."""
+    """``$SPDL_LAB_DATALOADER_KWARGS``, {} when unset; ValueError naming it when it is not valid."""
     import json
 
     text = os.environ.get(KWARGS_ENV, "")
@@ -129,25 +125,22 @@ def _patch_init(cls: Any) -> None:
 
 def _patch(module: Any) -> None:
     class_name, method = TARGETS[module.__name__]
-    if class_name == "DataLoader" and getattr(module, class_name, None) is not None:
-        _patch_init(getattr(module, class_name))
     cls = getattr(module, class_name, None)
+    if class_name == "DataLoader" and cls is not None:
+        _patch_init(cls)
     original = getattr(cls, method, None)
     if original is None or getattr(original, "_spdl_lab_watch", False):
         return
 
     @functools.wraps(original)
     def epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # Not inspect.currentframe() kept in a local: that frame would hold itself, and with it the
-        # caller's frames, until a garbage collection; a DataLoader iterator collected that way
-        # takes torch 5 s per worker to stop (its queues' feeder threads are finalized first).
+        # Not inspect.currentframe() in a local: that frame would hold itself and the caller's until
+        # a GC, and a DataLoader iterator collected that way takes torch 5 s per worker to stop.
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller == "spdl_lab" or caller.startswith("spdl_lab.") or os.getpid() != _pid:
             return original(self, *args, **kwargs)
         from spdl_lab._watch.publish import published_epoch
 
-        # The iterator is made by the publisher: a DataLoader's workers start with its meters,
-        # and the time they take to start is the first batch's data wait.
         return published_epoch(self, functools.partial(original, self, *args, **kwargs))
 
     epoch._spdl_lab_watch = True  # type: ignore[attr-defined]

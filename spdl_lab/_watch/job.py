@@ -1,5 +1,5 @@
-"""``lab.attach(job)``: the ranks of a data-parallel job (``torchrun``) seen as one, live or from
-the records in its directory: a row per rank, every rank's frames, and the straggler verdict."""
+"""``lab.attach`` and ``lab.open``: watch a run published on this host, or read its record; the
+ranks of a data-parallel job (``torchrun``) as one ``JobSession``, live or from its records."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ import pandas as pd
 from .._telemetry.straggler import VERDICT_WINDOW_S, JobVerdict, judge, rank_window
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
-from .attach import RemoteSession
+from .attach import RemoteSession, record_state
 from .discovery import list_endpoints
 from .records import record_meta
 
-__all__ = ["JobSession", "job_entries"]
+__all__ = ["JobSession", "attach", "job_entries", "open_record"]
 
 #: How often a live job looks for ranks that have published since.
 RANKS_EVERY_S = 0.5
+_STEP_FIGURES = ("batches_per_s", "step_p50_ms", "data_wait_p50_ms", "data_wait_frac")
 
 
 def job_entries(name_or_id: str) -> list[dict[str, Any]]:
@@ -69,7 +70,6 @@ class JobSession:
             raise SpdlLabError(f"{folder} holds no rank records (rank0.sqlite, ...); give the job's record "
                                f"folder, as `spdl-lab watch --record DIR -- torchrun ...` writes it")
         sessions: dict[int, RemoteSession] = {}
-        metas = []
         for file in files:
             meta = record_meta(file)
             rank = meta.get("rank", "")
@@ -77,14 +77,13 @@ class JobSession:
                 raise SpdlLabError(f"{file} is not a rank's record (its meta names no rank); open it "
                                    f"with lab.open({str(file)!r}) on its own")
             sessions[int(rank)] = RemoteSession.from_record(file)
-            metas.append(meta)
-        world = metas[0].get("world_size", "")
-        job = cls(metas[0].get("job_name") or folder.name, metas[0].get("job", folder.name),
+        first = record_meta(files[0])
+        world = first.get("world_size", "")
+        job = cls(first.get("job_name") or folder.name, first.get("job", folder.name),
                   int(world) if world.isdigit() else None, sessions, False)
         job.record = str(folder)
         return job
 
-    # -- the ranks ---------------------------------------------------------------
     @property
     def ranks(self) -> dict[int, RemoteSession]:
         """Each rank's RemoteSession, lowest rank first (a live job adds ranks as they publish)."""
@@ -106,7 +105,7 @@ class JobSession:
 
     @property
     def state(self) -> str:
-        """"running" while any rank runs; else each rank's end, as ``"finished"`` or ``"0 stopped, 1 killed"``."""
+        """"running" while any rank runs; else ``"finished"`` or ``"0 stopped, 1 killed"``."""
         states = self.states
         if any(s == "running" for s in states.values()) or not states:
             return "running"
@@ -117,20 +116,15 @@ class JobSession:
     def running(self) -> bool:
         return self.state == "running"
 
-    # -- the read API ----------------------------------------------------------------
     def summary(self) -> pd.DataFrame:
-        """One row per rank: its state, its steps' figures, and what each loader stage made (items/s
-        over the run)."""
+        """One row per rank: its state, its steps' figures, and each loader stage's items/s."""
         rows = []
         for rank, session in self.ranks.items():
             snap = session.stats()
             step = snap.step.to_dict() if snap.step is not None else {}
             row = {"rank": rank, "name": session.name, "pid": session.pid, "state": session.state,
                    "runner": session.runner, "steps": step.get("steps", 0),
-                   "batches_per_s": step.get("batches_per_s", math.nan),
-                   "step_p50_ms": step.get("step_p50_ms", math.nan),
-                   "data_wait_p50_ms": step.get("data_wait_p50_ms", math.nan),
-                   "data_wait_frac": step.get("data_wait_frac", math.nan)}
+                   **{k: step.get(k, math.nan) for k in _STEP_FIGURES}}
             row.update({f"{name} items/s": stage.qps_avg for name, stage in snap.stages.items()})
             rows.append(row)
         return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
@@ -158,7 +152,6 @@ class JobSession:
         """The rank whose loading holds the job back now, or None."""
         return self.judge().straggler
 
-    # -- steering ----------------------------------------------------------------
     def controls(self) -> dict[int, dict[str, int]]:
         return {rank: session.controls() for rank, session in self.ranks.items()}
 
@@ -174,7 +167,6 @@ class JobSession:
             except SpdlLabError as exc:
                 raise type(exc)(f"rank {r}: {exc}") from exc
 
-    # -- views -------------------------------------------------------------------
     def dashboard(self, **options: Any) -> Any:
         return view("job_dashboard")(self, **options)
 
@@ -192,3 +184,67 @@ class JobSession:
     def __repr__(self) -> str:
         states = ", ".join(f"{r}: {s}" for r, s in self.states.items())
         return f"JobSession({self.name!r}, job={self.job_id!r}, world_size={self.world_size}, ranks={{{states}}})"
+
+
+_COLUMNS = ["name", "pid", "started", "state", "runner", "record", "ranks"]
+
+
+def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
+    """The published runs on this host (a DataFrame, a data-parallel job on one row with its
+    ranks), or what watches the one of that name or pid, waiting up to ``timeout`` s for it: a
+    ``JobSession`` for a job's name, else a ``RemoteSession`` (a run's name as given to
+    ``lab.publish``, or its pid)::
+
+        lab.attach("resnet").dashboard()
+    """
+    if name_or_pid is None:
+        return _listing()
+    if isinstance(name_or_pid, bool) or not isinstance(name_or_pid, (str, int)):
+        raise PipelineSpecError(f"lab.attach takes a run's (or a job's) name or pid, got {name_or_pid!r}")
+    deadline = time.monotonic() + timeout
+    while True:
+        ranks = job_entries(name_or_pid) if isinstance(name_or_pid, str) else []
+        if ranks:
+            return JobSession.attach(ranks)
+        found = [e for e in list_endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
+        if len(found) > 1:
+            pids = ", ".join(str(e["pid"]) for e in found)
+            raise SpdlLabError(f"lab.attach: {len(found)} published runs are named {name_or_pid!r} "
+                               f"(pids {pids}); attach by pid")
+        if found:
+            return RemoteSession(found[0])
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{e['name']} (pid {e['pid']})" for e in list_endpoints()) or "none"
+            raise SpdlLabError(f"lab.attach: no published run {name_or_pid!r} appeared within {timeout:g} s, "
+                               f"nor a job of that name (published now: {names}); start the script with "
+                               f"lab.publish(...) or spdl-lab watch, or pass a longer timeout=")
+        time.sleep(0.1)
+
+
+def _listing() -> pd.DataFrame:
+    """A row per published run, and one per job (its name, rank 0's pid, its ranks, its folder)."""
+    rows, jobs = [], {}
+    for entry in list_endpoints():
+        if entry.get("job"):
+            jobs.setdefault(entry["job"], []).append(entry)
+        else:
+            rows.append({**entry, "state": record_state(entry["record"], "running"), "ranks": ""})
+    for entries in jobs.values():
+        entries.sort(key=lambda e: e["rank"])
+        first = entries[0]
+        states = {record_state(e["record"], "running") for e in entries}
+        folder = str(Path(first["record"]).parent) if first.get("record") else None
+        ranks = ",".join(str(e["rank"]) for e in entries)
+        rows.append({"name": first.get("job_name") or first["name"], "pid": first["pid"],
+                     "started": min(e["started"] for e in entries), "runner": first["runner"],
+                     "state": "running" if "running" in states else ", ".join(sorted(states)),
+                     "record": folder, "ranks": f"{ranks} of {first.get('world_size') or '?'}"})
+    return pd.DataFrame(sorted(rows, key=lambda r: r["started"]), columns=_COLUMNS)
+
+
+def open_record(path: str | os.PathLike) -> Any:
+    """A run's record file as a RemoteSession (read only), live or ended, or a job's record folder
+    as a JobSession: ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
+    if Path(path).is_dir():
+        return JobSession.from_dir(path)
+    return RemoteSession.from_record(path)

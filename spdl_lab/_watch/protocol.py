@@ -1,6 +1,5 @@
-"""The wire format between a published run and its viewers: a 4-byte big-endian length and
-that many bytes of strict UTF-8 JSON (``_json``), never pickle; every request and reply is one
-of the pydantic models below, checked on arrival."""
+"""The wire format between a published run and its viewers: a 4-byte big-endian length, then
+that many bytes of strict UTF-8 JSON (never pickle) of one of the pydantic models below."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from .._pipeline import MAX_CONCURRENCY
 from .._telemetry.frames import FrameChunk
 from ..errors import SpdlLabError
 
-__all__ = [  # the messages; their checks (read_*); the framing (send, recv)
+__all__ = [
     "REQUESTS", "Ask", "Chunk", "ControlsReply", "Failure", "FramesReply", "FramesSince", "HelloReply",
     "Reply", "Request", "SetConcurrency", "StateReply", "StatsReply", "chunk_from_json",
     "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES",
@@ -40,9 +39,6 @@ class PeerClosed(ProtocolError):
 
 class MessageTimeout(ProtocolError, TimeoutError):
     """A message did not arrive, or could not be sent, within its timeout."""
-
-
-# -- the messages -----------------------------------------------------------------------
 
 
 class Message(BaseModel):
@@ -76,10 +72,7 @@ class HelloReply(Reply):
 
 def _nullable(values: np.ndarray) -> list[float | None]:
     values = np.asarray(values, dtype=np.float64)
-    out: list[float | None] = values.tolist()
-    for i in np.flatnonzero(~np.isfinite(values)).tolist():
-        out[i] = None
-    return out
+    return np.where(np.isfinite(values), values, None).tolist()
 
 
 class Column(Message):
@@ -135,8 +128,8 @@ class ControlsReply(Reply):
 
 
 class Ask(Message):
-    """A request of no fields: who is publishing (name, pid, runner, protocol version), its stats,
-    its state, or its controls (each stage's concurrency, as the run can set it live)."""
+    """A request of no fields: who is publishing (name, pid, runner, version), its stats, its
+    state, or its controls (each stage's concurrency, as the run can set it live)."""
 
     op: Literal["hello", "stats", "state", "controls"]
 
@@ -210,9 +203,6 @@ def _explain(exc: ValidationError, what: str, skip: int = 0) -> str:
     return f"{what}: {'; '.join(problems)}"
 
 
-# -- framing ----------------------------------------------------------------------------
-
-
 def decode_message(body: bytes) -> dict:
     """The dict in a message body; ProtocolError if it is not strict UTF-8 JSON of an object."""
     try:
@@ -228,7 +218,7 @@ def decode_message(body: bytes) -> dict:
 def send_message(sock: socket.socket, obj: dict | BaseModel, *, timeout: float | None = None,
                  limit: int | None = None) -> None:
     """Send ``obj`` as one message; ``limit`` caps the body size, ``timeout`` the whole send. A
-    model is written by pydantic's serializer (NaN as null), several times faster than ``json``."""
+    model goes through pydantic's serializer (NaN as null), several times faster than ``json``."""
     try:
         body = (obj.model_dump_json() if isinstance(obj, BaseModel) else _json.dumps(obj)).encode()
     except (TypeError, ValueError) as exc:

@@ -1,9 +1,7 @@
-"""``lab.publish``: a training script makes its run visible to notebooks on this host, through
-a record file (``records``) and a local endpoint (``endpoint``) for what its loop iterates. With
-``SPDL_LAB_WATCH=1`` (set by ``spdl-lab watch``), every ``lab.run`` session, every Loader no session
-owns, and (through ``hook``) every torch DataLoader and SPDL pipeline a script iterates is
-published with no code change, each under a name of its own. How the script ends reaches the
-records: an uncaught exception marks its runs "failed", Ctrl-C and SIGTERM "stopped"."""
+"""``lab.publish``: a training script shows its run to notebooks on this host (a record file and
+a local endpoint). With ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session, unowned Loader,
+and (through ``hook``) DataLoader and SPDL pipeline is published with no code change. An uncaught
+exception marks the runs "failed", Ctrl-C and SIGTERM "stopped"."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from .. import _forksafe
 from .._json import dumps
 from .._runs import caller_line
 from .._telemetry.frames import chunk_since
-from .discovery import safe_name
+from .discovery import rank_identity, safe_name
 from .endpoint import Endpoint, Handlers
-from .ranks import job_record_path, rank_identity
 from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
 from .timeline import Timeline
@@ -37,7 +34,7 @@ ENV_NAME = "SPDL_LAB_WATCH_NAME"
 
 #: How often new frames and steps go from the run to the record's buffer.
 PUMP_EVERY_S = 0.25
-#: How often the run's stats (the stages' figures) are kept in the record, besides at its end.
+#: How often the run's stats are kept in the record, besides at its end.
 STATS_EVERY_S = 5.0
 #: The open publishers, by id of what they publish.
 _PUBLISHED: dict[int, Publisher] = {}
@@ -60,13 +57,11 @@ def publish(obj: Any, name: str | None = None) -> Any:
         for batch in loader:
             train(batch)
     """
-    if id(obj) in _PUBLISHED:
-        return _PUBLISHED[id(obj)].source.published
-    return Publisher(obj, name or caller_line()).source.published
+    publisher = _PUBLISHED.get(id(obj)) or Publisher(obj, name or caller_line())
+    return publisher.source.published
 
 
 def published_by(obj: Any) -> Publisher | None:
-    """The open Publisher of ``obj``, if it is published."""
     return _PUBLISHED.get(id(obj))
 
 
@@ -77,10 +72,7 @@ def unpublish(obj: Any) -> None:
             publisher.close()
 
 
-# -- publishing with no code change (SPDL_LAB_WATCH=1) ---------------------------------------
-
-def publish_once(obj: Any) -> Any:
-    """Publish ``obj`` unless it already is, and return its Publisher."""
+def publish_once(obj: Any) -> Publisher:
     with _lock:
         publisher = published_by(obj)
         if publisher is None:
@@ -89,28 +81,25 @@ def publish_once(obj: Any) -> Any:
 
 
 def start_hook(event: str, subject: Any) -> None:
-    """The start hook (``spdl_lab._runs.StartHook``): with ``SPDL_LAB_WATCH=1``, a session or a
-    Loader that no session owns is published when it starts."""
+    """The ``_runs.StartHook``: with ``SPDL_LAB_WATCH=1``, publish a session or unowned Loader."""
     if event in ("loader", "session") and os.environ.get(ENV, "") == "1":
         publish_once(subject)
 
 
 def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
-    """``make()``, the epoch's iterator the script asks of ``obj`` (a DataLoader, an SPDL
-    pipeline), timed for ``obj``'s published run (a DataLoader's workers start metered)."""
+    """``make()``, an epoch's iterator of ``obj`` (a DataLoader, an SPDL pipeline), timed."""
     return publish_once(obj).source.open_epoch(make)
 
 
 def _base_name() -> str:
-    """``SPDL_LAB_WATCH_NAME`` (``spdl-lab watch --name``) or the line that started the run, with
-    the rank of a ``torchrun`` job (``$RANK``) appended."""
+    """``$SPDL_LAB_WATCH_NAME`` or the line that started the run, ``-rank$RANK`` appended."""
     name = os.environ.get(ENV_NAME, "") or caller_line()
     rank = os.environ.get("RANK", "")
     return f"{name}-rank{rank}" if rank.isdigit() else name
 
 
 def _unique(name: str) -> str:
-    """``name``, or ``name-2``, ``name-3``... for a second run of that name in this script."""
+    """``name``, else ``name-2``, ``name-3``..."""
     candidate, n = name, 1
     while candidate in _taken:
         n += 1
@@ -129,21 +118,16 @@ class Publisher:
         self._pid = os.getpid()
         self.source = source_of(obj)
         self.obj = obj
-        #: the rank of a torchrun job this process is (its runs are named ``NAME-rankR``), or None
-        self.rank = rank_identity()
-        self.name = name = self.rank.run_name(name) if self.rank else name
+        self.rank = rank_identity()  # None outside a torchrun job
         job: dict[str, str | int] = {}
         if self.rank is not None:
-            job_name = self.rank.job_name(name)
-            job = self.rank.facts(job_name)
-            path = job_record_path(job_name, self.rank, os.environ.get(RECORD_ENV))
+            name, path, job = self.rank.run(name, os.environ.get(RECORD_ENV))
         else:
             path = default_record_path(name, os.getpid())
+        self.name = name
         if (os.environ.get(RECORD_ENV) or self.rank) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
-        #: how the script ended the run, when not by its loop's end: "failed" (an uncaught
-        #: exception) or "stopped" (SIGTERM, SIGINT); set by ``_watch_endings``
-        self.ended_by: str | None = None
+        self.ended_by: str | None = None  # "failed" or "stopped", set by _watch_endings
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record
         self._steps_recorded = 0  # the clock's step index: steps before it are in the record
         self._stats_at = -math.inf
@@ -202,7 +186,7 @@ class Publisher:
 
     def flush(self) -> None:
         """Put everything so far in the record file now (a signal is about to end the script)."""
-        if _forksafe.forked_child(self._pid):  # a forked worker's SIGTERM: the script's record is not its own
+        if _forksafe.forked_child(self._pid):  # a forked worker's SIGTERM: not its record
             return
         self._copy()
         self.writer.flush()
@@ -216,13 +200,12 @@ class Publisher:
                                                          "viewers": self.timeline.skipped_by_viewers}}
 
     def state(self) -> str:
-        """The run's state as viewers see it."""
         return self.ended_by or self.source.state()
 
     def close(self) -> None:
         """Stop publishing: the record gets the run's last frames and state, the endpoint goes.
-        Nothing in a forked child (its atexit and SIGTERM handlers are the script's): the pump and
-        record threads run only in the script, and the record and endpoint are the script's."""
+        Nothing in a forked child: its atexit and SIGTERM handlers, record and endpoint are the
+        script's."""
         if _forksafe.forked_child(self._pid):
             return
         with self._lock:
@@ -231,8 +214,7 @@ class Publisher:
             self._stop.set()
         self._pump.join(5.0)
         state = self._final_state()
-        # Each step runs even when one before it fails: the record closes, the endpoint goes.
-        with contextlib.ExitStack() as steps:
+        with contextlib.ExitStack() as steps:  # each step runs even when one before it fails
             steps.callback(self._forget)
             steps.callback(self.endpoint.close)
             steps.callback(self.writer.close, state=state)
@@ -244,8 +226,6 @@ class Publisher:
         if _PUBLISHED.get(id(self.obj)) is self:
             del _PUBLISHED[id(self.obj)]
 
-
-# -- how the script ends -------------------------------------------------------------------------
 
 def _watch_endings() -> None:
     """Once per process: watch how the script ends, for every open publisher."""
@@ -267,14 +247,13 @@ def _watch_endings() -> None:
 
 def _mark(how: str) -> None:
     for publisher in list(_PUBLISHED.values()):
-        if publisher.ended_by is None and publisher.source.state() == "running":  # an ended run is not
+        if publisher.ended_by is None and publisher.source.state() == "running":
             publisher.ended_by = how
 
 
 def _take_sigterm() -> None:
-    """Flush on SIGTERM, then let the script's own handler (or the default: exit) act. Only the
-    main thread may set a handler; a run published from another one flushes every 2 s. SIGTERM
-    would end the process without running ``atexit``: every run's last steps and frames go first."""
+    """Flush on SIGTERM (which skips ``atexit``), then let the script's handler or the default act.
+    Only the main thread may set it; a run published from another one flushes every 2 s."""
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_IGN, None):  # the script ignores it, or it was set outside Python
         return

@@ -1,8 +1,6 @@
-"""Record files: a published run writes its frames to an SQLite file (WAL mode) as it goes, so a
-viewer reads it during the run and a killed script leaves it up to its last flush. pandas reads it
-directly: ``pd.read_sql("select * from frames", sqlite3.connect(path))``. The training steps are
-kept in full for the last ``STEPS_FULL_S`` (table ``steps``), older ones thinned into per-second
-sums and histograms (``step_seconds``), read by the same ``summarize`` as the live clock's."""
+"""Record files: a published run writes its frames and steps to an SQLite file (WAL mode) as it
+goes, so a viewer reads it live and a killed script leaves it whole up to its last flush; pandas
+reads it (``pd.read_sql("select * from frames", sqlite3.connect(path))``)."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import math
 import os
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from itertools import repeat
@@ -24,7 +23,7 @@ import pandas as pd
 from .. import _forksafe
 from .._json import loads
 from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
-from .._telemetry.histogram import bucket_of, new_counts
+from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._telemetry.ring import Ring
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
@@ -34,25 +33,23 @@ from .timeline import append_ticks
 __all__ = ["END_STATES", "FULL_RATE_S", "STEPS_FULL_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
            "read_record", "read_step_summary", "record_meta", "step_rows", "with_record"]
 
-# Each flush keeps full rate for the latest FULL_RATE_S of record time and thins older ticks to
-# the last value of each (series, stage) per THIN_EVERY_S: a day's record stays far under 200 MB.
+# Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0
 RECORD_ENV = "SPDL_LAB_RECORD"
 THREAD_NAME = "spdl_lab:record"
-#: How a closed record's run ended: its loop's end, an uncaught exception, a signal (SIGTERM, SIGINT).
+#: How a closed record's run ended: its loop's end, an uncaught exception, a signal.
 END_STATES = ("finished", "failed", "stopped")
 #: Steps held for the next flush at most; more (a disk that fails for minutes) are dropped, counted.
 MAX_BUFFERED_STEPS = 1_000_000
-#: Steps kept one row each; older ones become one row per second (a day at 60 steps/s: about
-#: 13 MB of full steps plus 83,000 rows of seconds, instead of 5 million rows).
+#: Steps kept one row each (table ``steps``); older ones are summed into one row per second,
+#: with histograms (``step_seconds``), which ``read_step_summary`` reads as the live clock does.
 STEPS_FULL_S = 3600.0
 T = TypeVar("T")
 Row = tuple[int, int, int, int, "int | None"]
 
 # frames: long format (FRAME_COLUMNS), NaN not stored; meta: the run's facts (name, pid, started,
-# runner, dropped_ticks, stats: the run's last stats as JSON, the steps' facts, and state:
-# "running", then one of END_STATES at close); steps and step_seconds: a step each, a second each.
+# runner, dropped_ticks, stats as JSON, the steps' facts, state: "running" until close).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (time_s REAL, series TEXT, stage TEXT, value REAL);
 CREATE INDEX IF NOT EXISTS frames_time_s ON frames (time_s);
@@ -66,8 +63,7 @@ CREATE TABLE IF NOT EXISTS step_seconds (second INTEGER PRIMARY KEY, steps INTEG
 
 _SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 
-# Rows of [lo, hi) except the last one of each (series, stage) in each bucket.
-# Rows are inserted in time order, so the largest rowid is the latest tick.
+# Rows of [lo, hi) but the last of each (series, stage) per bucket (rows go in in time order).
 _THIN = """
 DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
     SELECT max(rowid) FROM frames WHERE time_s >= ? AND time_s < ?
@@ -82,9 +78,9 @@ def default_record_path(name: str, pid: int) -> Path:
 
 
 class RecordWriter:
-    """Writes frame chunks to a new SQLite record from a thread of its own, ``spdl_lab:record``.
-    ``add`` never waits on the disk: it appends to a ring of ``max_buffered_ticks`` (older ticks
-    are dropped and counted), written every ``flush_every_s``; ``close`` raises a failed flush."""
+    """Writes frame chunks to a new SQLite record from its own thread, ``spdl_lab:record``. ``add``
+    never waits on the disk: a ring of ``max_buffered_ticks`` (older ticks dropped, counted) is
+    written every ``flush_every_s``; ``close`` raises a failed flush."""
 
     def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
                  max_buffered_ticks: int = 6000) -> None:
@@ -131,14 +127,12 @@ class RecordWriter:
         return db
 
     def add(self, chunk: FrameChunk) -> None:
-        """Queue a chunk for the next flush; never waits on the disk."""
         if self.closed:
             raise SpdlLabError(f"the record writer for {self.path} is closed; add frames before close()")
         append_ticks(self._buffer, chunk.times, chunk.columns)
 
     def add_steps(self, rows: list[Row], facts: dict[str, str]) -> None:
-        """Queue training steps (``step_rows``) and the meta facts that go with them
-        (stats, the clock's first request...) for the next flush; never waits on the disk."""
+        """Queue training steps (``step_rows``) and meta facts (stats...) for the next flush."""
         with self._steps_lock:
             self._steps += rows
             over = len(self._steps) - MAX_BUFFERED_STEPS
@@ -148,9 +142,8 @@ class RecordWriter:
             self._facts.update(facts)
 
     def flush(self) -> None:
-        """Write the buffered ticks now, in one transaction, then thin old ticks."""
-        # Under the disk lock, so that two flushes write their ticks in time order.
-        with self._db_lock:
+        """Write what is buffered now, in one transaction, and thin what is old."""
+        with self._db_lock:  # two flushes write their ticks in time order
             if self._db is None:
                 return
             cursor, times, columns = self._buffer.since(self._written)
@@ -188,8 +181,7 @@ class RecordWriter:
         while not self._stop.wait(self.flush_every_s):
             try:
                 self.flush()
-            except Exception as e:
-                # Keep training going; the buffer stays bounded and close() reports it.
+            except Exception as e:  # training goes on; the buffer stays bounded; close() reports it
                 self.error = e
 
     def close(self, state: str = "finished") -> None:
@@ -210,9 +202,7 @@ class RecordWriter:
         finally:
             with self._db_lock:
                 db, self._db = self._db, None
-            with contextlib.suppress(sqlite3.Error):
-                # A finished record becomes one plain file, which readers open without side
-                # files; a viewer still reading keeps it in WAL mode, which is fine too.
+            with contextlib.suppress(sqlite3.Error):  # one plain file, unless a viewer reads it
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 db.execute("PRAGMA journal_mode=DELETE")
             db.close()
@@ -234,8 +224,7 @@ def read_record(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:
-    """The record's meta table; ``state`` reads ``"killed"`` if it says running but its pid is
-    gone: the process died without closing, and the record holds all up to its last flush."""
+    """The record's meta table; ``state`` says ``"killed"`` for "running" if its pid is gone."""
     meta = with_record(path, lambda db: dict(db.execute("SELECT key, value FROM meta").fetchall()))
     if meta.get("state") == "running" and not pid_alive(meta.get("pid", "")):
         meta["state"] = "killed"
@@ -257,10 +246,13 @@ def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]
 
 
 # -- training steps --------------------------------------------------------------------------------
-# Meta keys the publisher keeps for them: steps_first_ns (the first batch asked, ns from the
-# clock's origin, as end_ns), steps_origin_s (time.perf_counter() at that origin: the machine's
-# monotonic clock, so another process can hold its own times against the steps), steps_offset_s
-# (the origin in the frames' time), steps_device, step_copies, step_copy_ns.
+# Their meta keys: steps_first_ns (the first batch asked, ns from the clock's origin, as end_ns),
+# steps_origin_s (perf_counter() at that origin, for other processes' times), steps_offset_s (the
+# origin in the frames' time), steps_device, step_copies, step_copy_ns.
+_NS = 1_000_000_000
+_SECOND = ("steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, device_loop_ns, "
+           "step_hist, wait_hist")
+
 
 def step_rows(records: Iterable[StepRecord]) -> list[Row]:
     """(idx, end_ns, wait_ns, step_ns, device_ns or None) of each step; the clock's own integers."""
@@ -268,74 +260,54 @@ def step_rows(records: Iterable[StepRecord]) -> list[Row]:
              None if math.isnan(r.device_s) else round(r.device_s * 1e9)) for r in records]
 
 
+def _hist(stored: str) -> Counter[int]:
+    return Counter({int(bucket): count for bucket, count in loads(stored).items()})
+
+
 def thin_steps(db: sqlite3.Connection) -> None:
-    """Fold the steps that ended over ``STEPS_FULL_S`` before the newest into whole seconds."""
+    """Fold the steps that ended over ``STEPS_FULL_S`` before the newest into whole seconds; a
+    second thinned in two flushes adds up."""
     newest = db.execute("SELECT max(end_ns) FROM steps").fetchone()[0]
     if newest is None:
         return
-    cutoff_s = math.floor(newest / 1e9 - STEPS_FULL_S)
+    cutoff_ns = math.floor(newest / 1e9 - STEPS_FULL_S) * _NS
     old = db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?",
-                     (cutoff_s * 1_000_000_000,)).fetchall()
-    if not old:
-        return
+                     (cutoff_ns,)).fetchall()
     seconds: dict[int, list[Any]] = {}
     for end_ns, wait_ns, step_ns, device_ns in old:
-        s = seconds.setdefault(end_ns // 1_000_000_000, [0, 0, 0, 0, 0, 0, 0, {}, {}])
-        s[0] += 1
-        s[1] += wait_ns
-        s[2] += step_ns
-        s[3] = max(s[3], end_ns)
-        if device_ns is not None:
-            s[4] += 1
-            s[5] += device_ns
-            s[6] += wait_ns + step_ns
-        for hist, ns in ((s[7], step_ns), (s[8], wait_ns)):
-            hist[bucket_of(ns)] = hist.get(bucket_of(ns), 0) + 1
-    for second, s in seconds.items():
-        before = db.execute("SELECT steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, "
-                            "device_loop_ns, step_hist, wait_hist FROM step_seconds WHERE second = ?",
-                            (second,)).fetchone()
-        if before is not None:  # a second thinned in two flushes: add up
-            s = [*(a + b for a, b in zip(s[:3], before[:3])), max(s[3], before[3]),
-                 *(a + b for a, b in zip(s[4:7], before[4:7])),
-                 _merged(s[7], before[7]), _merged(s[8], before[8])]
-        db.execute("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (second, *s[:7], json.dumps(s[7]), json.dumps(s[8])))
-    db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_s * 1_000_000_000,))
-
-
-def _merged(mine: dict[int, int], stored: str) -> dict[int, int]:
-    out = dict(mine)
-    for bucket, count in loads(stored).items():
-        out[int(bucket)] = out.get(int(bucket), 0) + count
-    return out
+        s = seconds.get(second := end_ns // _NS)
+        if s is None:
+            before = db.execute(f"SELECT {_SECOND} FROM step_seconds WHERE second = ?",
+                                (second,)).fetchone() or (0, 0, 0, 0, 0, 0, 0, "{}", "{}")
+            s = seconds[second] = [*before[:7], _hist(before[7]), _hist(before[8])]
+        on_device = device_ns is not None
+        s[:7] = [s[0] + 1, s[1] + wait_ns, s[2] + step_ns, max(s[3], end_ns), s[4] + on_device,
+                 s[5] + (device_ns or 0), s[6] + on_device * (wait_ns + step_ns)]
+        s[7][bucket_of(step_ns)] += 1
+        s[8][bucket_of(wait_ns)] += 1
+    db.executemany("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   [(n, *s[:7], json.dumps(s[7]), json.dumps(s[8])) for n, s in seconds.items()])
+    db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_ns,))
 
 
 def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSummary | None:
-    """The figures over every recorded step, as the live clock computes them; None without steps
-    (or in a record from before steps were kept)."""
+    """The figures over every recorded step, as the live clock computes them; None without steps."""
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not {"steps", "step_seconds"} <= tables:
         return None
     full = np.array(db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps ORDER BY idx")
                     .fetchall(), dtype=object).reshape(-1, 4)
-    thinned = db.execute("SELECT steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, "
-                         "device_loop_ns, step_hist, wait_hist FROM step_seconds").fetchall()
+    thinned = db.execute(f"SELECT {_SECOND} FROM step_seconds").fetchall()
     if not len(full) and not thinned:
         return None
     ends, waits, steps = (full[:, i].astype(np.int64) for i in range(3))
     has_device = np.array([d is not None for d in full[:, 3]], dtype=bool)
     device = full[has_device, 3].astype(np.int64)
-    step_hist, wait_hist = new_counts(), new_counts()
-    for ns in steps.tolist():
-        step_hist[bucket_of(ns)] += 1
-    for ns in waits.tolist():
-        wait_hist[bucket_of(ns)] += 1
+    hists = []
+    for own, column in ((steps, 7), (waits, 8)):
+        counts = sum((_hist(row[column]) for row in thinned), Counter(map(bucket_of, own.tolist())))
+        hists.append([counts[i] for i in range(NUM_BUCKETS)])
     sums = [sum(row[i] for row in thinned) for i in (0, 1, 2, 4, 5, 6)]
-    for row in thinned:
-        for hist, stored in ((step_hist, row[7]), (wait_hist, row[8])):
-            for bucket, count in loads(stored).items():
-                hist[int(bucket)] += count
     last_end = max(([int(ends.max())] if len(ends) else []) + [row[3] for row in thinned])
     totals = Totals(steps=len(steps) + sums[0], wait_ns=int(waits.sum()) + sums[1],
                     step_ns=int(steps.sum()) + sums[2], last_end_ns=last_end,
@@ -344,4 +316,4 @@ def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSumma
                     copies=int(meta.get("step_copies", 0) or 0), copy_ns=int(meta.get("step_copy_ns", 0) or 0))
     exact = not thinned
     return summarize(totals, int(meta.get("steps_first_ns", 0) or 0), meta.get("steps_device", ""),
-                     step_hist, wait_hist, steps / 1e9 if exact else None, waits / 1e9 if exact else None)
+                     *hists, steps / 1e9 if exact else None, waits / 1e9 if exact else None)

@@ -1,6 +1,6 @@
-"""What a publisher reads from the thing it publishes, with one interface: ``sampler()``,
-``stats()``, ``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published``
-(what ``lab.publish`` hands back to the training loop)."""
+"""What a publisher reads from what it publishes, one interface for all: ``sampler()``, ``stats()``,
+``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published`` (what
+``lab.publish`` hands back to the training loop)."""
 
 from __future__ import annotations
 
@@ -60,9 +60,8 @@ class _Proxy:
 
 
 class _Epoch(_Proxy):
-    """One pass of the training loop over a published iterable: the iterator it was given,
-    timed by the step clock; other attributes (``len``, torch's ``_workers``) are the iterator's.
-    When the loop lets go of it (drops or closes it) holding a batch, that batch's step ends then."""
+    """One pass of the loop over a published iterable, timed by the step clock; other attributes
+    (``len``, torch's ``_workers``) are the iterator's. A step held as the loop lets go ends."""
 
     def __init__(self, items: Iterator[Any], loop: _TimedLoop, started_ns: int | None = None) -> None:
         self._of = items
@@ -79,25 +78,22 @@ class _Epoch(_Proxy):
 
 
 class _TimedLoop:
-    """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time.
-    ``children``, the CPU probe's (False or a callable skips its scan of every process on the
-    machine: there are none, threads, or they are known another way, a DataLoader's workers)."""
+    """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time; ``children``
+    is the CPU probe's (False, or a callable such as a DataLoader's workers, skips its scan)."""
 
     def __init__(self, children: Any) -> None:
         self.clock = StepClock()
         self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
         self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
-        #: whether a step the loop let go of counts at the end: not when the script failed (the publisher says)
+        #: whether a step the loop let go of counts at the end (not when the script failed)
         self.left_counts: Callable[[], bool] = lambda: True
-        # Weakly: when the loop drops its iterator (a break, a trainer's teardown), the step it
-        # held ends at that moment, not when the script ends.
+        # Weakly: a step held by an iterator the loop drops (a break, a teardown) ends then.
         self._epoch: weakref.ref[_Epoch] | None = None
         self._lock = _forksafe.Lock()
 
     def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
-        """Time the loop over ``items`` (made at ``started_ns``, ``time.perf_counter_ns()``, if
-        known). A step the loop still holds from the epoch before (a trainer that knows the
-        epoch's length does not ask past it) ended when this epoch began."""
+        """Time the loop over ``items`` (made at ``started_ns``, ``perf_counter_ns``, if known). A
+        step still held from the epoch before (a trainer that stops at its length) ended then."""
         self.clock.leave(started_ns)
         epoch = _Epoch(items, self, started_ns)
         with self._lock:
@@ -106,8 +102,7 @@ class _TimedLoop:
         return epoch
 
     def close(self) -> None:
-        """The run ends: a step the loop let go of (or still holds) counts, unless the script is
-        failing or stopped in it (``left_counts``)."""
+        """The run ends: a step let go of or still held counts, unless ``left_counts`` says no."""
         with self._lock:
             previous, self._epoch = self._epoch, None
         _close(previous)
@@ -115,8 +110,8 @@ class _TimedLoop:
 
 
 def _close(epoch: weakref.ref[_Epoch] | None) -> None:
-    """Close an epoch still open. One whose ``next()`` is running (a signal's handler closes the
-    run while the loop waits for data) holds no step: there is nothing to end."""
+    """Close an epoch still open; one inside ``next()`` (a signal handler closes the run while the
+    loop waits for data) holds no step to end."""
     open_epoch = epoch() if epoch is not None else None
     if open_epoch is not None:
         with contextlib.suppress(ValueError):  # "generator already executing"
@@ -124,13 +119,11 @@ def _close(epoch: weakref.ref[_Epoch] | None) -> None:
 
 
 class SessionSource:
-    """A ``lab.run`` Session, published as it is and steered live; it has its own step clock and
-    probes. ``OwnerSource`` adds them to a Loader."""
+    """A ``lab.run`` Session, published as it is and steered live, with its own clock and probes."""
 
     def __init__(self, obj: Any) -> None:
         self.published = self.obj = obj
         self.runner = obj.runner
-        #: the clock timing the loop's steps: its steps go into the record one by one
         self.clock: StepClock = getattr(obj, "clock", None) or StepClock()
 
     def sampler(self) -> Sampler | None:
@@ -153,9 +146,8 @@ class SessionSource:
 
 
 class OwnerSource(SessionSource):
-    """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters come from
-    its runs; the loop's steps are timed by wrapping each run's iterator (``RunOwner.consumer``),
-    and the step clock and the probes join its sampler."""
+    """A ``lab.Loader`` (or an SPDL pipeline monitored as SPDL runs it): stage meters from its runs,
+    steps timed around each run's iterator (``RunOwner.consumer``), clock and probes sampled."""
 
     def __init__(self, owner: Any) -> None:
         super().__init__(owner)
@@ -184,8 +176,8 @@ class OwnerSource(SessionSource):
 
 
 class LoopSource:
-    """Any other iterable, above all a torch DataLoader: each ``next()`` is data wait, the time
-    the loop holds a batch is the step, a DataLoader's workers are read for CPU; its own sampler."""
+    """Any other iterable, above all a DataLoader: ``next()`` is data wait, holding a batch is the
+    step, a DataLoader's workers are read for CPU; its own sampler."""
 
     def __init__(self, iterable: Any) -> None:
         self.obj = iterable
@@ -203,8 +195,8 @@ class LoopSource:
         self._sampler.start()
 
     def open_epoch(self, make: Callable[[], Iterator[Any]]) -> _Epoch:
-        """Time one pass over ``make()``; a DataLoader's workers start with their stages metered,
-        and the time they take to start is the first batch's data wait."""
+        """Time one pass over ``make()``; a DataLoader's workers start metered, their start-up
+        counted as the first batch's data wait."""
         started_ns = time.perf_counter_ns()
         items = self.workers.open(make) if self.workers is not None else make()
         return self.loop.epoch(items, started_ns)
@@ -246,8 +238,8 @@ class LoopSource:
 
 
 class PublishedLoop(_Proxy):
-    """What ``lab.publish`` returns for a DataLoader or another iterable: iterate it as the
-    original (every ``for`` is an epoch, timed); ``len()`` and attributes are the original's."""
+    """What ``lab.publish`` returns for a DataLoader or another iterable: each ``for`` over it is an
+    epoch, timed; ``len()`` and attributes are the original's."""
 
     def __init__(self, source: LoopSource) -> None:
         self._source = source

@@ -1,6 +1,5 @@
-"""One published run's ticks on one clock, across the runs of what it publishes: a
-``lab.Loader`` starts a new run, with a new sampler and ring, each epoch; viewers and the
-record see one continuous run."""
+"""One published run's ticks on one clock, across the runs of what it publishes (a ``lab.Loader``
+starts a new sampler each epoch): viewers and the record see one continuous run."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ class Timeline:
         self.skipped_by_viewers = 0
 
     def pull(self, sampler: Sampler | None) -> None:
-        """Append the ticks ``sampler`` (the current one) added since the last pull to the ring."""
+        """Append the ticks the current ``sampler`` added since the last pull."""
         if sampler is not self._sampler:
             if self._sampler is not None:
                 self._take(self._sampler)  # the previous run's last ticks
