@@ -129,8 +129,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    """Tune the runner and concurrency of the Pipeline named by module:attr, or check DataLoader
-    advice in an unchanged script (``--script``); see cli_tune.py."""
+    """Tune the Pipeline module:attr names, or check DataLoader advice in a script (--script)."""
     if args.script is not None:
         return cli_tune.tune_script(args)
     if args.target is None:
@@ -152,8 +151,7 @@ def _progress(args: argparse.Namespace) -> bool:
 
 # -- the parser ----------------------------------------------------------------------------------
 
-#: The target the --help examples use; the file names they show are derived from it as the
-#: commands derive theirs, so an example never names a file the command would not write.
+#: The target of the --help examples, whose file names are derived from it as the commands do.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
 
 
@@ -324,10 +322,9 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _interrupted(prog: str, exiting: bool) -> int:
-    """Ctrl-C: one line and 130. A second Ctrl-C while runs close would only print a traceback
-    from the middle of the clean-up, so a process about to exit (``exiting``: the command itself)
-    ignores it from here on; a caller of ``main(argv)`` keeps its own handler (its children would
-    inherit an ignored SIGINT)."""
+    """Ctrl-C: one line and 130. The command itself (``exiting``) then ignores a second Ctrl-C,
+    which would print a traceback from mid-clean-up; a caller of ``main(argv)`` keeps its handler
+    (its children would inherit an ignored SIGINT)."""
     if exiting and threading.current_thread() is threading.main_thread():  # signal.signal works only there
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"{prog}: interrupted", file=sys.stderr)
@@ -335,8 +332,7 @@ def _interrupted(prog: str, exiting: bool) -> int:
 
 
 def _caused_by_interrupt(exc: BaseException | None) -> bool:
-    """True when a KeyboardInterrupt is somewhere in the chain that led to ``exc`` (an
-    experiment may wrap what stopped it in its own error)."""
+    """Whether a KeyboardInterrupt is in ``exc``'s chain (an experiment may wrap it in its own)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt):
@@ -356,7 +352,6 @@ def main(argv: list[str] | None = None) -> int:
             import_safe_interrupts()
         return args.run(args)
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
-        # What the command line named cannot be used: the message says what and what to do.
         print(f"{prog}: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
