@@ -209,7 +209,7 @@ def _report_run(source: Path, out: Path) -> tuple[str, Path]:
 
 def _report_job(folder: Path, out: Path) -> tuple[str, Path]:
     """A data-parallel job's record folder (``rank0.sqlite``, ...)."""
-    from spdl_lab._ui.job_report import write_job_report
+    from spdl_lab._ui.job_dashboard import write_job_report
     from spdl_lab._watch.job import JobSession
 
     output_path(str(out), None)

@@ -1,14 +1,14 @@
-"""The live dashboard of a data-parallel job: its ranks side by side (steps/s, data wait, step
-time, and each loader stage's items/s, a line per rank, each point over the last ``SMOOTH_S``), a
-table with a row per rank, and the straggler verdict. It only reads the job's frames; one thread
-pushes new points at ``hz``.
-"""
+"""A data-parallel job, live (``JobDashboard``: one thread pushes points at ``hz``) or as one page
+(``write_job_report``): its ranks side by side, a line per rank (steps/s, data wait, step time,
+each loader stage's items/s), a row per rank, and the straggler verdict."""
 
 from __future__ import annotations
 
 import html
 import math
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -23,8 +23,9 @@ from .._telemetry.frames import FrameChunk
 from .._telemetry.straggler import rank_window
 from ..errors import SpdlLabError
 from .dashboard import _BokehView, _load_bokehjs, _set
+from .report import write_page
 
-__all__ = ["JobDashboard"]
+__all__ = ["JobDashboard", "write_job_report"]
 
 DEFAULT_HZ = 1.0
 #: A point a second per rank, each over the ticks of the latest SMOOTH_S (as the verdict reads
@@ -38,6 +39,11 @@ _PLOTS = (("steps_per_s", "steps/s", "steps/s"),
           ("wait_frac", "data wait, share of the loop", "share"),
           ("step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
 _STEP = "step"
+#: (series, stage or None for each loader stage, title, y label) of the plots over time.
+_REPORT_PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
+         ("data_wait_frac", "step", "data wait, share of the loop", "share"),
+         ("step_ms", "step", "step time (ms)", "ms"),
+         ("qps", None, "items/s", "items/s")]
 
 
 class JobDashboard(widgets.VBox):
@@ -182,3 +188,24 @@ def _cell(column: str, value: Any) -> str:
     if column == "data_wait_frac":
         return num(value, ".0%")
     return num(value, ".2f" if isinstance(value, float) else "d")
+
+
+def write_job_report(job: Any, path: str | os.PathLike) -> Path:
+    """Write ``job`` (a JobSession, live or from its folder) to ``path``; return the path."""
+    frames = job.frames().dropna(subset=["value"])  # numbers already: each rank's ring holds floats
+    stages = sorted({s for s in frames.loc[frames["series"] == "qps", "stage"] if s != "step" and "/worker" not in s})
+    figures = []
+    for series, stage, title, axis in _REPORT_PLOTS:
+        for name in [stage] if stage else stages:
+            fig = figure(title=f"{name}: {title}" if stage is None else title, height=240, width=460,
+                         x_axis_label="seconds since the rank started", y_axis_label=axis, toolbar_location=None)
+            for i, (rank, rows) in enumerate(frames[(frames["series"] == series) & (frames["stage"] == name)]
+                                             .groupby("rank")):
+                fig.line(rows["time_s"], rows["value"], color=Category10_10[i % 10], line_width=2,
+                         legend_label=f"rank {rank}")
+            figures.append(fig)
+    verdict = job.verdict()
+    note = (f"{len(job.ranks)} ranks (world size {job.world_size or '?'}), {job.state}; "
+            f"verdict over each rank's last seconds: {verdict}")
+    table = _table_html(job.summary())
+    return write_page(gridplot(figures, ncols=2), path, f"spdl_lab job {job.name}", note=note, table=table)

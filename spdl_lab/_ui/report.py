@@ -1,4 +1,5 @@
-"""Static, self-contained HTML reports (Bokeh INLINE: no network needed to open them)."""
+"""Static, self-contained HTML reports (Bokeh INLINE: no network needed to open them), and a
+Comparison's figures and page."""
 
 from __future__ import annotations
 
@@ -6,13 +7,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from bokeh.embed import file_html
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, HoverTool, Legend, Whisker
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
 from bokeh.resources import INLINE
 
 if TYPE_CHECKING:
     from .._experiments.compare import Comparison
 
-__all__ = ["write_comparison_report", "write_page"]
+__all__ = ["comparison_plot", "write_comparison_report", "write_page"]
 
 # Bokeh's own page (bokeh.core.templates.FILE) with our text and style around its plots;
 # Jinja escapes nothing by itself here, so every text the user gave passes through ``e``.
@@ -46,3 +52,48 @@ def write_comparison_report(cmp: Comparison, path: str | Path, *, title: str = "
     """Write the comparison's warnings, table and plots to one HTML file; return its path."""
     note = note or f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}."
     return write_page(cmp.plot(), path, title, note=note, table=cmp._repr_html_())
+
+
+def comparison_plot(cmp: Comparison):
+    """Batches/s per runner, step time over time per runner, and where the training thread waited."""
+    table = cmp.table
+    runners = list(table.index)
+    colors = {name: Category10_10[i % 10] for i, name in enumerate(runners)}
+    one_row_each = dict(y_range=runners[::-1], height=60 + 40 * len(runners), width=420,
+                        toolbar_location=None)
+    bars = figure(title=f"training throughput: median of {cmp.repeats} round(s), whiskers the "
+                  "slowest and fastest", x_axis_label="batches/s (higher is better)",
+                  **one_row_each)
+    source = ColumnDataSource(dict(runner=runners, value=list(table["batches_per_s"]),
+                                   color=[colors[r] for r in runners],
+                                   lo=list(table["batches_per_s_lo"]),
+                                   hi=list(table["batches_per_s_hi"])))
+    bars.hbar(y="runner", right="value", height=0.6, color="color", source=source)
+    bars.add_layout(Whisker(source=source, base="runner", lower="lo", upper="hi", dimension="width"))
+    bars.add_tools(HoverTool(tooltips=[("runner", "@runner"), ("batches/s", "@value{0.00}"),
+                                       ("rounds", "@lo{0.00} to @hi{0.00}")]))
+
+    waits = figure(title="training thread: share of time waiting (GIL, CPU, data)",
+                   x_axis_label="share of the loop", **one_row_each)
+    parts = [("gil_wait_frac", "GIL"), ("runqueue_wait_frac", "CPU run queue"), ("data_wait_frac", "data")]
+    left = [0.0] * len(runners)
+    items = []
+    for i, (col, label) in enumerate(parts):
+        values = [float(v) if pd.notna(v) else 0.0 for v in table[col]]
+        right = [a + b for a, b in zip(left, values)]
+        items.append((label, [waits.hbar(y=runners, left=left, right=right, height=0.6,
+                                         color=Category10_10[(i + 3) % 10])]))
+        left = right
+    waits.add_layout(Legend(items=items), "below")
+
+    steps = figure(width=840, height=260, title="step time over the run (ms)", toolbar_location=None,
+                   x_axis_label="seconds since the runner started", y_axis_label="step_ms")
+    lines = []
+    for runner in runners:
+        frame = cmp.frames.get(runner)
+        sel = frame[(frame["series"] == "step_ms") & (frame["stage"] == "step")] if frame is not None else None
+        if sel is not None and not sel.empty:
+            lines.append((runner, [steps.line(sel["time_s"], sel["value"], color=colors[runner], line_width=2)]))
+    if lines:
+        steps.add_layout(Legend(items=lines), "right")
+    return column(row(bars, waits), steps)
