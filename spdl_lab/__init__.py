@@ -44,9 +44,9 @@ _views.register(
     job_report="spdl_lab._ui.job_dashboard:write_job_report",
     run_report="spdl_lab._ui.run_report:write_run_report",
     session_autotuner="spdl_lab._tune.live:AutoTuner",
-    tuning_html="spdl_lab._ui.tuning_report:html_summary",
-    tuning_plot="spdl_lab._ui.tuning_report:tuning_plot",
-    tuning_report="spdl_lab._ui.tuning_report:write_html",
+    tuning_html="spdl_lab._ui.report:html_summary",
+    tuning_plot="spdl_lab._ui.report:tuning_plot",
+    tuning_report="spdl_lab._ui.report:write_html",
 )
 
 # The entry points and the types a user holds, sorted (a test keeps them so). ``lab.Dashboard``

@@ -1,8 +1,10 @@
-"""Static, self-contained HTML reports (Bokeh INLINE: no network needed to open them), and a
-Comparison's figures and page."""
+"""Static, self-contained HTML reports (Bokeh INLINE: no network needed to open them), and the
+figures and pages of a Comparison and a Tuning. Every string that reaches a page is escaped: a
+file read from elsewhere is data, never markup."""
 
 from __future__ import annotations
 
+import html
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +19,13 @@ from bokeh.resources import INLINE
 
 if TYPE_CHECKING:
     from .._experiments.compare import Comparison
+    from .._tune.result import Tuning
 
-__all__ = ["comparison_plot", "write_comparison_report", "write_page"]
+__all__ = ["comparison_plot", "html_summary", "tuning_plot", "write_comparison_report", "write_html",
+           "write_page"]
+
+#: Each runner's colour in the tuning plot.
+_COLORS = {"thread": Category10_10[0], "subprocess-threads": Category10_10[1], "process": Category10_10[2]}
 
 # Bokeh's own page (bokeh.core.templates.FILE) with our text and style around its plots;
 # Jinja escapes nothing by itself here, so every text the user gave passes through ``e``.
@@ -97,3 +104,50 @@ def comparison_plot(cmp: Comparison):
     if lines:
         steps.add_layout(Legend(items=lines), "right")
     return column(row(bars, waits), steps)
+
+
+def tuning_plot(tuning: Tuning):
+    """Each trial's measured batches/s (its windows' range as whiskers) and the model's prediction."""
+    t = tuning.trials
+    x = list(range(1, len(t) + 1))
+    fig = figure(width=760, height=320, toolbar_location=None, x_axis_label="trial (in the order measured)",
+                 y_axis_label="training batches/s", title=f"tuning: {tuning.summary()}"[:160])
+    numbers = {name: t[col].astype(float).tolist() for name, col in (
+        ("measured", "batches_per_s"), ("lo", "batches_per_s_lo"), ("hi", "batches_per_s_hi"),
+        ("predicted", "predicted_batches_per_s"))}
+    source = ColumnDataSource(dict(
+        x=x, **numbers, color=[_COLORS.get(r, "#777") for r in t["runner"]], move=list(t["move"]),
+        kept=["kept" if k else "reverted" for k in t["kept"]], runner=list(t["runner"]),
+        size=[11 if k else 7 for k in t["kept"]],
+    ))
+    measured = fig.scatter("x", "measured", size="size", color="color", source=source)
+    fig.add_layout(Whisker(source=source, base="x", lower="lo", upper="hi", line_color="#999"))
+    predicted = fig.scatter("x", "predicted", marker="x", size=10, color="#444", source=source)
+    running = t["batches_per_s"].astype(float).where(t["kept"].astype(bool)).ffill().tolist()  # best so far
+    line = fig.step(x, running, mode="after", color="#d62728", line_dash="dashed")
+    fig.add_tools(HoverTool(renderers=[measured], tooltips=[
+        ("move", "@move"), ("runner", "@runner"), ("measured", "@measured{0.00} (@lo{0.00}-@hi{0.00})"),
+        ("predicted", "@predicted{0.00}"), ("", "@kept")]))
+    fig.add_layout(Legend(items=[("measured (size: kept)", [measured]), ("predicted", [predicted]),
+                                 ("best so far", [line])]), "right")
+    return fig
+
+
+def html_summary(tuning: Tuning) -> str:
+    """The summary, the code and the log as HTML, everything escaped."""
+    log = "".join(f"<li>{html.escape(line)}</li>" for line in tuning.log)
+    cols = ["runner", "concurrency", "batches_per_s", "predicted_batches_per_s", "step_p50_ms", "data_wait_frac",
+            "cpu_percent", "move", "kept"]
+    cols += [c for c in ("others_percent", "restart_s") if c in tuning.trials]
+    table = tuning.trials[cols].to_html(float_format=lambda v: f"{v:,.3g}", escape=True)
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in tuning.warnings)
+    warned = (f'<div style="background:#fff3cd;border-left:4px solid #d9a400;padding:4px 8px">'
+              f"<b>No move recommended from this measurement:</b><ul>{warnings}</ul></div>") if warnings else ""
+    return (f"<p><b>{html.escape(tuning.summary())}</b></p>{warned}<pre>{html.escape(tuning.code)}</pre>"
+            f"<ol>{log}</ol>{table}")
+
+
+def write_html(tuning: Tuning, path: str | Path, *, title: str = "spdl_lab tuning") -> Path:
+    """One HTML file (Bokeh inline, nothing fetched): summary, code, log, trials and the plot."""
+    note = f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}; {tuning.cores} cores."
+    return write_page(tuning_plot(tuning), path, title, note=note, table=html_summary(tuning))
