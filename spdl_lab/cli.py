@@ -14,18 +14,21 @@ Every subcommand has ``--help`` with an example. Exit status:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 import spdl_lab as lab
 
-from . import _cli_tune as cli_tune
 from ._cli_inputs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -49,13 +52,18 @@ from ._diagnose.result import Diagnosis
 from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, Comparison, compare
 from ._file_checks import read_any
 from ._interpreter import describe
+from ._json import loads
 from ._pipeline import MAX_CONCURRENCY
 from ._runners import LOCAL_RUNNERS, RUNNERS
 from ._startup import import_safe_interrupts
+from ._table import num, pct, spread, text_table
+from ._tune import tune as run_tuner
+from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 from ._watch.command import run_watched
 from .errors import FileFormatError, PipelineSpecError, SpdlLabError
 
-__all__ = ["EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+__all__ = ["DEFAULT_BUDGET_S", "EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser",
+           "main", "trials_table"]
 
 #: ``compare --step`` when none is given: a short simulated GPU step, so loading dominates.
 DEFAULT_STEP = "simulated:20"
@@ -63,7 +71,7 @@ DEFAULT_STEP = "simulated:20"
 EXIT_CODES = __doc__[__doc__.index("Exit status:"):]
 
 
-# -- the subcommands ---------------------------------------------------------------------------
+# -- the subcommands ------------------------------------------------------------------------------
 
 def _info(_: argparse.Namespace) -> int:
     for line in describe().lines():
@@ -129,17 +137,170 @@ def _diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- spdl-lab tune TARGET, spdl-lab tune --script -------------------------------------------------
+
+#: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
+DEFAULT_BUDGET_S = 60.0
+
+
 def _tune(args: argparse.Namespace) -> int:
-    """Tune the Pipeline module:attr names, or check DataLoader advice in a script (--script)."""
+    """Tune the pipeline named by ``args.target`` for ``args.step``, printing and writing what it
+    found, or check DataLoader advice in a script (--script)."""
     if args.script is not None:
-        return cli_tune.tune_script(args)
+        return _tune_script(args)
     if args.target is None:
         raise UsageError("give TARGET (module:attr naming a lab.Pipeline) to tune, or --script train.py "
                          "[args...] with --set KEY=VALUE to check DataLoader advice in the job itself")
-    return cli_tune.tune(args, progress=_progress(args), stem=_stem(args.target))
+    pipeline, step = load_pipeline(args.target), load_step(args.step)
+    runners = _runners(args.runners)
+    if args.start is not None and args.start not in runners:
+        raise UsageError(f"--start {args.start} is not among --runners {' '.join(runners)}; "
+                         "add it to --runners or start from one of them")
+    # Checked before minutes of measuring, so that a bad path never throws the tuning away.
+    html = output_path(args.output, f"tune-{_stem(args.target)}.html")
+    data = output_path(args.json, None)
+    shown = f"{args.step}" + (f" ({step!r})" if args.step.startswith("simulated:") else "")
+    print(f"pipeline: {args.target}: {pipeline!r}\nstep: {shown}\n"
+          f"runners: {' '.join(runners)}; budget {args.budget:g} s\n", flush=True)
+    t0 = time.perf_counter()
+    tuning = run_tuner(pipeline, step, runners=runners, budget_s=args.budget, start=args.start,
+                       progress=_progress(args))
+    warnings = [f"warning: {w}" for w in tuning.warnings]
+    print(tuning.summary(), *warnings, "", trials_table(tuning.trials), "", *tuning.log, "",
+          f"code (p is the pipeline {args.target} names):", tuning.code, sep="\n")
+    return print_written(tuning.to_html(html), tuning, data, t0)
 
 
-# -- spdl-lab report FILE ----------------------------------------------------------------------
+def _tune_script(args: argparse.Namespace) -> int:
+    """Check DataLoader advice in the unchanged script: its own steps/s both ways, alternating."""
+    from ._watch.script_check import check_script
+
+    if args.target is not None:
+        raise UsageError(f"--script checks advice in a script; TARGET {args.target!r} is for tuning a "
+                         "pipeline: give one or the other")
+    advice = {**_advice_file(args.advice), **dict(args.set or [])}
+    command = list(args.script)
+    if command and command[0].endswith(".py"):
+        command = [sys.executable, *command]
+    print(f"script: {' '.join(command)}", f"advice: {json.dumps(advice)} (as $SPDL_LAB_DATALOADER_KWARGS)",
+          f"{args.rounds} runs each way, alternating, {args.warmup} warm-up steps then {args.steps} counted",
+          "", sep="\n", flush=True)
+    with tempfile.TemporaryDirectory(prefix="spdl_lab_tune_script_") as workdir:
+        check = check_script(command, advice, Path(workdir), steps=args.steps, warmup=args.warmup,
+                             rounds=args.rounds, timeout_s=args.timeout)
+    print(check.table(), "", check.verdict, sep="\n")
+    return EXIT_OK
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    """One --set KEY=VALUE: VALUE as JSON (4, true, null), else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a DataLoader keyword argument), got {text!r}")
+    try:
+        return key.strip(), loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _advice_file(path: str | None) -> dict[str, Any]:
+    """The DataLoader keyword arguments of a saved tuning's best configuration."""
+    if path is None:
+        return {}
+    from ._tune.result import Tuning
+
+    if not Path(path).is_file():
+        raise UsageError(f"--advice {path}: no such file; give what spdl-lab tune --json or Tuning.to_json wrote")
+    best = Tuning.from_json(path).best
+    if best["runner"] != "process":
+        raise UsageError(f"the tuning in {path} advises the {best['runner']!r} runner, which a script's "
+                         "DataLoader cannot take: use lab.from_dataloader in the script, or check "
+                         "DataLoader arguments with --set")
+    return dict(best["options"])
+
+
+def _runners(groups: list[list[str]] | None) -> list[str]:
+    """``--runners a b`` and ``--runners a,b`` alike, each runner once."""
+    runners = [r for group in groups for r in group] if groups else list(TUNABLE_RUNNERS)
+    twice = sorted({r for r in runners if runners.count(r) > 1})
+    if twice:
+        raise UsageError(f"--runners names {', '.join(twice)} more than once; name each runner once")
+    return runners
+
+
+def _runner_names(text: str) -> list[str]:
+    """One --runners value: a runner, or several separated by commas."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in TUNABLE_RUNNERS:
+            why = " ('cache' replays batches: it is the headspace, not a way to load)" if name == "cache" else ""
+            raise argparse.ArgumentTypeError(
+                f"unknown runner {name!r}{why}; choose from {', '.join(TUNABLE_RUNNERS)}")
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected runner names, got {text!r}")
+    return names
+
+
+# -- spdl-lab tune: the table ---------------------------------------------------------------------
+
+def _concurrency(row: pd.Series) -> str:
+    if row["runner"] == "process":  # every stage runs in each worker: the pool is the knob
+        knobs = [f"{k}={row['options'][k]}" for k in DATALOADER_KNOBS if k in row["options"]]
+        return " ".join([f"workers={row['options'].get('num_workers')}", *knobs])
+    return " ".join(f"{name}={n}" for name, n in row["concurrency"].items())
+
+
+def trials_table(trials: pd.DataFrame) -> str:
+    """``Tuning.trials`` as fixed-width text, one line per trial in the order measured: text
+    columns aligned left, numbers right."""
+    headings = ["runner", "concurrency", "batches/s [lo-hi]", "predicted", "step p50 ms", "data wait", "CPU %",
+                "others CPU %", "move", "kept"]
+    rows = [[str(row["runner"]), _concurrency(row), spread(row["batches_per_s"], row["batches_per_s_lo"],
+                                                           row["batches_per_s_hi"]),
+             num(row["predicted_batches_per_s"]), num(row["step_p50_ms"], ".1f"), pct(row["data_wait_frac"]),
+             num(row["cpu_percent"], ".0f"), num(row.get("others_percent", math.nan), ".0f"), str(row["move"]),
+             "kept" if row["kept"] else "-"]
+            for _, row in trials.iterrows()]
+    return "\n".join(text_table(headings, rows, left=(0, 1, 8, 9)))
+
+
+# -- spdl-lab tune: the options -------------------------------------------------------------------
+
+def _tune_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``spdl-lab tune`` after TARGET and --step."""
+    parser.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                        help=f"wall time for the whole tuning, the final side-by-side check included "
+                             f"(default {DEFAULT_BUDGET_S:g})")
+    parser.add_argument("--runners", type=_runner_names, nargs="+", default=None, metavar="RUNNER",
+                        help=f"runners to choose between, by spaces or commas "
+                             f"(default: {','.join(TUNABLE_RUNNERS)})")
+    parser.add_argument("--start", choices=TUNABLE_RUNNERS, default=None, metavar="RUNNER",
+                        help="the runner to start from, at the pipeline's own concurrency "
+                             "(default: the first of --runners)")
+    add_outputs(parser, ("-o", "--output"), "tune-MODULE-ATTR.html",
+                "also save the tuning as JSON (lab.Tuning.from_json reads it)")
+    job = parser.add_argument_group(
+        "checking advice in the job itself (--script)",
+        "Run the unchanged script under watch, alternately with its own DataLoader arguments and\n"
+        "with the advice (given to every DataLoader it builds through $SPDL_LAB_DATALOADER_KWARGS),\n"
+        "each run stopped after its steps; print the job's own steps/s both ways.")
+    job.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
+                     help="a DataLoader keyword argument to try, e.g. --set num_workers=4 (repeatable)")
+    job.add_argument("--advice", metavar="TUNING.json",
+                     help="take the DataLoader arguments of a saved tuning's best configuration")
+    job.add_argument("--steps", type=count(1), default=200, metavar="N", help="steps counted per run (default 200)")
+    job.add_argument("--warmup", type=count(0), default=20, metavar="N",
+                     help="steps not counted at the start of each run (default 20)")
+    job.add_argument("--rounds", type=count(2), default=2, metavar="N",
+                     help="runs each way, alternating; at least 2 (default 2)")
+    job.add_argument("--timeout", type=seconds, default=600.0, metavar="SECONDS",
+                     help="longest one run may take (default 600)")
+    job.add_argument("--script", nargs=argparse.REMAINDER, metavar="SCRIPT",
+                     help="the script and its arguments, last on the line: --script train.py --epochs 3 "
+                          "(a .py runs with this Python)")
+
+
+# -- spdl-lab report FILE -------------------------------------------------------------------------
 
 def _report(args: argparse.Namespace) -> int:
     """A saved diagnosis or comparison (JSON), a run's record (SQLite, by ``lab.publish`` or
@@ -223,7 +384,7 @@ def _report_job(folder: Path, out: Path) -> tuple[str, Path]:
     return text, write_job_report(job, out)
 
 
-# -- what the arguments name -------------------------------------------------------------------
+# -- what the arguments name ----------------------------------------------------------------------
 
 def _stem(target: str) -> str:
     return target.replace(":", "-").replace("/", "_")
@@ -234,7 +395,7 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-# -- the parser ----------------------------------------------------------------------------------
+# -- the parser -----------------------------------------------------------------------------------
 
 #: The target of the --help examples, whose file names are derived from it as the commands do.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
@@ -362,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
         + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",))
         + "\n  spdl-lab tune --set num_workers=4 --steps 200 --script train.py --epochs 3", quiet=True)
     _target_and_step(tune, optional=" (not with --script)")
-    cli_tune.add_arguments(tune)
+    _tune_options(tune)
 
     report = _subcommand(
         sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
