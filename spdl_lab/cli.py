@@ -241,8 +241,6 @@ def _runner_names(text: str) -> list[str]:
     return names
 
 
-# -- spdl-lab tune: the table ---------------------------------------------------------------------
-
 def _concurrency(row: pd.Series) -> str:
     if row["runner"] == "process":  # every stage runs in each worker: the pool is the knob
         knobs = [f"{k}={row['options'][k]}" for k in DATALOADER_KNOBS if k in row["options"]]
@@ -262,42 +260,6 @@ def trials_table(trials: pd.DataFrame) -> str:
              "kept" if row["kept"] else "-"]
             for _, row in trials.iterrows()]
     return "\n".join(text_table(headings, rows, left=(0, 1, 8, 9)))
-
-
-# -- spdl-lab tune: the options -------------------------------------------------------------------
-
-def _tune_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``spdl-lab tune`` after TARGET and --step."""
-    parser.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
-                        help=f"wall time for the whole tuning, the final side-by-side check included "
-                             f"(default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--runners", type=_runner_names, nargs="+", default=None, metavar="RUNNER",
-                        help=f"runners to choose between, by spaces or commas "
-                             f"(default: {','.join(TUNABLE_RUNNERS)})")
-    parser.add_argument("--start", choices=TUNABLE_RUNNERS, default=None, metavar="RUNNER",
-                        help="the runner to start from, at the pipeline's own concurrency "
-                             "(default: the first of --runners)")
-    add_outputs(parser, ("-o", "--output"), "tune-MODULE-ATTR.html",
-                "also save the tuning as JSON (lab.Tuning.from_json reads it)")
-    job = parser.add_argument_group(
-        "checking advice in the job itself (--script)",
-        "Run the unchanged script under watch, alternately with its own DataLoader arguments and\n"
-        "with the advice (given to every DataLoader it builds through $SPDL_LAB_DATALOADER_KWARGS),\n"
-        "each run stopped after its steps; print the job's own steps/s both ways.")
-    job.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
-                     help="a DataLoader keyword argument to try, e.g. --set num_workers=4 (repeatable)")
-    job.add_argument("--advice", metavar="TUNING.json",
-                     help="take the DataLoader arguments of a saved tuning's best configuration")
-    job.add_argument("--steps", type=count(1), default=200, metavar="N", help="steps counted per run (default 200)")
-    job.add_argument("--warmup", type=count(0), default=20, metavar="N",
-                     help="steps not counted at the start of each run (default 20)")
-    job.add_argument("--rounds", type=count(2), default=2, metavar="N",
-                     help="runs each way, alternating; at least 2 (default 2)")
-    job.add_argument("--timeout", type=seconds, default=600.0, metavar="SECONDS",
-                     help="longest one run may take (default 600)")
-    job.add_argument("--script", nargs=argparse.REMAINDER, metavar="SCRIPT",
-                     help="the script and its arguments, last on the line: --script train.py --epochs 3 "
-                          "(a .py runs with this Python)")
 
 
 # -- spdl-lab report FILE -------------------------------------------------------------------------
@@ -523,7 +485,36 @@ def build_parser() -> argparse.ArgumentParser:
         + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",))
         + "\n  spdl-lab tune --set num_workers=4 --steps 200 --script train.py --epochs 3", quiet=True)
     _target_and_step(tune, optional=" (not with --script)")
-    _tune_options(tune)
+    tune.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                      help=f"wall time for the whole tuning, the final side-by-side check included "
+                           f"(default {DEFAULT_BUDGET_S:g})")
+    tune.add_argument("--runners", type=_runner_names, nargs="+", default=None, metavar="RUNNER",
+                      help=f"runners to choose between, by spaces or commas "
+                           f"(default: {','.join(TUNABLE_RUNNERS)})")
+    tune.add_argument("--start", choices=TUNABLE_RUNNERS, default=None, metavar="RUNNER",
+                      help="the runner to start from, at the pipeline's own concurrency "
+                           "(default: the first of --runners)")
+    add_outputs(tune, ("-o", "--output"), "tune-MODULE-ATTR.html",
+                "also save the tuning as JSON (lab.Tuning.from_json reads it)")
+    job = tune.add_argument_group(
+        "checking advice in the job itself (--script)",
+        "Run the unchanged script under watch, alternately with its own DataLoader arguments and\n"
+        "with the advice (given to every DataLoader it builds through $SPDL_LAB_DATALOADER_KWARGS),\n"
+        "each run stopped after its steps; print the job's own steps/s both ways.")
+    job.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
+                     help="a DataLoader keyword argument to try, e.g. --set num_workers=4 (repeatable)")
+    job.add_argument("--advice", metavar="TUNING.json",
+                     help="take the DataLoader arguments of a saved tuning's best configuration")
+    job.add_argument("--steps", type=count(1), default=200, metavar="N", help="steps counted per run (default 200)")
+    job.add_argument("--warmup", type=count(0), default=20, metavar="N",
+                     help="steps not counted at the start of each run (default 20)")
+    job.add_argument("--rounds", type=count(2), default=2, metavar="N",
+                     help="runs each way, alternating; at least 2 (default 2)")
+    job.add_argument("--timeout", type=seconds, default=600.0, metavar="SECONDS",
+                     help="longest one run may take (default 600)")
+    job.add_argument("--script", nargs=argparse.REMAINDER, metavar="SCRIPT",
+                     help="the script and its arguments, last on the line: --script train.py --epochs 3 "
+                          "(a .py runs with this Python)")
 
     report = _subcommand(
         sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
