@@ -113,11 +113,10 @@ class Dashboard(widgets.VBox):
         pipeline = session.pipeline
         # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
-        options = list(RUNNERS) if switchable else [session.runner]
         self._applied: dict[str, int] = dict(session.controls())
         self._attaching = True  # setting options moves the value: not a user's choice
         try:
-            self.runner.options = options
+            self.runner.options = list(RUNNERS) if switchable else [session.runner]
             self.runner.value = session.runner
         finally:
             self._attaching = False
@@ -161,8 +160,8 @@ class Dashboard(widgets.VBox):
             self._publish_locked()
 
     def _publish_locked(self, *, text: bool = True) -> None:
-        """Stream the new ticks into the plots; rewrite the text when ``text``,
-        when TEXT_EVERY_S has passed, or when the session's state changed."""
+        """Stream the new ticks into the plots; rewrite the text when ``text``, when TEXT_EVERY_S
+        has passed, or when the session's state changed."""
         cpu0 = time.thread_time()
         session = self.session
         chunk = session.frames_since(self._cursor)
@@ -247,9 +246,8 @@ class Dashboard(widgets.VBox):
         return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
 
     def _table_html(self, session: Any, means: dict) -> str:
-        pipeline = session.pipeline
-        if pipeline is not None:
-            stages = ["source", *(s.name for s in pipeline.stages)]
+        if session.pipeline is not None:
+            stages = self._stages
         else:  # a DataLoader's stages, each followed by its part in every worker
             workers = sorted((stage for series, stage in self._seen if series == PER_WORKER["qps"]),
                              key=lambda name: int(name.rpartition("/worker")[2]))
