@@ -45,11 +45,8 @@ def integer(lo: int, hi: int) -> Any:
 
 def number(lo: float, hi: float = math.inf) -> Any:
     """A finite number in lo..hi, or null for NaN: JSON has no NaN, and the writer writes it as null."""
-    return Annotated[float | None, Strict(), Field(ge=lo, le=hi, allow_inf_nan=False), AfterValidator(_nan)]
-
-
-def _nan(value: float | None) -> float:
-    return math.nan if value is None else value
+    return Annotated[float | None, Strict(), Field(ge=lo, le=hi, allow_inf_nan=False),
+                     AfterValidator(lambda value: math.nan if value is None else value)]
 
 
 def string(limit: int) -> Any:

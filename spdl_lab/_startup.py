@@ -28,13 +28,9 @@ def is_the_command() -> bool:
                                           for a, b in zip(argv, argv[1:]))
 
 
-def _command() -> str:
-    name = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-    return f"spdl-lab {name}".strip()
-
-
 def _quit(signum: int, frame: FrameType | None) -> None:
-    os.write(2, f"{_command()}: interrupted\n".encode())
+    command = f"spdl-lab {next((a for a in sys.argv[1:] if not a.startswith('-')), '')}".strip()
+    os.write(2, f"{command}: interrupted\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 

@@ -530,7 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
         "spdl-lab report spdl_lab_runs/train-4cc7fda4 -o job.html\n  (a torchrun job: a row per rank, "
         "the straggler verdict, each rank's line over time)")
     watch = _subcommand(
-        sub, "watch", _watch, "run a training script with its runs published for lab.attach",
+        sub, "watch", lambda args: run_watched(args.script, name=args.name, record=args.record),
+        "run a training script with its runs published for lab.attach",
         "Run COMMAND (a training script, unchanged) with SPDL_LAB_WATCH=1: every torch\n"
         "DataLoader, SPDL pipeline and lab.Loader it iterates and every lab.run session is\n"
         "published (a record file and a local endpoint) for lab.attach() in a notebook.\n"
@@ -552,10 +553,6 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", default=None, metavar="OUT.html",
                         help="where the HTML goes (default: FILE with .html in place of its suffix)")
     return parser
-
-
-def _watch(args: argparse.Namespace) -> int:
-    return run_watched(args.script, name=args.name, record=args.record)
 
 
 def _interrupted(prog: str, exiting: bool) -> int:
