@@ -27,7 +27,7 @@ from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import PipelineSpecError, SpdlLabError
 from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
-__all__ = ["Dashboard"]
+__all__ = ["Dashboard", "LiveView"]
 
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
@@ -44,21 +44,47 @@ _TABLE = (("qps", ".1f"), ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("busy_frac", ".
 QUEUE_WAIT_S = 10.0
 
 
-class Dashboard(widgets.VBox):
+class LiveView(widgets.VBox):
+    """What both dashboards share: a publisher thread (``_run``, every 1/``hz`` s), one Bokeh view
+    (``_show``), and ``close()``, which stops them and leaves what they show as it is."""
+
+    def __init__(self, css_class: str, hz: float) -> None:
+        self._closed = threading.Event()  # first: ipywidgets' __del__ calls close() even then
+        self._publisher: threading.Thread | None = None
+        self._bokeh: Any = None
+        if not isinstance(hz, (int, float)) or not hz > 0:
+            raise SpdlLabError(f"{type(self).__name__}: hz must be a number > 0 (updates per "
+                               f"second), got {hz!r}")
+        super().__init__()
+        self.add_class(css_class)
+        _load_bokehjs()
+        self.interval_s = 1.0 / hz
+        self._plot_box = widgets.Box()
+
+    def _show(self, layout: Any) -> None:
+        old, self._bokeh = self._bokeh, _BokehView(layout)
+        self._plot_box.children = [self._bokeh]
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Stop publishing and close the widgets."""
+        self._closed.set()
+        publisher = self._publisher
+        if publisher is not None and publisher is not threading.current_thread():
+            publisher.join(5.0)
+        if self._bokeh is not None:
+            self._bokeh.close()
+        super().close()
+
+
+class Dashboard(LiveView):
     """A live view of one Session (``session.dashboard()``); ``sliders[stage].value = 8`` moves a
     slider. The runner selector and the start button replace ``session`` with a new one;
     ``close()`` stops the publisher, not the session."""
 
     def __init__(self, session: Any, *, hz: float = DEFAULT_HZ, rollover: int = DEFAULT_ROLLOVER) -> None:
-        self._closed = threading.Event()  # first: ipywidgets' __del__ calls close() even then
-        self._publisher: threading.Thread | None = None
-        self._bokeh: Any = None
-        if not isinstance(hz, (int, float)) or not hz > 0:
-            raise SpdlLabError(f"Dashboard: hz must be a number > 0 (updates per second), got {hz!r}")
-        super().__init__()
-        self.add_class("spdl-lab-dashboard")
-        _load_bokehjs()
-        self.interval_s = 1.0 / hz
+        super().__init__("spdl-lab-dashboard", hz)
         self.rollover = rollover
         self.interpreter = describe()
         #: CPU seconds the publisher thread has spent, and how many times it published.
@@ -92,7 +118,6 @@ class Dashboard(widgets.VBox):
         self.auto_log.add_class("spdl-lab-auto-log")
         self._auto_syncing = False
         self._slider_box = widgets.VBox()
-        self._plot_box = widgets.Box()
         self.plots: LivePlots | None = None
         buttons = [self.runner, self.start_button, self.stop_button, self.auto, self.window]
         controls = widgets.HBox(buttons)
@@ -221,10 +246,7 @@ class Dashboard(widgets.VBox):
                                rollover=self.rollover)
         self.plots.set_window(self.window.value)
         self.plots.stream(self.plots.stream_chunk(history))
-        old, self._bokeh = self._bokeh, _BokehView(self.plots.layout)
-        self._plot_box.children = [self._bokeh]
-        if old is not None:
-            old.close()
+        self._show(self.plots.layout)
 
     def _sync_sliders(self, session: Any) -> None:
         for name, n in session.controls().items():
@@ -348,11 +370,6 @@ class Dashboard(widgets.VBox):
         self._closed.set()
         if getattr(self, "autotuner", None) is not None:
             self.autotuner.stop()
-        publisher = self._publisher
-        if publisher is not None and publisher is not threading.current_thread():
-            publisher.join(5.0)
-        if self._bokeh is not None:
-            self._bokeh.close()
         super().close()
 
 

@@ -21,8 +21,7 @@ from bokeh.plotting import figure
 from .._table import num
 from .._telemetry.frames import FrameChunk
 from .._telemetry.straggler import rank_window
-from ..errors import SpdlLabError
-from .dashboard import _BokehView, _load_bokehjs, _set
+from .dashboard import LiveView, _set
 from .report import write_page
 
 __all__ = ["JobDashboard", "write_job_report"]
@@ -41,28 +40,19 @@ _PLOTS = (("steps_per_s", "steps/s", "steps/s"),
 _STEP = "step"
 #: (series, stage or None for each loader stage, title, y label) of the plots over time.
 _REPORT_PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
-         ("data_wait_frac", "step", "data wait, share of the loop", "share"),
-         ("step_ms", "step", "step time (ms)", "ms"),
-         ("qps", None, "items/s", "items/s")]
+                 ("data_wait_frac", "step", "data wait, share of the loop", "share"),
+                 ("step_ms", "step", "step time (ms)", "ms"),
+                 ("qps", None, "items/s", "items/s")]
 
 
-class JobDashboard(widgets.VBox):
+class JobDashboard(LiveView):
     """A live view of a ``JobSession`` (``job.dashboard()``); ``close()`` stops it, not the job."""
 
     def __init__(self, job: Any, *, hz: float = DEFAULT_HZ) -> None:
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._bokeh: Any = None
-        if not isinstance(hz, (int, float)) or not hz > 0:
-            raise SpdlLabError(f"JobDashboard: hz must be a number > 0 (updates per second), got {hz!r}")
-        super().__init__()
-        self.add_class("spdl-lab-job-dashboard")
-        _load_bokehjs()
+        super().__init__("spdl-lab-job-dashboard", hz)
         self.job = job
-        self.interval_s = 1.0 / hz
         self.header, self.verdict, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.verdict.add_class("spdl-lab-job-verdict")
-        self._plot_box = widgets.Box()
         self.children = [self.header, self.verdict, self._plot_box, self.table]
         self._lock = threading.Lock()
         self._until: dict[int, float] = {}  # each rank's latest point (seconds since it started)
@@ -71,8 +61,9 @@ class JobDashboard(widgets.VBox):
         #: the verdict last shown
         self.last_verdict: Any = None
         self.publish()
-        self._thread = threading.Thread(target=self._run, name="spdl_lab:job-dashboard", daemon=True)
-        self._thread.start()
+        self._publisher = threading.Thread(target=self._run, name="spdl_lab:job-dashboard",
+                                           daemon=True)
+        self._publisher.start()
 
     def _run(self) -> None:
         while not self._closed.wait(self.interval_s):
@@ -119,10 +110,7 @@ class JobDashboard(widgets.VBox):
             fig.legend.location = "top_left"
             fig.legend.label_text_font_size = "9pt"
             figures.append(fig)
-        old, self._bokeh = self._bokeh, _BokehView(gridplot(figures, ncols=2))
-        self._plot_box.children = [self._bokeh]
-        if old is not None:
-            old.close()
+        self._show(gridplot(figures, ncols=2))
 
     def _write_text(self, ranks: dict[int, Any]) -> None:
         job = self.job
@@ -133,16 +121,6 @@ class JobDashboard(widgets.VBox):
         self.last_verdict = verdict = job.judge()
         _set(self.verdict, f"<b>verdict:</b> {html.escape(verdict.text)}")
         _set(self.table, _table_html(job.summary()))
-
-    def close(self) -> None:
-        """Stop updating and close the widgets; the job and its sessions are left as they are."""
-        self._closed.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
-        if self._bokeh is not None:
-            self._bokeh.close()
-        super().close()
 
 
 def _points(chunk: FrameChunk, rank: int, after: float, stages: tuple[str, ...]) -> tuple[dict[str, list], float]:
