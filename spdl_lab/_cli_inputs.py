@@ -63,9 +63,8 @@ def load_pipeline(target: str):
             raise PipelineSpecError(f"calling {target}() raised {type(exc).__name__}: {one_line(exc)}; "
                                     "it must build a lab.Pipeline with no arguments") from exc
     if not isinstance(obj, Pipeline):
-        raise PipelineSpecError(
-            f"{target} is {a_noun(obj)}; expected a lab.Pipeline or a zero-argument function returning one"
-        )
+        raise PipelineSpecError(f"{target} is {a_noun(obj)}; expected a lab.Pipeline or a "
+                                "zero-argument function returning one")
     return obj
 
 

@@ -134,29 +134,25 @@ class SpdlMagics(Magics):
         """The object named by ``path`` (``x`` or ``x.attr.attr``) in the user's namespace."""
         parts = path.split(".")
         if not all(part.isidentifier() for part in parts):
-            raise UsageError(
-                f"%{magic}: {path!r} is not a variable name; assign it first (x = ...) "
-                f"and pass the name or a dotted path like wl.pipeline (expressions are not evaluated)"
-            )
+            raise UsageError(f"%{magic}: {path!r} is not a variable name; assign it first "
+                             "(x = ...) and pass the name or a dotted path like wl.pipeline "
+                             "(expressions are not evaluated)")
         ns = self.shell.user_ns
         head, rest = parts[0], parts[1:]
         if head not in ns:
             visible = [k for k in ns if not k.startswith("_") and k not in self.shell.user_ns_hidden]
             close = difflib.get_close_matches(head, visible, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise UsageError(
-                f"%{magic}: no variable {head!r} in the notebook's namespace; "
-                f"define it first ({what}){hint}"
-            )
+            raise UsageError(f"%{magic}: no variable {head!r} in the notebook's namespace; "
+                             f"define it first ({what}){hint}")
         obj = ns[head]
         for i, attr in enumerate(rest):
             try:
                 obj = getattr(obj, attr)
             except AttributeError:
                 owner = ".".join(parts[: i + 1])
-                raise UsageError(
-                    f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute {attr!r}"
-                ) from None
+                raise UsageError(f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute "
+                                 f"{attr!r}") from None
         return obj
 
 
