@@ -1,6 +1,6 @@
-"""What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs, saved files)
-and where it writes; errors (``PipelineSpecError``, ``UsageError``: exit status 2) say in one
-line what was wrong and what to do."""
+"""What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs) and where it
+writes; errors (``PipelineSpecError``, ``UsageError``: exit 2) say in one line what was wrong and
+what to do."""
 
 from __future__ import annotations
 
