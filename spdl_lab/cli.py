@@ -249,8 +249,7 @@ def _concurrency(row: pd.Series) -> str:
 
 
 def trials_table(trials: pd.DataFrame) -> str:
-    """``Tuning.trials`` as fixed-width text, one line per trial in the order measured: text
-    columns aligned left, numbers right."""
+    """``Tuning.trials`` as fixed-width text, a line per trial in the order measured."""
     headings = ["runner", "concurrency", "batches/s [lo-hi]", "predicted", "step p50 ms", "data wait", "CPU %",
                 "others CPU %", "move", "kept"]
     rows = [[str(row["runner"]), _concurrency(row), spread(row["batches_per_s"], row["batches_per_s_lo"],
