@@ -214,14 +214,12 @@ class Dashboard(LiveView):
         self.publishes += 1
 
     def _write_text(self, session: Any) -> None:
-        recent = self._window.means(TABLE_WINDOW_S)
-        _set(self.header, self._header_html(session, recent))
-        _set(self.table, self._table_html(session, recent))
-        means = self._window.means()
-        verdict = live_verdict(means, runner=session.runner, controls=self._applied,
-                               cpu_cores=self.interpreter.cpu_cores)
+        _set(self.header, self._header_html(session))
+        _set(self.table, self._table_html(session, self._window.means(TABLE_WINDOW_S)))
+        self.last_verdict = verdict = live_verdict(self._window.means(), runner=session.runner,
+                                                   controls=self._applied,
+                                                   cpu_cores=self.interpreter.cpu_cores)
         _set(self.verdict, f"<b>verdict:</b> {html.escape(verdict.text)}")
-        self.last_verdict = verdict
         if session.error is not None:
             _error(self.message, f"the session failed: {type(session.error).__name__}: {session.error}")
 
@@ -257,7 +255,7 @@ class Dashboard(LiveView):
             slider.max = max(slider.max, n)
             slider.value = n
 
-    def _header_html(self, session: Any, recent: dict) -> str:
+    def _header_html(self, session: Any) -> str:
         bps = self._window.rate(("steps", "step"), TABLE_WINDOW_S)  # steps counted over their wall time
         steps = self._window.latest(("steps", "step"))
         limit = f"/{session.steps}" if session.steps else ""
