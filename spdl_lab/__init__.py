@@ -1,8 +1,5 @@
-"""spdl_lab: a lab bench for data loading in PyTorch training.
-
-Bring a pipeline and a training step; run them under several parallelism
-models, watch what happens live, and find out where the time goes.
-"""
+"""spdl_lab: a lab bench for data loading in PyTorch training. Bring a pipeline and a training
+step; run them under several parallelism models, watch them live, find out where the time goes."""
 
 from ._startup import quit_on_interrupt as _quit_on_interrupt
 
@@ -30,71 +27,40 @@ from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerErr
 
 __version__ = "0.1.0"
 
-# The environment-variable modes act on every run before it starts (see ``_runs.StartHook``):
-# SPDL_PIPELINE_DIAGNOSTIC_MODE=1 diagnoses instead, SPDL_LAB_WATCH=1 publishes.
+# Before each run (``_runs.StartHook``): SPDL_PIPELINE_DIAGNOSTIC_MODE=1 diagnoses, SPDL_LAB_WATCH=1
+# publishes.
 _add_start_hook("diagnostic_mode", _diagnostic_mode)
 _add_start_hook("watch", _watch_mode)
 
-# What draws or drives a result, imported on first use (see ``_views``): the result types
-# stay below the layers that draw them, and ``import spdl_lab`` loads no Bokeh.
+# What draws or drives a result, imported on first use: ``import spdl_lab`` loads no Bokeh.
 _views.register(
-    comparison_plot="spdl_lab._ui.figures:comparison_plot",
+    comparison_plot="spdl_lab._ui.report:comparison_plot",
     dashboard="spdl_lab._ui.dashboard:Dashboard",
     diagnosis_html="spdl_lab._ui.diagnosis_report:diagnosis_html",
     diagnosis_plot="spdl_lab._ui.diagnosis_report:diagnosis_plot",
     diagnosis_report="spdl_lab._ui.diagnosis_report:write_diagnosis_report",
     job_dashboard="spdl_lab._ui.job_dashboard:JobDashboard",
-    job_report="spdl_lab._ui.job_report:write_job_report",
+    job_report="spdl_lab._ui.job_dashboard:write_job_report",
     run_report="spdl_lab._ui.run_report:write_run_report",
     session_autotuner="spdl_lab._tune.live:AutoTuner",
-    tuning_html="spdl_lab._ui.tuning_report:html_summary",
-    tuning_plot="spdl_lab._ui.tuning_report:tuning_plot",
-    tuning_report="spdl_lab._ui.tuning_report:write_html",
+    tuning_html="spdl_lab._ui.report:html_summary",
+    tuning_plot="spdl_lab._ui.report:tuning_plot",
+    tuning_report="spdl_lab._ui.report:write_html",
 )
 
 # The entry points and the types a user holds, sorted (a test keeps them so). ``lab.Dashboard``
 # is reachable too but not listed: ``from spdl_lab import *`` must not load Bokeh.
 __all__ = [
-    "Comparison",
-    "Diagnosis",
-    "FileFormatError",
-    "JobSession",
-    "LOCAL_RUNNERS",
-    "Loader",
-    "Pipeline",
-    "PipelineError",
-    "PipelineSpecError",
-    "QueueStats",
-    "RUNNERS",
-    "RemoteSession",
-    "RunnerError",
-    "Session",
-    "SimulatedDevice",
-    "Snapshot",
-    "SpdlLabError",
-    "Stage",
-    "StageStats",
-    "StepClock",
-    "SweepSettings",
-    "Tuning",
-    "attach",
-    "compare",
-    "diagnose",
-    "from_dataloader",
-    "from_spdl",
-    "headspace",
-    "open",
-    "publish",
-    "run",
-    "tune",
-    "unpublish",
-    "workloads",
+    "Comparison", "Diagnosis", "FileFormatError", "JobSession", "LOCAL_RUNNERS", "Loader",
+    "Pipeline", "PipelineError", "PipelineSpecError", "QueueStats", "RUNNERS", "RemoteSession",
+    "RunnerError", "Session", "SimulatedDevice", "Snapshot", "SpdlLabError", "Stage", "StageStats",
+    "StepClock", "SweepSettings", "Tuning", "attach", "compare", "diagnose", "from_dataloader",
+    "from_spdl", "headspace", "open", "publish", "run", "tune", "unpublish", "workloads"
 ]
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext spdl_lab``: add %spdl_info, %spdl_run and %spdl_compare."""
-    # Imported here so that ``import spdl_lab`` never needs IPython.
+    """``%load_ext spdl_lab``: add the %spdl_* magics (``import spdl_lab`` needs no IPython)."""
     from ._magics import load_ipython_extension as load
 
     load(ipython)
@@ -108,10 +74,6 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 def __getattr__(name: str) -> object:
-    # The dashboard needs ipywidgets and Bokeh: imported on first use so the
-    # core stays importable (and fast to import) in a plain script.
-    if name == "Dashboard":
-        from ._ui.dashboard import Dashboard
-
-        return Dashboard
+    if name == "Dashboard":  # ipywidgets and Bokeh, imported on first use
+        return _views.view("dashboard")
     raise AttributeError(f"module 'spdl_lab' has no attribute {name!r}")

@@ -1,6 +1,6 @@
-"""What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs, saved files)
-and where it writes; errors (``PipelineSpecError``, ``UsageError``: exit status 2) say in one
-line what was wrong and what to do."""
+"""What the ``spdl-lab`` command reads (``module:attr`` targets, ``--step`` specs) and where it
+writes; errors (``PipelineSpecError``, ``UsageError``: exit 2) say in one line what was wrong and
+what to do."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .errors import PipelineSpecError, UsageError
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
            "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written",
-           "read_saved", "report_dir", "seconds"]
+           "report_dir", "seconds"]
 
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
@@ -63,9 +63,8 @@ def load_pipeline(target: str):
             raise PipelineSpecError(f"calling {target}() raised {type(exc).__name__}: {one_line(exc)}; "
                                     "it must build a lab.Pipeline with no arguments") from exc
     if not isinstance(obj, Pipeline):
-        raise PipelineSpecError(
-            f"{target} is {a_noun(obj)}; expected a lab.Pipeline or a zero-argument function returning one"
-        )
+        raise PipelineSpecError(f"{target} is {a_noun(obj)}; expected a lab.Pipeline or a "
+                                "zero-argument function returning one")
     return obj
 
 
@@ -90,19 +89,6 @@ def load_step(spec: str) -> Any:
     kernel_us = step_ms * 1000 / kernels
     return SimulatedDevice(kernels=kernels, kernel_us=kernel_us, name=f"simulated {step_ms:g} ms",
                            launch_us=kernel_us * DEFAULT_LAUNCH_US / DEFAULT_KERNEL_US)
-
-
-def read_saved(path: Path) -> Any:
-    """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
-    from ._diagnose.result import Diagnosis
-    from ._experiments.comparison import Comparison
-    from ._file_checks import read_any
-
-    try:
-        return read_any(path, (Diagnosis, Comparison),
-                        "Give a file written by spdl-lab diagnose, spdl-lab compare --json, or .to_json(path)")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def a_noun(obj: Any) -> str:

@@ -1,7 +1,6 @@
-"""What every saved result (a Diagnosis, a Comparison, a Tuning) shares: its field types, checked by
-pydantic against the result's own dataclasses, and one strict reader and writer whose errors name
-the file, the JSON location and what was expected. Reading executes nothing.
-"""
+"""What every saved result (Diagnosis, Comparison, Tuning) shares: field types that pydantic checks
+against its dataclasses, and one strict reader and writer whose errors name the file, the JSON
+location and what was expected. Reading executes nothing."""
 
 from __future__ import annotations
 
@@ -46,11 +45,8 @@ def integer(lo: int, hi: int) -> Any:
 
 def number(lo: float, hi: float = math.inf) -> Any:
     """A finite number in lo..hi, or null for NaN: JSON has no NaN, and the writer writes it as null."""
-    return Annotated[float | None, Strict(), Field(ge=lo, le=hi, allow_inf_nan=False), AfterValidator(_nan)]
-
-
-def _nan(value: float | None) -> float:
-    return math.nan if value is None else value
+    return Annotated[float | None, Strict(), Field(ge=lo, le=hi, allow_inf_nan=False),
+                     AfterValidator(lambda value: math.nan if value is None else value)]
 
 
 def string(limit: int) -> Any:
@@ -114,9 +110,8 @@ def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
 
 # -- reading and writing ---------------------------------------------------------------------------
 class Saved:
-    """A result saved as ``{"format": "spdl_lab.<its class>", "version": n, ...}`` and then its own
-    dataclass fields, which pydantic checks against their types. A subclass sets the ClassVars below
-    and may override ``_saved_fields`` and ``_checked``."""
+    """A result saved as ``{"format": "spdl_lab.<its class>", "version": n, ...}`` and its dataclass
+    fields; a subclass sets the ClassVars and may override ``_saved_fields`` and ``_checked``."""
 
     VERSIONS: ClassVar[tuple[int, ...]] = (1,)  # read; the last one is written
     ERROR: ClassVar[type[FileFormatError]] = FileFormatError
@@ -129,7 +124,7 @@ class Saved:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def _checked(self, version: int) -> Self:
-        """Checks across fields, and what a file of an older ``version`` lacks (``refuse`` what does not fit)."""
+        """Checks across fields, and what a file of an older ``version`` lacks."""
         return self
 
     def to_json(self, path: str | Path) -> Path:
@@ -153,7 +148,6 @@ class Saved:
 
     @classmethod
     def _parse(cls, doc: dict[str, Any], source: str | Path, writing: bool = False) -> Self:
-        """A result from a parsed document, each field checked; else this format's error."""
         if doc.get("format") != cls._format():
             raise cls._fail(source, "format", f"expected {cls._format()!r}, got {describe(doc.get('format'))}",
                             writing)
@@ -169,7 +163,6 @@ class Saved:
 
     @classmethod
     def _refusal(cls, exc: ValidationError, source: str | Path, writing: bool) -> FileFormatError:
-        """Pydantic's first error, with its location, as this format's."""
         first = exc.errors(include_url=False)[0]
         return cls._fail(source, _where(first["loc"]), first["msg"], writing)
 

@@ -1,11 +1,7 @@
-"""Locks that stay usable across ``fork()``. A script that forks while one of the lab's threads
-holds a lock (a DataLoader forking its workers while the sampler, the publisher or the record
-writer runs) would hand the child a lock that no thread there will ever release. Every lock made
-here is taken by the forking thread before the fork, released after it in the parent, and made
-anew in the child (``os.register_at_fork``); one the forking thread itself holds, it still holds
-in the child. ``forked_child()`` tells code that must not act for its parent (its atexit and
-signal handlers run in a forked child too) that it runs in one.
-"""
+"""Locks that survive ``fork()`` (a DataLoader forking its workers while a lab thread holds one
+would hand the child a lock nobody releases): taken before the fork, released after it in the
+parent, made anew in the child, still held there by the forking thread if it held it.
+``forked_child()`` tells atexit and signal handlers (run in a forked child too) not to act."""
 
 from __future__ import annotations
 
@@ -15,9 +11,9 @@ import weakref
 
 __all__ = ["FORK_WAIT_S", "Lock", "RLock", "forked_child"]
 
-#: How long a fork waits for each lock another thread holds. A thread that holds one lock and waits
-#: for another the fork has taken would wait forever: past this, the fork goes on, and the child
-#: gets a fresh lock all the same (its copy of what the lock guards may be half-written).
+#: How long a fork waits for each lock another thread holds (one holding a lock while waiting for
+#: one the fork took would wait forever); past it the child still gets a fresh lock, its guarded
+#: data perhaps half-written.
 FORK_WAIT_S = 1.0
 
 _locks: weakref.WeakSet = weakref.WeakSet()

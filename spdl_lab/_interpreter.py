@@ -1,7 +1,5 @@
-"""Facts about this interpreter that change what data loading can do: GIL, cores, torch, CUDA.
-
-Shared by ``spdl-lab info``, ``%spdl_info`` and the dashboard's header.
-"""
+"""Facts about this interpreter that change what data loading can do: GIL, cores, torch, CUDA
+(``spdl-lab info``, ``%spdl_info``, the dashboard's header)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Strict JSON for every file the lab writes and message it sends: NaN as null, numpy numbers as
-Python's, atomic files; reading refuses NaN literals and repeated keys.
-"""
+Python's, atomic files; reading refuses NaN literals and repeated keys."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ def dump_file(value: Any, path: str | os.PathLike, *, compact: bool = False) -> 
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (another process, maybe making the same file)
-    never sees half a file."""
+    """Write ``data`` to ``path`` so that no reader (another process) ever sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_bytes(data)
@@ -75,8 +73,8 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(data: str | bytes) -> Any:
-    """Parse strict JSON; ValueError (with the reason) for anything else, including text that is
-    not UTF-8, NaN/Infinity literals, a key twice in one object, or nesting too deep."""
+    """Parse strict JSON; else ValueError with the reason (not UTF-8, NaN/Infinity, a key twice in
+    one object, nesting too deep)."""
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         return json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)

@@ -51,18 +51,16 @@ class Loader(RunOwner):
         **runner_options: Any,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
-            raise PipelineSpecError(
-                f"Loader takes a lab.Pipeline, got {type(pipeline).__name__}; "
-                f"wrap an iterable as lab.Pipeline(iterable), or use lab.run() for an existing loader"
-            )
+            raise PipelineSpecError(f"Loader takes a lab.Pipeline, got {type(pipeline).__name__}; "
+                                    "wrap an iterable as lab.Pipeline(iterable), or use lab.run() "
+                                    "for an existing loader")
         self._runner_cls = runner_class(runner)
         check_ints("Loader", buffer_size=(1 if buffer_size is None else buffer_size, 1),
                    max_failures=(max_failures, 0))
         self.pipeline = pipeline
         self.runner = runner
-        self._options = dict(
-            buffer_size=buffer_size, max_failures=max_failures, metered=bool(meters), **runner_options
-        )
+        self._options = dict(buffer_size=buffer_size, max_failures=max_failures,
+                             metered=bool(meters), **runner_options)
         self._runner_cls.check_options(pipeline, self._options)
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._overrides: dict[str, int] = {}
@@ -92,9 +90,8 @@ class Loader(RunOwner):
         return dict(self._options)
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        """Change a map stage's concurrency, live if a run is in progress. Under ``process`` every
-        stage shares the DataLoader's workers: any map stage, or the pseudo-stage ``"workers"``, sets
-        ``num_workers`` (the workers restart), for this run and later ones."""
+        """Change a map stage's concurrency, live if a run is in progress. Under ``process`` any map
+        stage, or the pseudo-stage ``"workers"``, sets the shared ``num_workers`` (they restart)."""
         cls = self._runner_cls
         if stage != cls.pool_stage:
             spec = self.pipeline.stage(stage)
@@ -113,8 +110,8 @@ class Loader(RunOwner):
                 run.runner.set_concurrency(stage, n)
 
     def controls(self) -> dict[str, int]:
-        """What ``set_concurrency`` takes here, with each one's current value: the map stages for
-        the thread engines; the one shared pool (``workers``) for runners that have one."""
+        """What ``set_concurrency`` takes here (the map stages, or a runner's one shared pool), and
+        each one's current value."""
         cls = self._runner_cls
         run = self._state.run
         live = run is not None and not run.finished

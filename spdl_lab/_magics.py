@@ -1,9 +1,6 @@
-"""IPython magics: ``%load_ext spdl_lab`` adds ``%spdl_info``, ``%spdl_run``, ``%spdl_compare``,
-``%spdl_diagnose`` and ``%spdl_attach``.
-
-Names on a magic's line are looked up in the notebook's namespace (``pipe``,
-``wl.pipeline``), never evaluated, so a line cannot run arbitrary code.
-"""
+"""IPython magics (``%load_ext spdl_lab``): %spdl_info, %spdl_run, %spdl_compare, %spdl_diagnose
+and %spdl_attach. Names on a line (``pipe``, ``wl.pipeline``) are looked up in the notebook's
+namespace, never evaluated, so a line cannot run arbitrary code."""
 
 from __future__ import annotations
 
@@ -70,12 +67,10 @@ class SpdlMagics(Magics):
         """Run the pipeline and step under each runner in interleaved rounds; show the Comparison."""
         args = self._parse("spdl_compare", line)
         pipeline, step = self._inputs("spdl_compare", args, "a lab.Pipeline", args.runners)
-        # Only what was given, so lab.compare's defaults stay the one source of truth.
-        given = {k: getattr(args, k) for k in ("runners", "steps", "warmup", "repeats")
-                 if getattr(args, k) is not None}
-        comparison = lab.compare(pipeline, step, progress=args.progress, **given)
-        self.shell.user_ns[args.name] = comparison
-        return comparison
+        given = _given(args, "runners", "steps", "warmup", "repeats")
+        self.shell.user_ns[args.name] = out = lab.compare(pipeline, step, progress=args.progress,
+                                                          **given)
+        return out
 
     @magic_arguments()
     @argument("pipeline", help="the lab.Pipeline: a variable name or dotted path")
@@ -91,11 +86,10 @@ class SpdlMagics(Magics):
         """Profile each stage alone, sweeping concurrency; show the verdicts."""
         args = self._parse("spdl_diagnose", line)
         pipeline = self._lookup("spdl_diagnose", args.pipeline, "a lab.Pipeline")
-        given = {"concurrency": args.concurrency, "num_items": args.num_items}
-        diagnosis = lab.diagnose(pipeline, processes=args.processes, progress=args.progress,
-                                 **{k: v for k, v in given.items() if v is not None})
-        self.shell.user_ns[args.name] = diagnosis
-        return diagnosis
+        given = _given(args, "concurrency", "num_items")
+        self.shell.user_ns[args.name] = out = lab.diagnose(pipeline, processes=args.processes,
+                                                           progress=args.progress, **given)
+        return out
 
     @magic_arguments()
     @argument("run", help="the published run's name or pid (lab.attach() lists them)")
@@ -114,14 +108,12 @@ class SpdlMagics(Magics):
         return self._store_and_show("spdl_attach", args.name, remote, "the RemoteSession")
 
     def _parse(self, magic: str, line: str) -> Any:
-        """The magic's arguments; ``--name`` must be a variable name."""
         args = parse_argstring(getattr(self, magic), line)
         if not args.name.isidentifier():
             raise UsageError(f"%{magic}: --name {args.name!r} is not a valid variable name")
         return args
 
     def _inputs(self, magic: str, args: Any, what: str, runners: list[str] | None) -> tuple[Any, Any]:
-        """The pipeline and the step the line names; the runners it names must exist."""
         pipeline, step = self._lookup(magic, args.pipeline, what), self._lookup(magic, args.step, _STEP)
         unknown = [r for r in runners or [] if r not in RUNNERS]
         if unknown:
@@ -130,8 +122,7 @@ class SpdlMagics(Magics):
         return pipeline, step
 
     def _store_and_show(self, magic: str, name: str, session: Any, what: str) -> Any:
-        """Store ``session`` as ``name`` in the notebook; return its dashboard, or itself when
-        there can be none (the run is fine without a display: say why)."""
+        """Store ``session``; its dashboard, or itself (saying why) where there can be none."""
         self.shell.user_ns[name] = session
         try:
             return session.dashboard()
@@ -143,30 +134,31 @@ class SpdlMagics(Magics):
         """The object named by ``path`` (``x`` or ``x.attr.attr``) in the user's namespace."""
         parts = path.split(".")
         if not all(part.isidentifier() for part in parts):
-            raise UsageError(
-                f"%{magic}: {path!r} is not a variable name; assign it first (x = ...) "
-                f"and pass the name or a dotted path like wl.pipeline (expressions are not evaluated)"
-            )
+            raise UsageError(f"%{magic}: {path!r} is not a variable name; assign it first "
+                             "(x = ...) and pass the name or a dotted path like wl.pipeline "
+                             "(expressions are not evaluated)")
         ns = self.shell.user_ns
         head, rest = parts[0], parts[1:]
         if head not in ns:
             visible = [k for k in ns if not k.startswith("_") and k not in self.shell.user_ns_hidden]
             close = difflib.get_close_matches(head, visible, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise UsageError(
-                f"%{magic}: no variable {head!r} in the notebook's namespace; "
-                f"define it first ({what}){hint}"
-            )
+            raise UsageError(f"%{magic}: no variable {head!r} in the notebook's namespace; "
+                             f"define it first ({what}){hint}")
         obj = ns[head]
         for i, attr in enumerate(rest):
             try:
                 obj = getattr(obj, attr)
             except AttributeError:
                 owner = ".".join(parts[: i + 1])
-                raise UsageError(
-                    f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute {attr!r}"
-                ) from None
+                raise UsageError(f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute "
+                                 f"{attr!r}") from None
         return obj
+
+
+def _given(args: Any, *names: str) -> dict[str, Any]:
+    """The options given on the line: the API's defaults stay the one source of truth."""
+    return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
 
 
 def load_ipython_extension(ipython: Any) -> None:

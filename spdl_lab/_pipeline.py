@@ -1,6 +1,5 @@
 """The Pipeline spec: a source, per-item and per-batch ``map`` stages, ``batch`` stages. It runs
-nothing; builder methods return a new Pipeline, so a spec can be shared and extended safely.
-"""
+nothing; builder methods return a new Pipeline, so a spec can be shared and extended safely."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from .errors import PipelineSpecError
 __all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "check_ints", "describe_source", "find_stage", "unique_name",
            "validate_concurrency"]
 
-#: Upper bound on a stage's concurrency: beyond this a pool of threads or
-#: processes costs more than it can return on any machine spdl_lab targets.
+#: Upper bound on a stage's concurrency: beyond it a pool costs more than it can return anywhere.
 MAX_CONCURRENCY = 1024
 
 
@@ -109,8 +107,8 @@ class Pipeline:
 
     @property
     def source_is_factory(self) -> bool:
-        """True when the source is called for each iterator (a function, or a class
-        such as ``itertools.count``), False when it is iterated itself."""
+        """Whether the source is called for each iterator (a function, a class such as
+        ``itertools.count``) rather than iterated itself."""
         source = self._source
         return isinstance(source, type) or not hasattr(source, "__iter__")
 

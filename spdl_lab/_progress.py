@@ -1,6 +1,5 @@
 """The progress bar experiments share: a widget in a notebook (tqdm.auto), text on a terminal, and
-nothing where stderr is not one (a redrawn bar is litter in a log or a pipe).
-"""
+nothing where stderr is not one (a redrawn bar is litter in a log or a pipe)."""
 
 from __future__ import annotations
 

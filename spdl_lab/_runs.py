@@ -1,6 +1,5 @@
-"""A run of a pipeline under a runner (``Run``), what the owners that start runs share
-(``RunOwner``: ``lab.Loader``, the SPDL monitor), and the start hooks through which the layers
-above act on a run before it starts, without this layer importing them."""
+"""A run of a pipeline under a runner (``Run``), what owners of runs share (``RunOwner``: Loader,
+the SPDL monitor), and the start hooks through which layers above act on a run before it starts."""
 
 from __future__ import annotations
 
@@ -30,18 +29,13 @@ __all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", 
 #: How often a consumer blocked on the next item re-checks for stop and errors.
 _POLL_S = 0.1
 
-#: How long ``close()`` waits for work in flight by default. A stage stuck for
-#: good costs this much, and the whole close stays under 5 s.
+#: How long ``close()`` waits for work in flight by default: the whole close stays under 5 s.
 CLOSE_TIMEOUT_S = 3.0
 
-#: ``hook(event, subject)``, called before a run starts. Events: ``"pipeline"`` (a
-#: ``lab.Pipeline`` about to run: ``lab.run``, a Loader's first iteration), ``"spdl"`` (an SPDL
-#: builder or config about to run), ``"loader"`` (a Loader starting a run that no session owns)
-#: and ``"session"`` (a ``lab.run`` session started). A hook ignores the events it has no use for.
+#: ``hook(event, subject)`` before a run starts (the package's __init__ adds the environment
+#: modes). Events: ``"pipeline"`` (a ``lab.Pipeline`` about to run), ``"spdl"`` (an SPDL builder
+#: or config), ``"loader"`` (a Loader's run no session owns), ``"session"`` (``lab.run`` started).
 StartHook = Callable[[str, Any], None]
-
-# The package's __init__ registers the environment-variable modes here (diagnostic mode, and
-# publishing for `spdl-lab watch`): they live in layers above this one.
 _START_HOOKS: dict[str, StartHook] = {}
 
 
@@ -60,9 +54,8 @@ _Owner = TypeVar("_Owner", bound="RunOwner")
 
 
 class RunOwner:
-    """What every owner of runs shares (``Loader``, and the SPDL monitor): extra sampler
-    sources, reading the current or last run, and closing. Subclasses say what ``stats()``
-    is before any run (``_empty_stats``)."""
+    """What every owner of runs shares (``Loader``, the SPDL monitor): extra sampler sources,
+    reading the current or last run, closing. Subclasses say what ``stats()`` is before any run."""
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
         if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
@@ -77,8 +70,7 @@ class RunOwner:
         self._finalizer = weakref.finalize(self, _State.close, self._state, close_timeout)
 
     def add_source(self, source: Source) -> None:
-        """Sample ``source`` (``telemetry.sampler.Source``) with these meters, in this run and
-        every later one: sessions add the step and the probes, so one ring holds everything."""
+        """Sample ``source`` too, in this run and later ones (a session's step, its probes)."""
         self._sources.append(source)
         run = self._state.run
         if run is not None and run.sampler is not None and not run.finished:
@@ -100,16 +92,13 @@ class RunOwner:
         raise NotImplementedError
 
     def reading(self) -> EngineReading | None:
-        """The live run's meters as totals (tasks, busy time, histograms), or None with no run.
-
-        Two readings apart give a span's own figures (the tuner's per-trial task times),
-        where ``stats()`` mixes in everything since the run started.
-        """
+        """The live run's meters as totals, or None: two readings apart give a span's own figures
+        (the tuner's per-trial task times), where ``stats()`` covers the whole run."""
         run = self._state.run
         return None if run is None or run.finished else run.runner.read()
 
     def frames(self) -> pd.DataFrame:
-        """The sampler's rows for the current or last run (see ``spdl_lab._telemetry.frames``)."""
+        """The sampler's rows for the current or last run."""
         sampler = self.sampler
         return to_frame(Ring(2)) if sampler is None else sampler.frames()
 
@@ -120,7 +109,6 @@ class RunOwner:
         return run.sampler if run is not None else None
 
     def _start(self, runner: Runner) -> Iterator[Any]:
-        """Start a run of ``runner`` as the current one; its items, for the consumer."""
         run = Run(runner, self._sample_hz, self._sample_ticks, self._sources)
         self._state.run = run
         try:
@@ -174,8 +162,7 @@ class Run:
         self.sampler = Sampler(sources, hz=sample_hz, ticks=sample_ticks) if sample_hz else None
 
     def start(self) -> None:
-        # finish() from another thread (Session.stop) waits for a start in progress,
-        # so the runner is never closed half-started.
+        # finish() from another thread (Session.stop) waits: a runner is never closed half-started.
         with self._lifecycle:
             self._t0 = time.perf_counter()
             self.runner.start()
@@ -196,10 +183,9 @@ class Run:
         return rows
 
     def finish(self, timeout: float) -> None:
-        """Close the runner and stop the sampler; returns once that is done. A second caller
-        (``close()`` from another thread while the loop's own ``finally`` closes) waits for the first
-        rather than returning early: else a process could exit while the first is still removing the
-        runner's shared memory."""
+        """Close the runner and stop the sampler. A second caller (``close()`` racing the loop's
+        ``finally``) waits for the first: else the process could exit mid-removal of shared
+        memory."""
         with self._lock:
             first = not self.finished
             self.finished = True
@@ -238,7 +224,7 @@ class Run:
 
 
 class _State:
-    """What the Loader's finalizer needs, without a reference to the Loader."""
+    """What the owner's finalizer needs, without a reference to the owner."""
 
     def __init__(self) -> None:
         self.run: Run | None = None
@@ -264,9 +250,8 @@ def _iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
             if record is END:
                 return
             run.items_out += 1
-            # Hand the item over without keeping it in this frame: a suspended generator
-            # would hold the last item (and, under subprocess-threads, its shared-memory
-            # slot) until the iterator itself is dropped.
+            # Not kept in this frame: a suspended generator would hold the last item (and its
+            # shared-memory slot under subprocess-threads) until the iterator is dropped.
             box = [record[2]]
             record = None
             yield box.pop()
@@ -275,13 +260,8 @@ def _iterate(owner: RunOwner, run: Run, close_timeout: float) -> Iterator[Any]:
 
 
 def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
-    """(threads that put, threads that get) per queue, so the blocked shares are per thread.
-
-    The queues sit before each map stage and before the output: a queue is read by its map
-    stage's threads (one consumer for the output) and written by the map stage before it
-    (the source's one thread for the first), or by one thread at a time when a batch stage
-    lies between (a Batcher puts under its lock).
-    """
+    """(threads that put, threads that get) per queue (before each map stage and the output), so
+    blocked shares are per thread. A batch stage between puts one thread at a time (its lock)."""
     out: list[tuple[int, int]] = []
     producers, batched = 1, False
     for stage in reading.stages:
@@ -302,10 +282,9 @@ def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -
 
 
 def caller_line() -> str:
-    """``SCRIPT-LINE`` of the innermost frame outside spdl_lab: the user's line that started a run
-    (the name of a published run)."""
+    """``SCRIPT-LINE`` of the user's line that started a run (a published run's name): the innermost
+    frame outside spdl_lab (the watch hook's module ``spdl_lab_watch_hook`` included)."""
     frame = inspect.currentframe()
-    # spdl_lab's own frames, the watch hook's (module ``spdl_lab_watch_hook``) among them
     while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
         frame = frame.f_back
     return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"

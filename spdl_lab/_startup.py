@@ -1,10 +1,7 @@
-"""Ctrl-C in the ``spdl-lab`` command, whenever it comes. A KeyboardInterrupt raised inside an
-import prints the import machinery's traceback, and can leave a module lock held so that the exit
-hangs. So in the process that is the command (``spdl-lab ...``, ``python -m spdl_lab ...``; an
-``import spdl_lab`` anywhere else changes nothing): until its ``main()`` runs, Ctrl-C ends it at once
-with exit 130 and one line (nothing has started yet); from then on, a Ctrl-C that lands inside an
-import is held until the import is done, and raised then. Standard library only: this runs first.
-"""
+"""Ctrl-C in the ``spdl-lab`` command's own process (nowhere else): a KeyboardInterrupt inside an
+import prints importlib's traceback and can leave a module lock held (the exit hangs). Until
+``main()`` runs, Ctrl-C exits 130 with one line; from then on, one that lands inside an import is
+raised once the import is done. Standard library only: this runs first."""
 
 from __future__ import annotations
 
@@ -31,13 +28,9 @@ def is_the_command() -> bool:
                                           for a, b in zip(argv, argv[1:]))
 
 
-def _command() -> str:
-    name = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-    return f"spdl-lab {name}".strip()
-
-
 def _quit(signum: int, frame: FrameType | None) -> None:
-    os.write(2, f"{_command()}: interrupted\n".encode())
+    command = f"spdl-lab {next((a for a in sys.argv[1:] if not a.startswith('-')), '')}".strip()
+    os.write(2, f"{command}: interrupted\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 

@@ -1,7 +1,5 @@
-"""Table cells and fixed-width text tables, one way for every table the lab prints.
-
-A missing number (NaN or None) shows as "-"; a rate with its spread as "3.8 [3.7-3.9]".
-"""
+"""Table cells and fixed-width text tables for every table the lab prints: a missing number (NaN
+or None) shows as "-", a rate with its spread as "3.8 [3.7-3.9]"."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ def spread(x: float, lo: float, hi: float, fmt: str = ".3g", unit: str = "") -> 
 
 
 def text_table(headings: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = (0,)) -> list[str]:
-    """Lines of a fixed-width table, two spaces between columns: the columns in ``left`` aligned left
-    (text), the others right (numbers), each as wide as its widest cell."""
+    """Lines of a fixed-width table: columns in ``left`` aligned left (text), the others right."""
     widths = [max(len(cell) for cell in column) for column in zip(headings, *rows)]
 
     def line(cells: Sequence[str]) -> str:

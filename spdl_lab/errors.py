@@ -1,6 +1,5 @@
-"""Exceptions raised by spdl_lab, and the one stage-failure message every runner raises. Every message
-says what failed, where (which stage, which item, which runner) and, where there is one, what to do.
-"""
+"""Exceptions raised by spdl_lab, and the one stage-failure message every runner raises: what
+failed, where (stage, item, runner) and, where there is one, what to do."""
 
 from __future__ import annotations
 
@@ -61,10 +60,9 @@ def stage_failure(
     per_worker: bool = False,
     message: str | None = None,
 ) -> PipelineError:
-    """The error a failing stage (or the source) ends a run with, under every runner. ``what`` is
-    the failure as text when ``cause`` did not survive the trip from a worker; ``where`` says where
-    it ran ("in a Ray worker"); ``per_worker``: ``max_failures`` counts per worker process
-    (``process``). ``message`` is one this function worded in a child process, sent back as text."""
+    """The error a failing stage (or the source) ends a run with, under every runner. ``what``: the
+    failure as text when ``cause`` did not survive a worker; ``where``: "in a Ray worker";
+    ``per_worker``: ``max_failures`` counts per process; ``message``: worded so in a child."""
     if message is None:
         place = "the source" if stage == "source" else f"stage {stage!r}"
         item = f" on item {index}" if index is not None else ""
@@ -91,8 +89,8 @@ def _advice(stage: str, dropped: int, max_failures: int, per_worker: bool) -> st
 
 
 def drop_tracebacks(exc: BaseException | None) -> None:
-    """Clear the tracebacks along an error's chain: a stored error then holds no frames (of an
-    iterator, a prefetch thread, a DataLoader) that would keep workers or threads alive."""
+    """Clear the tracebacks along an error's chain: a stored error then holds no frames that would
+    keep workers or threads alive."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

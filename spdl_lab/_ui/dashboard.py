@@ -27,7 +27,7 @@ from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import PipelineSpecError, SpdlLabError
 from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
-__all__ = ["Dashboard"]
+__all__ = ["Dashboard", "LiveView"]
 
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
@@ -44,21 +44,47 @@ _TABLE = (("qps", ".1f"), ("p50_ms", ".2f"), ("p99_ms", ".2f"), ("busy_frac", ".
 QUEUE_WAIT_S = 10.0
 
 
-class Dashboard(widgets.VBox):
+class LiveView(widgets.VBox):
+    """What both dashboards share: a publisher thread (``_run``, every 1/``hz`` s), one Bokeh view
+    (``_show``), and ``close()``, which stops them and leaves what they show as it is."""
+
+    def __init__(self, css_class: str, hz: float) -> None:
+        self._closed = threading.Event()  # first: ipywidgets' __del__ calls close() even then
+        self._publisher: threading.Thread | None = None
+        self._bokeh: Any = None
+        if not isinstance(hz, (int, float)) or not hz > 0:
+            raise SpdlLabError(f"{type(self).__name__}: hz must be a number > 0 (updates per "
+                               f"second), got {hz!r}")
+        super().__init__()
+        self.add_class(css_class)
+        _load_bokehjs()
+        self.interval_s = 1.0 / hz
+        self._plot_box = widgets.Box()
+
+    def _show(self, layout: Any) -> None:
+        old, self._bokeh = self._bokeh, _BokehView(layout)
+        self._plot_box.children = [self._bokeh]
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Stop publishing and close the widgets."""
+        self._closed.set()
+        publisher = self._publisher
+        if publisher is not None and publisher is not threading.current_thread():
+            publisher.join(5.0)
+        if self._bokeh is not None:
+            self._bokeh.close()
+        super().close()
+
+
+class Dashboard(LiveView):
     """A live view of one Session (``session.dashboard()``); ``sliders[stage].value = 8`` moves a
     slider. The runner selector and the start button replace ``session`` with a new one;
     ``close()`` stops the publisher, not the session."""
 
     def __init__(self, session: Any, *, hz: float = DEFAULT_HZ, rollover: int = DEFAULT_ROLLOVER) -> None:
-        self._closed = threading.Event()  # first: ipywidgets' __del__ calls close() even then
-        self._publisher: threading.Thread | None = None
-        self._bokeh: Any = None
-        if not isinstance(hz, (int, float)) or not hz > 0:
-            raise SpdlLabError(f"Dashboard: hz must be a number > 0 (updates per second), got {hz!r}")
-        super().__init__()
-        self.add_class("spdl-lab-dashboard")
-        _load_bokehjs()
-        self.interval_s = 1.0 / hz
+        super().__init__("spdl-lab-dashboard", hz)
         self.rollover = rollover
         self.interpreter = describe()
         #: CPU seconds the publisher thread has spent, and how many times it published.
@@ -92,7 +118,6 @@ class Dashboard(widgets.VBox):
         self.auto_log.add_class("spdl-lab-auto-log")
         self._auto_syncing = False
         self._slider_box = widgets.VBox()
-        self._plot_box = widgets.Box()
         self.plots: LivePlots | None = None
         buttons = [self.runner, self.start_button, self.stop_button, self.auto, self.window]
         controls = widgets.HBox(buttons)
@@ -113,11 +138,10 @@ class Dashboard(widgets.VBox):
         pipeline = session.pipeline
         # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
-        options = list(RUNNERS) if switchable else [session.runner]
         self._applied: dict[str, int] = dict(session.controls())
         self._attaching = True  # setting options moves the value: not a user's choice
         try:
-            self.runner.options = options
+            self.runner.options = list(RUNNERS) if switchable else [session.runner]
             self.runner.value = session.runner
         finally:
             self._attaching = False
@@ -161,8 +185,8 @@ class Dashboard(widgets.VBox):
             self._publish_locked()
 
     def _publish_locked(self, *, text: bool = True) -> None:
-        """Stream the new ticks into the plots; rewrite the text when ``text``,
-        when TEXT_EVERY_S has passed, or when the session's state changed."""
+        """Stream the new ticks into the plots; rewrite the text when ``text``, when TEXT_EVERY_S
+        has passed, or when the session's state changed."""
         cpu0 = time.thread_time()
         session = self.session
         chunk = session.frames_since(self._cursor)
@@ -190,14 +214,12 @@ class Dashboard(widgets.VBox):
         self.publishes += 1
 
     def _write_text(self, session: Any) -> None:
-        recent = self._window.means(TABLE_WINDOW_S)
-        _set(self.header, self._header_html(session, recent))
-        _set(self.table, self._table_html(session, recent))
-        means = self._window.means()
-        verdict = live_verdict(means, runner=session.runner, controls=self._applied,
-                               cpu_cores=self.interpreter.cpu_cores)
+        _set(self.header, self._header_html(session))
+        _set(self.table, self._table_html(session, self._window.means(TABLE_WINDOW_S)))
+        self.last_verdict = verdict = live_verdict(self._window.means(), runner=session.runner,
+                                                   controls=self._applied,
+                                                   cpu_cores=self.interpreter.cpu_cores)
         _set(self.verdict, f"<b>verdict:</b> {html.escape(verdict.text)}")
-        self.last_verdict = verdict
         if session.error is not None:
             _error(self.message, f"the session failed: {type(session.error).__name__}: {session.error}")
 
@@ -222,10 +244,7 @@ class Dashboard(widgets.VBox):
                                rollover=self.rollover)
         self.plots.set_window(self.window.value)
         self.plots.stream(self.plots.stream_chunk(history))
-        old, self._bokeh = self._bokeh, _BokehView(self.plots.layout)
-        self._plot_box.children = [self._bokeh]
-        if old is not None:
-            old.close()
+        self._show(self.plots.layout)
 
     def _sync_sliders(self, session: Any) -> None:
         for name, n in session.controls().items():
@@ -236,7 +255,7 @@ class Dashboard(widgets.VBox):
             slider.max = max(slider.max, n)
             slider.value = n
 
-    def _header_html(self, session: Any, recent: dict) -> str:
+    def _header_html(self, session: Any) -> str:
         bps = self._window.rate(("steps", "step"), TABLE_WINDOW_S)  # steps counted over their wall time
         steps = self._window.latest(("steps", "step"))
         limit = f"/{session.steps}" if session.steps else ""
@@ -247,9 +266,8 @@ class Dashboard(widgets.VBox):
         return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
 
     def _table_html(self, session: Any, means: dict) -> str:
-        pipeline = session.pipeline
-        if pipeline is not None:
-            stages = ["source", *(s.name for s in pipeline.stages)]
+        if session.pipeline is not None:
+            stages = self._stages
         else:  # a DataLoader's stages, each followed by its part in every worker
             workers = sorted((stage for series, stage in self._seen if series == PER_WORKER["qps"]),
                              key=lambda name: int(name.rpartition("/worker")[2]))
@@ -350,11 +368,6 @@ class Dashboard(widgets.VBox):
         self._closed.set()
         if getattr(self, "autotuner", None) is not None:
             self.autotuner.stop()
-        publisher = self._publisher
-        if publisher is not None and publisher is not threading.current_thread():
-            publisher.join(5.0)
-        if self._bokeh is not None:
-            self._bokeh.close()
         super().close()
 
 

@@ -1,14 +1,14 @@
-"""The live dashboard of a data-parallel job: its ranks side by side (steps/s, data wait, step
-time, and each loader stage's items/s, a line per rank, each point over the last ``SMOOTH_S``), a
-table with a row per rank, and the straggler verdict. It only reads the job's frames; one thread
-pushes new points at ``hz``.
-"""
+"""A data-parallel job, live (``JobDashboard``: one thread pushes points at ``hz``) or as one page
+(``write_job_report``): its ranks side by side, a line per rank (steps/s, data wait, step time,
+each loader stage's items/s), a row per rank, and the straggler verdict."""
 
 from __future__ import annotations
 
 import html
 import math
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -21,10 +21,10 @@ from bokeh.plotting import figure
 from .._table import num
 from .._telemetry.frames import FrameChunk
 from .._telemetry.straggler import rank_window
-from ..errors import SpdlLabError
-from .dashboard import _BokehView, _load_bokehjs, _set
+from .dashboard import LiveView, _set
+from .report import write_page
 
-__all__ = ["JobDashboard"]
+__all__ = ["JobDashboard", "write_job_report"]
 
 DEFAULT_HZ = 1.0
 #: A point a second per rank, each over the ticks of the latest SMOOTH_S (as the verdict reads
@@ -38,25 +38,21 @@ _PLOTS = (("steps_per_s", "steps/s", "steps/s"),
           ("wait_frac", "data wait, share of the loop", "share"),
           ("step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
 _STEP = "step"
+#: (series, stage or None for each loader stage, title, y label) of the plots over time.
+_REPORT_PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
+                 ("data_wait_frac", "step", "data wait, share of the loop", "share"),
+                 ("step_ms", "step", "step time (ms)", "ms"),
+                 ("qps", None, "items/s", "items/s")]
 
 
-class JobDashboard(widgets.VBox):
+class JobDashboard(LiveView):
     """A live view of a ``JobSession`` (``job.dashboard()``); ``close()`` stops it, not the job."""
 
     def __init__(self, job: Any, *, hz: float = DEFAULT_HZ) -> None:
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._bokeh: Any = None
-        if not isinstance(hz, (int, float)) or not hz > 0:
-            raise SpdlLabError(f"JobDashboard: hz must be a number > 0 (updates per second), got {hz!r}")
-        super().__init__()
-        self.add_class("spdl-lab-job-dashboard")
-        _load_bokehjs()
+        super().__init__("spdl-lab-job-dashboard", hz)
         self.job = job
-        self.interval_s = 1.0 / hz
         self.header, self.verdict, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.verdict.add_class("spdl-lab-job-verdict")
-        self._plot_box = widgets.Box()
         self.children = [self.header, self.verdict, self._plot_box, self.table]
         self._lock = threading.Lock()
         self._until: dict[int, float] = {}  # each rank's latest point (seconds since it started)
@@ -65,8 +61,9 @@ class JobDashboard(widgets.VBox):
         #: the verdict last shown
         self.last_verdict: Any = None
         self.publish()
-        self._thread = threading.Thread(target=self._run, name="spdl_lab:job-dashboard", daemon=True)
-        self._thread.start()
+        self._publisher = threading.Thread(target=self._run, name="spdl_lab:job-dashboard",
+                                           daemon=True)
+        self._publisher.start()
 
     def _run(self) -> None:
         while not self._closed.wait(self.interval_s):
@@ -113,10 +110,7 @@ class JobDashboard(widgets.VBox):
             fig.legend.location = "top_left"
             fig.legend.label_text_font_size = "9pt"
             figures.append(fig)
-        old, self._bokeh = self._bokeh, _BokehView(gridplot(figures, ncols=2))
-        self._plot_box.children = [self._bokeh]
-        if old is not None:
-            old.close()
+        self._show(gridplot(figures, ncols=2))
 
     def _write_text(self, ranks: dict[int, Any]) -> None:
         job = self.job
@@ -127,16 +121,6 @@ class JobDashboard(widgets.VBox):
         self.last_verdict = verdict = job.judge()
         _set(self.verdict, f"<b>verdict:</b> {html.escape(verdict.text)}")
         _set(self.table, _table_html(job.summary()))
-
-    def close(self) -> None:
-        """Stop updating and close the widgets; the job and its sessions are left as they are."""
-        self._closed.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
-        if self._bokeh is not None:
-            self._bokeh.close()
-        super().close()
 
 
 def _points(chunk: FrameChunk, rank: int, after: float, stages: tuple[str, ...]) -> tuple[dict[str, list], float]:
@@ -182,3 +166,24 @@ def _cell(column: str, value: Any) -> str:
     if column == "data_wait_frac":
         return num(value, ".0%")
     return num(value, ".2f" if isinstance(value, float) else "d")
+
+
+def write_job_report(job: Any, path: str | os.PathLike) -> Path:
+    """Write ``job`` (a JobSession, live or from its folder) to ``path``; return the path."""
+    frames = job.frames().dropna(subset=["value"])  # numbers already: each rank's ring holds floats
+    stages = sorted({s for s in frames.loc[frames["series"] == "qps", "stage"] if s != "step" and "/worker" not in s})
+    figures = []
+    for series, stage, title, axis in _REPORT_PLOTS:
+        for name in [stage] if stage else stages:
+            fig = figure(title=f"{name}: {title}" if stage is None else title, height=240, width=460,
+                         x_axis_label="seconds since the rank started", y_axis_label=axis, toolbar_location=None)
+            for i, (rank, rows) in enumerate(frames[(frames["series"] == series) & (frames["stage"] == name)]
+                                             .groupby("rank")):
+                fig.line(rows["time_s"], rows["value"], color=Category10_10[i % 10], line_width=2,
+                         legend_label=f"rank {rank}")
+            figures.append(fig)
+    verdict = job.verdict()
+    note = (f"{len(job.ranks)} ranks (world size {job.world_size or '?'}), {job.state}; "
+            f"verdict over each rank's last seconds: {verdict}")
+    table = _table_html(job.summary())
+    return write_page(gridplot(figures, ncols=2), path, f"spdl_lab job {job.name}", note=note, table=table)

@@ -159,10 +159,10 @@ def test_a_tuning_on_a_busy_machine_recommends_no_move_and_says_why(burner, monk
 
 
 def test_the_report_and_the_terminal_show_the_advice_and_why_no_move(tmp_path):
-    from spdl_lab._cli_tune import trials_table
     from spdl_lab._tune.search import Step
     from spdl_lab._tune.space import Move
-    from spdl_lab._ui.tuning_report import html_summary
+    from spdl_lab._ui.report import html_summary
+    from spdl_lab.cli import trials_table
 
     p = lab.Pipeline(range(10)).map(abs, name="read").batch(2)
     start = Config.of("thread", {"read": 1})
