@@ -196,8 +196,7 @@ class MeterBlock:
         self._shm = shm
         self.name = shm.name
         self.layout = layout
-        # Views keep the mapping exported, so closing it is put off while a thread still writes
-        # (a stage abandoned by close() with num_workers=0 segfaulted when it returned).
+        # Views keep the mapping exported: no unmapping under a thread still writing (a segfault).
         self.pids: np.ndarray = np.frombuffer(shm.map, np.int64, count=layout.slots)
         self.counters: np.ndarray = np.frombuffer(
             shm.map, np.int64, count=layout.slots * layout.rows * ROW_LEN, offset=8 * layout.slots

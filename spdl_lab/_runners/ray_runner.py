@@ -86,7 +86,8 @@ class RayRunner(PumpRunner):
         self._open_source()
         while not self._stopping:
             if self._run_window():
-                self._check_failures(final=True)
+                self._settle()
+                self._check_failures()
                 return True
         return False
 
@@ -160,7 +161,7 @@ class RayRunner(PumpRunner):
                         if self._stopping or self._generation != generation:
                             return False
                         self._deliver(row, chunk)
-                    self._check_failures(final=False)  # once a block: the counts move a flush at a time
+                    self._check_failures()  # once a block: the counts move a flush at a time
             if self._stopping:
                 return False
             self._delivered.cover(end)  # all of the window was delivered or dropped
@@ -197,10 +198,8 @@ class RayRunner(PumpRunner):
         self._seq += 1
         self._delivered.add(indices)
 
-    def _check_failures(self, final: bool) -> None:
+    def _check_failures(self) -> None:
         """More failures than ``max_failures`` (counted by the workers' meters) end the run."""
-        if final:
-            self._settle()
         if self.max_failures == 0:
             return
         totals = self._read_totals(force=False)
