@@ -5,12 +5,10 @@ from __future__ import annotations
 import importlib
 
 from ..errors import PipelineSpecError
-from ._shm import ShmFile, new_prefix
-from ._shm_meters import Layout, MeterBlock, SlotMeter
+from ._shm import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
 from .base import Runner
 
-# The shared-memory meter block (``_shm_meters``) is the runners' own mechanism, and also what
-# meters a torch DataLoader's workers (``_integrations``): it is offered here, with the registry.
+# The runners' shared-memory meter block (``_shm``) also meters a torch DataLoader's workers.
 __all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Layout", "MeterBlock", "Runner", "ShmFile",
            "SlotMeter", "WORKERS", "new_prefix", "runner_class"]
 
@@ -27,7 +25,7 @@ DEFAULT_NUM_WORKERS = 2
 # Imported when first asked for: only ``process`` needs torch, and the subprocess-threads
 # child (which imports this package) starts much sooner without it.
 _REGISTRY: dict[str, tuple[str, str]] = {
-    "thread": ("thread", "ThreadRunner"),
+    "thread": ("base", "ThreadRunner"),
     "subprocess-threads": ("subprocess_threads", "SubprocessThreadsRunner"),
     "process": ("process", "ProcessRunner"),
     "cache": ("cache", "CacheRunner"),

@@ -1,7 +1,5 @@
-"""The child process of the ``subprocess-threads`` runner: ``python -m spdl_lab._runners._child
-DATA_FD CTRL_FD`` runs the thread engine, sends outputs through shared-memory slots, publishes its
-meters to a shared block and obeys the control channel.
-"""
+"""The ``subprocess-threads`` child, ``python -m spdl_lab._runners._child DATA_FD CTRL_FD``: the
+thread engine, outputs sent through shared-memory slots, meters published to a shared block."""
 
 from __future__ import annotations
 
@@ -95,6 +93,7 @@ class _ChildRun:
                 error = unsendable_output(stage, index, exc, "subprocess-threads", "the main process")
                 self._send(("error", _describe_error(error)))
                 return
+            slot: tuple[int, str, int] = (-1, "", 0)  # no arrays: the pickle bytes alone
             if encoded.arrays:
                 try:
                     slot_id, shm = self.slots.acquire(encoded.nbytes, self.stop.is_set)
@@ -104,9 +103,8 @@ class _ChildRun:
                     self._send(("runner-error", str(err)))
                     return
                 write_arrays(encoded, shm, self.copier)
-                self._send(("out", seq, index, encoded.meta, slot_id, shm.name, shm.size))
-            else:
-                self._send(("out", seq, index, encoded.meta, -1, "", 0))
+                slot = (slot_id, shm.name, shm.size)
+            self._send(("out", seq, index, encoded.meta, *slot))
 
     def _control(self) -> None:
         while True:

@@ -1,7 +1,5 @@
-"""What runs inside the DataLoader's worker processes for the ``process`` runner: the per-item
-maps in the Dataset, the batch and per-batch maps in its ``collate``, each task timed into the
-worker's slot of the meter block.
-"""
+"""The ``process`` runner's DataLoader workers: per-item maps in the Dataset, the batch and
+per-batch maps in its ``collate``, each task timed into the worker's slot of the meter block."""
 
 from __future__ import annotations
 
@@ -17,10 +15,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, describe
-from ._delivered import Delivered
 from ._shipping import output_stage, pickled
-from ._shm_meters import SOURCE_ROW, Layout, MeterBlock, SlotMeter
-from ._transport import pickling_error
+from ._shm import SOURCE_ROW, Layout, MeterBlock, SlotMeter
+from ._transport import encode
+from .base import Delivered
 from .children import exit_without_finalizing
 
 __all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
@@ -112,10 +110,9 @@ class PipelineDataset(IterableDataset):
         self._parent_block = block
 
     def init_worker(self, worker_id: int) -> None:
-        """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end the
-        worker without finalizing its interpreter (``exit_without_finalizing``), where a queue's
-        feeder thread or a stage's daemon thread would free torch tensors and abort it. torch's
-        worker loop sends every error to the parent as data and returns: its status is 0."""
+        """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end it
+        without finalizing (a queue's feeder or a stage's daemon thread would free torch tensors and
+        abort it; see ``exit_without_finalizing``). torch sends every error as data: status 0."""
         self._load(worker_id).block.pids[worker_id] = os.getpid()
         atexit.register(exit_without_finalizing, 0)  # runs before finalizing starts; spawn only
 
@@ -136,9 +133,7 @@ class PipelineDataset(IterableDataset):
         info = get_worker_info()
         slot, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         loaded = self._load(slot)
-        return self._items(loaded.pipeline, loaded.meter, slot, workers)
-
-    def _items(self, pipeline: Pipeline, meter: SlotMeter, slot: int, workers: int) -> Iterator[tuple[int, Any]]:
+        pipeline, meter = loaded.pipeline, loaded.meter
         try:
             iterator = pipeline.open_source()
         except Exception as exc:
@@ -185,11 +180,13 @@ class PipelineDataset(IterableDataset):
         info = get_worker_info()
         if info is None or isinstance(value, (Failure, Dropped)):
             return indices, value
-        error = pickling_error(value)
-        if error is None:
-            return indices, value
-        stage, index = output_stage(self._load(info.id).pipeline), indices[0] // self.plan.chunk
-        return indices, Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
+        try:
+            encode(value)  # pickles it, its arrays and tensors set apart as torch sends them
+        except Exception as error:
+            stage, index = output_stage(self._load(info.id).pipeline), indices[0] // self.plan.chunk
+            failure = Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
+            return indices, failure
+        return indices, value
 
     def _collate(self, data: Any) -> tuple[list[int], Any]:
         pairs = data if self.plan.batch is not None else [data]

@@ -1,7 +1,5 @@
-"""The Ray instance a ``ray`` runner uses: one the lab starts on this host, or a cluster it joins.
-
-The lab shuts down only what it started: a local instance, when the last runner using it closes.
-"""
+"""The Ray instance a ``ray`` runner uses: one the lab starts on this host (shut down when the last
+runner using it closes), or a cluster it joins (left running)."""
 
 from __future__ import annotations
 
@@ -153,12 +151,9 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _reap(timeout: float, temp_dir: str | None) -> None:
-    """Wait for the instance's processes to exit; kill what is left at the deadline.
-
-    Workers the raylet was still starting when it died are orphans (no longer this process's
-    descendants), and each waits about 30 s for its raylet before it gives up: they are found
-    by the instance's temporary directory on their command line and killed now.
-    """
+    """Wait for the instance's processes to exit; kill what is left at the deadline. Workers the
+    raylet was still starting when it died are orphans that would wait ~30 s for it: found by the
+    instance's temporary directory on their command line, they are killed now."""
     for p in _orphans(temp_dir):
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

@@ -1,13 +1,14 @@
-"""A lab Pipeline as a Ray Dataset: runs of stages as Ray Data operations, ``batch`` inside them.
-
-Ray Data is used as it is: its streaming executor, its object store, its concurrency caps.
-"""
+"""A lab Pipeline as a Ray Dataset: runs of stages as Ray Data operations (its executor, object
+store and concurrency caps as they are), ``batch`` inside them; the lab's meters in its workers."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import math
 import re
+import threading
 import time
 import traceback
 import types
@@ -19,12 +20,14 @@ import cloudpickle
 import numpy as np
 
 from .._pipeline import Pipeline, Stage
+from .._telemetry.histogram import NUM_BUCKETS, bucket_of, new_counts
+from .._telemetry.meters import StageReading
 from ..errors import describe
-from ._ray_meters import record
 from ._shipping import pickled
 
-__all__ = ["MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "StageFailure", "block_sizes", "build", "chunk_size",
-           "find_failure", "groups", "rows_of", "uses_actors"]
+__all__ = ["FLUSH_S", "MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "MeterBoard", "StageFailure",
+           "block_sizes", "board_class", "build", "chunk_size", "find_failure", "groups",
+           "reading_of", "record", "rows_of", "uses_actors"]
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
 MAX_BLOCK_CHUNKS = 64
@@ -94,14 +97,13 @@ def block_sizes(chunks: int, spread: int = 1) -> list[int]:
     return sizes
 
 
-# One Ray Data operation per group: consecutive pieces (the source, map stages, batches) with one
-# setting. An operation per stage would hold a CPU per task for a source or a batch that does
-# next to nothing. A function runs as Ray tasks; a callable object (a tokenizer, a decoder) in an
-# actor pool, so its state is unpickled once per actor. With max_failures=0 the first exception
-# fails the run (Ray does not retry application errors); above it items are dropped and counted.
 @dataclass
 class Group:
-    """One Ray Data operation: its pieces and how it is computed."""
+    """One Ray Data operation: consecutive pieces (the source, map stages, batches) with one setting
+    (an operation per stage would hold a CPU per task for a source or batch doing next to nothing).
+    A function runs as Ray tasks; a callable object (a tokenizer) in an actor pool, its state
+    unpickled once per actor. With max_failures=0 the first exception fails the run (Ray does not
+    retry application errors); above it items are dropped and counted."""
 
     stages: list[Stage] = field(default_factory=list)
     actors: bool = False
@@ -175,20 +177,15 @@ class _Stages:
         """The items of one ``size``-aligned window of source indices make a batch, as elsewhere."""
         size, drop_last, last_window = spec
         out: list[Row] = []
-        window, indices, items = None, [], []
-        for index, item in [*rows, (None, None)]:
-            w = None if index is None else _first(index) // span
-            if items and w != window:
-                if not (drop_last and window == last_window and len(items) < size):
-                    record(self.key, self.board, name, "started")
-                    record(self.key, self.board, name, "done", 0)
-                    out.append((indices, items))
-                indices, items = [], []
-            if index is None:
-                break
-            window = w
-            indices.extend(index if isinstance(index, list) else [index])
-            items.append(item)
+        for window, group in itertools.groupby(rows, key=lambda row: _first(row[0]) // span):
+            indices, items = [], []
+            for index, item in group:
+                indices.extend(index if isinstance(index, list) else [index])
+                items.append(item)
+            if not (drop_last and window == last_window and len(items) < size):
+                record(self.key, self.board, name, "started")
+                record(self.key, self.board, name, "done", 0)
+                out.append((indices, items))
         return out
 
 
@@ -217,8 +214,7 @@ def _first(index: Any) -> int:
 
 
 def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
-    """A block as rows of Python indices (a batch's as a list) and values, numpy scalars as Python's;
-    a batch as a list."""
+    """A block as rows: Python indices (a batch's as a list), values (numpy scalars as Python's)."""
     def scalar(value: Any) -> Any:
         return value.item() if isinstance(value, np.generic) else value
 
@@ -302,3 +298,84 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
     ds.context.enable_progress_bars = False
     return ds
 
+
+# -- meters: a daemon thread in each worker sends its counts every ``FLUSH_S``, so a task never
+# waits on a message.
+FLUSH_S = 0.1
+#: Failures kept per stage (stage, item, what, when): the runner names the one too many.
+MAX_FAILED = 4096
+_FIELDS = ("started", "tasks", "failures", "busy_ns")
+
+_LOCK = threading.Lock()
+#: per worker process: board key -> (board actor, stage -> pending deltas)
+_PENDING: dict[str, tuple[Any, dict[str, dict[str, Any]]]] = {}
+_FLUSHER: list[threading.Thread] = []
+
+
+def _blank() -> dict[str, Any]:
+    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": []}
+
+
+def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
+    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here."""
+    with _LOCK:
+        pending = _PENDING.setdefault(key, (board, {}))[1].setdefault(stage, _blank())
+        if event == "started":
+            pending["started"] += 1
+        else:
+            pending["tasks"] += 1
+            pending["busy_ns"] += ns
+            pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
+            if event == "failed":
+                pending["failures"] += 1
+                if len(pending["failed"]) < MAX_FAILED:
+                    pending["failed"].append(failure)
+        if not _FLUSHER:
+            flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
+            _FLUSHER.append(flusher)
+            flusher.start()
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(FLUSH_S)
+        with _LOCK:
+            batches = [entry for entry in _PENDING.values() if entry[1]]
+            _PENDING.clear()
+        for board, stages in batches:
+            with contextlib.suppress(Exception):  # the run is over and its board gone
+                board.add.remote(stages)
+
+
+class MeterBoard:
+    """Totals per stage, added up from every worker's deltas (a Ray actor; see ``board_class``)."""
+
+    def __init__(self, stages: list[str]) -> None:
+        self.totals = {name: _blank() for name in stages}
+
+    def add(self, deltas: dict[str, dict[str, Any]]) -> None:
+        for stage, delta in deltas.items():
+            total = self.totals.setdefault(stage, _blank())
+            for name in _FIELDS:
+                total[name] += delta[name]
+            total["hist"] = [a + b for a, b in zip(total["hist"], delta["hist"])]
+            total["failed"] = (total["failed"] + delta["failed"])[:MAX_FAILED]
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        return self.totals
+
+
+def board_class() -> Any:
+    """``MeterBoard`` as a Ray actor class: no CPU reserved, one call at a time is plenty."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(MeterBoard)
+
+
+def reading_of(totals: dict[str, Any] | None, name: str, kind: str, concurrency: int) -> StageReading:
+    """One stage's totals as the engine's ``StageReading`` (busy time of finished tasks only)."""
+    t = totals or _blank()
+    done = t["tasks"]
+    return StageReading(name=name, kind=kind, tasks=done, failures=t["failures"],
+                        in_flight=max(0, t["started"] - done), busy_ns=t["busy_ns"], concurrency=concurrency,
+                        hist=list(t["hist"]), busy_done_ns=t["busy_ns"])

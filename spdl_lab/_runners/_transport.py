@@ -1,7 +1,5 @@
-"""Outputs from the child to the parent: pickled with their arrays and CPU tensors copied once
-into a reusable shared-memory slot. The parent lends them as views of the slot until the last is
-garbage, or copies them out when lending would leave the child no slot to fill.
-"""
+"""Outputs from the child: pickled, arrays and CPU tensors copied once into a reusable shared
+memory slot; the parent lends them as views of it, or copies them if the child would lack one."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
 from ._shm import ShmFile
 
-__all__ = ["Copier", "Encoded", "Leases", "SlotReader", "SlotWriter", "decode", "encode", "pickling_error",
-           "write_arrays"]
+__all__ = ["Copier", "Encoded", "Leases", "SlotWriter", "decode", "encode", "write_arrays"]
 
 _ALIGN = 64
 #: Slots grow to fit the largest output, with headroom: batches of varying size reuse a slot.
@@ -53,14 +50,11 @@ class _Encoder(pickle.Pickler):
         if type(obj) is np.ndarray and not obj.dtype.hasobject:
             return ("nd", self._place(obj, obj.nbytes), dtype_to_descr(obj.dtype), obj.shape)
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor and _plain_cpu_tensor(obj, torch):
+        if (torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu"
+                and obj.layout == torch.strided
+                and not (obj.requires_grad or obj.is_quantized or obj.is_conj() or obj.is_neg())):
             return ("pt", self._place(obj, _nbytes(obj)), str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
         return None
-
-
-def _plain_cpu_tensor(t: Any, torch: Any) -> bool:
-    return (t.device.type == "cpu" and t.layout == torch.strided and not t.requires_grad
-            and not t.is_quantized and not t.is_conj() and not t.is_neg())
 
 
 def encode(obj: Any) -> Encoded:
@@ -68,15 +62,6 @@ def encode(obj: Any) -> Encoded:
     encoder = _Encoder(buffer)
     encoder.dump(obj)
     return Encoded(buffer.getvalue(), encoder.arrays, encoder.nbytes)
-
-
-def pickling_error(value: Any) -> Exception | None:
-    """Why ``value`` cannot be pickled to another process (its arrays and tensors travel apart), or None."""
-    try:
-        encode(value)
-    except Exception as exc:
-        return exc
-    return None
 
 
 def write_arrays(encoded: Encoded, shm: ShmFile, copier: Copier | None = None) -> None:
@@ -251,23 +236,3 @@ class SlotWriter:
                 shm.close()
                 shm.unlink()
         self._slots = [None] * len(self._slots)
-
-
-class SlotReader:
-    """Parent side: maps each slot by name, re-mapping when the child replaced it."""
-
-    def __init__(self) -> None:
-        self._maps: dict[int, ShmFile] = {}
-
-    def get(self, slot_id: int, name: str, size: int) -> ShmFile:
-        shm = self._maps.get(slot_id)
-        if shm is None or shm.name != name:
-            if shm is not None:
-                shm.close()
-            shm = self._maps[slot_id] = ShmFile(name, size, create=False)
-        return shm
-
-    def close(self) -> None:
-        for shm in self._maps.values():
-            shm.close()
-        self._maps.clear()

@@ -1,6 +1,5 @@
-"""The runner contract: one small interface, one implementation per parallelism model (callers
-never special-case a runner by name), and ``PumpRunner``, the pump process and ray share.
-"""
+"""The runner contract (one implementation per parallelism model; callers never special-case a
+runner by name), ``ThreadRunner``, and ``PumpRunner``, which process and ray share."""
 
 from __future__ import annotations
 
@@ -8,15 +7,15 @@ import inspect
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
-from .._engine.engine import EngineReading, default_buffer_size
+from .._engine.engine import Engine, EngineReading, default_buffer_size
 from .._engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks
-from ._delivered import Delivered
 
-__all__ = ["PumpRunner", "Runner"]
+__all__ = ["Delivered", "PumpRunner", "Runner", "ThreadRunner"]
 
 #: How often a consumer waiting in ``PumpRunner.get`` runs the runner's ``_check``.
 _CHECK_S = 0.1
@@ -73,6 +72,43 @@ class Runner(ABC):
 
     @abstractmethod
     def close(self, timeout: float = 5.0) -> None: ...
+
+
+class ThreadRunner(Engine, Runner):
+    """``thread``: every stage in thread pools in this process (SPDL's "mt"); the engine itself."""
+
+    name = "thread"
+
+
+class Delivered:
+    """Numbers (source items or chunks) delivered or dropped, so a restart neither loses nor
+    repeats one: a contiguous prefix plus the few beyond it. The pump writes it, ships a copy."""
+
+    def __init__(self, below: int = 0, beyond: Iterable[int] = ()) -> None:
+        self.below = below
+        self._beyond = set(beyond)
+
+    def __contains__(self, number: int) -> bool:
+        return number < self.below or number in self._beyond
+
+    def add(self, numbers: Iterable[int]) -> None:
+        self._beyond.update(numbers)
+        self._advance()
+
+    def cover(self, end: int) -> None:
+        """Every number below ``end`` is done with (delivered, or dropped as a failure)."""
+        if end > self.below:
+            self.below = end
+            self._beyond = {n for n in self._beyond if n >= end}
+            self._advance()
+
+    def copy(self) -> Delivered:
+        return Delivered(self.below, self._beyond)
+
+    def _advance(self) -> None:
+        while self.below in self._beyond:
+            self._beyond.discard(self.below)
+            self.below += 1
 
 
 class PumpRunner(Runner):

@@ -1,15 +1,15 @@
 """``cache``: headspace, what training would do if loading were free: the first ``num_caches``
-outputs of another runner, replayed for as many steps as the pipeline would have made.
-"""
+outputs of another runner, replayed for as many steps as the pipeline would have made."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 from .._engine.engine import EngineReading
 from .._engine.queues import END, TIMEOUT
-from .._pipeline import Pipeline
+from .._pipeline import Pipeline, check_ints
 from ..errors import PipelineSpecError
 from . import runner_class
 from .base import Runner
@@ -32,8 +32,7 @@ class CacheRunner(Runner):
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         if source_runner == "cache":
             raise PipelineSpecError("cache runner: source_runner must be another runner than 'cache'")
-        if isinstance(num_caches, bool) or not isinstance(num_caches, int) or num_caches < 1:
-            raise PipelineSpecError(f"cache runner: num_caches must be an int >= 1, got {num_caches!r}")
+        check_ints("cache runner", num_caches=(num_caches, 1))
         source_class = runner_class(source_runner)
         source_class.check_names(source_options)
         self._source = source_class(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered,
@@ -101,21 +100,17 @@ class CacheRunner(Runner):
 
 
 def expected_outputs(pipeline: Pipeline) -> int:
-    """How many outputs the pipeline yields (map stages drop nothing): from ``len(source)``,
-    else by iterating the source alone once."""
-    source = pipeline.source
+    """How many outputs the pipeline yields (map stages drop nothing): len(source), or a count."""
     try:
         if pipeline.source_is_factory:
             raise TypeError("a factory has no length of its own")
-        n = len(source)  # type: ignore[arg-type]
+        n = len(pipeline.source)  # type: ignore[arg-type]
     except TypeError:
-        n = 0
-        for _ in pipeline.open_source():
-            n += 1
-            if n > MAX_COUNTED_ITEMS:
-                raise PipelineSpecError(f"cache runner: the source has no len() and more than "
-                                        f"{MAX_COUNTED_ITEMS:,} items (it may be endless), so the number of "
-                                        f"outputs to replay is unknown; pass num_outputs=N or forever=True") from None
+        n = sum(1 for _ in itertools.islice(pipeline.open_source(), MAX_COUNTED_ITEMS + 1))
+        if n > MAX_COUNTED_ITEMS:
+            raise PipelineSpecError(f"cache runner: the source has no len() and more than "
+                                    f"{MAX_COUNTED_ITEMS:,} items (it may be endless), so the number of "
+                                    f"outputs to replay is unknown; pass num_outputs=N or forever=True") from None
     for stage in pipeline.stages:
         if stage.kind == "batch":
             size = stage.size or 1

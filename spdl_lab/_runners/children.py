@@ -1,7 +1,5 @@
-"""Every child process the runners and diagnose start: a fresh interpreter (spawn, never a
-fork of this threaded process) that does not run the user's script again, stopped with
-escalation, and how each ended, said in words.
-"""
+"""Every child the runners and diagnose start: a fresh interpreter (never a fork of this threaded
+process) that does not run the user's script again, stopped with escalation; its end in words."""
 
 from __future__ import annotations
 
@@ -58,11 +56,8 @@ def spawn(args: list[str]) -> Child:
 
 def exit_without_finalizing(code: int) -> NoReturn:
     """End a child of ours with ``code`` by ``os._exit``, its standard streams flushed first.
-
-    Finalizing would let a daemon thread free a torch tensor: its deallocation releases the GIL,
-    and a thread asking for it back during finalization is ended by ``pthread_exit``, whose
-    unwinding through torch's C++ frames calls ``std::terminate`` (SIGABRT).
-    """
+    Finalizing would let a daemon thread free a torch tensor, releasing the GIL: a thread asking for
+    it back then is ended by ``pthread_exit``, unwinding torch's C++ frames: ``std::terminate``."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream has nothing to flush
             stream.flush()
@@ -101,8 +96,7 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
 
 # -- DataLoader workers: started and reaped by torch's Process objects --------------------
 def exit_status(pid: int) -> tuple[bool, int] | None:
-    """(killed by a signal, the signal or status) once child ``pid`` has exited, else None.
-    WNOWAIT leaves the reaping to its Process."""
+    """(killed by a signal, signal or status) once child ``pid`` exited, else None; unreaped."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -135,9 +129,8 @@ def _running(pid: int) -> bool:
 
 
 # ``spawn`` re-runs the parent's ``__main__`` in a worker (hence the ``__main__`` guard). Ours need
-# nothing from it (the pipeline travels by value), so while one is launched ``__main__`` shows a
-# spec named "__main__", which the child takes as nothing to import
-# (``multiprocessing.spawn._fixup_main_from_name``).
+# nothing from it (the pipeline travels by value): while one is launched ``__main__`` has a spec
+# named "__main__", which the child takes as nothing to import (``spawn._fixup_main_from_name``).
 _swapping = threading.Lock()
 
 

@@ -1,6 +1,5 @@
-"""``process``: torch's own DataLoader with ``num_workers`` worker processes, the baseline. A pump
-thread iterates it into a bounded queue and restarts it when the number of workers changes.
-"""
+"""``process``: torch's own DataLoader with ``num_workers`` worker processes, the baseline; a pump
+thread iterates it into a bounded queue and restarts it when the number of workers changes."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from ..errors import (
 from . import DEFAULT_NUM_WORKERS, WORKERS
 from ._process_worker import Dropped, Failure, PipelineDataset, Plan
 from ._shipping import ship, unsendable_output
-from ._shm_meters import Layout, MeterBlock
+from ._shm import Layout, MeterBlock
 from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
@@ -61,7 +60,9 @@ class ProcessRunner(PumpRunner):
                  pin_memory: bool = False, timeout: float = 0.0, **options: Any) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
         self._plan = Plan.of(pipeline)
-        self._num_workers = _check_num_workers(num_workers, WORKERS)
+        self._num_workers = _checked(num_workers, int, 0, MAX_CONCURRENCY,
+                                     f"process runner, {WORKERS!r}: num_workers must be an int in "
+                                     f"0..{MAX_CONCURRENCY} (0 runs in this process)")
         self._timeout = float(_checked(timeout, (int, float), 0, math.inf,
                                        "process runner: timeout must be seconds >= 0"))
         if prefetch_factor is not None:
@@ -165,17 +166,10 @@ class ProcessRunner(PumpRunner):
         return [pid for pid in pids if pid != os.getpid()]
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        self._check_stage(stage)
-        self._num_workers = _check_num_workers(n, stage)
+        self._num_workers = n  # the Loader has checked both
 
     def concurrency(self, stage: str) -> int:
-        self._check_stage(stage)
         return self._num_workers
-
-    def _check_stage(self, stage: str) -> None:
-        if stage != WORKERS and self.pipeline.stage(stage).kind != "map":
-            raise PipelineSpecError(f"stage {stage!r} is a batch stage; under the process runner pass a map "
-                                    f"stage or {WORKERS!r} to change num_workers")
 
     def read(self) -> EngineReading:
         with self._block_lock:
@@ -215,12 +209,6 @@ class ProcessRunner(PumpRunner):
 _SET_BY_RUNNER = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
                   "collate_fn", "worker_init_fn", "drop_last", "generator")
 _PASSED_THROUGH = ("pin_memory_device", "in_order")
-
-
-def _check_num_workers(n: object, stage: str) -> int:
-    return _checked(n, int, 0, MAX_CONCURRENCY,
-                    f"process runner, {stage!r}: num_workers must be an int in 0..{MAX_CONCURRENCY} "
-                    f"(0 runs in this process)")
 
 
 def _checked(value: Any, kinds: type | tuple[type, ...], low: float, high: float, message: str) -> Any:

@@ -1,7 +1,5 @@
-"""``ray``: the Pipeline on Ray Data (``_ray_plan``), on a local Ray instance or a real cluster.
-
-A pump thread iterates the Dataset's rows into a bounded queue; meters add up in an actor.
-"""
+"""``ray``: the Pipeline on Ray Data (``_ray_plan``), on a local Ray instance or a real cluster; a
+pump thread iterates the Dataset's rows into a bounded queue, meters add up in an actor."""
 
 from __future__ import annotations
 
@@ -14,12 +12,11 @@ from typing import Any
 
 from .._engine.engine import EngineReading
 from .._engine.queues import QueueClosed
-from .._pipeline import Pipeline, validate_concurrency
+from .._pipeline import Pipeline
 from .._telemetry.meters import QueueReading
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, describe, stage_failure
+from . import _ray_plan as plan
 from ._ray_cluster import RayConnection
-from ._ray_meters import FLUSH_S, board_class, reading_of
-from ._ray_plan import WINDOW_CHUNKS, build, chunk_size, find_failure, groups, rows_of
 from .base import PumpRunner
 
 __all__ = ["MAX_MATERIALIZED", "RayRunner"]
@@ -79,7 +76,7 @@ class RayRunner(PumpRunner):
         if self._pump is None:
             self._connection.open()
             try:
-                self._board = board_class().remote(["source", *self._concurrency])
+                self._board = plan.board_class().remote(["source", *self._concurrency])
             except BaseException:
                 self._connection.close()
                 raise
@@ -89,12 +86,13 @@ class RayRunner(PumpRunner):
         self._open_source()
         while not self._stopping:
             if self._run_window():
-                self._check_failures(final=True)
+                self._settle()
+                self._check_failures()
                 return True
         return False
 
     def _pump_error(self, exc: BaseException) -> SpdlLabError:
-        failure = find_failure(exc)
+        failure = plan.find_failure(exc)
         if failure is not None:
             return stage_failure(failure.stage, failure.index, failure.error or exc, what=failure.what,
                                  where=_IN_RAY)
@@ -138,14 +136,14 @@ class RayRunner(PumpRunner):
         with self._lock:
             generation = self._generation
             concurrency = dict(self._concurrency)
-        chunk = chunk_size(self.pipeline)
+        chunk = plan.chunk_size(self.pipeline)
         start = self._delivered.below // chunk * chunk  # a batch boundary
         if start >= self._count:
             return True
-        end = min(self._count, start + WINDOW_CHUNKS * chunk)
-        ds = build(self.pipeline, self._source, start=start, count=end - start, total=self._count,
-                   concurrency=concurrency, key=self._key, board=self._board, strict=self.max_failures == 0,
-                   resources=self._resources, ordered=self._ordered)
+        end = min(self._count, start + plan.WINDOW_CHUNKS * chunk)
+        ds = plan.build(self.pipeline, self._source, start=start, count=end - start,
+                        total=self._count, concurrency=concurrency, key=self._key, board=self._board,
+                        strict=self.max_failures == 0, resources=self._resources, ordered=self._ordered)
         # Bundles, not Ray Data's row iterators: their prefetch thread outlives an error or a
         # stop. The executor is made here so that close() can stop a task that never returns.
         executor = ds._create_executor()
@@ -153,17 +151,17 @@ class RayRunner(PumpRunner):
             if self._stopping:
                 return False
             self._executor = executor
-            self._groups = groups(self.pipeline, concurrency, self._resources)
+            self._groups = plan.groups(self.pipeline, concurrency, self._resources)
         bundles = ds._build_bundle_iterator(executor)
         try:
             batches = self.pipeline.stages[-1].kind == "batch"
             for bundle in bundles:
                 for ref in bundle.block_refs:
-                    for row in rows_of(self._get_block(ref), batches):
+                    for row in plan.rows_of(self._get_block(ref), batches):
                         if self._stopping or self._generation != generation:
                             return False
                         self._deliver(row, chunk)
-                    self._check_failures(final=False)  # once a block: the counts move a flush at a time
+                    self._check_failures()  # once a block: the counts move a flush at a time
             if self._stopping:
                 return False
             self._delivered.cover(end)  # all of the window was delivered or dropped
@@ -191,7 +189,7 @@ class RayRunner(PumpRunner):
         """Hand one row to the consumer, unless it was handed before."""
         idx, value = row
         indices = idx if isinstance(idx, list) else [idx]
-        if self._delivered.seen(indices):
+        if indices and all(i in self._delivered for i in indices):
             return  # made again after a restart; it was delivered before
         if self._ordered:
             # Every item before this batch is done with: a restart must not count a failure twice.
@@ -200,10 +198,8 @@ class RayRunner(PumpRunner):
         self._seq += 1
         self._delivered.add(indices)
 
-    def _check_failures(self, final: bool) -> None:
+    def _check_failures(self) -> None:
         """More failures than ``max_failures`` (counted by the workers' meters) end the run."""
-        if final:
-            self._settle()
         if self.max_failures == 0:
             return
         totals = self._read_totals(force=False)
@@ -221,7 +217,7 @@ class RayRunner(PumpRunner):
         deadline = time.monotonic() + _SETTLE_S
         previous = None
         while True:
-            time.sleep(FLUSH_S)
+            time.sleep(plan.FLUSH_S)
             totals = self._read_totals(force=True)
             now = {name: (t["started"], t["tasks"], t["failures"]) for name, t in totals.items()}
             idle = all(started == done for started, done, _ in now.values())
@@ -254,11 +250,7 @@ class RayRunner(PumpRunner):
                                    f"see dmesg). Start a new Loader"))
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        if stage not in self._concurrency:
-            raise PipelineSpecError(f"ray runner: {stage!r} is not a map stage; map stages: "
-                                    f"{', '.join(self._concurrency)}")
-        validate_concurrency(n, stage=stage)
-        with self._lock:
+        with self._lock:  # the Loader has checked both
             if self._concurrency[stage] != n:
                 self._concurrency[stage] = n
                 self._generation += 1  # the pump restarts from the first item not delivered
@@ -289,9 +281,9 @@ class RayRunner(PumpRunner):
 
     def read(self) -> EngineReading:
         totals = self._read_totals(force=False)
-        source = reading_of(totals.get("source"), "source", "source", 1)
-        stages = [reading_of(totals.get(s.name), s.name, s.kind, self._concurrency.get(s.name, 1))
-                  for s in self.pipeline.stages]
+        source = plan.reading_of(totals.get("source"), "source", "source", 1)
+        stages = [plan.reading_of(totals.get(s.name), s.name, s.kind,
+                                  self._concurrency.get(s.name, 1)) for s in self.pipeline.stages]
         return EngineReading(source=source, stages=stages, inputs={},
                              queues=[*self._operation_queues(), self._output.read()])
 
@@ -322,7 +314,7 @@ class RayRunner(PumpRunner):
             _shutdown(executor)
         self._join_pump(timeout)
         if self._board is not None:
-            time.sleep(2 * FLUSH_S)  # the workers' last counts are at most one flush away
+            time.sleep(2 * plan.FLUSH_S)  # the workers' last counts are at most one flush away
             self._read_totals(force=True)  # the final figures, kept for stats() after close
             import ray
 

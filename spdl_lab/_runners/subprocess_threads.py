@@ -1,6 +1,5 @@
-"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp"); outputs
-come back through shared memory, and the parent reads the child's meters from a shared block.
-"""
+"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp"); outputs come
+back through shared memory, and the parent reads the child's meters from a shared block."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from .._pipeline import Pipeline
 from ..errors import PipelineError, RunnerError, stage_failure
 from ._shipping import ship
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
-from ._transport import Leases, SlotReader, decode
+from ._transport import Leases, decode
 from .base import Runner
 from .children import ChildTraceback, exit_reason, spawn, stop_process
 
@@ -47,7 +46,7 @@ class SubprocessThreadsRunner(Runner):
         self._data: Connection | None = None
         self._ctrl: Connection | None = None
         self._meters: SeqlockBlock | None = None
-        self._reader = SlotReader()
+        self._maps: dict[int, ShmFile] = {}  # the child's slots, mapped here
         self._leases = Leases(slots)
         self._closed = False
         self._ended = False
@@ -85,7 +84,7 @@ class SubprocessThreadsRunner(Runner):
             if slot_id < 0:
                 return seq, index, decode(meta, None)
             try:
-                slot = self._reader.get(slot_id, slot_name, slot_size)
+                slot = self._slot(slot_id, slot_name, slot_size)
             except FileNotFoundError:
                 if self._closed:  # close() from another thread removed the slot
                     return END
@@ -104,6 +103,14 @@ class SubprocessThreadsRunner(Runner):
         if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
+
+    def _slot(self, slot_id: int, name: str, size: int) -> ShmFile:
+        shm = self._maps.get(slot_id)
+        if shm is None or shm.name != name:  # the child replaced it with a bigger one
+            if shm is not None:
+                shm.close()
+            shm = self._maps[slot_id] = ShmFile(name, size, create=False)
+        return shm
 
     def _recv(self, timeout: float, starting: bool = False) -> Any:
         """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
@@ -177,7 +184,9 @@ class SubprocessThreadsRunner(Runner):
         for conn in (self._data, self._ctrl):
             if conn is not None:
                 conn.close()
-        self._reader.close()
+        for shm in self._maps.values():
+            shm.close()
+        self._maps.clear()
         if self._meters is not None:
             self._blank = self.read()  # the final figures, kept for stats() after close
             self._meters.shm.close()
