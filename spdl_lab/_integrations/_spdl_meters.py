@@ -13,7 +13,7 @@ from spdl.pipeline import AsyncQueue, StageInfo, TaskHook, is_eof, is_epoch_end
 
 from .._engine.engine import EngineReading
 from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
-from ._spdl_config import SINK, SOURCE, SpdlSpec
+from .spdl import SINK, SOURCE, SpdlSpec
 
 __all__ = ["SpdlMeters"]
 

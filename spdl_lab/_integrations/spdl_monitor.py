@@ -18,7 +18,7 @@ from .._runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from .._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from .._telemetry.snapshot import Snapshot
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from ._spdl_config import SpdlSpec, op_kind, pipe_fields, read_spec
+from .spdl import SpdlSpec, from_spdl, op_kind, pipe_fields, read_spec
 
 __all__ = ["RUNNER", "SpdlMonitor", "is_spdl_spec", "open_spdl"]
 
@@ -197,7 +197,6 @@ def open_spdl(source: Any, runner: str | None, sample_hz: float,
     for runner None or ``"spdl"``, else ``lab.from_spdl(source)`` under that runner. The start
     hooks (diagnostic mode) run here, in the caller's thread, as for a lab.Pipeline."""
     from .._loader import Loader
-    from .spdl import from_spdl
 
     if isinstance(source, SpdlMonitor):
         if runner not in (None, RUNNER) or options:
