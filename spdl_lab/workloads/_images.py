@@ -18,8 +18,7 @@ from .._json import write_atomically
 from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from ._cache import cache_dir
-from ._steps import ModelStep, dataloader, seeded, step_for
+from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
 
 __all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
 

@@ -5,8 +5,11 @@ WordPiece in pure Python: the same ids), padded, batched. Both hold the GIL per 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
+import string
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,7 @@ from .._json import write_atomically
 from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from ._cache import cache_dir
-from ._steps import ModelStep, dataloader, seeded, step_for
+from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
 
 __all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
 
@@ -160,26 +162,15 @@ class PythonTokenize:
 
 
 def _is_punctuation(ch: str) -> bool:
-    code = ord(ch)
-    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")
+    return ch in string.punctuation or unicodedata.category(ch).startswith("P")
 
 
 def _pre_tokenize(document: str) -> list[str]:
     words: list[str] = []
     for chunk in document.split():
-        current = ""
-        for ch in chunk:
-            if _is_punctuation(ch):
-                if current:
-                    words.append(current)
-                    current = ""
-                words.append(ch)
-            else:
-                current += ch
-        if current:
-            words.append(current)
+        for punctuation, run in itertools.groupby(chunk, _is_punctuation):
+            part = "".join(run)
+            words += list(part) if punctuation else [part]  # each punctuation mark alone
     return words
 
 
@@ -188,16 +179,11 @@ def _wordpiece(word: str, vocab: dict[str, int], max_chars: int = 100) -> list[i
         return [vocab[UNK]]
     pieces, start = [], 0
     while start < len(word):
-        end, found = len(word), None
-        while start < end:
-            piece = word[start:end] if start == 0 else "##" + word[start:end]
-            if piece in vocab:
-                found = vocab[piece]
-                break
-            end -= 1
-        if found is None:
+        prefix = "##" if start else ""
+        end = next((e for e in range(len(word), start, -1) if prefix + word[start:e] in vocab), None)
+        if end is None:
             return [vocab[UNK]]
-        pieces.append(found)
+        pieces.append(vocab[prefix + word[start:end]])
         start = end
     return pieces
 
@@ -218,19 +204,12 @@ class PadTruncate:
         return out, mask
 
 
-class PadStack:
-    """A batch of token id lists -> the collated batch (padded, truncated, stacked)."""
-
-    def __init__(self, length: int) -> None:
-        self._pad = PadTruncate(length)
-
-    def __call__(self, batch: list[list[int]]) -> dict[str, Any]:
-        return stack_tokens([self._pad(ids) for ids in batch])
-
-
-def stack_tokens(items: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+def stack_tokens(items: list[Any], pad: PadTruncate | None = None) -> dict[str, Any]:
+    """``(ids, mask)`` pairs, or token id lists that ``pad`` pads first -> the collated batch."""
     import torch
 
+    if pad is not None:
+        items = [pad(ids) for ids in items]
     return {"input_ids": torch.from_numpy(np.stack([i for i, _ in items])),
             "attention_mask": torch.from_numpy(np.stack([m for _, m in items]))}
 
@@ -322,7 +301,7 @@ def text(
     if tokenizer == "rust-batch":
         pipeline = (Pipeline(documents).batch(batch_size, drop_last=True)
                     .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
-                    .map(PadStack(max_length), name="collate"))
+                    .map(functools.partial(stack_tokens, pad=PadTruncate(max_length)), name="collate"))
     else:
         tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
         pipeline = (Pipeline(documents).map(tokenize, concurrency=concurrency, name="tokenize")
