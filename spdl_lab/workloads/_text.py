@@ -30,7 +30,6 @@ SYLLABLES = ("ka", "lo", "mi", "ren", "sa", "tor", "vi", "ne", "dal", "qu", "is"
              "cu", "fen", "go", "har", "ju", "lem", "mar", "nos", "pi", "ras", "sul", "tem", "ux", "zo")
 
 
-# -- the corpus and the tokenizer file ----------------------------------------------------
 def _words(count: int = 20_000, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     words: dict[str, None] = {}
@@ -46,23 +45,15 @@ def make_document(index: int, words: list[str]) -> str:
     ranks = np.minimum(rng.zipf(1.2, size=int(rng.integers(50, 401))), len(words)) - 1
     out: list[str] = []
     for i, rank in enumerate(ranks):
-        out.append(words[rank])
-        if rng.random() < 0.08:
-            out[-1] += ","
-        if rng.random() < 0.07 or i == len(ranks) - 1:
-            out[-1] += "."
+        word = words[rank] + ("," if rng.random() < 0.08 else "")
+        out.append(word + ("." if rng.random() < 0.07 or i == len(ranks) - 1 else ""))
     return " ".join(out)
 
 
 def corpus(n: int, root: str | os.PathLike | None) -> Path:
     """A file of at least ``n`` documents, one per line (made, or made longer, now)."""
-    folder = cache_dir(root, "text-v1")
-    path = folder / "documents.txt"
-    have = 0
-    if path.exists():
-        with open(path, encoding="utf-8") as f:
-            have = sum(1 for _ in f)
-    if have < n:
+    path = cache_dir(root, "text-v1") / "documents.txt"
+    if not path.exists() or path.read_text(encoding="utf-8").count("\n") < n:
         words = _words()
         write_atomically(path, "".join(make_document(i, words) + "\n" for i in range(max(n, 1024)))
                          .encode("utf-8"))
@@ -71,8 +62,7 @@ def corpus(n: int, root: str | os.PathLike | None) -> Path:
 
 def tokenizer_file(root: str | os.PathLike | None, vocab_size: int) -> Path:
     """The trained WordPiece tokenizer (``tokenizers`` JSON), trained now if it is not cached."""
-    folder = cache_dir(root, "text-v1")
-    path = folder / f"tokenizer-{vocab_size}.json"
+    path = cache_dir(root, "text-v1") / f"tokenizer-{vocab_size}.json"
     if path.exists():
         return path
     try:
@@ -99,9 +89,7 @@ class Documents:
 
     def __iter__(self):
         with open(self.path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                if i >= self.n:
-                    return
+            for line in itertools.islice(f, self.n):
                 yield line.rstrip("\n")
 
     def __len__(self) -> int:
@@ -111,7 +99,6 @@ class Documents:
         return f"Documents({str(self.path)!r}, n={self.n})"
 
 
-# -- the two tokenizers -------------------------------------------------------------------
 class RustTokenize:
     """``tokenizers.Tokenizer.encode(doc).ids``; loaded from its file once per process."""
 
@@ -155,10 +142,7 @@ class PythonTokenize:
         if self._vocab is None:
             with open(self.path, encoding="utf-8") as f:
                 self._vocab = json.load(f)["model"]["vocab"]
-        vocab, ids = self._vocab, []
-        for word in _pre_tokenize(document):
-            ids.extend(_wordpiece(word, vocab))
-        return ids
+        return [i for word in _pre_tokenize(document) for i in _wordpiece(word, self._vocab)]
 
 
 def _is_punctuation(ch: str) -> bool:
@@ -188,7 +172,6 @@ def _wordpiece(word: str, vocab: dict[str, int], max_chars: int = 100) -> list[i
     return pieces
 
 
-# -- padding, batching, the step ----------------------------------------------------------
 class PadTruncate:
     """Token ids -> ``(ids, mask)``, int64 arrays of ``length`` (truncated, or padded with 0)."""
 
@@ -196,12 +179,10 @@ class PadTruncate:
         self.length = length
 
     def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        out = np.zeros(self.length, dtype=np.int64)
         kept = ids[: self.length]
+        out = np.zeros(self.length, dtype=np.int64)
         out[: len(kept)] = kept
-        mask = np.zeros(self.length, dtype=np.int64)
-        mask[: len(kept)] = 1
-        return out, mask
+        return out, (np.arange(self.length) < len(kept)).astype(np.int64)
 
 
 def stack_tokens(items: list[Any], pad: PadTruncate | None = None) -> dict[str, Any]:

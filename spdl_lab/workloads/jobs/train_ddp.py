@@ -17,6 +17,7 @@ steps/s after the first tenth of the steps (the loader's start-up left out).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -79,12 +80,6 @@ def make_loader(args: argparse.Namespace, rank: int, load_ms: float):
     return lab.Loader(pipeline, runner="thread")
 
 
-def forever(loader):
-    """The loader's batches, epoch after epoch."""
-    while True:
-        yield from loader
-
-
 def burn(seconds: float) -> None:
     """CPU work for ``seconds``: the extra compute of a slower rank."""
     a = torch.ones(64, 64)
@@ -129,7 +124,7 @@ def main() -> None:
         dist.broadcast(go, 0)
         return bool(go.item())
 
-    batches = forever(loader)
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
     while more():
         images, labels = next(batches)
         loss = nn.functional.cross_entropy(model(images), labels)

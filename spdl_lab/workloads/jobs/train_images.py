@@ -2,12 +2,10 @@
 PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU;
 run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
 
-It counts its own figures, per step, and writes them to ``--timing`` (JSON): steps, the wall time
-from its first epoch's start to its last step's end (``time.perf_counter``, which is the machine's
-monotonic clock, so another process can compare), steps/s over it, and the step and data-wait p50.
-Under Lightning the loop's figures come from its profiler: a fetch of a batch is the data wait,
-the time from one fetch to the next the step.
-``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's figures against these.
+It writes its own per-step figures to ``--timing`` (JSON: steps, the wall time from its first
+epoch's start to its last step's end on ``time.perf_counter``, the machine's monotonic clock, steps/s,
+the step and data-wait p50), which ``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's
+figures against. Under Lightning they come from its profiler (see ``train_lightning``).
 
     python train_images.py --images DIR [--n 2000] [--steps 1000] [--trainer lightning|plain]
                            [--workers 2] [--batch 32] [--timing timing.json]
@@ -151,10 +149,8 @@ def train_lightning(loader: DataLoader, steps: int, timing: Timing) -> None:
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             timing.step_end()
 
-    # Lightning's own count of the loop: its profiler marks each fetch of the next batch. The data
-    # wait is a fetch; the step, the loop's time from a batch's fetch to the next fetch (the
-    # callbacks' window leaves out Lightning's own per-batch work: moving the batch, progress,
-    # hooks, about 2 ms here), and from the last fetch to the last batch's end.
+    # Lightning's own count: a batch's fetch (its profiler's mark) is the data wait, the time to the
+    # next fetch the step (the callbacks' window leaves out Lightning's per-batch work, ~2 ms here).
     from lightning.pytorch.profilers import SimpleProfiler
 
     class FetchMarks(SimpleProfiler):
