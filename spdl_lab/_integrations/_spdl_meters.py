@@ -172,11 +172,10 @@ class SpdlMeters:
 
     def read(self) -> EngineReading:
         now = _clock()
-        queues = [self._queues[k] for k in sorted(self._queues)]
         stages = [m.read(now) for m in (*self.stages, *self._others)]
         inputs = {s.name: self._queues[i].read() for i, s in enumerate(self.stages) if i in self._queues}
         return EngineReading(source=self.source.read(now), stages=stages, inputs=inputs,
-                             queues=[q.read() for q in queues])
+                             queues=[self._queues[k].read() for k in sorted(self._queues)])
 
 
 def _position(info: StageInfo) -> int:

@@ -32,15 +32,7 @@ class SpdlMonitor(RunOwner):
     """Iterate an SPDL pipeline (a builder or its config) as SPDL runs it, with lab's meters on
     every stage and queue; each ``iter()`` builds a fresh one. Keyword arguments go to SPDL's
     ``build_pipeline``; ``num_threads`` defaults to enough that no task waits for a thread (the
-    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty.
-
-    Example::
-
-        with SpdlMonitor(builder) as monitor:
-            for batch in monitor:
-                train(batch)
-            print(monitor.stats())
-    """
+    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty."""
 
     runner = RUNNER
 
@@ -75,7 +67,6 @@ class SpdlMonitor(RunOwner):
             f"under runner='thread', where concurrency changes live.")
 
     def controls(self) -> dict[str, int]:
-        """Nothing can be changed live in an SPDL pipeline."""
         return {}
 
     def _empty_stats(self) -> Snapshot:
@@ -198,13 +189,11 @@ def open_spdl(source: Any, runner: str | None, sample_hz: float,
     hooks (diagnostic mode) run here, in the caller's thread, as for a lab.Pipeline."""
     from .._loader import Loader
 
-    if isinstance(source, SpdlMonitor):
-        if runner not in (None, RUNNER) or options:
-            raise PipelineSpecError("run: pass build options to the SpdlMonitor itself, not to run()")
-        run_start_hooks("spdl", source.pipeline.config)
-        return source, source, source.runner
-    if runner in (None, RUNNER):
-        monitor = SpdlMonitor(source, sample_hz=sample_hz, **options)
+    given = isinstance(source, SpdlMonitor)
+    if given and (runner not in (None, RUNNER) or options):
+        raise PipelineSpecError("run: pass build options to the SpdlMonitor itself, not to run()")
+    if given or runner in (None, RUNNER):
+        monitor = source if given else SpdlMonitor(source, sample_hz=sample_hz, **options)
         run_start_hooks("spdl", monitor.pipeline.config)
         return monitor, monitor, monitor.runner
     pipeline = from_spdl(source)

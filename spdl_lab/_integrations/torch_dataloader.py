@@ -208,7 +208,10 @@ class WatchedDataLoader:
         it = self._iterator()
         if it is None or getattr(it, "_shutdown", False):
             return []
-        depth = _outstanding(it)
+        depth = getattr(it, "_tasks_outstanding", None)  # asked of the workers, not yet taken
+        if not isinstance(depth, int):  # a torch without that field
+            sent, received = getattr(it, "_send_idx", None), getattr(it, "_rcvd_idx", None)
+            depth = sent - received if isinstance(sent, int) and isinstance(received, int) else None
         workers, prefetch = getattr(it, "_num_workers", None), getattr(it, "_prefetch_factor", None)
         if depth is None or not isinstance(workers, int) or not isinstance(prefetch, int):
             return []  # a torch without these fields, or a single-process iterator
@@ -235,15 +238,6 @@ class WatchedDataLoader:
                 self._final = self._totals()
                 self._unlink()
                 self._block = None
-
-
-def _outstanding(it: Any) -> int | None:
-    """Batches the iterator has asked its workers for and the loop has not taken yet."""
-    n = getattr(it, "_tasks_outstanding", None)
-    if isinstance(n, int):
-        return n
-    sent, received = getattr(it, "_send_idx", None), getattr(it, "_rcvd_idx", None)
-    return sent - received if isinstance(sent, int) and isinstance(received, int) else None
 
 
 # -- inside the workers --------------------------------------------------------------------

@@ -79,12 +79,9 @@ def seeded(seed: int, make: Callable[[], Any]) -> Any:
     """``make()`` with torch's generator at ``seed``, the caller's generator state kept."""
     import torch
 
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         return make()
-    finally:
-        torch.random.set_rng_state(state)
 
 
 def dataloader(dataset: Any, batch_size: int, num_workers: int, options: dict[str, Any]) -> Any:
