@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import timeit
 from typing import Any
 
 import numpy as np
@@ -55,14 +56,8 @@ def decode_iterations_per_us() -> float:
     """Speed of the decode loop on this machine (CPU time, best of 5; measured once)."""
     n = 200_000
     _checksum(0, n)
-    best = min(_cpu_ns(n) for _ in range(5))
-    return n / (best / 1000)
-
-
-def _cpu_ns(iterations: int) -> int:
-    t0 = time.thread_time_ns()
-    _checksum(0, iterations)
-    return time.thread_time_ns() - t0
+    best_s = min(timeit.repeat(lambda: _checksum(0, n), timer=time.thread_time, repeat=5, number=1))
+    return n / (best_s * 1e6)
 
 
 def decode_sample(index: int, *, decode_iterations: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -37,12 +37,11 @@ def make_images(folder: Path, n: int) -> list[Path]:
     """``n`` JPEGs of random pixels (quality 90) in ``folder``, made once."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for i in range(n):
-        path = folder / f"{i:05d}.jpg"
+    paths = [folder / f"{i:05d}.jpg" for i in range(n)]
+    for path in paths:
         if not path.exists():
-            pixels = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(path, quality=90)
-    return [folder / f"{i:05d}.jpg" for i in range(n)]
+            Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(path, quality=90)
+    return paths
 
 
 class Jpegs(Dataset):
