@@ -7,6 +7,7 @@ the user's function by value), async stages awaited on one event loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
@@ -353,10 +354,8 @@ class LoopThread:
             if self._leases > 0:
                 return
             self._loop = self._thread = None
-        try:
+        with contextlib.suppress(RuntimeError):  # already closed (interpreter shutdown)
             loop.call_soon_threadsafe(loop.stop)
-        except RuntimeError:  # already closed (interpreter shutdown)
-            pass
 
 
 class _Lease:
@@ -367,10 +366,8 @@ class _Lease:
         self.loop = loop
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the daemon loop thread dies with it
             self.owner._release(self.loop)
-        except Exception:  # interpreter shutdown: the daemon loop thread dies with it
-            pass
 
 
 async def _await(make: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:

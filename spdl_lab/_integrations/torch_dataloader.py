@@ -105,8 +105,7 @@ class WatchedDataLoader:
         self._block: MeterBlock | None = None
         self._unlink: Callable[[], Any] = lambda: None  # the block's finalizer, once made
         self._iterator: Callable[[], Any] = lambda: None
-        self._before: list[StageReading] | None = None
-        self._before_workers: dict[int, list[StageReading]] = {}
+        self._before: dict[int | None, list[StageReading]] = {}  # by worker; None: their sum
         self._num_workers = 0
         self._released = False
         self._final: list[StageReading] = []  # the totals when the block went
@@ -150,7 +149,7 @@ class WatchedDataLoader:
 
     def _block_for(self, workers: int) -> MeterBlock | None:
         block = self._block  # made once: later epochs need no lock, which a sampler's read may hold
-        if block is not None and not self._released:
+        if block is not None:
             return block
         with self._lock:
             if self._released:
@@ -185,23 +184,18 @@ class WatchedDataLoader:
     def _stage_rows(self, dt_s: float) -> list[Row]:
         with self._lock:
             block = self._block
-            if block is None or self._released:
+            if block is None:
                 return []
             concurrency = max(1, min(self._num_workers, block.layout.slots))
-            now = block.read(list(STAGES), _KINDS, concurrency)
-            per_worker = {w: block.read(list(STAGES), _KINDS, 1, slot=w) for w in range(concurrency)}
+            readings = {None: block.read(list(STAGES), _KINDS, concurrency)}
+            readings |= {w: block.read(list(STAGES), _KINDS, 1, slot=w) for w in range(concurrency)}
         rows: list[Row] = []
-        before, self._before = self._before, now
-        for i, reading in enumerate(now):
-            rows += stage_rows(reading, before[i] if before else None, dt_s)
-        for w, readings in per_worker.items():
-            previous = self._before_workers.get(w)
-            self._before_workers[w] = readings
-            for i, reading in enumerate(readings):
-                name = worker_stage(reading.name, w)
-                rows += [(PER_WORKER[series], name, value)
-                         for series, _, value in stage_rows(reading, previous[i] if previous else None, dt_s)
-                         if series in PER_WORKER]
+        for w, now in readings.items():
+            before, self._before[w] = self._before.get(w), now
+            for i, reading in enumerate(now):
+                new = stage_rows(reading, before[i] if before else None, dt_s)
+                rows += new if w is None else [(PER_WORKER[series], worker_stage(reading.name, w), value)
+                                               for series, _, value in new if series in PER_WORKER]
         return rows
 
     def _queue_rows(self, dt_s: float) -> list[Row]:
