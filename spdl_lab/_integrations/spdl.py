@@ -250,8 +250,6 @@ class Op:
     """An SPDL op as a lab stage function; an async one is awaited on ``loop`` while the calling
     thread blocks, so N threads keep up to N coroutines on the loop: SPDL's concurrency."""
 
-    __slots__ = ("fn", "stage", "loop")
-
     def __init__(self, fn: Callable[[Any], Any], stage: str, loop: LoopThread | None = None) -> None:
         self.fn = fn
         self.stage = stage
@@ -269,8 +267,6 @@ class Op:
 
 class AsyncSource:
     """An async iterable as a lab source: a factory of iterators that step it on ``loop``."""
-
-    __slots__ = ("source", "loop")
 
     def __init__(self, source: AsyncIterable[Any], loop: LoopThread) -> None:
         self.source = source
@@ -359,8 +355,6 @@ class LoopThread:
 
 
 class _Lease:
-    __slots__ = ("owner", "loop")
-
     def __init__(self, owner: LoopThread, loop: asyncio.AbstractEventLoop) -> None:
         self.owner = owner
         self.loop = loop

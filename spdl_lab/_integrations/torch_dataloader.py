@@ -71,8 +71,7 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
         pipeline = Pipeline(dl.batch_sampler).map(
             functools.partial(_fetch, dataset), concurrency=workers, name="fetch")
     else:
-        # Without automatic batching (batch_size None), collate_fn applies to each item.
-        # A sampler is re-iterable: each pass draws a fresh shuffle.
+        # batch_size None: collate_fn per item. A sampler is re-iterable: a fresh shuffle each pass.
         pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="fetch")
         if dl.batch_size is not None:
             pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
@@ -234,7 +233,6 @@ class WatchedDataLoader:
                 self._block = None
 
 
-# -- inside the workers --------------------------------------------------------------------
 class MeteredWorkerInit:
     """The DataLoader's ``worker_init_fn`` while the lab meters it; the user's runs after, with the
     same argument. Picklable (spawn and forkserver send it). A worker that cannot map the block

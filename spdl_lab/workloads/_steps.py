@@ -37,7 +37,7 @@ def cache_dir(root: str | os.PathLike | None, kind: str) -> Path:
 
 
 class ModelStep:
-    """Subclasses make ``parameters`` and compute logits in ``forward(batch)``; a call is one
+    """Subclasses make ``parameters`` and define ``forward(batch)``, the logits; a call is one
     training step: cross-entropy on labels ``0, 1, ..`` (mod ``classes``), backward, SGD."""
 
     def __init__(self, parameters: list[Any], classes: int, lr: float) -> None:
@@ -46,9 +46,6 @@ class ModelStep:
         self.optimizer = torch.optim.SGD(parameters, lr=lr)
         self.classes = classes
         self.steps = 0
-
-    def forward(self, batch: Any) -> Any:
-        raise NotImplementedError
 
     def __call__(self, batch: Any) -> float:
         import torch

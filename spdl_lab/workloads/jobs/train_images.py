@@ -6,9 +6,7 @@ It writes its own per-step figures to ``--timing`` (JSON: steps, the wall time f
 epoch's start to its last step's end on ``time.perf_counter``, the machine's monotonic clock, steps/s,
 the step and data-wait p50), which ``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's
 figures against. Under Lightning they come from its profiler (see ``train_lightning``).
-
-    python train_images.py --images DIR [--n 2000] [--steps 1000] [--trainer lightning|plain]
-                           [--workers 2] [--batch 32] [--timing timing.json]
+Run it as ``python train_images.py --images DIR ...``; ``--help`` lists the options.
 """
 
 from __future__ import annotations
