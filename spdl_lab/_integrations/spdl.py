@@ -65,7 +65,7 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
     ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
     with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
     try:
-        from spdl.pipeline.defs import AggregateConfig, Collate, DisaggregateConfig, PipeConfig
+        from spdl.pipeline import defs
     except ImportError as exc:
         raise SpdlNotInstalledError(
             f"{caller} needs SPDL, which is not installed here ({exc}). "
@@ -76,16 +76,21 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
     taken = {SOURCE, SINK}
     parts = []
     for cfg in config.pipes:
-        if isinstance(cfg, PipeConfig):
+        kind, concurrency = "other", 1
+        if isinstance(cfg, defs.PipeConfig):
             op, _executor, concurrency = pipe_fields(cfg)
             base, kind, what = cfg.name, "map", f"pipe ({op_kind(op)})"
-        elif isinstance(cfg, AggregateConfig):
-            size = f"{cfg.op.n} items" if type(cfg.op) is Collate else f"custom {type(cfg.op).__name__}"
-            base, kind, concurrency, what = cfg.name, "batch", 1, f"aggregate ({size})"
-        elif isinstance(cfg, DisaggregateConfig):
-            base, kind, concurrency, what = "disaggregate", "map", 1, "disaggregate"
+        elif isinstance(cfg, defs.AggregateConfig):
+            size = f"{cfg.op.n} items" if type(cfg.op) is defs.Collate else f"custom {type(cfg.op).__name__}"
+            base, kind, what = cfg.name, "batch", f"aggregate ({size})"
+        elif isinstance(cfg, defs.DisaggregateConfig):
+            base, kind, what = "disaggregate", "map", "disaggregate"
+        elif isinstance(cfg, defs.PathVariantsConfig):
+            base, what = cfg.name or "path_variants_router", f"path_variants with {len(cfg.paths)} paths"
+        elif isinstance(cfg, defs.PlacementConfig):
+            base, what = cfg.name, f".to({cfg.target!r}) region marker"
         else:
-            base, kind, concurrency, what = _other(cfg)
+            base, what = getattr(cfg, "name", None) or type(cfg).__name__, type(cfg).__name__
         name = unique_name(str(base) or "stage", taken)
         taken.add(name)
         part = SpdlStage(name, kind, concurrency, what, cfg)
@@ -202,16 +207,6 @@ def op_kind(op: Any) -> str:
     if inspect.isgeneratorfunction(op) or inspect.isgeneratorfunction(call):
         return "generator"
     return "sync function"
-
-
-def _other(cfg: Any) -> tuple[str, str, int, str]:
-    from spdl.pipeline.defs import PathVariantsConfig, PlacementConfig
-
-    if isinstance(cfg, PathVariantsConfig):
-        return cfg.name or "path_variants_router", "other", 1, f"path_variants with {len(cfg.paths)} paths"
-    if isinstance(cfg, PlacementConfig):
-        return cfg.name, "other", 1, f".to({cfg.target!r}) region marker"
-    return getattr(cfg, "name", None) or type(cfg).__name__, "other", 1, type(cfg).__name__
 
 
 def from_spdl(builder_or_config: Any) -> Pipeline:

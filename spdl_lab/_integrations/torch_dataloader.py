@@ -244,22 +244,17 @@ class MeteredWorkerInit:
         self.user_fn = user_fn
 
     def __call__(self, worker_id: int) -> None:
-        meter = self._attach(worker_id)
-        if meter is not None:
-            _time_fetchers(meter)
+        if 0 <= worker_id < self.layout.slots:
+            try:
+                block = MeterBlock.attach(self.block_name, self.layout)
+            except (OSError, ValueError):
+                pass
+            else:
+                block.pids[worker_id] = os.getpid()
+                # The mapping lives as long as the worker: the meter's numpy views keep it.
+                _time_fetchers(block.slot(worker_id, metered=True))
         if self.user_fn is not None:
             self.user_fn(worker_id)
-
-    def _attach(self, worker_id: int) -> SlotMeter | None:
-        if not 0 <= worker_id < self.layout.slots:
-            return None
-        try:
-            block = MeterBlock.attach(self.block_name, self.layout)
-        except (OSError, ValueError):
-            return None
-        block.pids[worker_id] = os.getpid()
-        # The mapping lives as long as the worker: the meter's numpy views keep it.
-        return block.slot(worker_id, metered=True)
 
 
 def _time_fetchers(meter: SlotMeter) -> None:
