@@ -80,8 +80,7 @@ class ListFiles:
 
 
 def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    return Path(path).read_bytes()
 
 
 def decode_pil(data: bytes) -> Any:
