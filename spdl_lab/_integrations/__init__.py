@@ -2,8 +2,8 @@
 Importing this package needs none of them.
 """
 
-from ._dataloader_meters import PER_WORKER
 from .spdl import from_spdl
 from .spdl_monitor import SpdlMonitor, is_spdl_spec, open_spdl
+from .torch_dataloader import PER_WORKER
 
 __all__ = ["PER_WORKER", "SpdlMonitor", "from_spdl", "is_spdl_spec", "open_spdl"]

@@ -13,52 +13,42 @@ from spdl.pipeline import AsyncQueue, StageInfo, TaskHook, is_eof, is_epoch_end
 
 from .._engine.engine import EngineReading
 from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
-from ._spdl_config import SINK, SOURCE, SpdlSpec
+from .spdl import SINK, SOURCE, SpdlSpec
 
 __all__ = ["SpdlMeters"]
 
 _clock = time.perf_counter_ns
 
 
-class _QueueMeter:
-    """One SPDL queue's counters; ``depth`` and ``capacity`` are read from the queue itself."""
-
-    __slots__ = ("name", "queue", "puts", "gets", "put_blocked_ns", "get_blocked_ns", "producer")
-
-    def __init__(self, name: str, queue: AsyncQueue, producer: WorkerMeter | None) -> None:
-        self.name = name
-        self.queue = queue
-        self.puts = self.gets = self.put_blocked_ns = self.get_blocked_ns = 0
-        #: the source's meter when this is the source's queue: each item put is a source task
-        self.producer = producer
-
-    def read(self) -> QueueReading:
-        return QueueReading(self.name, self.queue.qsize(), self.queue.maxsize, self.puts, self.gets,
-                            self.put_blocked_ns, self.get_blocked_ns)
-
-
 class _MeteredQueue(AsyncQueue):
-    """SPDL's queue with counters. A subclass per run binds ``meters``."""
+    """SPDL's queue with counters (depth and capacity are the queue's own). A subclass per run binds
+    ``meters``, which names each queue and gives the source's queue the source's meter as
+    ``producer``: each item put there is a source task."""
 
     meters: ClassVar[SpdlMeters]
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1) -> None:
         super().__init__(info, buffer_size=buffer_size)
-        self.meter = self.meters.queue_made(info, self)
+        self.puts = self.gets = self.put_blocked_ns = self.get_blocked_ns = 0
+        self.producer: WorkerMeter | None = None
+        self.label = self.meters.queue_made(info, self)
+
+    def reading(self) -> QueueReading:
+        return QueueReading(self.label, self.qsize(), self.maxsize, self.puts, self.gets,
+                            self.put_blocked_ns, self.get_blocked_ns)
 
     # _put and _get are what every path (put, put_nowait, get, get_nowait) ends in.
     def _put(self, item: object) -> None:
         super()._put(item)
         if not (is_eof(item) or is_epoch_end(item)):
-            meter = self.meter
-            meter.puts += 1
-            if meter.producer is not None:
-                meter.producer.tasks += 1
+            self.puts += 1
+            if self.producer is not None:
+                self.producer.tasks += 1
 
     def _get(self) -> Any:
         item = super()._get()
         if not (is_eof(item) or is_epoch_end(item)):
-            self.meter.gets += 1
+            self.gets += 1
         return item
 
     async def put(self, item: object) -> None:
@@ -68,7 +58,7 @@ class _MeteredQueue(AsyncQueue):
         try:
             return await super().put(item)
         finally:
-            self.meter.put_blocked_ns += _clock() - t0
+            self.put_blocked_ns += _clock() - t0
 
     async def get(self) -> Any:
         if not self.empty():
@@ -77,7 +67,7 @@ class _MeteredQueue(AsyncQueue):
         try:
             return await super().get()
         finally:
-            self.meter.get_blocked_ns += _clock() - t0
+            self.get_blocked_ns += _clock() - t0
 
 
 class _StageHook(TaskHook):
@@ -133,7 +123,7 @@ class SpdlMeters:
         self._source_worker = self.source.new_worker()
         self.stages = [StageMeter(p.name, p.kind, p.concurrency) for p in spec.parts]
         self._ends = [SOURCE, *(p.name for p in spec.parts), SINK, "output"]
-        self._queues: dict[int, _QueueMeter] = {}
+        self._queues: dict[int, _MeteredQueue] = {}
         self._others: list[StageMeter] = []  # stages SPDL made that the spec did not expect
 
     def queue_class(self) -> type[AsyncQueue]:
@@ -148,16 +138,15 @@ class SpdlMeters:
 
         return factory
 
-    def queue_made(self, info: StageInfo, queue: AsyncQueue) -> _QueueMeter:
+    def queue_made(self, info: StageInfo, queue: _MeteredQueue) -> str:
+        """Keeps ``queue``; its name, from the stages at its two ends."""
         position = _position(info)
         if 0 <= position < len(self._ends) - 1 and position not in self._queues:
-            name = f"{self._ends[position]}→{self._ends[position + 1]}"
-            meter = _QueueMeter(name, queue, self._source_worker if position == 0 else None)
-            self._queues[position] = meter
-        else:
-            meter = _QueueMeter(f"{info.stage_name}→?", queue, None)
-            self._queues[len(self._ends) + len(self._queues)] = meter
-        return meter
+            self._queues[position] = queue
+            queue.producer = self._source_worker if position == 0 else None
+            return f"{self._ends[position]}→{self._ends[position + 1]}"
+        self._queues[len(self._ends) + len(self._queues)] = queue
+        return f"{info.stage_name}→?"
 
     def _stage_meter(self, info: StageInfo) -> StageMeter:
         position = _position(info)
@@ -172,11 +161,10 @@ class SpdlMeters:
 
     def read(self) -> EngineReading:
         now = _clock()
-        queues = [self._queues[k] for k in sorted(self._queues)]
         stages = [m.read(now) for m in (*self.stages, *self._others)]
-        inputs = {s.name: self._queues[i].read() for i, s in enumerate(self.stages) if i in self._queues}
+        inputs = {s.name: self._queues[i].reading() for i, s in enumerate(self.stages) if i in self._queues}
         return EngineReading(source=self.source.read(now), stages=stages, inputs=inputs,
-                             queues=[q.read() for q in queues])
+                             queues=[self._queues[k].reading() for k in sorted(self._queues)])
 
 
 def _position(info: StageInfo) -> int:

@@ -1,19 +1,212 @@
-"""``lab.from_spdl``: an SPDL pipeline as a ``lab.Pipeline``, for every lab runner and experiment
-(``spdl_monitor`` watches one as SPDL runs it instead), its functions and source in the form lab
-runners call: all picklable (cloudpickle carries the user's function by value).
+"""SPDL pipelines in lab's terms: ``read_spec`` reads a builder or config (its stages, their names,
+what lab refuses; SPDL's private fields are read only here, spdl_core 0.8) for the monitor and
+``lab.from_spdl``, which converts one into a ``lab.Pipeline``: all picklable (cloudpickle carries
+the user's function by value), async stages awaited on one event loop thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Callable, Iterator
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from .._pipeline import Pipeline
-from ..errors import SpdlLabError
-from ._event_loop import LoopThread
-from ._spdl_config import SpdlNotInstalledError, op_kind, pipe_fields, pipe_ordered, read_spec
+from .._pipeline import Pipeline, Stage, describe_source, find_stage, unique_name
+from ..errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["AsyncSource", "ItemSkipped", "Op", "SpdlNotInstalledError", "from_spdl"]
+__all__ = ["AsyncSource", "ItemSkipped", "LoopThread", "Op", "SpdlNotInstalledError", "SpdlSpec", "SpdlStage",
+           "from_spdl", "op_kind", "pipe_fields", "read_spec"]
+
+#: Names lab gives the ends of an SPDL pipeline: its source, and SPDL's sink
+#: stage (which moves items from the last stage's queue into the output buffer).
+SOURCE, SINK = "source", "sink"
+
+
+@dataclass(frozen=True)
+class SpdlStage:
+    """One SPDL stage as lab sees it: ``what`` it is in words; ``cfg``, SPDL's own config object."""
+
+    name: str
+    kind: str  # "map" (pipe, disaggregate) or "batch" (aggregate); "other" for parts lab does not model
+    concurrency: int
+    what: str
+    cfg: Any
+
+
+@dataclass(frozen=True)
+class SpdlSpec:
+    """What an SPDL pipeline is made of, in lab's terms (a description: the functions stay in ``config``)."""
+
+    config: Any
+    parts: tuple[SpdlStage, ...]
+
+    @property
+    def stages(self) -> tuple[Any, ...]:
+        return tuple(Stage(p.name, p.kind, p.concurrency) for p in self.parts)  # type: ignore[arg-type]
+
+    def stage(self, name: str) -> SpdlStage:
+        return find_stage(self.parts, name, "this SPDL pipeline's")
+
+    def __repr__(self) -> str:
+        parts = [f"SPDL pipeline(source={describe_source(getattr(self.config.src, 'source', self.config.src))})"]
+        parts += [f"{p.what} {p.name!r}, concurrency={p.concurrency}" for p in self.parts]
+        return "\n  ".join(parts)
+
+
+class SpdlNotInstalledError(SpdlLabError, ImportError):
+    """SPDL (the ``spdl_core`` package) is not installed."""
+
+
+def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
+    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``;
+    ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
+    with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
+    try:
+        from spdl.pipeline import defs
+    except ImportError as exc:
+        raise SpdlNotInstalledError(
+            f"{caller} needs SPDL, which is not installed here ({exc}). "
+            f"Install it with `pip install spdl_core` (it provides spdl.pipeline).") from exc
+
+    config = _config_of(spec, caller)
+    _check_source(config.src, caller, convert)
+    taken = {SOURCE, SINK}
+    parts = []
+    for cfg in config.pipes:
+        kind, concurrency = "other", 1
+        if isinstance(cfg, defs.PipeConfig):
+            op, _executor, concurrency = pipe_fields(cfg)
+            base, kind, what = cfg.name, "map", f"pipe ({op_kind(op)})"
+        elif isinstance(cfg, defs.AggregateConfig):
+            size = f"{cfg.op.n} items" if type(cfg.op) is defs.Collate else f"custom {type(cfg.op).__name__}"
+            base, kind, what = cfg.name, "batch", f"aggregate ({size})"
+        elif isinstance(cfg, defs.DisaggregateConfig):
+            base, kind, what = "disaggregate", "map", "disaggregate"
+        elif isinstance(cfg, defs.PathVariantsConfig):
+            base, what = cfg.name or "path_variants_router", f"path_variants with {len(cfg.paths)} paths"
+        elif isinstance(cfg, defs.PlacementConfig):
+            base, what = cfg.name, f".to({cfg.target!r}) region marker"
+        else:
+            base, what = getattr(cfg, "name", None) or type(cfg).__name__, type(cfg).__name__
+        name = unique_name(str(base) or "stage", taken)
+        taken.add(name)
+        part = SpdlStage(name, kind, concurrency, what, cfg)
+        why = _refusal(part, convert)
+        if why is not None:
+            raise PipelineSpecError(f"{caller}: stage {part.name!r} ({what}) is not supported: {why}")
+        parts.append(part)
+    return SpdlSpec(config, tuple(parts))
+
+
+def _config_of(spec: Any, caller: str) -> Any:
+    """The ``PipelineConfig`` of a ``PipelineBuilder`` (``get_config()``) or a config itself."""
+    from spdl.pipeline import Pipeline as BuiltPipeline
+    from spdl.pipeline import PipelineBuilder
+    from spdl.pipeline.defs import PipelineConfig
+
+    if isinstance(spec, PipelineConfig):
+        return spec
+    if isinstance(spec, PipelineBuilder):
+        try:
+            return spec.get_config()
+        except (RuntimeError, ValueError) as exc:
+            raise PipelineSpecError(
+                f"{caller}: the PipelineBuilder is not complete: {exc} (a builder needs "
+                f"add_source(...) and add_sink(n); a .to() region must be closed with .to(MAIN_PROCESS))"
+            ) from exc
+    if isinstance(spec, BuiltPipeline):
+        raise PipelineSpecError(
+            f"{caller}: got a built spdl.pipeline.Pipeline, which keeps no public description of its "
+            f"stages; pass the PipelineBuilder (or builder.get_config()) instead")
+    raise PipelineSpecError(
+        f"{caller} takes an spdl.pipeline.PipelineBuilder or spdl.pipeline.defs.PipelineConfig, "
+        f"got {type(spec).__name__}")
+
+
+_MONITOR = "lab.run(builder, step=...) monitors it as SPDL runs it, without converting"
+_AS_ITERABLE = ("run the built pipeline as a plain iterable: lab.run(builder.build(num_threads=n), "
+                "step=...) measures the training step and the probes")
+
+
+def _check_source(src: Any, caller: str, convert: bool) -> None:
+    from spdl.pipeline.defs import MergeConfig
+
+    if isinstance(src, MergeConfig):
+        raise PipelineSpecError(
+            f"{caller}: the source (a Merge of {len(src.pipeline_configs)} pipelines) is not supported: "
+            f"lab takes one source. Take each merged pipeline on its own (config.src.pipeline_configs[i]), "
+            f"or {_AS_ITERABLE}.")
+    if convert and src.continuous:
+        raise PipelineSpecError(
+            f"{caller}: the source (continuous=True, re-iterated for ever with epoch markers) is "
+            "not supported: a lab.Pipeline makes one pass over its source per run. Build with "
+            "add_source(..., continuous=False).")
+
+
+def _refusal(part: SpdlStage, convert: bool) -> str | None:
+    """Why ``part`` cannot be taken, and what to do; None when it can."""
+    from spdl.pipeline.defs import AggregateConfig, Collate, PipeConfig
+
+    cfg = part.cfg
+    if part.kind == "other":
+        region = part.what.startswith(".to(")
+        where = "its stages run in worker processes, where lab's hooks do not reach, and " if region else ""
+        return (f"{where}lab takes a chain of map and batch stages, with no regions or branches. "
+                f"Remove it, or {_AS_ITERABLE}.")
+    if not convert:
+        return None
+    if isinstance(cfg, PipeConfig):
+        op, executor, _ = pipe_fields(cfg)
+        kind = op_kind(op)
+        if kind in ("generator", "async generator"):
+            return (f"a {kind} puts each value it yields downstream, and a lab map stage makes one "
+                    f"output per input. Return one value (a list, then .disaggregate() in SPDL), or {_MONITOR}.")
+        if executor is not None:
+            return (f"it runs on its own executor ({type(executor).__name__}), and lab runs each stage "
+                    f"in its own threads (or a runner's processes). Drop executor=, or {_MONITOR}.")
+        if getattr(cfg, "_max_failures", None) is not None:
+            return (f"it sets its own max_failures ({cfg._max_failures}), and lab counts failures "
+                    f"for the whole pipeline. Drop it and pass max_failures=N to lab.Loader or lab.run.")
+        return None
+    if isinstance(cfg, AggregateConfig):
+        if type(cfg.op) is not Collate:
+            return (f"a custom Aggregator ({type(cfg.op).__name__}) decides when to emit, and a "
+                    f"lab.Pipeline batches by count only. Use aggregate(n), or {_MONITOR}.")
+        return None
+    return f"a lab.Pipeline cannot split batches back into items. Remove it, or {_MONITOR}."  # disaggregate
+
+
+def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
+    """``(op, executor, concurrency)`` of a PipeConfig (SPDL keeps them in ``_args``)."""
+    try:
+        args = cfg._args
+        return args.op, args.executor, args.concurrency
+    except AttributeError:
+        raise PipelineSpecError(
+            f"stage {cfg.name!r}: this SPDL version's PipeConfig has no _args; "
+            f"spdl_lab reads SPDL pipelines of spdl_core 0.8") from None
+
+
+def pipe_ordered(cfg: Any) -> bool:
+    """True for ``output_order="input"``."""
+    from spdl.pipeline.defs import _PipeType
+
+    return cfg._type is _PipeType.OrderedPipe
+
+
+def op_kind(op: Any) -> str:
+    """``"sync function"``, ``"async function"``, ``"generator"`` or ``"async generator"``."""
+    call = getattr(op, "__call__", None)  # noqa: B004 - callable objects
+    if inspect.isasyncgenfunction(op) or inspect.isasyncgenfunction(call):
+        return "async generator"
+    if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(call):
+        return "async function"
+    if inspect.isgeneratorfunction(op) or inspect.isgeneratorfunction(call):
+        return "generator"
+    return "sync function"
 
 
 def from_spdl(builder_or_config: Any) -> Pipeline:
@@ -52,8 +245,6 @@ class Op:
     """An SPDL op as a lab stage function; an async one is awaited on ``loop`` while the calling
     thread blocks, so N threads keep up to N coroutines on the loop: SPDL's concurrency."""
 
-    __slots__ = ("fn", "stage", "loop")
-
     def __init__(self, fn: Callable[[Any], Any], stage: str, loop: LoopThread | None = None) -> None:
         self.fn = fn
         self.stage = stage
@@ -72,21 +263,16 @@ class Op:
 class AsyncSource:
     """An async iterable as a lab source: a factory of iterators that step it on ``loop``."""
 
-    __slots__ = ("source", "loop")
-
     def __init__(self, source: AsyncIterable[Any], loop: LoopThread) -> None:
         self.source = source
         self.loop = loop
 
     def __call__(self) -> Iterator[Any]:
-        return self._items()
-
-    def _items(self) -> Iterator[Any]:
         iterator = self.loop.run(_aiter, self.source)
         try:
             while True:
                 try:
-                    yield self.loop.run(_anext, iterator)
+                    yield self.loop.run(anext, iterator)
                 except StopAsyncIteration:
                     return
         finally:
@@ -102,5 +288,94 @@ async def _aiter(source: AsyncIterable[Any]) -> Any:
     return aiter(source)
 
 
-async def _anext(iterator: Any) -> Any:
-    return await anext(iterator)
+class LoopThread:
+    """One event loop in a daemon thread, started on first use; a pickled copy starts its own.
+    No runner knows the loop exists, so each thread that submits holds a lease in thread-local
+    storage, dropped as the thread ends (before its ``join()`` returns): the last lease gone stops
+    the loop, so closing a Loader stops it too."""
+
+    def __init__(self, name: str = "spdl_lab:async-stages") -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._leases = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LoopThread, (self.name,))
+
+    def run(self, make: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
+        """``await make(arg)`` on the loop; block this thread until it is done."""
+        future = asyncio.run_coroutine_threadsafe(_await(make, arg), self._loop_here())
+        try:
+            return future.result()
+        finally:
+            # A traceback holds this frame: no future in it, so no cycle waits for the collector.
+            del future
+
+    def _loop_here(self) -> asyncio.AbstractEventLoop:
+        """The loop, leased to the calling thread (the lease must never sit in a
+        frame that a traceback can hold, or it outlives its thread)."""
+        lease = getattr(self._local, "lease", None)
+        if lease is None:
+            lease = self._local.lease = self._acquire()
+        return lease.loop
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def _acquire(self) -> _Lease:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+                thread = threading.Thread(target=_serve, args=(loop, ready), name=self.name, daemon=True)
+                thread.start()
+                ready.wait()
+                self._loop, self._thread = loop, thread
+            self._leases += 1
+            return _Lease(self, self._loop)
+
+    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Runs while a worker thread is being torn down: no joins, no current_thread().
+        with self._lock:
+            self._leases -= 1
+            if self._leases > 0:
+                return
+            self._loop = self._thread = None
+        with contextlib.suppress(RuntimeError):  # already closed (interpreter shutdown)
+            loop.call_soon_threadsafe(loop.stop)
+
+
+class _Lease:
+    def __init__(self, owner: LoopThread, loop: asyncio.AbstractEventLoop) -> None:
+        self.owner = owner
+        self.loop = loop
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the daemon loop thread dies with it
+            self.owner._release(self.loop)
+
+
+async def _await(make: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
+    # run_coroutine_threadsafe takes coroutines only; ``make`` may return any awaitable.
+    return await make(arg)
+
+
+def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            tasks = asyncio.all_tasks(loop)  # a call interrupted in its thread leaves its task
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()

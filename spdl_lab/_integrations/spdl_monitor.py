@@ -18,7 +18,7 @@ from .._runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
 from .._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from .._telemetry.snapshot import Snapshot
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from ._spdl_config import SpdlSpec, op_kind, pipe_fields, read_spec
+from .spdl import SpdlSpec, from_spdl, op_kind, pipe_fields, read_spec
 
 __all__ = ["RUNNER", "SpdlMonitor", "is_spdl_spec", "open_spdl"]
 
@@ -32,15 +32,7 @@ class SpdlMonitor(RunOwner):
     """Iterate an SPDL pipeline (a builder or its config) as SPDL runs it, with lab's meters on
     every stage and queue; each ``iter()`` builds a fresh one. Keyword arguments go to SPDL's
     ``build_pipeline``; ``num_threads`` defaults to enough that no task waits for a thread (the
-    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty.
-
-    Example::
-
-        with SpdlMonitor(builder) as monitor:
-            for batch in monitor:
-                train(batch)
-            print(monitor.stats())
-    """
+    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty."""
 
     runner = RUNNER
 
@@ -75,7 +67,6 @@ class SpdlMonitor(RunOwner):
             f"under runner='thread', where concurrency changes live.")
 
     def controls(self) -> dict[str, int]:
-        """Nothing can be changed live in an SPDL pipeline."""
         return {}
 
     def _empty_stats(self) -> Snapshot:
@@ -197,15 +188,12 @@ def open_spdl(source: Any, runner: str | None, sample_hz: float,
     for runner None or ``"spdl"``, else ``lab.from_spdl(source)`` under that runner. The start
     hooks (diagnostic mode) run here, in the caller's thread, as for a lab.Pipeline."""
     from .._loader import Loader
-    from .spdl import from_spdl
 
-    if isinstance(source, SpdlMonitor):
-        if runner not in (None, RUNNER) or options:
-            raise PipelineSpecError("run: pass build options to the SpdlMonitor itself, not to run()")
-        run_start_hooks("spdl", source.pipeline.config)
-        return source, source, source.runner
-    if runner in (None, RUNNER):
-        monitor = SpdlMonitor(source, sample_hz=sample_hz, **options)
+    given = isinstance(source, SpdlMonitor)
+    if given and (runner not in (None, RUNNER) or options):
+        raise PipelineSpecError("run: pass build options to the SpdlMonitor itself, not to run()")
+    if given or runner in (None, RUNNER):
+        monitor = source if given else SpdlMonitor(source, sample_hz=sample_hz, **options)
         run_start_hooks("spdl", monitor.pipeline.config)
         return monitor, monitor, monitor.runner
     pipeline = from_spdl(source)

@@ -1,25 +1,38 @@
 """Bring a torch DataLoader as it is: converted into a ``lab.Pipeline`` (``from_dataloader``), or
-iterated untouched with its worker processes watched (``WatchedDataLoader``, for ``lab.run``).
+iterated untouched with its workers watched (``WatchedDataLoader``): their CPU, and the Dataset and
+collate_fn inside them timed as stages ``fetch`` and ``collate`` into a shared-memory block (a slot
+per worker, a row per stage) that the worker_init_fn the lab chains maps by name.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any
 
 import psutil
 
 from .. import _forksafe
 from .._pipeline import Pipeline
-from .._telemetry.frames import Row
+from .._runners import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
+from .._telemetry.frames import Row, queue_rows, stage_rows
+from .._telemetry.meters import QueueReading, StageReading
 from .._telemetry.probes import ProcessRates
 from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
-from ._dataloader_meters import DataLoaderMeters
 
-__all__ = ["WatchedDataLoader", "from_dataloader", "is_dataloader"]
+__all__ = ["PER_WORKER", "QUEUE", "WatchedDataLoader", "from_dataloader", "is_dataloader", "worker_stage"]
+
+#: The stages of a DataLoader worker and their rows in the meter block.
+STAGES = ("fetch", "collate")
+FETCH, COLLATE = 0, 1
+_KINDS = ["map"] * len(STAGES)
+#: The DataLoader's queue: batches asked of the workers and not yet taken by the loop.
+QUEUE = f"{STAGES[-1]}→output"
+#: A stage's series -> the same series of one worker (the stage's rows carry the rest, summed).
+PER_WORKER = {series: f"worker_{series}" for series in ("qps", "busy_frac", "p50_ms", "p99_ms")}
 
 
 def is_dataloader(obj: Any) -> bool:
@@ -54,13 +67,11 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
             "call; do that setup inside the dataset (lazily, on first __getitem__) and pass a "
             "DataLoader without worker_init_fn")
     workers = concurrency if concurrency is not None else max(1, dl.num_workers)
-    if dl.batch_size is None and dl.batch_sampler is not None:
-        # A custom batch_sampler: it yields index lists, fetched together.
+    if dl.batch_size is None and dl.batch_sampler is not None:  # a custom batch_sampler's index lists
         pipeline = Pipeline(dl.batch_sampler).map(
-            partial(_fetch, dataset), concurrency=workers, name="fetch")
+            functools.partial(_fetch, dataset), concurrency=workers, name="fetch")
     else:
-        # Without automatic batching (batch_size None), collate_fn applies to each item.
-        # A sampler is re-iterable: each pass draws a fresh shuffle.
+        # batch_size None: collate_fn per item. A sampler is re-iterable: a fresh shuffle each pass.
         pipeline = Pipeline(dl.sampler).map(dataset.__getitem__, concurrency=workers, name="fetch")
         if dl.batch_size is not None:
             pipeline = pipeline.batch(dl.batch_size, drop_last=dl.drop_last)
@@ -71,29 +82,60 @@ def _fetch(dataset: Any, indices: Any) -> list[Any]:
     return [dataset[i] for i in indices]
 
 
+def worker_stage(stage: str, worker: int) -> str:
+    """The frame rows' name of ``stage`` in one worker: ``"fetch/worker0"``."""
+    return f"{stage}/worker{worker}"
+
+
 class WatchedDataLoader:
     """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
     (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU
-    (``("cpu_percent", "worker<i>")``, their sum ``"workers"``), and the Dataset and collate_fn inside
-    them as stages ``fetch`` and ``collate`` with the queue of batches prefetched or in flight
-    (``DataLoaderMeters``). ``close()`` removes the meters' shared memory; so does the garbage
-    collector, or the interpreter's exit, if nobody closes it."""
+    (``("cpu_percent", "worker<i>")``, their sum ``"workers"``), stages ``fetch`` and ``collate``
+    (summed, and ``PER_WORKER`` series per worker under ``"fetch/worker0"``, so that what reads
+    stages sees only stages) and the queue of batches prefetched or in flight. ``close()`` removes
+    the meters' shared memory; so does the garbage collector, or the interpreter's exit."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
         self._lock = _forksafe.Lock()
+        self._opening = _forksafe.Lock()
         self._workers: list[psutil.Process] = []
         self._rates = ProcessRates()
-        self.meters = DataLoaderMeters()
-        self._release = weakref.finalize(self, DataLoaderMeters.release, self.meters)
+        self._block: MeterBlock | None = None
+        self._unlink: Callable[[], Any] = lambda: None  # the block's finalizer, once made
+        self._iterator: Callable[[], Any] = lambda: None
+        self._before: dict[int | None, list[StageReading]] = {}  # by worker; None: their sum
+        self._num_workers = 0
+        self._released = False
+        self._final: list[StageReading] = []  # the totals when the block went
 
     def __iter__(self) -> Iterator[Any]:
         return self.open(lambda: iter(self.dataloader))
 
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """Start an epoch: ``make()``, an iterator of this DataLoader, with its workers metered and
-        watched (torch keeps them on the iterator; a single-process DataLoader has none)."""
-        it = self.meters.open(self.dataloader, make)
+        """Start an epoch: ``make()``, an iterator of this DataLoader, with the metering
+        worker_init_fn in place while it starts its workers (torch keeps them on the iterator)."""
+        dl = self.dataloader
+        workers = int(getattr(dl, "num_workers", 0) or 0)
+        block = self._block_for(workers) if workers > 0 else None
+        if block is None:
+            it = make()
+        else:
+            with self._opening:  # two threads starting epochs of one DataLoader: one at a time
+                user_fn = dl.worker_init_fn
+                dl.worker_init_fn = MeteredWorkerInit(block.name, block.layout, user_fn)
+                try:
+                    it = make()
+                finally:
+                    dl.worker_init_fn = user_fn
+        self._num_workers = workers  # no lock: the loop's thread never waits for a sampler's read
+        try:  # weakly: torch stops an iterator's workers when it is dropped
+            self._iterator = weakref.ref(it)
+        except TypeError:
+            self._iterator = lambda: None
         procs = []
         for w in getattr(it, "_workers", []) or []:
             try:
@@ -104,21 +146,26 @@ class WatchedDataLoader:
             self._workers, self._rates = procs, ProcessRates()
         return it
 
+    def _block_for(self, workers: int) -> MeterBlock | None:
+        block = self._block  # made once: later epochs need no lock, which a sampler's read may hold
+        if block is not None:
+            return block
+        with self._lock:
+            if self._released:
+                return None
+            if self._block is None:
+                # Workers beyond the first epoch's count (num_workers raised later) run unmetered.
+                layout = Layout(workers, len(STAGES))
+                shm = ShmFile(f"{new_prefix()}dataloader", layout.nbytes, create=True,
+                              purpose="the DataLoader's meters")
+                self._block = MeterBlock(shm, layout)
+                self._unlink = weakref.finalize(self, self._block.release)
+            return self._block
+
     def processes(self) -> list[psutil.Process]:
         """The worker processes of the current epoch (for the CPU probe's total)."""
         with self._lock:
             return list(self._workers)
-
-    def stages(self, elapsed_s: float) -> dict[str, StageStats]:
-        """``fetch`` and ``collate`` over ``elapsed_s``, as a Snapshot's stages."""
-        return self.meters.stages(elapsed_s)
-
-    def close(self) -> None:
-        """Remove the meters' shared memory (the workers torch still runs keep their mapping)."""
-        self._release()
-
-    def __len__(self) -> int:
-        return len(self.dataloader)
 
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
@@ -127,10 +174,164 @@ class WatchedDataLoader:
         alive = [(i, pct) for i, pct in pcts if pct is not None]
         rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers))),
                            ("num_workers", "dataloader", float(self.dataloader.num_workers))]
-        rows += self.meters.rows(dt_s)
-        if not alive:  # the first reading is the baseline, or a span too short
-            return rows
-        for i, pct in alive:
-            rows.append(("cpu_percent", f"worker{i}", pct))
-        rows.append(("cpu_percent", "workers", min(100.0 * self._rates.cores, sum(p for _, p in alive))))
+        rows += self._queue_rows(dt_s) + self._stage_rows(dt_s)
+        if alive:  # none at the first reading (the baseline), or after a span too short
+            rows += [("cpu_percent", f"worker{i}", pct) for i, pct in alive]
+            rows.append(("cpu_percent", "workers", min(100.0 * self._rates.cores, sum(p for _, p in alive))))
         return rows
+
+    def _stage_rows(self, dt_s: float) -> list[Row]:
+        with self._lock:
+            block = self._block
+            if block is None:
+                return []
+            concurrency = max(1, min(self._num_workers, block.layout.slots))
+            readings = {None: block.read(list(STAGES), _KINDS, concurrency)}
+            readings |= {w: block.read(list(STAGES), _KINDS, 1, slot=w) for w in range(concurrency)}
+        rows: list[Row] = []
+        for w, now in readings.items():
+            before, self._before[w] = self._before.get(w), now
+            for i, reading in enumerate(now):
+                new = stage_rows(reading, before[i] if before else None, dt_s)
+                rows += new if w is None else [(PER_WORKER[series], worker_stage(reading.name, w), value)
+                                               for series, _, value in new if series in PER_WORKER]
+        return rows
+
+    def _queue_rows(self, dt_s: float) -> list[Row]:
+        it = self._iterator()
+        if it is None or getattr(it, "_shutdown", False):
+            return []
+        depth = getattr(it, "_tasks_outstanding", None)  # asked of the workers, not yet taken
+        if not isinstance(depth, int):  # a torch without that field
+            sent, received = getattr(it, "_send_idx", None), getattr(it, "_rcvd_idx", None)
+            depth = sent - received if isinstance(sent, int) and isinstance(received, int) else None
+        workers, prefetch = getattr(it, "_num_workers", None), getattr(it, "_prefetch_factor", None)
+        if depth is None or not isinstance(workers, int) or not isinstance(prefetch, int):
+            return []  # a torch without these fields, or a single-process iterator
+        return queue_rows(QueueReading(QUEUE, max(0, depth), prefetch * workers, 0, 0, 0, 0), None, dt_s)
+
+    def _totals(self) -> list[StageReading]:
+        """The stages' totals now (their last, once closed); none before a worker started."""
+        block = self._block
+        if block is None:
+            return self._final
+        return block.read(list(STAGES), _KINDS, max(1, min(self._num_workers, block.layout.slots)))
+
+    def stages(self, elapsed_s: float) -> dict[str, StageStats]:
+        """``fetch`` and ``collate`` over the whole run, as a Snapshot's stages (none before a worker)."""
+        with self._lock:
+            readings = self._totals()
+        return {r.name: StageStats.of(r, max(elapsed_s, 1e-9)) for r in readings}
+
+    def close(self) -> None:
+        """Unmap and unlink the block (safe twice): workers still running keep their own mapping."""
+        with self._lock:
+            self._released = True
+            if self._block is not None:
+                self._final = self._totals()
+                self._unlink()
+                self._block = None
+
+
+class MeteredWorkerInit:
+    """The DataLoader's ``worker_init_fn`` while the lab meters it; the user's runs after, with the
+    same argument. Picklable (spawn and forkserver send it). A worker that cannot map the block
+    (beyond its slots, or the block already gone) runs unmetered: a meter never fails the job."""
+
+    def __init__(self, block_name: str, layout: Layout, user_fn: Callable[[int], Any] | None) -> None:
+        self.block_name = block_name
+        self.layout = layout
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        if 0 <= worker_id < self.layout.slots:
+            try:
+                block = MeterBlock.attach(self.block_name, self.layout)
+            except (OSError, ValueError):
+                pass
+            else:
+                block.pids[worker_id] = os.getpid()
+                # The mapping lives as long as the worker: the meter's numpy views keep it.
+                _time_fetchers(block.slot(worker_id, metered=True))
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def _time_fetchers(meter: SlotMeter) -> None:
+    """Make every fetcher this worker creates (one per epoch under ``persistent_workers``) time
+    its dataset and collate_fn. Only this worker process is changed: it exists for the DataLoader."""
+    from torch.utils.data.dataloader import _DatasetKind
+
+    create = _DatasetKind.create_fetcher
+    original = getattr(create, "_spdl_lab_original", create)
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        return _timed(original(*args, **kwargs), meter)
+
+    create_fetcher._spdl_lab_original = original  # type: ignore[attr-defined]
+    _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
+
+
+def _timed(fetcher: Any, meter: SlotMeter) -> Any:
+    """``fetcher`` with its item source and collate_fn timed; attributes it lacks are left alone."""
+    if hasattr(fetcher, "dataset_iter"):  # an IterableDataset: each next() is one fetched item
+        fetcher.dataset_iter = _timed_items(fetcher.dataset_iter, meter)
+    elif hasattr(fetcher, "dataset"):
+        fetcher.dataset = _TimedDataset(fetcher.dataset, meter)
+    if callable(getattr(fetcher, "collate_fn", None)):
+        fetcher.collate_fn = functools.partial(_call, meter, COLLATE, fetcher.collate_fn)
+    return fetcher
+
+
+def _call(meter: SlotMeter, row: int, fn: Callable[[Any], Any], arg: Any, items: int = 1) -> Any:
+    """``fn(arg)`` timed as one task of ``row`` that made ``items`` items; a raise counts a failure."""
+    t0 = meter.begin(row)
+    try:
+        out = fn(arg)
+    except BaseException:
+        meter.failed(row)
+        raise
+    meter.done(row, t0, items=items)
+    return out
+
+
+class _TimedDataset:
+    """A map-style dataset as the fetcher sees it: ``dataset[i]`` and, where the dataset has it,
+    ``__getitems__`` (one call, ``len(indices)`` items), each timed; other attributes pass through."""
+
+    def __init__(self, dataset: Any, meter: SlotMeter) -> None:
+        self._dataset = dataset
+        self._meter = meter
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems:  # the fetcher looks it up on the instance, and only uses it when truthy
+            self.__getitems__ = functools.partial(self._getitems, getitems)
+
+    def __getitem__(self, index: Any) -> Any:
+        return _call(self._meter, FETCH, self._dataset.__getitem__, index)
+
+    def _getitems(self, getitems: Callable[[Any], Any], indices: Any) -> Any:
+        return _call(self._meter, FETCH, getitems, indices, items=len(indices))
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_dataset", "_meter"):
+            raise AttributeError(name)
+        return getattr(self._dataset, name)
+
+
+def _timed_items(items: Iterator[Any], meter: SlotMeter) -> Iterator[Any]:
+    """An IterableDataset's iterator in a worker: each item taken is one ``fetch`` task."""
+    while True:
+        t0 = meter.begin(FETCH)
+        try:
+            item = next(items)
+        except StopIteration:
+            meter.idle(FETCH)
+            return
+        except BaseException:
+            meter.failed(FETCH)
+            raise
+        meter.done(FETCH, t0)
+        yield item

@@ -18,8 +18,7 @@ from .._json import write_atomically
 from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from ._cache import cache_dir
-from ._steps import ModelStep, dataloader, seeded, step_for
+from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
 
 __all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
 
@@ -28,7 +27,6 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
-# -- the files ---------------------------------------------------------------------------
 def make_jpeg(index: int, size: tuple[int, int]) -> bytes:
     """One photo-like JPEG, the same bytes for the same ``index`` and ``size`` range."""
     from PIL import Image, ImageDraw, ImageFilter
@@ -54,15 +52,12 @@ def make_jpeg(index: int, size: tuple[int, int]) -> bytes:
 def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -> Path:
     """The folder holding at least ``n`` images of ``size``; the missing ones are made now."""
     folder = cache_dir(root, f"images-{size[0]}-{size[1]}")
-    missing = [i for i in range(n) if not (folder / _name(i)).exists()]
+    paths = {i: folder / f"img_{i:06d}.jpg" for i in range(n)}
+    missing = [i for i, path in paths.items() if not path.exists()]
     if missing:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="spdl_lab:images") as pool:
-            list(pool.map(lambda i: write_atomically(folder / _name(i), make_jpeg(i, size)), missing))
+            list(pool.map(lambda i: write_atomically(paths[i], make_jpeg(i, size)), missing))
     return folder
-
-
-def _name(index: int) -> str:
-    return f"img_{index:06d}.jpg"
 
 
 class ListFiles:
@@ -84,10 +79,8 @@ class ListFiles:
         return f"ListFiles({str(self.folder)!r}, n={self.n}, epochs={self.epochs})"
 
 
-# -- the stages --------------------------------------------------------------------------
 def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    return Path(path).read_bytes()
 
 
 def decode_pil(data: bytes) -> Any:
@@ -148,9 +141,7 @@ def to_normalized_tensor(image: Any) -> Any:
     if not isinstance(image, torch.Tensor):
         image = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)  # a copy torch may own
     image = image.float().div_(255.0)
-    mean = torch.tensor(MEAN).view(3, 1, 1)
-    std = torch.tensor(STD).view(3, 1, 1)
-    return image.sub_(mean).div_(std).contiguous()
+    return image.sub_(torch.tensor(MEAN).view(3, 1, 1)).div_(torch.tensor(STD).view(3, 1, 1)).contiguous()
 
 
 def stack(images: list[Any]) -> Any:
@@ -159,7 +150,6 @@ def stack(images: list[Any]) -> Any:
     return torch.stack(images)
 
 
-# -- what users call ---------------------------------------------------------------------
 def images(
     n: int = 256,
     size: tuple[int, int] | int = (256, 512),
@@ -178,8 +168,7 @@ def images(
         pipeline, step = lab.workloads.images(n=512, decoder="pil")
         lab.compare(pipeline, step=step)
     """
-    size = _check(n, size, crop, batch_size)
-    check_ints("images", epochs=(epochs, 1))
+    size = _check(n, size, crop, batch_size, epochs)
     decode = _decoder(decoder)
     folder = image_files(n, size, root)
     threads = {"read": 4, "decode": 2, "augment": 2, "normalize": 2, **(concurrency or {})}
@@ -199,8 +188,8 @@ def images(
 
 
 class ImageFolder:
-    """The image workload as a map-style torch Dataset: ``dataset[i]`` reads, decodes,
-    crops, flips and normalizes image ``i``: what a user's own Dataset would do."""
+    """The image workload as a map-style torch Dataset, as a user's own would be: ``dataset[i]``
+    reads, decodes, crops, flips and normalizes image ``i``."""
 
     def __init__(self, n: int = 256, size: tuple[int, int] | int = (256, 512),
                  root: str | os.PathLike | None = None, decoder: str = "pil", crop: int = 224) -> None:
@@ -252,8 +241,8 @@ def image_step(device: SimulatedDevice | str | None = None) -> Any:
     return step_for(device, ImageModelStep)
 
 
-def _check(n: Any, size: Any, crop: Any, batch_size: Any) -> tuple[int, int]:
-    check_ints("images", n=(n, 1), crop=(crop, 1), batch_size=(batch_size, 1))
+def _check(n: Any, size: Any, crop: Any, batch_size: Any, epochs: Any = 1) -> tuple[int, int]:
+    check_ints("images", n=(n, 1), crop=(crop, 1), batch_size=(batch_size, 1), epochs=(epochs, 1))
     lo, hi = (size, size) if isinstance(size, int) and not isinstance(size, bool) else tuple(size)
     if not (isinstance(lo, int) and isinstance(hi, int) and 16 <= lo <= hi <= 4096):
         raise PipelineSpecError(f"images: size must be an int or a (lo, hi) pair of px between 16 "
@@ -262,10 +251,10 @@ def _check(n: Any, size: Any, crop: Any, batch_size: Any) -> tuple[int, int]:
 
 
 def _decoder(name: str) -> Any:
+    if name not in DECODERS:
+        raise PipelineSpecError(f"decoder must be one of {DECODERS}, got {name!r}")
     if name == "pil":
         return decode_pil
-    if name != "torchvision":
-        raise PipelineSpecError(f"decoder must be one of {DECODERS}, got {name!r}")
     try:
         import torchvision.io  # noqa: F401
     except Exception as exc:  # ImportError, or torchvision's ops failing to load against torch

@@ -1,19 +1,43 @@
-"""What the real workloads share: a small model trained on CPU with SGD on made-up labels (or a
-SimulatedDevice), and the torch DataLoader over their Datasets."""
+"""What the real workloads share: the folder of their generated data, a small model trained on
+CPU with SGD on made-up labels (or a SimulatedDevice), and the torch DataLoader over their Datasets."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 
-__all__ = ["ModelStep", "dataloader", "seeded", "step_for"]
+__all__ = ["ModelStep", "cache_dir", "dataloader", "seeded", "step_for"]
+
+CACHE_ENV = "SPDL_LAB_CACHE_DIR"
+
+
+def cache_dir(root: str | os.PathLike | None, kind: str) -> Path:
+    """``root`` if given, else ``$SPDL_LAB_CACHE_DIR/KIND``, else ``~/.cache/spdl_lab/KIND``
+    (``$XDG_CACHE_HOME`` honoured); made now, with a clear error if it cannot be."""
+    if root is not None:
+        path = Path(root)
+    elif os.environ.get(CACHE_ENV):
+        path = Path(os.environ[CACHE_ENV]) / kind
+    else:
+        path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spdl_lab" / kind
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PipelineSpecError(
+            f"cannot make the data folder {path}: {exc.strerror or exc}; pass root= (a folder you "
+            f"can write) or set ${CACHE_ENV}") from None
+    if not path.is_dir():
+        raise PipelineSpecError(f"{path} is not a folder; pass root= or set ${CACHE_ENV}")
+    return path
 
 
 class ModelStep:
-    """Subclasses make ``parameters`` and compute logits in ``forward(batch)``; a call is one
+    """Subclasses make ``parameters`` and define ``forward(batch)``, the logits; a call is one
     training step: cross-entropy on labels ``0, 1, ..`` (mod ``classes``), backward, SGD."""
 
     def __init__(self, parameters: list[Any], classes: int, lr: float) -> None:
@@ -22,9 +46,6 @@ class ModelStep:
         self.optimizer = torch.optim.SGD(parameters, lr=lr)
         self.classes = classes
         self.steps = 0
-
-    def forward(self, batch: Any) -> Any:
-        raise NotImplementedError
 
     def __call__(self, batch: Any) -> float:
         import torch
@@ -55,12 +76,9 @@ def seeded(seed: int, make: Callable[[], Any]) -> Any:
     """``make()`` with torch's generator at ``seed``, the caller's generator state kept."""
     import torch
 
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         return make()
-    finally:
-        torch.random.set_rng_state(state)
 
 
 def dataloader(dataset: Any, batch_size: int, num_workers: int, options: dict[str, Any]) -> Any:

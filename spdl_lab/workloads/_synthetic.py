@@ -1,13 +1,10 @@
-"""Synthetic workloads that reproduce the field notes, small enough for CI and notebooks.
-
-Functions are module-level so every runner imports them by reference.
-"""
+"""Synthetic workloads that reproduce the field notes, small enough for CI and notebooks."""
 
 from __future__ import annotations
 
 import functools
 import time
-from functools import partial
+import timeit
 from typing import Any
 
 import numpy as np
@@ -36,12 +33,11 @@ def ipc_overhead(*, items: int = 10_000, shape: tuple[int, ...] = (1000, 150),
     """The seed question's loader: ``items`` float64 arrays of ``shape``, each after a ``fetch_s``
     wait, in batches collated into plain lists: big batches (154 MB by default) whose moves
     between processes make more ``num_workers`` stop helping."""
-    fetch = partial(fetch_array, shape=tuple(shape), fetch_s=fetch_s)
+    fetch = functools.partial(fetch_array, shape=tuple(shape), fetch_s=fetch_s)
     return (Pipeline(range(items)).map(fetch, concurrency=concurrency, name="fetch")
             .batch(batch_size).map(collate_list, name="collate"))
 
 
-# -- the parallelism study (shared/seeds/000) -------------------------------------
 def read_sample(index: int, *, read_ms: float) -> int:
     """Fetch a sample's bytes: I/O, which waits without holding the GIL."""
     time.sleep(read_ms / 1000)
@@ -60,14 +56,8 @@ def decode_iterations_per_us() -> float:
     """Speed of the decode loop on this machine (CPU time, best of 5; measured once)."""
     n = 200_000
     _checksum(0, n)
-    best = min(_cpu_ns(n) for _ in range(5))
-    return n / (best / 1000)
-
-
-def _cpu_ns(iterations: int) -> int:
-    t0 = time.thread_time_ns()
-    _checksum(0, iterations)
-    return time.thread_time_ns() - t0
+    best_s = min(timeit.repeat(lambda: _checksum(0, n), timer=time.thread_time, repeat=5, number=1))
+    return n / (best_s * 1e6)
 
 
 def decode_sample(index: int, *, decode_iterations: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -100,8 +90,8 @@ def noisy_neighbour(*, items: int = 100_000, batch_size: int = 16,
     iterations = round(decode_us * decode_iterations_per_us())
     pipeline = (
         Pipeline(range(items))
-        .map(partial(read_sample, read_ms=read_ms), concurrency=read_concurrency, name="read")
-        .map(partial(decode_sample, decode_iterations=iterations, shape=tuple(shape)),
+        .map(functools.partial(read_sample, read_ms=read_ms), concurrency=read_concurrency, name="read")
+        .map(functools.partial(decode_sample, decode_iterations=iterations, shape=tuple(shape)),
              concurrency=decode_concurrency, name="decode")
         .map(augment, concurrency=decode_concurrency, name="augment")
         .batch(batch_size)

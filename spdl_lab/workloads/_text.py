@@ -5,8 +5,11 @@ WordPiece in pure Python: the same ids), padded, batched. Both hold the GIL per 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
+import string
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,7 @@ from .._json import write_atomically
 from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from ._cache import cache_dir
-from ._steps import ModelStep, dataloader, seeded, step_for
+from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
 
 __all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
 
@@ -28,7 +30,6 @@ SYLLABLES = ("ka", "lo", "mi", "ren", "sa", "tor", "vi", "ne", "dal", "qu", "is"
              "cu", "fen", "go", "har", "ju", "lem", "mar", "nos", "pi", "ras", "sul", "tem", "ux", "zo")
 
 
-# -- the corpus and the tokenizer file ----------------------------------------------------
 def _words(count: int = 20_000, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     words: dict[str, None] = {}
@@ -44,23 +45,15 @@ def make_document(index: int, words: list[str]) -> str:
     ranks = np.minimum(rng.zipf(1.2, size=int(rng.integers(50, 401))), len(words)) - 1
     out: list[str] = []
     for i, rank in enumerate(ranks):
-        out.append(words[rank])
-        if rng.random() < 0.08:
-            out[-1] += ","
-        if rng.random() < 0.07 or i == len(ranks) - 1:
-            out[-1] += "."
+        word = words[rank] + ("," if rng.random() < 0.08 else "")
+        out.append(word + ("." if rng.random() < 0.07 or i == len(ranks) - 1 else ""))
     return " ".join(out)
 
 
 def corpus(n: int, root: str | os.PathLike | None) -> Path:
     """A file of at least ``n`` documents, one per line (made, or made longer, now)."""
-    folder = cache_dir(root, "text-v1")
-    path = folder / "documents.txt"
-    have = 0
-    if path.exists():
-        with open(path, encoding="utf-8") as f:
-            have = sum(1 for _ in f)
-    if have < n:
+    path = cache_dir(root, "text-v1") / "documents.txt"
+    if not path.exists() or path.read_text(encoding="utf-8").count("\n") < n:
         words = _words()
         write_atomically(path, "".join(make_document(i, words) + "\n" for i in range(max(n, 1024)))
                          .encode("utf-8"))
@@ -69,8 +62,7 @@ def corpus(n: int, root: str | os.PathLike | None) -> Path:
 
 def tokenizer_file(root: str | os.PathLike | None, vocab_size: int) -> Path:
     """The trained WordPiece tokenizer (``tokenizers`` JSON), trained now if it is not cached."""
-    folder = cache_dir(root, "text-v1")
-    path = folder / f"tokenizer-{vocab_size}.json"
+    path = cache_dir(root, "text-v1") / f"tokenizer-{vocab_size}.json"
     if path.exists():
         return path
     try:
@@ -97,9 +89,7 @@ class Documents:
 
     def __iter__(self):
         with open(self.path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                if i >= self.n:
-                    return
+            for line in itertools.islice(f, self.n):
                 yield line.rstrip("\n")
 
     def __len__(self) -> int:
@@ -109,7 +99,6 @@ class Documents:
         return f"Documents({str(self.path)!r}, n={self.n})"
 
 
-# -- the two tokenizers -------------------------------------------------------------------
 class RustTokenize:
     """``tokenizers.Tokenizer.encode(doc).ids``; loaded from its file once per process."""
 
@@ -153,33 +142,19 @@ class PythonTokenize:
         if self._vocab is None:
             with open(self.path, encoding="utf-8") as f:
                 self._vocab = json.load(f)["model"]["vocab"]
-        vocab, ids = self._vocab, []
-        for word in _pre_tokenize(document):
-            ids.extend(_wordpiece(word, vocab))
-        return ids
+        return [i for word in _pre_tokenize(document) for i in _wordpiece(word, self._vocab)]
 
 
 def _is_punctuation(ch: str) -> bool:
-    code = ord(ch)
-    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")
+    return ch in string.punctuation or unicodedata.category(ch).startswith("P")
 
 
 def _pre_tokenize(document: str) -> list[str]:
     words: list[str] = []
     for chunk in document.split():
-        current = ""
-        for ch in chunk:
-            if _is_punctuation(ch):
-                if current:
-                    words.append(current)
-                    current = ""
-                words.append(ch)
-            else:
-                current += ch
-        if current:
-            words.append(current)
+        for punctuation, run in itertools.groupby(chunk, _is_punctuation):
+            part = "".join(run)
+            words += list(part) if punctuation else [part]  # each punctuation mark alone
     return words
 
 
@@ -188,21 +163,15 @@ def _wordpiece(word: str, vocab: dict[str, int], max_chars: int = 100) -> list[i
         return [vocab[UNK]]
     pieces, start = [], 0
     while start < len(word):
-        end, found = len(word), None
-        while start < end:
-            piece = word[start:end] if start == 0 else "##" + word[start:end]
-            if piece in vocab:
-                found = vocab[piece]
-                break
-            end -= 1
-        if found is None:
+        prefix = "##" if start else ""
+        end = next((e for e in range(len(word), start, -1) if prefix + word[start:e] in vocab), None)
+        if end is None:
             return [vocab[UNK]]
-        pieces.append(found)
+        pieces.append(vocab[prefix + word[start:end]])
         start = end
     return pieces
 
 
-# -- padding, batching, the step ----------------------------------------------------------
 class PadTruncate:
     """Token ids -> ``(ids, mask)``, int64 arrays of ``length`` (truncated, or padded with 0)."""
 
@@ -210,27 +179,18 @@ class PadTruncate:
         self.length = length
 
     def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        out = np.zeros(self.length, dtype=np.int64)
         kept = ids[: self.length]
+        out = np.zeros(self.length, dtype=np.int64)
         out[: len(kept)] = kept
-        mask = np.zeros(self.length, dtype=np.int64)
-        mask[: len(kept)] = 1
-        return out, mask
+        return out, (np.arange(self.length) < len(kept)).astype(np.int64)
 
 
-class PadStack:
-    """A batch of token id lists -> the collated batch (padded, truncated, stacked)."""
-
-    def __init__(self, length: int) -> None:
-        self._pad = PadTruncate(length)
-
-    def __call__(self, batch: list[list[int]]) -> dict[str, Any]:
-        return stack_tokens([self._pad(ids) for ids in batch])
-
-
-def stack_tokens(items: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+def stack_tokens(items: list[Any], pad: PadTruncate | None = None) -> dict[str, Any]:
+    """``(ids, mask)`` pairs, or token id lists that ``pad`` pads first -> the collated batch."""
     import torch
 
+    if pad is not None:
+        items = [pad(ids) for ids in items]
     return {"input_ids": torch.from_numpy(np.stack([i for i, _ in items])),
             "attention_mask": torch.from_numpy(np.stack([m for _, m in items]))}
 
@@ -322,7 +282,7 @@ def text(
     if tokenizer == "rust-batch":
         pipeline = (Pipeline(documents).batch(batch_size, drop_last=True)
                     .map(RustTokenizeBatch(vocab), concurrency=concurrency, name="tokenize")
-                    .map(PadStack(max_length), name="collate"))
+                    .map(functools.partial(stack_tokens, pad=PadTruncate(max_length)), name="collate"))
     else:
         tokenize = RustTokenize(vocab) if tokenizer == "rust" else PythonTokenize(vocab)
         pipeline = (Pipeline(documents).map(tokenize, concurrency=concurrency, name="tokenize")

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import spdl_lab as lab
-from spdl_lab._integrations._dataloader_meters import PER_WORKER, QUEUE, worker_stage
+from spdl_lab._integrations.torch_dataloader import PER_WORKER, QUEUE, worker_stage
 from spdl_lab._watch.publish import published_by
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -11,7 +11,7 @@ from bokeh.models import Legend
 from torch.utils.data import DataLoader, Dataset
 
 import spdl_lab as lab
-from spdl_lab._integrations._dataloader_meters import QUEUE
+from spdl_lab._integrations.torch_dataloader import QUEUE
 from spdl_lab._ui.live_plots import LivePlots, column_name
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from spdl_lab._integrations._dataloader_meters import QUEUE
+from spdl_lab._integrations.torch_dataloader import QUEUE
 from spdl_lab._watch.records import read_record, record_meta
 
 SCRIPT = '''

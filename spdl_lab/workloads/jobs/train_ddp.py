@@ -5,10 +5,7 @@ averages its gradients across ranks every step. It knows nothing of spdl_lab unl
 One rank can be made slow, to study stragglers: ``--slow-rank R --slow-ms X`` adds X ms to every
 item rank R loads (a slower disk or decoder: the rank waits for data), ``--compute-rank R
 --compute-ms X`` adds X ms of CPU work to every step of rank R (the rank computes longer).
-
-    torchrun --nproc_per_node=2 train_ddp.py [--steps 400 | --seconds 60] [--loader dataloader|lab]
-        [--workers 2] [--batch 16] [--load-ms 0.5] [--slow-rank R --slow-ms X]
-        [--compute-rank R --compute-ms X] [--timing DIR]
+Run it as ``torchrun --nproc_per_node=2 train_ddp.py ...``; ``--help`` lists the options.
 
 ``--timing DIR`` writes each rank's own count to ``DIR/rankR.json``: steps, wall time, steps/s, and
 steps/s after the first tenth of the steps (the loader's start-up left out).
@@ -17,6 +14,8 @@ steps/s after the first tenth of the steps (the loader's start-up left out).
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import time
@@ -68,8 +67,6 @@ def make_loader(args: argparse.Namespace, rank: int, load_ms: float):
         return DataLoader(Shard(args.n, rank, load_ms), batch_size=args.batch, shuffle=True,
                           num_workers=args.workers, collate_fn=collate, drop_last=True,
                           persistent_workers=args.workers > 0)
-    import functools
-
     import spdl_lab as lab  # only with --loader lab: a Loader whose concurrency a notebook can set
 
     load = functools.partial(load_item, load_s=load_ms / 1e3)
@@ -77,12 +74,6 @@ def make_loader(args: argparse.Namespace, rank: int, load_ms: float):
     pipeline = (lab.Pipeline(range(offset, offset + args.n)).map(load, concurrency=args.workers, name="load")
                 .batch(args.batch, drop_last=True).map(collate, name="collate"))
     return lab.Loader(pipeline, runner="thread")
-
-
-def forever(loader):
-    """The loader's batches, epoch after epoch."""
-    while True:
-        yield from loader
 
 
 def burn(seconds: float) -> None:
@@ -129,7 +120,7 @@ def main() -> None:
         dist.broadcast(go, 0)
         return bool(go.item())
 
-    batches = forever(loader)
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
     while more():
         images, labels = next(batches)
         loss = nn.functional.cross_entropy(model(images), labels)

@@ -2,15 +2,11 @@
 PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU;
 run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
 
-It counts its own figures, per step, and writes them to ``--timing`` (JSON): steps, the wall time
-from its first epoch's start to its last step's end (``time.perf_counter``, which is the machine's
-monotonic clock, so another process can compare), steps/s over it, and the step and data-wait p50.
-Under Lightning the loop's figures come from its profiler: a fetch of a batch is the data wait,
-the time from one fetch to the next the step.
-``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's figures against these.
-
-    python train_images.py --images DIR [--n 2000] [--steps 1000] [--trainer lightning|plain]
-                           [--workers 2] [--batch 32] [--timing timing.json]
+It writes its own per-step figures to ``--timing`` (JSON: steps, the wall time from its first
+epoch's start to its last step's end on ``time.perf_counter``, the machine's monotonic clock, steps/s,
+the step and data-wait p50), which ``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's
+figures against. Under Lightning they come from its profiler (see ``train_lightning``).
+Run it as ``python train_images.py --images DIR ...``; ``--help`` lists the options.
 """
 
 from __future__ import annotations
@@ -39,12 +35,11 @@ def make_images(folder: Path, n: int) -> list[Path]:
     """``n`` JPEGs of random pixels (quality 90) in ``folder``, made once."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for i in range(n):
-        path = folder / f"{i:05d}.jpg"
+    paths = [folder / f"{i:05d}.jpg" for i in range(n)]
+    for path in paths:
         if not path.exists():
-            pixels = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(path, quality=90)
-    return [folder / f"{i:05d}.jpg" for i in range(n)]
+            Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(path, quality=90)
+    return paths
 
 
 class Jpegs(Dataset):
@@ -151,10 +146,8 @@ def train_lightning(loader: DataLoader, steps: int, timing: Timing) -> None:
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             timing.step_end()
 
-    # Lightning's own count of the loop: its profiler marks each fetch of the next batch. The data
-    # wait is a fetch; the step, the loop's time from a batch's fetch to the next fetch (the
-    # callbacks' window leaves out Lightning's own per-batch work: moving the batch, progress,
-    # hooks, about 2 ms here), and from the last fetch to the last batch's end.
+    # Lightning's own count: a batch's fetch (its profiler's mark) is the data wait, the time to the
+    # next fetch the step (the callbacks' window leaves out Lightning's per-batch work, ~2 ms here).
     from lightning.pytorch.profilers import SimpleProfiler
 
     class FetchMarks(SimpleProfiler):
