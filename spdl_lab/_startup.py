@@ -1,7 +1,8 @@
 """Ctrl-C in the ``spdl-lab`` command's own process (nowhere else): a KeyboardInterrupt inside an
 import prints importlib's traceback and can leave a module lock held (the exit hangs). Until
-``main()`` runs, Ctrl-C exits 130 with one line; from then on, one that lands inside an import is
-raised once the import is done. Standard library only: this runs first."""
+``main()`` runs, Ctrl-C exits 130 with one line; from then on, one that lands inside an import (or
+a lock's short stretch) is raised once it is done, and one that is lost is sent again. Standard
+library only: this runs first."""
 
 from __future__ import annotations
 
@@ -9,13 +10,23 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from types import FrameType
+from typing import Any
 
-__all__ = ["EXIT_INTERRUPTED", "import_safe_interrupts", "is_the_command", "quit_on_interrupt"]
+__all__ = ["EXIT_INTERRUPTED", "import_safe_interrupts", "interrupt_taken", "is_the_command",
+           "quit_on_interrupt"]
 
 EXIT_INTERRUPTED = 130
 #: How soon a Ctrl-C held back by an import is tried again.
 RETRY_S = 0.05
+#: How often, and how many times in a row, a Ctrl-C is found lost before it is sent again.
+CHECK_S, LOST_CHECKS = 0.1, 10
+_PENDING = threading.Event()  # a Ctrl-C was raised and the command has not caught it yet
+_TAKEN = threading.Event()  # the command caught one: it ends
+_LOCK_JUGGLERS = (os.path.join("logging", "__init__.py"), "_weakrefset.py", f"{os.sep}weakref.py",
+                  os.path.join("spdl_lab", "_forksafe.py"))
+_HOOK: dict[str, Any] = {"previous": sys.unraisablehook}
 
 
 def is_the_command() -> bool:
@@ -42,7 +53,11 @@ def quit_on_interrupt() -> None:
         signal.signal(signal.SIGINT, _quit)
 
 
-def _in_an_import(frame: FrameType | None) -> bool:
+def _unsafe(frame: FrameType | None) -> bool:
+    """Inside an import, or in a short stretch that juggles a lock (logging's module lock around a
+    fork, a weak set's callback): an exception there is lost, or leaves the lock held."""
+    if frame is not None and frame.f_code.co_filename.endswith(_LOCK_JUGGLERS):
+        return True
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
@@ -50,17 +65,66 @@ def _in_an_import(frame: FrameType | None) -> bool:
     return False
 
 
+def _drop_lost_interrupts(unraisable: Any) -> None:
+    """A KeyboardInterrupt Python could only report ("Exception ignored in ...") is not printed:
+    ``_check_delivered`` sends it again. Anything else goes to the hook there was."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        _HOOK["previous"](unraisable)
+
+
 def _raise_unless_importing(signum: int, frame: FrameType | None) -> None:
-    if not _in_an_import(frame):
+    if not _unsafe(frame):
+        warnings.simplefilter("ignore")  # the clean-up that follows speaks only in the one line
+        if not _PENDING.is_set():
+            _PENDING.set()
+            _check_delivered(0)
         raise KeyboardInterrupt
+    _resend(RETRY_S)
+
+
+def _resend(after_s: float) -> None:
     main = threading.main_thread().ident
-    retry = threading.Timer(RETRY_S, signal.pthread_kill, (main, signal.SIGINT))
+
+    def send() -> None:
+        if not _TAKEN.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+
+    retry = threading.Timer(after_s, send)
     retry.daemon = True
     retry.start()
+
+
+def _check_delivered(missed: int) -> None:
+    """A KeyboardInterrupt raised where Python only reports it ("Exception ignored in" a weakref
+    callback or a ``__del__``) or that a library swallows is lost: the command would run on. Until
+    ``interrupt_taken()``, the main thread handles an exception (it unwinds through clean-up); when
+    it handles none at LOST_CHECKS checks in a row, the Ctrl-C is sent again."""
+    if not _PENDING.is_set() or _TAKEN.is_set():
+        return
+    handling = sys._current_exceptions().get(threading.main_thread().ident)
+    if isinstance(handling, tuple):  # (type, value, traceback) before 3.12
+        handling = handling[1]
+    missed = 0 if handling is not None else missed + 1
+    if missed >= LOST_CHECKS:
+        _PENDING.clear()
+        _resend(0.0)
+        return
+    check = threading.Timer(CHECK_S, _check_delivered, (missed,))
+    check.daemon = True
+    check.start()
+
+
+def interrupt_taken() -> None:
+    """The command caught the Ctrl-C (it ends, or hands it on): nothing is sent again."""
+    _TAKEN.set()
+    _PENDING.clear()
 
 
 def import_safe_interrupts() -> None:
     """From the command's ``main()`` on: Ctrl-C raises KeyboardInterrupt, but not inside an import."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) in (
             _quit, signal.default_int_handler):
+        _TAKEN.clear()
+        if sys.unraisablehook is not _drop_lost_interrupts:
+            _HOOK["previous"], sys.unraisablehook = sys.unraisablehook, _drop_lost_interrupts
         signal.signal(signal.SIGINT, _raise_unless_importing)

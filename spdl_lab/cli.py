@@ -14,8 +14,10 @@ Every subcommand has ``--help`` with an example. Exit status:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import tempfile
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 
 import spdl_lab as lab
 
@@ -55,7 +58,7 @@ from ._interpreter import describe
 from ._json import loads
 from ._pipeline import MAX_CONCURRENCY
 from ._runners import LOCAL_RUNNERS, RUNNERS
-from ._startup import import_safe_interrupts
+from ._startup import import_safe_interrupts, interrupt_taken
 from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
@@ -555,13 +558,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _interrupted(prog: str, exiting: bool) -> int:
-    """Ctrl-C: one line and 130. The command itself (``exiting``) then ignores a second Ctrl-C,
-    which would print a traceback from mid-clean-up; a caller of ``main(argv)`` keeps its handler
-    (its children would inherit an ignored SIGINT)."""
+    """Ctrl-C: one line and 130. A caller of ``main(argv)`` gets the status and keeps its handler
+    (its children would inherit an ignored SIGINT). The command itself (``exiting``) ignores a
+    second Ctrl-C, which would print a traceback from mid-clean-up, and ends now (``_end_now``)."""
     if exiting and threading.current_thread() is threading.main_thread():  # signal.signal works only there
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupt_taken()
     print(f"{prog}: interrupted", file=sys.stderr)
+    if exiting:
+        _end_now(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED
+
+
+def _end_now(code: int) -> None:
+    """Exit with ``code`` once the runs' clean-up is done: kill what it left (a runner stopped while it
+    started its workers or its Ray instance), and skip the interpreter's finalization, in which Ray's
+    threads can crash a process they were interrupted in (SIGSEGV)."""
+    left = psutil.Process().children(recursive=True)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(left, timeout=3.0)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _caused_by_interrupt(exc: BaseException | None) -> bool:

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_diagnose", "_tune"),
     ("_watch",),
     ("_ui",),
-    ("cli", "_cli_inputs", "_cli_report", "_cli_tune", "_magics", "__main__", "__init__"),
+    ("cli", "_cli_inputs", "_magics", "__main__", "__init__"),
 ]
 APART = {frozenset({"_diagnose", "_tune"})}
 #: ``%load_ext spdl_lab`` finds the magics through the package: the one edge allowed up.

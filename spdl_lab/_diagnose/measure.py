@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 import os
+import statistics
 import threading
 import time
 import traceback
@@ -283,17 +285,32 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
                      f"machine's speed moved, or its inputs differ in cost; a point's QPS is its second-best window.")
     if threads.others >= BUSY_MACHINE:
         notes.append(f"Other processes used up to {threads.others:.0%} of the cores while it was measured.")
-    status, advice = "measured", verdict.recommendation
-    if _unstable(points):
+    status, advice, shown, evidence = "measured", verdict.recommendation, verdict.verdict, verdict.evidence
+    busy = others_share(points)
+    if busy >= BUSY_MACHINE:
+        # What other processes take moves every rate and share a verdict reads: no verdict, no advice.
+        status, shown = "unstable", None
+        evidence = f"unstable: the machine was busy (other processes used {busy:.0%} of the cores)"
+        advice = "diagnose it again on a quieter machine"
+        notes.append(f"Under that load it measured as {verdict.verdict}: {verdict.evidence}")
+    elif _unstable(points):
         status = "unstable"
         advice = (f"measure again (its windows did not settle, so no advice is given): diagnose it with "
                   f"settings=lab.SweepSettings(max_windows={2 * settings.max_windows}, "
                   f"stage_budget_s={2 * settings.stage_budget_s:g}) on a quieter machine")
-    return StageDiagnosis(name=p.stage.name, kind="map", verdict=verdict.verdict,
-                          best_concurrency=verdict.best_concurrency, evidence=verdict.evidence,
+    return StageDiagnosis(name=p.stage.name, kind="map", verdict=shown,
+                          best_concurrency=verdict.best_concurrency, evidence=evidence,
                           recommendation=advice, points=tuple(points) + tuple(process_points),
                           error=None, inputs=inputs, outputs=len(once.outputs), status=status,
                           notes=tuple(notes), concurrency=p.stage.concurrency, items_per_input=p.per_input)
+
+
+def others_share(points: Sequence[Point]) -> float:
+    """The share of the cores other processes took while the thread points were measured: the
+    median over the points (each its windows' median), 0 where unknown."""
+    shares = [pt.machine_cpu_util - pt.cpu_util for pt in usable(points)
+              if math.isfinite(pt.machine_cpu_util) and math.isfinite(pt.cpu_util)]
+    return max(0.0, statistics.median(shares)) if shares else 0.0
 
 
 def _unstable(points: Sequence[Point]) -> bool:

@@ -86,7 +86,7 @@ class StageDiagnosis:
 
     def shown_status(self) -> str:
         """What a table shows in place of a verdict: "failed", "not measured" or "-"."""
-        if self.status in ("failed", "not measured"):
+        if self.status in ("failed", "not measured", "unstable"):
             return self.status
         return "failed" if self.error and self.kind == "map" else "-"
 
@@ -182,7 +182,7 @@ class Diagnosis(_file_checks.Saved):
         advice = (f" Its numbers are not settled: {s.recommendation}." if s.status == "unstable"
                   else f" To go faster: {s.recommendation}." if s.recommendation else "")
         parts.append(f"{s.name!r} limits the pipeline: {amount(rate)} items/s at its concurrency {s.concurrency} "
-                     f"({s.verdict}){by}.{advice}")
+                     f"({s.verdict or s.status}){by}.{advice}")
         return " ".join(parts)
 
     def machine_load(self) -> str:
@@ -267,9 +267,10 @@ def usable(points: Iterable[Point]) -> list[Point]:
 
 
 def limiting(stages: Iterable[StageDiagnosis]) -> tuple[StageDiagnosis, float, StageDiagnosis | None, float] | None:
-    """(slowest stage, its rate, next slowest, its rate) among stages with a verdict, each stage
+    """(slowest stage, its rate, next slowest, its rate) among stages measured, each stage
     compared at its concurrency in the pipeline and in source items/s (``rate_now``)."""
-    rated = sorted(((s, s.rate_now()) for s in stages if s.verdict is not None), key=lambda sr: sr[1])
+    rated = sorted(((s, s.rate_now()) for s in stages if s.verdict is not None or s.status == "unstable"),
+                   key=lambda sr: sr[1])
     rated = [(s, r) for s, r in rated if not math.isnan(r)]
     if not rated:
         return None

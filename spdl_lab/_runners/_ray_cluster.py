@@ -92,6 +92,11 @@ class RayConnection:
         saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
         os.environ.update(env)
         ray_constants.ENABLE_RAY_CLUSTER = False  # in this process too, while ray.init runs
+        # Ray turns token authentication on for a new instance (it listens on loopback ports) and
+        # says so in a banner; the lab's instance keeps it on, without the banner.
+        banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = banner.level
+        banner.setLevel(logging.ERROR)
         try:
             ray.init(**options)
         except Exception as exc:
@@ -99,6 +104,7 @@ class RayConnection:
             raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
                               f"{exc}") from exc
         finally:
+            banner.setLevel(level)
             ray_constants.ENABLE_RAY_CLUSTER = saved_switch
             for k, v in saved.items():
                 if v is None:

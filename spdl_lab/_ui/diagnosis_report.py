@@ -42,7 +42,8 @@ def _source(points: list[Point]) -> ColumnDataSource:
 
 def _title(stage: StageDiagnosis) -> str:
     if stage.verdict is None:
-        return f"{stage.name}: {'failed' if stage.error else 'no verdict'}"
+        why = "failed" if stage.error else "unstable" if stage.status == "unstable" else "no verdict"
+        return f"{stage.name}: {why}"
     best = f" (best at {stage.best_concurrency})" if stage.best_concurrency is not None else ""
     return f"{stage.name}: {stage.verdict}{best}"
 

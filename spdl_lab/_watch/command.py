@@ -12,6 +12,7 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._startup import interrupt_taken
 from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
 from .discovery import JOB_ENV
@@ -59,6 +61,8 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         code = proc.wait()
     except KeyboardInterrupt:
         # The script is in our process group and got the same Ctrl-C: let it finish.
+        interrupt_taken()
+        print("spdl-lab watch: interrupted", file=sys.stderr)
         try:
             code = proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -37,7 +37,7 @@ def test_diagnose_runs_in_a_child_and_falls_back_here_for_what_cannot_travel():
 
     here = lab.diagnose(lab.Pipeline(range(8)).map(locked, name="locked"), (1, 2), num_items=8,
                         processes=False, settings=FAST, progress=False)
-    assert here.settings["isolated"] is False and here.stages["locked"].verdict is not None
+    assert here.settings["isolated"] is False and here.stages["locked"].status in ("measured", "unstable")
 
 
 @pytest.mark.measurement

@@ -1,0 +1,193 @@
+"""Ctrl-C at any instant (issue 30): every command, with each runner it takes, interrupted 0.1, 0.5,
+2 and 10 s after it starts, exits 130 with one line on stderr and no traceback, and leaves nothing
+running 5 s later. ``watch`` gets SIGINT as a terminal sends it, to the whole process group: the
+script stops, and its record holds every step the script counted.
+
+The four instants of one command run side by side (each its own process), so a row costs about
+its longest instant, not their sum."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import spdl_lab as lab
+from spdl_lab._watch.records import record_meta
+
+INSTANTS = (0.1, 0.5, 2.0, 10.0)
+
+PIPELINE = textwrap.dedent('''
+    import time
+    import spdl_lab as lab
+
+    def slow(x):
+        time.sleep(0.01)
+        return x
+
+    def make_pipeline():
+        return lab.Pipeline(range(10**6)).map(slow, concurrency=2, name="slow").batch(2)
+
+    def step(batch):
+        time.sleep(0.005)
+''')
+
+SCRIPT = textwrap.dedent('''
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Items(Dataset):
+        def __len__(self): return 10**6
+        def __getitem__(self, i): return torch.full((4,), float(i))
+
+    counted = 0
+    try:
+        for batch in DataLoader(Items(), batch_size=4, num_workers=1):
+            time.sleep(0.005)
+            counted += 1
+    finally:
+        with open("counted.txt", "w") as f:
+            f.write(str(counted))
+''')
+
+STEP = ["--step", "ctrlc_pipeline:step"]
+LONG = ["--steps", "100000"]
+
+#: id -> the command's arguments (``{record}``: a saved comparison to report on)
+COMMANDS = {
+    **{f"compare-{r}": ["compare", "ctrlc_pipeline:make_pipeline", *STEP, "--runners", r, *LONG]
+       for r in ("thread", "process", "subprocess-threads", "cache", "ray")},
+    "diagnose": ["diagnose", "ctrlc_pipeline:make_pipeline"],
+    **{f"tune-{r}": ["tune", "ctrlc_pipeline:make_pipeline", *STEP, "--runners", r, "--budget", "60"]
+       for r in ("thread", "process", "subprocess-threads")},
+    "demo-noisy-neighbour": ["demo", "--steps", "400"],
+    "demo-images": ["demo", "--workload", "images", "--steps", "400"],
+    "report": ["report", "{record}"],
+    "watch": ["watch", "--name", "ctrlc", "--record", "run.sqlite", "--", sys.executable, "train.py"],
+}
+
+
+class Interrupted:
+    """One run of a command, sent SIGINT ``after_s`` after its start (or found ended by then)."""
+
+    def __init__(self, workdir: Path, args: list[str], after_s: float) -> None:
+        self.workdir, self.after_s = workdir, after_s
+        env = {**os.environ, "PYTHONPATH": str(workdir), "SPDL_LAB_REPORT_DIR": str(workdir / "reports"),
+               "SPDL_LAB_RUNTIME_DIR": str(workdir / "rt")}
+        self.group = args[0] == "watch"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spdl_lab", *args], cwd=workdir, env=env, text=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=self.group,
+            # A shell's background jobs ignore SIGINT and Python keeps it ignored: restore it, as a
+            # terminal has it.
+            preexec_fn=None if self.group else lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.kids: list[int] = []
+        self.sent = False
+        self.err = ""
+
+    def interrupt(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.kids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        self.sent = True
+        if self.group:  # as a terminal: the whole foreground group
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:
+            self.proc.send_signal(signal.SIGINT)
+
+    def finish(self, timeout: float) -> None:
+        try:
+            _, self.err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def left_running(self) -> list[int]:
+        alive = [psutil.Process(pid) for pid in self.kids if psutil.pid_exists(pid)]
+        return [p.pid for p in psutil.wait_procs(alive, timeout=5)[1]]
+
+
+def _run_at_every_instant(tmp_path: Path, args: list[str]) -> list[Interrupted]:
+    runs = []
+    for after_s in INSTANTS:
+        workdir = tmp_path / f"at-{after_s}"
+        workdir.mkdir()
+        (workdir / "ctrlc_pipeline.py").write_text(PIPELINE)
+        (workdir / "train.py").write_text(SCRIPT)
+        runs.append(Interrupted(workdir, [a.format(record=_saved_comparison()) for a in args], after_s))
+    start = time.monotonic()
+    timers = [threading.Timer(max(0.0, run.after_s - (time.monotonic() - start)), run.interrupt) for run in runs]
+    for timer in timers:
+        timer.start()
+    try:
+        for run, timer in zip(runs, timers):
+            timer.join(run.after_s + 5)
+            run.finish(timeout=40)
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for run in runs:
+            if run.proc.poll() is None:
+                run.proc.kill()
+    return runs
+
+
+_SAVED: list[str] = []
+
+
+def _saved_comparison() -> str:
+    """A comparison saved as JSON, made once per test process, for ``report`` to render."""
+    if not _SAVED:
+        pipeline, step = lab.workloads.noisy_neighbour(items=400)
+        comparison = lab.compare(pipeline, step, runners=["thread", "cache"], steps=20, warmup=2,
+                                 repeats=1, progress=False)
+        path = Path(tempfile.mkdtemp(prefix="ctrlc-")) / "comparison.json"
+        comparison.to_json(path)
+        _SAVED.append(str(path))
+    return _SAVED[0]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_ctrl_c_at_any_instant_exits_130_with_one_line_and_leaves_nothing(tmp_path, command):
+    args = COMMANDS[command]
+    for run in _run_at_every_instant(tmp_path, args):
+        at = f"{command} at {run.after_s} s"
+        left = run.left_running()
+        assert not left, f"{at}: processes left running 5 s after Ctrl-C: {left}\n{run.err}"
+        if not run.sent:  # it ended before the instant (report does): it must have ended well
+            assert run.proc.returncode == 0, f"{at}: ended {run.proc.returncode} before Ctrl-C\n{run.err}"
+            continue
+        assert run.proc.returncode == 130, f"{at}: exit {run.proc.returncode}\n{run.err}"
+        ours = [line for line in run.err.splitlines() if line.startswith("spdl-lab")]
+        assert ours == [f"spdl-lab {args[0]}: interrupted"], f"{at}:\n{run.err}"
+        if command == "watch":
+            _assert_record_complete(run, at)
+        else:
+            assert run.err.strip().splitlines() == ours, f"{at}: more than one line\n{run.err}"
+
+
+def _assert_record_complete(run: Interrupted, at: str) -> None:
+    """The script's own count of its steps is what its record holds (no record if it never began)."""
+    counted_file, record = run.workdir / "counted.txt", run.workdir / "run.sqlite"
+    counted = int(counted_file.read_text()) if counted_file.exists() else 0
+    if not record.exists():
+        assert counted == 0, f"{at}: the script counted {counted} steps and no record was written\n{run.err}"
+        return
+    assert record_meta(record)["state"] in ("stopped", "finished"), f"{at}: {record_meta(record)}"
+    stats = lab.open(record).stats().step
+    assert (stats.steps if stats is not None else 0) == counted, f"{at}: record vs script\n{run.err}"
