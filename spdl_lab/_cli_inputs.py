@@ -20,7 +20,7 @@ from .errors import PipelineSpecError, UsageError
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
            "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written",
-           "report_dir", "seconds"]
+           "progress_wanted", "report_dir", "seconds", "stem"]
 
 
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
@@ -171,3 +171,17 @@ def add_outputs(parser: argparse.ArgumentParser, html: tuple[str, ...], html_nam
     parser.add_argument(*html, default=None, metavar="PATH.html",
                         help=f"where the HTML report goes (default: {REPORT_DIR_HELP}, {html_name})")
     parser.add_argument("--json", default=None, metavar="PATH.json", help=json_help)
+
+
+def stem(target: str) -> str:
+    return target.replace(":", "-").replace("/", "_")
+
+
+def progress_wanted(args: argparse.Namespace) -> bool:
+    """Bars on a terminal, unless --quiet; none in logs and pipes (carriage returns would litter them)."""
+    return not args.quiet and sys.stderr.isatty()
+
+
+# -- the parser -----------------------------------------------------------------------------------
+
+#: The target of the --help examples, whose file names are derived from it as the commands do.

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import psutil
 
 import spdl_lab as lab
@@ -49,21 +46,27 @@ from ._cli_inputs import (
     report_dir,
     seconds,
 )
+from ._cli_inputs import (
+    progress_wanted as _progress,
+)
+from ._cli_inputs import (
+    stem as _stem,
+)
+from ._cli_report import report as _report
+from ._cli_tune import DEFAULT_BUDGET_S, trials_table
+from ._cli_tune import runner_names as _runner_names
+from ._cli_tune import setting as _setting
+from ._cli_tune import tune as _tune
 from ._diagnose.env_mode import DEFAULT_REPORT_DIR, write_reports
 from ._diagnose.measure import diagnose
-from ._diagnose.result import Diagnosis
-from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, Comparison, compare
-from ._file_checks import read_any
+from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
 from ._interpreter import describe
-from ._json import loads
 from ._pipeline import MAX_CONCURRENCY
 from ._runners import LOCAL_RUNNERS, RUNNERS
 from ._startup import import_safe_interrupts, interrupt_taken
-from ._table import num, pct, spread, text_table
-from ._tune import tune as run_tuner
-from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
+from ._tune.space import TUNABLE_RUNNERS
 from ._watch.command import run_watched
-from .errors import FileFormatError, PipelineSpecError, SpdlLabError
+from .errors import FileFormatError, PipelineSpecError
 
 __all__ = ["DEFAULT_BUDGET_S", "EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser",
            "main", "trials_table"]
@@ -140,228 +143,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- spdl-lab tune TARGET, spdl-lab tune --script -------------------------------------------------
-
-#: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
-DEFAULT_BUDGET_S = 60.0
-
-
-def _tune(args: argparse.Namespace) -> int:
-    """Tune the pipeline named by ``args.target`` for ``args.step``, printing and writing what it
-    found, or check DataLoader advice in a script (--script)."""
-    if args.script is not None:
-        return _tune_script(args)
-    if args.target is None:
-        raise UsageError("give TARGET (module:attr naming a lab.Pipeline) to tune, or --script train.py "
-                         "[args...] with --set KEY=VALUE to check DataLoader advice in the job itself")
-    pipeline, step = load_pipeline(args.target), load_step(args.step)
-    runners = _runners(args.runners)
-    if args.start is not None and args.start not in runners:
-        raise UsageError(f"--start {args.start} is not among --runners {' '.join(runners)}; "
-                         "add it to --runners or start from one of them")
-    # Checked before minutes of measuring, so that a bad path never throws the tuning away.
-    html = output_path(args.output, f"tune-{_stem(args.target)}.html")
-    data = output_path(args.json, None)
-    shown = f"{args.step}" + (f" ({step!r})" if args.step.startswith("simulated:") else "")
-    print(f"pipeline: {args.target}: {pipeline!r}\nstep: {shown}\n"
-          f"runners: {' '.join(runners)}; budget {args.budget:g} s\n", flush=True)
-    t0 = time.perf_counter()
-    tuning = run_tuner(pipeline, step, runners=runners, budget_s=args.budget, start=args.start,
-                       progress=_progress(args))
-    warnings = [f"warning: {w}" for w in tuning.warnings]
-    print(tuning.summary(), *warnings, "", trials_table(tuning.trials), "", *tuning.log, "",
-          f"code (p is the pipeline {args.target} names):", tuning.code, sep="\n")
-    return print_written(tuning.to_html(html), tuning, data, t0)
-
-
-def _tune_script(args: argparse.Namespace) -> int:
-    """Check DataLoader advice in the unchanged script: its own steps/s both ways, alternating."""
-    from ._watch.command import check_script
-
-    if args.target is not None:
-        raise UsageError(f"--script checks advice in a script; TARGET {args.target!r} is for tuning a "
-                         "pipeline: give one or the other")
-    advice = {**_advice_file(args.advice), **dict(args.set or [])}
-    command = list(args.script)
-    if command and command[0].endswith(".py"):
-        command = [sys.executable, *command]
-    print(f"script: {' '.join(command)}", f"advice: {json.dumps(advice)} (as $SPDL_LAB_DATALOADER_KWARGS)",
-          f"{args.rounds} runs each way, alternating, {args.warmup} warm-up steps then {args.steps} counted",
-          "", sep="\n", flush=True)
-    with tempfile.TemporaryDirectory(prefix="spdl_lab_tune_script_") as workdir:
-        check = check_script(command, advice, Path(workdir), steps=args.steps, warmup=args.warmup,
-                             rounds=args.rounds, timeout_s=args.timeout)
-    print(check.table(), "", check.verdict, sep="\n")
-    return EXIT_OK
-
-
-def _setting(text: str) -> tuple[str, Any]:
-    """One --set KEY=VALUE: VALUE as JSON (4, true, null), else as a string."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip().isidentifier():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a DataLoader keyword argument), got {text!r}")
-    try:
-        return key.strip(), loads(value)
-    except ValueError:
-        return key.strip(), value
-
-
-def _advice_file(path: str | None) -> dict[str, Any]:
-    """The DataLoader keyword arguments of a saved tuning's best configuration."""
-    if path is None:
-        return {}
-    from ._tune.result import Tuning
-
-    if not Path(path).is_file():
-        raise UsageError(f"--advice {path}: no such file; give what spdl-lab tune --json or Tuning.to_json wrote")
-    best = Tuning.from_json(path).best
-    if best["runner"] != "process":
-        raise UsageError(f"the tuning in {path} advises the {best['runner']!r} runner, which a script's "
-                         "DataLoader cannot take: use lab.from_dataloader in the script, or check "
-                         "DataLoader arguments with --set")
-    return dict(best["options"])
-
-
-def _runners(groups: list[list[str]] | None) -> list[str]:
-    """``--runners a b`` and ``--runners a,b`` alike, each runner once."""
-    runners = [r for group in groups for r in group] if groups else list(TUNABLE_RUNNERS)
-    twice = sorted({r for r in runners if runners.count(r) > 1})
-    if twice:
-        raise UsageError(f"--runners names {', '.join(twice)} more than once; name each runner once")
-    return runners
-
-
-def _runner_names(text: str) -> list[str]:
-    """One --runners value: a runner, or several separated by commas."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    for name in names:
-        if name not in TUNABLE_RUNNERS:
-            why = " ('cache' replays batches: it is the headspace, not a way to load)" if name == "cache" else ""
-            raise argparse.ArgumentTypeError(
-                f"unknown runner {name!r}{why}; choose from {', '.join(TUNABLE_RUNNERS)}")
-    if not names:
-        raise argparse.ArgumentTypeError(f"expected runner names, got {text!r}")
-    return names
-
-
-def _concurrency(row: pd.Series) -> str:
-    if row["runner"] == "process":  # every stage runs in each worker: the pool is the knob
-        knobs = [f"{k}={row['options'][k]}" for k in DATALOADER_KNOBS if k in row["options"]]
-        return " ".join([f"workers={row['options'].get('num_workers')}", *knobs])
-    return " ".join(f"{name}={n}" for name, n in row["concurrency"].items())
-
-
-def trials_table(trials: pd.DataFrame) -> str:
-    """``Tuning.trials`` as fixed-width text, a line per trial in the order measured."""
-    headings = ["runner", "concurrency", "batches/s [lo-hi]", "predicted", "step p50 ms", "data wait", "CPU %",
-                "others CPU %", "move", "kept"]
-    rows = [[str(row["runner"]), _concurrency(row), spread(row["batches_per_s"], row["batches_per_s_lo"],
-                                                           row["batches_per_s_hi"]),
-             num(row["predicted_batches_per_s"]), num(row["step_p50_ms"], ".1f"), pct(row["data_wait_frac"]),
-             num(row["cpu_percent"], ".0f"), num(row.get("others_percent", math.nan), ".0f"), str(row["move"]),
-             "kept" if row["kept"] else "-"]
-            for _, row in trials.iterrows()]
-    return "\n".join(text_table(headings, rows, left=(0, 1, 8, 9)))
-
-
-# -- spdl-lab report FILE -------------------------------------------------------------------------
-
-def _report(args: argparse.Namespace) -> int:
-    """A saved diagnosis or comparison (JSON), a run's record (SQLite, by ``lab.publish`` or
-    ``spdl-lab watch``), or a job's record folder (a record per rank), as one HTML file."""
-    source = Path(args.file)
-    out = Path(args.output) if args.output else source.with_suffix(".html")
-    if source.is_dir():
-        text, path = _report_job(source, out)
-    elif not source.is_file():
-        raise UsageError(f"{source}: no such file; give the .json that spdl-lab diagnose or "
-                         "spdl-lab compare --json wrote, a run's .sqlite record, or a job's record folder")
-    elif out.resolve() == source.resolve():
-        raise UsageError(f"{out} would overwrite the file it is read from; name another file with -o")
-    else:
-        output_path(str(out), None)
-        text, path = (_report_run if _is_record(source) else _report_saved)(source, out)
-    print(f"{text}\n\nreport: {path.resolve()}")
-    return EXIT_OK
-
-
-#: Suffixes of run records; a file with SQLite's header is read as a record whatever its name.
-RECORD_SUFFIXES = (".sqlite", ".db")
-
-
-def _is_record(path: Path) -> bool:
-    """A run's record (SQLite) rather than a saved JSON: by its suffix or its first 16 bytes."""
-    if path.suffix.lower() in RECORD_SUFFIXES:
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(16) == b"SQLite format 3\x00"
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def _report_saved(source: Path, out: Path) -> tuple[Any, Path]:
-    """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
-    from spdl_lab._ui.diagnosis_report import write_diagnosis_report
-    from spdl_lab._ui.report import write_comparison_report
-
-    try:
-        saved = read_any(source, (Diagnosis, Comparison), "Give a file written by spdl-lab "
-                         "diagnose, spdl-lab compare --json, or .to_json(path)")
-    except OSError as exc:
-        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
-    except FileFormatError as exc:
-        if exc.field:  # JSON of ours with a wrong field: the record hint would only distract
-            raise
-        raise FileFormatError(f"{exc} Or give a run's record (.sqlite, written by lab.publish or spdl-lab watch).",
-                              source=exc.source, field=exc.field) from None
-    if isinstance(saved, Comparison):
-        title, note = f"spdl_lab comparison: {source.stem}", f"From {source.name}."
-        return saved, write_comparison_report(saved, out, title=title, note=note)
-    title = f"spdl_lab diagnosis: {source.stem}"
-    return saved.summary(), write_diagnosis_report(saved, out, title=title)
-
-
-def _report_run(source: Path, out: Path) -> tuple[str, Path]:
-    """A published run's record (``lab.publish``, ``spdl-lab watch``)."""
-    from spdl_lab._ui.run_report import read_run, run_steps, run_text, write_run_page
-
-    meta, frames = read_run(source)  # read once: a running record grows between two reads
-    step = run_steps(source, meta)
-    path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}", step=step)
-    return run_text(meta, frames, step), path
-
-
-def _report_job(folder: Path, out: Path) -> tuple[str, Path]:
-    """A data-parallel job's record folder (``rank0.sqlite``, ...)."""
-    from spdl_lab._ui.job_dashboard import write_job_report
-    from spdl_lab._watch.job import JobSession
-
-    output_path(str(out), None)
-    try:
-        job = JobSession.from_dir(folder)
-    except SpdlLabError as exc:
-        raise UsageError(str(exc)) from None
-    table = job.summary().to_string(float_format=lambda x: f"{x:.3g}")
-    text = (f"job {job.name}: {len(job.ranks)} ranks, {job.state}\n{table}\n\n"
-            f"verdict: {job.verdict()}")
-    return text, write_job_report(job, out)
-
-
 # -- what the arguments name ----------------------------------------------------------------------
 
-def _stem(target: str) -> str:
-    return target.replace(":", "-").replace("/", "_")
-
-
-def _progress(args: argparse.Namespace) -> bool:
-    """Bars on a terminal, unless --quiet; none in logs and pipes (carriage returns would litter them)."""
-    return not args.quiet and sys.stderr.isatty()
-
-
-# -- the parser -----------------------------------------------------------------------------------
-
-#: The target of the --help examples, whose file names are derived from it as the commands do.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
 
 

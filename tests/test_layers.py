@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_diagnose", "_tune"),
     ("_watch",),
     ("_ui",),
-    ("cli", "_cli_inputs", "_magics", "__main__", "__init__"),
+    ("cli", "_cli_inputs", "_cli_report", "_cli_tune", "_magics", "__main__", "__init__"),
 ]
 APART = {frozenset({"_diagnose", "_tune"})}
 #: ``%load_ext spdl_lab`` finds the magics through the package: the one edge allowed up.
@@ -186,3 +186,13 @@ def test_the_cycle_finder_finds_cycles(graph, expected):
 def test_the_graph_sees_imports_inside_functions():
     # spdl_lab/__init__.py imports the magics only inside load_ipython_extension
     assert "spdl_lab._magics" in import_graph()["spdl_lab"]
+
+
+#: The house limit on a module's length (issue 27): past it, a module holds more than one job.
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_over_the_house_limit():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}; split each along its jobs"
