@@ -97,14 +97,14 @@ def _resend(after_s: float) -> None:
 def _check_delivered(missed: int) -> None:
     """A KeyboardInterrupt raised where Python only reports it ("Exception ignored in" a weakref
     callback or a ``__del__``) or that a library swallows is lost: the command would run on. Until
-    ``interrupt_taken()``, the main thread handles an exception (it unwinds through clean-up); when
-    it handles none at LOST_CHECKS checks in a row, the Ctrl-C is sent again."""
+    ``interrupt_taken()``, the main thread handles it (it unwinds through clean-up); when it does not
+    at LOST_CHECKS checks in a row, the Ctrl-C is sent again."""
     if not _PENDING.is_set() or _TAKEN.is_set():
         return
     handling = sys._current_exceptions().get(threading.main_thread().ident)
     if isinstance(handling, tuple):  # (type, value, traceback) before 3.12
         handling = handling[1]
-    missed = 0 if handling is not None else missed + 1
+    missed = 0 if _carries_interrupt(handling) else missed + 1
     if missed >= LOST_CHECKS:
         _PENDING.clear()
         _resend(0.0)
@@ -112,6 +112,18 @@ def _check_delivered(missed: int) -> None:
     check = threading.Timer(CHECK_S, _check_delivered, (missed,))
     check.daemon = True
     check.start()
+
+
+def _carries_interrupt(exc: BaseException | None) -> bool:
+    """Whether the exception the main thread handles is a Ctrl-C on its way out: one in its chain
+    (a library may wrap it), or a generator closed as it unwinds."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def interrupt_taken() -> None:

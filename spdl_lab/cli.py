@@ -399,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"{prog}: failed: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        if argv is None and threading.current_thread() is threading.main_thread():
+            # Its work is done, or failed and said so: a Ctrl-C now would only kill the interpreter's
+            # exit (status -2, no line), as Python restores the default handler there.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            interrupt_taken()
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -68,18 +70,38 @@ class RayConnection:
                 self.role = "local"
                 _LOCAL["users"] = 1
             else:
-                try:
-                    ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING,
-                             **self.init_kwargs)
-                except Exception as exc:
-                    raise RunnerError(f"ray runner: could not join the Ray cluster at {self.address!r}: "
-                                      f"{type(exc).__name__}: {exc}. Check the address and that the "
-                                      f"cluster runs ray {ray.__version__}") from exc
+                self._join(ray)
                 self.role = "joined"
 
-    def _start_local(self, ray: Any) -> None:
-        from ray._private import ray_constants
+    def _join(self, ray: Any) -> None:
+        """Connect to a running cluster as a driver. One on this host ("auto", or a loopback or
+        local address) is joined in Ray's single-machine mode, as it was started (see _LOOPBACK_ENV):
+        otherwise Ray names this node by its outside address and looks for the cluster there."""
+        options = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+        options.update(self.init_kwargs)
+        here = _on_this_host(self.address)
+        _check_listening(self.address)
+        try:
+            with _no_banner(), _loopback(ray) if here else contextlib.nullcontext():
+                if here and "RAY_AUTH_MODE" not in os.environ:
+                    # As ray.init does for "auto" alone: a cluster on this host, started by this
+                    # user, takes this user's token (~/.ray/auth_token) when there is one.
+                    from ray._private.authentication import authentication_token_setup as auth
 
+                    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+                ray.init(address=self.address, **options)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            text = f"{type(exc).__name__}: {exc}"
+            hint = (" The cluster wants a token: run where `ray start` ran (its token is "
+                    "~/.ray/auth_token), or set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the "
+                    "cluster's; `ray get-auth-token` prints it there."
+                    if "auth" in text.lower() or "token" in text.lower() else "")
+            raise RunnerError(f"ray runner: could not join the Ray cluster at {self.address!r}: {text}.{hint} "
+                              f"Check the address and that the cluster runs ray {ray.__version__}") from exc
+
+    def _start_local(self, ray: Any) -> None:
         # A short path: Ray's Unix sockets live under it, and socket paths are limited to 107 bytes.
         temp_dir = tempfile.mkdtemp(prefix="spdlray", dir="/tmp")
         # Workers import what this process imports (functions travel by reference), through the
@@ -88,29 +110,13 @@ class RayConnection:
         options = dict(num_cpus=psutil.cpu_count() or 1, include_dashboard=False, _temp_dir=temp_dir,
                        log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
-        env = {"PYTHONPATH": path, **_LOOPBACK_ENV}
-        saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
-        os.environ.update(env)
-        ray_constants.ENABLE_RAY_CLUSTER = False  # in this process too, while ray.init runs
-        # Ray turns token authentication on for a new instance (it listens on loopback ports) and
-        # says so in a banner; the lab's instance keeps it on, without the banner.
-        banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        level = banner.level
-        banner.setLevel(logging.ERROR)
         try:
-            ray.init(**options)
+            with _no_banner(), _loopback(ray, PYTHONPATH=path):
+                ray.init(**options)
         except Exception as exc:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise RunnerError(f"ray runner: could not start a local Ray instance: {type(exc).__name__}: "
                               f"{exc}") from exc
-        finally:
-            banner.setLevel(level)
-            ray_constants.ENABLE_RAY_CLUSTER = saved_switch
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         _LOCAL["temp_dir"] = temp_dir
         _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
 
@@ -154,6 +160,64 @@ class RayConnection:
 #: Ray's single-machine switch (macOS, Windows): the node is 127.0.0.1 and its servers listen on
 #: loopback only. On Linux Ray would take its outside address and listen on every interface.
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@contextlib.contextmanager
+def _no_banner() -> Iterator[None]:
+    """Ray turns token authentication on for a new instance, and for a cluster on this host with a
+    token, and says so in a banner: the lab keeps it on, without the banner."""
+    banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = banner.level
+    banner.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        banner.setLevel(level)
+
+
+@contextlib.contextmanager
+def _loopback(ray: Any, **extra: str) -> Iterator[None]:
+    """While ``ray.init`` runs: the environment its processes start with (``_LOOPBACK_ENV`` and
+    ``extra``), and Ray's single-machine switch in this process too; both as they were after."""
+    from ray._private import ray_constants
+
+    env = {**_LOOPBACK_ENV, **extra}
+    saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(env)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _check_listening(address: str) -> None:
+    """A GCS address (host:port) nobody listens at fails now, not after Ray's minute of retries."""
+    if address == "auto" or address.startswith("ray://") or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
+    except (OSError, ValueError) as exc:
+        raise RunnerError(f"ray runner: could not join the Ray cluster at {address!r}: nothing answers there "
+                          f"({exc.strerror or exc}). Check the address (`ray status` on the head node "
+                          f"prints it) and that the cluster is running") from None
+
+
+def _on_this_host(address: str) -> bool:
+    """"auto" (the cluster ``ray start`` left its address for), or an address on a loopback or
+    local name; a Ray client address (``ray://``) is someone else's."""
+    if address == "auto":
+        return True
+    if address.startswith("ray://"):
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _reap(timeout: float, temp_dir: str | None) -> None:

@@ -37,6 +37,25 @@ WINDOW_CHUNKS = 4096
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
 
 
+class _NotOurFailures(logging.Filter):
+    """Ray Data logs a task's exception, with its traceback, before it raises it (and again at the
+    top): for a stage failure of the lab's own, the lab's PipelineError says it all, so those
+    records are dropped, as is the notice that progress bars are off (the lab turns them off).
+    Ray Data's other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "ray.data._internal.progress":
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        seen: set[int] = set()
+        while exc is not None and id(exc) not in seen:
+            if isinstance(exc, StageFailure):
+                return False
+            seen.add(id(exc))
+            exc = exc.__cause__ or exc.__context__
+        return "StageFailure" not in record.getMessage()
+
+
 class StageFailure(Exception):
     """A stage raised inside a Ray worker: the item's number at that stage (a batch's after a
     batch stage), its traceback as text, and ``error`` itself when it survives pickling."""
@@ -292,6 +311,9 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
                                 compute=TaskPoolStrategy(size=group.concurrency), **group.resources)
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    for handler in logging.getLogger("ray.data").handlers:
+        if not any(isinstance(f, _NotOurFailures) for f in handler.filters):
+            handler.addFilter(_NotOurFailures())
     # A stage's exception comes back as our StageFailure, not as text in a UserCodeException.
     ds.context.raise_original_map_exception = True
     ds.context.execution_options.preserve_order = ordered

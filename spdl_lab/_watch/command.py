@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from .._startup import interrupt_taken
 from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
@@ -65,13 +67,24 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         print("spdl-lab watch: interrupted", file=sys.stderr)
         try:
             code = proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+        except subprocess.TimeoutExpired:  # it did not stop: it goes, with what it started
+            code = _kill_tree(proc)
     finally:
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
     return 128 + signal.Signals(-code).value if code < 0 else code
+
+
+def _kill_tree(proc: subprocess.Popen) -> int:
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(tree, timeout=3.0)
+    return proc.wait()
 
 
 def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:

@@ -109,7 +109,9 @@ def test_converted_pipeline_is_diagnosed(no_thread_leak):
     for name in ("scale", "shift", "total"):
         stage = diag.stages[name]
         assert stage.error is None, stage.error
-        assert stage.verdict in ("scales", "cpu-bound", "gil-bound", "contended")
+        # A verdict, or that other processes took the cores (the unit set runs two tests at once).
+        assert stage.verdict in ("scales", "cpu-bound", "gil-bound", "contended") or (
+            stage.status == "unstable" and stage.evidence.startswith("unstable: the machine was busy")), stage
         assert stage.best_concurrency in (1, 2)
     assert diag.stages[AGGREGATE].kind == "batch"
 
