@@ -2,7 +2,7 @@
 import prints importlib's traceback and can leave a module lock held (the exit hangs). Until
 ``main()`` runs, Ctrl-C exits 130 with one line; from then on, one that lands inside an import (or
 a lock's short stretch) is raised once it is done, and one that is lost is sent again. Standard
-library only: this runs first."""
+library only (and errors.py, which is too): this runs first."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import threading
 import warnings
 from types import FrameType
 from typing import Any
+
+from .errors import in_chain
 
 __all__ = ["EXIT_INTERRUPTED", "import_safe_interrupts", "interrupt_taken", "is_the_command",
            "quit_on_interrupt"]
@@ -104,7 +106,8 @@ def _check_delivered(missed: int) -> None:
     handling = sys._current_exceptions().get(threading.main_thread().ident)
     if isinstance(handling, tuple):  # (type, value, traceback) before 3.12
         handling = handling[1]
-    missed = 0 if _carries_interrupt(handling) else missed + 1
+    # A Ctrl-C on its way out: in the chain (a library may wrap it), or a generator closed as it unwinds.
+    missed = 0 if in_chain(handling, (KeyboardInterrupt, GeneratorExit)) else missed + 1
     if missed >= LOST_CHECKS:
         _PENDING.clear()
         _resend(0.0)
@@ -112,18 +115,6 @@ def _check_delivered(missed: int) -> None:
     check = threading.Timer(CHECK_S, _check_delivered, (missed,))
     check.daemon = True
     check.start()
-
-
-def _carries_interrupt(exc: BaseException | None) -> bool:
-    """Whether the exception the main thread handles is a Ctrl-C on its way out: one in its chain
-    (a library may wrap it), or a generator closed as it unwinds."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def interrupt_taken() -> None:

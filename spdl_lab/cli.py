@@ -66,7 +66,7 @@ from ._runners import LOCAL_RUNNERS, RUNNERS
 from ._startup import import_safe_interrupts, interrupt_taken
 from ._tune.space import TUNABLE_RUNNERS
 from ._watch.command import run_watched
-from .errors import FileFormatError, PipelineSpecError
+from .errors import FileFormatError, PipelineSpecError, in_chain
 
 __all__ = ["DEFAULT_BUDGET_S", "EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser",
            "main", "trials_table"]
@@ -368,15 +368,25 @@ def _end_now(code: int) -> None:
     os._exit(code)
 
 
-def _caused_by_interrupt(exc: BaseException | None) -> bool:
-    """Whether a KeyboardInterrupt is in ``exc``'s chain (an experiment may wrap it in its own)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+#: The commands whose runs may start worker processes.
+RUNS_WORKERS = ("compare", "demo", "diagnose", "tune")
+
+
+def _quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker without stderr. Workers stopped by a Ctrl-C while
+    they start leave it KeyError tracebacks to print after the one line; the lab removes its own
+    segments (and sweeps a dead owner's), so there is nothing for the user to read there."""
+    from multiprocessing import resource_tracker
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # the tracker inherits descriptor 2 as it is while it starts
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv is None:  # the command itself: Ctrl-C from here raises, though never inside an import
             import_safe_interrupts()
+            if args.command in RUNS_WORKERS:
+                _quiet_resource_tracker()
         return args.run(args)
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
         print(f"{prog}: error: {one_line(exc, limit=None)}", file=sys.stderr)
@@ -394,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted(prog, exiting=argv is None)
     except Exception as exc:  # a stage or the step raised, a runner died: show where
-        if _caused_by_interrupt(exc):
+        if in_chain(exc, KeyboardInterrupt):
             return _interrupted(prog, exiting=argv is None)
         traceback.print_exc()
         print(f"{prog}: failed: {one_line(exc)}", file=sys.stderr)

@@ -4,7 +4,7 @@ failed, where (stage, item, runner) and, where there is one, what to do."""
 from __future__ import annotations
 
 __all__ = ["FileFormatError", "PipelineError", "PipelineSpecError", "RunnerError", "SpdlLabError", "UsageError",
-           "describe", "drop_tracebacks", "stage_failure"]
+           "describe", "drop_tracebacks", "in_chain", "stage_failure"]
 
 
 class SpdlLabError(Exception):
@@ -98,3 +98,15 @@ def drop_tracebacks(exc: BaseException | None) -> None:
         if exc.__context__ is not None and exc.__context__ is not exc.__cause__:
             drop_tracebacks(exc.__context__)
         exc = exc.__cause__
+
+
+def in_chain(exc: BaseException | None, kinds: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc`` or an exception it was raised from or during (``__cause__``, ``__context__``)
+    is one of ``kinds``: a KeyboardInterrupt a library wrapped in its own error is still one."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kinds):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -22,7 +22,7 @@ import numpy as np
 from .._pipeline import Pipeline, Stage
 from .._telemetry.histogram import NUM_BUCKETS, bucket_of, new_counts
 from .._telemetry.meters import StageReading
-from ..errors import describe
+from ..errors import describe, in_chain
 from ._shipping import pickled
 
 __all__ = ["FLUSH_S", "MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "MeterBoard", "StageFailure",
@@ -46,14 +46,8 @@ class _NotOurFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "ray.data._internal.progress":
             return False
-        exc = record.exc_info[1] if record.exc_info else None
-        seen: set[int] = set()
-        while exc is not None and id(exc) not in seen:
-            if isinstance(exc, StageFailure):
-                return False
-            seen.add(id(exc))
-            exc = exc.__cause__ or exc.__context__
-        return "StageFailure" not in record.getMessage()
+        ours = in_chain(record.exc_info[1] if record.exc_info else None, StageFailure)
+        return not ours and "StageFailure" not in record.getMessage()
 
 
 class StageFailure(Exception):
