@@ -26,7 +26,7 @@ from ..errors import describe, in_chain
 from ._shipping import pickled
 
 __all__ = ["FLUSH_S", "MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "MeterBoard", "StageFailure",
-           "block_sizes", "board_class", "build", "chunk_size", "find_failure", "groups",
+           "block_sizes", "build", "chunk_size", "find_failure", "groups", "new_board",
            "reading_of", "record", "rows_of", "uses_actors"]
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
@@ -329,7 +329,21 @@ _FLUSHER: list[threading.Thread] = []
 
 
 def _blank() -> dict[str, Any]:
-    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": []}
+    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": [],
+            "nodes": {}}
+
+
+_NODE: list[str] = []
+
+
+def _node() -> str:
+    """This worker's node, as the meters name it: its address and the start of its node ID (nodes
+    on one host share the address)."""
+    if not _NODE:
+        import ray
+
+        _NODE.append(f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}")
+    return _NODE[0]
 
 
 def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
@@ -340,6 +354,7 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: t
             pending["started"] += 1
         else:
             pending["tasks"] += 1
+            pending["nodes"][_node()] = pending["nodes"].get(_node(), 0) + 1
             pending["busy_ns"] += ns
             pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
             if event == "failed":
@@ -364,7 +379,7 @@ def _flush_forever() -> None:
 
 
 class MeterBoard:
-    """Totals per stage, added up from every worker's deltas (a Ray actor; see ``board_class``)."""
+    """Totals per stage, added up from every worker's deltas (a Ray actor; see ``new_board``)."""
 
     def __init__(self, stages: list[str]) -> None:
         self.totals = {name: _blank() for name in stages}
@@ -375,17 +390,22 @@ class MeterBoard:
             for name in _FIELDS:
                 total[name] += delta[name]
             total["hist"] = [a + b for a, b in zip(total["hist"], delta["hist"])]
+            for node, n in delta["nodes"].items():
+                total["nodes"][node] = total["nodes"].get(node, 0) + n
             total["failed"] = (total["failed"] + delta["failed"])[:MAX_FAILED]
 
     def read(self) -> dict[str, dict[str, Any]]:
         return self.totals
 
 
-def board_class() -> Any:
-    """``MeterBoard`` as a Ray actor class: no CPU reserved, one call at a time is plenty."""
+def new_board(stages: list[str]) -> Any:
+    """A ``MeterBoard`` actor: no CPU reserved, one call at a time is plenty; on the driver's node,
+    which lives as long as the run (a worker node may go, with whatever ran on it)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(num_cpus=0, max_restarts=0)(MeterBoard)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(MeterBoard).remote(stages)
 
 
 def reading_of(totals: dict[str, Any] | None, name: str, kind: str, concurrency: int) -> StageReading:
@@ -394,4 +414,4 @@ def reading_of(totals: dict[str, Any] | None, name: str, kind: str, concurrency:
     done = t["tasks"]
     return StageReading(name=name, kind=kind, tasks=done, failures=t["failures"],
                         in_flight=max(0, t["started"] - done), busy_ns=t["busy_ns"], concurrency=concurrency,
-                        hist=list(t["hist"]), busy_done_ns=t["busy_ns"])
+                        hist=list(t["hist"]), busy_done_ns=t["busy_ns"], nodes=dict(t["nodes"]))

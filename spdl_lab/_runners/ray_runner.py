@@ -76,7 +76,7 @@ class RayRunner(PumpRunner):
         if self._pump is None:
             self._connection.open()
             try:
-                self._board = plan.board_class().remote(["source", *self._concurrency])
+                self._board = plan.new_board(["source", *self._concurrency])
             except BaseException:
                 self._connection.close()
                 raise

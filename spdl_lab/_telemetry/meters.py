@@ -63,6 +63,8 @@ class StageReading:
     hist: list[int] = field(repr=False)
     #: busy time of completed tasks only (``busy_ns`` adds the running ones)
     busy_done_ns: int = 0
+    #: tasks per node (a runner across machines: ``ray``), else empty
+    nodes: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_ms(self) -> float:

@@ -35,6 +35,8 @@ class StageStats:
     busy_frac: float
     queue_depth: int
     queue_capacity: int
+    #: tasks per node, for a runner that spans nodes (``ray``): ``"ip/node-id-prefix" -> tasks``
+    nodes: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, r: StageReading, elapsed_s: float, qps: float | None = None,
@@ -44,7 +46,7 @@ class StageStats:
         busy = r.busy_ns / 1e9 / elapsed_s / max(1, r.concurrency) if elapsed_s > 0 else 0.0
         return cls(r.name, r.kind, r.tasks, r.failures, avg if qps is None else qps, avg, r.mean_ms,
                    r.quantile_ms(0.5), r.quantile_ms(0.99), r.concurrency, r.in_flight, busy,
-                   queue.depth if queue else 0, queue.capacity if queue else 0)
+                   queue.depth if queue else 0, queue.capacity if queue else 0, dict(r.nodes))
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class Snapshot:
         table = self.table()
         out = {"runner": self.runner, "running": self.running, "elapsed_s": self.elapsed_s,
                "items_out": self.items_out,
-               "stages": table.reset_index().to_dict(orient="records") if not table.empty else []}
+               "stages": [_lean(row) for row in table.reset_index().to_dict(orient="records")]
+               if not table.empty else []}
         if self.step is not None:
             out["step"] = self.step.to_dict()
         return out
@@ -123,13 +126,24 @@ def _stage(row: Mapping[str, Any]) -> StageStats:
     values = {}
     for f in fields(StageStats):
         value = row.get(f.name)
-        if f.type == "str":
+        if f.name == "nodes":  # a count per node; anything else in a row is dropped
+            counts = value if isinstance(value, Mapping) else {}
+            values["nodes"] = {str(k): v for k, v in counts.items()
+                               if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+        elif f.type == "str":
             values[f.name] = str(value if value is not None else "")
         elif f.type == "int":
             values[f.name] = int(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0
         else:
             values[f.name] = _float(value)
     return StageStats(**values)
+
+
+def _lean(row: dict[str, Any]) -> dict[str, Any]:
+    """A stage's row as sent: no ``nodes`` where the runner has one node (every runner but ray)."""
+    if not row.get("nodes"):
+        row.pop("nodes", None)
+    return row
 
 
 def _float(value: Any) -> float:

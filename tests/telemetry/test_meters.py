@@ -90,6 +90,20 @@ def test_snapshot_fields_and_queues():
     assert list(table.index) == ["source", "fmt", "batch", "n"]
     assert "qps" in table.columns
     assert "fmt" in snap._repr_html_() and "fmt" in repr(snap)
+    # One node (every runner but ray): no per-node counts, and none sent.
+    assert snap.stages["fmt"].nodes == {}
+    assert all("nodes" not in row for row in snap.to_dict()["stages"])
+
+
+def test_per_node_counts_travel_and_a_hostile_row_cannot_make_an_impossible_one():
+    row = {"name": "work", "kind": "map", "tasks": 5, "nodes": {"10.0.0.1/ab": 3, "10.0.0.2/cd": 2}}
+    snap = lab.Snapshot.from_dict({"runner": "ray", "stages": [row]})
+    assert snap.stages["work"].nodes == {"10.0.0.1/ab": 3, "10.0.0.2/cd": 2}
+    assert lab.Snapshot.from_dict(snap.to_dict()).stages["work"].nodes == snap.stages["work"].nodes
+    bad = {**row, "nodes": {"a": -1, "b": True, "c": 1.5, "d": "7", "e": 4}}
+    assert lab.Snapshot.from_dict({"stages": [bad]}).stages["work"].nodes == {"e": 4}
+    for junk in ([1, 2], "x", None, 3):
+        assert lab.Snapshot.from_dict({"stages": [{**row, "nodes": junk}]}).stages["work"].nodes == {}
 
 
 def test_frames_are_long_format_and_bounded():
