@@ -24,8 +24,6 @@ from ._sweep_worker import PointFailed, Reading, StageFeed, ThreadWorkers, Worke
 from .result import Point
 from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for, window_qps
 
-__all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
-
 FAILED = ("timeout", "error")
 
 

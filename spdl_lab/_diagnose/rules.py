@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from .._table import amount
 from .result import Point, usable
 
-__all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
-           "Judgement", "PROCESS_HELPS", "RISE_MIN_SPEEDUP", "judge", "rises"]
-
 RISE_MIN_SPEEDUP = 1.5  # a stage "rises": its best thread QPS is this many times its first point's
 #: A stage that kept a core this busy at its lowest concurrency rises only by using more CPU:
 #: with CPU growing less than CPU_GROWTH, the rise is the machine's speed changing.

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AGREEING", "BUDGET_FLOOR", "MAX_WINDOW_S", "MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE",
-           "TASKS_PER_WORKER", "SweepSettings", "budget_cut", "point_qps", "quiet", "window_for", "window_qps"]
-
 
 @dataclass(frozen=True)
 class SweepSettings:

@@ -15,8 +15,6 @@ from .._experiments.spread import BUSY_MACHINE
 from .._table import spread
 from .space import MIN_GAIN, Trial
 
-__all__ = ["Advice", "BUSY_SHARE", "advise", "busy_reason", "others_percent", "ratio_text"]
-
 _AGAIN = "no move is recommended from this measurement; tune again on a quieter machine"
 #: Share of the cores other processes may take while the tuner measures; above it, rates move
 #: with their load (not with the configuration) and no move is recommended.

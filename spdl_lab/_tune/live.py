@@ -23,8 +23,6 @@ from .result import trials_frame
 from .search import GIL_SWITCH, Climb, Step, climb
 from .space import Config, Space, Trial
 
-__all__ = ["AutoTuner"]
-
 
 class _Ended(Exception):
     """The tuning ends early: stopped, or the user moved a knob (it hands control back)."""

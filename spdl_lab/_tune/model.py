@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from .._pipeline import Pipeline
 from .space import WORKERS, Config, Trial
 
-__all__ = ["Prediction", "RateModel", "batch_items", "VERDICT_ALPHA"]
-
 #: ``alpha`` before two concurrencies are measured, from a diagnosis's verdict.
 VERDICT_ALPHA = {"scales": 0.0, "cpu-bound": 0.0, "gil-bound": 1.0, "contended": 1.0}
 _ALPHA_MAX = 1.5

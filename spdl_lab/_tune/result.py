@@ -21,9 +21,6 @@ from .advice import Advice, ratio_text
 from .search import Step
 from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config, Trial
 
-__all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
-           "loader_code", "trials_frame"]
-
 Runner = Literal[TUNABLE_RUNNERS]
 Knobs = Annotated[dict[Name, integer(1, MAX_CONCURRENCY)], Field(max_length=1000)]  # {stage: threads}
 

@@ -12,9 +12,6 @@ from .advice import busy_reason
 from .model import Prediction, RateModel
 from .space import MIN_GAIN, WORKERS, Config, Move, Space, Trial, margin
 
-__all__ = ["CPU_SAVING", "CPU_SAVING_POINTS", "GIL_SWITCH", "PROBE_GIL_SWITCH", "Candidate", "Climb", "Decision",
-           "Step", "climb", "decide"]
-
 #: Within the noise, a move is still kept when it saves this share of the CPU, and at
 #: least ``CPU_SAVING_POINTS`` percent of one core.
 CPU_SAVING = 0.10

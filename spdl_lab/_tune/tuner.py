@@ -25,8 +25,6 @@ from .result import Tuning
 from .search import Climb, Step, climb
 from .space import TUNABLE_RUNNERS, Config, Space, Trial, dataloader_options
 
-__all__ = ["tune", "CONFIRM_ROUNDS", "CONFIRM_SHARE"]
-
 CONFIRM_ROUNDS = 3  # of the final side-by-side measurement of the best against the start
 CONFIRM_SHARE = 0.2  # of the budget kept for it
 TIGHT_WINDOWS = 40  # budgets under this many windows measure trials in fewer windows
