@@ -70,11 +70,8 @@ def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENC
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
                    process_concurrency=process_levels, settings=settings)
     payload = None
-    if isolated:
-        try:
-            payload = cloudpickle.dumps(pipeline)
-        except Exception:
-            pass  # measured here; settings["isolated"] says so
+    with contextlib.suppress(Exception):  # unpicklable: measured here; settings["isolated"] says so
+        payload = cloudpickle.dumps(pipeline) if isolated else None
     with sessions_paused() as paused:
         if payload is not None:
             diag = diagnose_in_child(payload, options, progress)
@@ -325,7 +322,7 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
 
 def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: int,
            settings: SweepSettings) -> StageDiagnosis:
-    points, once, inputs = threads.points, p.once, p.inputs
+    points = threads.points
     process_points = processes.points if processes is not None and processes.error is None else []
     verdict = judge(points, process_points, cores=cores)
     notes = [verdict.details] if verdict.details else []
@@ -333,8 +330,7 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
         notes.append(f"Processes were not tried: {processes.error}")
     elif processes is not None and processes.notes:
         notes.append(f"Processes: {processes.notes[0]}")
-    timeouts = [pt.concurrency for pt in points if pt.status == "timeout"]
-    if timeouts:
+    if timeouts := [pt.concurrency for pt in points if pt.status == "timeout"]:
         notes.append(f"At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s; "
                      f"higher concurrency was not tried.")
     if threads.abandoned:
@@ -363,7 +359,7 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
     return StageDiagnosis(name=p.stage.name, kind="map", verdict=shown,
                           best_concurrency=verdict.best_concurrency, evidence=evidence,
                           recommendation=advice, points=tuple(points) + tuple(process_points),
-                          error=None, inputs=inputs, outputs=len(once.outputs), status=status,
+                          error=None, inputs=p.inputs, outputs=len(p.once.outputs), status=status,
                           notes=tuple(notes), concurrency=p.stage.concurrency, items_per_input=p.per_input)
 
 
@@ -378,10 +374,8 @@ def others_share(points: Sequence[Point]) -> float:
 def _unstable(points: Sequence[Point]) -> bool:
     """The deciding points did not settle: the best thread point, or most of them, is unstable."""
     ok = usable(points)
-    if not ok:
-        return False
-    best = max(ok, key=lambda pt: pt.qps)
-    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in ok) > len(ok)
+    return bool(ok) and (max(ok, key=lambda pt: pt.qps).status == "unstable"
+                         or 2 * sum(pt.status == "unstable" for pt in ok) > len(ok))
 
 
 def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:
@@ -389,7 +383,7 @@ def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageD
     found = limiting(stages.values())
     if found is None:
         return stages
-    slowest, rate = found[0], found[1]
+    slowest, rate, *_ = found
     out = {}
     for name, st in stages.items():
         mine = st.rate_now()
@@ -428,10 +422,9 @@ def _collect(pipeline: Pipeline, num_items: int) -> list[Any]:
 
 
 def _check_levels(name: str, levels: Sequence[int]) -> tuple[int, ...]:
-    try:
+    values: tuple = ()
+    with contextlib.suppress(TypeError):
         values = tuple(levels)
-    except TypeError:
-        values = ()
     if not values or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONCURRENCY
                          for v in values):
         raise PipelineSpecError(f"diagnose: {name} must be ints in 1..{MAX_CONCURRENCY} (a sequence, e.g. "

@@ -17,8 +17,7 @@ from .._file_checks import RECORD, Flag, Meta, Name, Rate, Saved, Share, Text, i
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
-from .advice import Advice, ratio_text
-from .search import Step
+from .search import Advice, Step, ratio_text
 from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config, Trial
 
 Runner = Literal[TUNABLE_RUNNERS]

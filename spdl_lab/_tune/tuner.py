@@ -18,11 +18,10 @@ from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
 from .._training import SimulatedDevice, cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
-from .advice import advise, busy_reason, others_percent
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
 from .model import RateModel
 from .result import Tuning
-from .search import Climb, Step, climb
+from .search import Climb, Step, advise, busy_reason, climb, others_percent
 from .space import TUNABLE_RUNNERS, Config, Space, Trial, dataloader_options
 
 CONFIRM_ROUNDS = 3  # of the final side-by-side measurement of the best against the start
