@@ -103,8 +103,7 @@ class RateModel:
                 c = knobs.get(name, 1)
                 t = self.task_s(family, name, c)
                 stage_rates[name] = c / (t * k) if t > 0 else math.inf
-        step = self._step_rate(config)
-        cpu = self._cpu_rate(config)
+        step, cpu = self._step_rate(config), self._cpu_rate(config)
         # NaN (nothing measured yet) is read as no limit known.
         bounds = {"step": step, "cpu": cpu, **stage_rates}
         known = {k: v for k, v in bounds.items() if not math.isnan(v)}
@@ -148,5 +147,4 @@ class RateModel:
         near = self._nearest(config)
         if near is None or not (near.cpu_percent > 0 and near.batches_per_s > 0):
             return math.nan
-        core_s_per_batch = near.cpu_percent / 100.0 / near.batches_per_s
-        return self.cores / core_s_per_batch
+        return self.cores / (near.cpu_percent / 100.0 / near.batches_per_s)  # cores / core-s per batch

@@ -95,9 +95,8 @@ def others_percent(seconds: float = 0.5) -> float:
 
 def busy_reason(measured: Iterable[Any], cores: int, when: str = "while it was measured") -> str | None:
     """Why the machine was too busy for ``measured`` (trials, or percentages of one core), or None."""
-    figures = [getattr(m, "others_percent", m) for m in measured]
-    figures = [f for f in figures if isinstance(f, (int, float)) and math.isfinite(f)]
-    worst = max(figures, default=0.0)
+    figures = (getattr(m, "others_percent", m) for m in measured)
+    worst = max((f for f in figures if isinstance(f, (int, float)) and math.isfinite(f)), default=0.0)
     if cores < 1 or worst <= 100.0 * BUSY_SHARE * cores:
         return None
     return (f"other processes took {worst / 100:.1f} of the {cores} cores ({worst / cores:.0f}%, more than "
@@ -132,8 +131,8 @@ def advise(start: Trial, best: Trial, change: Trial | None, speedup: tuple[float
     mid, lo, hi = speedup
     if not (lo > 1.0 and mid >= 1.0 + MIN_GAIN):
         return Advice(False, f"keep what you have: {named}, within the noise", tuple(warnings))
-    wide = max((start, best), key=lambda t: t.spread if math.isfinite(t.spread) else 0.0)
-    if math.isfinite(wide.spread) and wide.spread > mid - 1.0:
+    wide = max(start, best, key=_spread)
+    if _spread(wide) > mid - 1.0:
         warnings.append(f"the windows of {wide.config.describe()} spread {wide.spread:.0%}, wider than the "
                         f"{mid - 1.0:+.0%} the change would claim: no move is recommended from this measurement")
         return Advice(False, f"keep what you have: {named}, within its spread", tuple(warnings))

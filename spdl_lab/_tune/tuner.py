@@ -87,8 +87,7 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
     before = others_percent(_LOOK_S)  # the machine before measuring: what other processes take
-    busy = busy_reason([before], space.cores, "before it measured")
-    if busy is not None:
+    if (busy := busy_reason([before], space.cores, "before it measured")) is not None:
         log.append(f"{busy}: the rates below move with their load")
     steps: list[Step] = []
     stopped = "converged: no move is predicted to gain, and none is left to explore"
@@ -114,8 +113,8 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
         start_trial = steps[0].trial
         during: list[float] = []
         speedup = _confirm(bench, start_trial, best, end - bench.close_cost(), log, during)
-        others = [s.trial for s in steps[1:] if s.trial.batches_per_s > 0]
-        change = max(others, key=lambda t: t.batches_per_s) if others else None
+        change = max((s.trial for s in steps[1:] if s.trial.batches_per_s > 0),
+                     key=lambda t: t.batches_per_s, default=None)
         advice = advise(start_trial, best, change, speedup, cores=space.cores, before=before, during=during)
         log.append(advice.sentence)
         change_speedup = speedup
@@ -221,11 +220,9 @@ def _start(space: Space, start: Any, runners: list[str], from_dl: bool) -> Confi
     if not isinstance(start, Mapping) or start.get("runner") not in runners:
         raise PipelineSpecError(f"tune: start must be one of runners {runners} or "
                                 f"{{'runner': ..., 'concurrency': {{...}}}}, got {start!r}")
-    runner = start["runner"]
-    concurrency = dict(start.get("concurrency") or {})
+    runner, concurrency = start["runner"], dict(start.get("concurrency") or {})
     knobs = [k for k, _ in space.start(runner).knobs]
-    unknown = set(concurrency) - set(knobs)
-    if unknown:
+    if unknown := set(concurrency) - set(knobs):
         raise PipelineSpecError(f"tune: start names unknown stage(s) {sorted(unknown)}; the knobs of "
                                 f"{runner} are {knobs}")
     for name, n in concurrency.items():
@@ -234,9 +231,7 @@ def _start(space: Space, start: Any, runners: list[str], from_dl: bool) -> Confi
 
 
 def _verdicts(diagnosis: Any) -> dict[str, str]:
-    if diagnosis is None:
-        return {}
-    stages = getattr(diagnosis, "stages", None)
+    stages = getattr(diagnosis, "stages", None) if diagnosis is not None else {}
     if not isinstance(stages, Mapping):
         raise SpdlLabError(f"tune: diagnosis must be a lab.Diagnosis, got {type(diagnosis).__name__}")
     return {name: s.verdict for name, s in stages.items() if getattr(s, "verdict", None)}
