@@ -42,7 +42,7 @@ _views.register(
     job_dashboard="spdl_lab._ui.job_dashboard:JobDashboard",
     job_report="spdl_lab._ui.job_dashboard:write_job_report",
     run_report="spdl_lab._ui.run_report:write_run_report",
-    session_autotuner="spdl_lab._tune.live:AutoTuner",
+    session_autotuner="spdl_lab._tune.tuner:AutoTuner",
     tuning_html="spdl_lab._ui.report:html_summary",
     tuning_plot="spdl_lab._ui.report:tuning_plot",
     tuning_report="spdl_lab._ui.report:write_html",

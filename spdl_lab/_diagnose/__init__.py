@@ -2,9 +2,6 @@
 per stage and the stage that limits the pipeline. ``measure`` runs it, ``rules`` judges, ``result``
 holds the ``Diagnosis``, ``env_mode`` is ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``."""
 
-from .measure import DEFAULT_CONCURRENCY, DEFAULT_NUM_ITEMS, diagnose
-from .result import Diagnosis, Point, StageDiagnosis
-from .settings import SweepSettings
-
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "Diagnosis", "Point", "StageDiagnosis", "SweepSettings",
-           "diagnose"]
+from .measure import diagnose as diagnose
+from .result import Diagnosis as Diagnosis
+from .settings import SweepSettings as SweepSettings

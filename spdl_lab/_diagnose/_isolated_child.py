@@ -1,4 +1,4 @@
-"""The clean child interpreter that ``_isolated`` starts: it measures the pipeline it is sent
+"""The clean child interpreter that ``measure.diagnose_in_child`` starts: it measures the pipeline it is sent
 (``measure.diagnose_here``) and sends back progress and the Diagnosis's JSON file."""
 
 from __future__ import annotations

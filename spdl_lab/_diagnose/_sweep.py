@@ -24,8 +24,6 @@ from ._sweep_worker import PointFailed, Reading, StageFeed, ThreadWorkers, Worke
 from .result import Point
 from .settings import SweepSettings, budget_cut, point_qps, quiet, window_for, window_qps
 
-__all__ = ["PointWindows", "StageFeed", "StageSweep", "Sweep"]
-
 FAILED = ("timeout", "error")
 
 
@@ -37,7 +35,6 @@ class WindowReading:
     cpu: float
     done: int  # calls that returned
     failures: int  # calls that raised
-    hist: list[int]  # task times (``telemetry.histogram``)
     gil: float  # the GIL probe's wait share (NaN for processes)
     runq: float
     machine: float  # the whole machine's busy share: less ``cpu``, other processes' share
@@ -120,6 +117,7 @@ class _Point(PointWindows):
         self.probe = probe if workers.kind == "thread" else None  # reads the GIL of thread workers
         self.window_s = settings.window_s
         self.readings: list[WindowReading] = []
+        self.hist = new_counts()  # task times over the windows (``telemetry.histogram``)
         self.failures = 0  # calls that raised in its warm-up and windows
         self.why = ""  # why it failed
 
@@ -169,16 +167,15 @@ class _Point(PointWindows):
         except PointFailed as failed:
             self._fail(failed)
             return
-        hist = new_counts()
         for t in now.times_ns:
-            hist[bucket_of(t)] += 1
+            self.hist[bucket_of(t)] += 1
         cpu = (now.cpu_s - before.cpu_s) / ((now.at - before.at) * (os.cpu_count() or 1))
         # Clamped: busy = total - idle - iowait, in floats, can come out a hair below 0 on an idle machine.
         machine = min(1.0, max(0.0, (m1[0] - m0[0]) / (m1[1] - m0[1]))) if m1[1] > m0[1] else math.nan
         gil, runq = gil_fracs(g0, g1)
         reading = WindowReading(
             qps=window_qps(now.ends_ns, round(start * 1e9), round(stop * 1e9)), cpu=cpu,
-            done=now.done - before.done, failures=now.failures - before.failures, hist=hist, gil=gil, runq=runq,
+            done=now.done - before.done, failures=now.failures - before.failures, gil=gil, runq=runq,
             machine=machine)
         self.readings.append(reading)
         self.failures += reading.failures
@@ -230,12 +227,11 @@ class _Point(PointWindows):
             qps = spread = math.nan
         elif self._all_raised():
             status, qps, spread = "error", 0.0, math.nan
-        hist = [sum(counts) for counts in zip(*(r.hist for r in self.readings))]
         return Point(
             stage=self.stage, executor=self.workers.kind, concurrency=self.c, qps=qps, qps_spread=spread,
             cpu_util=_median([r.cpu for r in self.readings]), gil_wait_frac=_median([r.gil for r in self.readings]),
             runqueue_wait_frac=_median([r.runq for r in self.readings]),
-            p50_ms=quantile_ns(hist, 0.5) / 1e6 if sum(hist) else math.nan,
+            p50_ms=quantile_ns(self.hist, 0.5) / 1e6 if sum(self.hist) else math.nan,
             repeats=len(self.readings), status=status, failures=self.failures,
             machine_cpu_util=_median([r.machine for r in self.readings]),
         )

@@ -22,8 +22,6 @@ from ..errors import PipelineSpecError, RunnerError
 from ._sweep_child import _Worker
 from .settings import SweepSettings
 
-__all__ = ["PointFailed", "Reading", "StageFeed", "ThreadWorkers", "WorkerPool"]
-
 CHILD = Path(__file__).with_name("_sweep_child.py")  # the script each worker process runs
 
 

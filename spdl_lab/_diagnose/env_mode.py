@@ -15,9 +15,6 @@ from .._pipeline import Pipeline
 from ..errors import PipelineSpecError
 from .measure import DEFAULT_CONCURRENCY, DEFAULT_NUM_ITEMS, diagnose
 
-__all__ = ["ENV", "ENV_CONCURRENCY", "ENV_NUM_ITEMS", "ENV_REPORT_DIR", "enabled", "run_diagnostic_mode", "start_hook",
-           "write_reports"]
-
 ENV = "SPDL_PIPELINE_DIAGNOSTIC_MODE"
 ENV_NUM_ITEMS = "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS"
 ENV_CONCURRENCY = "SPDL_PIPELINE_DIAGNOSTIC_MODE_CONCURRENCY"  # e.g. "1,2,4"

@@ -4,16 +4,22 @@ either are reported as not measured."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import math
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -23,15 +29,13 @@ from .._experiments.spread import BUSY_MACHINE
 from .._interpreter import describe
 from .._pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from .._progress import progress_bar
+from .._runners.children import ChildTraceback, exit_reason, spawn, stop_process
 from .._telemetry.probes import GilProbe
-from ..errors import PipelineError, PipelineSpecError
-from ._isolated import diagnose_in_child
+from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError, stage_failure
 from ._sweep import StageFeed, StageSweep, Sweep
 from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
 from .rules import judge, rises
 from .settings import SweepSettings
-
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_NUM_ITEMS", "StageRun", "diagnose", "run_once"]
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
@@ -66,11 +70,8 @@ def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENC
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
                    process_concurrency=process_levels, settings=settings)
     payload = None
-    if isolated:
-        try:
-            payload = cloudpickle.dumps(pipeline)
-        except Exception:
-            pass  # measured here; settings["isolated"] says so
+    with contextlib.suppress(Exception):  # unpicklable: measured here; settings["isolated"] says so
+        payload = cloudpickle.dumps(pipeline) if isolated else None
     with sessions_paused() as paused:
         if payload is not None:
             diag = diagnose_in_child(payload, options, progress)
@@ -79,6 +80,64 @@ def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENC
                                  bar_factory=lambda total, unit: progress_bar(total, progress, unit))
     diag.settings["paused_sessions"] = paused
     return diag
+
+
+def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -> Diagnosis:
+    """``diagnose_here`` in a clean child (``_isolated_child``): this kernel's threads would take the
+    GIL and its heap lengthen the collector's pauses. Ctrl-C, an error or a timeout stops the child."""
+    folder = tempfile.TemporaryDirectory(prefix="spdl_lab_diagnose_", ignore_cleanup_errors=True)
+    child = spawn(["-m", "spdl_lab._diagnose._isolated_child"])
+    proc, data, ctrl = child.proc, child.data, child.ctrl
+    bar = None
+    try:
+        ctrl.send({"pipeline": payload, "options": options, "sys_path": list(sys.path),
+                   "cwd": os.getcwd(), "result": str(Path(folder.name) / "diagnosis.json")})
+        while True:
+            kind, *args = _next(data, proc)
+            if kind == "total":
+                bar = progress_bar(args[0], progress, args[1])
+            elif kind == "describe" and bar is not None:
+                bar.set_description(args[0])
+            elif kind == "progress" and bar is not None:
+                bar.update(args[0])
+            elif kind == "done":
+                return Diagnosis.from_json(args[0])
+            elif kind == "error":
+                raise _child_error(*args)
+    finally:
+        if bar is not None:
+            bar.close()
+        with contextlib.suppress(OSError):
+            ctrl.send(("stop",))
+        ctrl.close()
+        stop_process(proc, timeout=3.0)
+        data.close()
+        folder.cleanup()
+
+
+def _next(data: Connection, proc: subprocess.Popen) -> tuple:
+    """The child's next message; RunnerError if it dies without one."""
+    while True:  # no deadline of its own: the sweep's budget and point timeouts bound the child
+        try:
+            if data.poll(0.1):
+                return data.recv()
+        except (EOFError, OSError):
+            break
+        if proc.poll() is not None and not data.poll(0):
+            break
+    raise RunnerError(f"diagnose: the child interpreter measuring the stages {exit_reason(proc, 5.0)} "
+                      f"before it finished; if it ran out of memory, pass a smaller num_items=")
+
+
+def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:
+    if kind == "PipelineError":  # worded by stage_failure in the child
+        error: SpdlLabError = stage_failure(stage or "", index, None, message=message)
+    elif kind == "PipelineSpecError":
+        error = PipelineSpecError(message)
+    else:
+        error = SpdlLabError(f"diagnose failed in its child interpreter: {kind}: {message}")
+    error.__cause__ = ChildTraceback(text)
+    return error
 
 
 def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items: int, processes: bool,
@@ -263,7 +322,7 @@ def _rounds(sweep: Sweep, feeds: Sequence[StageFeed], process_levels: Sequence[i
 
 def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: int,
            settings: SweepSettings) -> StageDiagnosis:
-    points, once, inputs = threads.points, p.once, p.inputs
+    points = threads.points
     process_points = processes.points if processes is not None and processes.error is None else []
     verdict = judge(points, process_points, cores=cores)
     notes = [verdict.details] if verdict.details else []
@@ -271,8 +330,7 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
         notes.append(f"Processes were not tried: {processes.error}")
     elif processes is not None and processes.notes:
         notes.append(f"Processes: {processes.notes[0]}")
-    timeouts = [pt.concurrency for pt in points if pt.status == "timeout"]
-    if timeouts:
+    if timeouts := [pt.concurrency for pt in points if pt.status == "timeout"]:
         notes.append(f"At concurrency {timeouts[0]} no task finished within {settings.point_timeout_s:g} s; "
                      f"higher concurrency was not tried.")
     if threads.abandoned:
@@ -301,7 +359,7 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
     return StageDiagnosis(name=p.stage.name, kind="map", verdict=shown,
                           best_concurrency=verdict.best_concurrency, evidence=evidence,
                           recommendation=advice, points=tuple(points) + tuple(process_points),
-                          error=None, inputs=inputs, outputs=len(once.outputs), status=status,
+                          error=None, inputs=p.inputs, outputs=len(p.once.outputs), status=status,
                           notes=tuple(notes), concurrency=p.stage.concurrency, items_per_input=p.per_input)
 
 
@@ -316,10 +374,8 @@ def others_share(points: Sequence[Point]) -> float:
 def _unstable(points: Sequence[Point]) -> bool:
     """The deciding points did not settle: the best thread point, or most of them, is unstable."""
     ok = usable(points)
-    if not ok:
-        return False
-    best = max(ok, key=lambda pt: pt.qps)
-    return best.status == "unstable" or 2 * sum(pt.status == "unstable" for pt in ok) > len(ok)
+    return bool(ok) and (max(ok, key=lambda pt: pt.qps).status == "unstable"
+                         or 2 * sum(pt.status == "unstable" for pt in ok) > len(ok))
 
 
 def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:
@@ -327,7 +383,7 @@ def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageD
     found = limiting(stages.values())
     if found is None:
         return stages
-    slowest, rate = found[0], found[1]
+    slowest, rate, *_ = found
     out = {}
     for name, st in stages.items():
         mine = st.rate_now()
@@ -366,10 +422,9 @@ def _collect(pipeline: Pipeline, num_items: int) -> list[Any]:
 
 
 def _check_levels(name: str, levels: Sequence[int]) -> tuple[int, ...]:
-    try:
+    values: tuple = ()
+    with contextlib.suppress(TypeError):
         values = tuple(levels)
-    except TypeError:
-        values = ()
     if not values or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONCURRENCY
                          for v in values):
         raise PipelineSpecError(f"diagnose: {name} must be ints in 1..{MAX_CONCURRENCY} (a sequence, e.g. "

@@ -22,9 +22,6 @@ from .._table import amount, num, text_table
 from .._views import view
 from ..errors import FileFormatError
 
-__all__ = ["FAR_FASTER", "TABLE_COLUMNS", "VERDICTS", "Diagnosis",
-           "DiagnosisFormatError", "Point", "StageDiagnosis", "limiting", "usable"]
-
 VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")  # see ``rules``
 
 #: ``Diagnosis.table`` columns, in order.

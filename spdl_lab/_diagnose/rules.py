@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from .._table import amount
 from .result import Point, usable
 
-__all__ = ["BEST_NOISE_CAP", "BEST_WITHIN", "BUSY_CORE", "CPU_GROWTH", "CPU_SATURATED", "GIL_WAIT_BOUND",
-           "Judgement", "PROCESS_HELPS", "RISE_MIN_SPEEDUP", "judge", "rises"]
-
 RISE_MIN_SPEEDUP = 1.5  # a stage "rises": its best thread QPS is this many times its first point's
 #: A stage that kept a core this busy at its lowest concurrency rises only by using more CPU:
 #: with CPU growing less than CPU_GROWTH, the rise is the machine's speed changing.
@@ -52,13 +49,10 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
     ok = usable(thread_points)
     if not ok:
         return Judgement(None, None, "no measurement finished, so there is nothing to judge", "")
-    first = ok[0]
-    best = max(ok, key=lambda p: p.qps)
+    first, best = ok[0], max(ok, key=lambda p: p.qps)
     tolerance = max(BEST_WITHIN, min(BEST_NOISE_CAP, 0.0 if math.isnan(best.qps_spread) else best.qps_spread))
     best_c = min(p.concurrency for p in ok if p.qps >= (1 - tolerance) * best.qps)
-    speedup = best.qps / first.qps
-    cpu = best.cpu_util
-    machine = best.machine_cpu_util
+    speedup, cpu, machine = best.qps / first.qps, best.cpu_util, best.machine_cpu_util
     crowded = not cpu >= CPU_SATURATED and machine >= CPU_SATURATED  # others hold the cores
     gils = [p.gil_wait_frac for p in ok if p.concurrency >= 2 and not math.isnan(p.gil_wait_frac)]
     gil = statistics.median(gils) if gils else math.nan

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AGREEING", "BUDGET_FLOOR", "MAX_WINDOW_S", "MIN_SLICE_S", "MIN_SLICES", "MIN_TASKS_PER_SLICE",
-           "TASKS_PER_WORKER", "SweepSettings", "budget_cut", "point_qps", "quiet", "window_for", "window_qps"]
-
 
 @dataclass(frozen=True)
 class SweepSettings:
@@ -68,10 +65,7 @@ def budget_cut(taken: int, window_s: float, deadline: float, min_windows: int) -
     past ``deadline`` (``time.monotonic()``), or it has ``BUDGET_FLOOR`` and the deadline passed."""
     if taken < min(min_windows, BUDGET_FLOOR):
         return False
-    now = time.monotonic()
-    if taken >= min_windows:
-        return now + window_s > deadline
-    return now > deadline
+    return time.monotonic() + (window_s if taken >= min_windows else 0.0) > deadline
 
 
 MIN_SLICE_S = 0.02  # finer than the machine's speed changes, coarse next to timer noise

@@ -25,10 +25,6 @@ from ..errors import PipelineSpecError, SpdlLabError
 from .model import batch_items
 from .space import Config, StageSample, Trial, relative_noise
 
-__all__ = ["Bench", "EpochWindow", "MAX_WINDOWS", "MIN_WINDOWS", "Passes", "TARGET_NOISE", "check_budget",
-           "endless", "epoch_rate", "queued_batches", "restart_extras", "stage_samples", "trial_of",
-           "unseen_batches", "window_for_budget", "windows_until_sure"]
-
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
 TARGET_NOISE = 0.02  # a trial's windows stop once its rate's relative error is below this

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from .._pipeline import Pipeline
 from .space import WORKERS, Config, Trial
 
-__all__ = ["Prediction", "RateModel", "batch_items", "VERDICT_ALPHA"]
-
 #: ``alpha`` before two concurrencies are measured, from a diagnosis's verdict.
 VERDICT_ALPHA = {"scales": 0.0, "cpu-bound": 0.0, "gil-bound": 1.0, "contended": 1.0}
 _ALPHA_MAX = 1.5
@@ -105,8 +103,7 @@ class RateModel:
                 c = knobs.get(name, 1)
                 t = self.task_s(family, name, c)
                 stage_rates[name] = c / (t * k) if t > 0 else math.inf
-        step = self._step_rate(config)
-        cpu = self._cpu_rate(config)
+        step, cpu = self._step_rate(config), self._cpu_rate(config)
         # NaN (nothing measured yet) is read as no limit known.
         bounds = {"step": step, "cpu": cpu, **stage_rates}
         known = {k: v for k, v in bounds.items() if not math.isnan(v)}
@@ -150,5 +147,4 @@ class RateModel:
         near = self._nearest(config)
         if near is None or not (near.cpu_percent > 0 and near.batches_per_s > 0):
             return math.nan
-        core_s_per_batch = near.cpu_percent / 100.0 / near.batches_per_s
-        return self.cores / core_s_per_batch
+        return self.cores / (near.cpu_percent / 100.0 / near.batches_per_s)  # cores / core-s per batch

@@ -17,12 +17,8 @@ from .._file_checks import RECORD, Flag, Meta, Name, Rate, Saved, Share, Text, i
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
-from .advice import Advice, ratio_text
-from .search import Step
+from .search import Advice, Step, ratio_text
 from .space import DATALOADER_KNOBS, TUNABLE_RUNNERS, WORKERS, Config, Trial
-
-__all__ = ["TRIAL_COLUMNS", "LoaderConfig", "TrialRow", "Tuning", "TuningFormatError", "config_dict",
-           "loader_code", "trials_frame"]
 
 Runner = Literal[TUNABLE_RUNNERS]
 Knobs = Annotated[dict[Name, integer(1, MAX_CONCURRENCY)], Field(max_length=1000)]  # {stage: threads}

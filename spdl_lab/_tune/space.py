@@ -12,10 +12,6 @@ from typing import Any
 from .._pipeline import Pipeline
 from .._runners import DEFAULT_NUM_WORKERS, WORKERS
 
-__all__ = ["Config", "DATALOADER_KNOBS", "LADDER", "MAX_THREADS", "MIN_GAIN", "Move", "PREFETCH_LADDER",
-           "Space", "StageSample", "TUNABLE_RUNNERS", "Trial", "WORKERS", "dataloader_options", "margin",
-           "relative_noise"]
-
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # knob values the tuner visits
 MAX_THREADS = 64  # most threads the tuner gives one stage
 #: Runners the tuner chooses between (``cache`` is the headspace, not a way to load).

@@ -388,7 +388,7 @@ ALLOWED = {
         "imports a module named by a view that spdl_lab's own __init__ registered, never a name from outside",
     "spdl_lab/_json.py::loads::json.loads":
         "the one strict JSON reader: no NaN, no duplicate keys, depth capped; file_checks caps the size, checks every field",
-    "spdl_lab/_diagnose/_isolated.py::_next::.recv()":
+    "spdl_lab/_diagnose/measure.py::_next::.recv()":
         "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
     "spdl_lab/_diagnose/_isolated_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the diagnose child inherited from the parent that spawned it",

@@ -14,9 +14,8 @@ import psutil
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._tune import advice as machine
-from spdl_lab._tune.advice import advise
-from spdl_lab._tune.search import decide
+from spdl_lab._tune import search as machine
+from spdl_lab._tune.search import advise, decide
 from spdl_lab._tune.space import WORKERS, Config, Space, Trial, dataloader_options
 from spdl_lab.errors import PipelineSpecError
 
