@@ -18,11 +18,6 @@ from ._pipeline import Pipeline
 from ._training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
 from .errors import PipelineSpecError, UsageError
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
-           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written",
-           "progress_wanted", "report_dir", "seconds", "stem"]
-
-
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
 EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 

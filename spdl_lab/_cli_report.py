@@ -13,7 +13,6 @@ from ._experiments.compare import Comparison
 from ._file_checks import read_any
 from .errors import FileFormatError, SpdlLabError
 
-__all__ = ["report"]
 
 def report(args: argparse.Namespace) -> int:
     """A saved diagnosis or comparison (JSON), a run's record (SQLite, by ``lab.publish`` or

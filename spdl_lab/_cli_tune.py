@@ -29,8 +29,6 @@ from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 
-__all__ = ["DEFAULT_BUDGET_S", "runner_names", "setting", "trials_table", "tune"]
-
 #: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
 DEFAULT_BUDGET_S = 60.0
 

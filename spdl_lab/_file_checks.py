@@ -27,9 +27,6 @@ from typing_extensions import Self
 from ._json import dump_file, loads, plain
 from .errors import FileFormatError
 
-__all__ = ["RECORD", "Count", "Flag", "Meta", "Name", "Rate", "Saved", "Share", "Text", "check", "describe",
-           "integer", "load", "number", "read_any", "refuse", "rows", "string"]
-
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
 MAX_META_KEYS, MAX_META_LIST = 200, 10_000
 MAX_COUNT = 10**15

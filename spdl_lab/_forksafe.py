@@ -9,8 +9,6 @@ import os
 import threading
 import weakref
 
-__all__ = ["FORK_WAIT_S", "Lock", "RLock", "forked_child"]
-
 #: How long a fork waits for each lock another thread holds (one holding a lock while waiting for
 #: one the fork took would wait forever); past it the child still gets a fresh lock, its guarded
 #: data perhaps half-written.

@@ -15,8 +15,6 @@ from ._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ._telemetry.snapshot import Snapshot
 from .errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["CLOSE_TIMEOUT_S", "Loader"]
-
 
 class Loader(RunOwner):
     """Run ``pipeline`` under ``runner`` and iterate its outputs.

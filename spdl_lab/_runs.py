@@ -23,9 +23,6 @@ from ._telemetry.sampler import Sampler, Source
 from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .errors import PipelineSpecError
 
-__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
-           "run_start_hooks"]
-
 #: How often a consumer blocked on the next item re-checks for stop and errors.
 _POLL_S = 0.1
 

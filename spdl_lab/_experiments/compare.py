@@ -24,9 +24,6 @@ from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 from .contender import Contender, MachineClock, Window
 from .spread import ratios, runner_row, warnings_for
 
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "ROUND_COLUMNS", "TABLE_COLUMNS",
-           "Comparison", "compare", "headspace"]
-
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
 DEFAULT_REPEATS = 5  # rounds

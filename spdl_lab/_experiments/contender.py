@@ -22,9 +22,6 @@ from .._training.clock import StepRecord
 from .._training.device import training_waits
 from ..errors import SpdlLabError
 
-__all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]
-
-
 #: A step whose batch took longer than this (and 5% of the step) waited for it: it was not ready.
 READY_WAIT_S = 0.0005
 

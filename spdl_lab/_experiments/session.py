@@ -31,8 +31,6 @@ from .._training.steps import summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["IDLE_CORES", "Session", "run", "sessions_paused"]
-
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
 #: CPU (in cores) of this process and its children below which the paused sessions count as idle.
 IDLE_CORES = 0.1

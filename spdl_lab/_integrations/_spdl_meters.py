@@ -15,8 +15,6 @@ from .._engine.engine import EngineReading
 from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
 from .spdl import SINK, SOURCE, SpdlSpec
 
-__all__ = ["SpdlMeters"]
-
 _clock = time.perf_counter_ns
 
 

@@ -17,9 +17,6 @@ from typing import Any
 from .._pipeline import Pipeline, Stage, describe_source, find_stage, unique_name
 from ..errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["AsyncSource", "ItemSkipped", "LoopThread", "Op", "SpdlNotInstalledError", "SpdlSpec", "SpdlStage",
-           "from_spdl", "op_kind", "pipe_fields", "read_spec"]
-
 #: Names lab gives the ends of an SPDL pipeline: its source, and SPDL's sink
 #: stage (which moves items from the last stage's queue into the output buffer).
 SOURCE, SINK = "source", "sink"

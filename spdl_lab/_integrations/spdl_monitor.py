@@ -20,8 +20,6 @@ from .._telemetry.snapshot import Snapshot
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .spdl import SpdlSpec, from_spdl, op_kind, pipe_fields, read_spec
 
-__all__ = ["RUNNER", "SpdlMonitor", "is_spdl_spec", "open_spdl"]
-
 #: The runner name of a monitored SPDL pipeline (``session.runner``, ``snapshot.runner``).
 RUNNER = "spdl"
 #: Build options this module sets itself.

@@ -23,8 +23,6 @@ from .._telemetry.probes import ProcessRates
 from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
 
-__all__ = ["PER_WORKER", "QUEUE", "WatchedDataLoader", "from_dataloader", "is_dataloader", "worker_stage"]
-
 #: The stages of a DataLoader worker and their rows in the meter block.
 STAGES = ("fetch", "collate")
 FETCH, COLLATE = 0, 1

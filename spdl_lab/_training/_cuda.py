@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Generic, TypeVar
 
-__all__ = ["MAX_PENDING", "CudaStepTimer", "cuda_available"]
-
 Token = TypeVar("Token")
 
 #: Pairs pending before the oldest is waited for: only bounds memory (a real stream's launch queue

@@ -22,9 +22,6 @@ from ._cuda import CudaStepTimer, cuda_available
 from .device import SimulatedDevice
 from .steps import NO_STEPS, StepRecord, StepSummary, Totals, mean_ms, summarize
 
-__all__ = ["CudaStepTimer", "DEFAULT_HISTORY", "StepClock", "StepRecord", "StepSummary",
-           "cuda_available"]
-
 T = TypeVar("T")
 
 #: Per-step records kept (about 10 MB); totals and histograms cover every step.

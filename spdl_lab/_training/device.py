@@ -12,8 +12,6 @@ from typing import Any, ClassVar
 from .._telemetry.probes import runqueue_ns
 from ..errors import PipelineSpecError
 
-__all__ = ["DeviceStep", "DeviceTotals", "SimulatedDevice", "training_waits"]
-
 #: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
 #: fed and almost any GIL time another thread takes shows up as device idle (the noisy
 #: neighbour); the reasons for each number are in docs/measurements.md.

@@ -13,9 +13,6 @@ import pandas as pd
 
 from .._telemetry.histogram import quantile_ns
 
-__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "mean_ms", "summarize",
-           "summary_table"]
-
 
 @dataclass(slots=True)
 class StepRecord:

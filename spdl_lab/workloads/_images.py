@@ -20,8 +20,6 @@ from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
 
-__all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
-
 DECODERS = ("pil", "torchvision")
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -11,8 +11,6 @@ from typing import Any
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 
-__all__ = ["ModelStep", "cache_dir", "dataloader", "seeded", "step_for"]
-
 CACHE_ENV = "SPDL_LAB_CACHE_DIR"
 
 

@@ -22,8 +22,6 @@ from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
 
-__all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
-
 TOKENIZERS = ("rust", "python", "rust-batch")
 PAD, UNK = "[PAD]", "[UNK]"
 SYLLABLES = ("ka", "lo", "mi", "ren", "sa", "tor", "vi", "ne", "dal", "qu", "is", "or", "an", "bel",
