@@ -176,7 +176,3 @@ def progress_wanted(args: argparse.Namespace) -> bool:
     """Bars on a terminal, unless --quiet; none in logs and pipes (carriage returns would litter them)."""
     return not args.quiet and sys.stderr.isatty()
 
-
-# -- the parser -----------------------------------------------------------------------------------
-
-#: The target of the --help examples, whose file names are derived from it as the commands do.
