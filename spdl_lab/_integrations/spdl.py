@@ -1,8 +1,6 @@
-"""SPDL pipelines in lab's terms: ``read_spec`` reads a builder or config (its stages, their names,
-what lab refuses; SPDL's private fields are read only here, spdl_core 0.8) for the monitor and
-``lab.from_spdl``, which converts one into a ``lab.Pipeline``: all picklable (cloudpickle carries
-the user's function by value), async stages awaited on one event loop thread.
-"""
+"""SPDL pipelines in lab's terms: ``read_spec`` reads a builder or config (SPDL's private fields are
+read only here, spdl_core 0.8) for the monitor and ``lab.from_spdl``, which converts one into a
+picklable ``lab.Pipeline`` whose async stages are awaited on one event loop thread."""
 
 from __future__ import annotations
 
@@ -58,9 +56,8 @@ class SpdlNotInstalledError(SpdlLabError, ImportError):
 
 
 def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
-    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``;
-    ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
-    with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
+    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``);
+    a stage lab cannot take (branches, regions; with ``convert``, what a Pipeline can't) raises."""
     try:
         from spdl.pipeline import defs
     except ImportError as exc:
@@ -286,10 +283,9 @@ async def _aiter(source: AsyncIterable[Any]) -> Any:
 
 
 class LoopThread:
-    """One event loop in a daemon thread, started on first use; a pickled copy starts its own.
-    No runner knows the loop exists, so each thread that submits holds a lease in thread-local
-    storage, dropped as the thread ends (before its ``join()`` returns): the last lease gone stops
-    the loop, so closing a Loader stops it too."""
+    """One event loop in a daemon thread, started on first use; a pickled copy starts its own. No
+    runner knows of it, so each submitting thread holds a thread-local lease, dropped as the thread
+    ends (before its ``join()`` returns): the last one gone stops the loop, as a Loader closes."""
 
     def __init__(self, name: str = "spdl_lab:async-stages") -> None:
         self.name = name
@@ -312,8 +308,7 @@ class LoopThread:
             del future
 
     def _loop_here(self) -> asyncio.AbstractEventLoop:
-        """The loop, leased to the calling thread (the lease must never sit in a
-        frame that a traceback can hold, or it outlives its thread)."""
+        """The loop, leased to the calling thread (never in a frame a traceback can hold)."""
         lease = getattr(self._local, "lease", None)
         if lease is None:
             lease = self._local.lease = self._acquire()

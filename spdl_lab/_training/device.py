@@ -12,9 +12,8 @@ from typing import Any, ClassVar
 from .._telemetry.probes import runqueue_ns
 from ..errors import PipelineSpecError
 
-#: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
-#: fed and almost any GIL time another thread takes shows up as device idle (the noisy
-#: neighbour); the reasons for each number are in docs/measurements.md.
+#: Defaults: a step of ~80 ms whose launches cost 95% of a kernel, so any GIL time another thread
+#: takes shows as device idle (the noisy neighbour); docs/measurements.md has the reasons.
 DEFAULT_KERNELS = 200
 DEFAULT_LAUNCH_US = 380.0
 DEFAULT_KERNEL_US = 400.0

@@ -1,6 +1,5 @@
-"""The image workload: photo-like JPEG files made once on this machine, then read, decoded (PIL or
-torchvision), cropped, flipped and normalized as training does, by a Pipeline or a DataLoader.
-"""
+"""The image workload: photo-like JPEGs made once on this machine, read, decoded (PIL or
+torchvision), cropped, flipped and normalized as training does, by a Pipeline or a DataLoader."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The text workload: generated documents, tokenized (Hugging Face ``tokenizers``, or the same
-WordPiece in pure Python: the same ids), padded, batched. Both hold the GIL per document;
-``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
-"""
+WordPiece in pure Python), padded, batched. Both hold the GIL per document; ``encode_batch``
+releases it for a whole batch, hence ``"rust-batch"``."""
 
 from __future__ import annotations
 
