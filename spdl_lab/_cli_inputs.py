@@ -130,8 +130,6 @@ def output_path(path: str | None, default_name: str | None) -> Path | None:
     return out
 
 
-# -- argparse ------------------------------------------------------------------------------------
-
 def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number from ``lo`` to ``hi``."""
     def parse(text: str) -> int:

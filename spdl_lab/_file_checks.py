@@ -105,7 +105,6 @@ def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
     return PlainValidator(read)
 
 
-# -- reading and writing ---------------------------------------------------------------------------
 class Saved:
     """A result saved as ``{"format": "spdl_lab.<its class>", "version": n, ...}`` and its dataclass
     fields; a subclass sets the ClassVars and may override ``_saved_fields`` and ``_checked``."""

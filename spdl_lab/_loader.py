@@ -66,7 +66,6 @@ class Loader(RunOwner):
         #: True when a Session runs it: SPDL_LAB_WATCH=1 then publishes the Session, not this
         self.managed = False
 
-    # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this Loader is closed; create a new one to iterate again")

@@ -80,7 +80,6 @@ class RunOwner:
         if run is not None and run.sampler is not None:
             run.sampler.remove_source(source)
 
-    # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         run = self._state.run
         return self._empty_stats() if run is None else run.snapshot()
@@ -122,7 +121,6 @@ class RunOwner:
         sampler = self.sampler
         return chunk_since(sampler.ring if sampler is not None else None, cursor)
 
-    # -- closing -----------------------------------------------------------------
     def close(self) -> None:
         """Stop the current run and everything it started. Safe to call twice."""
         self._state.close(self._close_timeout)

@@ -73,8 +73,6 @@ DEFAULT_STEP = "simulated:20"
 EXIT_CODES = __doc__[__doc__.index("Exit status:"):]
 
 
-# -- the subcommands ------------------------------------------------------------------------------
-
 def _info(_: argparse.Namespace) -> int:
     for line in describe().lines():
         print(line)
@@ -139,8 +137,6 @@ def _diagnose(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     return EXIT_OK
 
-
-# -- what the arguments name ----------------------------------------------------------------------
 
 #: The target of the --help examples, whose file names derive from it as the commands' do.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"

@@ -184,13 +184,6 @@ def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
             f"spdl_lab reads SPDL pipelines of spdl_core 0.8") from None
 
 
-def pipe_ordered(cfg: Any) -> bool:
-    """True for ``output_order="input"``."""
-    from spdl.pipeline.defs import _PipeType
-
-    return cfg._type is _PipeType.OrderedPipe
-
-
 def op_kind(op: Any) -> str:
     """``"sync function"``, ``"async function"``, ``"generator"`` or ``"async generator"``."""
     call = getattr(op, "__call__", None)  # noqa: B004 - callable objects
@@ -215,7 +208,9 @@ def from_spdl(builder_or_config: Any) -> Pipeline:
     Names and concurrency are kept; async functions share one event loop thread. An item a pipe
     maps to ``None`` (SPDL drops it) counts as a failure; the sink's buffer is ``lab.Loader``'s.
     """
-    spec = read_spec(builder_or_config, caller="lab.from_spdl", convert=True)
+    spec = read_spec(builder_or_config, caller="lab.from_spdl", convert=True)  # SPDL imports here
+    from spdl.pipeline.defs import _PipeType  # ordered: output_order="input"
+
     loop = LoopThread()  # shared by the async stages, as SPDL shares one loop
     source = spec.config.src.source
     if not hasattr(source, "__iter__"):
@@ -227,7 +222,8 @@ def from_spdl(builder_or_config: Any) -> Pipeline:
             continue
         op = pipe_fields(part.cfg)[0]
         fn = Op(op, part.name, loop if op_kind(op) == "async function" else None)
-        pipeline = pipeline.map(fn, concurrency=part.concurrency, name=part.name, ordered=pipe_ordered(part.cfg))
+        ordered = part.cfg._type is _PipeType.OrderedPipe
+        pipeline = pipeline.map(fn, concurrency=part.concurrency, name=part.name, ordered=ordered)
     return pipeline
 
 

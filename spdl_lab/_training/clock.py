@@ -18,8 +18,7 @@ from .. import _forksafe
 from .._telemetry.frames import Row
 from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
-from ._cuda import CudaStepTimer, cuda_available
-from .device import SimulatedDevice
+from .device import CudaStepTimer, SimulatedDevice, cuda_available
 from .steps import NO_STEPS, StepRecord, StepSummary, Totals, mean_ms, summarize
 
 T = TypeVar("T")
