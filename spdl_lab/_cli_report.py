@@ -15,8 +15,7 @@ from .errors import FileFormatError, SpdlLabError
 
 
 def report(args: argparse.Namespace) -> int:
-    """A saved diagnosis or comparison (JSON), a run's record (SQLite, by ``lab.publish`` or
-    ``spdl-lab watch``), or a job's record folder (a record per rank), as one HTML file."""
+    """A saved diagnosis or comparison, a run's or a job's record, as one HTML file."""
     source = Path(args.file)
     out = Path(args.output) if args.output else source.with_suffix(".html")
     if source.is_dir():

@@ -34,8 +34,7 @@ DEFAULT_BUDGET_S = 60.0
 
 
 def tune(args: argparse.Namespace) -> int:
-    """Tune the pipeline named by ``args.target`` for ``args.step``, printing and writing what it
-    found, or check DataLoader advice in a script (--script)."""
+    """Tune the pipeline ``args.target`` names, or check DataLoader advice in ``--script``."""
     if args.script is not None:
         return tune_script(args)
     if args.target is None:

@@ -9,9 +9,10 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pandas as pd
+from typing_extensions import Self
 
 from ._engine.engine import EngineReading
 from ._engine.queues import END, TIMEOUT
@@ -45,9 +46,6 @@ def run_start_hooks(event: str, subject: Any) -> None:
     """Call every start hook, in the order they were added, on ``subject``."""
     for hook in tuple(_START_HOOKS.values()):
         hook(event, subject)
-
-
-_Owner = TypeVar("_Owner", bound="RunOwner")
 
 
 class RunOwner:
@@ -125,7 +123,7 @@ class RunOwner:
         """Stop the current run and everything it started. Safe to call twice."""
         self._state.close(self._close_timeout)
 
-    def __enter__(self: _Owner) -> _Owner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,7 +1,6 @@
-"""``lab.compare``: the same pipeline and step under several runners, side by side, in interleaved
-rounds (each runner one window a round, the order rotating), so a slow spell of a shared machine
-hits every runner alike; runners stay open, idle, between their windows. ``lab.headspace``: the
-one-call form of the ``cache`` runner, the step time when loading is free."""
+"""``lab.compare``: one pipeline and step under several runners in interleaved rounds (one window
+each, the order rotating), so a slow spell of the machine hits all alike. ``lab.headspace``: the
+``cache`` runner in one call, the step time when loading is free."""
 
 from __future__ import annotations
 

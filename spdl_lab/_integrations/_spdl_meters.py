@@ -66,8 +66,7 @@ class _MeteredQueue(AsyncQueue):
 
 
 class _StageHook(TaskHook):
-    """Times every task of one stage into a lab ``StageMeter`` (the tasks SPDL invokes, counted as
-    they end), with a worker meter per running task for ``in_flight`` and busy time."""
+    """Times each task of a stage as it ends, a worker meter per running task (in flight, busy)."""
 
     def __init__(self, meter: StageMeter) -> None:
         self.meter = meter

@@ -151,8 +151,7 @@ class SpdlRunner(Runner):
 
 
 def is_spdl_spec(obj: Any) -> bool:
-    """True for an SPDL ``PipelineBuilder``, ``PipelineConfig`` or ``SpdlMonitor``; imports nothing
-    (an object can only be SPDL's if SPDL was imported already)."""
+    """An SPDL builder, config or SpdlMonitor? Imports nothing: unloaded, SPDL made none of them."""
     if isinstance(obj, SpdlMonitor):
         return True
     if sys.modules.get("spdl.pipeline") is None:

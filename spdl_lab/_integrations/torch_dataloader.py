@@ -110,8 +110,7 @@ class WatchedDataLoader:
         return len(self.dataloader)
 
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """Start an epoch: ``make()``, an iterator of this DataLoader, with the metering
-        worker_init_fn in place while it starts its workers (torch keeps them on the iterator)."""
+        """Start an epoch, ``make()``, with the metering worker_init_fn set while workers start."""
         dl = self.dataloader
         workers = int(getattr(dl, "num_workers", 0) or 0)
         block = self._block_for(workers) if workers > 0 else None

@@ -58,8 +58,7 @@ def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -
 
 
 class ListFiles:
-    """The source: the first ``n`` JPEG files of ``folder``, listed afresh each pass, ``epochs``
-    passes in a row (a longer run without more files)."""
+    """The source: the first ``n`` JPEGs of ``folder``, listed each pass, ``epochs`` times."""
 
     def __init__(self, folder: Path, n: int, epochs: int = 1) -> None:
         self.folder, self.n, self.epochs = Path(folder), n, epochs
