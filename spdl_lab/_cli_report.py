@@ -32,13 +32,9 @@ def report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-#: Suffixes of run records; a file with SQLite's header is read as a record whatever its name.
-RECORD_SUFFIXES = (".sqlite", ".db")
-
-
 def _is_record(path: Path) -> bool:
     """A run's record (SQLite) rather than a saved JSON: by its suffix or its first 16 bytes."""
-    if path.suffix.lower() in RECORD_SUFFIXES:
+    if path.suffix.lower() in (".sqlite", ".db"):
         return True
     try:
         with open(path, "rb") as f:

@@ -140,14 +140,11 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 #: The target of the --help examples, whose file names derive from it as the commands' do.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
+EXAMPLE_REPORT = f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
 
 def _writes(stem: str, suffixes: tuple[str, ...] = (".html", ".json")) -> str:
     return f"\n  (writes {' and '.join(f'{DEFAULT_REPORT_DIR}/{stem}{s}' for s in suffixes)})"
-
-
-def _example_report() -> str:
-    return f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
 
 def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, example: str,
@@ -202,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  spdl-lab info\n  spdl-lab compare mypkg.data:make_pipeline --step simulated:20\n"
                "  spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8\n"
                "  spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60\n"
-               f"  spdl-lab report {_example_report()}\n\n" + EXIT_CODES,
+               f"  spdl-lab report {EXAMPLE_REPORT}\n\n" + EXIT_CODES,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {lab.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -302,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record (.sqlite, by lab.publish or spdl-lab watch), or a torchrun job's record\n"
         "folder (a rankR.sqlite per rank), as one HTML file that opens without a network\n"
         "(Bokeh inline). The file is checked strictly and never executed.",
-        f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
+        f"spdl-lab report {EXAMPLE_REPORT} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
         "wrote in the example above; writes diagnosis.html)\n  "
         "spdl-lab report spdl_lab_runs/resnet-4242.sqlite -o run.html\n  (a run spdl-lab watch recorded: "
         "its state, medians of the step, stages, CPU and GIL wait, plots over time)\n  "
