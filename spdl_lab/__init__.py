@@ -8,7 +8,8 @@ _quit_on_interrupt()  # only in the spdl-lab command's own process: Ctrl-C while
 from . import _views, workloads
 from ._diagnose import Diagnosis, SweepSettings, diagnose
 from ._diagnose.env_mode import start_hook as _diagnostic_mode
-from ._experiments import Comparison, Session, compare, headspace, run
+from ._experiments.compare import Comparison, compare, headspace
+from ._experiments.session import Session, run
 from ._integrations import from_spdl
 from ._integrations.torch_dataloader import from_dataloader
 from ._loader import Loader

@@ -18,11 +18,6 @@ from ._pipeline import Pipeline
 from ._training.device import DEFAULT_KERNEL_US, DEFAULT_LAUNCH_US, SimulatedDevice
 from .errors import PipelineSpecError, UsageError
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "REPORT_DIR_HELP", "UsageError", "add_outputs",
-           "count", "import_attr", "load_pipeline", "load_step", "one_line", "output_path", "print_written",
-           "progress_wanted", "report_dir", "seconds", "stem"]
-
-
 #: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
 EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 
@@ -135,8 +130,6 @@ def output_path(path: str | None, default_name: str | None) -> Path | None:
     return out
 
 
-# -- argparse ------------------------------------------------------------------------------------
-
 def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number from ``lo`` to ``hi``."""
     def parse(text: str) -> int:
@@ -181,7 +174,3 @@ def progress_wanted(args: argparse.Namespace) -> bool:
     """Bars on a terminal, unless --quiet; none in logs and pipes (carriage returns would litter them)."""
     return not args.quiet and sys.stderr.isatty()
 
-
-# -- the parser -----------------------------------------------------------------------------------
-
-#: The target of the --help examples, whose file names are derived from it as the commands do.

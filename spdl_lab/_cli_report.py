@@ -13,11 +13,9 @@ from ._experiments.compare import Comparison
 from ._file_checks import read_any
 from .errors import FileFormatError, SpdlLabError
 
-__all__ = ["report"]
 
 def report(args: argparse.Namespace) -> int:
-    """A saved diagnosis or comparison (JSON), a run's record (SQLite, by ``lab.publish`` or
-    ``spdl-lab watch``), or a job's record folder (a record per rank), as one HTML file."""
+    """A saved diagnosis or comparison, a run's or a job's record, as one HTML file."""
     source = Path(args.file)
     out = Path(args.output) if args.output else source.with_suffix(".html")
     if source.is_dir():
@@ -34,13 +32,9 @@ def report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-#: Suffixes of run records; a file with SQLite's header is read as a record whatever its name.
-RECORD_SUFFIXES = (".sqlite", ".db")
-
-
 def _is_record(path: Path) -> bool:
     """A run's record (SQLite) rather than a saved JSON: by its suffix or its first 16 bytes."""
-    if path.suffix.lower() in RECORD_SUFFIXES:
+    if path.suffix.lower() in (".sqlite", ".db"):
         return True
     try:
         with open(path, "rb") as f:

@@ -29,15 +29,12 @@ from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 
-__all__ = ["DEFAULT_BUDGET_S", "runner_names", "setting", "trials_table", "tune"]
-
 #: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
 DEFAULT_BUDGET_S = 60.0
 
 
 def tune(args: argparse.Namespace) -> int:
-    """Tune the pipeline named by ``args.target`` for ``args.step``, printing and writing what it
-    found, or check DataLoader advice in a script (--script)."""
+    """Tune the pipeline ``args.target`` names, or check DataLoader advice in ``--script``."""
     if args.script is not None:
         return tune_script(args)
     if args.target is None:

@@ -27,9 +27,6 @@ from typing_extensions import Self
 from ._json import dump_file, loads, plain
 from .errors import FileFormatError
 
-__all__ = ["RECORD", "Count", "Flag", "Meta", "Name", "Rate", "Saved", "Share", "Text", "check", "describe",
-           "integer", "load", "number", "read_any", "refuse", "rows", "string"]
-
 MAX_NAME, MAX_TEXT = 200, 100_000  # characters: names and short labels; evidence, tracebacks
 MAX_META_KEYS, MAX_META_LIST = 200, 10_000
 MAX_COUNT = 10**15
@@ -108,7 +105,6 @@ def rows(row: type, limit: int, index: str | None = None) -> PlainValidator:
     return PlainValidator(read)
 
 
-# -- reading and writing ---------------------------------------------------------------------------
 class Saved:
     """A result saved as ``{"format": "spdl_lab.<its class>", "version": n, ...}`` and its dataclass
     fields; a subclass sets the ClassVars and may override ``_saved_fields`` and ``_checked``."""

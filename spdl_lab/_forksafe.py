@@ -1,7 +1,7 @@
-"""Locks that survive ``fork()`` (a DataLoader forking its workers while a lab thread holds one
-would hand the child a lock nobody releases): taken before the fork, released after it in the
-parent, made anew in the child, still held there by the forking thread if it held it.
-``forked_child()`` tells atexit and signal handlers (run in a forked child too) not to act."""
+"""Locks that survive ``fork()`` (a DataLoader forking while a lab thread holds one would hand the
+child a lock nobody releases): taken before the fork, released after in the parent, made anew in
+the child (held by the forking thread if it held it). ``forked_child()`` stops atexit and signal
+handlers acting in a fork."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ import os
 import threading
 import weakref
 
-__all__ = ["FORK_WAIT_S", "Lock", "RLock", "forked_child"]
-
-#: How long a fork waits for each lock another thread holds (one holding a lock while waiting for
-#: one the fork took would wait forever); past it the child still gets a fresh lock, its guarded
-#: data perhaps half-written.
+#: How long a fork waits for each lock another thread holds (that thread may wait for one the fork
+#: took); past it the child still gets a fresh lock, its guarded data perhaps half-written.
 FORK_WAIT_S = 1.0
 
 _locks: weakref.WeakSet = weakref.WeakSet()

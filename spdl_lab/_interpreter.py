@@ -9,8 +9,6 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 
-__all__ = ["Interpreter", "describe"]
-
 
 @dataclass(frozen=True)
 class Interpreter:

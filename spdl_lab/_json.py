@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dump_file", "dumps", "loads", "plain", "write_atomically"]
-
 _AS_IS = (str, int, bool, type(None))
 
 

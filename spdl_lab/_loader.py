@@ -15,8 +15,6 @@ from ._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ._telemetry.snapshot import Snapshot
 from .errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["CLOSE_TIMEOUT_S", "Loader"]
-
 
 class Loader(RunOwner):
     """Run ``pipeline`` under ``runner`` and iterate its outputs.
@@ -68,7 +66,6 @@ class Loader(RunOwner):
         #: True when a Session runs it: SPDL_LAB_WATCH=1 then publishes the Session, not this
         self.managed = False
 
-    # -- iterating ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._state.closed:
             raise SpdlLabError("this Loader is closed; create a new one to iterate again")

@@ -15,8 +15,6 @@ import spdl_lab as lab
 from spdl_lab._interpreter import describe
 from spdl_lab._runners import RUNNERS
 
-__all__ = ["SpdlMagics", "load_ipython_extension", "unload_ipython_extension"]
-
 MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare", "spdl_diagnose", "spdl_attach")
 
 _ANY_PIPELINE = "a lab.Pipeline, a lab.Loader or any iterable"

@@ -9,9 +9,6 @@ from typing import Any, Literal
 
 from .errors import PipelineSpecError
 
-__all__ = ["MAX_CONCURRENCY", "Pipeline", "Stage", "check_ints", "describe_source", "find_stage", "unique_name",
-           "validate_concurrency"]
-
 #: Upper bound on a stage's concurrency: beyond it a pool costs more than it can return anywhere.
 MAX_CONCURRENCY = 1024
 

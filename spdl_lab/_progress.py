@@ -6,8 +6,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["progress_bar", "bar_kind"]
-
 
 def bar_kind(enabled: bool = True) -> str | None:
     """``"notebook"``, ``"terminal"`` or None: which bar ``progress_bar`` would show here."""

@@ -9,9 +9,10 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pandas as pd
+from typing_extensions import Self
 
 from ._engine.engine import EngineReading
 from ._engine.queues import END, TIMEOUT
@@ -22,9 +23,6 @@ from ._telemetry.ring import Ring
 from ._telemetry.sampler import Sampler, Source
 from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .errors import PipelineSpecError
-
-__all__ = ["CLOSE_TIMEOUT_S", "Run", "RunOwner", "StartHook", "add_start_hook", "caller_line", "empty_snapshot",
-           "run_start_hooks"]
 
 #: How often a consumer blocked on the next item re-checks for stop and errors.
 _POLL_S = 0.1
@@ -48,9 +46,6 @@ def run_start_hooks(event: str, subject: Any) -> None:
     """Call every start hook, in the order they were added, on ``subject``."""
     for hook in tuple(_START_HOOKS.values()):
         hook(event, subject)
-
-
-_Owner = TypeVar("_Owner", bound="RunOwner")
 
 
 class RunOwner:
@@ -83,7 +78,6 @@ class RunOwner:
         if run is not None and run.sampler is not None:
             run.sampler.remove_source(source)
 
-    # -- reading -----------------------------------------------------------------
     def stats(self) -> Snapshot:
         run = self._state.run
         return self._empty_stats() if run is None else run.snapshot()
@@ -125,12 +119,11 @@ class RunOwner:
         sampler = self.sampler
         return chunk_since(sampler.ring if sampler is not None else None, cursor)
 
-    # -- closing -----------------------------------------------------------------
     def close(self) -> None:
         """Stop the current run and everything it started. Safe to call twice."""
         self._state.close(self._close_timeout)
 
-    def __enter__(self: _Owner) -> _Owner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

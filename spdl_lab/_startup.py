@@ -16,9 +16,6 @@ from typing import Any
 
 from .errors import in_chain
 
-__all__ = ["EXIT_INTERRUPTED", "import_safe_interrupts", "interrupt_taken", "is_the_command",
-           "quit_on_interrupt"]
-
 EXIT_INTERRUPTED = 130
 #: How soon a Ctrl-C held back by an import is tried again.
 RETRY_S = 0.05

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["amount", "num", "pct", "spread", "text_table"]
-
 
 def _missing(x: float | None) -> bool:
     return x is None or math.isnan(x)

@@ -9,8 +9,6 @@ from typing import Any
 
 from .errors import SpdlLabError
 
-__all__ = ["register", "view"]
-
 _VIEWS: dict[str, str] = {}
 
 

@@ -46,12 +46,8 @@ from ._cli_inputs import (
     report_dir,
     seconds,
 )
-from ._cli_inputs import (
-    progress_wanted as _progress,
-)
-from ._cli_inputs import (
-    stem as _stem,
-)
+from ._cli_inputs import progress_wanted as _progress
+from ._cli_inputs import stem as _stem
 from ._cli_report import report as _report
 from ._cli_tune import DEFAULT_BUDGET_S, trials_table
 from ._cli_tune import runner_names as _runner_names
@@ -77,8 +73,6 @@ DEFAULT_STEP = "simulated:20"
 EXIT_CODES = __doc__[__doc__.index("Exit status:"):]
 
 
-# -- the subcommands ------------------------------------------------------------------------------
-
 def _info(_: argparse.Namespace) -> int:
     for line in describe().lines():
         print(line)
@@ -88,17 +82,18 @@ def _info(_: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """The parallelism study: compare every runner on the noisy-neighbour or the image workload."""
-    if args.workload == "images":
-        html, data = output_path(args.report, "demo-images.html"), output_path(args.json, None)
+    images = args.workload == "images"
+    html = output_path(args.report, "demo-images.html" if images else "demo.html")
+    data = output_path(args.json, None)
+    if images:
         # Enough batches for every round: (warm-up x rounds + steps) x batch size, in passes over 512 files.
         batches = (args.repeats or 5) * args.warmup + args.steps
         pipeline, step = lab.workloads.images(n=512, crop=128, batch_size=16, epochs=math.ceil(batches * 16 / 512))
-        print(f"images: {pipeline!r}\nstep: {step!r}\n")
-        return _run_comparison(args, pipeline, step, html, data, "spdl_lab demo: JPEG images")
-    html, data = output_path(args.report, "demo.html"), output_path(args.json, None)
-    pipeline, device = lab.workloads.noisy_neighbour()
-    print(f"noisy neighbour: {pipeline!r}\nstep: {device!r}\n")
-    return _run_comparison(args, pipeline, device, html, data, "spdl_lab demo: the noisy neighbour")
+    else:
+        pipeline, step = lab.workloads.noisy_neighbour()
+    print(f"{'images' if images else 'noisy neighbour'}: {pipeline!r}\nstep: {step!r}\n")
+    title = "JPEG images" if images else "the noisy neighbour"
+    return _run_comparison(args, pipeline, step, html, data, f"spdl_lab demo: {title}")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -143,17 +138,13 @@ def _diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- what the arguments name ----------------------------------------------------------------------
-
+#: The target of the --help examples, whose file names derive from it as the commands' do.
 EXAMPLE_TARGET = "mypkg.data:make_pipeline"
+EXAMPLE_REPORT = f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
 
 def _writes(stem: str, suffixes: tuple[str, ...] = (".html", ".json")) -> str:
     return f"\n  (writes {' and '.join(f'{DEFAULT_REPORT_DIR}/{stem}{s}' for s in suffixes)})"
-
-
-def _example_report() -> str:
-    return f"{DEFAULT_REPORT_DIR}/{_stem(EXAMPLE_TARGET)}.json"
 
 
 def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, example: str,
@@ -208,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  spdl-lab info\n  spdl-lab compare mypkg.data:make_pipeline --step simulated:20\n"
                "  spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8\n"
                "  spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60\n"
-               f"  spdl-lab report {_example_report()}\n\n" + EXIT_CODES,
+               f"  spdl-lab report {EXAMPLE_REPORT}\n\n" + EXIT_CODES,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {lab.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -308,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record (.sqlite, by lab.publish or spdl-lab watch), or a torchrun job's record\n"
         "folder (a rankR.sqlite per rank), as one HTML file that opens without a network\n"
         "(Bokeh inline). The file is checked strictly and never executed.",
-        f"spdl-lab report {_example_report()} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
+        f"spdl-lab report {EXAMPLE_REPORT} -o diagnosis.html\n  (reads the JSON spdl-lab diagnose "
         "wrote in the example above; writes diagnosis.html)\n  "
         "spdl-lab report spdl_lab_runs/resnet-4242.sqlite -o run.html\n  (a run spdl-lab watch recorded: "
         "its state, medians of the step, stages, CPU and GIL wait, plots over time)\n  "
@@ -341,9 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _interrupted(prog: str, exiting: bool) -> int:
-    """Ctrl-C: one line and 130. A caller of ``main(argv)`` gets the status and keeps its handler
-    (its children would inherit an ignored SIGINT). The command itself (``exiting``) ignores a
-    second Ctrl-C, which would print a traceback from mid-clean-up, and ends now (``_end_now``)."""
+    """Ctrl-C: one line and 130. A ``main(argv)`` caller keeps its handler (children would inherit an
+    ignored SIGINT); the command ignores a second Ctrl-C (a traceback mid-clean-up) and ends now."""
     if exiting and threading.current_thread() is threading.main_thread():  # signal.signal works only there
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     interrupt_taken()
@@ -354,9 +344,8 @@ def _interrupted(prog: str, exiting: bool) -> int:
 
 
 def _end_now(code: int) -> None:
-    """Exit with ``code`` once the runs' clean-up is done: kill what it left (a runner stopped while it
-    started its workers or its Ray instance), and skip the interpreter's finalization, in which Ray's
-    threads can crash a process they were interrupted in (SIGSEGV)."""
+    """Exit with ``code``: kill what the clean-up left (a runner stopped while starting), and skip
+    the interpreter's finalization, where Ray's interrupted threads can crash it (SIGSEGV)."""
     left = psutil.Process().children(recursive=True)
     for proc in left:
         with contextlib.suppress(psutil.Error):
@@ -373,9 +362,8 @@ RUNS_WORKERS = ("compare", "demo", "diagnose", "tune")
 
 
 def _quiet_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker without stderr. Workers stopped by a Ctrl-C while
-    they start leave it KeyError tracebacks to print after the one line; the lab removes its own
-    segments (and sweeps a dead owner's), so there is nothing for the user to read there."""
+    """Start multiprocessing's resource tracker without stderr: workers stopped by Ctrl-C while
+    starting leave it KeyError tracebacks to print, about segments the lab removes itself."""
     from multiprocessing import resource_tracker
 
     sys.stderr.flush()

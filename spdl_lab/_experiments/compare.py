@@ -1,7 +1,6 @@
-"""``lab.compare``: the same pipeline and step under several runners, side by side, in interleaved
-rounds (each runner one window a round, the order rotating), so a slow spell of a shared machine
-hits every runner alike; runners stay open, idle, between their windows. ``lab.headspace``: the
-one-call form of the ``cache`` runner, the step time when loading is free."""
+"""``lab.compare``: one pipeline and step under several runners in interleaved rounds (one window
+each, the order rotating), so a slow spell of the machine hits all alike. ``lab.headspace``: the
+``cache`` runner in one call, the step time when loading is free."""
 
 from __future__ import annotations
 
@@ -23,9 +22,6 @@ from ..errors import PipelineSpecError
 from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
 from .contender import Contender, MachineClock, Window
 from .spread import ratios, runner_row, warnings_for
-
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_STEPS", "DEFAULT_WARMUP", "ROUND_COLUMNS", "TABLE_COLUMNS",
-           "Comparison", "compare", "headspace"]
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows

@@ -35,8 +35,6 @@ from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
 from .spread import beats_headspace, coverage
 
-__all__ = ["ROUND_COLUMNS", "TABLE_COLUMNS", "Comparison", "ComparisonFormatError", "Round", "Row"]
-
 WIDTH = 100  # columns of the printed table
 MAX_TICKS = 100_000  # per runner (the sampler keeps 6,000 by default)
 MAX_SERIES = 10_000  # (series, stage) pairs per runner

@@ -22,9 +22,6 @@ from .._training.clock import StepRecord
 from .._training.device import training_waits
 from ..errors import SpdlLabError
 
-__all__ = ["Contender", "MachineClock", "Window", "gil_fracs"]
-
-
 #: A step whose batch took longer than this (and 5% of the step) waited for it: it was not ready.
 READY_WAIT_S = 0.0005
 
@@ -69,9 +66,8 @@ class MachineClock:
 
 
 class Contender:
-    """A runner's Loader, clock and iterator, kept across the rounds of a comparison: idle, not
-    closed, between its windows (its queues full, its workers blocked), so no round pays its
-    start-up again; a window's ``warmup`` steps drain what was prefetched meanwhile."""
+    """A runner's Loader, clock and iterator, idle between its windows (queues full, workers
+    blocked) so no round pays start-up again; ``warmup`` steps drain what was made meanwhile."""
 
     def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
                  options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
@@ -123,9 +119,8 @@ class Contender:
                       train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued)
 
     def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
-        """Unmeasured steps, up to ``max_steps``, while the batches made before (under another
-        setting, or while idle) last: buffers a runner's readings do not show would otherwise
-        count as the new setting's speed. Returns the steps taken."""
+        """Up to ``max_steps`` unmeasured steps (returns how many) while batches made before last:
+        buffers a runner's readings do not show would count as the new setting's speed."""
         if max_steps <= 0:
             return 0
         before = self.clock.steps
@@ -135,8 +130,7 @@ class Contender:
 
     @contextlib.contextmanager
     def _watchdog(self, timeout: float | None) -> Iterator[threading.Event]:
-        """Close the loader once a window runs past ``timeout`` s (a blocked next() ends); yields
-        the event set when it did."""
+        """Yields an event set once the window ran past ``timeout`` s and closed the loader."""
         if self._batches is None:
             self._batches = iter(self.loader)
         fired = threading.Event()

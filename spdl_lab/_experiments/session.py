@@ -1,6 +1,5 @@
-"""``lab.run``: a training loop over a loader, in a background thread, with telemetry. A Session
-owns one loop: the loader, the step, a StepClock, and the GIL and CPU probes, all sampled into one
-ring; what it iterates is checked first, with errors that say what to pass instead."""
+"""``lab.run``: a training loop over a loader in a background thread (a Session), its StepClock and
+GIL and CPU probes sampled into one ring; what it iterates is checked first, errors saying why."""
 
 from __future__ import annotations
 
@@ -31,8 +30,6 @@ from .._training.steps import summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 
-__all__ = ["IDLE_CORES", "Session", "run", "sessions_paused"]
-
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
 #: CPU (in cores) of this process and its children below which the paused sessions count as idle.
 IDLE_CORES = 0.1
@@ -41,9 +38,8 @@ _TICK_S = 0.2
 
 @contextmanager
 def sessions_paused(timeout_s: float = 5.0) -> Iterator[int]:
-    """Pause this interpreter's running sessions, wait (at most ``timeout_s``) until this process
-    tree idles, resume them on exit; yields how many were paused. For ``lab.diagnose``: a session
-    training beside it would make every stage read "cpu-bound"."""
+    """Pause the running sessions until exit and wait (``timeout_s`` at most) for this process tree
+    to idle; yields how many. For ``lab.diagnose``: training beside it reads as "cpu-bound"."""
     paused = [s for s in list(_LIVE) if s.state == "running"]
     try:
         deadline = time.monotonic() + timeout_s

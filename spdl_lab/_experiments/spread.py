@@ -12,8 +12,6 @@ import numpy as np
 
 from .contender import Window
 
-__all__ = ["BUSY_MACHINE", "WIDE_SPREAD", "coverage", "runner_row", "ratios", "warnings_for"]
-
 #: Share of the cores used by other processes above which a comparison or a diagnosis names the load.
 BUSY_MACHINE = 0.25
 #: A runner whose fastest round is this much faster than its slowest is named in a warning.

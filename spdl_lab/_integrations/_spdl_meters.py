@@ -1,7 +1,5 @@
-"""lab meters fed by SPDL's own extension points: a task hook per stage, a queue class.
-
-Both run on SPDL's event loop thread only, so each counter has one writer and needs no lock.
-"""
+"""lab meters fed by SPDL's own extension points: a task hook per stage, a queue class. Both run on
+SPDL's event loop thread only, so each counter has one writer and needs no lock."""
 
 from __future__ import annotations
 
@@ -15,15 +13,12 @@ from .._engine.engine import EngineReading
 from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
 from .spdl import SINK, SOURCE, SpdlSpec
 
-__all__ = ["SpdlMeters"]
-
 _clock = time.perf_counter_ns
 
 
 class _MeteredQueue(AsyncQueue):
-    """SPDL's queue with counters (depth and capacity are the queue's own). A subclass per run binds
-    ``meters``, which names each queue and gives the source's queue the source's meter as
-    ``producer``: each item put there is a source task."""
+    """SPDL's queue with counters. A subclass per run binds ``meters``, which names each queue and
+    makes the source's meter the ``producer`` of the source's queue: each put there is a task."""
 
     meters: ClassVar[SpdlMeters]
 
@@ -71,8 +66,7 @@ class _MeteredQueue(AsyncQueue):
 
 
 class _StageHook(TaskHook):
-    """Times every task of one stage into a lab ``StageMeter`` (the tasks SPDL invokes, counted as
-    they end), with a worker meter per running task for ``in_flight`` and busy time."""
+    """Times each task of a stage as it ends, a worker meter per running task (in flight, busy)."""
 
     def __init__(self, meter: StageMeter) -> None:
         self.meter = meter
@@ -114,9 +108,8 @@ class _Task:
 
 
 class SpdlMeters:
-    """The meters of one run of an SPDL pipeline, read as an ``EngineReading``: ``queue_class()``
-    and ``hook_factory()`` go to SPDL's build, whose stage ids (0 the source, the pipes in order,
-    the sink) match them."""
+    """One run's meters, read as an ``EngineReading``; ``queue_class()`` and ``hook_factory()`` go
+    to SPDL's build, whose stage ids (0 the source, the pipes in order, the sink) match them."""
 
     def __init__(self, spec: SpdlSpec) -> None:
         self.source = StageMeter(SOURCE, "source", 1)

@@ -1,8 +1,6 @@
-"""SPDL pipelines in lab's terms: ``read_spec`` reads a builder or config (its stages, their names,
-what lab refuses; SPDL's private fields are read only here, spdl_core 0.8) for the monitor and
-``lab.from_spdl``, which converts one into a ``lab.Pipeline``: all picklable (cloudpickle carries
-the user's function by value), async stages awaited on one event loop thread.
-"""
+"""SPDL pipelines in lab's terms: ``read_spec`` reads a builder or config (SPDL's private fields are
+read only here, spdl_core 0.8) for the monitor and ``lab.from_spdl``, which converts one into a
+picklable ``lab.Pipeline`` whose async stages are awaited on one event loop thread."""
 
 from __future__ import annotations
 
@@ -16,9 +14,6 @@ from typing import Any
 
 from .._pipeline import Pipeline, Stage, describe_source, find_stage, unique_name
 from ..errors import PipelineSpecError, SpdlLabError
-
-__all__ = ["AsyncSource", "ItemSkipped", "LoopThread", "Op", "SpdlNotInstalledError", "SpdlSpec", "SpdlStage",
-           "from_spdl", "op_kind", "pipe_fields", "read_spec"]
 
 #: Names lab gives the ends of an SPDL pipeline: its source, and SPDL's sink
 #: stage (which moves items from the last stage's queue into the output buffer).
@@ -61,9 +56,8 @@ class SpdlNotInstalledError(SpdlLabError, ImportError):
 
 
 def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
-    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``;
-    ``source`` and ``sink`` are the ends'). ``PipelineSpecError`` names a stage lab cannot take:
-    with ``convert`` (``lab.from_spdl``) what a lab.Pipeline cannot do, else branches and regions."""
+    """The stages of an SPDL builder or config, named as SPDL names them (a repeat gets ``_2``);
+    a stage lab cannot take (branches, regions; with ``convert``, what a Pipeline can't) raises."""
     try:
         from spdl.pipeline import defs
     except ImportError as exc:
@@ -190,13 +184,6 @@ def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
             f"spdl_lab reads SPDL pipelines of spdl_core 0.8") from None
 
 
-def pipe_ordered(cfg: Any) -> bool:
-    """True for ``output_order="input"``."""
-    from spdl.pipeline.defs import _PipeType
-
-    return cfg._type is _PipeType.OrderedPipe
-
-
 def op_kind(op: Any) -> str:
     """``"sync function"``, ``"async function"``, ``"generator"`` or ``"async generator"``."""
     call = getattr(op, "__call__", None)  # noqa: B004 - callable objects
@@ -221,7 +208,9 @@ def from_spdl(builder_or_config: Any) -> Pipeline:
     Names and concurrency are kept; async functions share one event loop thread. An item a pipe
     maps to ``None`` (SPDL drops it) counts as a failure; the sink's buffer is ``lab.Loader``'s.
     """
-    spec = read_spec(builder_or_config, caller="lab.from_spdl", convert=True)
+    spec = read_spec(builder_or_config, caller="lab.from_spdl", convert=True)  # SPDL imports here
+    from spdl.pipeline.defs import _PipeType  # ordered: output_order="input"
+
     loop = LoopThread()  # shared by the async stages, as SPDL shares one loop
     source = spec.config.src.source
     if not hasattr(source, "__iter__"):
@@ -233,7 +222,8 @@ def from_spdl(builder_or_config: Any) -> Pipeline:
             continue
         op = pipe_fields(part.cfg)[0]
         fn = Op(op, part.name, loop if op_kind(op) == "async function" else None)
-        pipeline = pipeline.map(fn, concurrency=part.concurrency, name=part.name, ordered=pipe_ordered(part.cfg))
+        ordered = part.cfg._type is _PipeType.OrderedPipe
+        pipeline = pipeline.map(fn, concurrency=part.concurrency, name=part.name, ordered=ordered)
     return pipeline
 
 
@@ -289,10 +279,9 @@ async def _aiter(source: AsyncIterable[Any]) -> Any:
 
 
 class LoopThread:
-    """One event loop in a daemon thread, started on first use; a pickled copy starts its own.
-    No runner knows the loop exists, so each thread that submits holds a lease in thread-local
-    storage, dropped as the thread ends (before its ``join()`` returns): the last lease gone stops
-    the loop, so closing a Loader stops it too."""
+    """One event loop in a daemon thread, started on first use; a pickled copy starts its own. No
+    runner knows of it, so each submitting thread holds a thread-local lease, dropped as the thread
+    ends (before its ``join()`` returns): the last one gone stops the loop, as a Loader closes."""
 
     def __init__(self, name: str = "spdl_lab:async-stages") -> None:
         self.name = name
@@ -315,8 +304,7 @@ class LoopThread:
             del future
 
     def _loop_here(self) -> asyncio.AbstractEventLoop:
-        """The loop, leased to the calling thread (the lease must never sit in a
-        frame that a traceback can hold, or it outlives its thread)."""
+        """The loop, leased to the calling thread (never in a frame a traceback can hold)."""
         lease = getattr(self._local, "lease", None)
         if lease is None:
             lease = self._local.lease = self._acquire()

@@ -1,6 +1,5 @@
 """Watch a real SPDL pipeline with lab's meters, without converting it: SPDL's own
-``build_pipeline`` with lab's task hooks and queue class, read like a ``lab.Loader``.
-"""
+``build_pipeline`` with lab's task hooks and queue class, read like a ``lab.Loader``."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ from .._telemetry.snapshot import Snapshot
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .spdl import SpdlSpec, from_spdl, op_kind, pipe_fields, read_spec
 
-__all__ = ["RUNNER", "SpdlMonitor", "is_spdl_spec", "open_spdl"]
-
 #: The runner name of a monitored SPDL pipeline (``session.runner``, ``snapshot.runner``).
 RUNNER = "spdl"
 #: Build options this module sets itself.
@@ -29,10 +26,9 @@ _OURS = ("queue_class", "stage_id")
 
 
 class SpdlMonitor(RunOwner):
-    """Iterate an SPDL pipeline (a builder or its config) as SPDL runs it, with lab's meters on
-    every stage and queue; each ``iter()`` builds a fresh one. Keyword arguments go to SPDL's
-    ``build_pipeline``; ``num_threads`` defaults to enough that no task waits for a thread (the
-    wait would count as task time). SPDL fixes concurrency when it builds: ``controls()`` is empty."""
+    """Iterate an SPDL pipeline (a builder or its config) as SPDL runs it, with lab's meters; each
+    ``iter()`` builds a fresh one with these ``build_pipeline`` options (``num_threads``: enough
+    that no task time includes a wait for a thread). SPDL fixes concurrency: no ``controls()``."""
 
     runner = RUNNER
 
@@ -77,9 +73,8 @@ class SpdlMonitor(RunOwner):
 
 
 class SpdlRunner(Runner):
-    """One run of an SPDL pipeline behind lab's runner contract. ``get`` and ``close`` may come from
-    different threads: a lock keeps SPDL's ``get_item`` and ``stop`` apart, and ``get`` polls in
-    short slices, so ``close`` waits at most one slice."""
+    """One run of an SPDL pipeline behind lab's runner contract. A lock keeps ``get_item`` and
+    ``stop`` (other threads) apart; ``get`` polls in short slices, which ``close`` waits out."""
 
     name = RUNNER
 
@@ -156,8 +151,7 @@ class SpdlRunner(Runner):
 
 
 def is_spdl_spec(obj: Any) -> bool:
-    """True for an SPDL ``PipelineBuilder``, ``PipelineConfig`` or ``SpdlMonitor``; imports nothing
-    (an object can only be SPDL's if SPDL was imported already)."""
+    """An SPDL builder, config or SpdlMonitor? Imports nothing: unloaded, SPDL made none of them."""
     if isinstance(obj, SpdlMonitor):
         return True
     if sys.modules.get("spdl.pipeline") is None:
@@ -184,9 +178,8 @@ def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = N
 
 def open_spdl(source: Any, runner: str | None, sample_hz: float,
               options: dict[str, Any]) -> tuple[Any, Any, str]:
-    """What ``lab.run`` opens for an SPDL pipeline, ``(loader, iterable, runner name)``: a monitor
-    for runner None or ``"spdl"``, else ``lab.from_spdl(source)`` under that runner. The start
-    hooks (diagnostic mode) run here, in the caller's thread, as for a lab.Pipeline."""
+    """``lab.run``'s ``(loader, iterable, runner name)`` for an SPDL pipeline: a monitor for runner
+    None or ``"spdl"``, else ``lab.from_spdl(source)``; start hooks run in the caller's thread."""
     from .._loader import Loader
 
     given = isinstance(source, SpdlMonitor)

@@ -1,8 +1,6 @@
-"""Bring a torch DataLoader as it is: converted into a ``lab.Pipeline`` (``from_dataloader``), or
-iterated untouched with its workers watched (``WatchedDataLoader``): their CPU, and the Dataset and
-collate_fn inside them timed as stages ``fetch`` and ``collate`` into a shared-memory block (a slot
-per worker, a row per stage) that the worker_init_fn the lab chains maps by name.
-"""
+"""A torch DataLoader converted into a ``lab.Pipeline`` (``from_dataloader``), or iterated untouched
+with its workers watched (``WatchedDataLoader``): their CPU, and their Dataset and collate_fn timed
+as stages ``fetch`` and ``collate`` into a shared-memory block a chained worker_init_fn maps."""
 
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ from .._telemetry.meters import QueueReading, StageReading
 from .._telemetry.probes import ProcessRates
 from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
-
-__all__ = ["PER_WORKER", "QUEUE", "WatchedDataLoader", "from_dataloader", "is_dataloader", "worker_stage"]
 
 #: The stages of a DataLoader worker and their rows in the meter block.
 STAGES = ("fetch", "collate")
@@ -88,12 +84,10 @@ def worker_stage(stage: str, worker: int) -> str:
 
 
 class WatchedDataLoader:
-    """Iterates a DataLoader unchanged and, as a Sampler source, reports its workers: their count
-    (``("processes", "workers")``, and the DataLoader's ``("num_workers", "dataloader")``), CPU
-    (``("cpu_percent", "worker<i>")``, their sum ``"workers"``), stages ``fetch`` and ``collate``
-    (summed, and ``PER_WORKER`` series per worker under ``"fetch/worker0"``, so that what reads
-    stages sees only stages) and the queue of batches prefetched or in flight. ``close()`` removes
-    the meters' shared memory; so does the garbage collector, or the interpreter's exit."""
+    """Iterates a DataLoader unchanged; as a Sampler source, reports its workers' count, CPU (each
+    and summed), stages ``fetch`` and ``collate`` (summed; ``PER_WORKER`` series under
+    ``"fetch/worker0"``, not stages) and the queue of batches prefetched or in flight. ``close()``
+    (or the collector, or exit) removes the meters' shared memory."""
 
     def __init__(self, dl: Any) -> None:
         self.dataloader = dl
@@ -116,8 +110,7 @@ class WatchedDataLoader:
         return len(self.dataloader)
 
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """Start an epoch: ``make()``, an iterator of this DataLoader, with the metering
-        worker_init_fn in place while it starts its workers (torch keeps them on the iterator)."""
+        """Start an epoch, ``make()``, with the metering worker_init_fn set while workers start."""
         dl = self.dataloader
         workers = int(getattr(dl, "num_workers", 0) or 0)
         block = self._block_for(workers) if workers > 0 else None
@@ -234,9 +227,8 @@ class WatchedDataLoader:
 
 
 class MeteredWorkerInit:
-    """The DataLoader's ``worker_init_fn`` while the lab meters it; the user's runs after, with the
-    same argument. Picklable (spawn and forkserver send it). A worker that cannot map the block
-    (beyond its slots, or the block already gone) runs unmetered: a meter never fails the job."""
+    """The ``worker_init_fn`` while the lab meters a DataLoader; the user's runs after. Picklable. A
+    worker that cannot map the block (past its slots, or gone) runs unmetered: never a failure."""
 
     def __init__(self, block_name: str, layout: Layout, user_fn: Callable[[int], Any] | None) -> None:
         self.block_name = block_name

@@ -18,12 +18,8 @@ from .. import _forksafe
 from .._telemetry.frames import Row
 from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
-from ._cuda import CudaStepTimer, cuda_available
-from .device import SimulatedDevice
+from .device import CudaStepTimer, SimulatedDevice, cuda_available
 from .steps import NO_STEPS, StepRecord, StepSummary, Totals, mean_ms, summarize
-
-__all__ = ["CudaStepTimer", "DEFAULT_HISTORY", "StepClock", "StepRecord", "StepSummary",
-           "cuda_available"]
 
 T = TypeVar("T")
 
@@ -98,9 +94,8 @@ class StepClock:
         return self._timed(_iter_of(iterable, "StepClock.iterate"), started_ns)
 
     def _timed(self, iterator: Iterator[T], started_ns: int | None = None) -> Generator[T, None, None]:
-        # A batch goes through a one-item list the yield empties, never a local: suspended at
-        # ``yield item`` the generator would hold it until the next, so the loop's ``del batch``
-        # would free nothing and its release (a shared-memory unmapping, ms) fall in neither figure.
+        # A batch passes through a one-item list, never a local: a suspended generator would hold
+        # it, so the loop's ``del batch`` would free nothing and its release fall in neither figure.
         clock = time.perf_counter_ns
         hand: list[T] = []
         while True:

@@ -1,22 +1,20 @@
-"""A simulated GPU stream driven from Python, for machines without CUDA: kernel launches are
-GIL-holding Python work, kernels need no GIL, so when loading threads take the GIL the device idles;
-and where the training thread waited while launching (for the GIL, or a core)."""
+"""Device time. Without CUDA, a simulated GPU stream driven from Python (GIL-holding launches,
+kernels that need no GIL: loading threads that take the GIL idle it) and where its launches waited;
+with CUDA, event pairs around each step, resolved without serializing CPU and GPU."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from .._telemetry.probes import runqueue_ns
 from ..errors import PipelineSpecError
 
-__all__ = ["DeviceStep", "DeviceTotals", "SimulatedDevice", "training_waits"]
-
-#: Defaults: a step of ~80 ms, whose launches cost 95% of a kernel, so the stream just stays
-#: fed and almost any GIL time another thread takes shows up as device idle (the noisy
-#: neighbour); the reasons for each number are in docs/measurements.md.
+#: Defaults: a step of ~80 ms whose launches cost 95% of a kernel, so any GIL time another thread
+#: takes shows as device idle (the noisy neighbour); docs/measurements.md has the reasons.
 DEFAULT_KERNELS = 200
 DEFAULT_LAUNCH_US = 380.0
 DEFAULT_KERNEL_US = 400.0
@@ -225,3 +223,71 @@ def _check(argument: str, value: Any, low: float, meaning: str, *, integer: bool
         kind = "an int" if integer else "a finite number"
         raise PipelineSpecError(f"SimulatedDevice: {argument} must be {kind} {'>' if strict else '>='} {low} "
                                 f"({meaning}), got {value!r}")
+
+
+Token = TypeVar("Token")
+
+#: CUDA event pairs pending before the oldest is waited for: only bounds memory (a real stream's
+#: launch queue fills first).
+MAX_PENDING = 1024
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a broken driver: no CUDA, not a crash in a clock
+        return False
+
+
+class CudaStepTimer(Generic[Token]):
+    """A start and an end event on the current stream around each step. Waiting for one would
+    serialize CPU and GPU, so pairs stay pending until ``query()`` says the GPU passed the end;
+    only ``drain()`` synchronizes. A pair spans the stream's gaps: busy only while it stays fed."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event_type: Any = torch.cuda.Event
+        self._pending: deque[tuple[Any, Any, Token]] = deque()
+        self._free: list[Any] = []  # recycled events: creating one costs a driver call
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else self._event_type(enable_timing=True)
+
+    def start(self) -> Any:
+        event = self._event()
+        event.record()
+        return event
+
+    def end(self, start: Any, token: Token) -> None:
+        event = self._event()
+        event.record()
+        self._pending.append((start, event, token))
+        if len(self._pending) > MAX_PENDING:
+            self._pending[0][1].synchronize()
+
+    def cancel(self, start: Any) -> None:
+        """Give back the start event of a step that failed."""
+        self._free.append(start)
+
+    def poll(self) -> list[tuple[Token, float]]:
+        """(token, seconds) for every pair the GPU has finished, oldest first."""
+        resolved: list[tuple[Token, float]] = []
+        pending = self._pending
+        while pending and pending[0][1].query():
+            start, end, token = pending.popleft()
+            resolved.append((token, start.elapsed_time(end) / 1e3))
+            self._free += (start, end)
+        return resolved
+
+    def drain(self) -> list[tuple[Token, float]]:
+        """Wait once for the newest event, then resolve everything pending."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+        return self.poll()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)

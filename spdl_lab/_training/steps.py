@@ -13,9 +13,6 @@ import pandas as pd
 
 from .._telemetry.histogram import quantile_ns
 
-__all__ = ["NO_STEPS", "StepRecord", "StepSummary", "Totals", "mean_ms", "summarize",
-           "summary_table"]
-
 
 @dataclass(slots=True)
 class StepRecord:
@@ -101,8 +98,7 @@ def mean_ms(total_ns: int, count: int) -> float:
 
 
 def summary_table(snap: Any) -> pd.DataFrame:
-    """A Snapshot as ``summary()`` shows it, for a local session, a remote one and a record alike:
-    one row per stage (the source first), then the training step's."""
+    """Any Snapshot (session, remote, record) as ``summary()``: a row per stage, then the step's."""
     table = snap.table() if snap.stages else pd.DataFrame()
     if snap.step is None:
         return table

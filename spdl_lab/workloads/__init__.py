@@ -1,7 +1,5 @@
-"""``lab.workloads``: pipelines to study, made on this machine, each with a training step: synthetic
-ones from the field notes and real ones (JPEG decoding, tokenizing). Functions are module-level
-so every runner (threads, a child process, DataLoader workers) imports them by reference.
-"""
+"""``lab.workloads``: pipelines to study, each with a training step: synthetic ones from the field
+notes, real ones (JPEGs, tokenizing). Module-level functions: every runner imports them by name."""
 
 from pathlib import Path
 
@@ -27,10 +25,9 @@ JOBS = {"ddp": "train_ddp.py", "images": "train_images.py"}
 
 
 def job_script(name: str = "images") -> Path:
-    """The path of a real training script that never imports spdl_lab (``images``: JPEGs, a torch
-    DataLoader, a conv net, under Lightning or a plain loop; ``ddp``: a data-parallel job for
-    ``torchrun``, one rank of which can be slowed; ``--help`` says how), for ``spdl-lab watch --
-    python PATH ...`` (or ``-- torchrun ... PATH``) as a user's job would run."""
+    """The path of a real training script that never imports spdl_lab, for ``spdl-lab watch --
+    python PATH`` (``images``: a DataLoader and a conv net, Lightning or a plain loop) or ``--
+    torchrun ... PATH`` (``ddp``: data-parallel, one rank can be slowed); ``--help`` says how."""
     if name not in JOBS:
         raise ValueError(f"job_script: no job {name!r}; the jobs are: {', '.join(sorted(JOBS))}")
     return Path(__file__).with_name("jobs") / JOBS[name]

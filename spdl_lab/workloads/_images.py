@@ -1,6 +1,5 @@
-"""The image workload: photo-like JPEG files made once on this machine, then read, decoded (PIL or
-torchvision), cropped, flipped and normalized as training does, by a Pipeline or a DataLoader.
-"""
+"""The image workload: photo-like JPEGs made once on this machine, read, decoded (PIL or
+torchvision), cropped, flipped and normalized as training does, by a Pipeline or a DataLoader."""
 
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
-
-__all__ = ["ImageFolder", "image_dataloader", "image_step", "images"]
 
 DECODERS = ("pil", "torchvision")
 MEAN = (0.485, 0.456, 0.406)
@@ -61,8 +58,7 @@ def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -
 
 
 class ListFiles:
-    """The source: the first ``n`` JPEG files of ``folder``, listed afresh each pass, ``epochs``
-    passes in a row (a longer run without more files)."""
+    """The source: the first ``n`` JPEGs of ``folder``, listed each pass, ``epochs`` times."""
 
     def __init__(self, folder: Path, n: int, epochs: int = 1) -> None:
         self.folder, self.n, self.epochs = Path(folder), n, epochs

@@ -11,8 +11,6 @@ from typing import Any
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 
-__all__ = ["ModelStep", "cache_dir", "dataloader", "seeded", "step_for"]
-
 CACHE_ENV = "SPDL_LAB_CACHE_DIR"
 
 
@@ -82,8 +80,7 @@ def seeded(seed: int, make: Callable[[], Any]) -> Any:
 
 
 def dataloader(dataset: Any, batch_size: int, num_workers: int, options: dict[str, Any]) -> Any:
-    """``dataset`` in a plain ``torch.utils.data.DataLoader``, whole batches only, as a user writes
-    it; ``options`` go to the DataLoader (``shuffle``, ``prefetch_factor``, ...)."""
+    """A plain ``DataLoader`` over ``dataset``, whole batches only; ``options`` go to it."""
     from torch.utils.data import DataLoader
 
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True, **options)

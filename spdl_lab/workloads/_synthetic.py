@@ -12,9 +12,6 @@ import numpy as np
 from .._pipeline import Pipeline
 from .._training import SimulatedDevice
 
-__all__ = ["augment", "collate_list", "collate_stack", "decode_sample", "fetch_array", "ipc_overhead",
-           "noisy_neighbour", "read_sample"]
-
 
 def fetch_array(index: int, *, shape: tuple[int, ...], fetch_s: float) -> np.ndarray:
     """One item of the IPC question: wait ``fetch_s`` (I/O), then make a random array."""

@@ -1,7 +1,6 @@
 """The text workload: generated documents, tokenized (Hugging Face ``tokenizers``, or the same
-WordPiece in pure Python: the same ids), padded, batched. Both hold the GIL per document;
-``encode_batch`` releases it for a whole batch, hence ``"rust-batch"``.
-"""
+WordPiece in pure Python), padded, batched. Both hold the GIL per document; ``encode_batch``
+releases it for a whole batch, hence ``"rust-batch"``."""
 
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ from .._pipeline import Pipeline, check_ints
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 from ._steps import ModelStep, cache_dir, dataloader, seeded, step_for
-
-__all__ = ["TOKENIZERS", "DocumentTokens", "text", "text_dataloader", "text_step"]
 
 TOKENIZERS = ("rust", "python", "rust-batch")
 PAD, UNK = "[PAD]", "[UNK]"

@@ -2,13 +2,10 @@
 loader over its shard, a small conv net wrapped in DistributedDataParallel (gloo, on the CPU)
 averages its gradients across ranks every step. It knows nothing of spdl_lab unless ``--loader lab``.
 
-One rank can be made slow, to study stragglers: ``--slow-rank R --slow-ms X`` adds X ms to every
-item rank R loads (a slower disk or decoder: the rank waits for data), ``--compute-rank R
---compute-ms X`` adds X ms of CPU work to every step of rank R (the rank computes longer).
-Run it as ``torchrun --nproc_per_node=2 train_ddp.py ...``; ``--help`` lists the options.
-
-``--timing DIR`` writes each rank's own count to ``DIR/rankR.json``: steps, wall time, steps/s, and
-steps/s after the first tenth of the steps (the loader's start-up left out).
+A straggler: ``--slow-rank R --slow-ms X`` adds X ms to every item rank R loads (it waits for data),
+``--compute-rank R --compute-ms X`` X ms of CPU work to its every step. ``--timing DIR`` writes each
+rank's steps, wall time, steps/s and steps/s after the first tenth to ``DIR/rankR.json``.
+Run it as ``torchrun --nproc_per_node=2 train_ddp.py ...``; see ``--help``.
 """
 
 from __future__ import annotations

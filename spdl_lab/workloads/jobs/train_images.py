@@ -2,11 +2,9 @@
 PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU;
 run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
 
-It writes its own per-step figures to ``--timing`` (JSON: steps, the wall time from its first
-epoch's start to its last step's end on ``time.perf_counter``, the machine's monotonic clock, steps/s,
-the step and data-wait p50), which ``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's
-figures against. Under Lightning they come from its profiler (see ``train_lightning``).
-Run it as ``python train_images.py --images DIR ...``; ``--help`` lists the options.
+``--timing`` writes its own figures (JSON: steps, wall time on ``time.perf_counter``, steps/s, step
+and data-wait p50; under Lightning from its profiler), which ``spdl-lab watch`` and ``spdl-lab tune
+--script`` hold the lab's against. ``python train_images.py --images DIR ...``; see ``--help``.
 """
 
 from __future__ import annotations
@@ -68,8 +66,8 @@ def conv_net() -> nn.Module:
 
 
 class Timing:
-    """The job's own per-step figures: a step is its batch's training, the data wait the time
-    from the previous step's end (or the epoch's start) to this step's start."""
+    """The job's own figures: a step is its batch's training, its data wait the time since the
+    previous step's end (or the epoch's start)."""
 
     def __init__(self) -> None:
         self.waits: list[float] = []
