@@ -15,8 +15,6 @@ from .queues import END, TIMEOUT, BoundedQueue, QueueClosed, Sink
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["MapStage", "reorder_window"]
-
 _DROPPED = object()
 
 #: How long an idle worker waits on its input before re-checking whether to retire or stop.
@@ -26,7 +24,6 @@ _IDLE_POLL_S = 0.1
 class MapStage:
     def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine, meter: StageMeter,
                  metered: bool) -> None:
-        self.spec = spec
         self.name = spec.name
         self._fn = spec.fn
         self._inq = inq
@@ -39,7 +36,6 @@ class MapStage:
         self._ended = False
         self._pool_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._spawned = 0
         # Ordering state (used only when spec.ordered).
         self._ordered = spec.ordered
         self._order_lock = threading.Lock()
@@ -74,10 +70,9 @@ class MapStage:
     def _grow_locked(self) -> None:
         while self._live < self._target:
             self._live += 1
-            self._spawned += 1
             meter = self._meter.new_worker()
-            thread = threading.Thread(target=self._run, args=(meter,), name=f"spdl_lab:{self.name}:{self._spawned}",
-                                      daemon=True)
+            thread = threading.Thread(target=self._run, args=(meter,), daemon=True,
+                                      name=f"spdl_lab:{self.name}:{len(self._threads) + 1}")
             self._threads.append(thread)
             thread.start()
 

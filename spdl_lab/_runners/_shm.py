@@ -24,9 +24,6 @@ from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._telemetry.meters import StageReading
 from ..errors import RunnerError
 
-__all__ = ["SOURCE_ROW", "Layout", "MeterBlock", "SeqlockBlock", "ShmFile", "SlotMeter",
-           "free_bytes", "new_prefix", "remove_all", "shm_dir", "sweep_dead_owners"]
-
 #: Every segment's name: ``spdl_lab_<pid of the process that made it>_<random>_<what>``.
 _OURS = re.compile(r"spdl_lab_(\d+)_[0-9a-f]+_")
 _swept_in: int | None = None  # the pid of the process that swept (a forked child sweeps again)

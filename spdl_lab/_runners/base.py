@@ -15,8 +15,6 @@ from .._engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks
 
-__all__ = ["Delivered", "PumpRunner", "Runner", "ThreadRunner"]
-
 #: How often a consumer waiting in ``PumpRunner.get`` runs the runner's ``_check``.
 _CHECK_S = 0.1
 

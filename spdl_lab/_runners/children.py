@@ -19,9 +19,6 @@ from typing import Any, NoReturn
 
 import psutil
 
-__all__ = ["Child", "ChildTraceback", "MainFreeSpawnContext", "ended", "exit_reason", "exit_status",
-           "exit_without_finalizing", "kill", "spawn", "stop_process"]
-
 
 class ChildTraceback(Exception):
     """A child's traceback, chained under the error raised in the parent."""

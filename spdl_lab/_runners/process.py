@@ -32,8 +32,6 @@ from ._shm import Layout, MeterBlock
 from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
-__all__ = ["ProcessRunner", "WORKERS"]
-
 #: The DataLoader's own ``timeout``: how soon the pump notices close() or a new worker count
 #: (torch leaves the iterator as it was when it fires, so waiting resumes).
 _POLL_S = 0.2

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["FAST_BUCKETS", "FAST_LIMIT_NS", "FAST_SHIFT", "NUM_BUCKETS", "bucket_bounds", "bucket_of",
-           "new_counts", "quantile_ns"]
-
 SUB_BITS = 3
 SUB = 1 << SUB_BITS
 NUM_BUCKETS = 64 * SUB

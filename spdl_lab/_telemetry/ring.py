@@ -8,8 +8,6 @@ import numpy as np
 
 from .. import _forksafe
 
-__all__ = ["Ring"]
-
 Key = tuple[str, str]  # (series, stage)
 
 

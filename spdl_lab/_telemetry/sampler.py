@@ -16,8 +16,6 @@ from .. import _forksafe
 from .frames import Row, to_frame
 from .ring import Ring
 
-__all__ = ["DEFAULT_HZ", "DEFAULT_TICKS", "Sampler", "bounded", "limits"]
-
 DEFAULT_HZ = 10.0
 #: Ticks kept (ten minutes at 10 Hz): memory stays fixed however long a session runs.
 DEFAULT_TICKS = 6000

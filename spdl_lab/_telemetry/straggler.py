@@ -14,10 +14,6 @@ import numpy as np
 from .._table import pct
 from .frames import FrameChunk
 
-__all__ = ["HELD_BACK", "MIN_STEPS", "SLOWER_STAGE", "STRAGGLER_GAP", "VERDICT_WINDOW_S",
-           "WAITS_FOR_DATA", "WARMUP_STEPS", "JobVerdict", "RankWindow", "StageWindow", "judge",
-           "rank_window"]
-
 #: The latest seconds of each rank's ticks that a verdict reads.
 VERDICT_WINDOW_S = 10.0
 #: Steps each rank needs in the window before the ranks are compared.
