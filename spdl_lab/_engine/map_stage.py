@@ -31,12 +31,11 @@ class MapStage:
         self._rule = rule
         self._meter = meter
         self._metered = metered
-        self._target = spec.concurrency
+        self.concurrency = spec.concurrency
         self._live = 0
         self._ended = False
         self._pool_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        # Ordering state (used only when spec.ordered).
         self._ordered = spec.ordered
         self._order_lock = threading.Lock()
         self._order_cond = threading.Condition(self._order_lock)
@@ -44,11 +43,7 @@ class MapStage:
         self._emitting = False
         self._held: dict[int, tuple[int, Any]] = {}
         self._window_waiters = 0
-        self._window = reorder_window(self._target)
-
-    @property
-    def concurrency(self) -> int:
-        return self._target
+        self._window = reorder_window(self.concurrency)
 
     def start(self) -> None:
         with self._pool_lock:
@@ -58,7 +53,7 @@ class MapStage:
         """Resize the pool while it runs. Growing starts threads now; shrinking
         retires workers as they finish their current item (nothing is lost)."""
         with self._pool_lock:
-            self._target = n
+            self.concurrency = n
             self._meter.concurrency = n
             self._window = reorder_window(n)
             if not self._ended:
@@ -68,7 +63,7 @@ class MapStage:
             self._order_cond.notify_all()
 
     def _grow_locked(self) -> None:
-        while self._live < self._target:
+        while self._live < self.concurrency:
             self._live += 1
             meter = self._meter.new_worker()
             thread = threading.Thread(target=self._run, args=(meter,), daemon=True,
@@ -78,7 +73,7 @@ class MapStage:
 
     def _retire(self) -> bool:
         with self._pool_lock:
-            if self._live > self._target:
+            if self._live > self.concurrency:
                 self._live -= 1
                 return True
             return False
@@ -112,7 +107,7 @@ class MapStage:
         # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
         while True:
-            if self._live > self._target and self._retire():
+            if self._live > self.concurrency and self._retire():
                 return
             record = inq.get(_IDLE_POLL_S)
             if record is TIMEOUT:

@@ -234,11 +234,10 @@ class MeterBlock:
         running = np.where(started > 0, np.maximum(now - started, 0), 0).sum(axis=0)
         in_flight = (started > 0).sum(axis=0)
         sums = snap.sum(axis=0)
-        return [StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
-                             failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
-                             busy_ns=int(sums[row, BUSY_NS] + running[row]),
-                             busy_done_ns=int(sums[row, BUSY_NS]), concurrency=concurrency,
-                             hist=sums[row, HIST:].tolist())
+        busy = sums[:, BUSY_NS]
+        return [StageReading(name, kind, int(sums[row, TASKS]), int(sums[row, FAILURES]),
+                             int(in_flight[row]), int(busy[row] + running[row]), concurrency,
+                             sums[row, HIST:].tolist(), busy_done_ns=int(busy[row]))
                 for row, (name, kind) in enumerate(zip(names, kinds))]
 
     def release(self) -> None:

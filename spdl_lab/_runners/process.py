@@ -38,15 +38,10 @@ _POLL_S = 0.2
 
 
 class ProcessRunner(PumpRunner):
-    """Runs the pipeline in ``torch.utils.data.DataLoader`` worker processes. Example::
-
-        with lab.Loader(p, runner="process", num_workers=4, prefetch_factor=2) as loader:
-            for batch in loader: ...
-
-    ``set_concurrency`` of a map stage or of ``"workers"`` restarts the DataLoader with that
-    many workers, skipping what was delivered. ``max_failures`` counts per worker process
-    (workers share no lock); ``timeout`` is seconds without a batch before the run fails.
-    """
+    """Runs the pipeline in ``torch.utils.data.DataLoader`` worker processes. ``set_concurrency``
+    of a map stage or of ``"workers"`` restarts the DataLoader with that many workers, skipping
+    what was delivered. ``max_failures`` counts per worker process (workers share no lock);
+    ``timeout`` is seconds without a batch before the run fails."""
 
     name = "process"
     pool_stage = WORKERS

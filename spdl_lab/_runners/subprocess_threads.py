@@ -61,16 +61,11 @@ class SubprocessThreadsRunner(Runner):
         self._meters = SeqlockBlock(meters)
         child = spawn(["-m", "spdl_lab._runners.subprocess_threads"])
         self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
-        self._send({
-            "pipeline": self._payload,
-            "engine_options": {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
-                               "metered": self.metered},
-            "sys_path": list(sys.path),
-            "prefix": self._prefix,
-            "slots": self._slots,
-            "meters": meters.name,
-            "meters_size": meters.size,
-        })
+        engine = {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
+                  "metered": self.metered}
+        self._send({"pipeline": self._payload, "engine_options": engine, "sys_path": list(sys.path),
+                    "prefix": self._prefix, "slots": self._slots, "meters": meters.name,
+                    "meters_size": meters.size})
         message = self._recv(self._start_timeout, starting=True)
         if message is TIMEOUT:
             raise RunnerError(f"subprocess-threads: the child process did not start within "
@@ -87,8 +82,12 @@ class SubprocessThreadsRunner(Runner):
             _, seq, index, meta, slot_id, slot_name, slot_size = message
             if slot_id < 0:
                 return seq, index, decode(meta, None)
+            slot = self._maps.get(slot_id)
             try:
-                slot = self._slot(slot_id, slot_name, slot_size)
+                if slot is None or slot.name != slot_name:  # the child made a bigger one
+                    if slot is not None:
+                        slot.close()
+                    slot = self._maps[slot_id] = ShmFile(slot_name, slot_size, create=False)
             except FileNotFoundError:
                 if self._closed:  # close() from another thread removed the slot
                     return END
@@ -107,14 +106,6 @@ class SubprocessThreadsRunner(Runner):
         if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
-
-    def _slot(self, slot_id: int, name: str, size: int) -> ShmFile:
-        shm = self._maps.get(slot_id)
-        if shm is None or shm.name != name:  # the child replaced it with a bigger one
-            if shm is not None:
-                shm.close()
-            shm = self._maps[slot_id] = ShmFile(name, size, create=False)
-        return shm
 
     def _recv(self, timeout: float, starting: bool = False) -> Any:
         """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
@@ -182,9 +173,8 @@ class SubprocessThreadsRunner(Runner):
             return
         self._send(("stop",))
         self._closed = True
-        proc = self._proc
-        if proc is not None:
-            stop_process(proc, timeout)
+        if self._proc is not None:
+            stop_process(self._proc, timeout)
         for conn in (self._data, self._ctrl):
             if conn is not None:
                 conn.close()
