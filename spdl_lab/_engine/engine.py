@@ -1,10 +1,10 @@
 """The thread engine: a source thread, a pool per map stage, bounded queues.
 
-Failures: a stage function raising on an item stops the pipeline: the consumer's next ``next()``
-raises ``PipelineError`` naming the stage and the item (source index before a ``batch``, batch
-index after), the exception as ``__cause__``; queued results are discarded. With ``max_failures=N``
-the first N failing items (all stages together) are dropped and counted. The source raising, or a
-``BaseException`` (``KeyboardInterrupt``) anywhere, always stops it.
+Failures: a stage raising on an item stops the pipeline: the consumer's next ``next()`` raises
+``PipelineError`` naming the stage and the item (source index before a ``batch``, batch index
+after), the exception as ``__cause__``; queued results are discarded. ``max_failures=N`` drops and
+counts the first N failing items (all stages together); the source raising, or a ``BaseException``
+(``KeyboardInterrupt``) anywhere, always stops it.
 
 Shutdown: ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader
 collected) sets ``stopping`` and closes every queue, waking every waiter; other waits poll
@@ -237,8 +237,7 @@ def abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float,
     for owner, thread in stuck:
         by_owner.setdefault(owner, []).append(thread.name)
     where = "; ".join(f"{owner}: {len(names)} thread(s) ({', '.join(names)})" for owner, names in by_owner.items())
-    return (
-        f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned as "
-        f"daemon threads: each exits when its call returns and gets no more work. If a stage can "
-        f"block for ever, give its blocking calls a timeout, or {fix}, whose workers close() can kill."
-    )
+    return (f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned "
+            f"as daemon threads: each exits when its call returns and gets no more work. If a "
+            f"stage can block for ever, give its blocking calls a timeout, or {fix}, whose "
+            f"workers close() can kill.")

@@ -52,7 +52,6 @@ def sweep_dead_owners() -> list[str]:
 
 
 def remove_all(prefix: str) -> None:
-    """Unlink every segment under ``prefix``."""
     _unlink(lambda name: name.startswith(prefix))
 
 

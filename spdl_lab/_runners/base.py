@@ -45,7 +45,6 @@ class Runner(ABC):
 
     @classmethod
     def check_names(cls, options: dict[str, Any]) -> None:
-        """Reject options this runner does not take."""
         params = inspect.signature(cls).parameters
         unknown = [k for k in options if k not in params]
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):

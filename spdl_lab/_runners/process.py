@@ -153,7 +153,6 @@ class ProcessRunner(PumpRunner):
                 return
 
     def worker_pids(self) -> list[int]:
-        """Pids of the current workers, as they recorded them."""
         with self._block_lock:
             pids = [] if self._block is None else [int(p) for p in self._block.pids if p]
         return [pid for pid in pids if pid != os.getpid()]

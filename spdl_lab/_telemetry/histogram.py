@@ -11,7 +11,6 @@ NUM_BUCKETS = 64 * SUB
 
 
 def bucket_of(ns: int) -> int:
-    """Bucket index of a duration."""
     bl = ns.bit_length()
     return (bl << SUB_BITS) | ((ns >> (bl - SUB_BITS - 1)) & (SUB - 1)) if bl > SUB_BITS + 1 else ns
 

@@ -31,7 +31,6 @@ class WorkerMeter:
         self.started_ns = 0
 
     def record(self, duration_ns: int) -> None:
-        """Record one completed, timed task."""
         self.tasks += 1
         self.busy_ns += duration_ns
         self.hist[bucket_of(duration_ns)] += 1

@@ -220,8 +220,7 @@ class ProcessRates:
 
     def keep_only(self, keys: set) -> None:
         """Forget processes no longer seen: the table does not grow with every child ever made."""
-        for key in [k for k in self._last if k not in keys]:
-            del self._last[key]
+        self._last = {key: last for key, last in self._last.items() if key in keys}
 
 
 class WaitShares:

@@ -28,17 +28,13 @@ class Ring:
         with self._lock:
             slot = self.count % self.capacity
             self._times[slot] = time_s
-            seen = set()
+            for column in self._columns.values():  # a key with no value this tick reads NaN
+                column[slot] = np.nan
             for series, stage, value in values:
-                key = (series, stage)
-                column = self._columns.get(key)
+                column = self._columns.get((series, stage))
                 if column is None:
-                    column = self._columns[key] = np.full(self.capacity, np.nan)
+                    column = self._columns[series, stage] = np.full(self.capacity, np.nan)
                 column[slot] = value
-                seen.add(key)
-            for key, column in self._columns.items():
-                if key not in seen:
-                    column[slot] = np.nan
             self.count += 1
 
     def __len__(self) -> int:
