@@ -1,10 +1,10 @@
 """The thread engine: a source thread, a pool per map stage, bounded queues.
 
-Failures: a stage function raising on an item stops the pipeline: the consumer's next ``next()``
-raises ``PipelineError`` naming the stage and the item (source index before a ``batch``, batch
-index after), the exception as ``__cause__``; queued results are discarded. With ``max_failures=N``
-the first N failing items (all stages together) are dropped and counted. The source raising, or a
-``BaseException`` (``KeyboardInterrupt``) anywhere, always stops it.
+Failures: a stage raising on an item stops the pipeline: the consumer's next ``next()`` raises
+``PipelineError`` naming the stage and the item (source index before a ``batch``, batch index
+after), the exception as ``__cause__``; queued results are discarded. ``max_failures=N`` drops and
+counts the first N failing items (all stages together); the source raising, or a ``BaseException``
+(``KeyboardInterrupt``) anywhere, always stops it.
 
 Shutdown: ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader
 collected) sets ``stopping`` and closes every queue, waking every waiter; other waits poll
@@ -26,9 +26,7 @@ from .._pipeline import Pipeline, Stage
 from .._telemetry.meters import QueueReading, StageMeter, StageReading
 from ..errors import stage_failure
 from .map_stage import MapStage
-from .queues import END, TIMEOUT, Batcher, BoundedQueue, QueueClosed, Sink
-
-__all__ = ["Engine", "EngineReading", "END", "TIMEOUT", "abandoned_message", "default_buffer_size"]
+from .queues import END, Batcher, BoundedQueue, QueueClosed, Sink
 
 #: Capacity of queues that carry single items: many items per GIL switch, bounded memory.
 ITEM_QUEUE_SIZE = 32
@@ -98,8 +96,7 @@ class Engine:
             self._queues.append(queue)
             sink: Sink = queue
             for spec in reversed(batch_stages):  # each batch stage's input is the batcher in front of it
-                meter = StageMeter(spec.name, "batch", 1)
-                self._meters[spec.name] = meter
+                meter = self._meters[spec.name] = StageMeter(spec.name, "batch", 1)
                 batcher = Batcher(spec.name, spec.size or 1, spec.drop_last, sink, meter.new_worker())
                 self._inputs[spec.name] = sink = batcher
                 self._batchers.append(batcher)
@@ -161,21 +158,18 @@ class Engine:
         except BaseException as exc:  # a bug in the engine itself
             self.fail("source", index, exc)
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    close()
+            with contextlib.suppress(Exception):
+                getattr(iterator, "close", lambda: None)()
 
     def get(self, timeout: float) -> Any:
         """The next output record ``(seq, index, value)``, END, or TIMEOUT; the pipeline's
         ``PipelineError`` once it has failed."""
         try:
-            record = self._output.get(timeout)
+            return self._output.get(timeout)
         except QueueClosed:
             if self.error is not None:
                 raise self.error from self.error.__cause__
             return END
-        return record
 
     def set_concurrency(self, name: str, n: int) -> None:
         self._map_stages[name].set_concurrency(n)
@@ -208,8 +202,7 @@ class Engine:
     def close(self, timeout: float = 5.0) -> list[threading.Thread]:
         """Stop and join every thread; return those still alive after ``timeout``."""
         with self._close_lock:
-            first = not self._closed
-            self._closed = True
+            first, self._closed = not self._closed, True
         self._stop()
         deadline = time.monotonic() + timeout
         owned = [("the source", self._source_thread)] if self._source_thread else []
@@ -244,8 +237,7 @@ def abandoned_message(stuck: list[tuple[str, threading.Thread]], timeout: float,
     for owner, thread in stuck:
         by_owner.setdefault(owner, []).append(thread.name)
     where = "; ".join(f"{owner}: {len(names)} thread(s) ({', '.join(names)})" for owner, names in by_owner.items())
-    return (
-        f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned as "
-        f"daemon threads: each exits when its call returns and gets no more work. If a stage can "
-        f"block for ever, give its blocking calls a timeout, or {fix}, whose workers close() can kill."
-    )
+    return (f"spdl_lab: {where} still inside a call {timeout:g}s after close(). They are abandoned "
+            f"as daemon threads: each exits when its call returns and gets no more work. If a "
+            f"stage can block for ever, give its blocking calls a timeout, or {fix}, whose "
+            f"workers close() can kill.")

@@ -15,8 +15,6 @@ from .queues import END, TIMEOUT, BoundedQueue, QueueClosed, Sink
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["MapStage", "reorder_window"]
-
 _DROPPED = object()
 
 #: How long an idle worker waits on its input before re-checking whether to retire or stop.
@@ -26,7 +24,6 @@ _IDLE_POLL_S = 0.1
 class MapStage:
     def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine, meter: StageMeter,
                  metered: bool) -> None:
-        self.spec = spec
         self.name = spec.name
         self._fn = spec.fn
         self._inq = inq
@@ -34,13 +31,11 @@ class MapStage:
         self._rule = rule
         self._meter = meter
         self._metered = metered
-        self._target = spec.concurrency
+        self.concurrency = spec.concurrency
         self._live = 0
         self._ended = False
         self._pool_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._spawned = 0
-        # Ordering state (used only when spec.ordered).
         self._ordered = spec.ordered
         self._order_lock = threading.Lock()
         self._order_cond = threading.Condition(self._order_lock)
@@ -48,11 +43,7 @@ class MapStage:
         self._emitting = False
         self._held: dict[int, tuple[int, Any]] = {}
         self._window_waiters = 0
-        self._window = reorder_window(self._target)
-
-    @property
-    def concurrency(self) -> int:
-        return self._target
+        self._window = reorder_window(self.concurrency)
 
     def start(self) -> None:
         with self._pool_lock:
@@ -62,7 +53,7 @@ class MapStage:
         """Resize the pool while it runs. Growing starts threads now; shrinking
         retires workers as they finish their current item (nothing is lost)."""
         with self._pool_lock:
-            self._target = n
+            self.concurrency = n
             self._meter.concurrency = n
             self._window = reorder_window(n)
             if not self._ended:
@@ -72,18 +63,17 @@ class MapStage:
             self._order_cond.notify_all()
 
     def _grow_locked(self) -> None:
-        while self._live < self._target:
+        while self._live < self.concurrency:
             self._live += 1
-            self._spawned += 1
             meter = self._meter.new_worker()
-            thread = threading.Thread(target=self._run, args=(meter,), name=f"spdl_lab:{self.name}:{self._spawned}",
-                                      daemon=True)
+            thread = threading.Thread(target=self._run, args=(meter,), daemon=True,
+                                      name=f"spdl_lab:{self.name}:{len(self._threads) + 1}")
             self._threads.append(thread)
             thread.start()
 
     def _retire(self) -> bool:
         with self._pool_lock:
-            if self._live > self._target:
+            if self._live > self.concurrency:
                 self._live -= 1
                 return True
             return False
@@ -117,7 +107,7 @@ class MapStage:
         # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
         while True:
-            if self._live > self._target and self._retire():
+            if self._live > self.concurrency and self._retire():
                 return
             record = inq.get(_IDLE_POLL_S)
             if record is TIMEOUT:

@@ -12,8 +12,6 @@ from typing import Any, Protocol
 
 from .._telemetry.meters import QueueReading, WorkerMeter
 
-__all__ = ["END", "TIMEOUT", "Batcher", "BoundedQueue", "QueueClosed", "Sink"]
-
 
 class _Marker(enum.Enum):
     END = "END"
@@ -186,5 +184,4 @@ class Batcher:
 
     def read(self) -> QueueReading:
         """The partial batch, as a queue: depth items of ``size``."""
-        return QueueReading(name=self.name, depth=len(self._pending), capacity=self.size, puts=0,
-                            gets=0, put_blocked_ns=0, get_blocked_ns=0)
+        return QueueReading(name=self.name, depth=len(self._pending), capacity=self.size)

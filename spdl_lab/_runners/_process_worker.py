@@ -21,8 +21,6 @@ from ._transport import encode
 from .base import Delivered
 from .children import exit_without_finalizing
 
-__all__ = ["Plan", "Dropped", "Failure", "PipelineDataset"]
-
 
 @dataclass(frozen=True)
 class Plan:

@@ -11,8 +11,6 @@ import cloudpickle
 from .._pipeline import Pipeline
 from ..errors import PipelineError, PipelineSpecError, describe, stage_failure
 
-__all__ = ["ship", "output_stage", "pickled", "unsendable_output"]
-
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
     """The pipeline as cloudpickle bytes, or an error naming the source or stage that cannot go."""

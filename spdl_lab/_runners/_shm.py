@@ -24,9 +24,6 @@ from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._telemetry.meters import StageReading
 from ..errors import RunnerError
 
-__all__ = ["SOURCE_ROW", "Layout", "MeterBlock", "SeqlockBlock", "ShmFile", "SlotMeter",
-           "free_bytes", "new_prefix", "remove_all", "shm_dir", "sweep_dead_owners"]
-
 #: Every segment's name: ``spdl_lab_<pid of the process that made it>_<random>_<what>``.
 _OURS = re.compile(r"spdl_lab_(\d+)_[0-9a-f]+_")
 _swept_in: int | None = None  # the pid of the process that swept (a forked child sweeps again)
@@ -55,7 +52,6 @@ def sweep_dead_owners() -> list[str]:
 
 
 def remove_all(prefix: str) -> None:
-    """Unlink every segment under ``prefix``."""
     _unlink(lambda name: name.startswith(prefix))
 
 
@@ -237,11 +233,10 @@ class MeterBlock:
         running = np.where(started > 0, np.maximum(now - started, 0), 0).sum(axis=0)
         in_flight = (started > 0).sum(axis=0)
         sums = snap.sum(axis=0)
-        return [StageReading(name=name, kind=kind, tasks=int(sums[row, TASKS]),
-                             failures=int(sums[row, FAILURES]), in_flight=int(in_flight[row]),
-                             busy_ns=int(sums[row, BUSY_NS] + running[row]),
-                             busy_done_ns=int(sums[row, BUSY_NS]), concurrency=concurrency,
-                             hist=sums[row, HIST:].tolist())
+        busy = sums[:, BUSY_NS]
+        return [StageReading(name, kind, int(sums[row, TASKS]), int(sums[row, FAILURES]),
+                             int(in_flight[row]), int(busy[row] + running[row]), concurrency,
+                             sums[row, HIST:].tolist(), busy_done_ns=int(busy[row]))
                 for row, (name, kind) in enumerate(zip(names, kinds))]
 
     def release(self) -> None:

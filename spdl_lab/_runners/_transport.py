@@ -18,8 +18,6 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
 from ._shm import ShmFile
 
-__all__ = ["Copier", "Encoded", "Leases", "SlotWriter", "decode", "encode", "write_arrays"]
-
 _ALIGN = 64
 #: Slots grow to fit the largest output, with headroom: batches of varying size reuse a slot.
 _MIN_SLOT = 1 << 20

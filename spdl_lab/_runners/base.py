@@ -15,8 +15,6 @@ from .._engine.queues import END, TIMEOUT, BoundedQueue, QueueClosed
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, drop_tracebacks
 
-__all__ = ["Delivered", "PumpRunner", "Runner", "ThreadRunner"]
-
 #: How often a consumer waiting in ``PumpRunner.get`` runs the runner's ``_check``.
 _CHECK_S = 0.1
 
@@ -47,7 +45,6 @@ class Runner(ABC):
 
     @classmethod
     def check_names(cls, options: dict[str, Any]) -> None:
-        """Reject options this runner does not take."""
         params = inspect.signature(cls).parameters
         unknown = [k for k in options if k not in params]
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -14,8 +14,6 @@ from ..errors import PipelineSpecError
 from . import runner_class
 from .base import Runner
 
-__all__ = ["CacheRunner", "expected_outputs", "MAX_COUNTED_ITEMS"]
-
 #: A source without len() is counted by iterating it; past this many items it is taken as endless.
 MAX_COUNTED_ITEMS = 10_000_000
 

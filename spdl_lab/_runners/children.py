@@ -19,9 +19,6 @@ from typing import Any, NoReturn
 
 import psutil
 
-__all__ = ["Child", "ChildTraceback", "MainFreeSpawnContext", "ended", "exit_reason", "exit_status",
-           "exit_without_finalizing", "kill", "spawn", "stop_process"]
-
 
 class ChildTraceback(Exception):
     """A child's traceback, chained under the error raised in the parent."""
@@ -101,9 +98,8 @@ def exit_status(pid: int) -> tuple[bool, int] | None:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return None
-    if info is None:
-        return None
-    return info.si_code in (os.CLD_KILLED, os.CLD_DUMPED), info.si_status
+    killed = info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+    return None if info is None else (killed, info.si_status)
 
 
 def kill(pids: list[int], wait_s: float = 1.0) -> None:

@@ -32,23 +32,16 @@ from ._shm import Layout, MeterBlock
 from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
-__all__ = ["ProcessRunner", "WORKERS"]
-
 #: The DataLoader's own ``timeout``: how soon the pump notices close() or a new worker count
 #: (torch leaves the iterator as it was when it fires, so waiting resumes).
 _POLL_S = 0.2
 
 
 class ProcessRunner(PumpRunner):
-    """Runs the pipeline in ``torch.utils.data.DataLoader`` worker processes. Example::
-
-        with lab.Loader(p, runner="process", num_workers=4, prefetch_factor=2) as loader:
-            for batch in loader: ...
-
-    ``set_concurrency`` of a map stage or of ``"workers"`` restarts the DataLoader with that
-    many workers, skipping what was delivered. ``max_failures`` counts per worker process
-    (workers share no lock); ``timeout`` is seconds without a batch before the run fails.
-    """
+    """Runs the pipeline in ``torch.utils.data.DataLoader`` worker processes. ``set_concurrency``
+    of a map stage or of ``"workers"`` restarts the DataLoader with that many workers, skipping
+    what was delivered. ``max_failures`` counts per worker process (workers share no lock);
+    ``timeout`` is seconds without a batch before the run fails."""
 
     name = "process"
     pool_stage = WORKERS
@@ -160,7 +153,6 @@ class ProcessRunner(PumpRunner):
                 return
 
     def worker_pids(self) -> list[int]:
-        """Pids of the current workers, as they recorded them."""
         with self._block_lock:
             pids = [] if self._block is None else [int(p) for p in self._block.pids if p]
         return [pid for pid in pids if pid != os.getpid()]

@@ -1,27 +1,31 @@
-"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp"); outputs come
-back through shared memory, and the parent reads the child's meters from a shared block."""
+"""``subprocess-threads``: the thread engine inside one child process (SPDL's "mtp"), run as
+``python -m spdl_lab._runners.subprocess_threads DATA_FD CTRL_FD``; outputs come back through
+shared-memory slots, and the parent reads the child's meters from a shared block."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
+import cloudpickle
 
 from .._engine.engine import Engine, EngineReading
 from .._engine.queues import END, TIMEOUT
 from .._pipeline import Pipeline
 from ..errors import PipelineError, RunnerError, stage_failure
-from ._shipping import ship
+from ._shipping import output_stage, pickled, ship, unsendable_output
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
-from ._transport import Leases, decode
+from ._transport import Copier, Leases, SlotWriter, decode, encode, write_arrays
 from .base import Runner
-from .children import ChildTraceback, exit_reason, spawn, stop_process
-
-__all__ = ["SubprocessThreadsRunner"]
+from .children import ChildTraceback, exit_reason, exit_without_finalizing, spawn, stop_process
 
 #: Shared-memory slots in flight (each grows to the largest output); more let the child run ahead.
 SLOTS = 4
@@ -55,18 +59,13 @@ class SubprocessThreadsRunner(Runner):
         meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
                          purpose="the subprocess-threads runner's meters")
         self._meters = SeqlockBlock(meters)
-        child = spawn(["-m", "spdl_lab._runners._child"])
+        child = spawn(["-m", "spdl_lab._runners.subprocess_threads"])
         self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
-        self._send({
-            "pipeline": self._payload,
-            "engine_options": {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
-                               "metered": self.metered},
-            "sys_path": list(sys.path),
-            "prefix": self._prefix,
-            "slots": self._slots,
-            "meters": meters.name,
-            "meters_size": meters.size,
-        })
+        engine = {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
+                  "metered": self.metered}
+        self._send({"pipeline": self._payload, "engine_options": engine, "sys_path": list(sys.path),
+                    "prefix": self._prefix, "slots": self._slots, "meters": meters.name,
+                    "meters_size": meters.size})
         message = self._recv(self._start_timeout, starting=True)
         if message is TIMEOUT:
             raise RunnerError(f"subprocess-threads: the child process did not start within "
@@ -83,8 +82,12 @@ class SubprocessThreadsRunner(Runner):
             _, seq, index, meta, slot_id, slot_name, slot_size = message
             if slot_id < 0:
                 return seq, index, decode(meta, None)
+            slot = self._maps.get(slot_id)
             try:
-                slot = self._slot(slot_id, slot_name, slot_size)
+                if slot is None or slot.name != slot_name:  # the child made a bigger one
+                    if slot is not None:
+                        slot.close()
+                    slot = self._maps[slot_id] = ShmFile(slot_name, slot_size, create=False)
             except FileNotFoundError:
                 if self._closed:  # close() from another thread removed the slot
                     return END
@@ -103,14 +106,6 @@ class SubprocessThreadsRunner(Runner):
         if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
-
-    def _slot(self, slot_id: int, name: str, size: int) -> ShmFile:
-        shm = self._maps.get(slot_id)
-        if shm is None or shm.name != name:  # the child replaced it with a bigger one
-            if shm is not None:
-                shm.close()
-            shm = self._maps[slot_id] = ShmFile(name, size, create=False)
-        return shm
 
     def _recv(self, timeout: float, starting: bool = False) -> Any:
         """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
@@ -178,9 +173,8 @@ class SubprocessThreadsRunner(Runner):
             return
         self._send(("stop",))
         self._closed = True
-        proc = self._proc
-        if proc is not None:
-            stop_process(proc, timeout)
+        if self._proc is not None:
+            stop_process(self._proc, timeout)
         for conn in (self._data, self._ctrl):
             if conn is not None:
                 conn.close()
@@ -207,3 +201,135 @@ def _pipeline_error(info: dict[str, Any]) -> PipelineError:
         cause.__cause__ = remote
     return stage_failure(info["stage"], info["index"], cause, message=info["message"])
 
+
+# -- the child ---------------------------------------------------------------------------
+#: How often the child publishes its meters for the parent's sampler.
+METER_HZ = 50.0
+
+
+def main(data_fd: int, ctrl_fd: int) -> int:
+    data = Connection(data_fd, readable=False)
+    ctrl = Connection(ctrl_fd, writable=False)
+    try:
+        init = ctrl.recv()
+        run = _ChildRun(data, ctrl, init)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the parent may be gone
+            data.send(("crash", traceback.format_exc()))
+        return 1
+    try:
+        return run.serve()
+    finally:
+        run.cleanup()
+
+
+class _ChildRun:
+    def __init__(self, data: Connection, ctrl: Connection, init: dict[str, Any]) -> None:
+        for entry in reversed(init["sys_path"]):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.data = data
+        self.ctrl = ctrl
+        pipeline = cloudpickle.loads(init["pipeline"])
+        self.engine = Engine(pipeline, **init["engine_options"])
+        self.slots = SlotWriter(init["prefix"], init["slots"])
+        cores = os.cpu_count() or 1
+        self.copier = Copier(cores - 1) if cores > 1 else None
+        self.meters = SeqlockBlock(ShmFile(init["meters"], init["meters_size"], create=False))
+        self.stop = threading.Event()
+        self._send_lock = threading.Lock()
+
+    def serve(self) -> int:
+        threading.Thread(target=self._control, name="spdl_lab:child-control", daemon=True).start()
+        publisher = threading.Thread(target=self._publish_meters, name="spdl_lab:child-meters", daemon=True)
+        self.engine.start()
+        publisher.start()
+        self._send(("ready",))
+        try:
+            self._pump()
+        finally:
+            self.engine.close(timeout=2.0)
+            self._publish_once()
+        # Keep the slots mapped until the parent has read them and says stop.
+        self.stop.wait()
+        return 0
+
+    def _pump(self) -> None:
+        while not self.stop.is_set():
+            try:
+                record = self.engine.get(0.1)
+            except PipelineError as err:
+                self._send(("error", _describe_error(err)))
+                return
+            if record is TIMEOUT:
+                continue
+            if record is END:
+                self._send(("end",))
+                return
+            seq, index, value = record
+            try:
+                encoded = encode(value)
+            except Exception as exc:  # a lock, a generator...: say which stage made it
+                stage = output_stage(self.engine.pipeline)
+                error = unsendable_output(stage, index, exc, "subprocess-threads", "the main process")
+                self._send(("error", _describe_error(error)))
+                return
+            slot: tuple[int, str, int] = (-1, "", 0)  # no arrays: the pickle bytes alone
+            if encoded.arrays:
+                try:
+                    slot_id, shm = self.slots.acquire(encoded.nbytes, self.stop.is_set)
+                except InterruptedError:
+                    return
+                except RunnerError as err:  # no shared memory left for this output
+                    self._send(("runner-error", str(err)))
+                    return
+                write_arrays(encoded, shm, self.copier)
+                slot = (slot_id, shm.name, shm.size)
+            self._send(("out", seq, index, encoded.meta, *slot))
+
+    def _control(self) -> None:
+        while True:
+            try:
+                message = self.ctrl.recv()
+            except (EOFError, OSError):
+                break  # the parent is gone: stop
+            kind = message[0]
+            if kind == "release":
+                self.slots.release(message[1])
+            elif kind == "concurrency":
+                self.engine.set_concurrency(message[1], message[2])
+            elif kind == "stop":
+                break
+        self.stop.set()
+        self.engine.close(timeout=2.0)
+
+    def _publish_meters(self) -> None:
+        while not self.stop.wait(1.0 / METER_HZ):
+            self._publish_once()
+
+    def _publish_once(self) -> None:
+        with contextlib.suppress(Exception):  # meters are best effort; the run goes on
+            self.meters.publish(pickle.dumps(self.engine.read(), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self.data.send(message)
+
+    def cleanup(self) -> None:
+        if self.copier is not None:
+            self.copier.close()
+        self.slots.close()
+        self.meters.shm.close()
+
+
+def _describe_error(err: BaseException) -> dict[str, Any]:
+    cause = err.__cause__
+    text = "".join(traceback.format_exception(cause)) if cause is not None else ""
+    cause_bytes = pickled(cause) if cause is not None else None  # None: the traceback text alone
+    return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
+            "cause": cause_bytes, "traceback": text}
+
+
+if __name__ == "__main__":
+    # Not sys.exit: an engine thread abandoned in a stage must not free torch tensors during finalization.
+    exit_without_finalizing(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -1,13 +1,10 @@
-"""Turning meter readings into frame rows, and rows into pandas DataFrames.
-
-Frames are long format, a row per tick per series: ``time_s`` (since the run started),
-``series``, ``stage`` (a stage, a queue ``"source→decode"``, or ``""``) and ``value`` (NaN when
-undefined that tick). Stage series: cumulative ``tasks`` and ``failures``; ``qps``; ``busy_frac``
-(1.0: every worker inside the stage function all tick); ``in_flight``; ``concurrency``; and
-``mean_ms``, ``p50_ms``, ``p99_ms`` of the tick's tasks (no waits included). Queue series:
-``queue_depth``, ``queue_capacity``, ``put_blocked_frac`` and ``get_blocked_frac`` (the share of
-the tick its producer, or consumer, threads spent blocked on it).
-"""
+"""Meter readings as frame rows, and rows as long-format DataFrames: a row per tick per series,
+``time_s`` (since the run started), ``series``, ``stage`` (a stage, a queue ``"source→decode"``,
+or ``""``), ``value`` (NaN: undefined that tick). Stage series: cumulative ``tasks``, ``failures``;
+``qps``; ``busy_frac`` (1.0: every worker in the stage function all tick); ``in_flight``;
+``concurrency``; ``mean_ms``, ``p50_ms``, ``p99_ms`` of the tick's tasks (no waits). Queue series:
+``queue_depth``, ``queue_capacity``, ``put_blocked_frac``, ``get_blocked_frac`` (the share of the
+tick its producer, or consumer, threads spent blocked on it)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,6 @@ import pandas as pd
 from .histogram import quantile_ns
 from .meters import QueueReading, StageReading
 from .ring import Ring
-
-__all__ = ["FRAME_COLUMNS", "FrameChunk", "chunk_since", "long_frame", "queue_rows", "stage_rows", "to_frame"]
 
 FRAME_COLUMNS = ["time_s", "series", "stage", "value"]
 
@@ -41,20 +36,13 @@ class FrameChunk:
 
 
 def chunk_since(ring: Ring | None, cursor: int) -> FrameChunk:
-    if ring is None:
-        return FrameChunk(cursor, np.empty(0), {})
-    new_cursor, times, columns = ring.since(cursor)
-    return FrameChunk(new_cursor, times, columns)
+    return FrameChunk(cursor, np.empty(0), {}) if ring is None else FrameChunk(*ring.since(cursor))
 
 
 def stage_rows(now: StageReading, before: StageReading | None, dt_s: float) -> list[Row]:
     name = now.name
-    rows: list[Row] = [
-        ("tasks", name, float(now.tasks)),
-        ("failures", name, float(now.failures)),
-        ("in_flight", name, float(now.in_flight)),
-        ("concurrency", name, float(now.concurrency)),
-    ]
+    rows: list[Row] = [(series, name, float(getattr(now, series)))
+                       for series in ("tasks", "failures", "in_flight", "concurrency")]
     if before is None or dt_s <= 0:
         return rows
     done = now.tasks - before.tasks

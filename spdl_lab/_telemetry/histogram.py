@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["FAST_BUCKETS", "FAST_LIMIT_NS", "FAST_SHIFT", "NUM_BUCKETS", "bucket_bounds", "bucket_of",
-           "new_counts", "quantile_ns"]
-
 SUB_BITS = 3
 SUB = 1 << SUB_BITS
 NUM_BUCKETS = 64 * SUB
 
 
 def bucket_of(ns: int) -> int:
-    """Bucket index of a duration."""
     bl = ns.bit_length()
     return (bl << SUB_BITS) | ((ns >> (bl - SUB_BITS - 1)) & (SUB - 1)) if bl > SUB_BITS + 1 else ns
 

@@ -12,9 +12,6 @@ import numpy as np
 from .._table import pct
 from .frames import FrameChunk
 
-__all__ = ["BUSY_SATURATED", "CPU_FULL", "CPU_WAIT_TRAIN", "FED_DATA_WAIT", "GIL_BOUND_TRAIN",
-           "STARVED_DATA_WAIT", "Verdict", "Window", "live_verdict"]
-
 #: Data wait above this share of step time: the step is starved of data.
 STARVED_DATA_WAIT = 0.15
 #: Data wait below this share: loading keeps up, the step sets the pace.
@@ -57,25 +54,20 @@ def live_verdict(means: Mapping[Key, float], *, runner: str,
     cpu = _get(means, "cpu_percent", "total") / 100.0 / max(1, cpu_cores)
     slowest = _slowest_stage(means)
 
-    parts: list[str] = []
     if wait >= STARVED_DATA_WAIT:
-        kind = "data-starved"
-        parts.append(f"data-starved: {pct(wait)} of step time waiting for data")
+        kind, head = "data-starved", f"data-starved: {pct(wait)} of step time waiting for data"
     elif gil >= GIL_BOUND_TRAIN:
-        kind = "gil-bound"
-        parts.append(f"training thread GIL-bound ({pct(gil)} GIL wait) while loading keeps up "
-                     f"(data wait {pct(wait)})")
+        kind, head = "gil-bound", (f"training thread GIL-bound ({pct(gil)} GIL wait) while loading "
+                                   f"keeps up (data wait {pct(wait)})")
     elif queued >= CPU_WAIT_TRAIN:
-        kind = "cpu-contended"
-        parts.append(
-            f"training thread waits for a CPU ({pct(queued)} run-queue wait) while loading "
-            f"keeps up (data wait {pct(wait)})")
+        kind, head = "cpu-contended", (f"training thread waits for a CPU ({pct(queued)} run-queue "
+                                       f"wait) while loading keeps up (data wait {pct(wait)})")
     elif wait < FED_DATA_WAIT:
-        kind = "step-bound"
-        parts.append(f"step-bound: data wait {pct(wait)} of step time; loading keeps up")
+        kind, head = "step-bound", (f"step-bound: data wait {pct(wait)} of step time; "
+                                    f"loading keeps up")
     else:
-        kind = "balanced"
-        parts.append(f"balanced: data wait {pct(wait)} of step time")
+        kind, head = "balanced", f"balanced: data wait {pct(wait)} of step time"
+    parts = [head]
     if slowest is not None:
         parts.append(f"slowest stage: {slowest[0]} at {pct(slowest[1])} busy")
     if gil >= GIL_BOUND_TRAIN and kind == "data-starved":

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from .. import _forksafe
 from .histogram import FAST_BUCKETS, FAST_LIMIT_NS, FAST_SHIFT, bucket_of, new_counts, quantile_ns
 
-__all__ = ["SAMPLE_BELOW_NS", "SAMPLE_STRIDE", "QueueReading", "StageMeter", "StageReading", "WorkerMeter"]
-
 #: Timing policy, so that timing tiny tasks does not cost throughput. Every task is counted; one is
 #: timed unless the worker's last timed task took under SAMPLE_BELOW_NS, then one in SAMPLE_STRIDE
 #: is, standing for the untimed ones before it. Which task is timed never depends on its own
@@ -33,7 +31,6 @@ class WorkerMeter:
         self.started_ns = 0
 
     def record(self, duration_ns: int) -> None:
-        """Record one completed, timed task."""
         self.tasks += 1
         self.busy_ns += duration_ns
         self.hist[bucket_of(duration_ns)] += 1
@@ -80,10 +77,10 @@ class QueueReading:
     name: str
     depth: int
     capacity: int
-    puts: int
-    gets: int
-    put_blocked_ns: int
-    get_blocked_ns: int
+    puts: int = 0
+    gets: int = 0
+    put_blocked_ns: int = 0
+    get_blocked_ns: int = 0
 
 
 class StageMeter:

@@ -18,10 +18,6 @@ import psutil
 from .. import _forksafe
 from .frames import Row
 
-__all__ = ["GONE", "MIN_SPAN_S", "SCHEDSTAT_PATH", "CpuProbe", "CpuTotals", "GilProbe", "GilTotals",
-           "ProcessRates", "WaitShares", "cpu_seconds", "machine_times", "open_schedstat",
-           "read_runqueue_ns", "runqueue_ns"]
-
 #: A rate over a shorter span keeps its baseline: CPU times tick in 10 ms steps.
 MIN_SPAN_S = 0.05
 GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
@@ -36,10 +32,8 @@ SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 
 def read_runqueue_ns(fd: int | None) -> int | None:
     """Run-queue ns from a kept schedstat fd (far cheaper than open+read); None if unreadable."""
-    if fd is None:
-        return None
     try:
-        return int(os.pread(fd, 128, 0).split()[1])
+        return None if fd is None else int(os.pread(fd, 128, 0).split()[1])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -226,8 +220,7 @@ class ProcessRates:
 
     def keep_only(self, keys: set) -> None:
         """Forget processes no longer seen: the table does not grow with every child ever made."""
-        for key in [k for k in self._last if k not in keys]:
-            del self._last[key]
+        self._last = {key: last for key, last in self._last.items() if key in keys}
 
 
 class WaitShares:

@@ -8,8 +8,6 @@ import numpy as np
 
 from .. import _forksafe
 
-__all__ = ["Ring"]
-
 Key = tuple[str, str]  # (series, stage)
 
 
@@ -23,48 +21,39 @@ class Ring:
         self.capacity = capacity
         self._times = np.full(capacity, np.nan)
         self._columns: dict[Key, np.ndarray] = {}
-        self._count = 0  # ticks ever appended
+        self.count = 0  # ticks ever appended: a cursor for ``since``
         self._lock = _forksafe.Lock()
 
     def append(self, time_s: float, values: Iterable[tuple[str, str, float]]) -> None:
         with self._lock:
-            slot = self._count % self.capacity
+            slot = self.count % self.capacity
             self._times[slot] = time_s
-            seen = set()
+            for column in self._columns.values():  # a key with no value this tick reads NaN
+                column[slot] = np.nan
             for series, stage, value in values:
-                key = (series, stage)
-                column = self._columns.get(key)
+                column = self._columns.get((series, stage))
                 if column is None:
-                    column = self._columns[key] = np.full(self.capacity, np.nan)
+                    column = self._columns[series, stage] = np.full(self.capacity, np.nan)
                 column[slot] = value
-                seen.add(key)
-            for key, column in self._columns.items():
-                if key not in seen:
-                    column[slot] = np.nan
-            self._count += 1
+            self.count += 1
 
     def __len__(self) -> int:
-        return min(self._count, self.capacity)
+        return min(self.count, self.capacity)
 
     def _slots(self, cursor: int = 0) -> np.ndarray:
         """Slots of the ticks after ``cursor`` still held, oldest first (under the lock)."""
-        return np.arange(max(cursor, self._count - len(self)), self._count) % self.capacity
+        return np.arange(max(cursor, self.count - len(self)), self.count) % self.capacity
 
     def view(self) -> tuple[np.ndarray, dict[Key, np.ndarray]]:
         """Times and columns, oldest first (copies)."""
         return self.since(0)[1:]
-
-    @property
-    def count(self) -> int:
-        """Ticks ever appended: a cursor for ``since``."""
-        return self._count
 
     def since(self, cursor: int) -> tuple[int, np.ndarray, dict[Key, np.ndarray]]:
         """The ticks appended after ``cursor`` (those still held), and the new cursor: each tick
         comes once; a reader more than ``capacity`` ticks behind skips ahead."""
         with self._lock:
             index = self._slots(cursor)
-            return self._count, self._times[index], {k: c[index] for k, c in self._columns.items()}
+            return self.count, self._times[index], {k: c[index] for k, c in self._columns.items()}
 
     def latest(self, seconds: float) -> tuple[int, np.ndarray, dict[Key, np.ndarray]]:
         """The ticks of the latest ``seconds`` and the one before them (its base), and the cursor:
@@ -74,4 +63,4 @@ class Ring:
             times = self._times[index]
             first = max(0, int(np.searchsorted(times, times[-1] - seconds)) - 1) if len(times) else 0
             index = index[first:]
-            return self._count, times[first:], {k: c[index] for k, c in self._columns.items()}
+            return self.count, times[first:], {k: c[index] for k, c in self._columns.items()}

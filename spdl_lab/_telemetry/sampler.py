@@ -16,8 +16,6 @@ from .. import _forksafe
 from .frames import Row, to_frame
 from .ring import Ring
 
-__all__ = ["DEFAULT_HZ", "DEFAULT_TICKS", "Sampler", "bounded", "limits"]
-
 DEFAULT_HZ = 10.0
 #: Ticks kept (ten minutes at 10 Hz): memory stays fixed however long a session runs.
 DEFAULT_TICKS = 6000
@@ -37,8 +35,8 @@ class Sampler:
         self._stop = threading.Event()
         self._lock = _forksafe.Lock()
         self._thread: threading.Thread | None = None
-        self._t0 = time.perf_counter()
-        self._last = self._t0
+        #: ``time.perf_counter()`` at the first tick: the ring's times count from here
+        self.started_at = self._last = time.perf_counter()
         self._name = name
         self._cores = psutil.cpu_count() or 1
         self.errors: list[BaseException] = []
@@ -55,7 +53,7 @@ class Sampler:
             self._sources = [s for s in self._sources if s is not source]
 
     def start(self) -> None:
-        self._t0 = self._last = time.perf_counter()
+        self.started_at = self._last = time.perf_counter()
         self.tick()
         thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         thread.start()
@@ -81,7 +79,7 @@ class Sampler:
             if clamped:
                 self.clamped += clamped
                 rows.append(("clamped", "sampler", float(clamped)))
-            self.ring.append(now - self._t0, rows)
+            self.ring.append(now - self.started_at, rows)
 
     def stop(self, timeout: float = 2.0) -> None:
         if self._stop.is_set():
@@ -94,12 +92,7 @@ class Sampler:
 
     @property
     def elapsed_s(self) -> float:
-        return time.perf_counter() - self._t0
-
-    @property
-    def started_at(self) -> float:
-        """``time.perf_counter()`` at the first tick: the ring's times count from here."""
-        return self._t0
+        return time.perf_counter() - self.started_at
 
     def frames(self) -> pd.DataFrame:
         return to_frame(self.ring)

@@ -12,8 +12,6 @@ import pandas as pd
 from .._table import num
 from .meters import QueueReading, StageReading
 
-__all__ = ["StageStats", "QueueStats", "Snapshot"]
-
 
 @dataclass(frozen=True)
 class StageStats:

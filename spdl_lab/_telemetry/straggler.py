@@ -1,7 +1,6 @@
-"""The straggler verdict of a data-parallel job: each rank's latest ticks made into a ``RankWindow``,
-side by side, to name the rank whose loading holds the job back. Every rank waits for the slowest at
-each all-reduce: a rank that loads slowly waits for data and lengthens every other rank's step; one
-that computes slowly lengthens every step, but no rank waits for data: no data straggler."""
+"""The straggler verdict of a data-parallel job: ranks' latest ``RankWindow``s side by side name the
+rank whose loading holds the job back. At each all-reduce every rank waits for the slowest: one that
+loads slowly waits for data and lengthens the others' steps; one that computes slowly does not."""
 
 from __future__ import annotations
 
@@ -13,10 +12,6 @@ import numpy as np
 
 from .._table import pct
 from .frames import FrameChunk
-
-__all__ = ["HELD_BACK", "MIN_STEPS", "SLOWER_STAGE", "STRAGGLER_GAP", "VERDICT_WINDOW_S",
-           "WAITS_FOR_DATA", "WARMUP_STEPS", "JobVerdict", "RankWindow", "StageWindow", "judge",
-           "rank_window"]
 
 #: The latest seconds of each rank's ticks that a verdict reads.
 VERDICT_WINDOW_S = 10.0
@@ -130,12 +125,10 @@ def _stage_window(column, name: str, dt: np.ndarray) -> StageWindow:
 
 def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdict:
     """The job's verdict from its ranks' windows (by the named rules above)."""
-    died = [w for w in windows if w.state in _DIED]
-    if died:
-        rest = [w for w in windows if w.state not in _DIED]
-        others = "; ".join(f"rank {w.rank} {w.state}" for w in rest)
-        text = "; ".join(f"rank {w.rank} died ({w.state})" for w in died) + (f"; {others}" if others else "")
-        return JobVerdict("ended", text)
+    if any(w.state in _DIED for w in windows):
+        died = [f"rank {w.rank} died ({w.state})" for w in windows if w.state in _DIED]
+        others = [f"rank {w.rank} {w.state}" for w in windows if w.state not in _DIED]
+        return JobVerdict("ended", "; ".join(died + others))
     known = len(windows)
     if world_size and known < world_size:
         return JobVerdict("waiting", f"waiting for ranks: {known} of {world_size} published so far")

@@ -420,15 +420,15 @@ ALLOWED = {
         "the published run's listener: AF_UNIX (tests/watch/test_endpoint.py checks the dir is 0700)",
     "spdl_lab/_runners/children.py::spawn::multiprocessing.connection.Connection":
         "wraps pipes to a child this process just spawned; no one else holds them",
-    "spdl_lab/_runners/_child.py::main::multiprocessing.connection.Connection":
+    "spdl_lab/_runners/subprocess_threads.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
-    "spdl_lab/_runners/_child.py::main::.recv()":
+    "spdl_lab/_runners/subprocess_threads.py::main::.recv()":
         "the child's start message from the parent that spawned it, over its inherited pipe",
     "spdl_lab/_runners/_ray_plan.py::_Stages.__init__::cloudpickle.loads":
         "the stage function this process pickled in build(), unpickled in the Ray worker that runs it",
-    "spdl_lab/_runners/_child.py::_ChildRun.__init__::cloudpickle.loads":
+    "spdl_lab/_runners/subprocess_threads.py::_ChildRun.__init__::cloudpickle.loads":
         "the pipeline the parent pickled for this child; it runs user code by design",
-    "spdl_lab/_runners/_child.py::_ChildRun._control::.recv()":
+    "spdl_lab/_runners/subprocess_threads.py::_ChildRun._control::.recv()":
         "control messages from the parent that spawned this child, over its inherited pipe",
     "spdl_lab/_runners/_shipping.py::pickled::pickle.loads":
         "round-trips an exception this process just pickled, to check another process could rebuild it",

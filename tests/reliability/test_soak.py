@@ -85,7 +85,7 @@ def _engine_child() -> psutil.Process | None:
     found = []
     for child in psutil.Process().children():
         try:
-            if "spdl_lab._runners._child" in child.cmdline():
+            if "spdl_lab._runners.subprocess_threads" in child.cmdline():
                 found.append(child)
         except psutil.Error:
             pass
