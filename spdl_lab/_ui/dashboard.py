@@ -27,8 +27,6 @@ from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import PipelineSpecError, SpdlLabError
 from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
-__all__ = ["Dashboard", "LiveView"]
-
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
 #: The stage table averages over this many seconds (the verdict over its own window).

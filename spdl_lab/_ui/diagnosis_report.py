@@ -20,8 +20,6 @@ from .report import write_page
 if TYPE_CHECKING:
     from .._diagnose.result import Diagnosis, Point, StageDiagnosis
 
-__all__ = ["diagnosis_html", "diagnosis_plot", "write_diagnosis_report"]
-
 _W, _H, _PAD_L, _PAD_B, _PAD_T, _PAD_R = 250, 170, 52, 30, 26, 10
 EXECUTOR_COLORS = {"thread": "#1f77b4", "process": "#ff7f0e"}
 _CPU, _GIL = "#2ca02c", "#d62728"

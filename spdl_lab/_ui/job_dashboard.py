@@ -24,8 +24,6 @@ from .._telemetry.straggler import rank_window
 from .dashboard import LiveView, _set
 from .report import write_page
 
-__all__ = ["JobDashboard", "write_job_report"]
-
 DEFAULT_HZ = 1.0
 #: A point a second per rank, each over the ticks of the latest SMOOTH_S (as the verdict reads
 #: its window): a rank's steps do not fall on every 0.1 s tick, so a tick's own rate zigzags.

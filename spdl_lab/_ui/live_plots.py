@@ -18,8 +18,6 @@ from bokeh.plotting import figure
 
 from .._telemetry.frames import FrameChunk
 
-__all__ = ["DRAW_EVERY_S", "SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name", "stage_colors"]
-
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
 SOURCE_NAME = "spdl_lab_frames"
 #: One point drawn per DRAW_EVERY_S bin of ticks (its last): fewer points to redraw and send.

@@ -21,9 +21,6 @@ if TYPE_CHECKING:
     from .._experiments.compare import Comparison
     from .._tune.result import Tuning
 
-__all__ = ["comparison_plot", "html_summary", "tuning_plot", "write_comparison_report", "write_html",
-           "write_page"]
-
 #: Each runner's colour in the tuning plot.
 _COLORS = {"thread": Category10_10[0], "subprocess-threads": Category10_10[1], "process": Category10_10[2]}
 

@@ -25,8 +25,6 @@ from . import protocol as wire
 from .records import read_record, read_step_summary, record_meta, with_record
 from .timeline import append_ticks
 
-__all__ = ["POLL_S", "EndpointClient", "RemoteSession", "record_state"]
-
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
 

@@ -30,9 +30,6 @@ from .hook import KWARGS_ENV
 from .publish import ENV, ENV_NAME
 from .records import record_meta, with_record
 
-__all__ = ["POLL_S", "STOP_GRACE_S", "ScriptCheck", "ScriptRun", "check_script", "run_watched",
-           "watched_env"]
-
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
     """This process's environment with publishing on, and a job id for launchers that give none."""

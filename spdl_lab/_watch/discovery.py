@@ -21,9 +21,6 @@ from .. import _json
 from ..errors import SpdlLabError
 from .protocol import Message
 
-__all__ = ["JOB_ENV", "VERSION", "Discovery", "RankIdentity", "list_endpoints", "pid_alive",
-           "rank_identity", "runtime_dir", "safe_name"]
-
 VERSION = 1
 
 

@@ -22,8 +22,6 @@ from ..errors import SpdlLabError
 from . import protocol as wire
 from .discovery import VERSION, Discovery, runtime_dir, safe_name
 
-__all__ = ["Endpoint", "Handlers"]
-
 THREAD_NAME = "spdl_lab:endpoint"
 # sun_path is 108 bytes on Linux and 104 on macOS; stay clear of both.
 _MAX_SOCKET_PATH = 99

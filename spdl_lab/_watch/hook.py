@@ -12,8 +12,6 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["KWARGS_ENV", "dataloader_kwargs", "install", "installed"]
-
 ENV = "SPDL_LAB_WATCH"
 #: A JSON object of keyword arguments given to every DataLoader the script builds, over its own
 #: (``spdl-lab tune --script`` tries advice with it).

@@ -19,8 +19,6 @@ from .attach import RemoteSession, record_state
 from .discovery import list_endpoints
 from .records import record_meta
 
-__all__ = ["JobSession", "attach", "job_entries", "open_record"]
-
 #: How often a live job looks for ranks that have published since.
 RANKS_EVERY_S = 0.5
 _STEP_FIGURES = ("batches_per_s", "step_p50_ms", "data_wait_p50_ms", "data_wait_frac")

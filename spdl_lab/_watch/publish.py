@@ -26,9 +26,6 @@ from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
 from .sources import source_of
 from .timeline import Timeline
 
-__all__ = ["ENV", "ENV_NAME", "PUMP_EVERY_S", "Publisher", "publish", "publish_once", "published_by",
-           "published_epoch", "start_hook", "unpublish"]
-
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
 

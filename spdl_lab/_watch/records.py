@@ -30,9 +30,6 @@ from ..errors import FileFormatError, SpdlLabError
 from .discovery import pid_alive, safe_name
 from .timeline import append_ticks
 
-__all__ = ["END_STATES", "FULL_RATE_S", "STEPS_FULL_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
-           "read_record", "read_step_summary", "record_meta", "step_rows", "with_record"]
-
 # Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
 THIN_EVERY_S = 10.0

@@ -22,8 +22,6 @@ from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._training import StepClock
 from ..errors import PipelineSpecError
 
-__all__ = ["LoopSource", "OwnerSource", "SessionSource", "source_of"]
-
 
 def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
     """The source for ``obj``: a Session, a Loader, an SPDL pipeline, a DataLoader or an iterable."""

@@ -12,8 +12,6 @@ from .._telemetry.frames import FrameChunk, chunk_since
 from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 
-__all__ = ["Timeline", "append_ticks"]
-
 
 class Timeline:
     """The ticks of every sampler ``pull`` was given, times from ``started_at``; thread-safe reads.
