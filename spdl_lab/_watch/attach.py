@@ -22,8 +22,7 @@ from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import SpdlLabError
 from . import protocol as wire
-from .records import read_record, read_step_summary, record_meta, with_record
-from .timeline import append_ticks
+from .records import append_ticks, read_record, read_step_summary, record_meta, with_record
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25

@@ -19,12 +19,13 @@ from typing import Any
 from .. import _forksafe
 from .._json import dumps
 from .._runs import caller_line
-from .._telemetry.frames import chunk_since
+from .._telemetry.frames import FrameChunk, chunk_since
+from .._telemetry.ring import Ring
+from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .discovery import rank_identity, safe_name
 from .endpoint import Endpoint, Handlers
-from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
+from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows
 from .sources import source_of
-from .timeline import Timeline
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
@@ -103,6 +104,37 @@ def _unique(name: str) -> str:
         candidate = f"{name}-{n}"
     _taken.add(candidate)
     return candidate
+
+
+class Timeline:
+    """A run's ticks on one clock across its samplers (a Loader starts one each epoch), read
+    thread-safely; the old sampler's last ticks are taken first, so an epoch's end is kept."""
+
+    def __init__(self, capacity: int = DEFAULT_TICKS) -> None:
+        self.ring = Ring(capacity)
+        self.started_at = time.perf_counter()
+        self._sampler: Sampler | None = None
+        self._cursor = 0
+        #: ticks viewers asked for after the ring had moved past them (a stalled viewer skips ahead)
+        self.skipped_by_viewers = 0
+
+    def pull(self, sampler: Sampler | None) -> None:
+        """Append the ticks the current ``sampler`` added since the last pull."""
+        if sampler is not self._sampler:
+            if self._sampler is not None:
+                self._take(self._sampler)  # the previous run's last ticks
+            self._sampler, self._cursor = sampler, 0
+        if sampler is not None:
+            self._take(sampler)
+
+    def frames_since(self, cursor: int) -> FrameChunk:
+        """The ticks after ``cursor`` that the ring still holds (the oldest go first, counted)."""
+        self.skipped_by_viewers += max(0, self.ring.count - len(self.ring) - cursor)
+        return chunk_since(self.ring, cursor)
+
+    def _take(self, sampler: Sampler) -> None:
+        self._cursor, ticks, values = sampler.ring.since(self._cursor)
+        append_ticks(self.ring, ticks, values, shift=sampler.started_at - self.started_at)
 
 
 class Publisher:

@@ -28,7 +28,6 @@ from .._telemetry.ring import Ring
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
 from .discovery import pid_alive, safe_name
-from .timeline import append_ticks
 
 # Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
@@ -72,6 +71,14 @@ def default_record_path(name: str, pid: int) -> Path:
     """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe)."""
     override = os.environ.get(RECORD_ENV)
     return Path(override) if override else Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
+
+
+def append_ticks(ring: Ring, times: np.ndarray, columns: dict[tuple[str, str], np.ndarray],
+                 shift: float = 0.0) -> None:
+    """Append each tick of a chunk (``times`` and its ``columns``) to ``ring``, NaN left out."""
+    for i, t in enumerate(times.tolist()):
+        rows = [(series, stage, float(v[i])) for (series, stage), v in columns.items()]
+        ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])
 
 
 class RecordWriter:
