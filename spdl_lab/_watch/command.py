@@ -25,9 +25,8 @@ import psutil
 from .._startup import interrupt_taken
 from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
-from .discovery import JOB_ENV
 from .hook import KWARGS_ENV
-from .publish import ENV, ENV_NAME
+from .publish import ENV, ENV_NAME, JOB_ENV
 from .records import record_meta, with_record
 
 

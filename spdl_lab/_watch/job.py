@@ -16,7 +16,7 @@ from .._telemetry.straggler import VERDICT_WINDOW_S, JobVerdict, judge, rank_win
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .attach import RemoteSession, record_state
-from .discovery import list_endpoints
+from .endpoint import list_endpoints
 from .records import record_meta
 
 #: How often a live job looks for ranks that have published since.

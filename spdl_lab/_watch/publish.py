@@ -1,7 +1,6 @@
-"""``lab.publish``: a training script shows its run to notebooks on this host (a record file and
-a local endpoint). With ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session, unowned Loader,
-and (through ``hook``) DataLoader and SPDL pipeline is published with no code change. An uncaught
-exception marks the runs "failed", Ctrl-C and SIGTERM "stopped"."""
+"""``lab.publish``: a training script shows its run (a record file and a local endpoint) to notebooks
+on this host; under ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session and unowned Loader, and
+through ``hook`` every DataLoader and SPDL pipeline, is published with no code change."""
 
 from __future__ import annotations
 
@@ -13,7 +12,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import _forksafe
@@ -22,13 +23,14 @@ from .._runs import caller_line
 from .._telemetry.frames import FrameChunk, chunk_since
 from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
-from .discovery import rank_identity, safe_name
-from .endpoint import Endpoint, Handlers
+from .endpoint import Endpoint, Handlers, safe_name
 from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows
 from .sources import source_of
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
+#: The job id ``spdl-lab watch`` gives what it runs, for a launcher that sets none of its own.
+JOB_ENV = "SPDL_LAB_WATCH_JOB"
 
 #: How often new frames and steps go from the run to the record's buffer.
 PUMP_EVERY_S = 0.25
@@ -104,6 +106,44 @@ def _unique(name: str) -> str:
         candidate = f"{name}-{n}"
     _taken.add(candidate)
     return candidate
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+
+    def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
+        """The rank's run name (``name-rankR``; the job's is ``name``), its record (``rankR.sqlite``
+        in the job's folder: ``override``, ``--record`` or ``$SPDL_LAB_RECORD``, where a ``.sqlite``
+        name stands for the folder of its stem, else ``spdl_lab_runs/NAME-JOBID``), and what a
+        discovery file and a record's meta say of it."""
+        job_name = name.removesuffix(f"-rank{self.rank}")
+        if override:
+            folder = Path(override)
+            folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
+        else:
+            folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{self.job[:8]}"
+        facts = {"job_name": job_name, **asdict(self)}
+        return f"{job_name}-rank{self.rank}", folder / f"rank{self.rank}.sqlite", facts
+
+
+def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | None:
+    """This process's rank from torchrun's RANK, LOCAL_RANK, WORLD_SIZE, or None outside a job. The
+    job id: TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s own, else the launcher's pid (every
+    rank of a job is a child of one torchrun agent)."""
+    try:
+        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        local = int(environ.get("LOCAL_RANK", rank))
+    except (KeyError, ValueError):
+        return None
+    if not 0 <= rank < world:
+        return None
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+    job = run_id if run_id and run_id != "none" else environ.get(JOB_ENV) or f"launcher-{os.getppid()}"
+    return RankIdentity(safe_name(job), rank, local, world)
 
 
 class Timeline:
@@ -257,7 +297,8 @@ class Publisher:
 
 
 def _watch_endings() -> None:
-    """Once per process: watch how the script ends, for every open publisher."""
+    """Once per process, watch how the script ends for every open publisher: an uncaught exception
+    marks its runs "failed", Ctrl-C and SIGTERM "stopped"."""
     global _ends_watched, _sigterm_taken
     with _ends_lock:
         if not _ends_watched:

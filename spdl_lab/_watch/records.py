@@ -27,7 +27,7 @@ from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._telemetry.ring import Ring
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
-from .discovery import pid_alive, safe_name
+from .endpoint import pid_alive, safe_name
 
 # Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
@@ -171,15 +171,11 @@ class RecordWriter:
                                                  ("dropped_steps", str(self.dropped_steps))])
 
     def _thin(self) -> None:
-        # Whole buckets only, so a bucket is thinned once, when it is complete.
-        if self._newest_s - FULL_RATE_S <= self._thinned_until:
-            return
-        until = math.floor((self._newest_s - FULL_RATE_S) / THIN_EVERY_S) * THIN_EVERY_S
-        if not until > self._thinned_until:
-            return
-        lo = self._thinned_until
-        self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
-        self._thinned_until = until
+        # Whole buckets only, so a bucket is thinned once, when it is complete (NaN before a tick).
+        lo, until = self._thinned_until, (self._newest_s - FULL_RATE_S) // THIN_EVERY_S * THIN_EVERY_S
+        if until > lo:
+            self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
+            self._thinned_until = until
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_every_s):
