@@ -1,6 +1,6 @@
-"""``lab.publish``: a training script shows its run (a record file and a local endpoint) to notebooks
-on this host; under ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session and unowned Loader, and
-through ``hook`` every DataLoader and SPDL pipeline, is published with no code change."""
+"""``lab.publish``: a training script shows its run (a record file and a local endpoint) to
+notebooks on this host; under ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session and unowned
+Loader, and through ``hook`` every DataLoader and SPDL pipeline, is published unchanged."""
 
 from __future__ import annotations
 

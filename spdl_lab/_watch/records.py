@@ -172,7 +172,8 @@ class RecordWriter:
 
     def _thin(self) -> None:
         # Whole buckets only, so a bucket is thinned once, when it is complete (NaN before a tick).
-        lo, until = self._thinned_until, (self._newest_s - FULL_RATE_S) // THIN_EVERY_S * THIN_EVERY_S
+        lo = self._thinned_until
+        until = (self._newest_s - FULL_RATE_S) // THIN_EVERY_S * THIN_EVERY_S
         if until > lo:
             self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
             self._thinned_until = until
