@@ -27,17 +27,13 @@ def install() -> bool:
     ``boot/sitecustomize.py``), so that each epoch of a TARGETS class is published."""
     if os.environ.get(ENV, "") != "1":
         return False
-    if not installed():
+    # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.
+    if not any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
         for module in TARGETS:  # imported before the hook (a sitecustomize that imports torch)
             if module in sys.modules:
                 _patch(sys.modules[module])
     return True
-
-
-def installed() -> bool:
-    # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.
-    return any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
