@@ -61,7 +61,7 @@ class _Epoch(_Proxy):
     """One pass of the loop over a published iterable, timed by the step clock; other attributes
     (``len``, torch's ``_workers``) are the iterator's. A step held as the loop lets go ends."""
 
-    def __init__(self, items: Iterator[Any], clock: StepClock, started_ns: int | None = None) -> None:
+    def __init__(self, items: Iterator[Any], clock: StepClock, started_ns: int | None) -> None:
         self._of = items
         self._timed = clock.iterate_steps(items, started_ns)
 
