@@ -66,7 +66,6 @@ class LiveView(widgets.VBox):
             old.close()
 
     def close(self) -> None:
-        """Stop publishing and close the widgets."""
         self._closed.set()
         publisher = self._publisher
         if publisher is not None and publisher is not threading.current_thread():

@@ -44,10 +44,9 @@ def column_name(series: str, stage: str) -> str:
 
 
 class LivePlots:
-    """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait.
-    ``cpu``: the CPU lines to draw (default all of CPU_SERIES; a line with no data has no legend).
-    A plot with no line to draw (no ``stages``, no ``queues``) is one line of text saying why:
-    ``why_empty["stages"]``, ``why_empty["queues"]``."""
+    """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait;
+    ``cpu``: the CPU lines to draw (default all of CPU_SERIES). A plot with no ``stages`` or no
+    ``queues`` is one line of text saying why: ``why_empty["stages"]``, ``why_empty["queues"]``."""
 
     def __init__(self, stages: Sequence[str], queues: Sequence[str], *, cpu: Sequence[str] | None = None,
                  why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,

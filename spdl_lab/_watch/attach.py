@@ -30,12 +30,9 @@ POLL_S = 0.25
 
 def record_state(record: str | None, default: str) -> str:
     """The state a run's record says it is in (``default`` without one)."""
-    if not record:
-        return default
-    try:
-        return record_meta(record).get("state", default)
-    except SpdlLabError:
-        return default
+    with contextlib.suppress(SpdlLabError):
+        return record_meta(record).get("state", default) if record else default
+    return default
 
 
 class EndpointClient:
@@ -269,10 +266,9 @@ class RemoteSession:
 def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:
     """A record's last stats (its stages), with the step's figures from every step it holds."""
     step = with_record(path, lambda db: read_step_summary(db, meta))
-    try:
-        stats = loads(meta["stats"]) if meta.get("stats") else {}
-    except ValueError:
-        stats = {}  # a stats line cut short by a kill: the steps still stand
+    stats: Any = {}
+    with contextlib.suppress(ValueError):  # a stats line cut short by a kill: the steps still stand
+        stats = loads(meta.get("stats") or "{}")
     stats = stats if isinstance(stats, dict) else {}
     stats.setdefault("runner", meta.get("runner", "?"))
     return Snapshot.from_dict({**stats, "running": False}, step=step)

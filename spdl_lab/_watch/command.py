@@ -1,7 +1,6 @@
-"""``spdl-lab watch -- COMMAND...``: run a training script, unchanged, with its runs published
-(``SPDL_LAB_WATCH=1``), and exit with its status. ``spdl-lab tune --script``: check DataLoader
-advice in the job itself, running the script under watch alternately with its own DataLoader
-arguments and with the advice (``$SPDL_LAB_DATALOADER_KWARGS``), and comparing steps/s."""
+"""``spdl-lab watch -- COMMAND...``: run a script, unchanged, with its runs published. ``spdl-lab
+tune --script``: check DataLoader advice in the job itself, running it under watch alternately with
+its own arguments and with the advice (``$SPDL_LAB_DATALOADER_KWARGS``), comparing steps/s."""
 
 from __future__ import annotations
 
@@ -175,8 +174,8 @@ def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, s
 
 def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, steps: int,
                timeout_s: float) -> None:
-    """Run the script under watch until its record holds ``steps`` steps, it ends, or
-    ``timeout_s`` passes (then SIGTERM, which flushes the record)."""
+    """Run the script under watch until its record holds ``steps`` steps, it ends, or ``timeout_s``
+    passes (then SIGTERM, which flushes the record)."""
     env = watched_env(name=f"tune-script-{record.stem}", record=str(record))
     env.pop(KWARGS_ENV, None)
     if kwargs is not None:
@@ -214,10 +213,9 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
 
 
 def _steps_in(record: Path) -> int:
-    try:
+    with contextlib.suppress(SpdlLabError):  # not there yet, or still being made
         return with_record(record, lambda db: int(db.execute("SELECT count(*) FROM steps").fetchone()[0]))
-    except SpdlLabError:  # not there yet, or still being made
-        return 0
+    return 0
 
 
 def _figures(record: Path, config: str, round_: int, warmup: int, steps: int) -> ScriptRun:

@@ -1,6 +1,5 @@
-"""The interpreter-start hook behind ``SPDL_LAB_WATCH=1``: publish a script's torch
-DataLoaders and SPDL pipelines without the script importing spdl_lab. Standard library only,
-so that it can load before anything else."""
+"""The interpreter-start hook behind ``SPDL_LAB_WATCH=1``: publish a script's torch DataLoaders
+and SPDL pipelines unchanged; standard library only, so that it loads before anything else."""
 
 from __future__ import annotations
 

@@ -36,8 +36,7 @@ JOB_ENV = "SPDL_LAB_WATCH_JOB"
 PUMP_EVERY_S = 0.25
 #: How often the run's stats are kept in the record, besides at its end.
 STATS_EVERY_S = 5.0
-#: The open publishers, by id of what they publish.
-_PUBLISHED: dict[int, Publisher] = {}
+_PUBLISHED: dict[int, Publisher] = {}  # by id of what they publish
 #: States after which a run produces no more frames.
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 #: The names taken by runs published with no code change.
@@ -159,7 +158,6 @@ class Timeline:
         self.skipped_by_viewers = 0
 
     def pull(self, sampler: Sampler | None) -> None:
-        """Append the ticks the current ``sampler`` added since the last pull."""
         if sampler is not self._sampler:
             if self._sampler is not None:
                 self._take(self._sampler)  # the previous run's last ticks

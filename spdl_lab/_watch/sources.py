@@ -1,6 +1,5 @@
-"""What a publisher reads from what it publishes, one interface for all: ``sampler()``, ``stats()``,
-``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published`` (what
-``lab.publish`` hands back to the training loop)."""
+"""What a publisher reads from what it publishes, one interface for all (``sampler``, ``stats``,
+``state``, ``set_concurrency``, ``controls``, ``close``), and ``published``, what it returns."""
 
 from __future__ import annotations
 
