@@ -35,7 +35,7 @@ def record_state(record: str | None, default: str) -> str:
     return default
 
 
-class EndpointClient:
+class EndpointClient(contextlib.AbstractContextManager):
     """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure."""
 
     def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
@@ -94,9 +94,6 @@ class EndpointClient:
     def close(self) -> None:
         with self._lock:
             self._drop()
-
-    def __enter__(self) -> EndpointClient:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -140,7 +140,7 @@ class Handlers:
     controls: Callable[[], dict[str, int]]
 
 
-class Endpoint:
+class Endpoint(contextlib.AbstractContextManager):
     """Serves ``handlers`` on ``<runtime_dir>/<name>-<pid>.sock``, a discovery file beside it, until
     ``close()`` or the exit. No viewer can hurt training: the handlers (thread-safe and quick) run
     on an accept thread and one per viewer (``spdl_lab:endpoint``); a message not whole
@@ -338,9 +338,6 @@ class Endpoint:
             if thread is not threading.current_thread():
                 # A handler stuck forever keeps its daemon thread; we do not wait past this.
                 thread.join(max(0.0, deadline - time.monotonic()))
-
-    def __enter__(self) -> Endpoint:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

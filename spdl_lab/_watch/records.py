@@ -81,7 +81,7 @@ def append_ticks(ring: Ring, times: np.ndarray, columns: dict[tuple[str, str], n
         ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])
 
 
-class RecordWriter:
+class RecordWriter(contextlib.AbstractContextManager):
     """Writes frame chunks to a new SQLite record from its own thread, ``spdl_lab:record``. ``add``
     never waits on the disk: a ring of ``max_buffered_ticks`` (older ticks dropped, counted) is
     written every ``flush_every_s``; ``close`` raises a failed flush."""
@@ -210,9 +210,6 @@ class RecordWriter:
         if self.error is not None:
             raise SpdlLabError(f"some flushes of record {self.path} failed ({self.error}); "
                                "the record may miss ticks: check the disk") from self.error
-
-    def __enter__(self) -> RecordWriter:
-        return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close("failed" if exc_type is not None else "finished")
