@@ -367,8 +367,7 @@ class Dashboard(LiveView):
 
 
 class _BokehView(BokehModel):
-    """jupyter_bokeh's widget with a close() that may run twice: ipywidgets'
-    ``__del__`` closes again, and the second removal raises KeyError."""
+    """Closable twice: ipywidgets' ``__del__`` closes again, and jupyter_bokeh raises KeyError."""
 
     def close(self) -> None:
         with contextlib.suppress(KeyError):

@@ -225,8 +225,7 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
 
 
 def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
-    """One figure per map stage, the limiting stage first, in a grid (batch stages have no
-    concurrency to sweep)."""
+    """One figure per map stage (a batch stage has no concurrency to sweep), the limiting first."""
     figs = [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]
     if not figs:
         return column(Div(text="No map stage was measured, so there is nothing to plot."))

@@ -21,9 +21,8 @@ TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
 
 
 def install() -> bool:
-    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent. Run at
-    interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
-    ``boot/sitecustomize.py``), so that each epoch of a TARGETS class is published."""
+    """Add the import hook when ``SPDL_LAB_WATCH=1`` (idempotent); True if it is in place. Run at
+    interpreter start as ``spdl_lab_watch_hook`` (by the ``.pth`` or ``boot/sitecustomize.py``)."""
     if os.environ.get(ENV, "") != "1":
         return False
     # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.

@@ -115,10 +115,9 @@ class RankIdentity:
     world_size: int
 
     def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
-        """The rank's run name (``name-rankR``; the job's is ``name``), its record (``rankR.sqlite``
-        in the job's folder: ``override``, ``--record`` or ``$SPDL_LAB_RECORD``, where a ``.sqlite``
-        name stands for the folder of its stem, else ``spdl_lab_runs/NAME-JOBID``), and what a
-        discovery file and a record's meta say of it."""
+        """The rank's run name (``name-rankR``), its record (``rankR.sqlite`` in the job's folder:
+        ``override`` (``--record``, ``$SPDL_LAB_RECORD``; ``x.sqlite`` stands for ``x/``), else
+        ``spdl_lab_runs/NAME-JOBID``), and what its discovery file and record's meta say of it."""
         job_name = name.removesuffix(f"-rank{self.rank}")
         if override:
             folder = Path(override)
@@ -270,9 +269,8 @@ class Publisher:
         return self.ended_by or self.source.state()
 
     def close(self) -> None:
-        """Stop publishing: the record gets the run's last frames and state, the endpoint goes.
-        Nothing in a forked child: its atexit and SIGTERM handlers, record and endpoint are the
-        script's."""
+        """Stop publishing: the record gets the run's last frames and state, the endpoint goes; not
+        in a forked child, whose atexit and SIGTERM handlers, record, endpoint are the script's."""
         if _forksafe.forked_child(self._pid):
             return
         with self._lock:
