@@ -37,9 +37,9 @@ _add_start_hook("watch", _watch_mode)
 _views.register(
     comparison_plot="spdl_lab._ui.report:comparison_plot",
     dashboard="spdl_lab._ui.dashboard:Dashboard",
-    diagnosis_html="spdl_lab._ui.diagnosis_report:diagnosis_html",
-    diagnosis_plot="spdl_lab._ui.diagnosis_report:diagnosis_plot",
-    diagnosis_report="spdl_lab._ui.diagnosis_report:write_diagnosis_report",
+    diagnosis_html="spdl_lab._ui.report:diagnosis_html",
+    diagnosis_plot="spdl_lab._ui.report:diagnosis_plot",
+    diagnosis_report="spdl_lab._ui.report:write_diagnosis_report",
     job_dashboard="spdl_lab._ui.job_dashboard:JobDashboard",
     job_report="spdl_lab._ui.job_dashboard:write_job_report",
     run_report="spdl_lab._ui.run_report:write_run_report",

@@ -45,8 +45,7 @@ def _is_record(path: Path) -> bool:
 
 def _report_saved(source: Path, out: Path) -> tuple[Any, Path]:
     """A Diagnosis or a Comparison, whichever the file's ``format`` says; strictly checked."""
-    from spdl_lab._ui.diagnosis_report import write_diagnosis_report
-    from spdl_lab._ui.report import write_comparison_report
+    from spdl_lab._ui.report import write_comparison_report, write_diagnosis_report
 
     try:
         saved = read_any(source, (Diagnosis, Comparison), "Give a file written by spdl-lab "

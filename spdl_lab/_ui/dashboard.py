@@ -27,8 +27,6 @@ from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import PipelineSpecError, SpdlLabError
 from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
-__all__ = ["Dashboard", "LiveView"]
-
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
 #: The stage table averages over this many seconds (the verdict over its own window).
@@ -68,7 +66,6 @@ class LiveView(widgets.VBox):
             old.close()
 
     def close(self) -> None:
-        """Stop publishing and close the widgets."""
         self._closed.set()
         publisher = self._publisher
         if publisher is not None and publisher is not threading.current_thread():
@@ -276,19 +273,17 @@ class Dashboard(LiveView):
         if not stages:
             return ""
         queues = {stage.split("→")[0]: stage for series, stage in means if series == "queue_depth"}
-        head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in
-                       ("stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"))
         rows = []
         worker_rows = {w for series, w in self._seen if series == PER_WORKER["qps"]}
         for stage in stages:
             queue = queues.get(stage)
             depth, cap = (means.get((s, queue), math.nan) for s in ("queue_depth", "queue_capacity"))
             names = PER_WORKER if stage in worker_rows else {}  # one worker's part of a stage
-            cells = [stage, num(self._window.latest(("concurrency", stage)), ".0f"),
-                     *(num(means.get((names.get(series, series), stage), math.nan), fmt) for series, fmt in _TABLE),
-                     f"{num(depth, '.1f')}/{num(cap, '.0f')}" if queue else ""]
-            rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
-        return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
+            figures = (num(means.get((names.get(s, s), stage), math.nan), fmt) for s, fmt in _TABLE)
+            rows.append([stage, num(self._window.latest(("concurrency", stage)), ".0f"), *figures,
+                         f"{num(depth, '.1f')}/{num(cap, '.0f')}" if queue else ""])
+        head = ["stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"]
+        return html_table(head, rows)
 
     # -- controls --------------------------------------------------------------
     def _on_slider(self, stage: str, n: int) -> None:
@@ -372,8 +367,7 @@ class Dashboard(LiveView):
 
 
 class _BokehView(BokehModel):
-    """jupyter_bokeh's widget with a close() that may run twice: ipywidgets'
-    ``__del__`` closes again, and the second removal raises KeyError."""
+    """Closable twice: ipywidgets' ``__del__`` closes again, and jupyter_bokeh raises KeyError."""
 
     def close(self) -> None:
         with contextlib.suppress(KeyError):
@@ -394,6 +388,16 @@ def _why_empty(session: Any, window: Window) -> dict[str, str]:
     return {"stages": f"no stage meters: the loop iterates a {runner} as it is; run a lab.Pipeline "
                       f"(or a torch DataLoader with workers) to see its stages",
             "queues": f"no queue meters: a {runner} iterated as it is has none the lab can read"}
+
+
+def html_table(head: list[str], rows: list[list[str]], css_class: str = "") -> str:
+    """A widget's table, every cell escaped."""
+    def row(cells: list[str], tag: str = "td") -> str:
+        inner = "".join(f"<{tag} style='padding:0 8px'>{html.escape(c)}</{tag}>" for c in cells)
+        return f"<tr>{inner}</tr>"
+
+    body = "".join(map(row, rows))
+    return f"<table class='{css_class}' style='font-size:12px'>{row(head, 'th')}{body}</table>"
 
 
 def _set(widget: widgets.HTML, value: str) -> None:

@@ -21,10 +21,8 @@ from bokeh.plotting import figure
 from .._table import num
 from .._telemetry.frames import FrameChunk
 from .._telemetry.straggler import rank_window
-from .dashboard import LiveView, _set
+from .dashboard import LiveView, _set, html_table
 from .report import write_page
-
-__all__ = ["JobDashboard", "write_job_report"]
 
 DEFAULT_HZ = 1.0
 #: A point a second per rank, each over the ticks of the latest SMOOTH_S (as the verdict reads
@@ -151,13 +149,9 @@ def _points(chunk: FrameChunk, rank: int, after: float, stages: tuple[str, ...])
 def _table_html(summary: Any) -> str:
     if summary.empty:
         return ""
-    cols = [c for c in summary.columns if c not in ("name", "pid", "runner")]
-    head = "".join(f"<th style='padding:0 8px'>{html.escape(str(c))}</th>" for c in ["rank", *cols])
-    rows = []
-    for rank, row in summary.iterrows():
-        cells = [str(rank)] + [_cell(c, row[c]) for c in cols]
-        rows.append("<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    return f"<table class='spdl-lab-job-table' style='font-size:12px'><tr>{head}</tr>{''.join(rows)}</table>"
+    cols = [str(c) for c in summary.columns if c not in ("name", "pid", "runner")]
+    rows = [[str(rank), *(_cell(c, row[c]) for c in cols)] for rank, row in summary.iterrows()]
+    return html_table(["rank", *cols], rows, "spdl-lab-job-table")
 
 
 def _cell(column: str, value: Any) -> str:

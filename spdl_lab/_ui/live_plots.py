@@ -18,8 +18,6 @@ from bokeh.plotting import figure
 
 from .._telemetry.frames import FrameChunk
 
-__all__ = ["DRAW_EVERY_S", "SOURCE_NAME", "WINDOWS_S", "LivePlots", "column_name", "stage_colors"]
-
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
 SOURCE_NAME = "spdl_lab_frames"
 #: One point drawn per DRAW_EVERY_S bin of ticks (its last): fewer points to redraw and send.
@@ -46,10 +44,9 @@ def column_name(series: str, stage: str) -> str:
 
 
 class LivePlots:
-    """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait.
-    ``cpu``: the CPU lines to draw (default all of CPU_SERIES; a line with no data has no legend).
-    A plot with no line to draw (no ``stages``, no ``queues``) is one line of text saying why:
-    ``why_empty["stages"]``, ``why_empty["queues"]``."""
+    """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait;
+    ``cpu``: the CPU lines to draw (default all of CPU_SERIES). A plot with no ``stages`` or no
+    ``queues`` is one line of text saying why: ``why_empty["stages"]``, ``why_empty["queues"]``."""
 
     def __init__(self, stages: Sequence[str], queues: Sequence[str], *, cpu: Sequence[str] | None = None,
                  why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,
@@ -76,7 +73,10 @@ class LivePlots:
         throughput = (self._lines(f"throughput per stage ({smooth})", "items/s",
                                   [(("qps", s), s, self.colors[s]) for s in stages])
                       if stages else self._note(why.get("stages", "no stage meters in this run")))
-        queue = self._queues(queues) if queues else self._note(why.get("queues", "no queue meters in this run"))
+        queue = (self._lines("queue depth (solid) against capacity (dashed)", "items",
+                             [(("queue_depth", q), q, self.colors.get(q.split("→")[-1], "#555555"))
+                              for q in queues], dashed="queue_capacity")  # its consumer's colour
+                 if queues else self._note(why.get("queues", "no queue meters in this run")))
         cpu_figure = self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
                                  [(("cpu_percent", s), label, Category10_10[i])
                                   for i, (s, label) in enumerate(CPU_SERIES) if s in self.cpu])
@@ -160,29 +160,19 @@ class LivePlots:
         fig.xaxis.axis_label_text_font_size = fig.yaxis.axis_label_text_font_size = "10px"
         return fig
 
-    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]]):
+    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]],
+               dashed: str | None = None):
+        """A line per (key, label, colour); ``dashed``: each key's stage in that series too."""
         fig = self._figure(title, y_label)
         items = []
         for key, label, color in lines:
             r = fig.line("time_s", column_name(*key), source=self.source, color=color, line_width=2)
             items.append((label, [r]))
+            if dashed:
+                items[-1][1].append(fig.line("time_s", column_name(dashed, key[1]),
+                                             source=self.source, color=color, line_dash="dashed"))
             fig.add_tools(HoverTool(renderers=[r], tooltips=[
                 ("", label), ("t", "@time_s{0.0} s"), ("value", f"@{{{column_name(*key)}}}{{0.00}}")]))
-        _legend(fig, items)
-        return fig
-
-    def _queues(self, queues: Sequence[str]):
-        fig = self._figure("queue depth (solid) against capacity (dashed)", "items")
-        items = []
-        for q in queues:
-            color = self.colors.get(q.split("→")[-1], "#555555")  # the colour of the stage it feeds
-            depth = fig.line("time_s", column_name("queue_depth", q), source=self.source,
-                             color=color, line_width=2)
-            cap = fig.line("time_s", column_name("queue_capacity", q), source=self.source,
-                           color=color, line_dash="dashed")
-            items.append((q, [depth, cap]))
-            fig.add_tools(HoverTool(renderers=[depth], tooltips=[
-                ("queue", q), ("t", "@time_s{0.0} s"), ("depth", f"@{{{column_name('queue_depth', q)}}}")]))
         _legend(fig, items)
         return fig
 

@@ -18,9 +18,6 @@ from .._watch.records import read_record, read_step_summary, record_meta, with_r
 from .live_plots import stage_colors
 from .report import write_page
 
-__all__ = ["duration_s", "read_run", "run_steps", "run_summary", "run_text", "step_table", "write_run_page",
-           "write_run_report"]
-
 #: (series, label) in the table over ticks, a row per stage, in this order: what the stages and
 #: probes did. The training loop's figures are per step (``step_table``).
 SUMMARY = [("qps", "items/s"), ("p50_ms", "task p50 (ms)"), ("busy_frac", "busy share of its workers"),

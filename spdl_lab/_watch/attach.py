@@ -22,10 +22,7 @@ from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import SpdlLabError
 from . import protocol as wire
-from .records import read_record, read_step_summary, record_meta, with_record
-from .timeline import append_ticks
-
-__all__ = ["POLL_S", "EndpointClient", "RemoteSession", "record_state"]
+from .records import append_ticks, read_record, read_step_summary, record_meta, with_record
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
@@ -33,15 +30,12 @@ POLL_S = 0.25
 
 def record_state(record: str | None, default: str) -> str:
     """The state a run's record says it is in (``default`` without one)."""
-    if not record:
-        return default
-    try:
-        return record_meta(record).get("state", default)
-    except SpdlLabError:
-        return default
+    with contextlib.suppress(SpdlLabError):
+        return record_meta(record).get("state", default) if record else default
+    return default
 
 
-class EndpointClient:
+class EndpointClient(contextlib.AbstractContextManager):
     """A viewer's connection to a published run; ``request`` raises SpdlLabError on any failure."""
 
     def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
@@ -100,9 +94,6 @@ class EndpointClient:
     def close(self) -> None:
         with self._lock:
             self._drop()
-
-    def __enter__(self) -> EndpointClient:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -272,10 +263,9 @@ class RemoteSession:
 def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:
     """A record's last stats (its stages), with the step's figures from every step it holds."""
     step = with_record(path, lambda db: read_step_summary(db, meta))
-    try:
-        stats = loads(meta["stats"]) if meta.get("stats") else {}
-    except ValueError:
-        stats = {}  # a stats line cut short by a kill: the steps still stand
+    stats: Any = {}
+    with contextlib.suppress(ValueError):  # a stats line cut short by a kill: the steps still stand
+        stats = loads(meta.get("stats") or "{}")
     stats = stats if isinstance(stats, dict) else {}
     stats.setdefault("runner", meta.get("runner", "?"))
     return Snapshot.from_dict({**stats, "running": False}, step=step)

@@ -1,7 +1,6 @@
-"""``spdl-lab watch -- COMMAND...``: run a training script, unchanged, with its runs published
-(``SPDL_LAB_WATCH=1``), and exit with its status. ``spdl-lab tune --script``: check DataLoader
-advice in the job itself, running the script under watch alternately with its own DataLoader
-arguments and with the advice (``$SPDL_LAB_DATALOADER_KWARGS``), and comparing steps/s."""
+"""``spdl-lab watch -- COMMAND...``: run a script, unchanged, with its runs published. ``spdl-lab
+tune --script``: check DataLoader advice in the job itself, running it under watch alternately with
+its own arguments and with the advice (``$SPDL_LAB_DATALOADER_KWARGS``), comparing steps/s."""
 
 from __future__ import annotations
 
@@ -25,13 +24,9 @@ import psutil
 from .._startup import interrupt_taken
 from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
-from .discovery import JOB_ENV
 from .hook import KWARGS_ENV
-from .publish import ENV, ENV_NAME
+from .publish import ENV, ENV_NAME, JOB_ENV
 from .records import record_meta, with_record
-
-__all__ = ["POLL_S", "STOP_GRACE_S", "ScriptCheck", "ScriptRun", "check_script", "run_watched",
-           "watched_env"]
 
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
@@ -179,8 +174,8 @@ def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, s
 
 def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, steps: int,
                timeout_s: float) -> None:
-    """Run the script under watch until its record holds ``steps`` steps, it ends, or
-    ``timeout_s`` passes (then SIGTERM, which flushes the record)."""
+    """Run the script under watch until its record holds ``steps`` steps, it ends, or ``timeout_s``
+    passes (then SIGTERM, which flushes the record)."""
     env = watched_env(name=f"tune-script-{record.stem}", record=str(record))
     env.pop(KWARGS_ENV, None)
     if kwargs is not None:
@@ -218,10 +213,9 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
 
 
 def _steps_in(record: Path) -> int:
-    try:
+    with contextlib.suppress(SpdlLabError):  # not there yet, or still being made
         return with_record(record, lambda db: int(db.execute("SELECT count(*) FROM steps").fetchone()[0]))
-    except SpdlLabError:  # not there yet, or still being made
-        return 0
+    return 0
 
 
 def _figures(record: Path, config: str, round_: int, warmup: int, steps: int) -> ScriptRun:

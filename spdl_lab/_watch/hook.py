@@ -1,6 +1,5 @@
-"""The interpreter-start hook behind ``SPDL_LAB_WATCH=1``: publish a script's torch
-DataLoaders and SPDL pipelines without the script importing spdl_lab. Standard library only,
-so that it can load before anything else."""
+"""The interpreter-start hook behind ``SPDL_LAB_WATCH=1``: publish a script's torch DataLoaders
+and SPDL pipelines unchanged; standard library only, so that it loads before anything else."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["KWARGS_ENV", "dataloader_kwargs", "install", "installed"]
-
 ENV = "SPDL_LAB_WATCH"
 #: A JSON object of keyword arguments given to every DataLoader the script builds, over its own
 #: (``spdl-lab tune --script`` tries advice with it).
@@ -24,22 +21,17 @@ TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
 
 
 def install() -> bool:
-    """Add the import hook when ``SPDL_LAB_WATCH=1``; True if it is in place. Idempotent. Run at
-    interpreter start as module ``spdl_lab_watch_hook`` (by ``spdl_lab_watch.pth`` or
-    ``boot/sitecustomize.py``), so that each epoch of a TARGETS class is published."""
+    """Add the import hook when ``SPDL_LAB_WATCH=1`` (idempotent); True if it is in place. Run at
+    interpreter start as ``spdl_lab_watch_hook`` (by the ``.pth`` or ``boot/sitecustomize.py``)."""
     if os.environ.get(ENV, "") != "1":
         return False
-    if not installed():
+    # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.
+    if not any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
         for module in TARGETS:  # imported before the hook (a sitecustomize that imports torch)
             if module in sys.modules:
                 _patch(sys.modules[module])
     return True
-
-
-def installed() -> bool:
-    # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.
-    return any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -16,24 +16,12 @@ from .._telemetry.straggler import VERDICT_WINDOW_S, JobVerdict, judge, rank_win
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .attach import RemoteSession, record_state
-from .discovery import list_endpoints
+from .endpoint import list_endpoints
 from .records import record_meta
-
-__all__ = ["JobSession", "attach", "job_entries", "open_record"]
 
 #: How often a live job looks for ranks that have published since.
 RANKS_EVERY_S = 0.5
 _STEP_FIGURES = ("batches_per_s", "step_p50_ms", "data_wait_p50_ms", "data_wait_frac")
-
-
-def job_entries(name_or_id: str) -> list[dict[str, Any]]:
-    """The published runs of the job named (or with the id) ``name_or_id``, lowest rank first."""
-    found = [e for e in list_endpoints() if e.get("job") and name_or_id in (e.get("job_name"), e["job"])]
-    jobs = {e["job"] for e in found}
-    if len(jobs) > 1:
-        raise SpdlLabError(f"lab.attach: {len(jobs)} published jobs are named {name_or_id!r} (ids "
-                           f"{', '.join(sorted(jobs))}); attach by the job's id")
-    return sorted(found, key=lambda e: e["rank"])
 
 
 class JobSession:
@@ -56,10 +44,19 @@ class JobSession:
         self._looked_at = time.monotonic()
 
     @classmethod
-    def attach(cls, entries: list[dict[str, Any]]) -> JobSession:
-        first = entries[0]
-        sessions = {e["rank"]: RemoteSession(e) for e in entries}
-        return cls(first.get("job_name") or first["name"], first["job"], first.get("world_size"), sessions, True)
+    def attach(cls, name_or_id: str) -> JobSession | None:
+        """The published job named (or with the id) ``name_or_id``, live; None if there is none."""
+        found = [e for e in list_endpoints()
+                 if e.get("job") and name_or_id in (e.get("job_name"), e["job"])]
+        jobs = {e["job"] for e in found}
+        if len(jobs) > 1:
+            raise SpdlLabError(f"lab.attach: {len(jobs)} published jobs are named {name_or_id!r} "
+                               f"(ids {', '.join(sorted(jobs))}); attach by the job's id")
+        if not found:
+            return None
+        first = found[0]
+        return cls(first.get("job_name") or first["name"], first["job"], first.get("world_size"),
+                   {e["rank"]: RemoteSession(e) for e in found}, True)
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike) -> JobSession:
@@ -203,9 +200,9 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
         raise PipelineSpecError(f"lab.attach takes a run's (or a job's) name or pid, got {name_or_pid!r}")
     deadline = time.monotonic() + timeout
     while True:
-        ranks = job_entries(name_or_pid) if isinstance(name_or_pid, str) else []
-        if ranks:
-            return JobSession.attach(ranks)
+        job = JobSession.attach(name_or_pid) if isinstance(name_or_pid, str) else None
+        if job is not None:
+            return job
         found = [e for e in list_endpoints() if name_or_pid in (e["name"], e["pid"], str(e["pid"]))]
         if len(found) > 1:
             pids = ", ".join(str(e["pid"]) for e in found)

@@ -16,13 +16,6 @@ from .._pipeline import MAX_CONCURRENCY
 from .._telemetry.frames import FrameChunk
 from ..errors import SpdlLabError
 
-__all__ = [
-    "REQUESTS", "Ask", "Chunk", "ControlsReply", "Failure", "FramesReply", "FramesSince", "HelloReply",
-    "Reply", "Request", "SetConcurrency", "StateReply", "StatsReply", "chunk_from_json",
-    "chunk_to_json", "read_reply", "read_request", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES",
-    "MessageTimeout", "PeerClosed", "ProtocolError", "decode_message", "recv_message", "send_message",
-]
-
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_REPLY_BYTES = 64 * 2**20
 

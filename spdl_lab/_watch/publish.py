@@ -1,7 +1,6 @@
-"""``lab.publish``: a training script shows its run to notebooks on this host (a record file and
-a local endpoint). With ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session, unowned Loader,
-and (through ``hook``) DataLoader and SPDL pipeline is published with no code change. An uncaught
-exception marks the runs "failed", Ctrl-C and SIGTERM "stopped"."""
+"""``lab.publish``: a training script shows its run (a record file and a local endpoint) to
+notebooks on this host; under ``SPDL_LAB_WATCH=1`` (``spdl-lab watch``) every session and unowned
+Loader, and through ``hook`` every DataLoader and SPDL pipeline, is published unchanged."""
 
 from __future__ import annotations
 
@@ -13,31 +12,31 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import _forksafe
 from .._json import dumps
 from .._runs import caller_line
-from .._telemetry.frames import chunk_since
-from .discovery import rank_identity, safe_name
-from .endpoint import Endpoint, Handlers
-from .records import RECORD_ENV, RecordWriter, default_record_path, step_rows
+from .._telemetry.frames import FrameChunk, chunk_since
+from .._telemetry.ring import Ring
+from .._telemetry.sampler import DEFAULT_TICKS, Sampler
+from .endpoint import Endpoint, Handlers, safe_name
+from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows
 from .sources import source_of
-from .timeline import Timeline
-
-__all__ = ["ENV", "ENV_NAME", "PUMP_EVERY_S", "Publisher", "publish", "publish_once", "published_by",
-           "published_epoch", "start_hook", "unpublish"]
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
+#: The job id ``spdl-lab watch`` gives what it runs, for a launcher that sets none of its own.
+JOB_ENV = "SPDL_LAB_WATCH_JOB"
 
 #: How often new frames and steps go from the run to the record's buffer.
 PUMP_EVERY_S = 0.25
 #: How often the run's stats are kept in the record, besides at its end.
 STATS_EVERY_S = 5.0
-#: The open publishers, by id of what they publish.
-_PUBLISHED: dict[int, Publisher] = {}
+_PUBLISHED: dict[int, Publisher] = {}  # by id of what they publish
 #: States after which a run produces no more frames.
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 #: The names taken by runs published with no code change.
@@ -106,6 +105,73 @@ def _unique(name: str) -> str:
         candidate = f"{name}-{n}"
     _taken.add(candidate)
     return candidate
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+
+    def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
+        """The rank's run name (``name-rankR``), its record (``rankR.sqlite`` in the job's folder:
+        ``override`` (``--record``, ``$SPDL_LAB_RECORD``; ``x.sqlite`` stands for ``x/``), else
+        ``spdl_lab_runs/NAME-JOBID``), and what its discovery file and record's meta say of it."""
+        job_name = name.removesuffix(f"-rank{self.rank}")
+        if override:
+            folder = Path(override)
+            folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
+        else:
+            folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{self.job[:8]}"
+        facts = {"job_name": job_name, **asdict(self)}
+        return f"{job_name}-rank{self.rank}", folder / f"rank{self.rank}.sqlite", facts
+
+
+def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | None:
+    """This process's rank from torchrun's RANK, LOCAL_RANK, WORLD_SIZE, or None outside a job. The
+    job id: TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s own, else the launcher's pid (every
+    rank of a job is a child of one torchrun agent)."""
+    try:
+        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        local = int(environ.get("LOCAL_RANK", rank))
+    except (KeyError, ValueError):
+        return None
+    if not 0 <= rank < world:
+        return None
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+    job = run_id if run_id and run_id != "none" else environ.get(JOB_ENV) or f"launcher-{os.getppid()}"
+    return RankIdentity(safe_name(job), rank, local, world)
+
+
+class Timeline:
+    """A run's ticks on one clock across its samplers (a Loader starts one each epoch), read
+    thread-safely; the old sampler's last ticks are taken first, so an epoch's end is kept."""
+
+    def __init__(self, capacity: int = DEFAULT_TICKS) -> None:
+        self.ring = Ring(capacity)
+        self.started_at = time.perf_counter()
+        self._sampler: Sampler | None = None
+        self._cursor = 0
+        #: ticks viewers asked for after the ring had moved past them (a stalled viewer skips ahead)
+        self.skipped_by_viewers = 0
+
+    def pull(self, sampler: Sampler | None) -> None:
+        if sampler is not self._sampler:
+            if self._sampler is not None:
+                self._take(self._sampler)  # the previous run's last ticks
+            self._sampler, self._cursor = sampler, 0
+        if sampler is not None:
+            self._take(sampler)
+
+    def frames_since(self, cursor: int) -> FrameChunk:
+        """The ticks after ``cursor`` that the ring still holds (the oldest go first, counted)."""
+        self.skipped_by_viewers += max(0, self.ring.count - len(self.ring) - cursor)
+        return chunk_since(self.ring, cursor)
+
+    def _take(self, sampler: Sampler) -> None:
+        self._cursor, ticks, values = sampler.ring.since(self._cursor)
+        append_ticks(self.ring, ticks, values, shift=sampler.started_at - self.started_at)
 
 
 class Publisher:
@@ -203,9 +269,8 @@ class Publisher:
         return self.ended_by or self.source.state()
 
     def close(self) -> None:
-        """Stop publishing: the record gets the run's last frames and state, the endpoint goes.
-        Nothing in a forked child: its atexit and SIGTERM handlers, record and endpoint are the
-        script's."""
+        """Stop publishing: the record gets the run's last frames and state, the endpoint goes; not
+        in a forked child, whose atexit and SIGTERM handlers, record, endpoint are the script's."""
         if _forksafe.forked_child(self._pid):
             return
         with self._lock:
@@ -228,7 +293,8 @@ class Publisher:
 
 
 def _watch_endings() -> None:
-    """Once per process: watch how the script ends, for every open publisher."""
+    """Once per process, watch how the script ends for every open publisher: an uncaught exception
+    marks its runs "failed", Ctrl-C and SIGTERM "stopped"."""
     global _ends_watched, _sigterm_taken
     with _ends_lock:
         if not _ends_watched:

@@ -27,11 +27,7 @@ from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._telemetry.ring import Ring
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
-from .discovery import pid_alive, safe_name
-from .timeline import append_ticks
-
-__all__ = ["END_STATES", "FULL_RATE_S", "STEPS_FULL_S", "THIN_EVERY_S", "RecordWriter", "default_record_path",
-           "read_record", "read_step_summary", "record_meta", "step_rows", "with_record"]
+from .endpoint import pid_alive, safe_name
 
 # Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
@@ -77,7 +73,15 @@ def default_record_path(name: str, pid: int) -> Path:
     return Path(override) if override else Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
 
 
-class RecordWriter:
+def append_ticks(ring: Ring, times: np.ndarray, columns: dict[tuple[str, str], np.ndarray],
+                 shift: float = 0.0) -> None:
+    """Append each tick of a chunk (``times`` and its ``columns``) to ``ring``, NaN left out."""
+    for i, t in enumerate(times.tolist()):
+        rows = [(series, stage, float(v[i])) for (series, stage), v in columns.items()]
+        ring.append(t + shift, [row for row in rows if not math.isnan(row[2])])
+
+
+class RecordWriter(contextlib.AbstractContextManager):
     """Writes frame chunks to a new SQLite record from its own thread, ``spdl_lab:record``. ``add``
     never waits on the disk: a ring of ``max_buffered_ticks`` (older ticks dropped, counted) is
     written every ``flush_every_s``; ``close`` raises a failed flush."""
@@ -167,15 +171,12 @@ class RecordWriter:
                                                  ("dropped_steps", str(self.dropped_steps))])
 
     def _thin(self) -> None:
-        # Whole buckets only, so a bucket is thinned once, when it is complete.
-        if self._newest_s - FULL_RATE_S <= self._thinned_until:
-            return
-        until = math.floor((self._newest_s - FULL_RATE_S) / THIN_EVERY_S) * THIN_EVERY_S
-        if not until > self._thinned_until:
-            return
+        # Whole buckets only, so a bucket is thinned once, when it is complete (NaN before a tick).
         lo = self._thinned_until
-        self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
-        self._thinned_until = until
+        until = (self._newest_s - FULL_RATE_S) // THIN_EVERY_S * THIN_EVERY_S
+        if until > lo:
+            self._db.execute(_THIN, (lo, until, lo, until, THIN_EVERY_S))
+            self._thinned_until = until
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_every_s):
@@ -209,9 +210,6 @@ class RecordWriter:
         if self.error is not None:
             raise SpdlLabError(f"some flushes of record {self.path} failed ({self.error}); "
                                "the record may miss ticks: check the disk") from self.error
-
-    def __enter__(self) -> RecordWriter:
-        return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close("failed" if exc_type is not None else "finished")

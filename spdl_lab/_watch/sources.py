@@ -1,6 +1,5 @@
-"""What a publisher reads from what it publishes, one interface for all: ``sampler()``, ``stats()``,
-``state()``, ``set_concurrency``, ``controls()``, ``close()``, and ``published`` (what
-``lab.publish`` hands back to the training loop)."""
+"""What a publisher reads from what it publishes, one interface for all (``sampler``, ``stats``,
+``state``, ``set_concurrency``, ``controls``, ``close``), and ``published``, what it returns."""
 
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ from .._telemetry.probes import CpuProbe, GilProbe
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._training import StepClock
 from ..errors import PipelineSpecError
-
-__all__ = ["LoopSource", "OwnerSource", "SessionSource", "source_of"]
 
 
 def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
@@ -63,9 +60,9 @@ class _Epoch(_Proxy):
     """One pass of the loop over a published iterable, timed by the step clock; other attributes
     (``len``, torch's ``_workers``) are the iterator's. A step held as the loop lets go ends."""
 
-    def __init__(self, items: Iterator[Any], loop: _TimedLoop, started_ns: int | None = None) -> None:
+    def __init__(self, items: Iterator[Any], clock: StepClock, started_ns: int | None) -> None:
         self._of = items
-        self._timed = loop.clock.iterate_steps(items, started_ns)
+        self._timed = clock.iterate_steps(items, started_ns)
 
     def __iter__(self) -> _Epoch:
         return self
@@ -95,27 +92,24 @@ class _TimedLoop:
         """Time the loop over ``items`` (made at ``started_ns``, ``perf_counter_ns``, if known). A
         step still held from the epoch before (a trainer that stops at its length) ended then."""
         self.clock.leave(started_ns)
-        epoch = _Epoch(items, self, started_ns)
-        with self._lock:
-            previous, self._epoch = self._epoch, weakref.ref(epoch)
-        _close(previous)
+        epoch = _Epoch(items, self.clock, started_ns)
+        self._replace(weakref.ref(epoch))
         return epoch
 
     def close(self) -> None:
         """The run ends: a step let go of or still held counts, unless ``left_counts`` says no."""
-        with self._lock:
-            previous, self._epoch = self._epoch, None
-        _close(previous)
+        self._replace(None)
         self.clock.settle(counted=self.left_counts())
 
-
-def _close(epoch: weakref.ref[_Epoch] | None) -> None:
-    """Close an epoch still open; one inside ``next()`` (a signal handler closes the run while the
-    loop waits for data) holds no step to end."""
-    open_epoch = epoch() if epoch is not None else None
-    if open_epoch is not None:
-        with contextlib.suppress(ValueError):  # "generator already executing"
-            open_epoch.close()
+    def _replace(self, epoch: weakref.ref[_Epoch] | None) -> None:
+        """Close the epoch before if still open; one inside ``next()`` (a signal handler closes the
+        run while the loop waits for data) holds no step to end."""
+        with self._lock:
+            previous, self._epoch = self._epoch, epoch
+        still_open = previous() if previous is not None else None
+        if still_open is not None:
+            with contextlib.suppress(ValueError):  # "generator already executing"
+                still_open.close()
 
 
 class SessionSource:

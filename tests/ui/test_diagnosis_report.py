@@ -9,7 +9,7 @@ from bokeh.models import LayoutDOM
 from bokeh.plotting import figure
 
 from spdl_lab._diagnose.result import Diagnosis, Point, StageDiagnosis
-from spdl_lab._ui.diagnosis_report import diagnosis_plot
+from spdl_lab._ui.report import diagnosis_plot
 
 NAN = math.nan
 EVIL = "<script>alert('stage')</script>"

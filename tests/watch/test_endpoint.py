@@ -18,8 +18,7 @@ import pytest
 
 from spdl_lab._telemetry.frames import FrameChunk
 from spdl_lab._watch.attach import EndpointClient
-from spdl_lab._watch.discovery import list_endpoints, runtime_dir
-from spdl_lab._watch.endpoint import THREAD_NAME, Endpoint, Handlers
+from spdl_lab._watch.endpoint import THREAD_NAME, Endpoint, Handlers, list_endpoints, runtime_dir
 from spdl_lab._watch.protocol import (
     MAX_REQUEST_BYTES,
     ProtocolError,

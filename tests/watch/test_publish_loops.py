@@ -232,7 +232,7 @@ def test_sigterm_to_spdl_lab_watch_reaches_the_script(tmp_path, wait_until):
 
 def test_a_stalled_viewer_skips_ahead_and_the_ticks_it_missed_are_counted(runtime, no_thread_leak):
     from spdl_lab._telemetry.sampler import Sampler
-    from spdl_lab._watch.timeline import Timeline
+    from spdl_lab._watch.publish import Timeline
 
     timeline, ticks = Timeline(capacity=4), iter(range(100))
     sampler = Sampler([lambda dt: [("x", "s", float(next(ticks)))]], hz=1000)
