@@ -18,6 +18,7 @@ from typing import Any
 
 import cloudpickle
 import numpy as np
+import pyarrow as pa
 
 from .._pipeline import Pipeline, Stage
 from .._telemetry.histogram import NUM_BUCKETS, bucket_of, new_counts
@@ -26,7 +27,7 @@ from ..errors import describe, in_chain
 from ._shipping import pickled
 
 __all__ = ["FLUSH_S", "MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "MeterBoard", "StageFailure",
-           "block_sizes", "build", "chunk_size", "find_failure", "groups", "new_board",
+           "block_sizes", "board", "build", "chunk_size", "find_failure", "flush", "groups",
            "reading_of", "record", "rows_of", "uses_actors"]
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
@@ -158,6 +159,7 @@ class _Stages:
         rows = self._read(block["data"]) if self.source is not None else rows_of(block, self.batches_in)
         for kind, name, arg, span in self.pieces:
             rows = self._map(name, arg, span, rows) if kind == "map" else self._batch(name, arg, span, rows)
+        flush(self.key)  # sent before the block: the counts of a block the driver holds are on their way
         return _block_of(rows)
 
     def _read(self, chunk_ids: np.ndarray) -> list[Row]:
@@ -232,36 +234,59 @@ def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
         return value.item() if isinstance(value, np.generic) else value
 
     items = [[scalar(x) for x in v] for v in block["item"]] if batches else [scalar(v) for v in block["item"]]
-    return list(zip([i.tolist() for i in block["idx"]], items))
+    idx = block["idx"]
+    indices = [row[row >= 0].tolist() for row in idx] if idx.ndim == 2 else idx.tolist()
+    return list(zip(indices, items))
 
 
-def _block_of(rows: list[Row]) -> dict[str, Any]:
-    """Rows as a block's columns (``_column``)."""
+def _block_of(rows: list[Row]) -> Any:
+    """Rows as a block's columns (``_column``): a dict of arrays, or a table with a column of
+    pickled objects."""
     if not rows:
         return {"idx": np.empty(0, dtype=np.int64), "item": np.empty(0, dtype=object)}
     indices = [i for i, _ in rows]
-    if isinstance(indices[0], list):
-        idx = np.empty(len(indices), dtype=object)
-        idx[:] = [np.asarray(i, dtype=np.int64) for i in indices]
+    if isinstance(indices[0], list):  # a batch's: one row each, padded with -1 (a plain tensor column)
+        idx = np.full((len(indices), max(map(len, indices))), -1, dtype=np.int64)
+        for row, i in zip(idx, indices):
+            row[:len(i)] = i
     else:
         idx = np.asarray(indices, dtype=np.int64)
-    return {"idx": idx, "item": _column([v for _, v in rows])}
+    item = _column([v for _, v in rows])
+    if not isinstance(item, pa.Array):
+        return {"idx": idx, "item": item}
+    from ray.data.extensions import ArrowTensorArray
+
+    return pa.table({"idx": pa.array(idx) if idx.ndim == 1 else ArrowTensorArray.from_numpy(idx), "item": item})
+
+
+#: What Arrow holds natively (a column of these, or of lists of them).
+_NATIVE = (int, float, str, bytes, type(None), np.generic)
 
 
 def _column(values: list[Any]) -> Any:
     """Arrays (or batches of arrays) of one shape and dtype as one array, which Ray keeps as a
-    tensor column read without a copy; anything else as a list, for Ray to convert."""
+    tensor column read without a copy; arrays of several shapes, numbers and text, as they are,
+    for Ray's own types; anything else (tensors, tuples, dicts) as pickled objects at once, where
+    Ray would try Arrow first, fail, and print the whole column into its message (0.3 s for a
+    block of 500 tensors)."""
     first = values[0]
-    if isinstance(first, list) and first and all(isinstance(v, list) and len(v) == len(first) for v in values):
+    if isinstance(first, list) and first and all(isinstance(v, list) and v for v in values):
         inner = first[0]
         if _plain_array(inner) and all(_like(x, inner) for v in values for x in v):
+            if any(len(v) != len(first) for v in values):
+                return [np.stack(v) for v in values]  # a short last batch: tensors of two shapes
             out = np.empty((len(values), len(first), *inner.shape), dtype=inner.dtype)
             for i, v in enumerate(values):
                 np.stack(v, out=out[i])
             return out
-    elif _plain_array(first) and all(_like(v, first) for v in values):
-        return np.stack(values)
-    return values
+    elif all(_plain_array(v) for v in values):
+        return np.stack(values) if all(_like(v, first) for v in values) else values
+    if all(isinstance(v, _NATIVE) or (isinstance(v, list) and all(isinstance(x, _NATIVE) for x in v))
+           for v in values):
+        return values
+    from ray.data.extensions import ArrowPythonObjectArray
+
+    return ArrowPythonObjectArray.from_objects(values)
 
 
 def _plain_array(value: Any) -> bool:
@@ -347,46 +372,61 @@ def _node() -> str:
 
 
 def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
-    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here."""
+    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here
+    (per item: a lookup and an add, a new entry only after a flush)."""
+    node = _NODE[0] if _NODE else _node()
     with _LOCK:
-        pending = _PENDING.setdefault(key, (board, {}))[1].setdefault(stage, _blank())
+        run = _PENDING.get(key)
+        if run is None:
+            run = _PENDING[key] = (board, {})
+            if not _FLUSHER:
+                flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
+                _FLUSHER.append(flusher)
+                flusher.start()
+        pending = run[1].get(stage)
+        if pending is None:
+            pending = run[1][stage] = _blank()
         if event == "started":
             pending["started"] += 1
-        else:
-            pending["tasks"] += 1
-            pending["nodes"][_node()] = pending["nodes"].get(_node(), 0) + 1
-            pending["busy_ns"] += ns
-            pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
-            if event == "failed":
-                pending["failures"] += 1
-                if len(pending["failed"]) < MAX_FAILED:
-                    pending["failed"].append(failure)
-        if not _FLUSHER:
-            flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
-            _FLUSHER.append(flusher)
-            flusher.start()
+            return
+        pending["tasks"] += 1
+        pending["nodes"][node] = pending["nodes"].get(node, 0) + 1
+        pending["busy_ns"] += ns
+        pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
+        if event == "failed":
+            pending["failures"] += 1
+            if len(pending["failed"]) < MAX_FAILED:
+                pending["failed"].append(failure)
 
 
 def _flush_forever() -> None:
     while True:
         time.sleep(FLUSH_S)
-        with _LOCK:
-            batches = [entry for entry in _PENDING.values() if entry[1]]
-            _PENDING.clear()
-        for board, stages in batches:
+        flush()
+
+
+def flush(key: str | None = None) -> None:
+    """Send this worker's counts (of the run ``key``, or of all) to their boards now."""
+    with _LOCK:
+        keys = list(_PENDING) if key is None else [key] if key in _PENDING else []
+        sends = [(k, *_PENDING.pop(k)) for k in keys]
+    for k, board, stages in sends:
+        if stages:
             with contextlib.suppress(Exception):  # the run is over and its board gone
-                board.add.remote(stages)
+                board.add.remote(k, stages)
 
 
 class MeterBoard:
-    """Totals per stage, added up from every worker's deltas (a Ray actor; see ``new_board``)."""
+    """Totals per run (its key) and stage, added up from every worker's deltas (a Ray actor: see
+    ``board``); a run's are dropped when it closes."""
 
-    def __init__(self, stages: list[str]) -> None:
-        self.totals = {name: _blank() for name in stages}
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, dict[str, Any]]] = {}
 
-    def add(self, deltas: dict[str, dict[str, Any]]) -> None:
+    def add(self, key: str, deltas: dict[str, dict[str, Any]]) -> None:
+        totals = self.runs.setdefault(key, {})
         for stage, delta in deltas.items():
-            total = self.totals.setdefault(stage, _blank())
+            total = totals.setdefault(stage, _blank())
             for name in _FIELDS:
                 total[name] += delta[name]
             total["hist"] = [a + b for a, b in zip(total["hist"], delta["hist"])]
@@ -394,18 +434,46 @@ class MeterBoard:
                 total["nodes"][node] = total["nodes"].get(node, 0) + n
             total["failed"] = (total["failed"] + delta["failed"])[:MAX_FAILED]
 
-    def read(self) -> dict[str, dict[str, Any]]:
-        return self.totals
+    def read(self, key: str) -> dict[str, dict[str, Any]]:
+        return self.runs.get(key, {})
+
+    def drop(self, key: str) -> None:
+        self.runs.pop(key, None)
 
 
-def new_board(stages: list[str]) -> Any:
-    """A ``MeterBoard`` actor: no CPU reserved, one call at a time is plenty; on the driver's node,
-    which lives as long as the run (a worker node may go, with whatever ran on it)."""
+#: The board runs share while the Ray session lasts: (the session, the actor). A new actor starts
+#: a worker process, which the run's first counts wait for (1.5 s of a 2 s run here).
+_BOARD: list[tuple[tuple[Any, ...], Any]] = []
+
+
+def board(shared: bool) -> Any:
+    """A ``MeterBoard`` actor for a run: the session's ``shared`` one (the lab's own instance, or a
+    cluster joined: it goes with them), else one of its own (the caller kills it). No CPU reserved,
+    one call at a time is plenty; on the driver's node, which lives as long as the driver (a
+    worker node may go, with what ran on it)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(MeterBoard).remote(stages)
+    context = ray.get_runtime_context()
+    session = (context.get_job_id(), getattr(ray._private.worker.global_worker.node, "session_name", None))
+    with _LOCK:
+        if shared and _BOARD and _BOARD[0][0] == session and _answers(_BOARD[0][1]):
+            return _BOARD[0][1]
+        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
+        actor = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(MeterBoard).remote()
+        if shared:
+            _BOARD[:] = [(session, actor)]
+        return actor
+
+
+def _answers(actor: Any) -> bool:
+    import ray
+
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=5.0)
+        return True
+    except Exception:  # noqa: BLE001 - killed, or its node gone: a new one
+        return False
 
 
 def reading_of(totals: dict[str, Any] | None, name: str, kind: str, concurrency: int) -> StageReading:

@@ -30,6 +30,7 @@ _ALIVE_EVERY_S = 0.5
 _FINAL_READ_S = 2.0
 #: How long the end of the data may wait for complete counts (the meter actor may start slowly).
 _SETTLE_S = 10.0
+_SETTLE_POLL_S = 0.02
 _IN_RAY = "in a Ray worker"
 #: A source without random access is read into a list in the driver, up to this many items.
 MAX_MATERIALIZED = 1_000_000
@@ -62,6 +63,7 @@ class RayRunner(PumpRunner):
         self._ordered = all(s.ordered for s in pipeline.stages if s.kind == "map")
         self._key = uuid.uuid4().hex
         self._board: Any = None
+        self._settled = False  # the counts are final (the end of the data)
         self._totals: dict[str, Any] = {}
         self._read_at = 0.0
         self._asked: Any = None  # a board reading asked for and not yet taken
@@ -76,7 +78,7 @@ class RayRunner(PumpRunner):
         if self._pump is None:
             self._connection.open()
             try:
-                self._board = plan.new_board(["source", *self._concurrency])
+                self._board = plan.board(shared=self._connection.role != "user")
             except BaseException:
                 self._connection.close()
                 raise
@@ -213,17 +215,17 @@ class RayRunner(PumpRunner):
 
     def _settle(self) -> None:
         """At the end of the data, wait (up to ``_SETTLE_S``) until the counts are final: nothing
-        in flight, every item counted, two readings a flush apart agree."""
+        in flight, every item counted. A task sends its counts before its block, so they are at
+        most one board call behind the last block."""
         deadline = time.monotonic() + _SETTLE_S
-        previous = None
         while True:
-            time.sleep(plan.FLUSH_S)
             totals = self._read_totals(force=True)
             now = {name: (t["started"], t["tasks"], t["failures"]) for name, t in totals.items()}
             idle = all(started == done for started, done, _ in now.values())
-            if (idle and now == previous and self._complete(now)) or time.monotonic() > deadline:
+            if (idle and self._complete(now)) or time.monotonic() > deadline:
+                self._settled = True
                 return
-            previous = now
+            time.sleep(_SETTLE_POLL_S)
 
     def _complete(self, counts: dict[str, tuple[int, int, int]]) -> bool:
         """Every item read reached every stage: each stage ran at least what the one before made."""
@@ -269,7 +271,7 @@ class RayRunner(PumpRunner):
                 return self._totals
             now = time.monotonic()
             if force or (self._asked is None and now - self._read_at >= _READ_EVERY_S):
-                self._asked, self._read_at = board.read.remote(), now
+                self._asked, self._read_at = board.read.remote(self._key), now
             try:
                 ready, _ = ray.wait([self._asked], timeout=_FINAL_READ_S if force else 0)
                 if ready:
@@ -314,12 +316,16 @@ class RayRunner(PumpRunner):
             _shutdown(executor)
         self._join_pump(timeout)
         if self._board is not None:
-            time.sleep(2 * plan.FLUSH_S)  # the workers' last counts are at most one flush away
-            self._read_totals(force=True)  # the final figures, kept for stats() after close
+            if not self._settled:
+                time.sleep(2 * plan.FLUSH_S)  # the workers' last counts are at most one flush away
+                self._read_totals(force=True)  # the final figures, kept for stats() after close
             import ray
 
             with contextlib.suppress(Exception):  # the instance may be gone already
-                ray.kill(self._board)
+                if self._connection.role == "user":  # the user's own instance: nothing of ours stays
+                    ray.kill(self._board)
+                else:
+                    self._board.drop.remote(self._key)
             self._board = None
         if self._connection.role != "none":
             self._connection.close(timeout)

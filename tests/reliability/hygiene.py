@@ -162,7 +162,8 @@ def wait_for_baseline(
 ) -> list[str]:
     """``left_behind`` once everything had up to ``GRACE_S`` to go away.
 
-    ``shared_ray``: the run's own Ray actors (its meter board, actor pools) must be gone too.
+    ``shared_ray``: the run's own Ray actors (its actor pools) must be gone too, and the meter
+    board runs share while the instance lasts must be one.
     """
 
     def check() -> list[str]:
@@ -171,6 +172,9 @@ def wait_for_baseline(
             actors = [" ".join(p.cmdline())[:80] for p in _ray_instance_processes() if _is_run_actor(p)]
             if actors:
                 problems.append(f"Ray actors of the run: {actors}")
+            boards = [p.pid for p in _ray_instance_processes() if _is_actor(p, (_BOARD,))]
+            if len(boards) > 1:
+                problems.append(f"{len(boards)} meter boards (one per session): pids {boards}")
         return problems
 
     problems = check()
@@ -188,7 +192,9 @@ def wait_for_baseline(
 
 #: Process titles of the actors a ray runner makes for one run (a Ray worker takes its actor's
 #: class name as its title while the actor lives; ``ray::IDLE`` once it is gone).
-_RUN_ACTORS = ("ray::MeterBoard", "_ActorStages")
+_RUN_ACTORS = ("_ActorStages",)
+#: The meter board the runs on one Ray session share (it goes with the instance or the driver).
+_BOARD = "ray::MeterBoard"
 
 
 def _ray_instance_processes() -> list[psutil.Process]:
@@ -205,8 +211,12 @@ def _ray_instance_fd(target: str) -> bool:
 
 
 def _is_run_actor(process: psutil.Process) -> bool:
+    return _is_actor(process, _RUN_ACTORS)
+
+
+def _is_actor(process: psutil.Process, titles: tuple[str, ...]) -> bool:
     try:
-        return any(name in " ".join(process.cmdline()) for name in _RUN_ACTORS)
+        return any(name in " ".join(process.cmdline()) for name in titles)
     except psutil.Error:
         return False
 
