@@ -14,7 +14,15 @@ Start-up is the time from opening the Loader to its first batch: for ray with a 
 instance it includes starting Ray (GCS, raylet) and its worker processes, which a
 long-lived cluster pays once. The steady rate excludes it (batches after the first).
 
-    python benchmarks/ray_runner.py [--repeats 2] [--batches 40]
+Then the lab against what a Ray user writes by hand, on one warm instance: load (a 64x64
+float32 array) -> work (tanh of matmuls, the GIL released) -> batch(32) -> a sum in the
+consumer; whole-run wall time, first batch included. The plain forms are
+``ray.data.range(n).map(load).map(work)`` with ``iter_batches(batch_size=32)``, and one
+``map_batches`` doing all of it; the lab's stages run at concurrency 2 (the cores, as Ray
+Data's own default uses every CPU). The ratio is the faster plain form's time over the lab's
+(1.0 or more: the lab is as fast); the thread runner is the floor without Ray.
+
+    python benchmarks/ray_runner.py [--repeats 2] [--batches 40] [--plain-repeats 5]
 """
 
 from __future__ import annotations
@@ -66,6 +74,83 @@ def pipelines(batches: int) -> dict[str, lab.Pipeline]:
     return {"empty": empty, "ipc": ipc, "cpu": cpu}
 
 
+def load(i: int) -> np.ndarray:
+    return np.random.default_rng(int(i)).random((64, 64), dtype=np.float32)
+
+
+def work(a: np.ndarray, reps: int = 1) -> np.ndarray:
+    for _ in range(reps):
+        a = np.tanh(a @ a / 64)
+    return a
+
+
+def lab_form(n: int, reps: int, runner: str = "ray") -> float:
+    p = (lab.Pipeline(range(n)).map(load, concurrency=2, name="load")
+         .map(partial(work, reps=reps), concurrency=2, name="work").batch(32))
+    t0, total = time.perf_counter(), 0.0
+    with lab.Loader(p, runner=runner) as loader:
+        for batch in loader:
+            total += float(np.sum(batch))
+    return time.perf_counter() - t0
+
+
+def plain_maps(n: int, reps: int) -> float:
+    import ray.data
+
+    t0, total = time.perf_counter(), 0.0
+    ds = ray.data.range(n).map(lambda r: {"x": load(r["id"])}).map(lambda r: {"x": work(r["x"], reps)})
+    for batch in ds.iter_batches(batch_size=32, batch_format="numpy"):
+        total += float(batch["x"].sum())
+    return time.perf_counter() - t0
+
+
+def plain_map_batches(n: int, reps: int) -> float:
+    import ray.data
+
+    t0, total = time.perf_counter(), 0.0
+    ds = ray.data.range(n).map_batches(lambda b: {"x": np.stack([work(load(i), reps) for i in b["id"]])},
+                                       batch_size=32)
+    for batch in ds.iter_batches(batch_size=32, batch_format="numpy"):
+        total += float(batch["x"].sum())
+    return time.perf_counter() - t0
+
+
+#: (items, matmuls per item): the issue's two sizes, light and ten times heavier.
+PLAIN_CASES = ((6000, 1), (3000, 10))
+
+
+def versus_plain(repeats: int) -> None:
+    """The lab's ray runner against plain Ray Data on one warm instance, interleaved per repeat."""
+    import ray.data
+
+    from spdl_lab._runners._ray_cluster import RayConnection
+
+    held = RayConnection(None, None)
+    held.open()
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        forms = {"lab ray": lab_form, "plain map().map()": plain_maps, "plain map_batches": plain_map_batches,
+                 "lab thread": partial(lab_form, runner="thread")}
+        rows = []
+        for n, reps in PLAIN_CASES:
+            for form in forms.values():
+                form(256, reps)  # workers started, functions exported: a warm instance
+            times: dict[str, list[float]] = {name: [] for name in forms}
+            for repeat in range(repeats):
+                for name in list(forms)[repeat % len(forms):] + list(forms)[:repeat % len(forms)]:
+                    times[name].append(forms[name](n, reps))
+            med = {name: statistics.median(t) for name, t in times.items()}
+            plain = min(med["plain map().map()"], med["plain map_batches"])
+            rows += [(f"{n} x {reps}", name, m, plain / m) for name, m in med.items()]
+            print(f"# {n} items x {reps}: " + ", ".join(f"{k} {v:.3f} s" for k, v in med.items()), file=sys.stderr)
+    finally:
+        held.close()
+    print()
+    print_table(["items x matmuls", "form", "wall s (median)", "faster plain / this"], rows)
+    print("\n'faster plain / this' at 1.0 or above: as fast as the faster plain Ray Data form. "
+          "lab thread is the floor without Ray.")
+
+
 def run_once(pipeline: lab.Pipeline, runner: str) -> tuple[float, float, int]:
     """(start-up s, steady batches/s, batches) of one pass."""
     t0 = time.perf_counter()
@@ -82,8 +167,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--plain-repeats", type=int, default=5, help="repeats of the plain Ray Data rows")
+    parser.add_argument("--only-plain", action="store_true", help="only the rows against plain Ray Data")
     args = parser.parse_args()
     print(machine_line())
+    if args.only_plain:
+        versus_plain(args.plain_repeats)
+        return
     from spdl_lab._runners._ray_cluster import RayConnection
 
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -116,6 +206,7 @@ def main() -> None:
     print("\nms per batch of 'empty' is each runner's per-batch overhead (no work in the stages). "
           "ray (cold) starts and stops a local Ray instance per Loader (address=None); ray (warm) joins "
           "one already up, as a Loader on a running cluster does.")
+    versus_plain(args.plain_repeats)
 
 
 if __name__ == "__main__":

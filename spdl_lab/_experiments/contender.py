@@ -15,6 +15,7 @@ import psutil
 
 from .._loader import Loader
 from .._pipeline import Pipeline
+from .._runners._ray_cluster import ray_processes
 from .._telemetry.frames import Row
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, machine_times
 from .._training import SimulatedDevice, StepClock
@@ -64,6 +65,17 @@ class MachineClock:
         gil = self.probe.totals() if self.probe is not None else None
         return time.monotonic(), ours.main_s + ours.children_s, machine_times()[0], gil
 
+    @staticmethod
+    def ray_s() -> float:
+        """CPU seconds of the Ray instance among this process's descendants: while another
+        runner's window runs it idles there, a load on the machine like any other process's."""
+        total = 0.0
+        for proc in ray_processes():
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
+
 
 class Contender:
     """A runner's Loader, clock and iterator, idle between its windows (queues full, workers
@@ -101,13 +113,16 @@ class Contender:
             self._run(warmup, watchdog)
             first = len(self.clock.records())
             started = time.perf_counter() - self._t0
+            idle_ray = self.runner != "ray"  # a ray contender's instance, waiting for its turn
+            ray_a = machine.ray_s() if idle_ray else 0.0
             t_a, ours_a, busy_a, gil_a = machine.read()
             device_a = self.device.totals() if self.device is not None else None
             self._run(steps, watchdog, max_s)
             t_b, ours_b, busy_b, gil_b = machine.read()
+            ray_b = machine.ray_s() if idle_ray else 0.0
             device_b = self.device.totals() if self.device is not None else None
         span = max(t_b - t_a, 1e-9)
-        ours = max(0.0, ours_b - ours_a) / span * 100.0
+        ours = max(0.0, ours_b - ours_a - max(0.0, ray_b - ray_a)) / span * 100.0
         machine_busy = max(0.0, busy_b - busy_a) / span * 100.0
         gil, queued = gil_fracs(gil_a, gil_b)
         train_gil, train_queued = training_waits(device_a, device_b)

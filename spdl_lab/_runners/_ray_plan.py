@@ -3,12 +3,10 @@ store and concurrency caps as they are), ``batch`` inside them; the lab's meters
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
 import re
-import threading
 import time
 import traceback
 import types
@@ -21,14 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from .._pipeline import Pipeline, Stage
-from .._telemetry.histogram import NUM_BUCKETS, bucket_of, new_counts
-from .._telemetry.meters import StageReading
 from ..errors import describe, in_chain
+from ._ray_meters import flush, record
 from ._shipping import pickled
-
-__all__ = ["FLUSH_S", "MAX_BLOCK_CHUNKS", "WINDOW_CHUNKS", "MeterBoard", "StageFailure",
-           "block_sizes", "board", "build", "chunk_size", "find_failure", "flush", "groups",
-           "reading_of", "record", "rows_of", "uses_actors"]
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
 MAX_BLOCK_CHUNKS = 64
@@ -338,148 +331,3 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
     ds.context.execution_options.preserve_order = ordered
     ds.context.enable_progress_bars = False
     return ds
-
-
-# -- meters: a daemon thread in each worker sends its counts every ``FLUSH_S``, so a task never
-# waits on a message.
-FLUSH_S = 0.1
-#: Failures kept per stage (stage, item, what, when): the runner names the one too many.
-MAX_FAILED = 4096
-_FIELDS = ("started", "tasks", "failures", "busy_ns")
-
-_LOCK = threading.Lock()
-#: per worker process: board key -> (board actor, stage -> pending deltas)
-_PENDING: dict[str, tuple[Any, dict[str, dict[str, Any]]]] = {}
-_FLUSHER: list[threading.Thread] = []
-
-
-def _blank() -> dict[str, Any]:
-    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": [],
-            "nodes": {}}
-
-
-_NODE: list[str] = []
-
-
-def _node() -> str:
-    """This worker's node, as the meters name it: its address and the start of its node ID (nodes
-    on one host share the address)."""
-    if not _NODE:
-        import ray
-
-        _NODE.append(f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}")
-    return _NODE[0]
-
-
-def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
-    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here
-    (per item: a lookup and an add, a new entry only after a flush)."""
-    node = _NODE[0] if _NODE else _node()
-    with _LOCK:
-        run = _PENDING.get(key)
-        if run is None:
-            run = _PENDING[key] = (board, {})
-            if not _FLUSHER:
-                flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
-                _FLUSHER.append(flusher)
-                flusher.start()
-        pending = run[1].get(stage)
-        if pending is None:
-            pending = run[1][stage] = _blank()
-        if event == "started":
-            pending["started"] += 1
-            return
-        pending["tasks"] += 1
-        pending["nodes"][node] = pending["nodes"].get(node, 0) + 1
-        pending["busy_ns"] += ns
-        pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
-        if event == "failed":
-            pending["failures"] += 1
-            if len(pending["failed"]) < MAX_FAILED:
-                pending["failed"].append(failure)
-
-
-def _flush_forever() -> None:
-    while True:
-        time.sleep(FLUSH_S)
-        flush()
-
-
-def flush(key: str | None = None) -> None:
-    """Send this worker's counts (of the run ``key``, or of all) to their boards now."""
-    with _LOCK:
-        keys = list(_PENDING) if key is None else [key] if key in _PENDING else []
-        sends = [(k, *_PENDING.pop(k)) for k in keys]
-    for k, board, stages in sends:
-        if stages:
-            with contextlib.suppress(Exception):  # the run is over and its board gone
-                board.add.remote(k, stages)
-
-
-class MeterBoard:
-    """Totals per run (its key) and stage, added up from every worker's deltas (a Ray actor: see
-    ``board``); a run's are dropped when it closes."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, dict[str, dict[str, Any]]] = {}
-
-    def add(self, key: str, deltas: dict[str, dict[str, Any]]) -> None:
-        totals = self.runs.setdefault(key, {})
-        for stage, delta in deltas.items():
-            total = totals.setdefault(stage, _blank())
-            for name in _FIELDS:
-                total[name] += delta[name]
-            total["hist"] = [a + b for a, b in zip(total["hist"], delta["hist"])]
-            for node, n in delta["nodes"].items():
-                total["nodes"][node] = total["nodes"].get(node, 0) + n
-            total["failed"] = (total["failed"] + delta["failed"])[:MAX_FAILED]
-
-    def read(self, key: str) -> dict[str, dict[str, Any]]:
-        return self.runs.get(key, {})
-
-    def drop(self, key: str) -> None:
-        self.runs.pop(key, None)
-
-
-#: The board runs share while the Ray session lasts: (the session, the actor). A new actor starts
-#: a worker process, which the run's first counts wait for (1.5 s of a 2 s run here).
-_BOARD: list[tuple[tuple[Any, ...], Any]] = []
-
-
-def board(shared: bool) -> Any:
-    """A ``MeterBoard`` actor for a run: the session's ``shared`` one (the lab's own instance, or a
-    cluster joined: it goes with them), else one of its own (the caller kills it). No CPU reserved,
-    one call at a time is plenty; on the driver's node, which lives as long as the driver (a
-    worker node may go, with what ran on it)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    context = ray.get_runtime_context()
-    session = (context.get_job_id(), getattr(ray._private.worker.global_worker.node, "session_name", None))
-    with _LOCK:
-        if shared and _BOARD and _BOARD[0][0] == session and _answers(_BOARD[0][1]):
-            return _BOARD[0][1]
-        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
-        actor = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(MeterBoard).remote()
-        if shared:
-            _BOARD[:] = [(session, actor)]
-        return actor
-
-
-def _answers(actor: Any) -> bool:
-    import ray
-
-    try:
-        ray.get(actor.__ray_ready__.remote(), timeout=5.0)
-        return True
-    except Exception:  # noqa: BLE001 - killed, or its node gone: a new one
-        return False
-
-
-def reading_of(totals: dict[str, Any] | None, name: str, kind: str, concurrency: int) -> StageReading:
-    """One stage's totals as the engine's ``StageReading`` (busy time of finished tasks only)."""
-    t = totals or _blank()
-    done = t["tasks"]
-    return StageReading(name=name, kind=kind, tasks=done, failures=t["failures"],
-                        in_flight=max(0, t["started"] - done), busy_ns=t["busy_ns"], concurrency=concurrency,
-                        hist=list(t["hist"]), busy_done_ns=t["busy_ns"], nodes=dict(t["nodes"]))

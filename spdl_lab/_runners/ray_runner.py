@@ -15,6 +15,7 @@ from .._engine.queues import QueueClosed
 from .._pipeline import Pipeline
 from .._telemetry.meters import QueueReading
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, describe, stage_failure
+from . import _ray_meters as meters
 from . import _ray_plan as plan
 from ._ray_cluster import RayConnection
 from .base import PumpRunner
@@ -78,7 +79,7 @@ class RayRunner(PumpRunner):
         if self._pump is None:
             self._connection.open()
             try:
-                self._board = plan.board(shared=self._connection.role != "user")
+                self._board = meters.board(shared=self._connection.role != "user")
             except BaseException:
                 self._connection.close()
                 raise
@@ -283,8 +284,8 @@ class RayRunner(PumpRunner):
 
     def read(self) -> EngineReading:
         totals = self._read_totals(force=False)
-        source = plan.reading_of(totals.get("source"), "source", "source", 1)
-        stages = [plan.reading_of(totals.get(s.name), s.name, s.kind,
+        source = meters.reading_of(totals.get("source"), "source", "source", 1)
+        stages = [meters.reading_of(totals.get(s.name), s.name, s.kind,
                                   self._concurrency.get(s.name, 1)) for s in self.pipeline.stages]
         return EngineReading(source=source, stages=stages, inputs={},
                              queues=[*self._operation_queues(), self._output.read()])
@@ -317,7 +318,7 @@ class RayRunner(PumpRunner):
         self._join_pump(timeout)
         if self._board is not None:
             if not self._settled:
-                time.sleep(2 * plan.FLUSH_S)  # the workers' last counts are at most one flush away
+                time.sleep(2 * meters.FLUSH_S)  # the workers' last counts are at most one flush away
                 self._read_totals(force=True)  # the final figures, kept for stats() after close
             import ray
 

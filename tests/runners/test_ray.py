@@ -226,3 +226,21 @@ def test_arrays_of_one_shape_travel_as_one_tensor_column():
     ragged = _column([a, np.zeros((4, 3), np.float32)])
     assert isinstance(ragged, list)  # Ray converts what is not one shape and dtype
     assert isinstance(_column([[a], [a, b]]), list) and isinstance(_column(["x", "y"]), list)
+
+
+def test_the_instances_cpu_is_read_apart_from_the_lab_process_trees():
+    """compare takes what MachineClock.ray_s reads off another runner's window's own CPU (the ray
+    contender's instance idles beside it), leaving it in others_cpu_percent: it reads the CPU
+    of the instance's processes, which are this process's descendants, and it grows."""
+    from spdl_lab._experiments.contender import MachineClock
+
+    ours = {p.pid for p in ray_processes()}
+    assert ours, "the shared instance's processes are this process's descendants"
+    before = MachineClock.ray_s()
+    busy_until = time.monotonic() + 0.5
+    with lab.Loader(pipeline(32), runner="ray") as loader:  # its workers and meter board at work
+        for _ in loader:
+            pass
+    while time.monotonic() < busy_until:
+        time.sleep(0.05)
+    assert MachineClock.ray_s() > before > 0.0
