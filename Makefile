@@ -31,7 +31,7 @@ BROWSER_TESTS := tests/ui/test_browser.py
 
 test: $(STAMP) browser-deps
 	$(PY) -m ruff check spdl_lab tests benchmarks tools notebooks
-	$(PY) -m pytest -m "not measurement" -n $(TEST_WORKERS) --dist worksteal --ignore=$(BROWSER_TESTS) $(PYTEST_ARGS) tests
+	$(PY) -m pytest -m "not measurement" -n $(TEST_WORKERS) --dist worksteal --durations=25 --ignore=$(BROWSER_TESTS) $(PYTEST_ARGS) tests
 	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BROWSER_TESTS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(PY) -m pytest -m measurement -p no:cacheprovider $(PYTEST_ARGS) tests; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
