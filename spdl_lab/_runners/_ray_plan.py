@@ -93,14 +93,16 @@ def chunk_size(pipeline: Pipeline) -> int:
 
 
 def block_sizes(chunks: int, spread: int = 1) -> list[int]:
-    """Chunks per block: 1, 2, 4, ... up to ``MAX_BLOCK_CHUNKS``, with at least 4 blocks for each
-    of ``spread`` concurrent tasks (a few big blocks at the end would leave tasks idle)."""
-    cap = max(1, min(MAX_BLOCK_CHUNKS, chunks // (4 * max(1, spread))))
+    """Chunks per block: 1 (the first batch soon), 4, 16, ... up to ``MAX_BLOCK_CHUNKS``, with at
+    least 2 blocks for each of ``spread`` concurrent tasks (a few big blocks at the end would leave
+    tasks idle). Ray costs ~13 ms a task here: doubling, 4 blocks a task, cost 12 tasks where 7 do
+    (6,000 light items: 0.53 s against 0.44 s, plain Ray Data 0.38 s)."""
+    cap = max(1, min(MAX_BLOCK_CHUNKS, chunks // (2 * max(1, spread))))
     sizes, size = [], 1
     while chunks > 0:
         sizes.append(min(size, chunks))
         chunks -= sizes[-1]
-        size = min(2 * size, cap)
+        size = min(4 * size, cap)
     return sizes
 
 
