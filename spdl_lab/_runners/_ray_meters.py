@@ -49,17 +49,7 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: t
     (per item: a lookup and an add, a new entry only after a flush)."""
     node = _NODE[0] if _NODE else _node()
     with _LOCK:
-        run = _PENDING.get(key)
-        if run is None:
-            run = _PENDING[key] = (board, {})
-            if not _FLUSHER:
-                flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
-                _FLUSHER.append(flusher)
-                flusher.start()
-        pending = run[1].get(stage)
-        if pending is None:
-            pending = run[1][stage] = _blank()
-            _WAITING.set()
+        pending = _entry(key, board, stage)
         if event == "started":
             pending["started"] += 1
             return
@@ -71,6 +61,37 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: t
             pending["failures"] += 1
             if len(pending["failed"]) < MAX_FAILED:
                 pending["failed"].append(failure)
+
+
+def record_many(key: str, board: Any, stage: str, n: int, ns: int) -> None:
+    """Count ``n`` items of ``stage`` done in ``ns`` together, each at the mean (a ``range``'s items:
+    nothing to time one by one, and timing each cost more than reading it)."""
+    if n <= 0:
+        return
+    node = _NODE[0] if _NODE else _node()
+    with _LOCK:
+        pending = _entry(key, board, stage)
+        pending["started"] += n
+        pending["tasks"] += n
+        pending["nodes"][node] = pending["nodes"].get(node, 0) + n
+        pending["busy_ns"] += ns
+        pending["hist"][min(bucket_of(ns // n), NUM_BUCKETS - 1)] += n
+
+
+def _entry(key: str, board: Any, stage: str) -> dict[str, Any]:
+    """The counts of ``stage`` of the run ``key`` waiting to be sent (under ``_LOCK``)."""
+    run = _PENDING.get(key)
+    if run is None:
+        run = _PENDING[key] = (board, {})
+        if not _FLUSHER:
+            flusher = threading.Thread(target=_flush_forever, name="spdl_lab:ray-meters", daemon=True)
+            _FLUSHER.append(flusher)
+            flusher.start()
+    pending = run[1].get(stage)
+    if pending is None:
+        pending = run[1][stage] = _blank()
+        _WAITING.set()
+    return pending
 
 
 def _flush_forever() -> None:
