@@ -8,16 +8,15 @@ test's own (its own RAY_TMPDIR), and only its processes are stopped."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
+from ray_own_dir import mentions, own_ray_dir
 
 pytest.importorskip("ray")
 
@@ -62,28 +61,14 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster():
     """A one-node cluster of this test's own: (GCS address, environment to reach it)."""
-    tmp = tempfile.mkdtemp(prefix="rayj", dir="/tmp")  # short: Ray's socket paths live under it
-    env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    port = _free_port()
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-                    "--include-dashboard=false", "--disable-usage-stats"],
-                   env=env, check=True, timeout=180, capture_output=True)
-    try:
+    with own_ray_dir("rayj") as tmp:
+        env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        port = _free_port()
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                        "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+                       env=env, check=True, timeout=180, capture_output=True)
         yield f"127.0.0.1:{port}", env
-    finally:
-        ours = [p for p in psutil.process_iter() if _mentions(p, tmp)]
-        for p in ours:
-            p.kill()
-        psutil.wait_procs(ours, timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _mentions(proc: psutil.Process, text: str) -> bool:
-    try:
-        return any(text in part for part in proc.cmdline()) or text in proc.environ().get("RAY_TMPDIR", "")
-    except psutil.Error:
-        return False
 
 
 def _run(code: str, arg: str, env: dict[str, str], tmp_path: Path) -> str:
@@ -103,7 +88,7 @@ def test_a_loader_joins_a_running_cluster_and_leaves_it_running(cluster, how, tm
     assert "connected False" in out, out  # close() disconnected the driver
     assert "Token authentication" not in out and "InvalidAuthToken" not in out, out
     gcs = [p for p in psutil.process_iter(["name"]) if p.info["name"] == "gcs_server"
-           and _mentions(p, env["RAY_TMPDIR"])]
+           and mentions(p, env["RAY_TMPDIR"])]
     assert gcs, "closing the Loader stopped the cluster"
     state = _run(ACTORS, address, {**env, "RAY_AUTH_MODE": "token"}, tmp_path)  # an explicit address wants it
     # None of the lab's actors is left, and its driver was in this cluster, on loopback.

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 
-import psutil
 import pytest
+from ray_own_dir import own_ray_dir
 
 pytest.importorskip("ray")
 
@@ -84,23 +82,8 @@ DRIVER = textwrap.dedent(f'''
 def driver_env():
     """The driver's environment: its own Ray temporary directory and a token of its own (Ray 2.60
     turns token authentication on; the user's ~/.ray/auth_token is not read or written)."""
-    tmp = tempfile.mkdtemp(prefix="rayn", dir="/tmp")  # short: Ray's socket paths live under it
-    env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    try:
-        yield env
-    finally:
-        ours = [p for p in psutil.process_iter() if _mentions(p, tmp)]
-        for p in ours:
-            p.kill()
-        psutil.wait_procs(ours, timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _mentions(proc: psutil.Process, text: str) -> bool:
-    try:
-        return any(text in part for part in proc.cmdline()) or text in proc.environ().get("RAY_TMPDIR", "")
-    except psutil.Error:
-        return False
+    with own_ray_dir("rayn") as tmp:
+        yield {**os.environ, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
 
 
 def test_two_nodes_share_a_stage_and_a_removed_node_loses_no_item(driver_env, tmp_path):
