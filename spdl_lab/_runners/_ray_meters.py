@@ -120,8 +120,11 @@ class MeterBoard:
 
     def __init__(self) -> None:
         self.runs: dict[str, dict[str, dict[str, Any]]] = {}
+        self.closed: set[str] = set()  # runs dropped: a task cancelled at close may still send
 
     def add(self, key: str, deltas: dict[str, dict[str, Any]]) -> None:
+        if key in self.closed:
+            return
         totals = self.runs.setdefault(key, {})
         for stage, delta in deltas.items():
             total = totals.setdefault(stage, _blank())
@@ -137,6 +140,7 @@ class MeterBoard:
 
     def drop(self, key: str) -> None:
         self.runs.pop(key, None)
+        self.closed.add(key)
 
 
 #: The board runs share while the Ray session lasts: (the session, the actor). A new actor starts
