@@ -15,7 +15,7 @@ import psutil
 
 from .._loader import Loader
 from .._pipeline import Pipeline
-from .._runners._ray_cluster import ray_processes
+from .._runners import ray_processes
 from .._telemetry.frames import Row
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, machine_times
 from .._training import SimulatedDevice, StepClock

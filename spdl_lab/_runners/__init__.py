@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib
 
 from ..errors import PipelineSpecError
+from ._ray_cluster import ray_processes
 from ._shm import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
 from .base import Runner
 
-# The runners' shared-memory meter block (``_shm``) also meters a torch DataLoader's workers.
+# The runners' shared-memory meter block (``_shm``) also meters a torch DataLoader's workers;
+# ``ray_processes`` lets a comparison tell a Ray instance's CPU from its runners'.
 __all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Layout", "MeterBlock", "Runner", "ShmFile",
-           "SlotMeter", "WORKERS", "new_prefix", "runner_class"]
+           "SlotMeter", "WORKERS", "new_prefix", "ray_processes", "runner_class"]
 
 #: The runners on this host: what ``lab.compare`` and the CLI compare unless told otherwise
 #: (``ray`` starts a Ray instance, tens of seconds: it is compared when named).
