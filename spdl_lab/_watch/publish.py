@@ -45,6 +45,9 @@ _lock = _forksafe.Lock()
 _ends_lock = _forksafe.Lock()  # not _lock: publish_once holds that while a Publisher starts
 _ends_watched = False
 _sigterm_taken = False
+#: How long a SIGTERM that comes while an earlier one's flush runs waits for it before it ends the
+#: process as it stands (a job's group kill and torchrun's own SIGTERM come 10 ms apart).
+SIGTERM_FLUSH_S = 10.0
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -324,7 +327,25 @@ def _take_sigterm() -> None:
     if previous in (signal.SIG_IGN, None):  # the script ignores it, or it was set outside Python
         return
 
+    flushing_since: list[float] = []  # set while a SIGTERM's flush runs in the main thread
+
     def on_sigterm(signum: int, frame: Any) -> None:
+        if flushing_since:  # another SIGTERM, run inside the first one's flush at a bytecode's end
+            if previous is not signal.SIG_DFL:
+                previous(signum, frame)  # the script's handler sees every signal, as without the lab
+                return
+            if time.monotonic() - flushing_since[0] < SIGTERM_FLUSH_S:
+                return  # the first one ends the process as its flush ends: now would cut records short
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the flush is stuck: end as without the lab
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        flushing_since.append(time.monotonic())
+        try:
+            flush_then_act(signum, frame)
+        finally:
+            flushing_since.clear()
+
+    def flush_then_act(signum: int, frame: Any) -> None:
         if previous is signal.SIG_DFL:  # the process ends now: the runs end with it
             _mark("stopped")
             for publisher in list(_PUBLISHED.values()):

@@ -184,23 +184,34 @@ SIGTERM_IN_WAIT = '''
             time.sleep(2.0 if i >= 16 else 0.001)  # the loop waits in next() from the 5th batch
             return torch.full((4,), float(i))
 
+    def terminate():
+        os.kill(os.getpid(), signal.SIGTERM)
+        if os.environ.get("TWICE"):  # a job's group kill, then torchrun's own, within the flush
+            from spdl_lab._watch.publish import _PUBLISHED
+            while not any(p._stop.is_set() for p in list(_PUBLISHED.values())):
+                time.sleep(0.0005)
+            os.kill(os.getpid(), signal.SIGTERM)
+
     if __name__ == "__main__":
         print("pid", os.getpid(), flush=True)
         steps = 0
         for batch in DataLoader(Slow(), batch_size=4, num_workers=1):
             steps += 1
             if steps == 4:  # the next next() waits 8 s: SIGTERM arrives inside it
-                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+                threading.Timer(0.5, terminate).start()
+
 '''
 
 
 @pytest.mark.timeout(90)
-def test_sigterm_while_the_loop_waits_for_data_closes_the_run_and_its_shared_memory(tmp_path):
+@pytest.mark.parametrize("signals", ["once", "twice"])
+def test_sigterm_while_the_loop_waits_for_data_closes_the_run_and_its_shared_memory(tmp_path, signals):
+    """Twice: a second SIGTERM in the first one's flush waits for it (the records stay whole)."""
     script = tmp_path / "wait.py"
     script.write_text(textwrap.dedent(SIGTERM_IN_WAIT))
     record = tmp_path / "run.sqlite"
     env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(record),
-           "SPDL_LAB_WATCH": "1"}
+           "SPDL_LAB_WATCH": "1", **({"TWICE": "1"} if signals == "twice" else {})}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=80)
     assert done.returncode == -15, done.stderr  # the signal still ends it, as without the lab
