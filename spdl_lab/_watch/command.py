@@ -43,7 +43,8 @@ def watched_env(name: str | None = None, record: str | None = None) -> dict[str,
 
 
 def run_watched(command: list[str], name: str | None = None, record: str | None = None) -> int:
-    """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it)."""
+    """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it), 130
+    after a Ctrl-C whatever the script made of it (torch's import, cut short, ends in ImportError)."""
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -61,9 +62,10 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         interrupt_taken()
         print("spdl-lab watch: interrupted", file=sys.stderr)
         try:
-            code = proc.wait(10)
+            proc.wait(10)
         except subprocess.TimeoutExpired:  # it did not stop: it goes, with what it started
-            code = _kill_tree(proc)
+            _kill_tree(proc)
+        code = -signal.SIGINT
     finally:
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
