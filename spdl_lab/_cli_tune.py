@@ -29,8 +29,7 @@ from ._table import num, pct, spread, text_table
 from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 
-#: ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``.
-DEFAULT_BUDGET_S = 60.0
+DEFAULT_BUDGET_S = 60.0  # ``--budget`` when none is given, as ``lab.tune``'s ``budget_s``
 
 
 def tune(args: argparse.Namespace) -> int:

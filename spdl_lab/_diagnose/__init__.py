@@ -2,6 +2,6 @@
 per stage and the stage that limits the pipeline. ``measure`` runs it, ``rules`` judges, ``result``
 holds the ``Diagnosis``, ``env_mode`` is ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1``."""
 
+from ._sweep import SweepSettings as SweepSettings
 from .measure import diagnose as diagnose
 from .result import Diagnosis as Diagnosis
-from .settings import SweepSettings as SweepSettings

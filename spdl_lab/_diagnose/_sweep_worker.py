@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import psutil
@@ -20,7 +20,9 @@ import psutil
 from .._runners.children import Child, ChildTraceback, exit_reason, spawn, stop_process
 from ..errors import PipelineSpecError, RunnerError
 from ._sweep_child import _Worker
-from .settings import SweepSettings
+
+if TYPE_CHECKING:
+    from ._sweep import SweepSettings
 
 CHILD = Path(__file__).with_name("_sweep_child.py")  # the script each worker process runs
 

@@ -32,10 +32,9 @@ from .._progress import progress_bar
 from .._runners.children import ChildTraceback, exit_reason, spawn, stop_process
 from .._telemetry.probes import GilProbe
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError, stage_failure
-from ._sweep import StageFeed, StageSweep, Sweep
+from ._sweep import StageFeed, StageSweep, Sweep, SweepSettings
 from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
 from .rules import judge, rises
-from .settings import SweepSettings
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100
@@ -150,12 +149,12 @@ def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items
     inputs = _collect(pipeline, num_items)
     maps = [s for s in pipeline.stages if s.kind == "map"]
     deadline = begun + settings.stage_budget_s * len(maps)
+    procs = process_concurrency if processes else ()
     # The thread sweep leaves room for every stage's process sweep.
     point_s = settings.warmup_s + settings.min_windows * settings.window_s
-    reserve = len(maps) * (PROCESS_START_S + len(process_concurrency) * point_s) if processes else 0.0
-    # A fixed total: process windows count from the start, and what a stage does not use is
-    # filled in at the end.
-    per_stage = (len(concurrency) + (len(process_concurrency) if processes else 0)) * settings.max_windows
+    reserve = len(maps) * (PROCESS_START_S + len(procs) * point_s) if procs else 0.0
+    # A fixed total: process windows count from the start; what a stage leaves is added at the end.
+    per_stage = (len(concurrency) + len(procs)) * settings.max_windows
     bar = bar_factory(len(maps) * per_stage, "window")
     probe = GilProbe()
     probe.start()
@@ -167,7 +166,7 @@ def diagnose_here(pipeline: Pipeline, concurrency: tuple[int, ...], *, num_items
         bar.set_description("threads")
         for p in passes:
             sweep.add(p.feed, "thread", concurrency, deadline - reserve)
-        _rounds(sweep, [p.feed for p in passes], process_concurrency if processes else (), deadline, cores, bar)
+        _rounds(sweep, [p.feed for p in passes], procs, deadline, cores, bar)
         bar.set_description("done")
         bar.update(max(0, bar.total - bar.n))
     finally:

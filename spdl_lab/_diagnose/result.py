@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import PlainValidator
 
@@ -24,8 +25,7 @@ from ..errors import FileFormatError
 
 VERDICTS = ("scales", "cpu-bound", "gil-bound", "contended")  # see ``rules``
 
-#: ``Diagnosis.table`` columns, in order.
-TABLE_COLUMNS = [
+TABLE_COLUMNS = [  # of ``Diagnosis.table``, in order
     "stage", "executor", "concurrency", "qps", "cpu_util", "gil_wait_frac",
     "runqueue_wait_frac", "p50_ms", "repeats", "qps_spread", "status", "machine_cpu_util",
 ]
@@ -49,7 +49,7 @@ class Point:
     stage: Name
     executor: Literal["thread", "process"]
     concurrency: Concurrency
-    qps: Rate  # items/s: the second-best window (settings.point_qps); NaN: none finished
+    qps: Rate  # items/s: the second-best window (_sweep.point_qps); NaN: none finished
     qps_spread: Rate  # (max - min) / qps over the windows; NaN with < 2 windows
     cpu_util: Share  # CPU of this process and its children / (wall time x cores): 0..1
     gil_wait_frac: Share  # the GIL probe during the windows (NaN for processes)
@@ -91,15 +91,11 @@ class StageDiagnosis:
         """Source items/s at its pipeline concurrency (NaN: unknown): the thread point there, else
         linear in log2(concurrency) between the nearest two (levels double), else the nearest."""
         points = usable(self.thread_points())
-        c = self.concurrency
-        if not points or c is None:
+        if not points or self.concurrency is None:
             return math.nan
-        below = [p for p in points if p.concurrency <= c] or points[:1]
-        above = [p for p in points if p.concurrency >= c] or points[-1:]
-        lo, hi = below[-1], above[0]
-        span = math.log2(hi.concurrency) - math.log2(lo.concurrency)
-        t = (math.log2(c) - math.log2(lo.concurrency)) / span if span > 0 else 0.0
-        return (lo.qps + t * (hi.qps - lo.qps)) * self.items_per_input
+        at = [math.log2(p.concurrency) for p in points]
+        qps = np.interp(math.log2(self.concurrency), at, [p.qps for p in points])
+        return float(qps) * self.items_per_input
 
     def peak_qps(self, executor: str = "thread") -> float:
         """The highest QPS ``executor`` reached (NaN: none measured)."""

@@ -28,8 +28,7 @@ from .space import Config, StageSample, Trial, relative_noise
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6
 TARGET_NOISE = 0.02  # a trial's windows stop once its rate's relative error is below this
-#: Start-up before a runner's first batch until one is measured: a child imports this package
-#: (and torch, for DataLoader workers).
+#: Start-up until a runner's first batch is measured (a child imports this package, and torch).
 _STARTUP_GUESS_S = {"thread": 0.2, "subprocess-threads": 1.2, "process": 3.0}
 #: Closing a runner: joining threads, or a child process and its shared memory, or DataLoader workers.
 _CLOSE_GUESS_S = {"thread": 0.1, "subprocess-threads": 0.5, "process": 0.5}
@@ -243,9 +242,8 @@ def queued_batches(reading: EngineReading | None, items: dict[str, float]) -> in
 
 def unseen_batches(pipeline: Pipeline, controls: dict[str, int], items: dict[str, float],
                    prefetch_factor: int | None = None) -> int:
-    """Batches' worth of finished items a runner at ``controls`` may hold outside its readings: a
-    map stage's reorder window (ordered) or its workers blocked on a full queue (one each);
-    DataLoader workers prefetch ``prefetch_factor`` batches each (torch's default 2)."""
+    """Batches' worth of finished items held outside the readings: a map stage's reorder window (or
+    a worker blocked on a full queue each); DataLoader workers' ``prefetch_factor`` (default 2)."""
     if WORKERS in controls:
         return (prefetch_factor or 2) * controls[WORKERS]
     held = [(s, controls[s.name]) for s in pipeline.stages if s.kind == "map" and s.name in controls]

@@ -83,10 +83,9 @@ class RateModel:
                 return math.nan
             # Another runner's least contended task time, then this family's contention law.
             c0 = min(other)
-            base = other[c0]
             if family == "process":
-                return base * max(1.0, c / self.cores)
-            return base * (c / c0) ** self.alpha(family, stage)
+                return other[c0] * max(1.0, c / self.cores)
+            return other[c0] * (c / c0) ** self.alpha(family, stage)
         c0 = min(seen, key=lambda n: (abs(math.log(n / c)), -n))
         return seen[c0] * (c / c0) ** self.alpha(family, stage)
 

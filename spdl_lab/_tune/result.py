@@ -71,15 +71,12 @@ TRIAL_COLUMNS = [f.name for f in fields(TrialRow)]  # of ``Tuning.trials``
 
 def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
     """``{"runner", "concurrency", "options"}`` as ``Tuning.best`` gives it."""
-    knobs = dict(config.knobs)
-    options = dict(config.options)
+    concurrency, options = dict(config.knobs), dict(config.options)
     if config.runner == "process":
-        workers = knobs.get(WORKERS, 1)
+        workers = concurrency.get(WORKERS, 1)
         options = {"num_workers": workers, **{k: v for k, v in options.items() if k != "num_workers"}}
         names = [s.name for s in pipeline.stages if s.kind == "map"] if pipeline is not None else []
         concurrency = dict.fromkeys(names, workers)
-    else:
-        concurrency = knobs
     return LoaderConfig(runner=config.runner, concurrency=concurrency, options=options)
 
 

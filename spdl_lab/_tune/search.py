@@ -16,19 +16,14 @@ from .._table import spread
 from .model import Prediction, RateModel
 from .space import MIN_GAIN, WORKERS, Config, Move, Space, Trial, margin
 
-#: Within the noise, a move is still kept when it saves this share of the CPU, and at
-#: least ``CPU_SAVING_POINTS`` percent of one core.
-CPU_SAVING = 0.10
-CPU_SAVING_POINTS = 10.0
-#: The training thread's GIL wait (share of its step) from which moving loading out of
-#: this interpreter is worth measuring even when the model predicts no gain.
-GIL_SWITCH = 0.10
+CPU_SAVING = 0.10  # within the noise, a move is still kept for saving this share of the CPU,
+CPU_SAVING_POINTS = 10.0  # and at least this many percent of one core
+GIL_SWITCH = 0.10  # the step's GIL wait from which leaving the interpreter is measured anyway
 PROBE_GIL_SWITCH = 0.25  # the same, from the GIL probe when the step's own wait is unknown
 JUMP_HEADROOM = 1.25  # a jump lifts the limiting stage this far above the next limit
 FED = 0.05  # data wait below this share of the loop: the loader keeps up
 _AGAIN = "no move is recommended from this measurement; tune again on a quieter machine"
-#: Share of the cores other processes may take while the tuner measures; above it, rates move
-#: with their load (not with the configuration) and no move is recommended.
+#: Other processes' share of the cores above which rates move with their load: no move recommended.
 BUSY_SHARE = BUSY_MACHINE
 
 
@@ -47,9 +42,8 @@ class Decision:
 
 
 def decide(best: Trial, new: Trial, cores: int | None = None) -> Decision:
-    """Keep ``new`` over ``best`` only when it is faster beyond the noise, or as fast for less CPU;
-    never from a measurement the machine's other processes disturbed (given ``cores``), nor for a
-    gain smaller than either trial's spread."""
+    """Keep ``new`` only when faster than ``best`` beyond the noise and either trial's spread, or as
+    fast for less CPU; never from a measurement other processes disturbed (given ``cores``)."""
     if not new.batches_per_s > 0:
         return Decision(False, "no batches measured", math.nan)
     gain = new.batches_per_s / best.batches_per_s - 1.0
@@ -116,28 +110,30 @@ def advise(start: Trial, best: Trial, change: Trial | None, speedup: tuple[float
     early = busy_reason([before], cores, "before it measured")
     late = busy_reason([start, best, *during], cores)
     warnings = [f"{why}: {_AGAIN}" for why in (early, late) if why is not None]
-    if best.config == start.config:
-        if change is None:
-            return Advice(False, "keep what you have: no other configuration was measured", tuple(warnings))
-        # The climb's own trials: the change's windows against the start's.
+    mid, lo, hi = speedup
+    wide = max(start, best, key=_spread)
+    if best.config != start.config:
+        named = f"the best change ({best.config.describe()}) measured {ratio_text(*speedup)} side by side"
+    elif change is None:
+        return Advice(False, "keep what you have: no other configuration was measured", tuple(warnings))
+    else:  # the climb's own trials: the change's windows against the start's
         ratio = ratio_text(change.batches_per_s / start.batches_per_s, change.lo / start.hi, change.hi / start.lo)
         named = f"the best change ({change.config.describe()}) measured {ratio}"
-    else:
-        named = f"the best change ({best.config.describe()}) measured {ratio_text(*speedup)} side by side"
     if early or late:
-        return Advice(False, f"keep what you have: the machine was busy; {named}", tuple(warnings))
-    if best.config == start.config:
-        return Advice(False, f"keep what you have: {named}", tuple(warnings))
-    mid, lo, hi = speedup
-    if not (lo > 1.0 and mid >= 1.0 + MIN_GAIN):
-        return Advice(False, f"keep what you have: {named}, within the noise", tuple(warnings))
-    wide = max(start, best, key=_spread)
-    if _spread(wide) > mid - 1.0:
+        keep = f"the machine was busy; {named}"
+    elif best.config == start.config:
+        keep = named
+    elif not (lo > 1.0 and mid >= 1.0 + MIN_GAIN):
+        keep = f"{named}, within the noise"
+    elif _spread(wide) > mid - 1.0:
         warnings.append(f"the windows of {wide.config.describe()} spread {wide.spread:.0%}, wider than the "
                         f"{mid - 1.0:+.0%} the change would claim: no move is recommended from this measurement")
-        return Advice(False, f"keep what you have: {named}, within its spread", tuple(warnings))
-    return Advice(True, f"move to {best.config.describe()}: it measured {ratio_text(mid, lo, hi)} the start "
-                        f"side by side", tuple(warnings))
+        keep = f"{named}, within its spread"
+    else:
+        ratio = ratio_text(mid, lo, hi)
+        return Advice(True, f"move to {best.config.describe()}: it measured {ratio} the start "
+                            f"side by side", tuple(warnings))
+    return Advice(False, f"keep what you have: {keep}", tuple(warnings))
 
 
 class Climb:
@@ -217,28 +213,24 @@ class Climb:
                         else f"the GIL probe waited {best.gil_wait_frac:.0%} of the time")
                 yield Candidate(c.move, c.predicted, f"{wait}: loading out of this interpreter")
         jumped = self._jumped.get(best.config)
-        if best.data_wait_frac < FED or jumped is not None:
-            lowers = [c for c in fresh if c.move.kind == "lower"
-                      and (best.data_wait_frac < FED or c.move.knob == jumped)
-                      and _score(c.predicted.batches_per_s) >= best.batches_per_s * (1.0 - MIN_GAIN)]
-            for c in sorted(lowers, key=lambda c: (c.move.old - c.move.new), reverse=True):
-                why = (f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack"
-                       if best.data_wait_frac < FED else
-                       f"{c.move.knob} jumped past what the model said it needs, by a margin")
-                yield Candidate(c.move, c.predicted, f"{why}, and fewer loader threads may leave the step more CPU")
-        # Across runners the model is least sure (pickling, another interpreter's GIL, the step's
-        # neighbours): a runner never measured is measured once, at its best predicted setting.
-        unmeasured: dict[str, Candidate] = {}
-        for c in fresh:
-            runner = c.move.config.runner
-            if c.move.kind != "switch" or runner in self.best_by_runner:
-                continue
-            if runner not in unmeasured or _switch_rank(c) > _switch_rank(unmeasured[runner]):
-                unmeasured[runner] = c
+        lowers = [c for c in fresh if c.move.kind == "lower"
+                  and (best.data_wait_frac < FED or c.move.knob == jumped)
+                  and _score(c.predicted.batches_per_s) >= best.batches_per_s * (1.0 - MIN_GAIN)]
+        for c in sorted(lowers, key=lambda c: (c.move.old - c.move.new), reverse=True):
+            why = (f"data wait is {best.data_wait_frac:.0%}: {c.move.knob} has slack"
+                   if best.data_wait_frac < FED else
+                   f"{c.move.knob} jumped past what the model said it needs, by a margin")
+            yield Candidate(c.move, c.predicted, f"{why}, and fewer loader threads may leave the step more CPU")
         # The model does not see a DataLoader's own options: each move of one is measured once.
         for c in fresh:
             if c.move.kind == "set":
                 yield Candidate(c.move, c.predicted, f"the model does not see {c.move.knob}: measured once")
+        # Across runners the model is least sure (pickling, another interpreter's GIL, the step's
+        # neighbours): a runner never measured is measured once, at its best predicted setting.
+        switches = [c for c in fresh if c.move.kind == "switch"
+                    and c.move.config.runner not in self.best_by_runner]
+        unmeasured = {r: max((c for c in switches if c.move.config.runner == r), key=_switch_rank)
+                      for r in dict.fromkeys(c.move.config.runner for c in switches)}
         for runner, c in unmeasured.items():
             yield Candidate(c.move, c.predicted, f"{runner} not measured yet: the model predicts across "
                                                  f"runners least well")

@@ -118,25 +118,22 @@ class Space:
         """One rung up and one down of every knob (an off-ladder value joins the ladder), and the next
         value up and down of each option knob (process only: they are the DataLoader's)."""
         for name, value in config.knobs:
-            rungs = self.rungs(config, name)
-            up = [n for n in rungs if n > value]
-            down = [n for n in rungs if n < value]
-            if up:
-                yield Move("raise", config.with_knob(name, up[0]), name, value, up[0])
-            if down:
-                yield Move("lower", config.with_knob(name, down[-1]), name, value, down[-1])
+            for kind, n in _next_to(self.rungs(config, name), value):
+                yield Move(kind, config.with_knob(name, n), name, value, n)
         for name, values in (self.process_options.items() if config.runner == "process" else ()):
             value = config.option(name)
-            if value is None:
-                continue
-            ladder = sorted(set(values) | {value})
-            i = ladder.index(value)
-            for j in (i + 1, i - 1):
-                if 0 <= j < len(ladder):
-                    yield Move("set", config.with_option(name, ladder[j]), name, value, ladder[j])
+            for _, new in _next_to(values, value) if value is not None else ():
+                yield Move("set", config.with_option(name, new), name, value, new)
 
     def workers(self, config: Config, n: int) -> Config:
         return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))
+
+
+def _next_to(ladder: Sequence[Any], value: Any) -> list[tuple[str, Any]]:
+    """("raise", the next value above ``value``) and ("lower", the next below), where there are."""
+    up, down = [v for v in ladder if v > value], [v for v in ladder if v < value]
+    return [(kind, pick(near)) for kind, pick, near in (("raise", min, up), ("lower", max, down))
+            if near]
 
 
 MIN_GAIN = 0.03  # the least share of batches/s a move must gain, however quiet the machine

@@ -82,8 +82,7 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     bench = Bench(pipeline, step, window_s=window_s, probes=probes, t0=t0, epoch_batches=epoch_batches,
                   min_windows=2 if tight else MIN_WINDOWS, max_windows=4 if tight else MAX_WINDOWS)
     bar = progress_bar(max(1, round(budget_s)), progress, "s")
-    # For the confirmation: two rounds of drain, warm-up and window for both (about 9 windows; one
-    # round if tight), within 20-40% of the budget.
+    # The confirmation: two rounds (one if tight) of drain, warm-up, window for both; 20-40% of it.
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
     before = others_percent(_LOOK_S)  # the machine before measuring: what other processes take
@@ -148,9 +147,8 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
         windows = {t.config: bench.rate_once(t.config, max(WINDOW_TIMEOUT_S, deadline - time.perf_counter()))
                    for t in order}
         others += [w.others_percent for w in windows.values()]
-        rates = {config: w.batches_per_s for config, w in windows.items()}
-        if rates[start.config] > 0:
-            ratios.append(rates[best.config] / rates[start.config])
+        if (was := windows[start.config].batches_per_s) > 0:
+            ratios.append(windows[best.config].batches_per_s / was)
     if not ratios:
         return best.batches_per_s / start.batches_per_s, math.nan, math.nan
     mid = statistics.median(ratios)
@@ -392,10 +390,8 @@ class AutoTuner:
         records = self._steps(max(2, round(rate * self.window_s)), deadline)
         t_b, ours_b, _, gil_b = self._machine.read()
         dev_b = device.totals() if device is not None else None
-        ours = (ours_b - ours_a) / max(t_b - t_a, 1e-9) * 100.0
-        gil, queued = gil_fracs(gil_a, gil_b)
-        train_gil, train_queued = training_waits(dev_a, dev_b)
-        return Window(runner=self.session.runner, round=0, started_s=0.0, records=tuple(records),
-                      cpu_percent=min(max(0.0, ours), 100.0 * self._machine.cores), others_percent=math.nan,
-                      gil_wait_frac=gil, runqueue_wait_frac=queued, train_gil_wait_frac=train_gil,
-                      train_runqueue_wait_frac=train_queued)
+        ceiling = 100.0 * self._machine.cores
+        ours = min(max(0.0, ours_b - ours_a) / max(t_b - t_a, 1e-9) * 100.0, ceiling)
+        # After ``others_percent`` (unknown here), the GIL probe's and the training thread's waits.
+        return Window(self.session.runner, 0, 0.0, tuple(records), ours, math.nan,
+                      *gil_fracs(gil_a, gil_b), *training_waits(dev_a, dev_b))

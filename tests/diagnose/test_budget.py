@@ -7,10 +7,11 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._diagnose._sweep import StageFeed, Sweep
-from spdl_lab._diagnose.settings import (
+from spdl_lab._diagnose._sweep import (
     BUDGET_FLOOR,
     MAX_WINDOW_S,
+    StageFeed,
+    Sweep,
     SweepSettings,
     budget_cut,
     window_for,

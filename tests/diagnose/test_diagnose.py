@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._diagnose._sweep import StageFeed, StageSweep
+from spdl_lab._diagnose._sweep import StageFeed, StageSweep, SweepSettings
 from spdl_lab._diagnose.measure import StageRun, _judge, _Pass
 from spdl_lab._diagnose.result import Point
-from spdl_lab._diagnose.settings import SweepSettings
 from spdl_lab._pipeline import Stage
 from spdl_lab.cli import main as cli_main
 

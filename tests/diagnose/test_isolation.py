@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._diagnose.settings import SweepSettings
+from spdl_lab._diagnose._sweep import SweepSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 import battery_stages as b  # noqa: E402

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 import time
 
-from spdl_lab._diagnose._sweep import PointWindows
-from spdl_lab._diagnose.settings import SweepSettings
+from spdl_lab._diagnose._sweep import PointWindows, SweepSettings
 
 SETTINGS = SweepSettings(min_windows=3, max_windows=6, stable_within=0.10)
 

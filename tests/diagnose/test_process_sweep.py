@@ -10,8 +10,7 @@ import warnings
 
 import pytest
 
-from spdl_lab._diagnose._sweep import StageFeed, Sweep
-from spdl_lab._diagnose.settings import SweepSettings
+from spdl_lab._diagnose._sweep import StageFeed, Sweep, SweepSettings
 from spdl_lab.errors import PipelineSpecError
 
 pytestmark = pytest.mark.usefixtures("no_child_leak", "no_thread_leak")

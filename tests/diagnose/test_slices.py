@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from spdl_lab._diagnose.settings import SweepSettings, point_qps, quiet, window_qps
+from spdl_lab._diagnose._sweep import SweepSettings, point_qps, quiet, window_qps
 
 MS = 1_000_000
 

@@ -28,7 +28,7 @@ from spdl.pipeline.defs import (  # noqa: E402
 )
 
 import spdl_lab as lab  # noqa: E402
-from spdl_lab._diagnose.settings import SweepSettings  # noqa: E402
+from spdl_lab._diagnose._sweep import SweepSettings  # noqa: E402
 from spdl_lab._integrations import SpdlMonitor, is_spdl_spec  # noqa: E402
 from spdl_lab._integrations.spdl import SpdlNotInstalledError  # noqa: E402
 

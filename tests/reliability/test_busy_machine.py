@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 import spdl_lab as lab
+from spdl_lab._diagnose._sweep import SweepSettings
 from spdl_lab._diagnose.measure import others_share
-from spdl_lab._diagnose.settings import SweepSettings
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "diagnose"))
 import battery_stages as b  # noqa: E402
