@@ -103,11 +103,9 @@ def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
 
 
 def rank_run(name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]] | None:
-    """A torchrun rank's (RANK, LOCAL_RANK, WORLD_SIZE) run name ``name-rankR``, its record
-    ``rankR.sqlite`` in ``override`` (``x.sqlite`` for ``x/``) or ``spdl_lab_runs/NAME-JOBID``,
-    and the facts its discovery file and meta keep; None outside a job. The job id:
-    TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s own, else the launcher's pid (every rank of a job
-    is a child of one torchrun agent)."""
+    """A torchrun rank's name ``name-rankR``, record (``rankR.sqlite`` in ``override``, ``x.sqlite``
+    for ``x/``, else in ``spdl_lab_runs/NAME-JOBID``) and facts; None outside a job. The job id:
+    TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s, else the launcher's pid (every rank's parent)."""
     environ = os.environ
     try:
         rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
