@@ -74,9 +74,8 @@ def tune_script(args: argparse.Namespace) -> int:
           f"{args.rounds} runs each way, alternating, {args.warmup} warm-up steps then {args.steps} counted",
           "", sep="\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="spdl_lab_tune_script_") as workdir:
-        check = check_script(command, advice, Path(workdir), steps=args.steps, warmup=args.warmup,
-                             rounds=args.rounds, timeout_s=args.timeout)
-    print(check.table(), "", check.verdict, sep="\n")
+        print(check_script(command, advice, Path(workdir), steps=args.steps, warmup=args.warmup,
+                           rounds=args.rounds, timeout_s=args.timeout))
     return EXIT_OK
 
 

@@ -43,12 +43,12 @@ from ._cli_inputs import (
     one_line,
     output_path,
     print_written,
+    report,
     report_dir,
     seconds,
 )
 from ._cli_inputs import progress_wanted as _progress
 from ._cli_inputs import stem as _stem
-from ._cli_report import report as _report
 from ._cli_tune import DEFAULT_BUDGET_S, trials_table
 from ._cli_tune import runner_names as _runner_names
 from ._cli_tune import setting as _setting
@@ -61,7 +61,7 @@ from ._pipeline import MAX_CONCURRENCY
 from ._runners import LOCAL_RUNNERS, RUNNERS
 from ._startup import import_safe_interrupts, interrupt_taken
 from ._tune.space import TUNABLE_RUNNERS
-from ._watch.command import run_watched
+from ._watch.command import kill_all, run_watched
 from .errors import FileFormatError, PipelineSpecError, in_chain
 
 __all__ = ["DEFAULT_BUDGET_S", "EXIT_CODES", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser",
@@ -292,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the script and its arguments, last on the line: --script train.py --epochs 3 "
                           "(a .py runs with this Python)")
 
-    report = _subcommand(
-        sub, "report", _report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
+    render = _subcommand(
+        sub, "report", report, "render a saved diagnosis, comparison or run record as a self-contained HTML file",
         "Render a diagnosis or comparison saved as JSON (by spdl-lab diagnose,\n"
         "spdl-lab compare --json, Diagnosis.to_json or Comparison.to_json), or a run's\n"
         "record (.sqlite, by lab.publish or spdl-lab watch), or a torchrun job's record\n"
@@ -324,9 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the record file (default: ./spdl_lab_runs/NAME-PID.sqlite)")
     watch.add_argument("script", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                        help="the command to run, after --")
-    report.add_argument("file", metavar="FILE",
+    render.add_argument("file", metavar="FILE",
                         help="a saved diagnosis or comparison (.json), or a run's record (.sqlite or .db)")
-    report.add_argument("-o", "--output", default=None, metavar="OUT.html",
+    render.add_argument("-o", "--output", default=None, metavar="OUT.html",
                         help="where the HTML goes (default: FILE with .html in place of its suffix)")
     return parser
 
@@ -346,11 +346,7 @@ def _interrupted(prog: str, exiting: bool) -> int:
 def _end_now(code: int) -> None:
     """Exit with ``code``: kill what the clean-up left (a runner stopped while starting), and skip
     the interpreter's finalization, where Ray's interrupted threads can crash it (SIGSEGV)."""
-    left = psutil.Process().children(recursive=True)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(left, timeout=3.0)
+    kill_all(psutil.Process().children(recursive=True))
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -124,12 +124,10 @@ class RemoteSession:
         self._lock = threading.Lock()  # one request at a time on the client
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if self._client is None:
-            self._stop.set()
-            return
-        self._poll()  # the first frames before the call returns
-        self._thread = threading.Thread(target=self._loop, name="spdl_lab:attach", daemon=True)
-        self._thread.start()
+        if self._client is not None:
+            self._poll()  # the first frames before the call returns
+            self._thread = threading.Thread(target=self._loop, name="spdl_lab:attach", daemon=True)
+            self._thread.start()
 
     @classmethod
     def from_record(cls, path: str | os.PathLike) -> RemoteSession:
@@ -267,8 +265,7 @@ def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:
     with contextlib.suppress(ValueError):  # a stats line cut short by a kill: the steps still stand
         stats = loads(meta.get("stats") or "{}")
     stats = stats if isinstance(stats, dict) else {}
-    stats.setdefault("runner", meta.get("runner", "?"))
-    return Snapshot.from_dict({**stats, "running": False}, step=step)
+    return Snapshot.from_dict({"runner": meta.get("runner", "?"), **stats, "running": False}, step=step)
 
 
 def _step_summary(step: dict[str, Any]) -> StepSummary:

@@ -64,7 +64,10 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:  # it did not stop: it goes, with what it started
-            _kill_tree(proc)
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(proc.pid)
+                kill_all([root, *root.children(recursive=True)])
+            proc.wait()
         code = -signal.SIGINT
     finally:
         for sig, handler in forwarded.items():
@@ -72,16 +75,12 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
     return 128 + signal.Signals(-code).value if code < 0 else code
 
 
-def _kill_tree(proc: subprocess.Popen) -> int:
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.Error:
-        tree = []
-    for p in tree:
+def kill_all(procs: list[psutil.Process]) -> None:
+    """SIGKILL ``procs``, and wait up to 3 s for them to go."""
+    for p in procs:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(tree, timeout=3.0)
-    return proc.wait()
+    psutil.wait_procs(procs, timeout=3.0)
 
 
 def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
@@ -105,59 +104,41 @@ CONFIGS = ("start", "advice")
 
 @dataclass(frozen=True)
 class ScriptRun:
-    """One run of the script, and the job's figures over its counted steps (after the warm-up)."""
+    """One run of the script: its figures over its counted steps (after the warm-up)."""
 
     config: str  # "start" (the script's own arguments) or "advice"
-    round: int
     steps: int
     steps_per_s: float
     step_p50_ms: float
     data_wait_p50_ms: float
-    record: str
 
 
-@dataclass(frozen=True)
-class ScriptCheck:
-    """The advice, every run, and what the runs say of it."""
-
-    advice: dict[str, Any]
-    runs: list[ScriptRun]
-
-    def rates(self, config: str) -> list[float]:
-        return [r.steps_per_s for r in self.runs if r.config == config]
-
-    @property
-    def ratio(self) -> float:
-        """Median steps/s with the advice over the median with the script's own arguments."""
-        return statistics.median(self.rates("advice")) / statistics.median(self.rates("start"))
-
-    @property
-    def verdict(self) -> str:
-        start, advice = self.rates("start"), self.rates("advice")
-        low, high = min(advice) / max(start), max(advice) / min(start)
-        spread = f"{self.ratio:.2f}x [{low:.2f}-{high:.2f}]"
-        if low > 1.0:
-            return f"the advice holds in the job: {spread} the steps/s of the script's own DataLoader"
-        if high < 1.0:
-            return f"the advice is slower in the job: {spread}; keep what you have"
-        return f"not beyond the noise in the job: {spread}; keep what you have"
-
-    def table(self) -> str:
-        headings = ["run", "config", "steps", "steps/s", "step p50 ms", "wait p50 ms"]
-        rows = [[str(i), r.config, str(r.steps), num(r.steps_per_s), num(r.step_p50_ms), num(r.data_wait_p50_ms)]
-                for i, r in enumerate(self.runs, 1)]
-        lines = text_table(headings, rows, left=(1,))
-        for config in CONFIGS:
-            rates = self.rates(config)
-            lines.append(f"{config}: {statistics.median(rates):.3g} steps/s [{min(rates):.3g}-{max(rates):.3g}] "
-                         f"over {len(rates)} runs")
-        return "\n".join(lines)
+def script_report(runs: list[ScriptRun]) -> str:
+    """The runs' table, each way's median steps/s, and what they say of the advice."""
+    headings = ["run", "config", "steps", "steps/s", "step p50 ms", "wait p50 ms"]
+    rows = [[str(i), r.config, str(r.steps), num(r.steps_per_s), num(r.step_p50_ms), num(r.data_wait_p50_ms)]
+            for i, r in enumerate(runs, 1)]
+    lines = text_table(headings, rows, left=(1,))
+    rates = {config: [r.steps_per_s for r in runs if r.config == config] for config in CONFIGS}
+    for config, rate in rates.items():
+        lines.append(f"{config}: {statistics.median(rate):.3g} steps/s [{min(rate):.3g}-{max(rate):.3g}] "
+                     f"over {len(rate)} runs")
+    start, advice = rates["start"], rates["advice"]
+    low, high = min(advice) / max(start), max(advice) / min(start)
+    spread = f"{statistics.median(advice) / statistics.median(start):.2f}x [{low:.2f}-{high:.2f}]"
+    if low > 1.0:
+        verdict = f"the advice holds in the job: {spread} the steps/s of the script's own DataLoader"
+    elif high < 1.0:
+        verdict = f"the advice is slower in the job: {spread}; keep what you have"
+    else:
+        verdict = f"not beyond the noise in the job: {spread}; keep what you have"
+    return "\n".join([*lines, "", verdict])
 
 
 def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, steps: int = 200,
-                 warmup: int = 20, rounds: int = 2, timeout_s: float = 600.0) -> ScriptCheck:
+                 warmup: int = 20, rounds: int = 2, timeout_s: float = 600.0) -> str:
     """Run ``command`` ``rounds`` times each way, alternating (start, advice, advice, start...),
-    each until ``warmup + steps`` steps; ``timeout_s`` bounds each run."""
+    each until ``warmup + steps`` steps (``timeout_s`` at most); ``script_report`` of the runs."""
     if not command:
         raise UsageError("give the script to check after --script, e.g. --script train.py --epochs 3")
     if not advice:
@@ -170,8 +151,8 @@ def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, s
         record = workdir / f"run{i + 1:02d}-{config}.sqlite"
         kwargs = advice if config == "advice" else None
         _run_until(command, record, kwargs, warmup + steps, timeout_s)
-        runs.append(_figures(record, config, i // 2 + 1, warmup, steps))
-    return ScriptCheck(advice=dict(advice), runs=runs)
+        runs.append(_figures(record, config, warmup, steps))
+    return script_report(runs)
 
 
 def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, steps: int,
@@ -220,7 +201,7 @@ def _steps_in(record: Path) -> int:
     return 0
 
 
-def _figures(record: Path, config: str, round_: int, warmup: int, steps: int) -> ScriptRun:
+def _figures(record: Path, config: str, warmup: int, steps: int) -> ScriptRun:
     meta = record_meta(record)
     if meta.get("runner") != "DataLoader":
         raise SpdlLabError(f"the script's published run iterates a {meta.get('runner')!r}, not a torch DataLoader: "
@@ -233,7 +214,7 @@ def _figures(record: Path, config: str, round_: int, warmup: int, steps: int) ->
     counted = rows[warmup:warmup + steps]
     since = rows[warmup - 1][0] if warmup else counted[0][0] - counted[0][1] - counted[0][2]
     span_s = (counted[-1][0] - since) / 1e9
-    return ScriptRun(config=config, round=round_, steps=len(counted),
+    return ScriptRun(config=config, steps=len(counted),
                      steps_per_s=len(counted) / span_s if span_s > 0 else math.nan,
                      step_p50_ms=statistics.median(r[2] for r in counted) / 1e6,
-                     data_wait_p50_ms=statistics.median(r[1] for r in counted) / 1e6, record=str(record))
+                     data_wait_p50_ms=statistics.median(r[1] for r in counted) / 1e6)

@@ -141,12 +141,10 @@ class Handlers:
 
 
 class Endpoint(contextlib.AbstractContextManager):
-    """Serves ``handlers`` on ``<runtime_dir>/<name>-<pid>.sock``, a discovery file beside it, until
-    ``close()`` or the exit. No viewer can hurt training: the handlers (thread-safe and quick) run
-    on an accept thread and one per viewer (``spdl_lab:endpoint``); a message not whole
-    ``request_timeout`` s after its first byte drops its viewer; a refused request gets a
-    ``Failure``, broken framing closes the connection (both count in ``rejected``, as do viewers
-    over ``max_viewers``)."""
+    """Serves ``handlers`` (thread-safe, quick) on ``<runtime_dir>/<name>-<pid>.sock`` until ``close()``
+    or the exit, from threads of its own: a viewer is dropped when a message is not whole
+    ``request_timeout`` s after its first byte; ``rejected`` counts refused requests (answered with
+    a ``Failure``), broken framing (the connection closes) and viewers over ``max_viewers``."""
 
     def __init__(self, name: str, handlers: Handlers, *, record: str | None = None,
                  runner: str | None = None, max_viewers: int = 16,

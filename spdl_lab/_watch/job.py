@@ -68,12 +68,11 @@ class JobSession:
                                f"folder, as `spdl-lab watch --record DIR -- torchrun ...` writes it")
         sessions: dict[int, RemoteSession] = {}
         for file in files:
-            meta = record_meta(file)
-            rank = meta.get("rank", "")
-            if not rank.isdigit():
+            session = RemoteSession.from_record(file)
+            if session.rank is None:
                 raise SpdlLabError(f"{file} is not a rank's record (its meta names no rank); open it "
                                    f"with lab.open({str(file)!r}) on its own")
-            sessions[int(rank)] = RemoteSession.from_record(file)
+            sessions[session.rank] = session
         first = record_meta(files[0])
         world = first.get("world_size", "")
         job = cls(first.get("job_name") or folder.name, first.get("job", folder.name),

@@ -9,7 +9,7 @@ import time
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .. import _json
 from .._pipeline import MAX_CONCURRENCY
@@ -140,8 +140,7 @@ class SetConcurrency(Message):
     n: int = Field(ge=1, le=MAX_CONCURRENCY)
 
 
-Request = Annotated[Ask | FramesSince | SetConcurrency, Field(discriminator="op")]
-_REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+Request = Ask | FramesSince | SetConcurrency
 #: Each request's model and the model of its reply, by op.
 REQUESTS: dict[str, tuple[type[Message], type[Reply]]] = {
     "hello": (Ask, HelloReply), "stats": (Ask, StatsReply), "state": (Ask, StateReply),
@@ -152,15 +151,15 @@ REQUESTS: dict[str, tuple[type[Message], type[Reply]]] = {
 
 def read_request(message: dict) -> Request:
     """The request in ``message``; ProtocolError naming what is wrong with it."""
+    op = message.get("op")
+    if not isinstance(op, str) or op not in REQUESTS:
+        raise ProtocolError(f"unknown op {op!r}; send one of {sorted(REQUESTS)} as "
+                            '{"op": "...", ...fields}')
     try:
-        return _REQUEST.validate_python(message)
+        return REQUESTS[op][0].model_validate(message)
     except ValidationError as exc:
-        op = message.get("op")
-        if exc.errors()[0]["type"].startswith("union_tag"):
-            raise ProtocolError(f"unknown op {op!r}; send one of {sorted(REQUESTS)} as "
-                                '{"op": "...", ...fields}') from None
         fields = sorted(set(REQUESTS[op][0].model_fields) - {"op"})
-        raise ProtocolError(_explain(exc, f"op {op!r} takes the fields {fields}", skip=1)) from None
+        raise ProtocolError(_explain(exc, f"op {op!r} takes the fields {fields}")) from None
 
 
 def read_reply(op: str, message: dict) -> Reply | Failure:
@@ -185,11 +184,11 @@ def chunk_from_json(data: Any) -> FrameChunk:
         raise ProtocolError(_explain(exc, "a frame chunk")) from None
 
 
-def _explain(exc: ValidationError, what: str, skip: int = 0) -> str:
+def _explain(exc: ValidationError, what: str) -> str:
     """pydantic's errors about ``what`` in one line, each after the field it is about."""
     problems = []
     for error in exc.errors(include_url=False):
-        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"][skip:])
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
         about_value = error["type"] not in ("missing", "extra_forbidden", "value_error")
         shown = f", not {error['input']!r:.60}" if about_value else ""
         problems.append(f"{loc.lstrip('.')}: {error['msg']}{shown}".lstrip(": "))

@@ -12,8 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +74,20 @@ def unpublish(obj: Any) -> None:
 
 
 def publish_once(obj: Any) -> Publisher:
+    """Publish ``obj`` unless it is: as ``$SPDL_LAB_WATCH_NAME`` or the line that started the run,
+    ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken."""
     with _lock:
         publisher = published_by(obj)
         if publisher is None:
-            publisher = Publisher(obj, _unique(_base_name()))
+            base = os.environ.get(ENV_NAME, "") or caller_line()
+            rank = os.environ.get("RANK", "")
+            name = base = f"{base}-rank{rank}" if rank.isdigit() else base
+            n = 1
+            while name in _taken:
+                n += 1
+                name = f"{base}-{n}"
+            _taken.add(name)
+            publisher = Publisher(obj, name)
     return publisher
 
 
@@ -93,48 +102,11 @@ def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
     return publish_once(obj).source.open_epoch(make)
 
 
-def _base_name() -> str:
-    """``$SPDL_LAB_WATCH_NAME`` or the line that started the run, ``-rank$RANK`` appended."""
-    name = os.environ.get(ENV_NAME, "") or caller_line()
-    rank = os.environ.get("RANK", "")
-    return f"{name}-rank{rank}" if rank.isdigit() else name
-
-
-def _unique(name: str) -> str:
-    """``name``, else ``name-2``, ``name-3``..."""
-    candidate, n = name, 1
-    while candidate in _taken:
-        n += 1
-        candidate = f"{name}-{n}"
-    _taken.add(candidate)
-    return candidate
-
-
-@dataclass(frozen=True)
-class RankIdentity:
-    job: str
-    rank: int
-    local_rank: int
-    world_size: int
-
-    def run(self, name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]]:
-        """The rank's run name (``name-rankR``), its record (``rankR.sqlite`` in the job's folder:
-        ``override`` (``--record``, ``$SPDL_LAB_RECORD``; ``x.sqlite`` stands for ``x/``), else
-        ``spdl_lab_runs/NAME-JOBID``), and what its discovery file and record's meta say of it."""
-        job_name = name.removesuffix(f"-rank{self.rank}")
-        if override:
-            folder = Path(override)
-            folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
-        else:
-            folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{self.job[:8]}"
-        facts = {"job_name": job_name, **asdict(self)}
-        return f"{job_name}-rank{self.rank}", folder / f"rank{self.rank}.sqlite", facts
-
-
-def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | None:
-    """This process's rank from torchrun's RANK, LOCAL_RANK, WORLD_SIZE, or None outside a job. The
-    job id: TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s own, else the launcher's pid (every
-    rank of a job is a child of one torchrun agent)."""
+def rank_run(name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]] | None:
+    """A torchrun rank's name ``name-rankR``, record (``rankR.sqlite`` in ``override``, ``x.sqlite``
+    for ``x/``, else in ``spdl_lab_runs/NAME-JOBID``) and facts; None outside a job. The job id:
+    TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s, else the launcher's pid (every rank's parent)."""
+    environ = os.environ
     try:
         rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
         local = int(environ.get("LOCAL_RANK", rank))
@@ -142,9 +114,18 @@ def rank_identity(environ: Mapping[str, str] = os.environ) -> RankIdentity | Non
         return None
     if not 0 <= rank < world:
         return None
-    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-    job = run_id if run_id and run_id != "none" else environ.get(JOB_ENV) or f"launcher-{os.getppid()}"
-    return RankIdentity(safe_name(job), rank, local, world)
+    job = environ.get("TORCHELASTIC_RUN_ID", "")
+    job = safe_name(job if job not in ("", "none") else
+                    environ.get(JOB_ENV) or f"launcher-{os.getppid()}")
+    job_name = name.removesuffix(f"-rank{rank}")
+    if override:
+        folder = Path(override)
+        folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
+    else:
+        folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{job[:8]}"
+    facts = {"job_name": job_name, "job": job, "rank": rank, "local_rank": local,
+             "world_size": world}
+    return f"{job_name}-rank{rank}", folder / f"rank{rank}.sqlite", facts
 
 
 class Timeline:
@@ -187,14 +168,10 @@ class Publisher:
         self._pid = os.getpid()
         self.source = source_of(obj)
         self.obj = obj
-        self.rank = rank_identity()  # None outside a torchrun job
-        job: dict[str, str | int] = {}
-        if self.rank is not None:
-            name, path, job = self.rank.run(name, os.environ.get(RECORD_ENV))
-        else:
-            path = default_record_path(name, os.getpid())
+        ranked = rank_run(name, os.environ.get(RECORD_ENV))  # None outside a torchrun job
+        name, path, job = ranked or (name, default_record_path(name, os.getpid()), {})
         self.name = name
-        if (os.environ.get(RECORD_ENV) or self.rank) and path.exists():  # a second run in one script
+        if (os.environ.get(RECORD_ENV) or ranked) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.ended_by: str | None = None  # "failed" or "stopped", set by _watch_endings
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record

@@ -81,7 +81,7 @@ class _TimedLoop:
     def __init__(self, children: Any) -> None:
         self.clock = StepClock()
         self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
-        self.probes: list[Any] = [self.gil, CpuProbe(children=children)]
+        self.sources: list[Any] = [self.clock.rows, self.gil, CpuProbe(children=children)]
         #: whether a step the loop let go of counts at the end (not when the script failed)
         self.left_counts: Callable[[], bool] = lambda: True
         # Weakly: a step held by an iterator the loop drops (a break, a teardown) ends then.
@@ -148,8 +148,7 @@ class OwnerSource(SessionSource):
         self.runner = owner.runner or "iterable"
         self.loop = _TimedLoop(children=self.runner != "thread")
         self.clock = self.loop.clock
-        self._sources = [self.loop.clock.rows, *self.loop.probes]
-        for source in self._sources:
+        for source in self.loop.sources:
             owner.add_source(source)
         owner.consumer = self.loop.epoch
         self.loop.gil.start()
@@ -164,7 +163,7 @@ class OwnerSource(SessionSource):
     def close(self) -> None:
         self.loop.close()
         self.obj.consumer = None
-        for source in self._sources:
+        for source in self.loop.sources:
             self.obj.remove_source(source)
         self.loop.gil.stop()
 
@@ -181,8 +180,8 @@ class LoopSource:
         from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
         self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
                        else type(iterable).__name__)
-        sources = [self.loop.clock.rows, *self.loop.probes, *([self.workers] if self.workers else [])]
-        self._sampler = Sampler(sources, hz=DEFAULT_HZ)
+        workers = [self.workers] if self.workers is not None else []
+        self._sampler = Sampler([*self.loop.sources, *workers], hz=DEFAULT_HZ)
         self._closed = False
         self.published = PublishedLoop(self)
         self.loop.gil.start()
