@@ -90,8 +90,9 @@ class Dashboard(LiveView):
         self.last_verdict: Any = None
         self._text_at, self._text_state = -math.inf, ""
         self._attaching = self._auto_syncing = False  # a widget's value set by code, not the user
-        #: auto_log: the autotuner's moves and their reasons, newest last
-        self.header, self.verdict, self.table, self.message, self.auto_log = (widgets.HTML() for _ in range(5))
+        self.header, self.verdict, self.table, self.message = (widgets.HTML() for _ in range(4))
+        #: the autotuner's moves and their reasons, newest last
+        self.auto_log = widgets.HTML()
         self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
         self.start_button = widgets.Button(description="start", icon="play", layout=widgets.Layout(width="90px"))
         self.stop_button = widgets.Button(description="stop", icon="stop", layout=widgets.Layout(width="90px"))
@@ -111,7 +112,8 @@ class Dashboard(LiveView):
         self.auto_log.add_class("spdl-lab-auto-log")
         self._slider_box = widgets.VBox()
         self.plots: LivePlots | None = None
-        controls = widgets.HBox([self.runner, self.start_button, self.stop_button, self.auto, self.window])
+        controls = widgets.HBox([self.runner, self.start_button, self.stop_button, self.auto,
+                                 self.window])
         self.children = [self.header, controls, self._slider_box, self.verdict, self.auto_log,
                          self._plot_box, self.table, self.message]
         with self._lock:
@@ -190,7 +192,7 @@ class Dashboard(LiveView):
         if early and session.elapsed_s < QUEUE_WAIT_S:
             _set(self.message, "waiting for the runner's first sample…")
         elif self.plots is None or lines["why_empty"] != self.plots.why_empty or any(
-                not set(lines[k]) <= set(getattr(self.plots, k)) for k in ("queues", "stages", "cpu")):
+                set(lines[k]) - set(getattr(self.plots, k)) for k in ("queues", "stages", "cpu")):
             _set(self.message, "")
             self._draw(lines)
         else:
@@ -254,7 +256,7 @@ class Dashboard(LiveView):
     def _table_html(self, session: Any, means: dict) -> str:
         worker_rows = {w for series, w in self._seen if series == PER_WORKER["qps"]}
         stages = self._stages
-        if session.pipeline is None:  # a DataLoader's stages, each followed by its part in every worker
+        if session.pipeline is None:  # a DataLoader's: each stage, then its workers' parts
             workers = sorted(worker_rows, key=lambda name: int(name.rpartition("/worker")[2]))
             stages = [row for stage in self._lines(session)["stages"]
                       for row in [stage, *(w for w in workers if w.startswith(f"{stage}/"))]]
@@ -269,7 +271,8 @@ class Dashboard(LiveView):
             figures = (num(means.get((names.get(s, s), stage), math.nan), fmt) for s, fmt in _TABLE)
             rows.append([stage, num(self._window.latest(("concurrency", stage)), ".0f"), *figures,
                          f"{num(depth, '.1f')}/{num(cap, '.0f')}" if queue else ""])
-        return html_table(["stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"], rows)
+        head = ["stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"]
+        return html_table(head, rows)
 
     # -- controls --------------------------------------------------------------
     def _on_slider(self, stage: str, n: int) -> None:

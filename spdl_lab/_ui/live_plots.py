@@ -70,15 +70,16 @@ class LivePlots:
                              [(("queue_depth", q), q, self.colors.get(q.split("→")[-1], "#555555"))
                               for q in queues], dashed="queue_capacity")  # its consumer's colour
                  if queues else self._note(why.get("queues", "no queue meters in this run")))
-        step = self._lines("training step (per step)", "ms",
-                           [((s, "step"), label, Category10_10[i]) for i, (s, label) in enumerate(STEP_SERIES)])
+        step = self._lines("training step (per step)", "ms", [((s, "step"), label, Category10_10[i])
+                           for i, (s, label) in enumerate(STEP_SERIES)])
         cpu_figure = self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
                                  [(("cpu_percent", s), label, Category10_10[i])
                                   for i, (s, label) in enumerate(CPU_SERIES) if s in self.cpu])
         cpu_figure.add_layout(Span(location=100.0 * (os.cpu_count() or 1), dimension="width",
                                    line_dash="dotted", line_color="#888"))  # what the machine has
         waits = self._lines(f"waiting: GIL vs CPU run queue ({smooth})", "share of time",
-                            [((s, g), label, Category10_10[i]) for i, (s, g, label) in enumerate(WAIT_SERIES)])
+                            [((s, g), label, Category10_10[i])
+                             for i, (s, g, label) in enumerate(WAIT_SERIES)])
         panels = [throughput, queue, step, cpu_figure, waits]
         self.source.data = {"time_s": [], **{column_name(*k): [] for k in self.keys}}
         #: the plots drawn (a note is not one)
@@ -86,7 +87,8 @@ class LivePlots:
         self.layout = gridplot(panels, ncols=2, toolbar_location="right")
         # A per-step series has no value in a tick where no step ended: drawn as its last value.
         self._hold = {k for k in self.keys if k[1] in ("step", "train")}
-        self._smooth = {k for k in self.keys if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
+        self._smooth = {k for k in self.keys
+                        if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
         self._last: dict[tuple[str, str], float] = {}
         self._avg: dict[tuple[str, str], float] = {}
         self._last_t: float | None = None
