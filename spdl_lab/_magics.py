@@ -12,6 +12,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import spdl_lab as lab
+from spdl_lab._interpreter import describe
 from spdl_lab._runners import RUNNERS
 
 MAGICS: tuple[str, ...] = ("spdl_info", "spdl_run", "spdl_compare", "spdl_diagnose", "spdl_attach")
@@ -28,9 +29,8 @@ class SpdlMagics(Magics):
     @line_magic
     def spdl_info(self, line: str) -> None:
         """Print the interpreter (GIL, cores, torch, CUDA), the spdl_lab version and its runners."""
-        from spdl_lab.cli import _info  # what ``spdl-lab info`` prints
-
-        _info(parse_argstring(self.spdl_info, line))
+        parse_argstring(self.spdl_info, line)
+        print("\n".join(describe().lines(lab.__version__, lab.RUNNERS)))
 
     @magic_arguments()
     @argument("pipeline", help="the pipeline, loader or iterable: a variable name or dotted path")
