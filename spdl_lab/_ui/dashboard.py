@@ -119,7 +119,6 @@ class Dashboard(LiveView):
         with self._lock:
             self._attach(session)
 
-    # -- showing a session -----------------------------------------------------
     def _attach(self, session: Any) -> None:
         """Show ``session``: fresh sliders, plots and window; start publishing."""
         if self.autotuner is not None:  # it tuned the session being replaced
@@ -163,7 +162,6 @@ class Dashboard(LiveView):
         slider.observe(lambda change: self._on_slider(name, change["new"]), names="value")
         return slider
 
-    # -- publishing ------------------------------------------------------------
     def _run(self) -> None:
         while not self._closed.wait(self.interval_s):
             with self._lock:
@@ -274,7 +272,6 @@ class Dashboard(LiveView):
         head = ["stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"]
         return html_table(head, rows)
 
-    # -- controls --------------------------------------------------------------
     def _on_slider(self, stage: str, n: int) -> None:
         with self._lock:
             if self._applied.get(stage) == n:
