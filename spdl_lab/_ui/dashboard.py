@@ -58,6 +58,10 @@ class LiveView(widgets.VBox):
         _load_bokehjs()
         self.interval_s = 1.0 / hz
         self._plot_box = widgets.Box()
+        self._lock = threading.RLock()  # widget callbacks come on other threads, and nest
+        self.header, self.verdict, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        #: the verdict last shown
+        self.last_verdict: Any = None
 
     def _show(self, layout: Any) -> None:
         old, self._bokeh = self._bokeh, _BokehView(layout)
@@ -66,7 +70,10 @@ class LiveView(widgets.VBox):
             old.close()
 
     def close(self) -> None:
+        """Stop publishing (and an autotuner) and close the widgets; the session is left as it is."""
         self._closed.set()
+        if getattr(self, "autotuner", None) is not None:
+            self.autotuner.stop()
         publisher = self._publisher
         if publisher is not None and publisher is not threading.current_thread():
             publisher.join(5.0)
@@ -86,11 +93,9 @@ class Dashboard(LiveView):
         self.interpreter = describe()
         #: CPU seconds the publisher thread has spent, and how many times it published.
         self.publisher_cpu_s, self.publishes = 0.0, 0
-        self._lock = threading.RLock()
-        self.last_verdict: Any = None
         self._text_at, self._text_state = -math.inf, ""
         self._attaching = self._auto_syncing = False  # a widget's value set by code, not the user
-        self.header, self.verdict, self.table, self.message = (widgets.HTML() for _ in range(4))
+        self.message = widgets.HTML()
         #: the autotuner's moves and their reasons, newest last
         self.auto_log = widgets.HTML()
         self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
@@ -342,13 +347,6 @@ class Dashboard(LiveView):
             return
         _set(self.message, "")
         self._attach(session)
-
-    def close(self) -> None:
-        """Stop publishing and close the widgets (and an autotuner); the session is left as it is."""
-        self._closed.set()
-        if getattr(self, "autotuner", None) is not None:
-            self.autotuner.stop()
-        super().close()
 
 
 class _BokehView(BokehModel):

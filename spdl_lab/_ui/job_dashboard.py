@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import ipywidgets as widgets
 import numpy as np
 from bokeh.layouts import gridplot
 from bokeh.models import ColumnDataSource
@@ -49,15 +48,11 @@ class JobDashboard(LiveView):
     def __init__(self, job: Any, *, hz: float = DEFAULT_HZ) -> None:
         super().__init__("spdl-lab-job-dashboard", hz)
         self.job = job
-        self.header, self.verdict, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.verdict.add_class("spdl-lab-job-verdict")
         self.children = [self.header, self.verdict, self._plot_box, self.table]
-        self._lock = threading.Lock()
         self._until: dict[int, float] = {}  # each rank's latest point (seconds since it started)
         self._sources: dict[int, ColumnDataSource] = {}
         self._drawn: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
-        #: the verdict last shown
-        self.last_verdict: Any = None
         self.publish()
         self._publisher = threading.Thread(target=self._run, name="spdl_lab:job-dashboard",
                                            daemon=True)
@@ -92,7 +87,7 @@ class JobDashboard(LiveView):
         self._drawn = (ranks, stages)
         empty = _points(FrameChunk(0, np.empty(0), {}), 0, 0.0, stages)[0]
         self._sources = {rank: ColumnDataSource(dict(empty), name=f"spdl-lab-rank{rank}") for rank in ranks}
-        plots = [(series, title, axis) for series, title, axis in _PLOTS]
+        plots = list(_PLOTS)
         plots += [(f"cap:{stage}", f"loader: {stage}, items/s it can make (made: dashed)", "items/s")
                   for stage in stages]
         figures = []
