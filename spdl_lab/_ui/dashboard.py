@@ -70,7 +70,7 @@ class LiveView(widgets.VBox):
             old.close()
 
     def close(self) -> None:
-        """Stop publishing (and an autotuner) and close the widgets; the session is left as it is."""
+        """Stop publishing (and an autotuner) and close the widgets; the session is left as is."""
         self._closed.set()
         if getattr(self, "autotuner", None) is not None:
             self.autotuner.stop()
