@@ -148,7 +148,8 @@ def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.Pat
     """The page of a run already read (``read_run``, ``run_steps``): header, the training loop per
     step, the stages over ticks, plots over time."""
     figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None] or [
-        figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
+        figure(width=840, height=120, title="the record holds no frames yet",
+               toolbar_location=None)]
     summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
     steps = step_table(step).to_html(index=False, header=False, float_format=lambda v: f"{v:,.4g}", escape=True)
     tables = (f"{_facts(meta, frames)}<h2>the training loop, over every step</h2>"
