@@ -34,7 +34,6 @@ ROLLOVER = 3600
 _PLOTS = (("steps_per_s", "steps/s", "steps/s"),
           ("wait_frac", "data wait, share of the loop", "share"),
           ("step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
-_STEP = "step"
 #: (series, stage or None for each loader stage, title, y label) of the plots over time.
 _REPORT_PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
                  ("data_wait_frac", "step", "data wait, share of the loop", "share"),
@@ -71,7 +70,7 @@ class JobDashboard(LiveView):
             ranks = self.job.ranks
             stages = tuple(sorted({stage for session in ranks.values()
                                    for series, stage in session.recent(SMOOTH_S).columns
-                                   if series == "qps" and "/worker" not in stage and stage != _STEP}))
+                                   if series == "qps" and "/worker" not in stage and stage != "step"}))
             if (tuple(ranks), stages) != self._drawn:
                 self._draw(tuple(ranks), stages)
                 self._until = {}
@@ -87,11 +86,9 @@ class JobDashboard(LiveView):
         self._drawn = (ranks, stages)
         empty = _points(FrameChunk(0, np.empty(0), {}), 0, 0.0, stages)[0]
         self._sources = {rank: ColumnDataSource(dict(empty), name=f"spdl-lab-rank{rank}") for rank in ranks}
-        plots = list(_PLOTS)
-        plots += [(f"cap:{stage}", f"loader: {stage}, items/s it can make (made: dashed)", "items/s")
-                  for stage in stages]
         figures = []
-        for key, title, axis in plots:
+        for key, title, axis in [*_PLOTS, *((f"cap:{stage}", f"loader: {stage}, items/s it can make "
+                                             "(made: dashed)", "items/s") for stage in stages)]:
             fig = figure(title=title, height=210, width=420, x_axis_label="seconds since the rank started",
                          y_axis_label=axis, toolbar_location=None)
             for i, rank in enumerate(ranks):
