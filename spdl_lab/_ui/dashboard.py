@@ -95,9 +95,8 @@ class Dashboard(LiveView):
         self.publisher_cpu_s, self.publishes = 0.0, 0
         self._text_at, self._text_state = -math.inf, ""
         self._attaching = self._auto_syncing = False  # a widget's value set by code, not the user
-        self.message = widgets.HTML()
-        #: the autotuner's moves and their reasons, newest last
-        self.auto_log = widgets.HTML()
+        #: auto_log: the autotuner's moves and their reasons, newest last
+        self.message, self.auto_log = widgets.HTML(), widgets.HTML()
         self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
         self.start_button = widgets.Button(description="start", icon="play", layout=widgets.Layout(width="90px"))
         self.stop_button = widgets.Button(description="stop", icon="stop", layout=widgets.Layout(width="90px"))
@@ -129,9 +128,7 @@ class Dashboard(LiveView):
         if self.autotuner is not None:  # it tuned the session being replaced
             self.autotuner.stop()
             self._set_auto(False)
-        self.session = session
-        self._cursor = 0
-        self._window = Window()
+        self.session, self._cursor, self._window = session, 0, Window()
         pipeline = session.pipeline
         # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
