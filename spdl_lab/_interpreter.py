@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -27,7 +28,7 @@ class Interpreter:
             return "GIL on"
         return "GIL off (free-threaded)" if not self.gil_enabled else "GIL on (free-threaded build)"
 
-    def lines(self) -> list[str]:
+    def lines(self, version: str, runners: Sequence[str]) -> list[str]:
         build = "free-threaded" if self.free_threaded else "with GIL"
         cuda = f"CUDA {'available' if self.cuda else 'not available'}"
         torch = f"{self.torch}; {cuda}" if self.torch is not None else "not installed"
@@ -36,6 +37,7 @@ class Interpreter:
             f"build       {build}; GIL {'on' if self.gil_enabled else 'off'}",
             f"cpu cores   {self.cpu_cores}",
             f"torch       {torch}",
+            f"spdl_lab    {version}; runners: {', '.join(runners)}",
         ]
 
 

@@ -30,9 +30,7 @@ class SpdlMagics(Magics):
     def spdl_info(self, line: str) -> None:
         """Print the interpreter (GIL, cores, torch, CUDA), the spdl_lab version and its runners."""
         parse_argstring(self.spdl_info, line)
-        for text in describe().lines():
-            print(text)
-        print(f"spdl_lab    {lab.__version__}; runners: {', '.join(lab.RUNNERS)}")
+        print("\n".join(describe().lines(lab.__version__, lab.RUNNERS)))
 
     @magic_arguments()
     @argument("pipeline", help="the pipeline, loader or iterable: a variable name or dotted path")
@@ -65,9 +63,8 @@ class SpdlMagics(Magics):
         """Run the pipeline and step under each runner in interleaved rounds; show the Comparison."""
         args = self._parse("spdl_compare", line)
         pipeline, step = self._inputs("spdl_compare", args, "a lab.Pipeline", args.runners)
-        given = _given(args, "runners", "steps", "warmup", "repeats")
-        self.shell.user_ns[args.name] = out = lab.compare(pipeline, step, progress=args.progress,
-                                                          **given)
+        given = _given(args, "runners", "steps", "warmup", "repeats", "progress")
+        self.shell.user_ns[args.name] = out = lab.compare(pipeline, step, **given)
         return out
 
     @magic_arguments()
@@ -84,9 +81,8 @@ class SpdlMagics(Magics):
         """Profile each stage alone, sweeping concurrency; show the verdicts."""
         args = self._parse("spdl_diagnose", line)
         pipeline = self._lookup("spdl_diagnose", args.pipeline, "a lab.Pipeline")
-        given = _given(args, "concurrency", "num_items")
-        self.shell.user_ns[args.name] = out = lab.diagnose(pipeline, processes=args.processes,
-                                                           progress=args.progress, **given)
+        given = _given(args, "concurrency", "num_items", "processes", "progress")
+        self.shell.user_ns[args.name] = out = lab.diagnose(pipeline, **given)
         return out
 
     @magic_arguments()
@@ -136,21 +132,19 @@ class SpdlMagics(Magics):
                              "(x = ...) and pass the name or a dotted path like wl.pipeline "
                              "(expressions are not evaluated)")
         ns = self.shell.user_ns
-        head, rest = parts[0], parts[1:]
-        if head not in ns:
+        if parts[0] not in ns:
             visible = [k for k in ns if not k.startswith("_") and k not in self.shell.user_ns_hidden]
-            close = difflib.get_close_matches(head, visible, n=3)
+            close = difflib.get_close_matches(parts[0], visible, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise UsageError(f"%{magic}: no variable {head!r} in the notebook's namespace; "
+            raise UsageError(f"%{magic}: no variable {parts[0]!r} in the notebook's namespace; "
                              f"define it first ({what}){hint}")
-        obj = ns[head]
-        for i, attr in enumerate(rest):
+        obj = ns[parts[0]]
+        for i, attr in enumerate(parts[1:], 1):
             try:
                 obj = getattr(obj, attr)
             except AttributeError:
-                owner = ".".join(parts[: i + 1])
-                raise UsageError(f"%{magic}: {owner!r} ({type(obj).__name__}) has no attribute "
-                                 f"{attr!r}") from None
+                raise UsageError(f"%{magic}: {'.'.join(parts[:i])!r} ({type(obj).__name__}) has no "
+                                 f"attribute {attr!r}") from None
         return obj
 
 
@@ -161,9 +155,8 @@ def _given(args: Any, *names: str) -> dict[str, Any]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics once; loading again (``%reload_ext``) replaces nothing twice."""
-    if SpdlMagics.__name__ in ipython.magics_manager.registry:
-        return
-    ipython.register_magics(SpdlMagics)
+    if SpdlMagics.__name__ not in ipython.magics_manager.registry:
+        ipython.register_magics(SpdlMagics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -17,8 +17,7 @@ def bar_kind(enabled: bool = True) -> str | None:
     notebook = sys.modules.get("tqdm.notebook")
     if notebook is not None and issubclass(tqdm, notebook.tqdm_notebook):
         return "notebook"
-    stream = sys.stderr
-    return "terminal" if stream is not None and hasattr(stream, "isatty") and stream.isatty() else None
+    return "terminal" if getattr(sys.stderr, "isatty", lambda: False)() else None  # None: no stderr
 
 
 def progress_bar(total: int, enabled: bool, unit: str) -> Any:

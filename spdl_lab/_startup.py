@@ -1,8 +1,6 @@
-"""Ctrl-C in the ``spdl-lab`` command's own process (nowhere else): a KeyboardInterrupt inside an
-import prints importlib's traceback and can leave a module lock held (the exit hangs). Until
-``main()`` runs, Ctrl-C exits 130 with one line; from then on, one that lands inside an import (or
-a lock's short stretch) is raised once it is done, and one that is lost is sent again. Standard
-library only (and errors.py, which is too): this runs first."""
+"""Ctrl-C in the ``spdl-lab`` command's own process: until ``main()`` it exits 130 with one line;
+then it waits out an import or a lock's short stretch (a KeyboardInterrupt there can leave a module
+lock held: the exit hangs), and is sent again when lost. Standard library only: this runs first."""
 
 from __future__ import annotations
 
@@ -78,26 +76,23 @@ def _raise_unless_importing(signum: int, frame: FrameType | None) -> None:
             _PENDING.set()
             _check_delivered(0)
         raise KeyboardInterrupt
-    _resend(RETRY_S)
+    _later(RETRY_S, _resend)
 
 
-def _resend(after_s: float) -> None:
-    main = threading.main_thread().ident
+def _later(after_s: float, function: Any, *args: Any) -> None:
+    timer = threading.Timer(after_s, function, args)
+    timer.daemon = True
+    timer.start()
 
-    def send() -> None:
-        if not _TAKEN.is_set():
-            signal.pthread_kill(main, signal.SIGINT)
 
-    retry = threading.Timer(after_s, send)
-    retry.daemon = True
-    retry.start()
+def _resend() -> None:
+    if not _TAKEN.is_set():
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 def _check_delivered(missed: int) -> None:
-    """A KeyboardInterrupt raised where Python only reports it ("Exception ignored in" a weakref
-    callback or a ``__del__``) or that a library swallows is lost: the command would run on. Until
-    ``interrupt_taken()``, the main thread handles it (it unwinds through clean-up); when it does not
-    at LOST_CHECKS checks in a row, the Ctrl-C is sent again."""
+    """Until ``interrupt_taken()``, the main thread must be handling the KeyboardInterrupt: one
+    lost (reported in a ``__del__``, swallowed by a library) LOST_CHECKS times running is resent."""
     if not _PENDING.is_set() or _TAKEN.is_set():
         return
     handling = sys._current_exceptions().get(threading.main_thread().ident)
@@ -107,11 +102,9 @@ def _check_delivered(missed: int) -> None:
     missed = 0 if in_chain(handling, (KeyboardInterrupt, GeneratorExit)) else missed + 1
     if missed >= LOST_CHECKS:
         _PENDING.clear()
-        _resend(0.0)
-        return
-    check = threading.Timer(CHECK_S, _check_delivered, (missed,))
-    check.daemon = True
-    check.start()
+        _resend()
+    else:
+        _later(CHECK_S, _check_delivered, missed)
 
 
 def interrupt_taken() -> None:

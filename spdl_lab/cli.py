@@ -74,9 +74,7 @@ EXIT_CODES = __doc__[__doc__.index("Exit status:"):]
 
 
 def _info(_: argparse.Namespace) -> int:
-    for line in describe().lines():
-        print(line)
-    print(f"spdl_lab    {lab.__version__}; runners: {', '.join(lab.RUNNERS)}")
+    print("\n".join(describe().lines(lab.__version__, lab.RUNNERS)))
     return EXIT_OK
 
 

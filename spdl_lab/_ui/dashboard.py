@@ -24,7 +24,7 @@ from .._interpreter import describe
 from .._runners import RUNNERS
 from .._table import num
 from .._telemetry.live_verdict import Window, live_verdict
-from ..errors import PipelineSpecError, SpdlLabError
+from ..errors import SpdlLabError
 from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
@@ -58,6 +58,10 @@ class LiveView(widgets.VBox):
         _load_bokehjs()
         self.interval_s = 1.0 / hz
         self._plot_box = widgets.Box()
+        self._lock = threading.RLock()  # widget callbacks come on other threads, and nest
+        self.header, self.verdict, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        #: the verdict last shown
+        self.last_verdict: Any = None
 
     def _show(self, layout: Any) -> None:
         old, self._bokeh = self._bokeh, _BokehView(layout)
@@ -66,7 +70,10 @@ class LiveView(widgets.VBox):
             old.close()
 
     def close(self) -> None:
+        """Stop publishing (and an autotuner) and close the widgets; the session is left as is."""
         self._closed.set()
+        if getattr(self, "autotuner", None) is not None:
+            self.autotuner.stop()
         publisher = self._publisher
         if publisher is not None and publisher is not threading.current_thread():
             publisher.join(5.0)
@@ -85,15 +92,11 @@ class Dashboard(LiveView):
         self.rollover = rollover
         self.interpreter = describe()
         #: CPU seconds the publisher thread has spent, and how many times it published.
-        self.publisher_cpu_s = 0.0
-        self.publishes = 0
-        self._lock = threading.RLock()
-        self.last_verdict: Any = None
-        self._text_at = -math.inf
-        self._text_state = ""
-        self._attaching = False
-
-        self.header, self.verdict, self.table, self.message = (widgets.HTML() for _ in range(4))
+        self.publisher_cpu_s, self.publishes = 0.0, 0
+        self._text_at, self._text_state = -math.inf, ""
+        self._attaching = self._auto_syncing = False  # a widget's value set by code, not the user
+        #: auto_log: the autotuner's moves and their reasons, newest last
+        self.message, self.auto_log = widgets.HTML(), widgets.HTML()
         self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
         self.start_button = widgets.Button(description="start", icon="play", layout=widgets.Layout(width="90px"))
         self.stop_button = widgets.Button(description="stop", icon="stop", layout=widgets.Layout(width="90px"))
@@ -110,33 +113,27 @@ class Dashboard(LiveView):
         self.auto.observe(self._on_auto, names="value")
         self.auto_budget_s = AUTO_BUDGET_S
         self.autotuner: Any = None
-        #: the autotuner's moves and their reasons, newest last
-        self.auto_log = widgets.HTML()
         self.auto_log.add_class("spdl-lab-auto-log")
-        self._auto_syncing = False
         self._slider_box = widgets.VBox()
         self.plots: LivePlots | None = None
-        buttons = [self.runner, self.start_button, self.stop_button, self.auto, self.window]
-        controls = widgets.HBox(buttons)
+        controls = widgets.HBox([self.runner, self.start_button, self.stop_button, self.auto,
+                                 self.window])
         self.children = [self.header, controls, self._slider_box, self.verdict, self.auto_log,
                          self._plot_box, self.table, self.message]
         with self._lock:
             self._attach(session)
 
-    # -- showing a session -----------------------------------------------------
     def _attach(self, session: Any) -> None:
         """Show ``session``: fresh sliders, plots and window; start publishing."""
         if self.autotuner is not None:  # it tuned the session being replaced
             self.autotuner.stop()
             self._set_auto(False)
-        self.session = session
-        self._cursor = 0
-        self._window = Window()
+        self.session, self._cursor, self._window = session, 0, Window()
         pipeline = session.pipeline
         # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
         self._applied: dict[str, int] = dict(session.controls())
-        self._attaching = True  # setting options moves the value: not a user's choice
+        self._attaching = True  # setting options moves the value
         try:
             self.runner.options = list(RUNNERS) if switchable else [session.runner]
             self.runner.value = session.runner
@@ -167,7 +164,6 @@ class Dashboard(LiveView):
         slider.observe(lambda change: self._on_slider(name, change["new"]), names="value")
         return slider
 
-    # -- publishing ------------------------------------------------------------
     def _run(self) -> None:
         while not self._closed.wait(self.interval_s):
             with self._lock:
@@ -195,9 +191,10 @@ class Dashboard(LiveView):
         early = self.plots is None and not lines["queues"] and self._stages and session.running
         if early and session.elapsed_s < QUEUE_WAIT_S:
             _set(self.message, "waiting for the runner's first sample…")
-        elif self.plots is None or self._redraw(lines):
+        elif self.plots is None or lines["why_empty"] != self.plots.why_empty or any(
+                set(lines[k]) - set(getattr(self.plots, k)) for k in ("queues", "stages", "cpu")):
             _set(self.message, "")
-            self._draw(lines, session.frames_since(0))
+            self._draw(lines)
         else:
             self.plots.stream(self.plots.stream_chunk(chunk))
         self._sync_sliders(session)
@@ -231,16 +228,10 @@ class Dashboard(LiveView):
                or ("cpu_percent", "children") in seen]
         return {"stages": stages, "queues": queues, "cpu": cpu, "why_empty": _why_empty(session, self._window)}
 
-    def _redraw(self, lines: dict[str, Any]) -> bool:
-        plots = self.plots
-        return (not set(lines["queues"]) <= set(plots.queues) or not set(lines["stages"]) <= set(plots.stages)
-                or not set(lines["cpu"]) <= set(plots.cpu) or lines["why_empty"] != plots.why_empty)
-
-    def _draw(self, lines: dict[str, Any], history: Any) -> None:
-        self.plots = LivePlots(lines["stages"], lines["queues"], cpu=lines["cpu"], why_empty=lines["why_empty"],
-                               rollover=self.rollover)
+    def _draw(self, lines: dict[str, Any]) -> None:
+        self.plots = LivePlots(rollover=self.rollover, **lines)
         self.plots.set_window(self.window.value)
-        self.plots.stream(self.plots.stream_chunk(history))
+        self.plots.stream(self.plots.stream_chunk(self.session.frames_since(0)))
         self._show(self.plots.layout)
 
     def _sync_sliders(self, session: Any) -> None:
@@ -263,18 +254,16 @@ class Dashboard(LiveView):
         return "<div style='font-size:13px'>spdl_lab · " + " · ".join(parts) + "</div>"
 
     def _table_html(self, session: Any, means: dict) -> str:
-        if session.pipeline is not None:
-            stages = self._stages
-        else:  # a DataLoader's stages, each followed by its part in every worker
-            workers = sorted((stage for series, stage in self._seen if series == PER_WORKER["qps"]),
-                             key=lambda name: int(name.rpartition("/worker")[2]))
+        worker_rows = {w for series, w in self._seen if series == PER_WORKER["qps"]}
+        stages = self._stages
+        if session.pipeline is None:  # a DataLoader's: each stage, then its workers' parts
+            workers = sorted(worker_rows, key=lambda name: int(name.rpartition("/worker")[2]))
             stages = [row for stage in self._lines(session)["stages"]
                       for row in [stage, *(w for w in workers if w.startswith(f"{stage}/"))]]
         if not stages:
             return ""
         queues = {stage.split("→")[0]: stage for series, stage in means if series == "queue_depth"}
         rows = []
-        worker_rows = {w for series, w in self._seen if series == PER_WORKER["qps"]}
         for stage in stages:
             queue = queues.get(stage)
             depth, cap = (means.get((s, queue), math.nan) for s in ("queue_depth", "queue_capacity"))
@@ -285,17 +274,15 @@ class Dashboard(LiveView):
         head = ["stage", "concurrency", "items/s", "p50 ms", "p99 ms", "busy", "out queue"]
         return html_table(head, rows)
 
-    # -- controls --------------------------------------------------------------
     def _on_slider(self, stage: str, n: int) -> None:
         with self._lock:
             if self._applied.get(stage) == n:
                 return
             try:
                 self.session.set_concurrency(stage, n)
-            except (PipelineSpecError, SpdlLabError) as exc:
+                self._applied[stage] = n
+            except SpdlLabError as exc:
                 _error(self.message, str(exc))
-                return
-            self._applied[stage] = n
 
     def _on_auto(self, change: dict[str, Any]) -> None:
         if self._auto_syncing:
@@ -304,7 +291,7 @@ class Dashboard(LiveView):
             with self._lock:
                 try:
                     self.autotuner = self.session.autotune(budget_s=self.auto_budget_s, on_log=self._on_auto_log)
-                except (PipelineSpecError, SpdlLabError) as exc:
+                except SpdlLabError as exc:
                     _error(self.message, str(exc))
                     self._set_auto(False)
         elif self.autotuner is not None:
@@ -328,7 +315,7 @@ class Dashboard(LiveView):
             if self.plots is None:
                 return
             if change["new"] > change["old"]:  # a longer window: redraw from the session's history
-                self._draw(self._lines(self.session), self.session.frames_since(0))
+                self._draw(self._lines(self.session))
             else:
                 self.plots.set_window(change["new"])
                 self.plots.stream({k: [] for k in self.plots.source.data})  # trim now
@@ -352,18 +339,11 @@ class Dashboard(LiveView):
     def _swap(self, make: Any) -> None:
         try:
             session = make()
-        except (PipelineSpecError, SpdlLabError) as exc:
+        except SpdlLabError as exc:
             _error(self.message, str(exc))
             return
         _set(self.message, "")
         self._attach(session)
-
-    def close(self) -> None:
-        """Stop publishing and close the widgets (and an autotuner); the session is left as it is."""
-        self._closed.set()
-        if getattr(self, "autotuner", None) is not None:
-            self.autotuner.stop()
-        super().close()
 
 
 class _BokehView(BokehModel):

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import ipywidgets as widgets
 import numpy as np
 from bokeh.layouts import gridplot
 from bokeh.models import ColumnDataSource
@@ -35,7 +34,6 @@ ROLLOVER = 3600
 _PLOTS = (("steps_per_s", "steps/s", "steps/s"),
           ("wait_frac", "data wait, share of the loop", "share"),
           ("step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
-_STEP = "step"
 #: (series, stage or None for each loader stage, title, y label) of the plots over time.
 _REPORT_PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
                  ("data_wait_frac", "step", "data wait, share of the loop", "share"),
@@ -49,15 +47,11 @@ class JobDashboard(LiveView):
     def __init__(self, job: Any, *, hz: float = DEFAULT_HZ) -> None:
         super().__init__("spdl-lab-job-dashboard", hz)
         self.job = job
-        self.header, self.verdict, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.verdict.add_class("spdl-lab-job-verdict")
         self.children = [self.header, self.verdict, self._plot_box, self.table]
-        self._lock = threading.Lock()
         self._until: dict[int, float] = {}  # each rank's latest point (seconds since it started)
         self._sources: dict[int, ColumnDataSource] = {}
         self._drawn: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
-        #: the verdict last shown
-        self.last_verdict: Any = None
         self.publish()
         self._publisher = threading.Thread(target=self._run, name="spdl_lab:job-dashboard",
                                            daemon=True)
@@ -76,7 +70,7 @@ class JobDashboard(LiveView):
             ranks = self.job.ranks
             stages = tuple(sorted({stage for session in ranks.values()
                                    for series, stage in session.recent(SMOOTH_S).columns
-                                   if series == "qps" and "/worker" not in stage and stage != _STEP}))
+                                   if series == "qps" and "/worker" not in stage and stage != "step"}))
             if (tuple(ranks), stages) != self._drawn:
                 self._draw(tuple(ranks), stages)
                 self._until = {}
@@ -92,11 +86,9 @@ class JobDashboard(LiveView):
         self._drawn = (ranks, stages)
         empty = _points(FrameChunk(0, np.empty(0), {}), 0, 0.0, stages)[0]
         self._sources = {rank: ColumnDataSource(dict(empty), name=f"spdl-lab-rank{rank}") for rank in ranks}
-        plots = [(series, title, axis) for series, title, axis in _PLOTS]
-        plots += [(f"cap:{stage}", f"loader: {stage}, items/s it can make (made: dashed)", "items/s")
-                  for stage in stages]
         figures = []
-        for key, title, axis in plots:
+        for key, title, axis in [*_PLOTS, *((f"cap:{stage}", f"loader: {stage}, items/s it can make "
+                                             "(made: dashed)", "items/s") for stage in stages)]:
             fig = figure(title=title, height=210, width=420, x_axis_label="seconds since the rank started",
                          y_axis_label=axis, toolbar_location=None)
             for i, rank in enumerate(ranks):

@@ -52,18 +52,11 @@ class LivePlots:
                  why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,
                  width: int = 460, height: int = 220) -> None:
         self.rollover = rollover
-        self.stages = list(stages)
-        self.queues = list(queues)
-        cpu_series = [(s, label) for s, label in CPU_SERIES if cpu is None or s in cpu]
-        self.cpu = [s for s, _ in cpu_series]
-        keys = [("qps", s) for s in stages]
-        keys += [(series, q) for q in queues for series in ("queue_depth", "queue_capacity")]
-        keys += [(series, "step") for series, _ in STEP_SERIES]
-        keys += [("cpu_percent", stage) for stage, _ in cpu_series]
-        keys += [(series, stage) for series, stage, _ in WAIT_SERIES]
-        self.keys = keys
-        self.source = ColumnDataSource({"time_s": [], **{column_name(*k): [] for k in keys}},
-                                       name=SOURCE_NAME)
+        self.stages, self.queues = list(stages), list(queues)
+        self.cpu = [s for s, _ in CPU_SERIES if cpu is None or s in cpu]
+        #: the (series, stage) of every line drawn: the source's columns
+        self.keys: list[tuple[str, str]] = []
+        self.source = ColumnDataSource(name=SOURCE_NAME)
         self._size = dict(width=width, height=height)
         self.colors = stage_colors(stages)
         smooth = f"{SMOOTH_S:g} s average"
@@ -77,26 +70,25 @@ class LivePlots:
                              [(("queue_depth", q), q, self.colors.get(q.split("→")[-1], "#555555"))
                               for q in queues], dashed="queue_capacity")  # its consumer's colour
                  if queues else self._note(why.get("queues", "no queue meters in this run")))
+        step = self._lines("training step (per step)", "ms", [((s, "step"), label, Category10_10[i])
+                           for i, (s, label) in enumerate(STEP_SERIES)])
         cpu_figure = self._lines(f"CPU ({smooth}; 100% = one core)", "% of one core",
                                  [(("cpu_percent", s), label, Category10_10[i])
                                   for i, (s, label) in enumerate(CPU_SERIES) if s in self.cpu])
-        ceiling = 100.0 * (os.cpu_count() or 1)
-        cpu_figure.add_layout(Span(location=ceiling, dimension="width", line_dash="dotted",
-                                   line_color="#888"))  # what the machine has
-        panels = [
-            throughput, queue,
-            self._lines("training step (per step)", "ms",
-                        [((s, "step"), label, Category10_10[i]) for i, (s, label) in enumerate(STEP_SERIES)]),
-            cpu_figure,
-            self._lines(f"waiting: GIL vs CPU run queue ({smooth})", "share of time",
-                        [((s, g), label, Category10_10[i]) for i, (s, g, label) in enumerate(WAIT_SERIES)]),
-        ]
+        cpu_figure.add_layout(Span(location=100.0 * (os.cpu_count() or 1), dimension="width",
+                                   line_dash="dotted", line_color="#888"))  # what the machine has
+        waits = self._lines(f"waiting: GIL vs CPU run queue ({smooth})", "share of time",
+                            [((s, g), label, Category10_10[i])
+                             for i, (s, g, label) in enumerate(WAIT_SERIES)])
+        panels = [throughput, queue, step, cpu_figure, waits]
+        self.source.data = {"time_s": [], **{column_name(*k): [] for k in self.keys}}
         #: the plots drawn (a note is not one)
         self.figures = [p for p in panels if not isinstance(p, Div)]
         self.layout = gridplot(panels, ncols=2, toolbar_location="right")
         # A per-step series has no value in a tick where no step ended: drawn as its last value.
-        self._hold = {k for k in keys if k[1] in ("step", "train")}
-        self._smooth = {k for k in keys if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
+        self._hold = {k for k in self.keys if k[1] in ("step", "train")}
+        self._smooth = {k for k in self.keys
+                        if k[0] in ("qps", "cpu_percent") or k[0].endswith("_frac")}
         self._last: dict[tuple[str, str], float] = {}
         self._avg: dict[tuple[str, str], float] = {}
         self._last_t: float | None = None
@@ -153,27 +145,27 @@ class LivePlots:
         self.notes.append(note)
         return note
 
-    def _figure(self, title: str, y_label: str):
+    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]],
+               dashed: str | None = None):
+        """A line per (key, label, colour); ``dashed``: each key's stage in that series too."""
         fig = figure(title=title, x_axis_label="seconds since the run started", y_axis_label=y_label,
                      tools=_TOOLS, active_scroll="xwheel_zoom", **self._size)
         fig.title.text_font_size = "11px"
         fig.xaxis.axis_label_text_font_size = fig.yaxis.axis_label_text_font_size = "10px"
-        return fig
-
-    def _lines(self, title: str, y_label: str, lines: list[tuple[tuple[str, str], str, str]],
-               dashed: str | None = None):
-        """A line per (key, label, colour); ``dashed``: each key's stage in that series too."""
-        fig = self._figure(title, y_label)
         items = []
         for key, label, color in lines:
             r = fig.line("time_s", column_name(*key), source=self.source, color=color, line_width=2)
             items.append((label, [r]))
+            self.keys.append(key)
             if dashed:
+                self.keys.append((dashed, key[1]))
                 items[-1][1].append(fig.line("time_s", column_name(dashed, key[1]),
                                              source=self.source, color=color, line_dash="dashed"))
             fig.add_tools(HoverTool(renderers=[r], tooltips=[
                 ("", label), ("t", "@time_s{0.0} s"), ("value", f"@{{{column_name(*key)}}}{{0.00}}")]))
-        _legend(fig, items)
+        if items:  # beside the plot, never over the data
+            fig.add_layout(Legend(items=items, label_text_font_size="9px", spacing=0, padding=2,
+                                  click_policy="hide"), "right")
         return fig
 
 
@@ -183,9 +175,3 @@ def stage_colors(stages: Sequence[str]) -> dict[str, str]:
     colors.setdefault("output", "#555555")
     return colors
 
-
-def _legend(fig, items) -> None:
-    if not items:
-        return
-    legend = Legend(items=items, label_text_font_size="9px", spacing=0, padding=2, click_policy="hide")
-    fig.add_layout(legend, "right")  # beside the plot, never over the data

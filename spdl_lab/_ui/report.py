@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from bokeh.embed import file_html
 from bokeh.layouts import column, gridplot, row
 from bokeh.models import ColumnDataSource, Div, FixedTicker, HoverTool, LinearAxis, Range1d
@@ -85,15 +84,13 @@ def comparison_plot(cmp: Comparison):
 
     waits = figure(title="training thread: share of time waiting (GIL, CPU, data)",
                    x_axis_label="share of the loop", **one_row_each)
-    parts = [("gil_wait_frac", "GIL"), ("runqueue_wait_frac", "CPU run queue"), ("data_wait_frac", "data")]
-    left = [0.0] * len(runners)
-    items = []
-    for i, (col, label) in enumerate(parts):
-        values = [float(v) if pd.notna(v) else 0.0 for v in table[col]]
-        right = [a + b for a, b in zip(left, values)]
-        items.append((label, [waits.hbar(y=runners, left=left, right=right, height=0.6,
-                                         color=Category10_10[(i + 3) % 10])]))
-        left = right
+    parts = {"gil_wait_frac": "GIL", "runqueue_wait_frac": "CPU run queue",
+             "data_wait_frac": "data"}
+    right = table[list(parts)].astype(float).fillna(0.0).cumsum(axis=1)  # the shares, stacked
+    left = right.shift(1, axis=1, fill_value=0.0)
+    items = [(label, [waits.hbar(y=runners, left=list(left[c]), right=list(right[c]), height=0.6,
+                                 color=Category10_10[(i + 3) % 10])])
+             for i, (c, label) in enumerate(parts.items())]
     waits.add_layout(Legend(items=items), "below")
 
     steps = figure(width=840, height=260, title="step time over the run (ms)", toolbar_location=None,
@@ -156,7 +153,6 @@ def write_html(tuning: Tuning, path: str | Path, *, title: str = "spdl_lab tunin
     return write_page(tuning_plot(tuning), path, title, note=note, table=html_summary(tuning))
 
 
-# -- a Diagnosis -----------------------------------------------------------------------------------
 _W, _H, _PAD_L, _PAD_B, _PAD_T, _PAD_R = 250, 170, 52, 30, 26, 10
 EXECUTOR_COLORS = {"thread": "#1f77b4", "process": "#ff7f0e"}
 _CPU, _GIL = "#2ca02c", "#d62728"
@@ -204,9 +200,9 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
         ok = [p for p in points if p.status not in _FAILED]
         hovered.append(fig.scatter("concurrency", "qps", source=_source(ok), color=color, size=8,
                                    legend_label=f"{executor} QPS"))
-        dash = "solid" if executor == "thread" else "dotted"
         fig.line("concurrency", "cpu_util", source=src, y_range_name="frac", color=_CPU,
-                 line_dash=dash, legend_label=f"{executor} CPU util")
+                 line_dash="solid" if executor == "thread" else "dotted",
+                 legend_label=f"{executor} CPU util")
         if executor == "thread":
             fig.line("concurrency", "gil_wait_frac", source=src, y_range_name="frac", color=_GIL,
                      line_dash="dashed", legend_label="GIL wait")

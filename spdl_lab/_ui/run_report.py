@@ -75,15 +75,12 @@ def _plot(frames: pd.DataFrame, series: str, title: str, y_label: str):
     chosen = frames[frames["series"] == series]
     if chosen.empty:
         return None
-    stages = list(dict.fromkeys(chosen["stage"]))
-    colors = stage_colors(stages)
+    colors = stage_colors(list(dict.fromkeys(chosen["stage"])))
     fig = figure(width=840, height=240, title=title, x_axis_label="seconds since publishing started",
                  y_axis_label=y_label, toolbar_location=None)
-    items = []
-    for stage in stages:
-        part = chosen[chosen["stage"] == stage]
-        items.append((stage, [fig.line(part["time_s"].to_numpy(), part["value"].to_numpy(),
-                                       color=colors[stage], line_width=2)]))
+    items = [(stage, [fig.line(part["time_s"].to_numpy(), part["value"].to_numpy(),
+                               color=colors[stage], line_width=2)])
+             for stage, part in chosen.groupby("stage", sort=False)]
     fig.add_layout(Legend(items=items), "right")
     return fig
 
@@ -127,17 +124,16 @@ def _who(meta: dict[str, str], frames: pd.DataFrame) -> str:
             f"{meta.get('started', '?')}): state {meta.get('state', '?')}, {duration_s(frames):.1f} s recorded")
 
 
+_STATE_NOTES = {"killed": "The script was killed: the record holds what was written before, up to "
+                          "its last flush (at most 2 s before the end).",
+                "running": "The run is still going: this is the record so far."}
+
+
 def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
-    state = meta.get("state", "?")
-    parts = [_who(meta, frames) + "."]
-    if state == "killed":
-        parts.append("The script was killed: the record holds what was written before, up to its "
-                     "last flush (at most 2 s before the end).")
-    elif state == "running":
-        parts.append("The run is still going: this is the record so far.")
+    parts = [_who(meta, frames) + ".", _STATE_NOTES.get(meta.get("state", "?"), "")]
     if meta.get("dropped_ticks", "0") not in ("0", ""):
         parts.append(f"{meta['dropped_ticks']} ticks were dropped rather than make training wait.")
-    return " ".join(parts)
+    return " ".join(filter(None, parts))
 
 
 def write_run_report(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> Path:
@@ -151,9 +147,9 @@ def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.Pat
                    step: StepSummary | None = None) -> Path:
     """The page of a run already read (``read_run``, ``run_steps``): header, the training loop per
     step, the stages over ticks, plots over time."""
-    figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None]
-    if not figures:
-        figures = [figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
+    figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None] or [
+        figure(width=840, height=120, title="the record holds no frames yet",
+               toolbar_location=None)]
     summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
     steps = step_table(step).to_html(index=False, header=False, float_format=lambda v: f"{v:,.4g}", escape=True)
     tables = (f"{_facts(meta, frames)}<h2>the training loop, over every step</h2>"
