@@ -1,16 +1,11 @@
 """The thread engine: a source thread, a pool per map stage, bounded queues.
 
-Failures: a stage raising on an item stops the pipeline: the consumer's next ``next()`` raises
-``PipelineError`` naming the stage and the item (source index before a ``batch``, batch index
-after), the exception as ``__cause__``; queued results are discarded. ``max_failures=N`` drops and
-counts the first N failing items (all stages together); the source raising, or a ``BaseException``
-(``KeyboardInterrupt``) anywhere, always stops it.
-
-Shutdown: ``close()`` (also on ``with`` exit, the consumer's generator dropped, the Loader
-collected) sets ``stopping`` and closes every queue, waking every waiter; other waits poll
-``stopping`` at least every 0.1 s, so each thread exits once its call into user code returns.
-``close`` joins for at most ``timeout``; threads still in user code are left as daemons, named
-with their stage in a ``RuntimeWarning``. Closing twice or from several threads is safe.
+Failures: a stage raising on an item stops the pipeline; the consumer's next ``next()`` raises
+``PipelineError`` naming the stage and the item (source index before a ``batch``, batch index after),
+the exception as ``__cause__``; queued results are discarded. ``max_failures=N`` drops the first N
+failing items (all stages together); the source raising, or a ``BaseException``, always stops it.
+``close()`` closes every queue, waking every waiter (other waits poll ``stopping`` every 0.1 s), joins
+for ``timeout`` and leaves threads still in user code as daemons, named in a ``RuntimeWarning``.
 """
 
 from __future__ import annotations

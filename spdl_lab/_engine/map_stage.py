@@ -1,6 +1,5 @@
 """A ``map`` stage: a resizable pool of worker threads between two queues. Ordered stages release
-results in ``seq`` order through a reorder buffer: a worker starts no item more than ``window``
-places ahead of the oldest unreleased one, so one slow item cannot grow memory."""
+results in ``seq`` order; no item starts ``window`` places past the oldest unreleased one."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class MapStage:
             self._grow_locked()
 
     def set_concurrency(self, n: int) -> None:
-        """Resize the pool while it runs. Growing starts threads now; shrinking
-        retires workers as they finish their current item (nothing is lost)."""
+        """Resize the pool live: new threads start now, surplus ones retire after their item."""
         with self._pool_lock:
             self.concurrency = n
             self._meter.concurrency = n
@@ -144,8 +142,8 @@ class MapStage:
                 put(index, result)
 
     def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
-        # A result not next in line, or arriving while another worker emits, is held; the one
-        # emitter puts runs of results downstream outside the lock, so no worker waits on its put.
+        # A result not next in line, or while another worker emits, is held; the one emitter puts
+        # runs of results downstream outside the lock.
         lock, held = self._order_lock, self._held
         with lock:
             if self._emitting or seq != self._next_seq:

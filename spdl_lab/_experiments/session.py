@@ -29,6 +29,7 @@ from .._training.device import training_waits
 from .._training.steps import summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
+from .contender import endless_cache
 
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
 #: CPU (in cores) of this process and its children below which the paused sessions count as idle.
@@ -344,10 +345,7 @@ def _open_source(source: Any, runner: str | None, sample_hz: float,
                  options: dict[str, Any]) -> tuple[Loader | None, Iterable[Any], str]:
     """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
     if isinstance(source, Pipeline):
-        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
-            # The session decides when to stop, not the length of a source that may be endless.
-            options = {**options, "forever": True}
-        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
+        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **endless_cache(runner, options))
         return loader, loader, loader.runner
     if isinstance(source, Loader):
         if runner is not None and runner != source.runner or options:

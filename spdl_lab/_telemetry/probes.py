@@ -1,6 +1,5 @@
-"""Probes the sampler reads each tick (``probe(dt_s) -> rows``, with totals for whole-run
-summaries): GIL wait versus CPU wait, and CPU use per process. Each process's CPU is stamped
-mid-read: one stamp for many slow /proc reads overstates it (docs/measurement-noise.md)."""
+"""Probes the sampler reads each tick (``probe(dt_s) -> rows``; totals for whole runs): GIL wait
+versus CPU wait, and CPU per process, each stamped mid-read (docs/measurement-noise.md)."""
 
 from __future__ import annotations
 
