@@ -1,5 +1,5 @@
-"""Metered bounded queues of ``(seq, index, value)`` records (``seq`` orders, ``index`` names the item
-in errors); a ``batch`` stage is a Batcher written to like the queue it sits in front of: no thread."""
+"""Metered bounded queues of ``(seq, index, value)`` records (``seq`` orders, ``index`` names the
+item in errors); a ``batch`` stage is a Batcher, written to like the queue it fronts: no thread."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ class QueueClosed(Exception):
 
 
 class BoundedQueue:
-    """A FIFO of at most ``capacity`` records, only waits timed. A blocked writer wakes when it drains
-    to half, not on every get: the two threads would trade the GIL once per item (a convoy)."""
+    """A FIFO of at most ``capacity`` records, only waits timed. A blocked writer wakes when it
+    drains to half, not on every get: the two threads would trade the GIL per item (a convoy)."""
 
     def __init__(self, name: str, capacity: int) -> None:
         if capacity < 1:
@@ -65,7 +65,7 @@ class BoundedQueue:
                 raise QueueClosed(self.name)
             items.append((self.puts, index, value))
             self.puts += 1
-            # Wake a reader only if those already woken will not take this item (a GIL hand-off each).
+            # Wake a reader only if those woken will not take this item (a GIL hand-off each).
             if self._getters_waiting > self._getters_woken and len(items) > self._getters_woken:
                 self._getters_woken += 1
                 self._not_empty.notify()

@@ -19,9 +19,8 @@ from .._runners.cache import expected_outputs
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
+from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison, ratios, runner_row, warnings_for
 from .contender import Contender, MachineClock, Window
-from .spread import ratios, runner_row, warnings_for
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
@@ -136,6 +135,7 @@ def headspace(loader_or_pipeline: Loader | Pipeline, *, num_caches: int = 8, for
         options = {**pipeline.options, "source_runner": pipeline.runner, **options}
         pipeline = pipeline.pipeline
     elif not isinstance(pipeline, Pipeline):
-        raise PipelineSpecError(f"headspace takes a lab.Loader or lab.Pipeline, got {type(pipeline).__name__}")
+        raise PipelineSpecError(f"headspace takes a lab.Loader or lab.Pipeline, "
+                                f"got {type(pipeline).__name__}")
     options.pop("metered", None)
     return Loader(pipeline, runner="cache", num_caches=num_caches, forever=forever, **options)

@@ -218,7 +218,7 @@ def gil_fracs(before: Any, now: Any) -> tuple[float, float]:
 
 
 def endless_cache(runner: str | None, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` for a ``cache`` runner that replays until its caller stops, not its source's length."""
+    """``options`` for a ``cache`` runner replaying until its caller stops, not its source's end."""
     if runner == "cache" and not {"forever", "num_outputs"} & set(options):
         return {**options, "forever": True}
     return options

@@ -22,7 +22,7 @@ from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
 
 #: The stages of a DataLoader worker and their rows in the meter block.
-STAGES = ["fetch", "collate"]
+STAGES = ("fetch", "collate")
 FETCH, COLLATE = 0, 1
 _KINDS = ["map"] * len(STAGES)
 #: The DataLoader's queue: batches asked of the workers and not yet taken by the loop.
@@ -178,8 +178,9 @@ class WatchedDataLoader:
             block = self._block
             if block is None:
                 return []
-            readings = {None: self._totals()}
-            readings |= {w: block.read(STAGES, _KINDS, 1, slot=w) for w in range(self._concurrency(block))}
+            concurrency = max(1, min(self._num_workers, block.layout.slots))
+            readings = {None: block.read(list(STAGES), _KINDS, concurrency)}
+            readings |= {w: block.read(list(STAGES), _KINDS, 1, slot=w) for w in range(concurrency)}
         rows: list[Row] = []
         for w, now in readings.items():
             before, self._before[w] = self._before.get(w), now
@@ -205,10 +206,9 @@ class WatchedDataLoader:
     def _totals(self) -> list[StageReading]:
         """The stages' totals now (their last, once closed); none before a worker started."""
         block = self._block
-        return self._final if block is None else block.read(STAGES, _KINDS, self._concurrency(block))
-
-    def _concurrency(self, block: MeterBlock) -> int:
-        return max(1, min(self._num_workers, block.layout.slots))
+        if block is None:
+            return self._final
+        return block.read(list(STAGES), _KINDS, max(1, min(self._num_workers, block.layout.slots)))
 
     def stages(self, elapsed_s: float) -> dict[str, StageStats]:
         """``fetch`` and ``collate`` over the whole run, as a Snapshot's stages (none before a worker)."""

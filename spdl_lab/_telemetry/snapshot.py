@@ -77,8 +77,8 @@ class Snapshot:
         return frame.set_index("name") if not frame.empty else frame
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (a row per stage, source first, ``nodes`` only for a runner across nodes (ray);
-        the step's figures), as sent to viewers."""
+        """Plain data (a row per stage, source first, ``nodes`` only for a runner across nodes,
+        ray; the step's figures), as sent to viewers."""
         rows = self.table().reset_index().to_dict(orient="records") if self._rows() else []
         out = {"runner": self.runner, "running": self.running, "elapsed_s": self.elapsed_s,
                "items_out": self.items_out,

@@ -198,11 +198,11 @@ class StepClock:
             if timer is not None:
                 timer.cancel(start)
             raise
-        end_ns = time.perf_counter_ns()
+        seconds = (time.perf_counter_ns() - start) / 1e9 if timer is None else 0.0
         with self._write_lock:  # summary() may drain the same timer from a reader's thread
             if timer is not None:
                 timer.end(start, None)
-            self._add_copies(timer.poll() if timer is not None else [(None, (end_ns - start) / 1e9)])
+            self._add_copies(timer.poll() if timer is not None else [(None, seconds)])
 
     def _add_copies(self, resolved: list[tuple[None, float]]) -> None:  # under the write lock
         if resolved:

@@ -186,7 +186,7 @@ class SimulatedDevice:
         return step
 
     def synchronize(self) -> None:
-        """Sleep, without the GIL, until the stream's last kernel ends (looped: a sleep may end early)."""
+        """Sleep, without the GIL, until the stream's last kernel ends (a sleep may end early)."""
         while (remaining := self._stream_end - time.perf_counter()) > 0:
             time.sleep(remaining)
 

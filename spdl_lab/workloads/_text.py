@@ -97,7 +97,7 @@ class Documents:
 
 
 class _FromFile:
-    """Built on first use from the file at ``path``, once per process (a pickled copy loads its own)."""
+    """Loaded on first use from ``path``, once per process (a pickled copy loads its own)."""
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
