@@ -19,9 +19,8 @@ from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runs import run_start_hooks
-from .._telemetry.frames import FrameChunk, chunk_since, to_frame
+from .._telemetry.frames import FrameChunk, Ring, chunk_since, to_frame
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares
-from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._telemetry.snapshot import Snapshot
 from .._training import SimulatedDevice, StepClock
@@ -345,7 +344,8 @@ def _open_source(source: Any, runner: str | None, sample_hz: float,
                  options: dict[str, Any]) -> tuple[Loader | None, Iterable[Any], str]:
     """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
     if isinstance(source, Pipeline):
-        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **endless_cache(runner, options))
+        options = endless_cache(runner, options)
+        loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
         return loader, loader, loader.runner
     if isinstance(source, Loader):
         if runner is not None and runner != source.runner or options:
