@@ -1,9 +1,7 @@
-"""What ``lab.compare`` returns: a Comparison, its table's rows and rounds, as text and as JSON
-(the dataclasses are the file's description, checked by pydantic; ``frames`` are saved wide: tick
-times, then one array per series, null: no value; version 1 files, with no spread, still read), and
-how windows become its table and warnings. A runner's batches/s is the median of its rounds and
-``_lo``/``_hi`` their range (see ``coverage``); ratios to the headspace pair rounds measured seconds
-apart, so a slow spell of the machine that hits both cancels."""
+"""What ``lab.compare`` returns, as text and as JSON (its dataclasses, checked by pydantic, describe
+the file; ``frames`` are saved wide, null: no value; version 1 files still read), and how windows
+become its table and warnings: batches/s is the median of the rounds, ``_lo``/``_hi`` their range
+(``coverage``); ratios to the headspace pair rounds seconds apart: a slow spell on both cancels."""
 
 from __future__ import annotations
 
