@@ -18,8 +18,7 @@ from ._engine.engine import EngineReading
 from ._engine.queues import END, TIMEOUT
 from ._pipeline import Pipeline
 from ._runners.base import Runner
-from ._telemetry.frames import FrameChunk, chunk_since, queue_rows, stage_rows, to_frame
-from ._telemetry.ring import Ring
+from ._telemetry.frames import FrameChunk, Ring, chunk_since, queue_rows, stage_rows, to_frame
 from ._telemetry.sampler import Sampler, Source
 from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .errors import PipelineSpecError

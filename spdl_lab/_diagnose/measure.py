@@ -24,8 +24,8 @@ from typing import Any
 
 import cloudpickle
 
+from .._experiments.comparison import BUSY_MACHINE
 from .._experiments.session import sessions_paused
-from .._experiments.spread import BUSY_MACHINE
 from .._interpreter import describe
 from .._pipeline import MAX_CONCURRENCY, Pipeline, Stage
 from .._progress import progress_bar

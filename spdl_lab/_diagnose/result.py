@@ -16,7 +16,7 @@ import pandas as pd
 from pydantic import PlainValidator
 
 from .. import _file_checks
-from .._experiments.spread import BUSY_MACHINE
+from .._experiments.comparison import BUSY_MACHINE
 from .._file_checks import RECORD, Count, Meta, Name, Rate, Share, Text, integer, refuse
 from .._pipeline import MAX_CONCURRENCY
 from .._table import amount, num, text_table

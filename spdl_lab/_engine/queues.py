@@ -1,6 +1,5 @@
-"""Bounded queues between stages of ``(seq, index, value)`` records (``seq`` orders them, ``index``
-names the item in errors), metered; ``close()`` wakes every waiter with ``QueueClosed``. A ``batch``
-stage is a Batcher written to like the queue it sits in front of: no thread, no extra hand-off."""
+"""Metered bounded queues of ``(seq, index, value)`` records (``seq`` orders, ``index`` names the
+item in errors); a ``batch`` stage is a Batcher, written to like the queue it fronts: no thread."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ class QueueClosed(Exception):
 
 
 class BoundedQueue:
-    """A FIFO of at most ``capacity`` records; only the waits are timed, so an unblocked put or get
-    costs one lock round trip. A blocked writer is woken once the queue drains to half, not on
-    every get, which would make the two threads trade the GIL once per item (a convoy)."""
+    """A FIFO of at most ``capacity`` records, only waits timed. A blocked writer wakes when it
+    drains to half, not on every get: the two threads would trade the GIL per item (a convoy)."""
 
     def __init__(self, name: str, capacity: int) -> None:
         if capacity < 1:
@@ -51,8 +49,7 @@ class BoundedQueue:
         self.get_blocked_ns = 0
 
     def put(self, index: int, value: Any) -> None:
-        """Block until there is room; QueueClosed on stop (close() empties the queue, so a writer
-        it wakes must not take that for room)."""
+        """Block until there is room; QueueClosed on stop (close() empties it: that is no room)."""
         with self._lock:
             items = self._items
             if len(items) >= self.capacity and not self._closed:
@@ -68,8 +65,7 @@ class BoundedQueue:
                 raise QueueClosed(self.name)
             items.append((self.puts, index, value))
             self.puts += 1
-            # Wake a reader only if those already woken will not take this item: waking every
-            # idle worker for one item wastes a GIL hand-off each.
+            # Wake a reader only if those woken will not take this item (a GIL hand-off each).
             if self._getters_waiting > self._getters_woken and len(items) > self._getters_woken:
                 self._getters_woken += 1
                 self._not_empty.notify()
@@ -137,9 +133,8 @@ class Sink(Protocol):
 
 
 class Batcher:
-    """Collects ``size`` items, then puts them as one list into ``downstream``. A lock keeps batches
-    whole; held while a full batch waits for room downstream, it is the back-pressure, freed when
-    downstream has room or is closed, so writers queued on it are never stuck for good."""
+    """Puts every ``size`` items as one list into ``downstream``. Its lock keeps batches whole and,
+    held while a full batch waits for room downstream (or its close), is the back-pressure."""
 
     def __init__(self, name: str, size: int, drop_last: bool, downstream: Sink,
                  meter: WorkerMeter) -> None:

@@ -19,9 +19,8 @@ from .._runners.cache import expected_outputs
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
-from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison
+from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison, ratios, runner_row, warnings_for
 from .contender import Contender, MachineClock, Window
-from .spread import ratios, runner_row, warnings_for
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
@@ -74,11 +73,6 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
         if probe is not None:
             probe.stop()
         bar.close()
-    return _comparison(runners, windows, frames, steps, warmup, repeats, machine.cores)
-
-
-def _comparison(runners: list[str], windows: list[Window], frames: dict[str, pd.DataFrame], steps: int,
-                warmup: int, repeats: int, cores: int) -> Comparison:
     by_runner = {r: [w for w in windows if w.runner == r] for r in runners}
     rows = {r: runner_row(ws) for r, ws in by_runner.items()}
     for r, row in rows.items():
@@ -90,7 +84,7 @@ def _comparison(runners: list[str], windows: list[Window], frames: dict[str, pd.
     rounds = pd.DataFrame([(w.runner, w.round, w.started_s, w.batches_per_s) for w in windows],
                           columns=ROUND_COLUMNS)
     return Comparison(table=table, frames=frames, steps=steps, warmup=warmup, repeats=repeats,
-                      warnings=warnings_for(rows, repeats, cores), rounds=rounds)
+                      warnings=warnings_for(rows, repeats, machine.cores), rounds=rounds)
 
 
 def _check(pipeline: Any, runners: Sequence[str], steps: Any, warmup: Any, repeats: Any,
@@ -136,15 +130,12 @@ def headspace(loader_or_pipeline: Loader | Pipeline, *, num_caches: int = 8, for
             for batch in fast:
                 step(batch)
     """
-    if isinstance(loader_or_pipeline, Loader):
-        base = loader_or_pipeline
-        merged = {**base.options, "source_runner": base.runner, **options}
-        pipeline = base.pipeline
-    elif isinstance(loader_or_pipeline, Pipeline):
-        merged = dict(options)
-        pipeline = loader_or_pipeline
-    else:
+    pipeline = loader_or_pipeline
+    if isinstance(pipeline, Loader):
+        options = {**pipeline.options, "source_runner": pipeline.runner, **options}
+        pipeline = pipeline.pipeline
+    elif not isinstance(pipeline, Pipeline):
         raise PipelineSpecError(f"headspace takes a lab.Loader or lab.Pipeline, "
-                                f"got {type(loader_or_pipeline).__name__}")
-    merged.pop("metered", None)
-    return Loader(pipeline, runner="cache", num_caches=num_caches, forever=forever, **merged)
+                                f"got {type(pipeline).__name__}")
+    options.pop("metered", None)
+    return Loader(pipeline, runner="cache", num_caches=num_caches, forever=forever, **options)

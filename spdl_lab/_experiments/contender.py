@@ -17,7 +17,7 @@ from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runners import ray_processes
 from .._telemetry.frames import Row
-from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, machine_times
+from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, cpu_seconds, machine_times
 from .._training import SimulatedDevice, StepClock
 from .._training.clock import StepRecord
 from .._training.device import training_waits
@@ -67,14 +67,9 @@ class MachineClock:
 
     @staticmethod
     def ray_s() -> float:
-        """CPU seconds of the Ray instance among this process's descendants: while another
-        runner's window runs it idles there, a load on the machine like any other process's."""
-        total = 0.0
-        for proc in ray_processes():
-            with contextlib.suppress(psutil.Error):
-                times = proc.cpu_times()
-                total += times.user + times.system
-        return total
+        """CPU seconds of the Ray instance among this process's descendants: idling during another
+        runner's window, it is a load on the machine like any other process's."""
+        return sum(cpu_seconds(proc) or 0.0 for proc in ray_processes())
 
 
 class Contender:
@@ -83,14 +78,12 @@ class Contender:
 
     def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
                  options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
-        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
-            options = {**options, "forever": True}  # the comparison decides when to stop
         self.runner = runner
         self.who = who  # the experiment's name, first in its error messages
         self.step = step
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
-        self.loader = Loader(pipeline, runner=runner, **options)
+        self.loader = Loader(pipeline, runner=runner, **endless_cache(runner, options))
         sources: list[Callable[[float], list[Row]]] = [self.clock.rows, CpuProbe()]
         if probe is not None:
             sources.append(WaitShares(probe.totals, gil_fracs, "gil"))
@@ -222,3 +215,10 @@ def gil_fracs(before: Any, now: Any) -> tuple[float, float]:
     gil = (now.gil_wait_s - before.gil_wait_s) / covered
     queued = (now.runqueue_wait_s - before.runqueue_wait_s) / covered
     return min(1.0, max(0.0, gil)), (min(1.0, max(0.0, queued)) if not math.isnan(queued) else math.nan)
+
+
+def endless_cache(runner: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for a ``cache`` runner replaying until its caller stops, not its source's end."""
+    if runner == "cache" and not {"forever", "num_outputs"} & set(options):
+        return {**options, "forever": True}
+    return options

@@ -19,9 +19,8 @@ from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runs import run_start_hooks
-from .._telemetry.frames import FrameChunk, chunk_since, to_frame
+from .._telemetry.frames import FrameChunk, Ring, chunk_since, to_frame
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares
-from .._telemetry.ring import Ring
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
 from .._telemetry.snapshot import Snapshot
 from .._training import SimulatedDevice, StepClock
@@ -29,6 +28,7 @@ from .._training.device import training_waits
 from .._training.steps import summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
+from .contender import endless_cache
 
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
 #: CPU (in cores) of this process and its children below which the paused sessions count as idle.
@@ -344,9 +344,7 @@ def _open_source(source: Any, runner: str | None, sample_hz: float,
                  options: dict[str, Any]) -> tuple[Loader | None, Iterable[Any], str]:
     """The Loader to sample (None for a plain iterable), the iterable to loop over, the runner's name."""
     if isinstance(source, Pipeline):
-        if runner == "cache" and not {"forever", "num_outputs"} & set(options):
-            # The session decides when to stop, not the length of a source that may be endless.
-            options = {**options, "forever": True}
+        options = endless_cache(runner, options)
         loader = Loader(source, runner=runner or "thread", sample_hz=sample_hz, **options)
         return loader, loader, loader.runner
     if isinstance(source, Loader):

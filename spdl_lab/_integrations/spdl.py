@@ -199,14 +199,12 @@ def op_kind(op: Any) -> str:
 def from_spdl(builder_or_config: Any) -> Pipeline:
     """A ``lab.Pipeline`` that does what an SPDL pipeline (a builder or its config) does.
 
-    Example::
+    Names and concurrency are kept; async functions share one event loop thread. An item a pipe
+    maps to ``None`` (SPDL drops it) counts as a failure; the sink's buffer is ``lab.Loader``'s::
 
         p = lab.from_spdl(PipelineBuilder().add_source(range(1000))
                           .pipe(decode, concurrency=4).aggregate(32).pipe(collate).add_sink(3))
         lab.diagnose(p)
-
-    Names and concurrency are kept; async functions share one event loop thread. An item a pipe
-    maps to ``None`` (SPDL drops it) counts as a failure; the sink's buffer is ``lab.Loader``'s.
     """
     spec = read_spec(builder_or_config, caller="lab.from_spdl", convert=True)  # SPDL imports here
     from spdl.pipeline.defs import _PipeType  # ordered: output_order="input"

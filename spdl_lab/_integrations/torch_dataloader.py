@@ -41,8 +41,7 @@ def from_dataloader(dl: Any, *, concurrency: int | None = None) -> Pipeline:
     """A ``lab.Pipeline`` doing what ``dl`` does: its sampler's indices, ``dataset[i]`` at
     ``concurrency`` (default ``dl.num_workers``), batches of ``batch_size``, ``collate_fn``; its
     stages are named as a watched DataLoader's (``fetch``, ``batch``, ``collate``). A
-    ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage.
-    Example::
+    ``batch_sampler`` without ``batch_size`` fetches each index list in one ``fetch`` stage::
 
         p = lab.from_dataloader(DataLoader(ds, batch_size=32, shuffle=True, num_workers=4))
         lab.compare(p, step=train_step)

@@ -1,6 +1,5 @@
-"""Probes the sampler reads each tick (``probe(dt_s) -> rows``, with totals for whole-run
-summaries): GIL wait versus CPU wait, and CPU use per process. Each process's CPU is stamped
-mid-read: one stamp for many slow /proc reads overstates it (docs/measurement-noise.md)."""
+"""Probes the sampler reads each tick (``probe(dt_s) -> rows``; totals for whole runs): GIL wait
+versus CPU wait, and CPU per process, each stamped mid-read (docs/measurement-noise.md)."""
 
 from __future__ import annotations
 
@@ -71,12 +70,12 @@ class GilTotals:
 
 
 class GilProbe:
-    """A thread that sleeps ``interval_s``: its lateness less its run-queue wait (schedstat) is GIL
-    wait. Rows (stage ``name``) over the wakes since the last call: ``gil_wait_frac`` (contended,
-    about ``w / (interval_s + w)`` for the switch interval ``w``), ``runqueue_wait_frac``,
-    ``gil_wait_ms`` (mean per wake), ``gil_wait_max_ms``, ``gil_probe_schedstat`` (0.0: unreadable,
-    all lateness is GIL wait). NaN with the GIL off or without a wake. Each call moves the
-    baseline, so one sampler per probe; other readers use ``totals()``."""
+    """A thread sleeping ``interval_s``: its lateness less its run-queue wait (schedstat) is GIL
+    wait. Rows (stage ``name``) since the last call: ``gil_wait_frac`` (contended, about
+    ``w / (interval_s + w)`` for the switch interval ``w``), ``runqueue_wait_frac``, ``gil_wait_ms``
+    (per wake), ``gil_wait_max_ms``, ``gil_probe_schedstat`` (0.0: all lateness is GIL wait); NaN
+    with the GIL off or no wake. A call moves the baseline: one sampler per probe, others use
+    ``totals()``."""
 
     def __init__(self, interval_s: float = 0.005, name: str = "gil", *,
                  schedstat_path: str = SCHEDSTAT_PATH) -> None:
@@ -201,8 +200,8 @@ class ProcessRates:
         self._last: dict[Hashable, tuple[float, float]] = {}
 
     def percent(self, key: Hashable, proc: psutil.Process) -> float | None:
-        """CPU percent of ``proc`` (100 = one core) since its last reading; None the first time,
-        over a too-short span, or when gone. ``key``: the psutil.Process (a reused pid is new)."""
+        """CPU percent of ``proc`` since its last reading under ``key`` (a psutil.Process: a reused
+        pid is new); None the first time, over a too-short span, or when gone."""
         t0 = time.monotonic()
         cpu = cpu_seconds(proc)
         t = (t0 + time.monotonic()) / 2
@@ -224,9 +223,9 @@ class ProcessRates:
 
 
 class WaitShares:
-    """Sampler source: ``gil_wait_frac`` and ``runqueue_wait_frac`` of stage ``stage``, each tick
-    ``shares(before, now)`` of the totals ``read()`` gives (no rows while unknown). Its own
-    baseline: several runners can read one GIL probe (several probes count each other's GIL)."""
+    """Sampler source: ``gil_wait_frac`` and ``runqueue_wait_frac`` of ``stage``, ``shares(before,
+    now)`` of ``read()``'s totals (no rows while unknown), on its own baseline: several runners can
+    read one GIL probe (several probes would count each other's GIL)."""
 
     def __init__(self, read: Callable[[], Any], shares: Callable[[Any, Any], tuple[float, float]],
                  stage: str) -> None:
@@ -253,10 +252,10 @@ class CpuTotals:
 
 
 class CpuProbe:
-    """CPU use since the previous call (100 = one core): rows ``("cpu_percent", stage)`` for
-    ``"main"``, ``"children"`` (every descendant; none with ``children=False``; with a callable, the
-    processes it returns: a DataLoader's workers), ``"total"`` and ``"machine"``, and
-    ``("processes", "children")``. The first call sets the baseline."""
+    """CPU since the previous call (100 = one core): ``("cpu_percent", stage)`` for ``"main"``,
+    ``"children"`` (every descendant, none with ``children=False``, or a callable's processes: a
+    DataLoader's workers), ``"total"``, ``"machine"``; ``("processes", "children")``. The first call
+    sets the baseline."""
 
     def __init__(self, children: bool | Callable[[], list[psutil.Process]] = True) -> None:
         self.children = children

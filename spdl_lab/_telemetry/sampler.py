@@ -13,8 +13,7 @@ import pandas as pd
 import psutil
 
 from .. import _forksafe
-from .frames import Row, to_frame
-from .ring import Ring
+from .frames import Ring, Row, to_frame
 
 DEFAULT_HZ = 10.0
 #: Ticks kept (ten minutes at 10 Hz): memory stays fixed however long a session runs.

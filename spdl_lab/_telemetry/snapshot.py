@@ -77,12 +77,12 @@ class Snapshot:
         return frame.set_index("name") if not frame.empty else frame
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (a row per stage, source first; the step's figures), as sent to viewers."""
-        table = self.table()
+        """Plain data (a row per stage, source first, ``nodes`` only for a runner across nodes,
+        ray; the step's figures), as sent to viewers."""
+        rows = self.table().reset_index().to_dict(orient="records") if self._rows() else []
         out = {"runner": self.runner, "running": self.running, "elapsed_s": self.elapsed_s,
                "items_out": self.items_out,
-               "stages": [_lean(row) for row in table.reset_index().to_dict(orient="records")]
-               if not table.empty else []}
+               "stages": [{k: v for k, v in row.items() if k != "nodes" or v} for row in rows]}
         if self.step is not None:
             out["step"] = self.step.to_dict()
         return out
@@ -135,13 +135,6 @@ def _stage(row: Mapping[str, Any]) -> StageStats:
         else:
             values[f.name] = _float(value)
     return StageStats(**values)
-
-
-def _lean(row: dict[str, Any]) -> dict[str, Any]:
-    """A stage's row as sent: no ``nodes`` where the runner has one node (every runner but ray)."""
-    if not row.get("nodes"):
-        row.pop("nodes", None)
-    return row
 
 
 def _float(value: Any) -> float:

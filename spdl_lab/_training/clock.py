@@ -1,6 +1,5 @@
 """StepClock: where a training loop's time goes, step by step (data wait, step, device share), with
-bounded history and running totals, fed to the sampler as a row source. Import-safe without torch:
-it is imported only for CUDA timing (``CudaStepTimer``)."""
+bounded history and running totals, a sampler row source. Imports torch only for CUDA timing."""
 
 from __future__ import annotations
 
@@ -78,10 +77,8 @@ class StepClock:
         self.step_hist = new_counts()
         self.wait_hist = new_counts()
         # Loop state, touched only by the training thread.
-        self._first_ns = 0
-        self._wait_ns = 0
-        self._waited = False
-        self._open = False
+        self._first_ns = self._wait_ns = 0
+        self._waited = self._open = False
         self._held: tuple[int, float, Any] | None = None  # the step iterate_steps holds open
         self._let_go: tuple[tuple[int, float, Any], int] | None = None  # ...and one it let go of, when
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
@@ -194,25 +191,20 @@ class StepClock:
         an event pair on the current stream, read lazily (a ``non_blocking`` copy is timed where the
         GPU does it); otherwise the block's wall time."""
         timer = self._cuda_copies
-        if timer is None:
-            start_ns = time.perf_counter_ns()
-            yield
-            copy_ns = time.perf_counter_ns() - start_ns
-            with self._write_lock:
-                self._add_copies([(None, copy_ns / 1e9)])
-            return
-        start = timer.start()
+        start = time.perf_counter_ns() if timer is None else timer.start()
         try:
             yield
         except BaseException:
-            timer.cancel(start)
+            if timer is not None:
+                timer.cancel(start)
             raise
+        seconds = (time.perf_counter_ns() - start) / 1e9 if timer is None else 0.0
         with self._write_lock:  # summary() may drain the same timer from a reader's thread
-            timer.end(start, None)
-            self._add_copies(timer.poll())
+            if timer is not None:
+                timer.end(start, None)
+            self._add_copies(timer.poll() if timer is not None else [(None, seconds)])
 
-    def _add_copies(self, resolved: list[tuple[None, float]]) -> None:
-        """Count copies whose time is known; the caller holds the write lock."""
+    def _add_copies(self, resolved: list[tuple[None, float]]) -> None:  # under the write lock
         if resolved:
             t = self._totals
             copy_ns = sum(round(seconds * 1e9) for _, seconds in resolved)

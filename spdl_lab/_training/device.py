@@ -5,7 +5,9 @@ with CUDA, event pairs around each step, resolved without serializing CPU and GP
 from __future__ import annotations
 
 import math
+import statistics
 import time
+import timeit
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Generic, TypeVar
@@ -140,17 +142,12 @@ class SimulatedDevice:
         cached = cls._calibrated_iterations_per_us
         if cached is not None and not force:
             return cached
-        clock = time.thread_time_ns
-        warm_until = clock() + _CALIBRATION_WARMUP_NS
-        while clock() < warm_until:  # also lets the interpreter specialize the loop
+        warm_until = time.thread_time_ns() + _CALIBRATION_WARMUP_NS
+        while time.thread_time_ns() < warm_until:  # also lets the interpreter specialize the loop
             _spin(_CALIBRATION_ITERATIONS // 10)
-        trials = []
-        for _ in range(_CALIBRATION_TRIALS):
-            t0 = clock()
-            _spin(_CALIBRATION_ITERATIONS)
-            trials.append(clock() - t0)
-        median_ns = sorted(trials)[len(trials) // 2]
-        rate = _CALIBRATION_ITERATIONS / max(median_ns / 1000.0, 1e-3)
+        trials = timeit.repeat(lambda: _spin(_CALIBRATION_ITERATIONS), timer=time.thread_time,
+                               repeat=_CALIBRATION_TRIALS, number=1)
+        rate = _CALIBRATION_ITERATIONS / max(statistics.median(trials) * 1e6, 1e-3)
         cls._calibrated_iterations_per_us = rate
         return rate
 
@@ -189,8 +186,7 @@ class SimulatedDevice:
         return step
 
     def synchronize(self) -> None:
-        """Sleep, without the GIL, until the stream's last kernel has ended."""
-        # A loop, in case a sleep ever returns early (a signal handler, say).
+        """Sleep, without the GIL, until the stream's last kernel ends (a sleep may end early)."""
         while (remaining := self._stream_end - time.perf_counter()) > 0:
             time.sleep(remaining)
 
@@ -217,7 +213,6 @@ def training_waits(before: Any, now: Any) -> tuple[float, float]:
 
 def _check(argument: str, value: Any, low: float, meaning: str, *, integer: bool = False,
            strict: bool = False) -> None:
-    """Raise unless ``value`` is an int (``integer``) or a finite number, above ``low`` (or at it)."""
     number = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not (value > low if strict else value >= low):
         kind = "an int" if integer else "a finite number"

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .._engine.engine import EngineReading
-from .._engine.map_stage import reorder_window
+from .._engine.engine import EngineReading, reorder_window
+from .._experiments.comparison import runner_row
 from .._experiments.contender import Contender, MachineClock, Window
-from .._experiments.spread import runner_row
 from .._pipeline import Pipeline
 from .._runners import WORKERS
 from .._telemetry.probes import GilProbe

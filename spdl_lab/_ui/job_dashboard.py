@@ -19,7 +19,7 @@ from bokeh.plotting import figure
 
 from .._table import num
 from .._telemetry.frames import FrameChunk
-from .._telemetry.straggler import rank_window
+from .._telemetry.live_verdict import rank_window
 from .dashboard import LiveView, _set, html_table
 from .report import write_page
 

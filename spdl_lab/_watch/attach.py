@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .._json import loads
-from .._telemetry.frames import FrameChunk, chunk_since, to_frame
-from .._telemetry.ring import Ring
+from .._telemetry.frames import FrameChunk, Ring, chunk_since, to_frame
 from .._telemetry.sampler import DEFAULT_TICKS
 from .._telemetry.snapshot import Snapshot
 from .._training.steps import StepSummary, summary_table

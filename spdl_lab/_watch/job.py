@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from .._telemetry.straggler import VERDICT_WINDOW_S, JobVerdict, judge, rank_window
+from .._telemetry.live_verdict import VERDICT_WINDOW_S, JobVerdict, judge, rank_window
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .attach import RemoteSession, record_state

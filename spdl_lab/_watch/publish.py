@@ -19,8 +19,7 @@ from typing import Any
 from .. import _forksafe
 from .._json import dumps
 from .._runs import caller_line
-from .._telemetry.frames import FrameChunk, chunk_since
-from .._telemetry.ring import Ring
+from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .endpoint import Endpoint, Handlers, safe_name
 from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows

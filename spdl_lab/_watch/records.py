@@ -22,9 +22,8 @@ import pandas as pd
 
 from .. import _forksafe
 from .._json import loads
-from .._telemetry.frames import FRAME_COLUMNS, FrameChunk
+from .._telemetry.frames import FRAME_COLUMNS, FrameChunk, Ring
 from .._telemetry.histogram import NUM_BUCKETS, bucket_of
-from .._telemetry.ring import Ring
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
 from .endpoint import pid_alive, safe_name

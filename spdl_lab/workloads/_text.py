@@ -96,50 +96,47 @@ class Documents:
         return f"Documents({str(self.path)!r}, n={self.n})"
 
 
-class RustTokenize:
-    """``tokenizers.Tokenizer.encode(doc).ids``; loaded from its file once per process."""
+class _FromFile:
+    """Loaded on first use from ``path``, once per process (a pickled copy loads its own)."""
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
-        self._tokenizer: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_tokenizer": None}  # each process loads its own
+        return {"path": self.path}
 
+
+class RustTokenize(_FromFile):
+    """``tokenizers.Tokenizer.encode(doc).ids``."""
+
+    @functools.cached_property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
+        from tokenizers import Tokenizer
 
-            self._tokenizer = Tokenizer.from_file(self.path)
-        return self._tokenizer
+        return Tokenizer.from_file(self.path)
 
     def __call__(self, document: str) -> list[int]:
-        return self.tokenizer().encode(document, add_special_tokens=False).ids
+        return self.tokenizer.encode(document, add_special_tokens=False).ids
 
 
 class RustTokenizeBatch(RustTokenize):
     """``tokenizers.Tokenizer.encode_batch(documents)``: a batch in one call, the GIL released."""
 
     def __call__(self, documents: list[str]) -> list[list[int]]:  # type: ignore[override]
-        return [e.ids for e in self.tokenizer().encode_batch(documents, add_special_tokens=False)]
+        return [e.ids for e in self.tokenizer.encode_batch(documents, add_special_tokens=False)]
 
 
-class PythonTokenize:
+class PythonTokenize(_FromFile):
     """The same WordPiece tokenizer in pure Python: BERT pre-tokenization (whitespace, then
     each punctuation character alone), then greedy longest-match-first sub-words."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-        self._vocab: dict[str, int] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_vocab": None}
+    @functools.cached_property
+    def vocab(self) -> dict[str, int]:
+        with open(self.path, encoding="utf-8") as f:
+            return json.load(f)["model"]["vocab"]
 
     def __call__(self, document: str) -> list[int]:
-        if self._vocab is None:
-            with open(self.path, encoding="utf-8") as f:
-                self._vocab = json.load(f)["model"]["vocab"]
-        return [i for word in _pre_tokenize(document) for i in _wordpiece(word, self._vocab)]
+        return [i for word in _pre_tokenize(document) for i in _wordpiece(word, self.vocab)]
 
 
 def _is_punctuation(ch: str) -> bool:

@@ -446,7 +446,7 @@ ALLOWED = {
         "an exception our own child pickled and sent over the pipe only it holds",
     "spdl_lab/workloads/_steps.py::dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
-    "spdl_lab/workloads/_text.py::PythonTokenize.__call__::json.load":
+    "spdl_lab/workloads/_text.py::PythonTokenize.vocab::json.load":
         "the tokenizer file the lab trained into its own cache folder; parsed as JSON, only its vocab is read",
 }
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import spdl_lab as lab
+from spdl_lab._telemetry.frames import Ring
 from spdl_lab._telemetry.histogram import (
     NUM_BUCKETS,
     bucket_bounds,
@@ -13,7 +14,6 @@ from spdl_lab._telemetry.histogram import (
     new_counts,
     quantile_ns,
 )
-from spdl_lab._telemetry.ring import Ring
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak")
 

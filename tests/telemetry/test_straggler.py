@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from spdl_lab._telemetry import straggler as s
+from spdl_lab._telemetry import live_verdict as s
 from spdl_lab._telemetry.frames import FrameChunk
-from spdl_lab._telemetry.straggler import RankWindow, StageWindow, judge, rank_window
+from spdl_lab._telemetry.live_verdict import RankWindow, StageWindow, judge, rank_window
 
 
 def ticks(*, steps_per_s: float, wait_ms: float, step_ms: float, seconds: float = 12.0, hz: float = 10.0,
