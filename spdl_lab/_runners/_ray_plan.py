@@ -10,6 +10,7 @@ import re
 import time
 import traceback
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -27,6 +28,8 @@ from ._shipping import pickled
 MAX_BLOCK_CHUNKS = 64
 #: Chunks one execution runs at most: a larger source runs as several executions in turn.
 WINDOW_CHUNKS = 4096
+#: How often a task sends what it has made (whole chunks), while it runs on.
+YIELD_EVERY_S = 0.02
 
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
 
@@ -93,17 +96,17 @@ def chunk_size(pipeline: Pipeline) -> int:
 
 
 def block_sizes(chunks: int, spread: int = 1) -> list[int]:
-    """Chunks per block: 1 (the first batch soon), 4, 16, ... up to ``MAX_BLOCK_CHUNKS``, with at
-    least 2 blocks for each of ``spread`` concurrent tasks (a few big blocks at the end would leave
-    tasks idle). Ray costs ~13 ms a task here: doubling, 4 blocks a task, made 12 tasks of 6,000
-    items where 7 do (docs: README, "runner='ray'")."""
-    cap = max(1, min(MAX_BLOCK_CHUNKS, chunks // (2 * max(1, spread))))
-    sizes, size = [], 1
-    while chunks > 0:
-        sizes.append(min(size, chunks))
-        chunks -= sizes[-1]
-        size = min(4 * size, cap)
-    return sizes
+    """Chunks per block (a task each): 1, the first batch soon; then the rest in equal blocks, 2
+    for each of ``spread`` concurrent tasks or more, of at most ``MAX_BLOCK_CHUNKS``. Ray costs ~13
+    ms a task here, and a task streams its output as it goes (``YIELD_EVERY_S``): few, even tasks
+    (docs: README, "runner='ray'")."""
+    if chunks <= 1:
+        return [chunks] if chunks else []
+    rest, spread = chunks - 1, max(1, spread)
+    parts = max(2 * spread, -(-rest // MAX_BLOCK_CHUNKS))
+    parts = min(rest, -(-parts // spread) * spread)
+    size, extra = divmod(rest, parts)
+    return [1, *(size + (i < extra) for i in range(parts))]
 
 
 @dataclass
@@ -150,17 +153,39 @@ class _Stages:
         self.pieces = [(kind, name, cloudpickle.loads(arg) if kind == "map" else arg, span)
                        for kind, name, arg, span in pieces]
 
-    def __call__(self, block: dict[str, np.ndarray]) -> dict[str, Any]:
-        rows = self._read(block["data"]) if self.source is not None else rows_of(block, self.batches_in)
+    def __call__(self, block: dict[str, np.ndarray]) -> Iterator[dict[str, Any]]:
+        """The block's output in parts of whole chunks, each yielded once ``YIELD_EVERY_S`` has
+        passed: Ray streams them to the driver while the task goes on (a few tasks, for Ray's
+        cost per task, without holding the first batches of a long block back)."""
+        if self.source is None:
+            yield self._run(rows_of(block, self.batches_in))
+            return
+        part: list[Row] = []
+        since = time.monotonic()
+        for chunk_id in block["data"].tolist():
+            part += self._run_rows(self._read([chunk_id]))
+            if time.monotonic() - since >= YIELD_EVERY_S:
+                yield self._send(part)
+                part, since = [], time.monotonic()
+        if part or not block["data"].size:
+            yield self._send(part)
+
+    def _run(self, rows: list[Row]) -> Any:
+        return self._send(self._run_rows(rows))
+
+    def _run_rows(self, rows: list[Row]) -> list[Row]:
         for kind, name, arg, span in self.pieces:
             rows = self._map(name, arg, span, rows) if kind == "map" else self._batch(name, arg, span, rows)
+        return rows
+
+    def _send(self, rows: list[Row]) -> Any:
         flush(self.key)  # sent before the block: the counts of a block the driver holds are on their way
         return _block_of(rows)
 
-    def _read(self, chunk_ids: np.ndarray) -> list[Row]:
+    def _read(self, chunk_ids: list[int]) -> list[Row]:
         """The source's items of these chunks, read as a stage whose failure always ends the run."""
         source, start, end, chunk = self.source
-        indices = [i for c in chunk_ids.tolist() for i in range(start + c * chunk, min(start + (c + 1) * chunk, end))]
+        indices = [i for c in chunk_ids for i in range(start + c * chunk, min(start + (c + 1) * chunk, end))]
         if isinstance(source, range):  # cannot fail: read, and counted, all at once
             t0 = time.perf_counter_ns()
             rows = [(i, source[i]) for i in indices]
