@@ -33,7 +33,7 @@ for name in ("python", "rust", "rust-batch"):
     stage = lab.diagnose(pipeline, concurrency=(1, 2, 4), num_items=256, settings=QUICK,
                          processes=False, progress=False).stages["tokenize"]
     rows[name] = stage
-    print(f"{name:10s} {stage.verdict:10s} best concurrency {stage.best_concurrency}: {stage.evidence}")
+    print(f"{name:10s} {stage.verdict or stage.status:10s} best concurrency {stage.best_concurrency}: {stage.evidence}")
 
 # %%
 held = [name for name, stage in rows.items() if stage.verdict == "gil-bound"]
