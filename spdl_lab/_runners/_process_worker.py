@@ -15,9 +15,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, describe
-from ._shipping import output_stage, pickled
 from ._shm import SOURCE_ROW, Layout, MeterBlock, SlotMeter
-from ._transport import encode
+from ._transport import encode, output_stage, pickled
 from .base import Delivered
 from .children import exit_without_finalizing
 
@@ -76,13 +75,6 @@ class Failure:
     unsendable: bool = False
 
 
-@dataclass
-class _Loaded:
-    pipeline: Pipeline
-    meter: SlotMeter
-    block: MeterBlock
-
-
 class PipelineDataset(IterableDataset):
     """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs. The r-th chunk
     (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker ``r % W``: every
@@ -97,7 +89,7 @@ class PipelineDataset(IterableDataset):
         self.layout = layout
         self.max_failures = max_failures
         self.metered = metered
-        self._loaded: _Loaded | None = None
+        self._loaded: tuple[Pipeline, SlotMeter, MeterBlock] | None = None
         self._parent_block: MeterBlock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -111,10 +103,10 @@ class PipelineDataset(IterableDataset):
         """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end it
         without finalizing (a queue's feeder or a stage's daemon thread would free torch tensors and
         abort it; see ``exit_without_finalizing``). torch sends every error as data: status 0."""
-        self._load(worker_id).block.pids[worker_id] = os.getpid()
+        self._load(worker_id)[2].pids[worker_id] = os.getpid()
         atexit.register(exit_without_finalizing, 0)  # runs before finalizing starts; spawn only
 
-    def _load(self, slot: int) -> _Loaded:
+    def _load(self, slot: int) -> tuple[Pipeline, SlotMeter, MeterBlock]:
         if self._loaded is not None:
             return self._loaded
         try:
@@ -124,14 +116,13 @@ class PipelineDataset(IterableDataset):
                               f"pipeline: {describe(exc)}. Define stage functions in an importable "
                               f"module, in __main__ or in a notebook cell.") from exc
         block = self._parent_block or MeterBlock.attach(self.meters_name, self.layout)
-        self._loaded = _Loaded(pipeline, block.slot(slot, metered=self.metered), block)
+        self._loaded = (pipeline, block.slot(slot, metered=self.metered), block)
         return self._loaded
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         info = get_worker_info()
         slot, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        loaded = self._load(slot)
-        pipeline, meter = loaded.pipeline, loaded.meter
+        pipeline, meter, _ = self._load(slot)
         try:
             iterator = pipeline.open_source()
         except Exception as exc:
@@ -181,7 +172,7 @@ class PipelineDataset(IterableDataset):
         try:
             encode(value)  # pickles it, its arrays and tensors set apart as torch sends them
         except Exception as error:
-            stage, index = output_stage(self._load(info.id).pipeline), indices[0] // self.plan.chunk
+            stage, index = output_stage(self._load(info.id)[0]), indices[0] // self.plan.chunk
             failure = Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
             return indices, failure
         return indices, value
@@ -195,8 +186,8 @@ class PipelineDataset(IterableDataset):
         if self.plan.batch is None:
             return indices, pairs[0][1]
         info = get_worker_info()
-        loaded = self._load(info.id if info is not None else 0)
-        meter, row = loaded.meter, self.plan.batch + 1
+        pipeline, meter, _ = self._load(info.id if info is not None else 0)
+        row = self.plan.batch + 1
         t0 = meter.begin(row)
         batch = [value for _, value in pairs if not isinstance(value, Dropped)]
         if not batch:  # every item of this batch was dropped: there is no batch
@@ -204,7 +195,7 @@ class PipelineDataset(IterableDataset):
             return indices, Dropped()
         meter.done(row, t0)
         batch_index = indices[0] // self.plan.chunk
-        return indices, self._apply(loaded.pipeline, self.plan.batch_maps, batch_index, batch, meter)
+        return indices, self._apply(pipeline, self.plan.batch_maps, batch_index, batch, meter)
 
     def _apply(self, pipeline: Pipeline, positions: tuple[int, ...], index: int, value: Any,
                meter: SlotMeter) -> Any:

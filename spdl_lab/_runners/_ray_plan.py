@@ -22,7 +22,7 @@ import pyarrow as pa
 from .._pipeline import Pipeline, Stage
 from ..errors import describe, in_chain
 from ._ray_meters import flush, record, record_many
-from ._shipping import pickled
+from ._transport import pickled
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
 MAX_BLOCK_CHUNKS = 64

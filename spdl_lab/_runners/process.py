@@ -27,8 +27,8 @@ from ..errors import (
 )
 from . import DEFAULT_NUM_WORKERS, WORKERS
 from ._process_worker import Dropped, Failure, PipelineDataset, Plan
-from ._shipping import ship, unsendable_output
 from ._shm import Layout, MeterBlock
+from ._transport import ship, unsendable_output
 from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
