@@ -23,8 +23,7 @@ from .children import exit_without_finalizing
 
 @dataclass(frozen=True)
 class Plan:
-    """How a pipeline maps onto one DataLoader: per-item maps, one batch, per-batch maps.
-    Positions index ``pipeline.stages``; a stage's meter row is its position + 1."""
+    """Per-item maps, one batch, per-batch maps (positions in ``pipeline.stages``; meter row + 1)."""
 
     item_maps: tuple[int, ...]
     batch: int | None
@@ -101,8 +100,7 @@ class PipelineDataset(IterableDataset):
 
     def init_worker(self, worker_id: int) -> None:
         """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end it
-        without finalizing (a queue's feeder or a stage's daemon thread would free torch tensors and
-        abort it; see ``exit_without_finalizing``). torch sends every error as data: status 0."""
+        without finalizing (see ``exit_without_finalizing``), status 0: torch sends errors as data."""
         self._load(worker_id)[2].pids[worker_id] = os.getpid()
         atexit.register(exit_without_finalizing, 0)  # runs before finalizing starts; spawn only
 
@@ -162,9 +160,8 @@ class PipelineDataset(IterableDataset):
             getattr(iterator, "close", lambda: None)()
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
-        """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.
-        The indices cover dropped items too, so a restart does not redo the chunk. An output that
-        cannot be pickled becomes a Failure here: torch's queue thread would only print it."""
+        """``(source indices, batch)`` after the per-batch maps, dropped items' indices too (a restart
+        skips the chunk). An unpicklable output becomes a Failure: torch's queue thread only prints it."""
         indices, value = self._collate(data)
         info = get_worker_info()
         if info is None or isinstance(value, (Failure, Dropped)):
@@ -220,5 +217,5 @@ class PipelineDataset(IterableDataset):
 
 
 def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` itself if it survives torch's (plain) pickle to the parent, else a RuntimeError with its text."""
+    """``exc`` if it survives torch's plain pickle to the parent, else a RuntimeError with its text."""
     return exc if pickled(exc) is not None else RuntimeError(describe(exc))
