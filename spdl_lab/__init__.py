@@ -28,8 +28,7 @@ from .errors import FileFormatError, PipelineError, PipelineSpecError, RunnerErr
 
 __version__ = "0.1.0"
 
-# Before each run (``_runs.StartHook``): SPDL_PIPELINE_DIAGNOSTIC_MODE=1 diagnoses, SPDL_LAB_WATCH=1
-# publishes.
+# Before each run: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 diagnoses, SPDL_LAB_WATCH=1 publishes.
 _add_start_hook("diagnostic_mode", _diagnostic_mode)
 _add_start_hook("watch", _watch_mode)
 

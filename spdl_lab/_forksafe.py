@@ -1,7 +1,6 @@
 """Locks that survive ``fork()`` (a DataLoader forking while a lab thread holds one would hand the
-child a lock nobody releases): taken before the fork, released after in the parent, made anew in
-the child (held by the forking thread if it held it). ``forked_child()`` stops atexit and signal
-handlers acting in a fork."""
+child a lock nobody releases): taken before the fork, released after it in the parent, made anew
+in the child (held if the forking thread held it). ``forked_child()`` tells a fork apart."""
 
 from __future__ import annotations
 

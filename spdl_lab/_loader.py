@@ -113,11 +113,10 @@ class Loader(RunOwner):
         run = self._state.run
         live = run is not None and not run.finished
         if cls.pool_stage is not None:
-            name = cls.pool_stage
             if live:
-                return {name: run.runner.concurrency(name)}
+                return {cls.pool_stage: run.runner.concurrency(cls.pool_stage)}
             default = inspect.signature(cls).parameters[cls.pool_option].default
-            return {name: self._options.get(cls.pool_option, default)}
+            return {cls.pool_stage: self._options.get(cls.pool_option, default)}
         return {s.name: run.runner.concurrency(s.name) if live else self._overrides.get(s.name, s.concurrency)
                 for s in self.pipeline.stages if s.kind == "map"}
 

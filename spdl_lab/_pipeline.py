@@ -60,14 +60,8 @@ class Pipeline:
         self._source = source
         self._stages: tuple[Stage, ...] = ()
 
-    def map(
-        self,
-        fn: Callable[[Any], Any],
-        *,
-        concurrency: int = 1,
-        name: str | None = None,
-        ordered: bool = True,
-    ) -> Pipeline:
+    def map(self, fn: Callable[[Any], Any], *, concurrency: int = 1, name: str | None = None,
+            ordered: bool = True) -> Pipeline:
         """Apply ``fn`` to every item (or batch, after ``batch``), ``concurrency`` at a time; with
         ``ordered=False`` outputs come as they finish, a slow item hidden behind faster ones."""
         label = name if name is not None else _default_name(fn)
@@ -104,8 +98,7 @@ class Pipeline:
 
     @property
     def source_is_factory(self) -> bool:
-        """Whether the source is called for each iterator (a function, a class such as
-        ``itertools.count``) rather than iterated itself."""
+        """Whether the source is called for each iterator (a function, ``itertools.count``)."""
         source = self._source
         return isinstance(source, type) or not hasattr(source, "__iter__")
 

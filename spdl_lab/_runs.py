@@ -138,9 +138,8 @@ class RunOwner:
 class Run:
     """One pass over the pipeline: a runner, its sampler and counters."""
 
-    def __init__(
-        self, runner: Runner, sample_hz: float, sample_ticks: int, extra: list[Source] | None = None
-    ) -> None:
+    def __init__(self, runner: Runner, sample_hz: float, sample_ticks: int,
+                 extra: list[Source]) -> None:
         self.runner = runner
         self.items_out = 0
         self.finished = False
@@ -150,7 +149,7 @@ class Run:
         self._t0 = 0.0
         self._t_end: float | None = None
         self._previous: EngineReading | None = None
-        sources: list[Source] = [self._rows, *(extra or [])]
+        sources: list[Source] = [self._rows, *extra]
         self.sampler = Sampler(sources, hz=sample_hz, ticks=sample_ticks) if sample_hz else None
 
     def start(self) -> None:
@@ -176,8 +175,7 @@ class Run:
 
     def finish(self, timeout: float) -> None:
         """Close the runner and stop the sampler. A second caller (``close()`` racing the loop's
-        ``finally``) waits for the first: else the process could exit mid-removal of shared
-        memory."""
+        ``finally``) waits for the first, lest the process exit mid-removal of shared memory."""
         with self._lock:
             first = not self.finished
             self.finished = True

@@ -48,18 +48,9 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def stage_failure(
-    stage: str,
-    index: int | None,
-    cause: BaseException | None,
-    *,
-    what: str | None = None,
-    where: str = "",
-    dropped: int = 0,
-    max_failures: int = 0,
-    per_worker: bool = False,
-    message: str | None = None,
-) -> PipelineError:
+def stage_failure(stage: str, index: int | None, cause: BaseException | None, *,
+                  what: str | None = None, where: str = "", dropped: int = 0, max_failures: int = 0,
+                  per_worker: bool = False, message: str | None = None) -> PipelineError:
     """The error a failing stage (or the source) ends a run with, under every runner. ``what``: the
     failure as text when ``cause`` did not survive a worker; ``where``: "in a Ray worker";
     ``per_worker``: ``max_failures`` counts per process; ``message``: worded so in a child."""
@@ -89,8 +80,7 @@ def _advice(stage: str, dropped: int, max_failures: int, per_worker: bool) -> st
 
 
 def drop_tracebacks(exc: BaseException | None) -> None:
-    """Clear the tracebacks along an error's chain: a stored error then holds no frames that would
-    keep workers or threads alive."""
+    """Clear the tracebacks along an error's chain: a stored error holds no frames of live workers."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -9,8 +9,7 @@ from ._ray_cluster import ray_processes
 from ._shm import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
 from .base import Runner
 
-# The runners' shared-memory meter block (``_shm``) also meters a torch DataLoader's workers;
-# ``ray_processes`` lets a comparison tell a Ray instance's CPU from its runners'.
+# Also for others: the shm meter block meters a torch DataLoader; ray_processes, a Ray instance.
 __all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Layout", "MeterBlock", "Runner", "ShmFile",
            "SlotMeter", "WORKERS", "new_prefix", "ray_processes", "runner_class"]
 

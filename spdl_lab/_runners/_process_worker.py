@@ -15,17 +15,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, describe
-from ._shipping import output_stage, pickled
 from ._shm import SOURCE_ROW, Layout, MeterBlock, SlotMeter
-from ._transport import encode
+from ._transport import encode, output_stage, pickled
 from .base import Delivered
 from .children import exit_without_finalizing
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How a pipeline maps onto one DataLoader: per-item maps, one batch, per-batch maps.
-    Positions index ``pipeline.stages``; a stage's meter row is its position + 1."""
+    """Per-item maps, one batch, per-batch maps (positions in ``pipeline.stages``; meter row + 1)."""
 
     item_maps: tuple[int, ...]
     batch: int | None
@@ -76,13 +74,6 @@ class Failure:
     unsendable: bool = False
 
 
-@dataclass
-class _Loaded:
-    pipeline: Pipeline
-    meter: SlotMeter
-    block: MeterBlock
-
-
 class PipelineDataset(IterableDataset):
     """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs. The r-th chunk
     (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker ``r % W``: every
@@ -97,7 +88,7 @@ class PipelineDataset(IterableDataset):
         self.layout = layout
         self.max_failures = max_failures
         self.metered = metered
-        self._loaded: _Loaded | None = None
+        self._loaded: tuple[Pipeline, SlotMeter, MeterBlock] | None = None
         self._parent_block: MeterBlock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -109,12 +100,11 @@ class PipelineDataset(IterableDataset):
 
     def init_worker(self, worker_id: int) -> None:
         """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end it
-        without finalizing (a queue's feeder or a stage's daemon thread would free torch tensors and
-        abort it; see ``exit_without_finalizing``). torch sends every error as data: status 0."""
-        self._load(worker_id).block.pids[worker_id] = os.getpid()
+        without finalizing (see ``exit_without_finalizing``), status 0: torch sends errors as data."""
+        self._load(worker_id)[2].pids[worker_id] = os.getpid()
         atexit.register(exit_without_finalizing, 0)  # runs before finalizing starts; spawn only
 
-    def _load(self, slot: int) -> _Loaded:
+    def _load(self, slot: int) -> tuple[Pipeline, SlotMeter, MeterBlock]:
         if self._loaded is not None:
             return self._loaded
         try:
@@ -124,14 +114,13 @@ class PipelineDataset(IterableDataset):
                               f"pipeline: {describe(exc)}. Define stage functions in an importable "
                               f"module, in __main__ or in a notebook cell.") from exc
         block = self._parent_block or MeterBlock.attach(self.meters_name, self.layout)
-        self._loaded = _Loaded(pipeline, block.slot(slot, metered=self.metered), block)
+        self._loaded = (pipeline, block.slot(slot, metered=self.metered), block)
         return self._loaded
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         info = get_worker_info()
         slot, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        loaded = self._load(slot)
-        pipeline, meter = loaded.pipeline, loaded.meter
+        pipeline, meter, _ = self._load(slot)
         try:
             iterator = pipeline.open_source()
         except Exception as exc:
@@ -171,9 +160,8 @@ class PipelineDataset(IterableDataset):
             getattr(iterator, "close", lambda: None)()
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
-        """The DataLoader's ``collate_fn``: ``(source indices, batch)`` after the per-batch maps.
-        The indices cover dropped items too, so a restart does not redo the chunk. An output that
-        cannot be pickled becomes a Failure here: torch's queue thread would only print it."""
+        """``(source indices, batch)`` after the per-batch maps, dropped items' indices too (a restart
+        skips the chunk). An unpicklable output becomes a Failure: torch's queue thread only prints it."""
         indices, value = self._collate(data)
         info = get_worker_info()
         if info is None or isinstance(value, (Failure, Dropped)):
@@ -181,7 +169,7 @@ class PipelineDataset(IterableDataset):
         try:
             encode(value)  # pickles it, its arrays and tensors set apart as torch sends them
         except Exception as error:
-            stage, index = output_stage(self._load(info.id).pipeline), indices[0] // self.plan.chunk
+            stage, index = output_stage(self._load(info.id)[0]), indices[0] // self.plan.chunk
             failure = Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
             return indices, failure
         return indices, value
@@ -195,8 +183,8 @@ class PipelineDataset(IterableDataset):
         if self.plan.batch is None:
             return indices, pairs[0][1]
         info = get_worker_info()
-        loaded = self._load(info.id if info is not None else 0)
-        meter, row = loaded.meter, self.plan.batch + 1
+        pipeline, meter, _ = self._load(info.id if info is not None else 0)
+        row = self.plan.batch + 1
         t0 = meter.begin(row)
         batch = [value for _, value in pairs if not isinstance(value, Dropped)]
         if not batch:  # every item of this batch was dropped: there is no batch
@@ -204,7 +192,7 @@ class PipelineDataset(IterableDataset):
             return indices, Dropped()
         meter.done(row, t0)
         batch_index = indices[0] // self.plan.chunk
-        return indices, self._apply(loaded.pipeline, self.plan.batch_maps, batch_index, batch, meter)
+        return indices, self._apply(pipeline, self.plan.batch_maps, batch_index, batch, meter)
 
     def _apply(self, pipeline: Pipeline, positions: tuple[int, ...], index: int, value: Any,
                meter: SlotMeter) -> Any:
@@ -229,5 +217,5 @@ class PipelineDataset(IterableDataset):
 
 
 def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` itself if it survives torch's (plain) pickle to the parent, else a RuntimeError with its text."""
+    """``exc`` if it survives torch's plain pickle to the parent, else a RuntimeError with its text."""
     return exc if pickled(exc) is not None else RuntimeError(describe(exc))

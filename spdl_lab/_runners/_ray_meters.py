@@ -1,7 +1,6 @@
-"""The ray runner's meters: each worker counts its stages' events (per node) and sends them to a
-``MeterBoard`` actor, which adds them up per run; a daemon thread in each worker sends its counts
-every ``FLUSH_S`` while it has any, and a task its own before its block: a task never waits
-on a message."""
+"""The ray runner's meters: each worker counts its stages' events (per node), and a daemon thread
+sends them every ``FLUSH_S`` (a task its own before its block: it never waits on a message) to a
+``MeterBoard`` actor, which adds them up per run."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ _NODE: list[str] = []
 
 
 def _node() -> str:
-    """This worker's node, as the meters name it: its address and the start of its node ID (nodes
-    on one host share the address)."""
+    """This worker's node: its address and the start of its node ID (nodes on one host share one)."""
     if not _NODE:
         import ray
 
@@ -45,8 +43,7 @@ def _node() -> str:
 
 
 def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
-    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``, here
-    (per item: a lookup and an add, a new entry only after a flush)."""
+    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``."""
     node = _NODE[0] if _NODE else _node()
     with _LOCK:
         pending = _entry(key, board, stage)
@@ -115,8 +112,7 @@ def flush(key: str | None = None) -> None:
 
 
 class MeterBoard:
-    """Totals per run (its key) and stage, added up from every worker's deltas (a Ray actor: see
-    ``board``); a run's are dropped when it closes."""
+    """Totals per run (its key) and stage, from every worker's deltas; a run's go when it closes."""
 
     def __init__(self) -> None:
         self.runs: dict[str, dict[str, dict[str, Any]]] = {}
@@ -143,16 +139,15 @@ class MeterBoard:
         self.closed.add(key)
 
 
-#: The board runs share while the Ray session lasts: (the session, the actor). A new actor starts
-#: a worker process, which the run's first counts wait for (1.5 s of a 2 s run here).
+#: The board runs share while the Ray session lasts, (the session, the actor): a new one is a new
+#: worker process, which the run's first counts would wait for.
 _BOARD: list[tuple[tuple[Any, ...], Any]] = []
 
 
 def board(shared: bool) -> Any:
-    """A ``MeterBoard`` actor for a run: the session's ``shared`` one (the lab's own instance, or a
-    cluster joined: it goes with them), else one of its own (the caller kills it). No CPU reserved,
-    one call at a time is plenty; on the driver's node, which lives as long as the driver (a
-    worker node may go, with what ran on it)."""
+    """A ``MeterBoard`` actor for a run: the session's ``shared`` one (the lab's own instance or a
+    joined cluster), else its own (the caller kills it). No CPU; on the driver's node, which lives
+    as long as the driver (a worker node may go)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from .._pipeline import Pipeline, Stage
 from ..errors import describe, in_chain
 from ._ray_meters import flush, record, record_many
-from ._shipping import pickled
+from ._transport import pickled
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
 MAX_BLOCK_CHUNKS = 64
@@ -35,10 +35,9 @@ Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; th
 
 
 class _NotOurFailures(logging.Filter):
-    """Ray Data logs a task's exception, with its traceback, before it raises it (and again at the
-    top): for a stage failure of the lab's own, the lab's PipelineError says it all, so those
-    records are dropped, as is the notice that progress bars are off (the lab turns them off).
-    Ray Data's other records pass."""
+    """Drops Ray Data's records of a lab stage failure (its exception and traceback, logged before
+    it raises and again at the top: the lab's PipelineError says it all) and its notice that
+    progress bars are off (the lab turns them off); Ray Data's other records pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "ray.data._internal.progress":
@@ -96,10 +95,9 @@ def chunk_size(pipeline: Pipeline) -> int:
 
 
 def block_sizes(chunks: int, spread: int = 1) -> list[int]:
-    """Chunks per block (a task each): 1, the first batch soon; then the rest in equal blocks, 2
-    for each of ``spread`` concurrent tasks or more, of at most ``MAX_BLOCK_CHUNKS``. Ray costs ~13
-    ms a task here, and a task streams its output as it goes (``YIELD_EVERY_S``): few, even tasks
-    (docs: README, "runner='ray'")."""
+    """Chunks per block (a task each): 1, the first batch soon; then equal blocks, 2 for each of
+    ``spread`` concurrent tasks or more, of at most ``MAX_BLOCK_CHUNKS``: few tasks, each streaming
+    its output as it goes (``YIELD_EVERY_S``; README, "runner='ray'")."""
     if chunks <= 1:
         return [chunks] if chunks else []
     rest, spread = chunks - 1, max(1, spread)
@@ -111,11 +109,11 @@ def block_sizes(chunks: int, spread: int = 1) -> list[int]:
 
 @dataclass
 class Group:
-    """One Ray Data operation: consecutive pieces (the source, map stages, batches) with one setting
-    (an operation per stage would hold a CPU per task for a source or batch doing next to nothing).
-    A function runs as Ray tasks; a callable object (a tokenizer) in an actor pool, its state
-    unpickled once per actor. With max_failures=0 the first exception fails the run (Ray does not
-    retry application errors); above it items are dropped and counted."""
+    """One Ray Data operation: consecutive pieces (source, map stages, batches) with one setting
+    (one per stage would hold a CPU per task for a source or batch doing next to nothing). A
+    function runs as Ray tasks, a callable object (a tokenizer) in an actor pool, unpickled once
+    per actor. max_failures=0: the first exception fails the run (Ray does not retry it); above
+    it, items are dropped and counted."""
 
     stages: list[Stage] = field(default_factory=list)
     actors: bool = False
@@ -154,9 +152,8 @@ class _Stages:
                        for kind, name, arg, span in pieces]
 
     def __call__(self, block: dict[str, np.ndarray]) -> Iterator[dict[str, Any]]:
-        """The block's output in parts of whole chunks, each yielded once ``YIELD_EVERY_S`` has
-        passed: Ray streams them to the driver while the task goes on (a few tasks, for Ray's
-        cost per task, without holding the first batches of a long block back)."""
+        """The block's output in parts of whole chunks, one per ``YIELD_EVERY_S``: Ray streams
+        them to the driver as the task goes on (a long block holds no batch back)."""
         if self.source is None:
             yield self._run(rows_of(block, self.batches_in))
             return
@@ -289,11 +286,9 @@ _NATIVE = (int, float, str, bytes, type(None), np.generic)
 
 
 def _column(values: list[Any]) -> Any:
-    """Arrays (or batches of arrays) of one shape and dtype as one array, which Ray keeps as a
-    tensor column read without a copy; arrays of several shapes, numbers and text, as they are,
-    for Ray's own types; anything else (tensors, tuples, dicts) as pickled objects at once, where
-    Ray would try Arrow first, fail, and print the whole column into its message (0.3 s for a
-    block of 500 tensors)."""
+    """Arrays (or batches of them) of one shape and dtype as one array: a tensor column Ray reads
+    without a copy; arrays of several shapes, numbers and text as they are, for Ray's own types;
+    anything else pickled at once (Ray would try Arrow, fail, and print the column in an error)."""
     first = values[0]
     if isinstance(first, list) and first and all(isinstance(v, list) and v for v in values):
         inner = first[0]

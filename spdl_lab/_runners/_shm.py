@@ -165,9 +165,8 @@ class SeqlockBlock:
         return None
 
 
-# -- the process runner's meters: each DataLoader worker writes its own slot (a pid, and per stage
-# int64 counters and a task-time histogram); the parent sums the slots. Row 0 is the source,
-# pipeline stage i is row i + 1.
+# -- the process runner's meters: each DataLoader worker writes its own slot (a pid; per stage, int64
+# counters and a task-time histogram); the parent sums them. Row 0 is the source, stage i row i + 1.
 SOURCE_ROW = 0
 TASKS, FAILURES, BUSY_NS, STARTED_NS, HIST = 0, 1, 2, 3, 4
 ROW_LEN = HIST + NUM_BUCKETS

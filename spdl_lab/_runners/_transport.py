@@ -1,5 +1,6 @@
-"""Outputs from the child: pickled, arrays and CPU tensors copied once into a reusable shared
-memory slot; the parent lends them as views of it, or copies them if the child would lack one."""
+"""Work to another process (cloudpickle, or an error naming the culprit) and outputs back: arrays
+and CPU tensors copied once into a reusable shared-memory slot, lent to the parent as views of it,
+or copied if the child would lack one."""
 
 from __future__ import annotations
 
@@ -13,10 +14,64 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+import cloudpickle
 import numpy as np
 from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
+from .._pipeline import Pipeline
+from ..errors import PipelineError, PipelineSpecError, describe, stage_failure
 from ._shm import ShmFile
+
+
+def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
+    """The pipeline as cloudpickle bytes, or an error naming the source or stage that cannot go."""
+    try:
+        return cloudpickle.dumps(pipeline)
+    except Exception as exc:
+        raise PipelineSpecError(
+            f"{runner} runner: {_unpicklable_part(pipeline)} cannot be pickled to send it to "
+            f"{destination} ({describe(exc)}). Create locks, open files and clients "
+            f"inside the function instead of capturing them, or use runner='thread'.") from exc
+
+
+def _unpicklable_part(pipeline: Pipeline) -> str:
+    parts = [("the source", pipeline.source)]
+    parts += [(f"stage {s.name!r} (its function)", s.fn) for s in pipeline.stages if s.fn is not None]
+    for label, part in parts:
+        try:
+            cloudpickle.dumps(part)
+        except Exception:
+            return label
+    return "the pipeline"
+
+
+def output_stage(pipeline: Pipeline) -> str:
+    """The stage whose return values make up the outputs: the last map, else the source."""
+    maps = [s.name for s in pipeline.stages if s.kind == "map"]
+    return maps[-1] if maps else "source"
+
+
+def unsendable_output(stage: str, index: int | None, exc: BaseException, runner: str,
+                      destination: str) -> PipelineError:
+    """The error for an output that cannot be pickled back to ``destination``."""
+    where = "the source" if stage == "source" else f"stage {stage!r}"
+    item = f" on item {index}" if index is not None else ""
+    return stage_failure(stage, index, exc, message=(
+        f"{runner} runner: {where} returned an object{item} that cannot be sent to {destination} "
+        f"({describe(exc)}). The pipeline stopped. Return picklable values from it (arrays, "
+        f"tensors, numbers, strings, and lists, tuples or dicts of them): create locks, "
+        f"generators and open files where the batch is used instead, or use runner='thread'."))
+
+
+def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes | None:
+    """An exception as bytes that load back (some pickle, yet cannot be rebuilt), or None."""
+    try:
+        data = dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data
+
 
 _ALIGN = 64
 #: Slots grow to fit the largest output, with headroom: batches of varying size reuse a slot.

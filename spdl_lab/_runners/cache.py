@@ -73,11 +73,10 @@ class CacheRunner(Runner):
         self._final = self._source.read()
         self._source.close()
         if self._forever:
-            self._total = math.inf
-        elif self._num_outputs is not None:
+            return
+        if self._num_outputs is not None:
             self._total = self._num_outputs
-        elif source_ended:
-            # Every output there is: counting the source would replay items dropped as failures.
+        elif source_ended:  # every output there is: counting the source would replay dropped items
             self._total = self._served
         else:
             self._total = expected_outputs(self.pipeline)

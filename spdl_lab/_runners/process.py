@@ -27,8 +27,8 @@ from ..errors import (
 )
 from . import DEFAULT_NUM_WORKERS, WORKERS
 from ._process_worker import Dropped, Failure, PipelineDataset, Plan
-from ._shipping import ship, unsendable_output
 from ._shm import Layout, MeterBlock
+from ._transport import ship, unsendable_output
 from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
@@ -236,9 +236,8 @@ def _passed_through(options: dict[str, Any]) -> dict[str, Any]:
         if name not in _PASSED_THROUGH:
             known = ("num_workers", "prefetch_factor", "persistent_workers",
                      "multiprocessing_context", "pin_memory", "timeout", *_PASSED_THROUGH)
-            raise PipelineSpecError(
-                f"process runner: unknown option {name!r}; options: {', '.join(known)}"
-            )
+            raise PipelineSpecError(f"process runner: unknown option {name!r}; "
+                                    f"options: {', '.join(known)}")
     return dict(options)
 
 

@@ -21,9 +21,8 @@ from .._engine.engine import Engine, EngineReading
 from .._engine.queues import END, TIMEOUT
 from .._pipeline import Pipeline
 from ..errors import PipelineError, RunnerError, stage_failure
-from ._shipping import output_stage, pickled, ship, unsendable_output
+from . import _transport as transport
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
-from ._transport import Copier, Leases, SlotWriter, decode, encode, write_arrays
 from .base import Runner
 from .children import ChildTraceback, exit_reason, exit_without_finalizing, spawn, stop_process
 
@@ -40,7 +39,7 @@ class SubprocessThreadsRunner(Runner):
     def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
                  slots: int = SLOTS, start_timeout: float = START_TIMEOUT_S) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        self._payload = ship(pipeline, "subprocess-threads", "the child process")
+        self._payload = transport.ship(pipeline, "subprocess-threads", "the child process")
         self._slots = slots
         self._start_timeout = start_timeout
         self._blank = Engine(pipeline, buffer_size=buffer_size).read()
@@ -51,7 +50,7 @@ class SubprocessThreadsRunner(Runner):
         self._ctrl: Connection | None = None
         self._meters: SeqlockBlock | None = None
         self._maps: dict[int, ShmFile] = {}  # the child's slots, mapped here
-        self._leases = Leases(slots)
+        self._leases = transport.Leases(slots)
         self._closed = False
         self._ended = False
 
@@ -81,7 +80,7 @@ class SubprocessThreadsRunner(Runner):
         if kind == "out":
             _, seq, index, meta, slot_id, slot_name, slot_size = message
             if slot_id < 0:
-                return seq, index, decode(meta, None)
+                return seq, index, transport.decode(meta, None)
             slot = self._maps.get(slot_id)
             try:
                 if slot is None or slot.name != slot_name:  # the child made a bigger one
@@ -92,10 +91,9 @@ class SubprocessThreadsRunner(Runner):
                 if self._closed:  # close() from another thread removed the slot
                     return END
                 raise
-            if self._leases.can_lend():
-                value = decode(meta, slot, self._leases.lend(slot_id, slot))  # views; back when garbage
-            else:
-                value = decode(meta, slot)  # copies, so the child always has a slot to fill
+            lease = self._leases.lend(slot_id, slot) if self._leases.can_lend() else None
+            value = transport.decode(meta, slot, lease)  # views back when garbage, else copies
+            if lease is None:  # so that the child always has a slot to fill
                 self._send(("release", slot_id))
             return seq, index, value
         self._ended = True  # every other message ends the run
@@ -232,9 +230,9 @@ class _ChildRun:
         self.ctrl = ctrl
         pipeline = cloudpickle.loads(init["pipeline"])
         self.engine = Engine(pipeline, **init["engine_options"])
-        self.slots = SlotWriter(init["prefix"], init["slots"])
+        self.slots = transport.SlotWriter(init["prefix"], init["slots"])
         cores = os.cpu_count() or 1
-        self.copier = Copier(cores - 1) if cores > 1 else None
+        self.copier = transport.Copier(cores - 1) if cores > 1 else None
         self.meters = SeqlockBlock(ShmFile(init["meters"], init["meters_size"], create=False))
         self.stop = threading.Event()
         self._send_lock = threading.Lock()
@@ -268,10 +266,10 @@ class _ChildRun:
                 return
             seq, index, value = record
             try:
-                encoded = encode(value)
+                encoded = transport.encode(value)
             except Exception as exc:  # a lock, a generator...: say which stage made it
-                stage = output_stage(self.engine.pipeline)
-                error = unsendable_output(stage, index, exc, "subprocess-threads", "the main process")
+                error = transport.unsendable_output(transport.output_stage(self.engine.pipeline), index,
+                                                    exc, "subprocess-threads", "the main process")
                 self._send(("error", _describe_error(error)))
                 return
             slot: tuple[int, str, int] = (-1, "", 0)  # no arrays: the pickle bytes alone
@@ -283,7 +281,7 @@ class _ChildRun:
                 except RunnerError as err:  # no shared memory left for this output
                     self._send(("runner-error", str(err)))
                     return
-                write_arrays(encoded, shm, self.copier)
+                transport.write_arrays(encoded, shm, self.copier)
                 slot = (slot_id, shm.name, shm.size)
             self._send(("out", seq, index, encoded.meta, *slot))
 
@@ -325,7 +323,7 @@ class _ChildRun:
 def _describe_error(err: BaseException) -> dict[str, Any]:
     cause = err.__cause__
     text = "".join(traceback.format_exception(cause)) if cause is not None else ""
-    cause_bytes = pickled(cause) if cause is not None else None  # None: the traceback text alone
+    cause_bytes = transport.pickled(cause) if cause is not None else None  # else its text alone
     return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
             "cause": cause_bytes, "traceback": text}
 

@@ -430,7 +430,7 @@ ALLOWED = {
         "the pipeline the parent pickled for this child; it runs user code by design",
     "spdl_lab/_runners/subprocess_threads.py::_ChildRun._control::.recv()":
         "control messages from the parent that spawned this child, over its inherited pipe",
-    "spdl_lab/_runners/_shipping.py::pickled::pickle.loads":
+    "spdl_lab/_runners/_transport.py::pickled::pickle.loads":
         "round-trips an exception this process just pickled, to check another process could rebuild it",
     "spdl_lab/_runners/_process_worker.py::PipelineDataset._load::pickle.loads":
         "the pipeline this DataLoader worker's parent pickled into the dataset; user code by design",
