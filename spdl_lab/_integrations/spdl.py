@@ -187,13 +187,9 @@ def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:
 def op_kind(op: Any) -> str:
     """``"sync function"``, ``"async function"``, ``"generator"`` or ``"async generator"``."""
     call = getattr(op, "__call__", None)  # noqa: B004 - callable objects
-    if inspect.isasyncgenfunction(op) or inspect.isasyncgenfunction(call):
-        return "async generator"
-    if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(call):
-        return "async function"
-    if inspect.isgeneratorfunction(op) or inspect.isgeneratorfunction(call):
-        return "generator"
-    return "sync function"
+    kinds = {"async generator": inspect.isasyncgenfunction, "async function": inspect.iscoroutinefunction,
+             "generator": inspect.isgeneratorfunction}
+    return next((kind for kind, test in kinds.items() if test(op) or test(call)), "sync function")
 
 
 def from_spdl(builder_or_config: Any) -> Pipeline:
