@@ -56,9 +56,7 @@ Count, Rate = integer(0, MAX_COUNT), number(0)
 Share = number(0, 1.5)  # of time or of cores; timer skew takes it a little over 1
 
 
-@functools.cache
-def _adapter(kind: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(kind)
+_adapter = functools.cache(TypeAdapter)
 
 
 def check(kind: Any, value: Any) -> Any:

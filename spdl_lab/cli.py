@@ -30,6 +30,7 @@ import psutil
 import spdl_lab as lab
 
 from ._cli_inputs import (
+    DEFAULT_BUDGET_S,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -46,13 +47,13 @@ from ._cli_inputs import (
     report,
     report_dir,
     seconds,
+    trials_table,
 )
 from ._cli_inputs import progress_wanted as _progress
+from ._cli_inputs import runner_names as _runner_names
+from ._cli_inputs import setting as _setting
 from ._cli_inputs import stem as _stem
-from ._cli_tune import DEFAULT_BUDGET_S, trials_table
-from ._cli_tune import runner_names as _runner_names
-from ._cli_tune import setting as _setting
-from ._cli_tune import tune as _tune
+from ._cli_inputs import tune as _tune
 from ._diagnose.env_mode import DEFAULT_REPORT_DIR, write_reports
 from ._diagnose.measure import diagnose
 from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
@@ -79,7 +80,6 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """The parallelism study: compare every runner on the noisy-neighbour or the image workload."""
     images = args.workload == "images"
     html = output_path(args.report, "demo-images.html" if images else "demo.html")
     data = output_path(args.json, None)
@@ -95,7 +95,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    """The pipeline named by TARGET under each runner, in interleaved rounds."""
     pipeline, step = load_pipeline(args.target), load_step(args.step)
     stem = "compare-" + _stem(args.target)
     html, data = output_path(args.report, f"{stem}.html"), output_path(args.json, f"{stem}.json")
@@ -118,7 +117,6 @@ def _run_comparison(args: argparse.Namespace, pipeline: Any, step: Any, html: Pa
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    """Diagnose the Pipeline named by module:attr; write the HTML and JSON reports."""
     pipeline = load_pipeline(args.target)
     folder = report_dir(args.report_dir)
     diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
@@ -132,8 +130,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     if failed:
         print(f"spdl-lab diagnose: failed: {len(failed)} stage(s) raised: "
               f"{', '.join(repr(s.name) for s in failed)}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 #: The target of the --help examples, whose file names derive from it as the commands' do.

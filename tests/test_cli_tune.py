@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import spdl_lab as lab
-from spdl_lab import _cli_tune as cli_tune
+from spdl_lab import _cli_inputs as cli_tune
 from spdl_lab import cli
 from spdl_lab._diagnose.env_mode import ENV_REPORT_DIR
 from spdl_lab.cli import main

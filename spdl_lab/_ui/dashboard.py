@@ -94,7 +94,7 @@ class Dashboard(LiveView):
         #: CPU seconds the publisher thread has spent, and how many times it published.
         self.publisher_cpu_s, self.publishes = 0.0, 0
         self._text_at, self._text_state = -math.inf, ""
-        self._attaching = self._auto_syncing = False  # a widget's value set by code, not the user
+        self._by_code = False  # a widget's value set by code (``_quietly``), not the user
         #: auto_log: the autotuner's moves and their reasons, newest last
         self.message, self.auto_log = widgets.HTML(), widgets.HTML()
         self.runner = widgets.Dropdown(description="runner", layout=widgets.Layout(width="260px"))
@@ -127,19 +127,14 @@ class Dashboard(LiveView):
         """Show ``session``: fresh sliders, plots and window; start publishing."""
         if self.autotuner is not None:  # it tuned the session being replaced
             self.autotuner.stop()
-            self._set_auto(False)
+            self._quietly(self.auto, value=False)
         self.session, self._cursor, self._window = session, 0, Window()
         pipeline = session.pipeline
         # Only a lab.Pipeline under a lab runner can restart under another (not runner "spdl").
         switchable = pipeline is not None and session.runner in RUNNERS
         self._applied: dict[str, int] = dict(session.controls())
-        self._attaching = True  # setting options moves the value
-        try:
-            self.runner.options = list(RUNNERS) if switchable else [session.runner]
-            self.runner.value = session.runner
-        finally:
-            self._attaching = False
-        self.runner.disabled = not switchable
+        self._quietly(self.runner, options=list(RUNNERS) if switchable else [session.runner],
+                      value=session.runner, disabled=not switchable)  # options move the value too
         # Autotune drives a local session's loop (a remote one is steered slider by slider).
         self.auto.disabled = not callable(getattr(session, "autotune", None)) or not self._applied
         self.sliders = {name: self._slider(name, n) for name, n in self._applied.items()}
@@ -199,7 +194,7 @@ class Dashboard(LiveView):
             self.plots.stream(self.plots.stream_chunk(chunk))
         self._sync_sliders(session)
         if self.autotuner is not None and not self.autotuner.running and self.auto.value:
-            self._set_auto(False)  # the tuning ended: done, stopped, or taken over
+            self._quietly(self.auto, value=False)  # the tuning ended: done, stopped, or taken over
         now = time.monotonic()
         if text or now - self._text_at >= TEXT_EVERY_S or session.state != self._text_state:
             self._text_at, self._text_state = now, session.state
@@ -285,7 +280,7 @@ class Dashboard(LiveView):
                 _error(self.message, str(exc))
 
     def _on_auto(self, change: dict[str, Any]) -> None:
-        if self._auto_syncing:
+        if self._by_code:
             return
         if change["new"]:
             with self._lock:
@@ -293,7 +288,7 @@ class Dashboard(LiveView):
                     self.autotuner = self.session.autotune(budget_s=self.auto_budget_s, on_log=self._on_auto_log)
                 except SpdlLabError as exc:
                     _error(self.message, str(exc))
-                    self._set_auto(False)
+                    self._quietly(self.auto, value=False)
         elif self.autotuner is not None:
             self.autotuner.stop()
 
@@ -303,12 +298,13 @@ class Dashboard(LiveView):
         _set(self.auto_log, "<b>auto:</b><ul style='margin:0'>" + "".join(
             f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
 
-    def _set_auto(self, value: bool) -> None:
-        self._auto_syncing = True
+    def _quietly(self, widget: Any, **values: Any) -> None:
+        self._by_code = True
         try:
-            self.auto.value = value
+            for name, value in values.items():
+                setattr(widget, name, value)
         finally:
-            self._auto_syncing = False
+            self._by_code = False
 
     def _on_window(self, change: dict[str, Any]) -> None:
         with self._lock:
@@ -323,7 +319,7 @@ class Dashboard(LiveView):
     def _on_runner(self, change: dict[str, Any]) -> None:
         runner = change["new"]
         with self._lock:
-            if self._attaching or runner is None or runner == self.session.runner:
+            if self._by_code or runner is None or runner == self.session.runner:
                 return
             self._swap(lambda: self.session.restart(runner=runner))
 

@@ -149,9 +149,8 @@ def _table_html(summary: Any) -> str:
 def _cell(column: str, value: Any) -> str:
     if isinstance(value, str):
         return value
-    if column == "data_wait_frac":
-        return num(value, ".0%")
-    return num(value, ".2f" if isinstance(value, float) else "d")
+    fmt = ".0%" if column == "data_wait_frac" else ".2f" if isinstance(value, float) else "d"
+    return num(value, fmt)
 
 
 def write_job_report(job: Any, path: str | os.PathLike) -> Path:

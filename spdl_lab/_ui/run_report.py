@@ -50,7 +50,6 @@ def read_run(record: str | os.PathLike) -> tuple[dict[str, str], pd.DataFrame]:
 
 
 def run_steps(record: str | os.PathLike, meta: dict[str, str]) -> StepSummary | None:
-    """The training loop's figures over every step the record holds; None without steps."""
     return with_record(record, lambda db: read_step_summary(db, meta))
 
 
@@ -86,7 +85,6 @@ def _plot(frames: pd.DataFrame, series: str, title: str, y_label: str):
 
 
 def duration_s(frames: pd.DataFrame) -> float:
-    """Seconds between the record's first and last tick (0 when it holds none)."""
     return float(frames["time_s"].max() - frames["time_s"].min()) if len(frames) else 0.0
 
 

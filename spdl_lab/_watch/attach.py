@@ -28,7 +28,6 @@ POLL_S = 0.25
 
 
 def record_state(record: str | None, default: str) -> str:
-    """The state a run's record says it is in (``default`` without one)."""
     with contextlib.suppress(SpdlLabError):
         return record_meta(record).get("state", default) if record else default
     return default

@@ -126,12 +126,10 @@ def script_report(runs: list[ScriptRun]) -> str:
     start, advice = rates["start"], rates["advice"]
     low, high = min(advice) / max(start), max(advice) / min(start)
     spread = f"{statistics.median(advice) / statistics.median(start):.2f}x [{low:.2f}-{high:.2f}]"
-    if low > 1.0:
-        verdict = f"the advice holds in the job: {spread} the steps/s of the script's own DataLoader"
-    elif high < 1.0:
-        verdict = f"the advice is slower in the job: {spread}; keep what you have"
-    else:
-        verdict = f"not beyond the noise in the job: {spread}; keep what you have"
+    keep = "; keep what you have"
+    verdict = (f"the advice holds in the job: {spread} the steps/s of the script's own DataLoader"
+               if low > 1.0 else f"the advice is slower in the job: {spread}{keep}" if high < 1.0
+               else f"not beyond the noise in the job: {spread}{keep}")
     return "\n".join([*lines, "", verdict])
 
 

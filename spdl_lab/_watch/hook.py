@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
-import importlib.machinery
 import inspect
 import os
 import sys
@@ -52,18 +51,15 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-class _PatchingLoader(importlib.abc.Loader):
+class _PatchingLoader:
     def __init__(self, loader: Any) -> None:
         self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
         _patch(module)
 
-    def __getattr__(self, name: str) -> Any:  # get_source, get_code... for tools that ask
+    def __getattr__(self, name: str) -> Any:  # create_module, get_source, get_code...
         if name == "_loader":
             raise AttributeError(name)
         return getattr(self._loader, name)

@@ -241,6 +241,4 @@ def _listing() -> pd.DataFrame:
 def open_record(path: str | os.PathLike) -> Any:
     """A run's record file as a RemoteSession (read only), live or ended, or a job's record folder
     as a JobSession: ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
-    if Path(path).is_dir():
-        return JobSession.from_dir(path)
-    return RemoteSession.from_record(path)
+    return JobSession.from_dir(path) if Path(path).is_dir() else RemoteSession.from_record(path)

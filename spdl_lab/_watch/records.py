@@ -67,7 +67,6 @@ DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
 
 
 def default_record_path(name: str, pid: int) -> Path:
-    """``$SPDL_LAB_RECORD`` if set, else ``spdl_lab_runs/NAME-PID.sqlite`` (NAME made file-safe)."""
     override = os.environ.get(RECORD_ENV)
     return Path(override) if override else Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
 
