@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_diagnose", "_tune"),
     ("_watch",),
     ("_ui",),
-    ("cli", "_cli_inputs", "_cli_report", "_cli_tune", "_magics", "__main__", "__init__"),
+    ("cli", "_cli_inputs", "_magics", "__main__", "__init__"),
 ]
 APART = {frozenset({"_diagnose", "_tune"})}
 #: ``%load_ext spdl_lab`` finds the magics through the package: the one edge allowed up.
@@ -111,9 +111,11 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module} is in no layer: add {top!r} to LAYERS and to the README's table")
 
 
-def test_every_module_has_a_layer():
+def test_every_module_has_a_layer_and_every_layer_name_a_module():
     for module in MODULES:
         layer_of(module)
+    stale = {name for names in LAYERS for name in names} - {_top(module) for module in MODULES}
+    assert not stale, f"LAYERS names modules that are gone: {sorted(stale)}"
 
 
 def test_no_import_goes_up():
