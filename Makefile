@@ -33,8 +33,8 @@ test: $(STAMP) browser-deps
 	$(PY) -m ruff check spdl_lab tests benchmarks tools notebooks
 	$(PY) -m pytest -m "not measurement" -n $(TEST_WORKERS) --dist worksteal --durations=25 --ignore=$(BROWSER_TESTS) $(PYTEST_ARGS) tests
 	SPDL_LAB_REQUIRE_BROWSER=1 $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(BROWSER_TESTS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
-	$(PY) -m pytest -m measurement -p no:cacheprovider $(PYTEST_ARGS) tests; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
-	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
+	$(PY) -m pytest -m measurement -p no:cacheprovider --durations=15 $(PYTEST_ARGS) tests; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider --durations=15 notebooks
 
 # Jupyter refuses to run as root unless told; containers often run as root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)

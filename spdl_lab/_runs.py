@@ -90,6 +90,13 @@ class RunOwner:
         run = self._state.run
         return None if run is None or run.finished else run.runner.read()
 
+    def park(self, parked: bool) -> None:
+        """Let the live run take no CPU while another is measured (a compare's other windows), or
+        make it ready again; only the ray runner does anything (it stops its own instance)."""
+        run = self._state.run
+        if run is not None and not run.finished:
+            run.runner.park(parked)
+
     def frames(self) -> pd.DataFrame:
         """The sampler's rows for the current or last run."""
         sampler = self.sampler

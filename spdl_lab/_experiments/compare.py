@@ -62,6 +62,8 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
             for runner in runners[round_ % len(runners):] + runners[:round_ % len(runners)]:
                 bar.set_description(f"round {round_ + 1}/{repeats}: {runner}")
                 left = None if timeout is None else max(0.001, timeout - spent[runner])
+                for other, contender in contenders.items():
+                    contender.loader.park(other != runner)
                 started = time.perf_counter()
                 windows.append(contenders[runner].window(round_, warmup, shares[round_], machine, left))
                 spent[runner] += time.perf_counter() - started

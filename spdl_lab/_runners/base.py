@@ -70,6 +70,9 @@ class Runner(ABC):
     @abstractmethod
     def close(self, timeout: float = 5.0) -> None: ...
 
+    def park(self, parked: bool) -> None:  # noqa: B027 - most runners have nothing to park
+        """Take no CPU while another runner is measured, or be ready again (ray: its instance)."""
+
 
 class ThreadRunner(Engine, Runner):
     """``thread``: every stage in thread pools in this process (SPDL's "mt"); the engine itself."""

@@ -57,6 +57,7 @@ class RayRunner(PumpRunner):
         except ImportError as exc:
             raise PipelineSpecError("runner 'ray' needs Ray Data: pip install 'ray[data]==2.60.0'") from exc
         self._connection = RayConnection(address, ray_init_kwargs)
+        self._parked = False
         self._resources = _check_resources(pipeline, resources)
         self._source: Any = None  # an indexable source, made when the run starts
         self._count = 0
@@ -309,7 +310,17 @@ class RayRunner(PumpRunner):
             out.append(QueueReading(f"{name}→{after}", max(0, depth), 0, 0, 0, 0, 0))
         return out
 
+    def park(self, parked: bool) -> None:
+        self._parked = parked
+        self._connection.park(parked)
+
+    def get(self, timeout: float) -> Any:
+        if self._parked:  # asked for a batch: the instance must run
+            self.park(False)
+        return super().get(timeout)
+
     def close(self, timeout: float = 5.0) -> None:
+        self._connection.park(False)
         self._stop()
         with self._lock:  # after _stop: the pump sets an executor only while not stopping
             executor = self._executor

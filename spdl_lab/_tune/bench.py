@@ -156,6 +156,8 @@ class Bench:
             self._opened[config.runner] = config.options
             self._passes[config.runner] = Passes(contender.loader, self.epoch_batches)
             contender.feed(self._passes[config.runner])
+        for runner, other in self._contenders.items():  # the others' idle work is not this one's noise
+            other.loader.park(runner != config.runner)
         controls = contender.loader.controls()
         # What the setting it had could have made and kept where the readings do not show it.
         unseen = unseen_batches(self.pipeline, controls, self._items, config.option("prefetch_factor"))

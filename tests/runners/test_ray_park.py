@@ -1,0 +1,91 @@
+"""A compare parks the lab's own Ray instance while it measures another runner: idle, the instance
+still takes ~5% of a core (GCS, raylet, agents and idle workers poll), which those windows would
+count as their noise. Parked (SIGSTOP), it takes none. If the lab dies, parked or not, a small child
+of it (the warden) kills what Ray leaves: its agents outlive a killed driver, and a parked instance
+would stay stopped.
+
+The scenario runs in a fresh interpreter: it needs an instance with no other user (the tests'
+shared one has one) and it ends by SIGKILL, with the instance parked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(180)
+
+SCENARIO = textwrap.dedent('''
+    import json, os, signal, time
+    import numpy as np
+    import spdl_lab as lab
+    from spdl_lab._experiments import contender
+    from spdl_lab._runners._ray_cluster import ray_processes
+
+    def work(i):
+        a = np.ones((32, 32), np.float32)
+        return float((a @ a).sum()) + i
+
+    plain_window = contender.Contender.window
+    thread_windows = []
+
+    def window(self, round_, *args, **kwargs):
+        procs = ray_processes()
+        states = sorted({p.status() if p.status() == "stopped" else f"{p.status()}: {p.name()}" for p in procs})
+        cpu_a = contender.MachineClock.ray_s()
+        t_a = time.monotonic()
+        w = plain_window(self, round_, *args, **kwargs)
+        row = {"runner": self.runner, "round": round_, "states": states, "processes": len(procs),
+               "pids": [p.pid for p in procs],
+               "ray_cpu_percent": 100 * (contender.MachineClock.ray_s() - cpu_a) / (time.monotonic() - t_a)}
+        print("WINDOW " + json.dumps(row), flush=True)
+        if self.runner == "thread" and round_ == 2:  # the ray instance parked: die now
+            os.kill(os.getpid(), signal.SIGKILL)
+        return w
+
+    contender.Contender.window = window
+
+    if __name__ == "__main__":
+        pipeline = lab.Pipeline(range(10**7)).map(work, concurrency=2, name="work").batch(16)
+        # Rounds: thread, ray | ray, thread | thread (killed at its end).
+        lab.compare(pipeline, lambda batch: time.sleep(0.002), runners=("thread", "ray"), steps=300,
+                    repeats=3, warmup=10, progress=False)
+''')
+
+
+def test_a_compare_parks_the_labs_ray_instance_in_other_runners_windows_and_a_killed_lab_leaves_none(tmp_path):
+    script = tmp_path / "scenario.py"
+    script.write_text(SCENARIO)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150,
+                          cwd=tmp_path, env=dict(os.environ))
+    rows = [json.loads(line[len("WINDOW "):]) for line in done.stdout.splitlines() if line.startswith("WINDOW ")]
+    assert done.returncode == -9 and len(rows) == 5, done.stdout[-2000:] + done.stderr[-3000:]
+    parked = [r for r in rows if r["runner"] == "thread" and r["processes"]]
+    assert [r["round"] for r in parked] == [1, 2], rows  # round 0's thread window came before ray started
+    for r in parked:
+        assert r["states"] == ["stopped"], r
+        assert r["ray_cpu_percent"] < 2.0, r  # stopped processes take no CPU: the target is under 2%
+    for r in rows:
+        if r["runner"] == "ray":
+            assert "stopped" not in r["states"], r
+    # Killed with its instance parked: the warden ends every process of it.
+    deadline, left = time.monotonic() + 5.0, ["?"]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = []
+        for pid in parked[-1]["pids"]:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pid} {proc.status()} {' '.join(proc.cmdline())[:80]}")
+            except psutil.NoSuchProcess:
+                continue
+    assert left == [], left
