@@ -29,7 +29,7 @@ MAX_BLOCK_CHUNKS = 64
 #: Chunks one execution runs at most: a larger source runs as several executions in turn.
 WINDOW_CHUNKS = 4096
 #: How often a task sends what it has made (whole chunks), while it runs on.
-YIELD_EVERY_S = 0.02
+YIELD_EVERY_S = 0.1
 
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
 
@@ -257,7 +257,11 @@ def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
 
     items = [[scalar(x) for x in v] for v in block["item"]] if batches else [scalar(v) for v in block["item"]]
     idx = block["idx"]
-    indices = [row[row >= 0].tolist() for row in idx] if idx.ndim == 2 else idx.tolist()
+    if idx.ndim == 2 or idx.dtype == object:  # a batch's, padded with -1; ragged where Ray joined
+        # blocks of other widths (an object column of arrays)
+        indices = [row[row >= 0].tolist() for row in map(np.asarray, idx)]
+    else:
+        indices = idx.tolist()
     return list(zip(indices, items))
 
 

@@ -228,6 +228,26 @@ def test_arrays_of_one_shape_travel_as_one_tensor_column():
     assert isinstance(_column([[a], [a, b]]), list) and isinstance(_column(["x", "y"]), list)
 
 
+def test_batches_come_back_whole_from_a_block_ray_joined_of_two_widths():
+    """A task yields its batches as it makes them, a chunk at a time, each chunk's indices padded
+    to its widest batch; Ray may join two chunks of other widths into one block, whose index column
+    is then ragged (an object column of arrays). Each batch still comes back as its Python list."""
+    from ray.data._internal.delegating_block_builder import DelegatingBlockBuilder
+    from ray.data.block import BlockAccessor
+
+    from spdl_lab._runners._ray_plan import _block_of, rows_of
+
+    builder = DelegatingBlockBuilder()
+    for rows in ([(list(range(32)), [0.0] * 32)], [(list(range(32, 40)), [1.0] * 8), ([40], [2.0])]):
+        builder.add_block(BlockAccessor.batch_to_block(_block_of(rows)))
+    block = BlockAccessor.for_block(builder.build()).to_batch_format("numpy")
+    assert block["idx"].dtype == object  # what Ray makes of it (the case that failed)
+    rows = rows_of(block, batches=True)
+    assert [i for i, _ in rows] == [list(range(32)), list(range(32, 40)), [40]]
+    assert all(type(i) is list and all(type(x) is int for x in i) for i, _ in rows)
+    assert [len(v) for _, v in rows] == [32, 8, 1]
+
+
 def test_the_instances_cpu_is_read_apart_from_the_lab_process_trees():
     """compare takes what MachineClock.ray_s reads off another runner's window's own CPU (the ray
     contender's instance idles beside it), leaving it in others_cpu_percent: it reads the CPU
