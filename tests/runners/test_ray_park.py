@@ -47,8 +47,8 @@ SCENARIO = textwrap.dedent('''
                "pids": [p.pid for p in procs],
                "ray_cpu_percent": 100 * (contender.MachineClock.ray_s() - cpu_a) / (time.monotonic() - t_a)}
         print("WINDOW " + json.dumps(row), flush=True)
-        if self.runner == "thread" and round_ == 2:  # the ray instance parked: die now
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.runner == "thread" and round_ == 2:  # the ray instance parked: end now
+            os.kill(os.getpid(), getattr(signal, os.environ["END_WITH"]))
         return w
 
     contender.Contender.window = window
@@ -61,13 +61,16 @@ SCENARIO = textwrap.dedent('''
 ''')
 
 
-def test_a_compare_parks_the_labs_ray_instance_in_other_runners_windows_and_a_killed_lab_leaves_none(tmp_path):
+# SIGKILL: the warden's case. SIGINT (Ctrl-C): the compare's own close resumes and shuts it down.
+@pytest.mark.parametrize("end_with, exit_code", [("SIGKILL", -9), ("SIGINT", -2)])
+def test_a_compare_parks_the_labs_ray_instance_in_other_runners_windows_and_an_ended_lab_leaves_none(
+        tmp_path, end_with, exit_code):
     script = tmp_path / "scenario.py"
     script.write_text(SCENARIO)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150,
-                          cwd=tmp_path, env=dict(os.environ))
+                          cwd=tmp_path, env={**os.environ, "END_WITH": end_with})
     rows = [json.loads(line[len("WINDOW "):]) for line in done.stdout.splitlines() if line.startswith("WINDOW ")]
-    assert done.returncode == -9 and len(rows) == 5, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == exit_code and len(rows) == 5, done.stdout[-2000:] + done.stderr[-3000:]
     parked = [r for r in rows if r["runner"] == "thread" and r["processes"]]
     assert [r["round"] for r in parked] == [1, 2], rows  # round 0's thread window came before ray started
     for r in parked:
@@ -76,7 +79,7 @@ def test_a_compare_parks_the_labs_ray_instance_in_other_runners_windows_and_a_ki
     for r in rows:
         if r["runner"] == "ray":
             assert "stopped" not in r["states"], r
-    # Killed with its instance parked: the warden ends every process of it.
+    # Ended with its instance parked: every process of it ends.
     deadline, left = time.monotonic() + 5.0, ["?"]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
