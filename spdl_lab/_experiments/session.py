@@ -4,6 +4,7 @@ GIL and CPU probes sampled into one ring; what it iterates is checked first, err
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 import warnings
@@ -88,8 +89,9 @@ class Session:
                  loader_options: dict[str, Any]) -> None:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise PipelineSpecError(f"run: steps must be an int >= 1 or None, got {steps!r}")
-        if duration is not None and (not isinstance(duration, (int, float)) or duration <= 0):
-            raise PipelineSpecError(f"run: duration must be a number of seconds > 0 or None, "
+        if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                     or not 0 < duration < math.inf):
+            raise PipelineSpecError(f"run: duration must be a finite number of seconds > 0 or None, "
                                     f"got {duration!r}")
         if not callable(step):
             raise PipelineSpecError(f"run: step must be a callable taking a batch (or a "

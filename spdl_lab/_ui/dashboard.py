@@ -25,7 +25,7 @@ from .._runners import RUNNERS
 from .._table import num
 from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import SpdlLabError
-from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
+from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots, check_rollover
 
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
@@ -88,8 +88,8 @@ class Dashboard(LiveView):
     ``close()`` stops the publisher, not the session."""
 
     def __init__(self, session: Any, *, hz: float = DEFAULT_HZ, rollover: int = DEFAULT_ROLLOVER) -> None:
+        self.rollover = check_rollover(rollover)
         super().__init__("spdl-lab-dashboard", hz)
-        self.rollover = rollover
         self.interpreter = describe()
         #: CPU seconds the publisher thread has spent, and how many times it published.
         self.publisher_cpu_s, self.publishes = 0.0, 0

@@ -43,6 +43,12 @@ def column_name(series: str, stage: str) -> str:
     return f"{series}:{stage}"
 
 
+def check_rollover(rollover: object) -> int:
+    if isinstance(rollover, bool) or not isinstance(rollover, int) or rollover < 1:
+        raise ValueError(f"rollover must be an int >= 1 (the most points a plot keeps), got {rollover!r}")
+    return rollover
+
+
 class LivePlots:
     """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait;
     ``cpu``: the CPU lines to draw (default all of CPU_SERIES). A plot with no ``stages`` or no
@@ -51,7 +57,7 @@ class LivePlots:
     def __init__(self, stages: Sequence[str], queues: Sequence[str], *, cpu: Sequence[str] | None = None,
                  why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,
                  width: int = 460, height: int = 220) -> None:
-        self.rollover = rollover
+        self.max_rollover = self.rollover = check_rollover(rollover)  # the window's points, at most max_rollover
         self.stages, self.queues = list(stages), list(queues)
         self.cpu = [s for s, _ in CPU_SERIES if cpu is None or s in cpu]
         #: the (series, stage) of every line drawn: the source's columns
@@ -96,7 +102,7 @@ class LivePlots:
     def set_window(self, seconds: float) -> None:
         """Show the last ``seconds`` of every plot: the source keeps that many points (a following
         x range would sync each of its moves back, comm messages that starve the kernel)."""
-        self.rollover = max(1, int(round(float(seconds) / DRAW_EVERY_S)))
+        self.rollover = max(1, min(self.max_rollover, int(round(float(seconds) / DRAW_EVERY_S))))
 
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
         """The new data for ``source.stream`` from a chunk; None when it has no ticks. Lists, not

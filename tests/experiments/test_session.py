@@ -143,8 +143,9 @@ def test_bad_arguments():
         lab.run(pipeline(), step=42)
     with pytest.raises(lab.PipelineSpecError, match="steps must be"):
         lab.run(pipeline(), step=print, steps=0)
-    with pytest.raises(lab.PipelineSpecError, match="duration"):
-        lab.run(pipeline(), step=print, duration=-1)
+    for duration in (-1, 0, True, float("nan"), float("inf"), "5"):
+        with pytest.raises(lab.PipelineSpecError, match="duration must be a finite number"):
+            lab.run(pipeline(), step=print, duration=duration)
     with pytest.raises(lab.PipelineSpecError, match="apply to a lab.Pipeline"):
         lab.run([1, 2], step=print, runner="thread")
 

@@ -56,6 +56,18 @@ def test_the_time_window_keeps_that_many_seconds_of_points():
     assert p.rollover == 1800 / DRAW_EVERY_S
 
 
+def test_rollover_caps_the_points_a_plot_keeps_whatever_the_window():
+    capped = LivePlots(["read"], ["q"], rollover=40)
+    capped.set_window(WINDOWS_S[0])
+    assert capped.rollover == 40  # a minute would be 240 points
+    times = np.arange(0.0, 120.0, 0.1)
+    capped.stream(capped.stream_chunk(chunk(times, **{"qps:read": np.ones_like(times)})))
+    assert len(capped.source.data["time_s"]) == 40
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="rollover must be an int >= 1"):
+            LivePlots(["read"], ["q"], rollover=bad)
+
+
 def test_nan_ticks_keep_the_average_rather_than_break_the_line():
     p = plots()
     data = p.stream_chunk(chunk([0.0, 0.3, 0.6], **{"qps:read": [10.0, math.nan, 10.0]}))
