@@ -127,8 +127,9 @@ _STATE_NOTES = {"killed": "The script was killed: the record holds what was writ
                 "running": "The run is still going: this is the record so far."}
 
 
-def _note(meta: dict[str, str], frames: pd.DataFrame) -> str:
-    parts = [_who(meta, frames) + ".", _STATE_NOTES.get(meta.get("state", "?"), "")]
+def _note(meta: dict[str, str]) -> str:
+    """What the header table (``_facts``) cannot say: what a state or dropped ticks mean."""
+    parts = [_STATE_NOTES.get(meta.get("state", "?"), "")]
     if meta.get("dropped_ticks", "0") not in ("0", ""):
         parts.append(f"{meta['dropped_ticks']} ticks were dropped rather than make training wait.")
     return " ".join(filter(None, parts))
@@ -153,4 +154,4 @@ def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.Pat
     tables = (f"{_facts(meta, frames)}<h2>the training loop, over every step</h2>"
               f"<p>{html.escape(_headline(step))}</p>{steps}"
               f"<h2>stages and probes over the ticks: median, 10th and 90th percentile</h2>{summary}")
-    return write_page(column(*figures), out, title, note=_note(meta, frames), table=tables)
+    return write_page(column(*figures), out, title, note=_note(meta), table=tables)
