@@ -120,7 +120,7 @@ class RayConnection:
                               f"{exc}") from exc
         _LOCAL["temp_dir"] = temp_dir
         _LOCAL["core"] = [p for p in ray_processes() if any(n in p.name() for n in _CORE_NAMES)]
-        _tell_warden(ray_processes())
+        _tell_warden(_instance_processes())
 
     def park(self, parked: bool) -> None:
         """Stop the lab's local instance (SIGSTOP to its processes), or resume it. Idle, it still
@@ -216,13 +216,27 @@ def _tell_warden(procs: list[psutil.Process]) -> None:
         _LOCAL["warden"].stdin.flush()
 
 
+def _instance_processes() -> list[psutil.Process]:
+    """The local instance's processes (under ``_LOCK``): this process's children started in its
+    temporary directory (GCS, raylet, monitors) and their descendants (agents, workers); never
+    another process, whatever its name."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if _LOCAL["temp_dir"] and _LOCAL["temp_dir"] in " ".join(child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
 def _stop_all() -> list[psutil.Process]:
     """SIGSTOP every process of the local instance (under ``_LOCK``); again for any that appeared
     meanwhile (a worker the raylet was starting), until all are stopped or 1 s has passed."""
     stopped: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        new = [p for p in ray_processes() if p.pid not in stopped]
+        new = [p for p in _instance_processes() if p.pid not in stopped]
         if new:
             _tell_warden([*stopped.values(), *new])
         for p in new:

@@ -24,8 +24,9 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(180)
 
 SCENARIO = textwrap.dedent('''
-    import json, os, signal, time
+    import json, os, signal, subprocess, sys, time
     import numpy as np
+    import psutil
     import spdl_lab as lab
     from spdl_lab._experiments import contender
     from spdl_lab._runners._ray_cluster import ray_processes
@@ -37,13 +38,18 @@ SCENARIO = textwrap.dedent('''
     plain_window = contender.Contender.window
     thread_windows = []
 
+    # A child of the lab's that is not Ray's, though its command line has Ray's process names in it.
+    DECOY = subprocess.Popen([sys.executable, "-c", "import os, time  # dashboard monitor.py raylet\\n"
+                              "parent = os.getppid()\\nwhile os.getppid() == parent: time.sleep(0.2)"])
+
     def window(self, round_, *args, **kwargs):
-        procs = ray_processes()
+        decoy = psutil.Process(DECOY.pid).status()
+        procs = [p for p in ray_processes() if p.pid != DECOY.pid]
         states = sorted({p.status() if p.status() == "stopped" else f"{p.status()}: {p.name()}" for p in procs})
         cpu_a = contender.MachineClock.ray_s()
         t_a = time.monotonic()
         w = plain_window(self, round_, *args, **kwargs)
-        row = {"runner": self.runner, "round": round_, "states": states, "processes": len(procs),
+        row = {"runner": self.runner, "round": round_, "states": states, "processes": len(procs), "decoy": decoy,
                "pids": [p.pid for p in procs],
                "ray_cpu_percent": 100 * (contender.MachineClock.ray_s() - cpu_a) / (time.monotonic() - t_a)}
         print("WINDOW " + json.dumps(row), flush=True)
@@ -77,6 +83,7 @@ def test_a_compare_parks_the_labs_ray_instance_in_other_runners_windows_and_an_e
         assert r["states"] == ["stopped"], r
         assert r["ray_cpu_percent"] < 2.0, r  # stopped processes take no CPU: the target is under 2%
     for r in rows:
+        assert r["decoy"] != "stopped", r  # only the instance's own processes are stopped
         if r["runner"] == "ray":
             assert "stopped" not in r["states"], r
     # Ended with its instance parked: every process of it ends.
