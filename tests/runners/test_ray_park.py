@@ -99,3 +99,47 @@ def test_a_compare_parks_the_labs_ray_instance_in_other_runners_windows_and_an_e
             except psutil.NoSuchProcess:
                 continue
     assert left == [], left
+
+
+WARDEN = textwrap.dedent('''
+    import os, signal, subprocess, sys
+    import psutil
+    from spdl_lab._runners import _ray_cluster as cluster
+
+    def child(text):
+        return subprocess.Popen([sys.executable, "-c", f"import time  # {text}\\ntime.sleep(60)"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    ray_like, other = child("ray::IDLE"), child("not an instance's")
+    with cluster._LOCK:
+        cluster._tell_warden([psutil.Process(p.pid) for p in (ray_like, other)])
+    psutil.Process(ray_like.pid).suspend()  # parked
+    print("PIDS", ray_like.pid, other.pid, cluster._LOCAL["warden"].pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+''')
+
+
+def test_the_warden_kills_the_instance_it_was_told_of_when_the_lab_is_killed_and_nothing_else(tmp_path):
+    script = tmp_path / "warden.py"
+    script.write_text(WARDEN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    pids = next(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("PIDS"))
+    ray_like, other, warden = (psutil.Process(int(pid)) for pid in pids)
+    try:
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and (_alive(ray_like) or _alive(warden)):
+            time.sleep(0.05)
+        assert not _alive(ray_like) and not _alive(warden)
+        if "ray" not in sys.executable:  # the warden checks a pid is still Ray's (a pid may be reused)
+            assert _alive(other)
+    finally:
+        for proc in (ray_like, other, warden):
+            if _alive(proc):
+                proc.kill()
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
