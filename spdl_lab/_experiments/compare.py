@@ -20,7 +20,7 @@ from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError
 from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison, ratios, runner_row, warnings_for
-from .contender import Contender, MachineClock, Window
+from .contender import Contender, MachineClock, Window, park_all_but
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
@@ -62,8 +62,7 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
             for runner in runners[round_ % len(runners):] + runners[:round_ % len(runners)]:
                 bar.set_description(f"round {round_ + 1}/{repeats}: {runner}")
                 left = None if timeout is None else max(0.001, timeout - spent[runner])
-                for other, contender in contenders.items():
-                    contender.loader.park(other != runner)
+                park_all_but(contenders, runner)
                 started = time.perf_counter()
                 windows.append(contenders[runner].window(round_, warmup, shares[round_], machine, left))
                 spent[runner] += time.perf_counter() - started

@@ -7,7 +7,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,6 +187,13 @@ class Contender:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def park_all_but(contenders: Mapping[str, Contender], runner: str) -> None:
+    """Park every contender but ``runner``'s (a ray one's instance would work or idle through the
+    window), and make ``runner``'s ready."""
+    for name, contender in contenders.items():
+        contender.loader.park(name != runner)
 
 
 class _Deadline:

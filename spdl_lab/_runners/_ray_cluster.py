@@ -65,6 +65,7 @@ class RayConnection:
                 self.role = "local" if _LOCAL["users"] > 0 else "user"
                 if self.role == "local":
                     _LOCAL["users"] += 1
+                    _resume()  # parked by its one user until now: this one must not wait on it
                 return
             if self.address is None:
                 self._start_local(ray)

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._engine.engine import EngineReading, reorder_window
 from .._experiments.comparison import runner_row
-from .._experiments.contender import Contender, MachineClock, Window
+from .._experiments.contender import Contender, MachineClock, Window, park_all_but
 from .._pipeline import Pipeline
 from .._runners import WORKERS
 from .._telemetry.probes import GilProbe
@@ -156,8 +156,7 @@ class Bench:
             self._opened[config.runner] = config.options
             self._passes[config.runner] = Passes(contender.loader, self.epoch_batches)
             contender.feed(self._passes[config.runner])
-        for runner, other in self._contenders.items():  # the others' idle work is not this one's noise
-            other.loader.park(runner != config.runner)
+        park_all_but(self._contenders, config.runner)
         controls = contender.loader.controls()
         # What the setting it had could have made and kept where the readings do not show it.
         unseen = unseen_batches(self.pipeline, controls, self._items, config.option("prefetch_factor"))

@@ -21,11 +21,12 @@ from jupyter_bokeh.widgets import BokehModel
 
 from .._integrations import PER_WORKER
 from .._interpreter import describe
+from .._pipeline import check_ints
 from .._runners import RUNNERS
 from .._table import num
 from .._telemetry.live_verdict import Window, live_verdict
 from ..errors import SpdlLabError
-from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots, check_rollover
+from .live_plots import CPU_SERIES, DEFAULT_ROLLOVER, WINDOWS_S, LivePlots
 
 #: Plot pushes per second: each is comm messages that take the GIL from the training loop.
 DEFAULT_HZ = 2.0
@@ -88,8 +89,9 @@ class Dashboard(LiveView):
     ``close()`` stops the publisher, not the session."""
 
     def __init__(self, session: Any, *, hz: float = DEFAULT_HZ, rollover: int = DEFAULT_ROLLOVER) -> None:
-        self.rollover = check_rollover(rollover)
+        check_ints("Dashboard", rollover=(rollover, 1))
         super().__init__("spdl-lab-dashboard", hz)
+        self.rollover = rollover
         self.interpreter = describe()
         #: CPU seconds the publisher thread has spent, and how many times it published.
         self.publisher_cpu_s, self.publishes = 0.0, 0

@@ -16,6 +16,7 @@ from bokeh.models import ColumnDataSource, Div, HoverTool, Legend, Span
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
+from .._pipeline import check_ints
 from .._telemetry.frames import FrameChunk
 
 #: The ColumnDataSource's Bokeh name (browser tests look it up by this name).
@@ -43,12 +44,6 @@ def column_name(series: str, stage: str) -> str:
     return f"{series}:{stage}"
 
 
-def check_rollover(rollover: object) -> int:
-    if isinstance(rollover, bool) or not isinstance(rollover, int) or rollover < 1:
-        raise ValueError(f"rollover must be an int >= 1 (the most points a plot keeps), got {rollover!r}")
-    return rollover
-
-
 class LivePlots:
     """Five live figures: stage throughput, queue depth, step timings, CPU, GIL vs run-queue wait;
     ``cpu``: the CPU lines to draw (default all of CPU_SERIES). A plot with no ``stages`` or no
@@ -57,7 +52,8 @@ class LivePlots:
     def __init__(self, stages: Sequence[str], queues: Sequence[str], *, cpu: Sequence[str] | None = None,
                  why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,
                  width: int = 460, height: int = 220) -> None:
-        self.max_rollover = self.rollover = check_rollover(rollover)  # the window's points, at most max_rollover
+        check_ints("LivePlots", rollover=(rollover, 1))
+        self.max_rollover = self.rollover = rollover  # the window's points, at most max_rollover
         self.stages, self.queues = list(stages), list(queues)
         self.cpu = [s for s, _ in CPU_SERIES if cpu is None or s in cpu]
         #: the (series, stage) of every line drawn: the source's columns

@@ -248,6 +248,34 @@ def test_batches_come_back_whole_from_a_block_ray_joined_of_two_widths():
     assert [len(v) for _, v in rows] == [32, 8, 1]
 
 
+def test_a_runner_that_joins_a_parked_instance_resumes_it():
+    """A compare parks the instance while it is its one user; a second user joining then must not
+    wait on stopped processes (a stand-in child here: the shared instance has two users)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from spdl_lab._runners import _ray_cluster as cluster
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stand_in = psutil.Process(child.pid)
+    try:
+        stand_in.suspend()
+        cluster._LOCAL["parked"] = [stand_in]
+        joined = cluster.RayConnection(None, None)
+        joined.open()
+        try:
+            assert joined.role == "local" and cluster._LOCAL["parked"] == []
+            assert stand_in.status() != psutil.STATUS_STOPPED
+        finally:
+            joined.close()
+    finally:
+        cluster._LOCAL["parked"] = []
+        child.kill()
+        child.wait(10)
+
+
 def test_the_instances_cpu_is_read_apart_from_the_lab_process_trees():
     """compare takes what MachineClock.ray_s reads off another runner's window's own CPU (the ray
     contender's instance idles beside it), leaving it in others_cpu_percent: it reads the CPU
