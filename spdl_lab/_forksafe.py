@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 
-#: How long a fork waits for each lock another thread holds (that thread may wait for one the fork
-#: took); past it the child still gets a fresh lock, its guarded data perhaps half-written.
+#: How long a fork waits for the locks other threads hold; past it the child still gets a fresh
+#: lock for each one still busy, its guarded data perhaps half-written.
 FORK_WAIT_S = 1.0
 
 _locks: weakref.WeakSet = weakref.WeakSet()
@@ -51,10 +52,6 @@ class Lock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-    def _before_fork(self) -> None:
-        if self._owner != threading.get_ident():
-            self._taken_for_fork = self._lock.acquire(timeout=FORK_WAIT_S)
 
     def _after_fork_in_parent(self) -> None:
         if self._taken_for_fork:
@@ -102,9 +99,26 @@ class RLock(Lock):
 
 
 def _before_fork() -> None:
+    """Take every lock the forking thread does not hold, all of them at once: a busy lock is waited
+    for only while no other is held (its holder may be waiting for one of them). Past
+    ``FORK_WAIT_S`` the fork goes on with those that are free."""
     _registry.acquire()
-    for lock in list(_locks):
-        lock._before_fork()
+    me = threading.get_ident()
+    wanted = [lock for lock in list(_locks) if lock._owner != me]
+    deadline = time.monotonic() + FORK_WAIT_S
+    while True:
+        taken = [lock for lock in wanted if lock._lock.acquire(False)]
+        left = deadline - time.monotonic()
+        if len(taken) == len(wanted) or left <= 0:
+            break
+        for lock in taken:
+            lock._lock.release()
+        held = {id(lock) for lock in taken}
+        busy = next(lock for lock in wanted if id(lock) not in held)
+        if busy._lock.acquire(timeout=left):  # until it is free, holding nothing
+            busy._lock.release()
+    for lock in taken:
+        lock._taken_for_fork = True
 
 
 def _after_fork_in_parent() -> None:

@@ -61,6 +61,33 @@ def test_a_lock_held_past_the_forks_wait_is_still_free_in_the_child(monkeypatch)
     thread.join()
 
 
+def test_a_thread_holding_one_lock_and_waiting_for_another_finishes_before_the_fork(monkeypatch):
+    """Nested locks: a thread holds one and waits for a second the fork would take first. Taking
+    the locks one by one, the fork held the second while it waited for the first, until its wait ran
+    out: the child got the first one's data half-written (a stall of FORK_WAIT_S per fork, seen as
+    a stalled epoch). Taken all at once or none, the thread finishes first."""
+    monkeypatch.setattr(_forksafe, "FORK_WAIT_S", 3.0)
+    one, two = _forksafe.Lock(), _forksafe.Lock()
+    order = [lock for lock in list(_forksafe._locks) if lock is one or lock is two]
+    first, held = order  # the thread holds the one a fork reaches last, and waits for the other
+    state: list[str] = []
+    holding = threading.Event()
+
+    def nested():
+        with held:
+            state.append("begun")
+            holding.set()
+            time.sleep(0.3)  # the fork starts meanwhile
+            with first:
+                state.append("done")
+
+    thread = threading.Thread(target=nested)
+    thread.start()
+    holding.wait(5)
+    assert _in_child(lambda: state == ["begun", "done"]) == 0
+    thread.join()
+
+
 @pytest.mark.parametrize("kind", [_forksafe.Lock, _forksafe.RLock])
 def test_the_forking_thread_still_holds_its_lock_in_the_child(kind):
     lock = kind()

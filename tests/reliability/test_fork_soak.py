@@ -58,6 +58,8 @@ def _latest_steps(remote) -> float:
 def _dumps(root: int) -> str:
     """``py-spy dump`` of ``root`` and every process under it."""
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        return "(no py-spy to dump the stacks with: it comes with the dev extra)"
     try:
         procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
     except psutil.Error:
