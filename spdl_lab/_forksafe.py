@@ -99,20 +99,21 @@ class RLock(Lock):
 
 
 def _before_fork() -> None:
-    """Take every lock the forking thread does not hold, all of them at once: a busy lock is waited
-    for only while no other is held (its holder may be waiting for one of them). Past
-    ``FORK_WAIT_S`` the fork goes on with those that are free."""
-    _registry.acquire()
+    """Take the registry and every lock the forking thread does not hold, all at once: a busy lock
+    is waited for only while none is held (its holder may wait for one of them, or make a lock,
+    which takes the registry). Past ``FORK_WAIT_S`` the fork goes on with those that are free."""
     me = threading.get_ident()
-    wanted = [lock for lock in list(_locks) if lock._owner != me]
     deadline = time.monotonic() + FORK_WAIT_S
     while True:
+        _registry.acquire()  # held only to add to the set: never long
+        wanted = [lock for lock in list(_locks) if lock._owner != me]
         taken = [lock for lock in wanted if lock._lock.acquire(False)]
         left = deadline - time.monotonic()
         if len(taken) == len(wanted) or left <= 0:
             break
         for lock in taken:
             lock._lock.release()
+        _registry.release()
         held = {id(lock) for lock in taken}
         busy = next(lock for lock in wanted if id(lock) not in held)
         if busy._lock.acquire(timeout=left):  # until it is free, holding nothing

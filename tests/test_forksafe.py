@@ -88,6 +88,28 @@ def test_a_thread_holding_one_lock_and_waiting_for_another_finishes_before_the_f
     thread.join()
 
 
+def test_a_thread_making_a_lock_while_it_holds_one_finishes_before_the_fork(monkeypatch):
+    """Making a lock takes the registry (a publisher starts under a lock): a fork that held the
+    registry while it waited for that thread's lock stalled until its wait ran out."""
+    monkeypatch.setattr(_forksafe, "FORK_WAIT_S", 3.0)
+    outer = _forksafe.Lock()
+    state: list[str] = []
+    holding = threading.Event()
+
+    def make_one():
+        with outer:
+            state.append("begun")
+            holding.set()
+            time.sleep(0.3)  # the fork starts meanwhile
+            state.append(_forksafe.Lock())
+
+    thread = threading.Thread(target=make_one)
+    thread.start()
+    holding.wait(5)
+    assert _in_child(lambda: len(state) == 2) == 0
+    thread.join()
+
+
 @pytest.mark.parametrize("kind", [_forksafe.Lock, _forksafe.RLock])
 def test_the_forking_thread_still_holds_its_lock_in_the_child(kind):
     lock = kind()
