@@ -61,6 +61,26 @@ def test_a_lock_held_past_the_forks_wait_is_still_free_in_the_child(monkeypatch)
     thread.join()
 
 
+def _forked_while_a_thread_holds(lock, then) -> bool:
+    """A thread takes ``lock``, and 0.3 s later (the fork has started) calls ``then()`` still
+    holding it: whether the child saw ``then()`` done (the fork waited for the thread)."""
+    done: list[object] = []
+    holding = threading.Event()
+
+    def work():
+        with lock:
+            holding.set()
+            time.sleep(0.3)
+            done.append(then())
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    holding.wait(5)
+    seen = _in_child(lambda: len(done) == 1) == 0
+    thread.join()
+    return seen
+
+
 def test_a_thread_holding_one_lock_and_waiting_for_another_finishes_before_the_fork(monkeypatch):
     """Nested locks: a thread holds one and waits for a second the fork would take first. Taking
     the locks one by one, the fork held the second while it waited for the first, until its wait ran
@@ -68,46 +88,20 @@ def test_a_thread_holding_one_lock_and_waiting_for_another_finishes_before_the_f
     a stalled epoch). Taken all at once or none, the thread finishes first."""
     monkeypatch.setattr(_forksafe, "FORK_WAIT_S", 3.0)
     one, two = _forksafe.Lock(), _forksafe.Lock()
-    order = [lock for lock in list(_forksafe._locks) if lock is one or lock is two]
-    first, held = order  # the thread holds the one a fork reaches last, and waits for the other
-    state: list[str] = []
-    holding = threading.Event()
+    first, last = [lock for lock in list(_forksafe._locks) if lock is one or lock is two]
 
-    def nested():
-        with held:
-            state.append("begun")
-            holding.set()
-            time.sleep(0.3)  # the fork starts meanwhile
-            with first:
-                state.append("done")
+    def take_first():
+        with first:
+            return "done"
 
-    thread = threading.Thread(target=nested)
-    thread.start()
-    holding.wait(5)
-    assert _in_child(lambda: state == ["begun", "done"]) == 0
-    thread.join()
+    assert _forked_while_a_thread_holds(last, take_first)
 
 
 def test_a_thread_making_a_lock_while_it_holds_one_finishes_before_the_fork(monkeypatch):
     """Making a lock takes the registry (a publisher starts under a lock): a fork that held the
     registry while it waited for that thread's lock stalled until its wait ran out."""
     monkeypatch.setattr(_forksafe, "FORK_WAIT_S", 3.0)
-    outer = _forksafe.Lock()
-    state: list[str] = []
-    holding = threading.Event()
-
-    def make_one():
-        with outer:
-            state.append("begun")
-            holding.set()
-            time.sleep(0.3)  # the fork starts meanwhile
-            state.append(_forksafe.Lock())
-
-    thread = threading.Thread(target=make_one)
-    thread.start()
-    holding.wait(5)
-    assert _in_child(lambda: len(state) == 2) == 0
-    thread.join()
+    assert _forked_while_a_thread_holds(_forksafe.Lock(), _forksafe.Lock)
 
 
 @pytest.mark.parametrize("kind", [_forksafe.Lock, _forksafe.RLock])
