@@ -1,6 +1,5 @@
 """Loaders of other libraries (SPDL, torch DataLoader), converted or watched as they run.
-Importing this package needs none of them.
-"""
+Importing this package needs none of them."""
 
 from .spdl import from_spdl
 from .spdl_monitor import SpdlMonitor, is_spdl_spec, open_spdl

@@ -257,21 +257,17 @@ def _time_fetchers(meter: SlotMeter) -> None:
     original = getattr(create, "_spdl_lab_original", create)
 
     def create_fetcher(*args: Any, **kwargs: Any) -> Any:
-        return _timed(original(*args, **kwargs), meter)
+        fetcher = original(*args, **kwargs)  # its item source and collate_fn timed, if it has them
+        if hasattr(fetcher, "dataset_iter"):  # an IterableDataset: each next() is one fetched item
+            fetcher.dataset_iter = _timed_items(fetcher.dataset_iter, meter)
+        elif hasattr(fetcher, "dataset"):
+            fetcher.dataset = _TimedDataset(fetcher.dataset, meter)
+        if callable(getattr(fetcher, "collate_fn", None)):
+            fetcher.collate_fn = functools.partial(_call, meter, COLLATE, fetcher.collate_fn)
+        return fetcher
 
     create_fetcher._spdl_lab_original = original  # type: ignore[attr-defined]
     _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
-
-
-def _timed(fetcher: Any, meter: SlotMeter) -> Any:
-    """``fetcher`` with its item source and collate_fn timed; attributes it lacks are left alone."""
-    if hasattr(fetcher, "dataset_iter"):  # an IterableDataset: each next() is one fetched item
-        fetcher.dataset_iter = _timed_items(fetcher.dataset_iter, meter)
-    elif hasattr(fetcher, "dataset"):
-        fetcher.dataset = _TimedDataset(fetcher.dataset, meter)
-    if callable(getattr(fetcher, "collate_fn", None)):
-        fetcher.collate_fn = functools.partial(_call, meter, COLLATE, fetcher.collate_fn)
-    return fetcher
 
 
 def _call(meter: SlotMeter, row: int, fn: Callable[[Any], Any], arg: Any, items: int = 1) -> Any:

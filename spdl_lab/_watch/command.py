@@ -26,7 +26,7 @@ from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
 from .hook import KWARGS_ENV
 from .publish import ENV, ENV_NAME, JOB_ENV
-from .records import record_meta, with_record
+from .records import RECORD_ENV, record_meta, with_record
 
 
 def watched_env(name: str | None = None, record: str | None = None) -> dict[str, str]:
@@ -38,7 +38,7 @@ def watched_env(name: str | None = None, record: str | None = None) -> dict[str,
     if name:
         env[ENV_NAME] = name
     if record:
-        env["SPDL_LAB_RECORD"] = str(Path(record).resolve())
+        env[RECORD_ENV] = str(Path(record).resolve())
     return env
 
 
@@ -49,11 +49,7 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         command = command[1:]
     if not command:
         raise UsageError("give the command to run after --, e.g. spdl-lab watch -- python train.py")
-    env = watched_env(name, record)
-    try:
-        proc = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
+    proc = _start(command, env=watched_env(name, record))
     forwarded = _forward_signals(proc)
     try:
         code = proc.wait()
@@ -73,6 +69,13 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
     return 128 + signal.Signals(-code).value if code < 0 else code
+
+
+def _start(command: list[str], **popen: Any) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, **popen)
+    except OSError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
 
 
 def kill_all(procs: list[psutil.Process]) -> None:
@@ -161,11 +164,8 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
     env.pop(KWARGS_ENV, None)
     if kwargs is not None:
         env[KWARGS_ENV] = json.dumps(kwargs)
-    try:
-        proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-    except OSError as exc:
-        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
+    proc = _start(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                  stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None:

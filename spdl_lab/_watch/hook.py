@@ -127,9 +127,10 @@ def _patch(module: Any) -> None:
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller == "spdl_lab" or caller.startswith("spdl_lab.") or os.getpid() != _pid:
             return original(self, *args, **kwargs)
-        from spdl_lab._watch.publish import published_epoch
+        from spdl_lab._watch.publish import publish_once
 
-        return published_epoch(self, functools.partial(original, self, *args, **kwargs))
+        make = functools.partial(original, self, *args, **kwargs)
+        return publish_once(self).source.open_epoch(make)
 
     epoch._spdl_lab_watch = True  # type: ignore[attr-defined]
     setattr(cls, method, epoch)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import math
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +80,9 @@ def publish_once(obj: Any) -> Publisher:
         if publisher is None:
             base = os.environ.get(ENV_NAME, "") or caller_line()
             rank = os.environ.get("RANK", "")
-            name = base = f"{base}-rank{rank}" if rank.isdigit() else base
-            n = 1
-            while name in _taken:
-                n += 1
-                name = f"{base}-{n}"
+            base = f"{base}-rank{rank}" if rank.isdigit() else base
+            name = next(n for n in (f"{base}-{i}" if i > 1 else base for i in itertools.count(1))
+                        if n not in _taken)
             _taken.add(name)
             publisher = Publisher(obj, name)
     return publisher
@@ -94,11 +92,6 @@ def start_hook(event: str, subject: Any) -> None:
     """The ``_runs.StartHook``: with ``SPDL_LAB_WATCH=1``, publish a session or unowned Loader."""
     if event in ("loader", "session") and os.environ.get(ENV, "") == "1":
         publish_once(subject)
-
-
-def published_epoch(obj: Any, make: Callable[[], Any]) -> Any:
-    """``make()``, an epoch's iterator of ``obj`` (a DataLoader, an SPDL pipeline), timed."""
-    return publish_once(obj).source.open_epoch(make)
 
 
 def rank_run(name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]] | None:
@@ -306,33 +299,27 @@ def _take_sigterm() -> None:
     flushing_since: list[float] = []  # set while a SIGTERM's flush runs in the main thread
 
     def on_sigterm(signum: int, frame: Any) -> None:
+        ends = previous is signal.SIG_DFL  # else the script's handler decides whether it ends
         if flushing_since:  # another SIGTERM, run inside the first one's flush at a bytecode's end
-            if previous is not signal.SIG_DFL:
+            if not ends:
                 previous(signum, frame)  # the script's handler sees every signal, as without the lab
-                return
-            if time.monotonic() - flushing_since[0] < SIGTERM_FLUSH_S:
-                return  # the first one ends the process as its flush ends: now would cut records short
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the flush is stuck: end as without the lab
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
+            elif time.monotonic() - flushing_since[0] >= SIGTERM_FLUSH_S:  # the flush is stuck
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # end as without the lab
+                os.kill(os.getpid(), signal.SIGTERM)
+            return  # else the first one's flush ends the process: now would cut records short
         flushing_since.append(time.monotonic())
         try:
-            flush_then_act(signum, frame)
-        finally:
-            flushing_since.clear()
-
-    def flush_then_act(signum: int, frame: Any) -> None:
-        if previous is signal.SIG_DFL:  # the process ends now: the runs end with it
-            _mark("stopped")
+            if ends:  # the process ends now: the runs end with it
+                _mark("stopped")
             for publisher in list(_PUBLISHED.values()):
                 with contextlib.suppress(Exception):  # a record that cannot close must not keep it alive
-                    publisher.close()
+                    (publisher.close if ends else publisher.flush)()
+            if not ends:
+                previous(signum, frame)
+                return
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
-            return
-        for publisher in list(_PUBLISHED.values()):  # the script's handler decides whether it ends
-            with contextlib.suppress(Exception):
-                publisher.flush()
-        previous(signum, frame)
+        finally:
+            flushing_since.clear()
 
     signal.signal(signal.SIGTERM, on_sigterm)
