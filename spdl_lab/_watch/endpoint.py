@@ -93,22 +93,15 @@ class Discovery(wire.Message):
     world_size: int | None = Field(default=None, gt=0)
 
 
-def _read_discovery(path: Path) -> dict | None:
-    """The discovery file's fields, or None if it is not one we wrote."""
-    try:
-        if path.stat().st_size > 64 * 1024:
-            return None
-        return Discovery.model_validate(_json.loads(path.read_bytes())).model_dump()
-    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
-        return None
-
-
 def list_endpoints() -> list[dict]:
     """The published runs on this host whose process is alive, oldest first; the files of dead
     processes are removed with their socket, files that do not parse skipped."""
     found = []
     for path in sorted(runtime_dir().glob("*.json")):
-        info = _read_discovery(path)
+        info = None  # unless it is a discovery file we wrote (pydantic's errors are ValueErrors)
+        with contextlib.suppress(OSError, ValueError):
+            if path.stat().st_size <= 64 * 1024:
+                info = Discovery.model_validate(_json.loads(path.read_bytes())).model_dump()
         named = re.search(r"-(\d+)\.json$", path.name)  # the pid in the name, if the file is no use
         pid = info["pid"] if info is not None else int(named.group(1)) if named else None
         if pid is not None and not pid_alive(pid):
