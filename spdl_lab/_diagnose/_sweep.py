@@ -165,12 +165,9 @@ class PointWindows:
 
     def wants_window(self, window_s: float, deadline: float) -> bool:
         """Whether to take another window; past the budget the point ends."""
-        if self.done:
-            return False
-        if budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
+        if not self.done and budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
             self.end("unstable")
-            return False
-        return True
+        return not self.done
 
     def add(self, qps: float) -> None:
         """One more window's QPS; the point ends once settled or at ``max_windows``."""

@@ -27,7 +27,7 @@ import cloudpickle
 from .._experiments.comparison import BUSY_MACHINE
 from .._experiments.session import sessions_paused
 from .._interpreter import describe
-from .._pipeline import MAX_CONCURRENCY, Pipeline, Stage
+from .._pipeline import MAX_CONCURRENCY, Pipeline, Stage, check_ints
 from .._progress import progress_bar
 from .._runners.children import ChildTraceback, exit_reason, spawn, stop_process
 from .._telemetry.probes import GilProbe
@@ -63,8 +63,7 @@ def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENC
     cores = os.cpu_count() or 1
     levels = process_concurrency if process_concurrency is not None else {1, min(cores, max(concurrency))}
     process_levels = _check_levels("process_concurrency", levels)
-    if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
-        raise PipelineSpecError(f"diagnose: num_items must be an int >= 1, got {num_items!r}")
+    check_ints("diagnose", num_items=(num_items, 1))
     settings = settings or SweepSettings()
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
                    process_concurrency=process_levels, settings=settings)

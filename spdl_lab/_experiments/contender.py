@@ -60,10 +60,20 @@ class MachineClock:
         self.probe = probe
         self.cores = psutil.cpu_count() or 1
 
-    def read(self) -> tuple[float, float, float, Any]:
+    def read(self, device: SimulatedDevice | None = None) -> tuple[float, float, float, Any, Any]:
+        """(time, this tree's CPU s, the machine's busy CPU s, GIL probe totals, ``device``'s totals)."""
         ours = self.cpu.totals()
         gil = self.probe.totals() if self.probe is not None else None
-        return time.monotonic(), ours.main_s + ours.children_s, machine_times()[0], gil
+        return (time.monotonic(), ours.main_s + ours.children_s, machine_times()[0], gil,
+                device.totals() if device is not None else None)
+
+    def between(self, a: tuple, b: tuple, idle_s: float = 0.0) -> tuple[float, float, float, float, float, float]:
+        """From read ``a`` to ``b``, ``Window``'s figures in its order: our CPU %, others' CPU %, the GIL
+        probe's and the training thread's waits; ``idle_s``: CPU seconds of ours counted as others'."""
+        span, ceiling = max(b[0] - a[0], 1e-9), 100.0 * self.cores
+        ours = max(0.0, b[1] - a[1] - max(0.0, idle_s)) / span * 100.0
+        others = max(0.0, max(0.0, b[2] - a[2]) / span * 100.0 - ours)
+        return min(ours, ceiling), min(others, ceiling), *gil_fracs(a[3], b[3]), *training_waits(a[4], b[4])
 
     @staticmethod
     def ray_s() -> float:
@@ -108,23 +118,12 @@ class Contender:
             started = time.perf_counter() - self._t0
             idle_ray = self.runner != "ray"  # a ray contender's instance, waiting for its turn
             ray_a = machine.ray_s() if idle_ray else 0.0
-            t_a, ours_a, busy_a, gil_a = machine.read()
-            device_a = self.device.totals() if self.device is not None else None
+            a = machine.read(self.device)
             self._run(steps, watchdog, max_s)
-            t_b, ours_b, busy_b, gil_b = machine.read()
+            b = machine.read(self.device)
             ray_b = machine.ray_s() if idle_ray else 0.0
-            device_b = self.device.totals() if self.device is not None else None
-        span = max(t_b - t_a, 1e-9)
-        ours = max(0.0, ours_b - ours_a - max(0.0, ray_b - ray_a)) / span * 100.0
-        machine_busy = max(0.0, busy_b - busy_a) / span * 100.0
-        gil, queued = gil_fracs(gil_a, gil_b)
-        train_gil, train_queued = training_waits(device_a, device_b)
-        ceiling = 100.0 * machine.cores
-        return Window(runner=self.runner, round=round_, started_s=started,
-                      records=tuple(self.clock.records()[first:]), cpu_percent=min(ours, ceiling),
-                      others_percent=min(ceiling, max(0.0, machine_busy - ours)),
-                      gil_wait_frac=gil, runqueue_wait_frac=queued,
-                      train_gil_wait_frac=train_gil, train_runqueue_wait_frac=train_queued)
+        return Window(self.runner, round_, started, tuple(self.clock.records()[first:]),
+                      *machine.between(a, b, ray_b - ray_a))
 
     def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
         """Up to ``max_steps`` unmeasured steps (returns how many) while batches made before last:

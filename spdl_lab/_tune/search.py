@@ -81,10 +81,9 @@ class Advice:
 def others_percent(seconds: float = 0.5) -> float:
     """CPU used by every process outside this one and its children over ``seconds``, 100 = one core."""
     clock = MachineClock(None)
-    t0, ours0, busy0, _ = clock.read()
+    before = clock.read()
     time.sleep(seconds)
-    t1, ours1, busy1, _ = clock.read()
-    return min(100.0 * clock.cores, max(0.0, (busy1 - busy0) - (ours1 - ours0)) / max(t1 - t0, 1e-9) * 100.0)
+    return clock.between(before, clock.read())[1]
 
 
 def busy_reason(measured: Iterable[Any], cores: int, when: str = "while it was measured") -> str | None:

@@ -15,14 +15,13 @@ from typing import Any
 import pandas as pd
 import psutil
 
-from .._experiments.contender import MachineClock, Window, gil_fracs
+from .._experiments.contender import MachineClock, Window
 from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice, cuda_available
-from .._training.device import training_waits
 from ..errors import PipelineSpecError, SpdlLabError
 from . import bench
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
@@ -384,14 +383,7 @@ class AutoTuner:
         recent = self.session.clock.records()[-20:]
         loop = sum(r.data_wait_s + r.step_s for r in recent)
         rate = len(recent) / loop if loop > 0 else 4.0 / self.window_s
-        device = self.session.device
-        t_a, ours_a, _, gil_a = self._machine.read()
-        dev_a = device.totals() if device is not None else None
+        a = self._machine.read(self.session.device)
         records = self._steps(max(2, round(rate * self.window_s)), deadline)
-        t_b, ours_b, _, gil_b = self._machine.read()
-        dev_b = device.totals() if device is not None else None
-        ceiling = 100.0 * self._machine.cores
-        ours = min(max(0.0, ours_b - ours_a) / max(t_b - t_a, 1e-9) * 100.0, ceiling)
-        # After ``others_percent`` (unknown here), the GIL probe's and the training thread's waits.
-        return Window(self.session.runner, 0, 0.0, tuple(records), ours, math.nan,
-                      *gil_fracs(gil_a, gil_b), *training_waits(dev_a, dev_b))
+        ours, _, *waits = self._machine.between(a, self._machine.read(self.session.device))
+        return Window(self.session.runner, 0, 0.0, tuple(records), ours, math.nan, *waits)  # others: unknown
