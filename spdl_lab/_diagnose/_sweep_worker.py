@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import subprocess
@@ -147,10 +148,8 @@ class WorkerPool:
 
     def send(self, c: int, message: Any, first: int = 0) -> None:
         for child in self.children[first:first + c]:
-            try:
+            with contextlib.suppress(OSError):  # that worker is gone; the next read says how
                 child.ctrl.send(message)
-            except OSError:
-                pass  # that worker is gone; the next read says how
 
     def read(self, c: int, timeout_s: float, first: int = 0) -> Reading | None:
         """Counts from the c workers from ``first`` on, or None if one has not answered within timeout_s."""

@@ -1,7 +1,6 @@
-"""What ``lab.compare`` returns, as text and as JSON (its dataclasses, checked by pydantic, describe
-the file; ``frames`` are saved wide, null: no value; version 1 files still read), and how windows
-become its table and warnings: batches/s is the median of the rounds, ``_lo``/``_hi`` their range
-(``coverage``); ratios to the headspace pair rounds seconds apart: a slow spell on both cancels."""
+"""What ``lab.compare`` returns, as text and as JSON (pydantic-checked dataclasses; ``frames`` saved
+wide, null: no value; version 1 files read), and how windows become its table and warnings: rounds'
+median and range (``_lo``/``_hi``); ratios to the headspace pair rounds, so slow spells cancel."""
 
 from __future__ import annotations
 

@@ -134,10 +134,8 @@ class Session:
             self._sampler = Sampler(sources, hz=sample_hz)
         self._t0 = time.perf_counter()
         self._t_end: float | None = None
-        if self._gil is not None:
-            self._gil.start()
-        if self._sampler is not None:
-            self._sampler.start()
+        for part in filter(None, (self._gil, self._sampler)):
+            part.start()
         self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -170,10 +168,8 @@ class Session:
             if self.loader is not None:
                 self.loader.close()
         finally:
-            if self._gil is not None:
-                self._gil.stop()
-            if self._sampler is not None:
-                self._sampler.stop()
+            for part in filter(None, (self._gil, self._sampler)):
+                part.stop()
             if isinstance(self._iterable, WatchedDataLoader):
                 self._iterable.close()  # its meters' shared memory
             self._done.set()

@@ -168,8 +168,7 @@ def images(
     decode = _decoder(decoder)
     folder = image_files(n, size, root)
     threads = {"read": 4, "decode": 2, "augment": 2, "normalize": 2, **(concurrency or {})}
-    unknown = set(threads) - {"read", "decode", "augment", "normalize"}
-    if unknown:
+    if unknown := set(threads) - {"read", "decode", "augment", "normalize"}:
         raise PipelineSpecError(f"images: no stage {sorted(unknown)[0]!r}; the stages are read, "
                                 f"decode, augment and normalize")
     pipeline = (

@@ -2,9 +2,7 @@
 loader over its shard, a small conv net wrapped in DistributedDataParallel (gloo, on the CPU)
 averages its gradients across ranks every step. It knows nothing of spdl_lab unless ``--loader lab``.
 
-A straggler: ``--slow-rank R --slow-ms X`` adds X ms to every item rank R loads (it waits for data),
-``--compute-rank R --compute-ms X`` X ms of CPU work to its every step. ``--timing DIR`` writes each
-rank's steps, wall time, steps/s and steps/s after the first tenth to ``DIR/rankR.json``.
+A straggler waits for data (``--slow-rank R --slow-ms X``) or computes more (``--compute-rank``).
 Run it as ``torchrun --nproc_per_node=2 train_ddp.py ...``; see ``--help``.
 """
 
@@ -94,7 +92,8 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0, help="added to every item the slow rank loads")
     parser.add_argument("--compute-rank", type=int, default=-1)
     parser.add_argument("--compute-ms", type=float, default=0.0, help="CPU work added to every step of that rank")
-    parser.add_argument("--timing", help="write each rank's own count to DIR/rankR.json")
+    parser.add_argument("--timing", help="write each rank's steps, wall time, steps/s and steps/s after the "
+                                         "first tenth to DIR/rankR.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

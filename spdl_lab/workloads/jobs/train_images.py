@@ -2,9 +2,8 @@
 PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU;
 run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
 
-``--timing`` writes its own figures (JSON: steps, wall time on ``time.perf_counter``, steps/s, step
-and data-wait p50; under Lightning from its profiler), which ``spdl-lab watch`` and ``spdl-lab tune
---script`` hold the lab's against. ``python train_images.py --images DIR ...``; see ``--help``.
+``--timing`` writes its own figures (``Timing.write``; under Lightning from its profiler), which
+``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's against; see ``--help``.
 """
 
 from __future__ import annotations
