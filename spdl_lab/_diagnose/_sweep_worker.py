@@ -165,8 +165,7 @@ class WorkerPool:
         deadline = time.monotonic() + timeout_s
         reading = Reading(at, 0, 0, cpu_s)
         for i in chosen:
-            reply = self._recv(i, deadline)
-            if reply is None:
+            if (reply := self._recv(i, deadline)) is None:
                 return None
             reading.add(reply)
         self.first_error = self.first_error or reading.first_error

@@ -378,8 +378,7 @@ def _unstable(points: Sequence[Point]) -> bool:
 
 def _only_where_it_counts(stages: dict[str, StageDiagnosis]) -> dict[str, StageDiagnosis]:
     """Advice only for stages whose change would change the pipeline's rate (``result.limiting``)."""
-    found = limiting(stages.values())
-    if found is None:
+    if (found := limiting(stages.values())) is None:
         return stages
     slowest, rate, *_ = found
     out = {}

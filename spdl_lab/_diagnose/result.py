@@ -166,8 +166,7 @@ class Diagnosis(_file_checks.Saved):
         """One sentence: which stage limits the pipeline, by how much, and what to change."""
         failed = ", ".join(repr(s.name) for s in self.stages.values() if s.status == "failed")
         parts = [f"Stage {failed} failed: fix it first (its traceback is below)."] if failed else []
-        found = limiting(self.stages.values())
-        if found is None:
+        if (found := limiting(self.stages.values())) is None:
             return " ".join(parts) or "No stage could be measured, so no stage can be named as the limit."
         s, rate, nxt, nxt_rate = found
         by = (f", {nxt_rate / rate:.1f}x slower than the next slowest ({nxt.name!r}, {amount(nxt_rate)} items/s)"

@@ -5,6 +5,7 @@ median and range (``_lo``/``_hi``); ratios to the headspace pair rounds, so slow
 from __future__ import annotations
 
 import html
+import itertools
 import math
 import statistics
 import textwrap
@@ -378,15 +379,11 @@ def _beats_headspace(runner: str, row: dict[str, float], cache: dict[str, float]
 
 
 def _within_noise(table: dict[str, dict[str, float]]) -> list[str]:
-    names = [r for r in table if r != "cache"]
-    out = []
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            ra, rb = table[a], table[b]
-            if ra["batches_per_s_lo"] <= rb["batches_per_s_hi"] and rb["batches_per_s_lo"] <= ra["batches_per_s_hi"]:
-                out.append(f"{a} and {b} are within noise of each other ({_range(ra)} against "
-                           f"{_range(rb)} batches/s).")
-    return out
+    lo, hi = "batches_per_s_lo", "batches_per_s_hi"
+    rows = [(a, table[a]) for a in table if a != "cache"]
+    return [f"{a} and {b} are within noise of each other ({_range(ra)} against {_range(rb)} "
+            "batches/s)." for (a, ra), (b, rb) in itertools.combinations(rows, 2)
+            if ra[lo] <= rb[hi] and rb[lo] <= ra[hi]]
 
 
 def _range(row: dict[str, float]) -> str:

@@ -163,8 +163,7 @@ class Bench:
         for name, value in config.knobs:
             if controls.get(name) != value:
                 contender.loader.set_concurrency(name, value)
-        queued = queued_batches(contender.loader.reading(), self._items)
-        if queued:
+        if queued := queued_batches(contender.loader.reading(), self._items):
             self._run(contender, queued, timeout)
         # Then what is still ready beyond that, until a step waits for its batch.
         contender.drain_ready(unseen, timeout, max_s=self.window_s)

@@ -159,8 +159,7 @@ def _confirm(bench: Bench, start: Trial, best: Trial, deadline: float,
 
 def _tick(bar: Any, t0: float, budget_s: float, text: str) -> None:
     bar.set_description(text)
-    done = min(round(budget_s), round(time.perf_counter() - t0))
-    if done > bar.n:
+    if (done := min(round(budget_s), round(time.perf_counter() - t0))) > bar.n:
         bar.update(done - bar.n)
 
 

@@ -206,8 +206,7 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
         if executor == "thread":
             fig.line("concurrency", "gil_wait_frac", source=src, y_range_name="frac", color=_GIL,
                      line_dash="dashed", legend_label="GIL wait")
-        failed = [p for p in points if p.status in _FAILED]
-        if failed:
+        if failed := [p for p in points if p.status in _FAILED]:
             bad = _source(failed)
             bad.data["qps"] = np.nan_to_num(bad.data["qps"], nan=0.0)  # no QPS: mark it on the axis
             hovered.append(fig.scatter("concurrency", "qps", source=bad, marker="x", size=12,

@@ -62,11 +62,10 @@ def step_table(step: StepSummary | None) -> pd.DataFrame:
 
 def run_summary(frames: pd.DataFrame) -> pd.DataFrame:
     """Median, 10th and 90th percentile over the ticks of the stages' and probes' series."""
-    rows = []
-    for series, label in SUMMARY:
-        for name, values in frames[frames["series"] == series].groupby("stage", sort=False)["value"]:
-            rows.append({"what": f"{label}: {name}", "median": values.median(),
-                         "p10": values.quantile(0.1), "p90": values.quantile(0.9), "ticks": len(values)})
+    groups = frames.groupby(["series", "stage"], sort=False)["value"]
+    rows = [{"what": f"{label}: {name}", "median": values.median(), "p10": values.quantile(0.1),
+             "p90": values.quantile(0.9), "ticks": len(values)}
+            for series, label in SUMMARY for (kind, name), values in groups if kind == series]
     return pd.DataFrame(rows, columns=["what", "median", "p10", "p90", "ticks"])
 
 

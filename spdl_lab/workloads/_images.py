@@ -50,8 +50,7 @@ def image_files(n: int, size: tuple[int, int], root: str | os.PathLike | None) -
     """The folder holding at least ``n`` images of ``size``; the missing ones are made now."""
     folder = cache_dir(root, f"images-{size[0]}-{size[1]}")
     paths = {i: folder / f"img_{i:06d}.jpg" for i in range(n)}
-    missing = [i for i, path in paths.items() if not path.exists()]
-    if missing:
+    if missing := [i for i, path in paths.items() if not path.exists()]:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="spdl_lab:images") as pool:
             list(pool.map(lambda i: write_atomically(paths[i], make_jpeg(i, size)), missing))
     return folder
