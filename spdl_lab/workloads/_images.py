@@ -145,18 +145,10 @@ def stack(images: list[Any]) -> Any:
     return torch.stack(images)
 
 
-def images(
-    n: int = 256,
-    size: tuple[int, int] | int = (256, 512),
-    root: str | os.PathLike | None = None,
-    decoder: str = "pil",
-    *,
-    crop: int = 224,
-    batch_size: int = 16,
-    epochs: int = 1,
-    concurrency: dict[str, int] | None = None,
-    device: SimulatedDevice | str | None = None,
-) -> tuple[Pipeline, Any]:
+def images(n: int = 256, size: tuple[int, int] | int = (256, 512),
+           root: str | os.PathLike | None = None, decoder: str = "pil", *, crop: int = 224,
+           batch_size: int = 16, epochs: int = 1, concurrency: dict[str, int] | None = None,
+           device: SimulatedDevice | str | None = None) -> tuple[Pipeline, Any]:
     """The image workload: ``(pipeline, step)`` over ``n`` files of ``size`` px a side (an int or a
     ``(lo, hi)`` range), ``epochs`` passes; ``concurrency`` by stage name. Example::
 

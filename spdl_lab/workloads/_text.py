@@ -252,17 +252,9 @@ def _check_text(n: Any, tokenizer: Any, vocab_size: Any, max_length: Any, batch_
         raise PipelineSpecError(f"text: tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
 
 
-def text(
-    n: int = 2_048,
-    tokenizer: str = "rust",
-    root: str | os.PathLike | None = None,
-    *,
-    vocab_size: int = 8_000,
-    max_length: int = 256,
-    batch_size: int = 32,
-    concurrency: int = 2,
-    device: SimulatedDevice | str | None = None,
-) -> tuple[Pipeline, Any]:
+def text(n: int = 2_048, tokenizer: str = "rust", root: str | os.PathLike | None = None, *,
+         vocab_size: int = 8_000, max_length: int = 256, batch_size: int = 32, concurrency: int = 2,
+         device: SimulatedDevice | str | None = None) -> tuple[Pipeline, Any]:
     """The text workload: ``(pipeline, step)``, tokenized by ``"rust"`` (one document per call),
     ``"python"`` or ``"rust-batch"`` (``encode_batch`` after batching), all giving the same ids;
     ``concurrency``: the tokenize stage's threads. Example::
