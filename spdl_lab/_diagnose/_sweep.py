@@ -165,7 +165,8 @@ class PointWindows:
 
     def wants_window(self, window_s: float, deadline: float) -> bool:
         """Whether to take another window; past the budget the point ends."""
-        if not self.done and budget_cut(len(self.qps), window_s, deadline, self.settings.min_windows):
+        if not self.done and budget_cut(len(self.qps), window_s, deadline,
+                                        self.settings.min_windows):
             self.end("unstable")
         return not self.done
 

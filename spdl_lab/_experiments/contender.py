@@ -61,19 +61,20 @@ class MachineClock:
         self.cores = psutil.cpu_count() or 1
 
     def read(self, device: SimulatedDevice | None = None) -> tuple[float, float, float, Any, Any]:
-        """(time, this tree's CPU s, the machine's busy CPU s, GIL probe totals, ``device``'s totals)."""
+        """(time, CPU s of our tree, busy CPU s of the machine, GIL probe and ``device`` totals)."""
         ours = self.cpu.totals()
         gil = self.probe.totals() if self.probe is not None else None
         return (time.monotonic(), ours.main_s + ours.children_s, machine_times()[0], gil,
                 device.totals() if device is not None else None)
 
-    def between(self, a: tuple, b: tuple, idle_s: float = 0.0) -> tuple[float, float, float, float, float, float]:
-        """From read ``a`` to ``b``, ``Window``'s figures in its order: our CPU %, others' CPU %, the GIL
-        probe's and the training thread's waits; ``idle_s``: CPU seconds of ours counted as others'."""
+    def between(self, a: tuple, b: tuple, idle_s: float = 0.0) -> tuple[float, ...]:
+        """``Window``'s figures from read ``a`` to ``b``, in its order: our and others' CPU %, the
+        GIL probe's and training thread's waits; ``idle_s``: CPU s of ours counted as others'."""
         span, ceiling = max(b[0] - a[0], 1e-9), 100.0 * self.cores
         ours = max(0.0, b[1] - a[1] - max(0.0, idle_s)) / span * 100.0
         others = max(0.0, max(0.0, b[2] - a[2]) / span * 100.0 - ours)
-        return min(ours, ceiling), min(others, ceiling), *gil_fracs(a[3], b[3]), *training_waits(a[4], b[4])
+        return (min(ours, ceiling), min(others, ceiling), *gil_fracs(a[3], b[3]),
+                *training_waits(a[4], b[4]))
 
     @staticmethod
     def ray_s() -> float:

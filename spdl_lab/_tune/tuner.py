@@ -385,4 +385,5 @@ class AutoTuner:
         a = self._machine.read(self.session.device)
         records = self._steps(max(2, round(rate * self.window_s)), deadline)
         ours, _, *waits = self._machine.between(a, self._machine.read(self.session.device))
-        return Window(self.session.runner, 0, 0.0, tuple(records), ours, math.nan, *waits)  # others: unknown
+        # Other processes' CPU is not measured here (NaN).
+        return Window(self.session.runner, 0, 0.0, tuple(records), ours, math.nan, *waits)

@@ -92,8 +92,8 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0, help="added to every item the slow rank loads")
     parser.add_argument("--compute-rank", type=int, default=-1)
     parser.add_argument("--compute-ms", type=float, default=0.0, help="CPU work added to every step of that rank")
-    parser.add_argument("--timing", help="write each rank's steps, wall time, steps/s and steps/s after the "
-                                         "first tenth to DIR/rankR.json")
+    parser.add_argument("--timing", help="write each rank's steps, wall time, steps/s and steps/s "
+                                         "after the first tenth to DIR/rankR.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
