@@ -25,12 +25,10 @@ def cache_dir(root: str | os.PathLike | None, kind: str) -> Path:
         path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spdl_lab" / kind
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    except OSError as exc:  # a file in the way too: FileExistsError ("File exists")
         raise PipelineSpecError(
             f"cannot make the data folder {path}: {exc.strerror or exc}; pass root= (a folder you "
             f"can write) or set ${CACHE_ENV}") from None
-    if not path.is_dir():
-        raise PipelineSpecError(f"{path} is not a folder; pass root= or set ${CACHE_ENV}")
     return path
 
 
