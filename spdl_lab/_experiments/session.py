@@ -118,8 +118,9 @@ class Session:
         self._check_length()
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
-        self._gil = GilProbe() if probes else None  # the CPU probe reads as called: nothing to start
-        sources = [self.clock.rows, *([self._gil, CpuProbe()] if probes else [])]
+        #: The GIL probe (None with ``probes=False``); the CPU probe reads as called: nothing to start
+        self.gil_probe = GilProbe() if probes else None
+        sources = [self.clock.rows, *([self.gil_probe, CpuProbe()] if probes else [])]
         if self.device is not None:
             sources.append(WaitShares(self.device.totals, training_waits, "train"))
         if self.loader is None and is_dataloader(self._iterable):
@@ -134,7 +135,7 @@ class Session:
             self._sampler = Sampler(sources, hz=sample_hz)
         self._t0 = time.perf_counter()
         self._t_end: float | None = None
-        for part in filter(None, (self._gil, self._sampler)):
+        for part in filter(None, (self.gil_probe, self._sampler)):
             part.start()
         self._thread = threading.Thread(target=self._main, name="spdl_lab:session", daemon=True)
         self._thread.start()
@@ -168,7 +169,7 @@ class Session:
             if self.loader is not None:
                 self.loader.close()
         finally:
-            for part in filter(None, (self._gil, self._sampler)):
+            for part in filter(None, (self.gil_probe, self._sampler)):
                 part.stop()
             if isinstance(self._iterable, WatchedDataLoader):
                 self._iterable.close()  # its meters' shared memory

@@ -20,7 +20,6 @@ from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar
 from .._runners import DEFAULT_NUM_WORKERS
-from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice, cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
 from . import bench
@@ -261,8 +260,7 @@ class AutoTuner:
         self._done = threading.Event()
         self._ours: dict[str, int] = dict(session.controls())
         self._items = batch_items(session.pipeline)
-        self._machine = MachineClock(next((p for p in getattr(session, "_probes", []) if isinstance(p, GilProbe)),
-                                          None))
+        self._machine = MachineClock(session.gil_probe)
         self._thread = threading.Thread(target=self._main, name="spdl_lab:autotune", daemon=True)
         self._thread.start()
 

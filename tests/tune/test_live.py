@@ -46,6 +46,7 @@ def test_autotune_moves_the_running_sessions_knob_and_leaves_it_at_the_best():
         moves = tuner.trials
         assert moves["kept"].iloc[0] and len(moves) >= 2
         assert moves["predicted_batches_per_s"].iloc[1:].notna().all()
+        assert moves["gil_wait_frac"].between(0, 1).all()  # the session's GIL probe is read
 
     _autotuned(check)
 
