@@ -142,29 +142,27 @@ def output_path(path: str | None, default_name: str | None) -> Path | None:
     return out
 
 
-def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number from ``lo`` to ``hi``."""
-    def parse(text: str) -> int:
+def _number(kind: type, ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse type: ``text`` as ``kind`` for which ``ok`` holds, else an error saying ``expected``."""
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            value = lo - 1
-        if value < lo or (hi is not None and value > hi):
-            limit = f" and <= {hi}" if hi is not None else ""
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}{limit}, got {text!r}")
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
     return parse
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
+def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lo`` to ``hi``."""
+    limit = f" and <= {hi}" if hi is not None else ""
+    return _number(int, lambda v: v >= lo and (hi is None or v <= hi), f"a whole number >= {lo}{limit}")
+
+
+#: An argparse type: a number of seconds > 0.
+seconds = _number(float, lambda v: 0 < v < math.inf, "a number of seconds > 0")
 
 
 #: Where reports go when no path is given, as the options' help says it.

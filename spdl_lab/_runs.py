@@ -99,8 +99,7 @@ class RunOwner:
 
     def frames(self) -> pd.DataFrame:
         """The sampler's rows for the current or last run."""
-        sampler = self.sampler
-        return to_frame(Ring(2)) if sampler is None else sampler.frames()
+        return to_frame(Ring(2) if self.sampler is None else self.sampler.ring)
 
     @property
     def sampler(self) -> Sampler | None:
@@ -122,8 +121,7 @@ class RunOwner:
 
     def frames_since(self, cursor: int = 0) -> FrameChunk:
         """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
-        sampler = self.sampler
-        return chunk_since(sampler.ring if sampler is not None else None, cursor)
+        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
 
     def close(self) -> None:
         """Stop the current run and everything it started. Safe to call twice."""
@@ -168,8 +166,7 @@ class Run:
                 self.sampler.start()
 
     def _rows(self, dt_s: float) -> list:
-        now = self.runner.read()
-        before = self._previous
+        before, now = self._previous, self.runner.read()
         self._previous = now
         rows = stage_rows(now.source, before.source if before else None, dt_s)
         for i, stage in enumerate(now.stages):
@@ -205,9 +202,7 @@ class Run:
         return max(0.0, end - self._t0)
 
     def snapshot(self) -> Snapshot:
-        reading = self.runner.read()
-        elapsed = self.elapsed_s
-        live = not self.finished
+        reading, elapsed, live = self.runner.read(), self.elapsed_s, not self.finished
 
         def stats(r, queue) -> StageStats:
             recent = self.sampler.recent_rate("tasks", r.name) if (live and self.sampler) else None
@@ -223,14 +218,12 @@ class Run:
 class _State:
     """What the owner's finalizer needs, without a reference to the owner."""
 
-    def __init__(self) -> None:
-        self.run: Run | None = None
-        self.closed = False
+    run: Run | None = None
+    closed = False
 
     def end_run(self, timeout: float) -> None:
-        run = self.run
-        if run is not None:
-            run.finish(timeout)
+        if self.run is not None:
+            self.run.finish(timeout)
 
     def close(self, timeout: float) -> None:
         self.closed = True

@@ -174,16 +174,13 @@ def _comparison_options(parser: argparse.ArgumentParser, steps: int, num_workers
                         help="give up on a runner that takes longer than this, all its rounds together (exit 3)")
 
 
-def _target(parser: argparse.ArgumentParser, optional: str = "") -> None:
+def _target(parser: argparse.ArgumentParser, optional: str = "", step: bool = True) -> None:
     parser.add_argument("target", metavar="TARGET", nargs="?" if optional else None,
                         help=f"module:attr naming a lab.Pipeline or a zero-argument factory{optional}")
-
-
-def _target_and_step(parser: argparse.ArgumentParser, optional: str = "") -> None:
-    _target(parser, optional)
-    parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
-                        help="module:attr of a callable taking a batch, or simulated:STEP_MS, a lab.SimulatedDevice "
-                             f"whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
+    if step:
+        parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
+                            help="module:attr of a callable taking a batch, or simulated:STEP_MS, a "
+                                 f"lab.SimulatedDevice whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the comparison as JSON.",
         "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache"
         + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
-    _target_and_step(cmp)
+    _target(cmp)
     _comparison_options(cmp, steps=100, num_workers=None)
     add_outputs(cmp, ("--report",), "compare-MODULE-ATTR.html",
              f"where the comparison's JSON goes (default: {REPORT_DIR_HELP}, compare-MODULE-ATTR.json)")
@@ -237,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "contended) with the evidence; write an HTML and a JSON report.",
         "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200"
         + _writes(_stem(EXAMPLE_TARGET)), quiet=True)
-    _target(diag)
+    _target(diag, step=False)
     diag.add_argument("--concurrency", type=count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
                       metavar="N", help="thread counts to sweep (default: 1 2 4 8 16)")
     diag.add_argument("--num-items", type=count(1), default=100, metavar="N",
@@ -255,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60 --runners thread,process"
         + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",))
         + "\n  spdl-lab tune --set num_workers=4 --steps 200 --script train.py --epochs 3", quiet=True)
-    _target_and_step(tune, optional=" (not with --script)")
+    _target(tune, optional=" (not with --script)")
     tune.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                       help=f"wall time for the whole tuning, the final side-by-side check included "
                            f"(default {DEFAULT_BUDGET_S:g})")

@@ -109,7 +109,7 @@ class Engine:
 
     def start(self) -> None:
         for stage in self._map_stages.values():
-            stage.start()
+            stage.grow()
         self._source_thread = threading.Thread(target=self._run_source, name="spdl_lab:source", daemon=True)
         self._source_thread.start()
 
@@ -268,37 +268,30 @@ class MapStage:
         self._window_waiters = 0
         self._window = reorder_window(self.concurrency)
 
-    def start(self) -> None:
-        with self._pool_lock:
-            self._grow_locked()
-
     def set_concurrency(self, n: int) -> None:
         """Resize the pool live: new threads start now, surplus ones retire after their item."""
         with self._pool_lock:
-            self.concurrency = n
-            self._meter.concurrency = n
+            self.concurrency = self._meter.concurrency = n
             self._window = reorder_window(n)
-            if not self._ended:
-                self._grow_locked()
+        self.grow()
         self._inq.wake_getters()
-        with self._order_cond:
-            self._order_cond.notify_all()
+        self.stop()
 
-    def _grow_locked(self) -> None:
-        while self._live < self.concurrency:
-            self._live += 1
-            meter = self._meter.new_worker()
-            thread = threading.Thread(target=self._run, args=(meter,), daemon=True,
-                                      name=f"spdl_lab:{self.name}:{len(self._threads) + 1}")
-            self._threads.append(thread)
-            thread.start()
+    def grow(self) -> None:
+        """Start workers up to the concurrency (none once the stage has ended)."""
+        with self._pool_lock:
+            while self._live < self.concurrency and not self._ended:
+                self._live += 1
+                thread = threading.Thread(target=self._run, args=(self._meter.new_worker(),), daemon=True,
+                                          name=f"spdl_lab:{self.name}:{len(self._threads) + 1}")
+                self._threads.append(thread)
+                thread.start()
 
     def _retire(self) -> bool:
         with self._pool_lock:
-            if self._live > self.concurrency:
-                self._live -= 1
-                return True
-            return False
+            retire = self._live > self.concurrency
+            self._live -= retire
+            return retire
 
     def _worker_ended(self) -> None:
         with self._pool_lock:
@@ -409,7 +402,7 @@ class MapStage:
                 self._window_waiters -= 1
 
     def stop(self) -> None:
-        """Wake workers waiting on the reorder window (queues are closed by the engine)."""
+        """Wake workers waiting on the reorder window (to stop, or for a wider one)."""
         with self._order_cond:
             self._order_cond.notify_all()
 

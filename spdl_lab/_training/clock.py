@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,10 +28,6 @@ DEFAULT_HISTORY = 100_000
 
 #: The ``stage`` of every row the clock gives the sampler.
 STAGE = "step"
-
-
-class _StopEvent(Protocol):
-    def is_set(self) -> bool: ...
 
 
 class StepClock:
@@ -211,7 +208,7 @@ class StepClock:
             self._totals = t._replace(copies=t.copies + len(resolved), copy_ns=t.copy_ns + copy_ns)
 
     def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
-            stop_event: _StopEvent | None = None, gate: Callable[[], None] | None = None) -> int:
+            stop_event: threading.Event | None = None, gate: Callable[[], None] | None = None) -> int:
         """Run ``step_fn`` on each batch, timed, until ``steps`` steps, the end of ``iterable`` or
         ``stop_event`` (checked before each batch is asked for); return the steps run. ``gate()``
         runs there too and may block (a paused session), counted as neither wait nor step."""
@@ -323,10 +320,7 @@ class StepClock:
 
     def last(self) -> StepRecord | None:
         """The latest step, or None before the first (no copy of the history)."""
-        try:
-            return self._records[-1]
-        except IndexError:
-            return None
+        return self._records[-1] if self._records else None  # a deque never empties once filled
 
     def rows(self, dt_s: float) -> list[Row]:
         """A Sampler source (one per clock), stage ``"step"``: ``steps``, ``batches_per_s``, and if
