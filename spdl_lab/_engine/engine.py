@@ -248,7 +248,7 @@ class MapStage:
     def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine, meter: StageMeter,
                  metered: bool) -> None:
         self.name = spec.name
-        self._fn = spec.fn
+        self._spec = spec
         self._inq = inq
         self._out = out
         self._rule = rule
@@ -259,9 +259,7 @@ class MapStage:
         self._ended = False
         self._pool_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._ordered = spec.ordered
-        self._order_lock = threading.Lock()
-        self._order_cond = threading.Condition(self._order_lock)
+        self._order_cond = threading.Condition(threading.Lock())
         self._next_seq = 0
         self._emitting = False
         self._held: dict[int, tuple[int, Any]] = {}
@@ -282,7 +280,8 @@ class MapStage:
         with self._pool_lock:
             while self._live < self.concurrency and not self._ended:
                 self._live += 1
-                thread = threading.Thread(target=self._run, args=(self._meter.new_worker(),), daemon=True,
+                meter = self._meter.new_worker()
+                thread = threading.Thread(target=self._run, args=(meter,), daemon=True,
                                           name=f"spdl_lab:{self.name}:{len(self._threads) + 1}")
                 self._threads.append(thread)
                 thread.start()
@@ -314,11 +313,9 @@ class MapStage:
             self._rule.fail(self.name, None, exc)
 
     def _loop(self, meter: WorkerMeter) -> None:
-        inq, fn, rule = self._inq, self._fn, self._rule
-        ordered = self._ordered
-        emit_ordered, put = self._emit_ordered, self._out.put
-        clock = time.perf_counter_ns
-        metered = self._metered
+        inq, fn, rule, put = self._inq, self._spec.fn, self._rule, self._out.put
+        ordered, emit_ordered = self._spec.ordered, self._emit_ordered
+        metered, clock = self._metered, time.perf_counter_ns
         # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
         while True:
@@ -361,7 +358,7 @@ class MapStage:
     def _emit_ordered(self, seq: int, index: int, result: Any) -> None:
         # A result not next in line, or while another worker emits, is held; the one emitter puts
         # runs of results downstream outside the lock.
-        lock, held = self._order_lock, self._held
+        lock, held = self._order_cond, self._held
         with lock:
             if self._emitting or seq != self._next_seq:
                 held[seq] = (index, result)

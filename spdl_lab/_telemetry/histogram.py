@@ -46,8 +46,7 @@ def quantile_ns(counts: Sequence[int], q: float) -> float:
             low, high = bucket_bounds(index)
             return low + (high - low) * max(0.0, rank - seen) / count
         seen += count
-    low, high = bucket_bounds(len(counts) - 1)
-    return high
+    return bucket_bounds(len(counts) - 1)[1]
 
 
 FAST_BUCKETS: list[int] = [bucket_of(i << FAST_SHIFT) for i in range(FAST_LIMIT_NS >> FAST_SHIFT)]

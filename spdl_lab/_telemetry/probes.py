@@ -146,10 +146,8 @@ class GilProbe:
         gil_s = now.gil_wait_s - before.gil_wait_s
         first = max(before.wakes, now.wakes - _RECENT)
         worst = max(self._recent[i % _RECENT] for i in range(first, now.wakes))
-        rows.append(("gil_wait_frac", name, gil_s / covered))
-        rows.append(("gil_wait_ms", name, gil_s / wakes * 1e3))
-        rows.append(("gil_wait_max_ms", name, worst * 1e3))
-        return rows
+        return rows + [("gil_wait_frac", name, gil_s / covered),
+                       ("gil_wait_ms", name, gil_s / wakes * 1e3), ("gil_wait_max_ms", name, worst * 1e3)]
 
     def _run(self, stop: threading.Event, ready: threading.Event) -> None:
         fd = open_schedstat(self.schedstat_path)

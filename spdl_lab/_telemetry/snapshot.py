@@ -146,6 +146,4 @@ def _cell(x: float) -> str:
 
 
 def _ms(x: float) -> str:
-    if math.isnan(x):
-        return "-"
-    return f"{x * 1000:.0f}µs" if x < 1 else f"{x:.1f}ms"
+    return "-" if math.isnan(x) else f"{x * 1000:.0f}µs" if x < 1 else f"{x:.1f}ms"
