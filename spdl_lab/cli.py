@@ -122,8 +122,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     diagnosis = diagnose(pipeline, concurrency=args.concurrency, num_items=args.num_items,
                          processes=not args.no_processes, progress=_progress(args))
     html, data = write_reports(diagnosis, folder, stem=_stem(args.target))
-    print(diagnosis.summary())
-    print(f"\nreport: {html.resolve()}\ndata:   {data.resolve()}")
+    print(diagnosis.summary(), f"\nreport: {html.resolve()}\ndata:   {data.resolve()}", sep="\n")
     failed = [s for s in diagnosis.stages.values() if s.status == "failed"]
     for stage in failed:  # its traceback, where a failed experiment's goes
         print(f"\nstage {stage.name!r} {stage.evidence}:\n{stage.error or ''}", file=sys.stderr)
