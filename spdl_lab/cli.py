@@ -378,10 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
         print(f"{prog}: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        return _interrupted(prog, exiting=argv is None)
-    except Exception as exc:  # a stage or the step raised, a runner died: show where
-        if in_chain(exc, KeyboardInterrupt):
+    except (KeyboardInterrupt, Exception) as exc:  # a stage or the step raised, a runner died: show where
+        if in_chain(exc, KeyboardInterrupt):  # Ctrl-C, or an error a library wrapped it in
             return _interrupted(prog, exiting=argv is None)
         traceback.print_exc()
         print(f"{prog}: failed: {one_line(exc)}", file=sys.stderr)
