@@ -28,9 +28,7 @@ class BoundedQueue:
     """A FIFO of at most ``capacity`` records, only waits timed. A blocked writer wakes when it
     drains to half, not on every get: the two threads would trade the GIL per item (a convoy)."""
 
-    def __init__(self, name: str, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"queue {name!r}: capacity must be >= 1")
+    def __init__(self, name: str, capacity: int) -> None:  # >= 1: Loader checks buffer_size
         self.name = name
         self.capacity = capacity
         self._low_water = capacity // 2
