@@ -143,7 +143,7 @@ def output_path(path: str | None, default_name: str | None) -> Path | None:
 
 
 def _number(kind: type, ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
-    """An argparse type: ``text`` as ``kind`` for which ``ok`` holds, else an error saying ``expected``."""
+    """An argparse type: a ``kind`` that ``ok`` accepts, else an error saying ``expected``."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -158,11 +158,12 @@ def _number(kind: type, ok: Callable[[Any], bool], expected: str) -> Callable[[s
 def count(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse type: a whole number from ``lo`` to ``hi``."""
     limit = f" and <= {hi}" if hi is not None else ""
-    return _number(int, lambda v: v >= lo and (hi is None or v <= hi), f"a whole number >= {lo}{limit}")
+    return _number(int, lambda value: value >= lo and (hi is None or value <= hi),
+                   f"a whole number >= {lo}{limit}")
 
 
 #: An argparse type: a number of seconds > 0.
-seconds = _number(float, lambda v: 0 < v < math.inf, "a number of seconds > 0")
+seconds = _number(float, lambda value: 0 < value < math.inf, "a number of seconds > 0")
 
 
 #: Where reports go when no path is given, as the options' help says it.

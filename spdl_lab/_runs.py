@@ -181,8 +181,7 @@ class Run:
         """Close the runner and stop the sampler. A second caller (``close()`` racing the loop's
         ``finally``) waits for the first, lest the process exit mid-removal of shared memory."""
         with self._lock:
-            first = not self.finished
-            self.finished = True
+            first, self.finished = not self.finished, True
             if first:
                 self._t_end = time.perf_counter()
         if not first:

@@ -178,8 +178,9 @@ def _target(parser: argparse.ArgumentParser, optional: str = "", step: bool = Tr
                         help=f"module:attr naming a lab.Pipeline or a zero-argument factory{optional}")
     if step:
         parser.add_argument("--step", default=DEFAULT_STEP, metavar="STEP",
-                            help="module:attr of a callable taking a batch, or simulated:STEP_MS, a "
-                                 f"lab.SimulatedDevice whose step takes STEP_MS of GPU time (default {DEFAULT_STEP})")
+                            help="module:attr of a callable taking a batch, or simulated:STEP_MS, "
+                                 "a lab.SimulatedDevice whose step takes STEP_MS of GPU time "
+                                 f"(default {DEFAULT_STEP})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
         print(f"{prog}: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return EXIT_USAGE
-    except (KeyboardInterrupt, Exception) as exc:  # a stage or the step raised, a runner died: show where
+    except (KeyboardInterrupt, Exception) as exc:  # a stage or the step raised, a runner died
         if in_chain(exc, KeyboardInterrupt):  # Ctrl-C, or an error a library wrapped it in
             return _interrupted(prog, exiting=argv is None)
         traceback.print_exc()

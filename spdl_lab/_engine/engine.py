@@ -58,8 +58,7 @@ class Engine:
         self.stopping = False
         self.error: BaseException | None = None
         self.failures = 0
-        self._fail_lock = threading.Lock()
-        self._close_lock = threading.Lock()
+        self._fail_lock = threading.Lock()  # also orders close() against a failure
         self._closed = False
         self._metered = metered
         self._source_meter = StageMeter("source", "source", 1)
@@ -196,7 +195,7 @@ class Engine:
 
     def close(self, timeout: float = 5.0) -> list[threading.Thread]:
         """Stop and join every thread; return those still alive after ``timeout``."""
-        with self._close_lock:
+        with self._fail_lock:
             first, self._closed = not self._closed, True
         self._stop()
         deadline = time.monotonic() + timeout

@@ -64,7 +64,8 @@ def live_verdict(means: Mapping[Key, float], *, runner: str,
         kind, head = "cpu-contended", (f"training thread waits for a CPU ({pct(queued)} run-queue "
                                        f"wait) while loading keeps up (data wait {pct(wait)})")
     elif wait < FED_DATA_WAIT:
-        kind, head = "step-bound", f"step-bound: data wait {pct(wait)} of step time; loading keeps up"
+        kind, head = "step-bound", (f"step-bound: data wait {pct(wait)} of step time; "
+                                    f"loading keeps up")
     else:
         kind, head = "balanced", f"balanced: data wait {pct(wait)} of step time"
     parts = [head]

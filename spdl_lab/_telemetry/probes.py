@@ -147,7 +147,8 @@ class GilProbe:
         first = max(before.wakes, now.wakes - _RECENT)
         worst = max(self._recent[i % _RECENT] for i in range(first, now.wakes))
         return rows + [("gil_wait_frac", name, gil_s / covered),
-                       ("gil_wait_ms", name, gil_s / wakes * 1e3), ("gil_wait_max_ms", name, worst * 1e3)]
+                       ("gil_wait_ms", name, gil_s / wakes * 1e3),
+                       ("gil_wait_max_ms", name, worst * 1e3)]
 
     def _run(self, stop: threading.Event, ready: threading.Event) -> None:
         fd = open_schedstat(self.schedstat_path)

@@ -208,7 +208,8 @@ class StepClock:
             self._totals = t._replace(copies=t.copies + len(resolved), copy_ns=t.copy_ns + copy_ns)
 
     def run(self, iterable: Iterable[T], step_fn: Callable[[T], object], steps: int | None = None,
-            stop_event: threading.Event | None = None, gate: Callable[[], None] | None = None) -> int:
+            stop_event: threading.Event | None = None,
+            gate: Callable[[], None] | None = None) -> int:
         """Run ``step_fn`` on each batch, timed, until ``steps`` steps, the end of ``iterable`` or
         ``stop_event`` (checked before each batch is asked for); return the steps run. ``gate()``
         runs there too and may block (a paused session), counted as neither wait nor step."""
