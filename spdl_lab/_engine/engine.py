@@ -287,9 +287,10 @@ class MapStage:
 
     def _retire(self) -> bool:
         with self._pool_lock:
-            retire = self._live > self.concurrency
-            self._live -= retire
-            return retire
+            if self._live > self.concurrency:
+                self._live -= 1
+                return True
+            return False
 
     def _worker_ended(self) -> None:
         with self._pool_lock:
