@@ -33,9 +33,13 @@ WINDOW_S = 5.0
 
 @dataclass(frozen=True)
 class Verdict:
-    #: "warming-up" | "data-starved" | "gil-bound" | "cpu-contended" | "balanced" | "step-bound"
+    """``kind``: live "warming-up" | "data-starved" | "gil-bound" | "cpu-contended" | "balanced" |
+    "step-bound", or a job's "waiting" | "straggler" | "input-bound" | "balanced" | "ended";
+    ``text`` the sentence; ``straggler`` the straggling rank (a job's "straggler" only)."""
+
     kind: str
     text: str
+    straggler: int | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -225,16 +229,6 @@ class RankWindow:
     stages: tuple[StageWindow, ...] = field(default_factory=tuple)
 
 
-@dataclass(frozen=True)
-class JobVerdict:
-    """The verdict: ``kind`` is "waiting", "straggler", "input-bound", "balanced" or "ended";
-    ``straggler`` the straggling rank (only for "straggler"); ``text`` the sentence."""
-
-    kind: str
-    text: str
-    straggler: int | None = None
-
-
 def rank_window(chunk: FrameChunk, rank: int, state: str, window_s: float = VERDICT_WINDOW_S) -> RankWindow:
     """Rank ``rank``'s figures over the last ``window_s`` seconds of ``chunk`` (its latest ticks; the
     tick just before the window is the base its counters are taken from)."""
@@ -287,24 +281,24 @@ def _stage_window(column, name: str, dt: np.ndarray) -> StageWindow:
                        made / busy_s if busy_s > 0 else math.nan, workers)
 
 
-def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdict:
+def judge(windows: list[RankWindow], world_size: int | None = None) -> Verdict:
     """The job's verdict from its ranks' windows (by the named rules above)."""
     if any(w.state in _DIED for w in windows):
         died = [f"rank {w.rank} died ({w.state})" for w in windows if w.state in _DIED]
         others = [f"rank {w.rank} {w.state}" for w in windows if w.state not in _DIED]
-        return JobVerdict("ended", "; ".join(died + others))
+        return Verdict("ended", "; ".join(died + others))
     known = len(windows)
     if world_size and known < world_size:
-        return JobVerdict("waiting", f"waiting for ranks: {known} of {world_size} published so far")
+        return Verdict("waiting", f"waiting for ranks: {known} of {world_size} published so far")
     if known < 2:
-        return JobVerdict("waiting", "waiting for a second rank: a verdict compares ranks")
+        return Verdict("waiting", "waiting for a second rank: a verdict compares ranks")
     short = [w for w in windows if w.steps < MIN_STEPS or not math.isfinite(w.wait_frac)]
     if short:
         few = min(short, key=lambda w: w.steps)
         if all(w.state != "running" for w in windows):
-            return JobVerdict("ended", f"the job ended ({', '.join(sorted({w.state for w in windows}))}); "
+            return Verdict("ended", f"the job ended ({', '.join(sorted({w.state for w in windows}))}); "
                                        f"too few steps in its last {VERDICT_WINDOW_S:g} s to compare its ranks")
-        return JobVerdict("waiting", f"not enough steps yet to compare the ranks: rank {few.rank} has "
+        return Verdict("waiting", f"not enough steps yet to compare the ranks: rank {few.rank} has "
                                      f"{few.steps} of the {MIN_STEPS} needed in its last {VERDICT_WINDOW_S:g} s")
     worst = max(windows, key=lambda w: w.wait_frac)
     others = [w for w in windows if w is not worst]
@@ -313,17 +307,17 @@ def judge(windows: list[RankWindow], world_size: int | None = None) -> JobVerdic
     if worst.wait_frac >= WAITS_FOR_DATA and worst.wait_frac - others_wait >= STRAGGLER_GAP:
         if others_step >= worst.step_ms * (1 + HELD_BACK):
             text = _straggler_text(worst, others, others_step)
-            return JobVerdict("straggler", text, straggler=worst.rank)
-        return JobVerdict("balanced", f"rank {worst.rank} waits {pct(worst.wait_frac)} of its loop for data, "
+            return Verdict("straggler", text, straggler=worst.rank)
+        return Verdict("balanced", f"rank {worst.rank} waits {pct(worst.wait_frac)} of its loop for data, "
                                       f"yet the other ranks do not wait for it (their step {others_step:.1f} ms "
                                       f"against its {worst.step_ms:.1f} ms): it holds no rank back")
     low, high = min(windows, key=lambda w: w.wait_frac), worst
     if low.wait_frac >= WAITS_FOR_DATA:
-        return JobVerdict("input-bound", f"balanced, and every rank waits for data ({pct(low.wait_frac)}"
+        return Verdict("input-bound", f"balanced, and every rank waits for data ({pct(low.wait_frac)}"
                                          f"-{pct(high.wait_frac)} of its loop): loading holds back the whole "
                                          f"job, not one rank")
     fast, slow = min(w.step_ms for w in windows), max(w.step_ms for w in windows)
-    return JobVerdict("balanced", f"balanced: no rank waits long for data (the most: rank {worst.rank}, "
+    return Verdict("balanced", f"balanced: no rank waits long for data (the most: rank {worst.rank}, "
                                   f"{pct(worst.wait_frac)} of its loop); steps take {fast:.0f}-{slow:.0f} ms on "
                                   f"every rank, so the job's pace is set by its steps (compute and the "
                                   f"all-reduce), not by loading")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from .._telemetry.live_verdict import VERDICT_WINDOW_S, JobVerdict, judge, rank_window
+from .._telemetry.live_verdict import VERDICT_WINDOW_S, Verdict, judge, rank_window
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .attach import RemoteSession, record_state
@@ -133,7 +133,7 @@ class JobSession:
         frame = pd.concat(parts, ignore_index=True)
         return frame[["rank", *(c for c in frame.columns if c != "rank")]]
 
-    def judge(self, window_s: float = VERDICT_WINDOW_S) -> JobVerdict:
+    def judge(self, window_s: float = VERDICT_WINDOW_S) -> Verdict:
         """The verdict over each rank's latest ``window_s`` seconds, with its kind and straggler."""
         windows = [rank_window(session.recent(window_s), rank, session.state, window_s)
                    for rank, session in self.ranks.items()]
