@@ -21,9 +21,9 @@ def pct(x: float | None) -> str:
     return num(x, ".0%")
 
 
-def amount(x: float | None) -> str:
-    """A rate or a count: thousands separated from 100 up, one decimal below."""
-    return num(x, ",.0f" if not _missing(x) and abs(x) >= 100 else ".1f")
+def amount(x: float | None, small: str = ".1f") -> str:
+    """A rate or a count: thousands separated from 100 up, as ``small`` (one decimal) below."""
+    return num(x, ",.0f" if not _missing(x) and abs(x) >= 100 else small)
 
 
 def spread(x: float, lo: float, hi: float, fmt: str = ".3g", unit: str = "") -> str:

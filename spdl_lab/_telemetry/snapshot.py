@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import pandas as pd
 
-from .._table import num
+from .._table import amount
 from .meters import QueueReading, StageReading
+
+_cell = partial(amount, small=".3g")
 
 
 @dataclass(frozen=True)
@@ -139,10 +142,6 @@ def _stage(row: Mapping[str, Any]) -> StageStats:
 
 def _float(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
-
-
-def _cell(x: float) -> str:
-    return num(x, ",.0f" if abs(x) >= 100 else ".3g")
 
 
 def _ms(x: float) -> str:
