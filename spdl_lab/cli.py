@@ -325,24 +325,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _interrupted(prog: str, exiting: bool) -> int:
     """Ctrl-C: one line and 130. A ``main(argv)`` caller keeps its handler (children would inherit an
-    ignored SIGINT); the command ignores a second Ctrl-C (a traceback mid-clean-up) and ends now."""
+    ignored SIGINT); the command ignores a second Ctrl-C (a traceback mid-clean-up) and ends now: it
+    kills what the clean-up left (a runner stopped while starting) and skips the interpreter's
+    finalization, where Ray's interrupted threads can crash it (SIGSEGV)."""
     if exiting and threading.current_thread() is threading.main_thread():  # signal.signal works only there
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     interrupt_taken()
     print(f"{prog}: interrupted", file=sys.stderr)
     if exiting:
-        _end_now(EXIT_INTERRUPTED)
+        kill_all(psutil.Process().children(recursive=True))
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED
-
-
-def _end_now(code: int) -> None:
-    """Exit with ``code``: kill what the clean-up left (a runner stopped while starting), and skip
-    the interpreter's finalization, where Ray's interrupted threads can crash it (SIGSEGV)."""
-    kill_all(psutil.Process().children(recursive=True))
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 #: The commands whose runs may start worker processes.
