@@ -171,16 +171,31 @@ class StepClock:
 
     def _close_step(self, opened: tuple[int, float, Any], *, counted: bool, end_ns: int | None = None) -> None:
         start_ns, busy0, cuda_start = opened
-        self._open = False
+        last = self._totals.last_end_ns  # a batch not from iterate() waited since the last step
+        wait_ns = self._wait_ns if self._waited else (start_ns - last if last else 0)
+        self._open, self._wait_ns, self._waited = False, 0, False
         if not counted:
-            self._wait_ns, self._waited = 0, False
             if cuda_start is not None:
                 self._cuda.cancel(cuda_start)
             return
         end_ns = max(start_ns, end_ns or time.perf_counter_ns())
+        step_ns = end_ns - start_ns
         device = self.device
-        device_ns = None if device is None else round((device.totals().busy_s - busy0) * 1e9)
-        self._record(start_ns, end_ns, device_ns, cuda_start)
+        with self._write_lock:
+            t = self._totals
+            record = StepRecord(index=t.steps, end_s=(end_ns - self._origin_ns) / 1e9,
+                                data_wait_s=wait_ns / 1e9, step_s=step_ns / 1e9, device_s=math.nan)
+            self._records.append(record)
+            self.step_hist[bucket_of(step_ns)] += 1
+            self.wait_hist[bucket_of(wait_ns)] += 1
+            t = t._replace(steps=t.steps + 1, wait_ns=t.wait_ns + wait_ns, step_ns=t.step_ns + step_ns,
+                           last_end_ns=end_ns)
+            if device is not None:
+                t = self._add_device(t, [(record, device.totals().busy_s - busy0)])
+            elif self._cuda is not None:
+                self._cuda.end(cuda_start, record)
+                t = self._add_device(t, self._cuda.poll())
+            self._totals = t  # publish: one reference assignment
 
     @contextmanager
     def copy(self) -> Iterator[None]:
@@ -244,30 +259,6 @@ class StepClock:
         finally:
             batches.close()
         return done
-
-    def _record(self, start_ns: int, end_ns: int, device_ns: int | None, cuda_start: Any) -> None:
-        if self._waited:
-            wait_ns = self._wait_ns
-        else:  # no batch came through iterate(): the gap since the last step is the wait
-            last = self._totals.last_end_ns
-            wait_ns = start_ns - last if last else 0
-        self._wait_ns, self._waited = 0, False
-        step_ns = end_ns - start_ns
-        with self._write_lock:
-            t = self._totals
-            record = StepRecord(index=t.steps, end_s=(end_ns - self._origin_ns) / 1e9,
-                                data_wait_s=wait_ns / 1e9, step_s=step_ns / 1e9, device_s=math.nan)
-            self._records.append(record)
-            self.step_hist[bucket_of(step_ns)] += 1
-            self.wait_hist[bucket_of(wait_ns)] += 1
-            t = t._replace(steps=t.steps + 1, wait_ns=t.wait_ns + wait_ns, step_ns=t.step_ns + step_ns,
-                           last_end_ns=end_ns)
-            if device_ns is not None:
-                t = self._add_device(t, [(record, device_ns / 1e9)])
-            elif self._cuda is not None:
-                self._cuda.end(cuda_start, record)
-                t = self._add_device(t, self._cuda.poll())
-            self._totals = t  # publish: one reference assignment
 
     @staticmethod
     def _add_device(t: Totals, resolved: list[tuple[StepRecord, float]]) -> Totals:
