@@ -84,7 +84,7 @@ class RayConnection:
         here = _on_this_host(self.address)
         _check_listening(self.address)
         try:
-            with _no_banner(), _loopback(ray) if here else contextlib.nullcontext():
+            with _initializing(ray, loopback=here):
                 if here and "RAY_AUTH_MODE" not in os.environ:
                     # As ray.init does for "auto" alone: a cluster on this host, started by this
                     # user, takes this user's token (~/.ray/auth_token) when there is one.
@@ -113,7 +113,7 @@ class RayConnection:
                        log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
         try:
-            with _no_banner(), _loopback(ray, PYTHONPATH=path):
+            with _initializing(ray, loopback=True, PYTHONPATH=path):
                 ray.init(**options)
         except Exception as exc:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -146,11 +146,7 @@ class RayConnection:
         if self.role != "local":
             return None
         for proc in _LOCAL["core"]:
-            try:
-                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                alive = False
-            if not alive:
+            if not _alive(proc):
                 return f"{proc.name()} (pid {proc.pid}) of the local Ray instance exited"
         return None
 
@@ -257,6 +253,10 @@ def _status(proc: psutil.Process) -> str | None:
         return None
 
 
+def _alive(proc: psutil.Process) -> bool:
+    return proc.is_running() and _status(proc) not in (psutil.STATUS_ZOMBIE, None)
+
+
 def _resume() -> None:
     """Resume a stopped local instance (under ``_LOCK``)."""
     for p in _LOCAL["parked"]:
@@ -271,32 +271,24 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @contextlib.contextmanager
-def _no_banner() -> Iterator[None]:
-    """Ray turns token authentication on for a new instance, and for a cluster on this host with a
-    token, and says so in a banner: the lab keeps it on, without the banner."""
+def _initializing(ray: Any, loopback: bool, **extra: str) -> Iterator[None]:
+    """While ``ray.init`` runs, all as it was after: no banner (Ray turns token authentication on for
+    a new instance, and for a cluster on this host with a token, and says so; the lab keeps it on);
+    on ``loopback``, the environment its processes start with (``_LOOPBACK_ENV`` and ``extra``), and
+    Ray's single-machine switch in this process too."""
+    from ray._private import ray_constants
+
     banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    level = banner.level
+    env = {**_LOOPBACK_ENV, **extra} if loopback else {}
+    saved, level, switch = {k: os.environ.get(k) for k in env}, banner.level, ray_constants.ENABLE_RAY_CLUSTER
     banner.setLevel(logging.ERROR)
+    os.environ.update(env)
+    ray_constants.ENABLE_RAY_CLUSTER = switch and not loopback
     try:
         yield
     finally:
         banner.setLevel(level)
-
-
-@contextlib.contextmanager
-def _loopback(ray: Any, **extra: str) -> Iterator[None]:
-    """While ``ray.init`` runs: the environment its processes start with (``_LOOPBACK_ENV`` and
-    ``extra``), and Ray's single-machine switch in this process too; both as they were after."""
-    from ray._private import ray_constants
-
-    env = {**_LOOPBACK_ENV, **extra}
-    saved, saved_switch = {k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.update(env)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
+        ray_constants.ENABLE_RAY_CLUSTER = switch
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -339,7 +331,7 @@ def _reap(timeout: float, temp_dir: str | None) -> None:
     left = ray_processes()
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in left if _alive(p)]
     for p in left:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

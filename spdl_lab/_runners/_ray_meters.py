@@ -5,6 +5,7 @@ sends them every ``FLUSH_S`` (a task its own before its block: it never waits on
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from typing import Any
@@ -30,49 +31,35 @@ def _blank() -> dict[str, Any]:
             "nodes": {}}
 
 
-_NODE: list[str] = []
-
-
+@functools.cache
 def _node() -> str:
     """This worker's node: its address and the start of its node ID (nodes on one host share one)."""
-    if not _NODE:
-        import ray
+    import ray
 
-        _NODE.append(f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}")
-    return _NODE[0]
+    return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
 
 
-def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None) -> None:
-    """Count one ``event`` ("started", "done" or "failed") of ``stage`` for the run ``key``."""
-    node = _NODE[0] if _NODE else _node()
-    with _LOCK:
-        pending = _entry(key, board, stage)
-        if event == "started":
-            pending["started"] += 1
-            return
-        pending["tasks"] += 1
-        pending["nodes"][node] = pending["nodes"].get(node, 0) + 1
-        pending["busy_ns"] += ns
-        pending["hist"][min(bucket_of(ns), NUM_BUCKETS - 1)] += 1
-        if event == "failed":
-            pending["failures"] += 1
-            if len(pending["failed"]) < MAX_FAILED:
-                pending["failed"].append(failure)
-
-
-def record_many(key: str, board: Any, stage: str, n: int, ns: int) -> None:
-    """Count ``n`` items of ``stage`` done in ``ns`` together, each at the mean (a ``range``'s items:
-    nothing to time one by one, and timing each cost more than reading it)."""
+def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None,
+           n: int = 1) -> None:
+    """Count ``n`` ``event``s of ``stage`` for the run ``key``: "started", "done", "failed", or "ran"
+    (started and done; ``n`` done in ``ns`` together count at the mean: a ``range``'s items)."""
     if n <= 0:
         return
-    node = _NODE[0] if _NODE else _node()
+    node = _node()
     with _LOCK:
         pending = _entry(key, board, stage)
-        pending["started"] += n
+        if event in ("started", "ran"):
+            pending["started"] += n
+            if event == "started":
+                return
         pending["tasks"] += n
         pending["nodes"][node] = pending["nodes"].get(node, 0) + n
         pending["busy_ns"] += ns
         pending["hist"][min(bucket_of(ns // n), NUM_BUCKETS - 1)] += n
+        if event == "failed":
+            pending["failures"] += 1
+            if len(pending["failed"]) < MAX_FAILED:
+                pending["failed"].append(failure)
 
 
 def _entry(key: str, board: Any, stage: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import traceback
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import cloudpickle
@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from .._pipeline import Pipeline, Stage
 from ..errors import describe, in_chain
-from ._ray_meters import flush, record, record_many
+from ._ray_meters import flush, record
 from ._transport import pickled
 
 #: Chunks (whole batches) a block holds at most: Ray Data's cost per block caps a cheap stage.
@@ -155,7 +155,7 @@ class _Stages:
         """The block's output in parts of whole chunks, one per ``YIELD_EVERY_S``: Ray streams
         them to the driver as the task goes on (a long block holds no batch back)."""
         if self.source is None:
-            yield self._run(rows_of(block, self.batches_in))
+            yield self._send(self._run_rows(rows_of(block, self.batches_in)))
             return
         part: list[Row] = []
         since = time.monotonic()
@@ -166,9 +166,6 @@ class _Stages:
                 part, since = [], time.monotonic()
         if part or not block["data"].size:
             yield self._send(part)
-
-    def _run(self, rows: list[Row]) -> Any:
-        return self._send(self._run_rows(rows))
 
     def _run_rows(self, rows: list[Row]) -> list[Row]:
         for kind, name, arg, span in self.pieces:
@@ -186,9 +183,9 @@ class _Stages:
         if isinstance(source, range):  # cannot fail: read, and counted, all at once
             t0 = time.perf_counter_ns()
             rows = [(i, source[i]) for i in indices]
-            record_many(self.key, self.board, "source", len(rows), time.perf_counter_ns() - t0)
+            record(self.key, self.board, "source", "ran", time.perf_counter_ns() - t0, n=len(rows))
             return rows
-        return self._map("source", _items(source).__getitem__, 1, [(i, i) for i in indices], strict=True)
+        return self._map("source", _fetched(source).__getitem__, 1, [(i, i) for i in indices], strict=True)
 
     def _map(self, name: str, fn: Any, span: int, rows: list[Row], strict: bool = False) -> list[Row]:
         out = []
@@ -220,8 +217,7 @@ class _Stages:
                 indices.extend(index if isinstance(index, list) else [index])
                 items.append(item)
             if not (drop_last and window == last_window and len(items) < size):
-                record(self.key, self.board, name, "started")
-                record(self.key, self.board, name, "done", 0)
+                record(self.key, self.board, name, "ran")
                 out.append((indices, items))
         return out
 
@@ -230,19 +226,12 @@ class _ActorStages(_Stages):
     """The same, as an actor class: Ray makes one per actor with these constructor arguments."""
 
 
-_RESOLVED: dict[Any, Any] = {}
+@lru_cache(maxsize=1)  # one run's source at a time per worker
+def _fetched(ref: Any) -> list[Any]:
+    """A source list put in the object store, fetched once per worker process."""
+    import ray
 
-
-def _items(source: Any) -> Any:
-    """A ``range`` as it is; a list put in the object store, fetched once per worker process."""
-    if isinstance(source, range):
-        return source
-    if source not in _RESOLVED:
-        import ray
-
-        _RESOLVED.clear()  # one run's source at a time per worker
-        _RESOLVED[source] = ray.get(source)
-    return _RESOLVED[source]
+    return ray.get(ref)
 
 
 def _first(index: Any) -> int:
@@ -348,12 +337,9 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
         origin = (source, start, start + count, chunk) if i == 0 else None
         args = (pieces, origin, batches_in, key, board, strict)
         batches_in = group.stages[-1].kind == "batch"
-        if group.actors:
-            ds = ds.map_batches(_ActorStages, fn_constructor_args=args, batch_size=None, batch_format="numpy",
-                                compute=ActorPoolStrategy(size=group.concurrency), **group.resources)
-        else:
-            ds = ds.map_batches(_Stages(*args), batch_size=None, batch_format="numpy",
-                                compute=TaskPoolStrategy(size=group.concurrency), **group.resources)
+        fn, options = (_ActorStages, {"fn_constructor_args": args}) if group.actors else (_Stages(*args), {})
+        compute = (ActorPoolStrategy if group.actors else TaskPoolStrategy)(size=group.concurrency)
+        ds = ds.map_batches(fn, batch_size=None, batch_format="numpy", compute=compute, **options, **group.resources)
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
     for handler in logging.getLogger("ray.data").handlers:

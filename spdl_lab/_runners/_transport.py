@@ -106,7 +106,7 @@ class _Encoder(pickle.Pickler):
         if (torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu"
                 and obj.layout == torch.strided
                 and not (obj.requires_grad or obj.is_quantized or obj.is_conj() or obj.is_neg())):
-            return ("pt", self._place(obj, _nbytes(obj)), str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+            return ("pt", self._place(obj, obj.nbytes), str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
         return None
 
 
@@ -135,7 +135,7 @@ _PIECE_BYTES = 4 << 20
 
 def _pieces(offset: int, obj: Any, shm: ShmFile) -> list[tuple[Any, Any]]:
     """(destination view in the slot, source) pairs that together copy ``obj``."""
-    nbytes = _nbytes(obj)
+    nbytes = obj.nbytes
     if not nbytes:
         return []
     if isinstance(obj, np.ndarray):
@@ -170,10 +170,10 @@ class Copier:
     def run(self, pieces: list[tuple[Any, Any]]) -> None:
         shares: list[list[tuple[Any, Any]]] = [[] for _ in range(self._helpers + 1)]
         loads = [0] * len(shares)
-        for piece in sorted(pieces, key=lambda p: -_nbytes(p[1])):
+        for piece in sorted(pieces, key=lambda p: -p[1].nbytes):
             i = loads.index(min(loads))
             shares[i].append(piece)
-            loads[i] += _nbytes(piece[1])
+            loads[i] += piece[1].nbytes
         futures = [self._pool.submit(_copy_all, share) for share in shares[1:] if share]
         _copy_all(shares[0])
         for future in futures:
@@ -181,10 +181,6 @@ class Copier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-def _nbytes(obj: Any) -> int:
-    return obj.nbytes if isinstance(obj, np.ndarray) else obj.numel() * obj.element_size()
 
 
 def decode(meta: bytes, shm: ShmFile | None, lease: Any = None) -> Any:

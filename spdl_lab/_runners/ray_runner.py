@@ -325,7 +325,11 @@ class RayRunner(PumpRunner):
         with self._lock:  # after _stop: the pump sets an executor only while not stopping
             executor = self._executor
         if executor is not None:
-            _shutdown(executor)
+            try:
+                executor.shutdown(force=True)  # cancels its tasks
+            finally:  # the pump's wait for output ends (StopIteration)
+                if executor._output_node is not None:
+                    executor._output_node[1].mark_finished()
         self._join_pump(timeout)
         if self._board is not None:
             if not self._settled:
@@ -355,13 +359,3 @@ def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, 
             raise PipelineSpecError(f"ray runner: resources[{name!r}] must name a map stage ({sorted(maps)}) "
                                     f"and hold a dict such as {{'num_cpus': 2}}")
     return resources
-
-
-def _shutdown(executor: Any) -> None:
-    """Shut a Ray Data execution down, cancelling its tasks, and wake its consumer."""
-    try:
-        executor.shutdown(force=True)
-    finally:
-        output = executor._output_node
-        if output is not None:
-            output[1].mark_finished()  # its consumer's wait for output ends (StopIteration)

@@ -65,8 +65,7 @@ class SubprocessThreadsRunner(Runner):
         self._send({"pipeline": self._payload, "engine_options": engine, "sys_path": list(sys.path),
                     "prefix": self._prefix, "slots": self._slots, "meters": meters.name,
                     "meters_size": meters.size})
-        message = self._recv(self._start_timeout, starting=True)
-        if message is TIMEOUT:
+        if self._recv(self._start_timeout) is TIMEOUT:  # else "ready", the child's first message
             raise RunnerError(f"subprocess-threads: the child process did not start within "
                               f"{self._start_timeout:g} s; pass start_timeout= to wait longer")
 
@@ -105,7 +104,7 @@ class SubprocessThreadsRunner(Runner):
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
 
-    def _recv(self, timeout: float, starting: bool = False) -> Any:
+    def _recv(self, timeout: float) -> Any:
         """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
         assert self._data is not None and self._proc is not None
         deadline = time.monotonic() + timeout
@@ -120,8 +119,6 @@ class SubprocessThreadsRunner(Runner):
                     message = self._data.recv()
                     if message[0] == "crash":
                         raise self._died(message[1])
-                    if message[0] == "ready" and not starting:
-                        continue
                     return message
                 exited = self._proc.poll() is not None and not self._data.poll(0)
             except (EOFError, OSError):
