@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +13,9 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .._pipeline import Pipeline
-from ..errors import PipelineSpecError, RunnerError, describe
+from ..errors import PipelineSpecError, RunnerError, describe, stage_failure
 from ._shm import SOURCE_ROW, Layout, MeterBlock, SlotMeter
-from ._transport import encode, output_stage, pickled
+from ._transport import RemoteFailure, encode, output_stage, unsendable_output
 from .base import Delivered
 from .children import exit_without_finalizing
 
@@ -38,40 +37,22 @@ class Plan:
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> Plan:
-        item_maps: list[int] = []
-        batch_maps: list[int] = []
-        batch: int | None = None
-        for position, stage in enumerate(pipeline.stages):
-            if stage.kind == "batch":
-                if batch is not None:
-                    raise PipelineSpecError(f"process runner: stage {stage.name!r} is a second batch stage; "
-                                            f"torch's DataLoader batches once (batch_size). Batch once and "
-                                            f"regroup inside a per-batch map, or use runner='thread' for "
-                                            f"nested batches.")
-                batch = position
-            else:
-                (batch_maps if batch is not None else item_maps).append(position)
-        spec = pipeline.stages[batch] if batch is not None else None
-        return cls(item_maps=tuple(item_maps), batch=batch, batch_size=spec.size if spec else None,
-                   drop_last=spec.drop_last if spec else False, batch_maps=tuple(batch_maps))
+        stages = pipeline.stages
+        batches = [position for position, stage in enumerate(stages) if stage.kind == "batch"]
+        if len(batches) > 1:
+            raise PipelineSpecError(f"process runner: stage {stages[batches[1]].name!r} is a "
+                                    f"second batch stage; torch's DataLoader batches once "
+                                    f"(batch_size). Batch once and regroup inside a per-batch map, "
+                                    f"or use runner='thread' for nested batches.")
+        if not batches:
+            return cls(tuple(range(len(stages))), None, None, False, ())
+        batch = batches[0]
+        return cls(tuple(range(batch)), batch, stages[batch].size, stages[batch].drop_last,
+                   tuple(range(batch + 1, len(stages))))
 
 
 class Dropped:
     """Stands in for an item or batch dropped under ``max_failures``, so chunks stay whole."""
-
-
-@dataclass
-class Failure:
-    """A stage (or the source) failed in a worker; sent to the parent in place of the value."""
-
-    stage: str
-    index: int | None
-    error: BaseException
-    worker_traceback: str
-    pid: int
-    dropped: int
-    #: the output itself cannot be pickled to the parent (not a stage raising)
-    unsendable: bool = False
 
 
 class PipelineDataset(IterableDataset):
@@ -153,7 +134,7 @@ class PipelineDataset(IterableDataset):
                     meter.done(SOURCE_ROW, t0)
                     value = self._apply(pipeline, self.plan.item_maps, index, item, meter)
                     yield index, value
-                    if isinstance(value, Failure):
+                    if isinstance(value, RemoteFailure):
                         return
                 index += 1
         finally:
@@ -161,24 +142,24 @@ class PipelineDataset(IterableDataset):
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
         """``(source indices, batch)`` after the per-batch maps, dropped items' indices too (a restart
-        skips the chunk). An unpicklable output becomes a Failure: torch's queue thread only prints it."""
+        skips the chunk). An unpicklable output fails the run: torch's queue thread only prints it."""
         indices, value = self._collate(data)
         info = get_worker_info()
-        if info is None or isinstance(value, (Failure, Dropped)):
+        if info is None or isinstance(value, (RemoteFailure, Dropped)):
             return indices, value
         try:
             encode(value)  # pickles it, its arrays and tensors set apart as torch sends them
         except Exception as error:
             stage, index = output_stage(self._load(info.id)[0]), indices[0] // self.plan.chunk
-            failure = Failure(stage, index, _picklable(error), "", os.getpid(), 0, unsendable=True)
-            return indices, failure
+            return indices, RemoteFailure.of(unsendable_output(
+                stage, index, error, "process", f"the main process from worker pid {os.getpid()}"))
         return indices, value
 
     def _collate(self, data: Any) -> tuple[list[int], Any]:
         pairs = data if self.plan.batch is not None else [data]
         indices = [index for index, _ in pairs]
         for _, value in pairs:
-            if isinstance(value, Failure):
+            if isinstance(value, RemoteFailure):
                 return indices, value
         if self.plan.batch is None:
             return indices, pairs[0][1]
@@ -196,7 +177,7 @@ class PipelineDataset(IterableDataset):
 
     def _apply(self, pipeline: Pipeline, positions: tuple[int, ...], index: int, value: Any,
                meter: SlotMeter) -> Any:
-        """Run the map stages at ``positions`` on one item or batch; Dropped or Failure if one raised."""
+        """Run the map stages at ``positions`` on one item or batch; Dropped or a RemoteFailure."""
         for position in positions:
             stage, row = pipeline.stages[position], position + 1
             t0 = meter.begin(row)
@@ -211,11 +192,8 @@ class PipelineDataset(IterableDataset):
             meter.done(row, t0)
         return value
 
-    def _failure(self, stage: str, index: int | None, exc: BaseException, dropped: int = 0) -> Failure:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return Failure(stage, index, _picklable(exc), text, os.getpid(), dropped)
-
-
-def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives torch's plain pickle to the parent, else a RuntimeError with its text."""
-    return exc if pickled(exc) is not None else RuntimeError(describe(exc))
+    def _failure(self, stage: str, index: int | None, exc: BaseException,
+                 dropped: int = 0) -> RemoteFailure:
+        where = f"in DataLoader worker pid {os.getpid()}" if get_worker_info() is not None else ""
+        return RemoteFailure.of(stage_failure(stage, index, exc, dropped=dropped, per_worker=True,
+                                              max_failures=self.max_failures, where=where))

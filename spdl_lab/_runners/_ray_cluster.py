@@ -272,15 +272,16 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 @contextlib.contextmanager
 def _initializing(ray: Any, loopback: bool, **extra: str) -> Iterator[None]:
-    """While ``ray.init`` runs, all as it was after: no banner (Ray turns token authentication on for
-    a new instance, and for a cluster on this host with a token, and says so; the lab keeps it on);
-    on ``loopback``, the environment its processes start with (``_LOOPBACK_ENV`` and ``extra``), and
-    Ray's single-machine switch in this process too."""
+    """While ``ray.init`` runs, all as it was after: no banner (Ray turns token authentication on
+    for a new instance, and for a cluster on this host with a token, and says so; the lab keeps it
+    on); on ``loopback``, the environment its processes start with (``_LOOPBACK_ENV`` and
+    ``extra``), and Ray's single-machine switch in this process too."""
     from ray._private import ray_constants
 
     banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
     env = {**_LOOPBACK_ENV, **extra} if loopback else {}
-    saved, level, switch = {k: os.environ.get(k) for k in env}, banner.level, ray_constants.ENABLE_RAY_CLUSTER
+    saved = {k: os.environ.get(k) for k in env}
+    level, switch = banner.level, ray_constants.ENABLE_RAY_CLUSTER
     banner.setLevel(logging.ERROR)
     os.environ.update(env)
     ray_constants.ENABLE_RAY_CLUSTER = switch and not loopback

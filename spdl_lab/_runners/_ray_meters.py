@@ -41,8 +41,8 @@ def _node() -> str:
 
 def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: tuple | None = None,
            n: int = 1) -> None:
-    """Count ``n`` ``event``s of ``stage`` for the run ``key``: "started", "done", "failed", or "ran"
-    (started and done; ``n`` done in ``ns`` together count at the mean: a ``range``'s items)."""
+    """Count ``n`` ``event``s of ``stage`` for the run ``key``: "started", "done", "failed", or
+    "ran" (started and done; ``n`` done in ``ns`` together count at the mean: a range's items)."""
     if n <= 0:
         return
     node = _node()

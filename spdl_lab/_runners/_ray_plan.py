@@ -337,9 +337,11 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
         origin = (source, start, start + count, chunk) if i == 0 else None
         args = (pieces, origin, batches_in, key, board, strict)
         batches_in = group.stages[-1].kind == "batch"
-        fn, options = (_ActorStages, {"fn_constructor_args": args}) if group.actors else (_Stages(*args), {})
+        fn, options = ((_ActorStages, {"fn_constructor_args": args}) if group.actors
+                       else (_Stages(*args), {}))
         compute = (ActorPoolStrategy if group.actors else TaskPoolStrategy)(size=group.concurrency)
-        ds = ds.map_batches(fn, batch_size=None, batch_format="numpy", compute=compute, **options, **group.resources)
+        ds = ds.map_batches(fn, batch_size=None, batch_format="numpy", compute=compute, **options,
+                            **group.resources)
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
     for handler in logging.getLogger("ray.data").handlers:

@@ -9,9 +9,11 @@ import io
 import pickle
 import queue
 import sys
+import traceback
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -21,6 +23,7 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 from .._pipeline import Pipeline
 from ..errors import PipelineError, PipelineSpecError, describe, stage_failure
 from ._shm import ShmFile
+from .children import ChildTraceback
 
 
 def ship(pipeline: Pipeline, runner: str, destination: str) -> bytes:
@@ -71,6 +74,38 @@ def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) ->
     except Exception:
         return None
     return data
+
+
+@dataclass
+class RemoteFailure:
+    """A run's ``PipelineError`` made in a child, sent to the parent in place of an output; the
+    cause pickled if it survives that (else its traceback's text stands for it)."""
+
+    message: str
+    stage: str
+    index: int | None
+    cause: bytes | None
+    traceback: str
+
+    @classmethod
+    def of(cls, error: PipelineError) -> RemoteFailure:
+        cause = error.__cause__
+        text = "".join(traceback.format_exception(cause)) if cause is not None else ""
+        sent = None if cause is None else pickled(cause)
+        return cls(str(error), error.stage, error.index, sent, text)
+
+    def error(self) -> PipelineError:
+        """The error again, here: the child's traceback chained under its cause."""
+        try:
+            cause = None if self.cause is None else pickle.loads(self.cause)  # from our own child
+        except Exception:
+            cause = None
+        remote = ChildTraceback(self.traceback) if self.traceback else None
+        if cause is None:
+            cause = remote
+        elif remote is not None:
+            cause.__cause__ = remote
+        return stage_failure(self.stage, self.index, cause, message=self.message)
 
 
 _ALIGN = 64

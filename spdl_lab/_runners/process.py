@@ -17,18 +17,11 @@ from .._engine.engine import EngineReading, abandoned_message
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._telemetry.histogram import new_counts
 from .._telemetry.meters import StageReading
-from ..errors import (
-    PipelineError,
-    PipelineSpecError,
-    RunnerError,
-    SpdlLabError,
-    describe,
-    stage_failure,
-)
+from ..errors import PipelineSpecError, RunnerError, SpdlLabError, describe
 from . import DEFAULT_NUM_WORKERS, WORKERS
-from ._process_worker import Dropped, Failure, PipelineDataset, Plan
+from ._process_worker import Dropped, PipelineDataset, Plan
 from ._shm import Layout, MeterBlock
-from ._transport import ship, unsendable_output
+from ._transport import RemoteFailure, ship
 from .base import PumpRunner
 from .children import MainFreeSpawnContext, ended, exit_status, kill
 
@@ -136,8 +129,8 @@ class ProcessRunner(PumpRunner):
 
     def _deliver(self, item: tuple[list[int], Any]) -> None:
         indices, value = item
-        if isinstance(value, Failure):
-            raise _pipeline_error(value, self.max_failures)
+        if isinstance(value, RemoteFailure):
+            raise value.error()
         chunk = indices[0] // self._plan.chunk
         if not isinstance(value, Dropped):
             self._output.put(chunk, value)
@@ -239,19 +232,6 @@ def _passed_through(options: dict[str, Any]) -> dict[str, Any]:
             raise PipelineSpecError(f"process runner: unknown option {name!r}; "
                                     f"options: {', '.join(known)}")
     return dict(options)
-
-
-def _pipeline_error(failure: Failure, max_failures: int) -> PipelineError:
-    if failure.unsendable:
-        return unsendable_output(
-            failure.stage, failure.index, failure.error, "process", f"the main process from worker pid {failure.pid}"
-        )
-    in_worker = failure.pid != os.getpid()
-    cause = failure.error
-    if in_worker and hasattr(cause, "add_note"):  # the traceback did not cross the process boundary
-        cause.add_note(f"Raised in DataLoader worker pid {failure.pid}:\n{failure.worker_traceback}")
-    return stage_failure(failure.stage, failure.index, cause, dropped=failure.dropped, max_failures=max_failures,
-                         per_worker=True, where=f"in DataLoader worker pid {failure.pid}" if in_worker else "")
 
 
 def _dead_worker_error(pid: int, killed: bool, code: int) -> RunnerError:

@@ -20,7 +20,7 @@ import cloudpickle
 from .._engine.engine import Engine, EngineReading
 from .._engine.queues import END, TIMEOUT
 from .._pipeline import Pipeline
-from ..errors import PipelineError, RunnerError, stage_failure
+from ..errors import PipelineError, RunnerError
 from . import _transport as transport
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
 from .base import Runner
@@ -99,7 +99,7 @@ class SubprocessThreadsRunner(Runner):
         if kind == "end":
             return END
         if kind == "error":
-            raise _pipeline_error(message[1])
+            raise message[1].error()
         if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
             raise RunnerError(f"subprocess-threads: {message[1]}")
         raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
@@ -183,20 +183,6 @@ class SubprocessThreadsRunner(Runner):
         remove_all(self._prefix)
 
 
-def _pipeline_error(info: dict[str, Any]) -> PipelineError:
-    """The child's stage failure (worded there by ``stage_failure``), its cause rebuilt here."""
-    try:
-        cause = None if info["cause"] is None else pickle.loads(info["cause"])  # from our child
-    except Exception:
-        cause = None
-    remote = ChildTraceback(info["traceback"]) if info["traceback"] else None
-    if cause is None:
-        cause = remote
-    elif remote is not None:
-        cause.__cause__ = remote
-    return stage_failure(info["stage"], info["index"], cause, message=info["message"])
-
-
 # -- the child ---------------------------------------------------------------------------
 #: How often the child publishes its meters for the parent's sampler.
 METER_HZ = 50.0
@@ -254,7 +240,7 @@ class _ChildRun:
             try:
                 record = self.engine.get(0.1)
             except PipelineError as err:
-                self._send(("error", _describe_error(err)))
+                self._send(("error", transport.RemoteFailure.of(err)))
                 return
             if record is TIMEOUT:
                 continue
@@ -267,7 +253,7 @@ class _ChildRun:
             except Exception as exc:  # a lock, a generator...: say which stage made it
                 error = transport.unsendable_output(transport.output_stage(self.engine.pipeline), index,
                                                     exc, "subprocess-threads", "the main process")
-                self._send(("error", _describe_error(error)))
+                self._send(("error", transport.RemoteFailure.of(error)))
                 return
             slot: tuple[int, str, int] = (-1, "", 0)  # no arrays: the pickle bytes alone
             if encoded.arrays:
@@ -315,14 +301,6 @@ class _ChildRun:
             self.copier.close()
         self.slots.close()
         self.meters.shm.close()
-
-
-def _describe_error(err: BaseException) -> dict[str, Any]:
-    cause = err.__cause__
-    text = "".join(traceback.format_exception(cause)) if cause is not None else ""
-    cause_bytes = transport.pickled(cause) if cause is not None else None  # else its text alone
-    return {"message": str(err), "stage": getattr(err, "stage", None), "index": getattr(err, "index", None),
-            "cause": cause_bytes, "traceback": text}
 
 
 if __name__ == "__main__":

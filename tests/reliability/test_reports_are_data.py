@@ -442,7 +442,7 @@ ALLOWED = {
         "unpickles only messages from the child this runner started, over a pipe only it holds",
     "spdl_lab/_runners/subprocess_threads.py::SubprocessThreadsRunner.read::pickle.loads":
         "meters our own child wrote into a 0600 segment named with a random token this runner chose",
-    "spdl_lab/_runners/subprocess_threads.py::_pipeline_error::pickle.loads":
+    "spdl_lab/_runners/_transport.py::RemoteFailure.error::pickle.loads":
         "an exception our own child pickled and sent over the pipe only it holds",
     "spdl_lab/workloads/_steps.py::dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
