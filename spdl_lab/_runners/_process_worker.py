@@ -141,8 +141,8 @@ class PipelineDataset(IterableDataset):
             getattr(iterator, "close", lambda: None)()
 
     def collate(self, data: Any) -> tuple[list[int], Any]:
-        """``(source indices, batch)`` after the per-batch maps, dropped items' indices too (a restart
-        skips the chunk). An unpicklable output fails the run: torch's queue thread only prints it."""
+        """``(source indices, batch)`` after the per-batch maps, dropped items' indices too (a
+        restart skips the chunk). An unpicklable output fails the run: torch would only print it."""
         indices, value = self._collate(data)
         info = get_worker_info()
         if info is None or isinstance(value, (RemoteFailure, Dropped)):

@@ -76,9 +76,8 @@ class RayConnection:
                 self.role = "joined"
 
     def _join(self, ray: Any) -> None:
-        """Connect to a running cluster as a driver. One on this host ("auto", or a loopback or
-        local address) is joined in Ray's single-machine mode, as it was started (see _LOOPBACK_ENV):
-        otherwise Ray names this node by its outside address and looks for the cluster there."""
+        """Connect as a driver; to a cluster on this host in Ray's single-machine mode, as it was
+        started (else Ray looks for the cluster at this node's outside address)."""
         options = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         options.update(self.init_kwargs)
         here = _on_this_host(self.address)
@@ -124,10 +123,8 @@ class RayConnection:
         _tell_warden(_instance_processes())
 
     def park(self, parked: bool) -> None:
-        """Stop the lab's local instance (SIGSTOP to its processes), or resume it. Idle, it still
-        takes ~5% of a core (GCS, raylet, agents and idle workers poll), which would be noise in
-        the windows a compare measures for other runners. Only while this runner is the instance's
-        one user. If this process dies, stopped or not, the warden ends the instance."""
+        """Stop the lab's local instance (SIGSTOP), or resume it: idle, it still polls, noise in a
+        compare. Only while this runner is its one user; the warden ends it if this process dies."""
         with _LOCK:
             if self.role != "local":
                 return
@@ -214,9 +211,8 @@ def _tell_warden(procs: list[psutil.Process]) -> None:
 
 
 def _instance_processes() -> list[psutil.Process]:
-    """The local instance's processes (under ``_LOCK``): this process's children started in its
-    temporary directory (GCS, raylet, monitors) and their descendants (agents, workers); never
-    another process, whatever its name."""
+    """The local instance's processes (under ``_LOCK``): our children started in its temporary
+    directory (GCS, raylet, monitors) and their descendants; never another, whatever its name."""
     found = []
     for child in psutil.Process().children():
         try:
@@ -311,8 +307,7 @@ def _check_listening(address: str) -> None:
 
 
 def _on_this_host(address: str) -> bool:
-    """"auto" (the cluster ``ray start`` left its address for), or an address on a loopback or
-    local name; a Ray client address (``ray://``) is someone else's."""
+    """"auto" (``ray start``'s own cluster) or a loopback address; never a client's ``ray://``."""
     if address == "auto":
         return True
     if address.startswith("ray://"):
@@ -322,9 +317,8 @@ def _on_this_host(address: str) -> bool:
 
 
 def _reap(timeout: float, temp_dir: str | None) -> None:
-    """Wait for the instance's processes to exit; kill what is left at the deadline. Workers the
-    raylet was still starting when it died are orphans that would wait ~30 s for it: found by the
-    instance's temporary directory on their command line, they are killed now."""
+    """Wait for the instance's processes to exit, then kill what is left. Workers the raylet was
+    still starting are orphans that would wait for it: found by ``temp_dir``, killed now."""
     for p in _orphans(temp_dir):
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

@@ -35,9 +35,8 @@ Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; th
 
 
 class _NotOurFailures(logging.Filter):
-    """Drops Ray Data's records of a lab stage failure (its exception and traceback, logged before
-    it raises and again at the top: the lab's PipelineError says it all) and its notice that
-    progress bars are off (the lab turns them off); Ray Data's other records pass."""
+    """Drops Ray Data's records of a lab stage failure (logged twice; the PipelineError says it all)
+    and its notice that progress bars are off (the lab turns them off)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "ray.data._internal.progress":
@@ -95,9 +94,8 @@ def chunk_size(pipeline: Pipeline) -> int:
 
 
 def block_sizes(chunks: int, spread: int = 1) -> list[int]:
-    """Chunks per block (a task each): 1, the first batch soon; then equal blocks, 2 for each of
-    ``spread`` concurrent tasks or more, of at most ``MAX_BLOCK_CHUNKS``: few tasks, each streaming
-    its output as it goes (``YIELD_EVERY_S``; README, "runner='ray'")."""
+    """Chunks per block (a task each): 1, for a first batch soon; then equal blocks, 2 or more per
+    concurrent task (``spread``) and at most ``MAX_BLOCK_CHUNKS``, each streaming its output."""
     if chunks <= 1:
         return [chunks] if chunks else []
     rest, spread = chunks - 1, max(1, spread)
@@ -109,11 +107,9 @@ def block_sizes(chunks: int, spread: int = 1) -> list[int]:
 
 @dataclass
 class Group:
-    """One Ray Data operation: consecutive pieces (source, map stages, batches) with one setting
-    (one per stage would hold a CPU per task for a source or batch doing next to nothing). A
-    function runs as Ray tasks, a callable object (a tokenizer) in an actor pool, unpickled once
-    per actor. max_failures=0: the first exception fails the run (Ray does not retry it); above
-    it, items are dropped and counted."""
+    """One Ray Data operation: consecutive stages with one setting (one operation per stage would
+    hold a CPU per task for a source or batch doing next to nothing); ``actors``: a callable object
+    (a tokenizer) runs in an actor pool, unpickled once per actor, a function as tasks."""
 
     stages: list[Stage] = field(default_factory=list)
     actors: bool = False
@@ -142,7 +138,8 @@ def groups(pipeline: Pipeline, concurrency: dict[str, int],
 
 
 class _Stages:
-    """Runs one group's pieces on a block (a Ray Data ``map_batches`` function, or actor class)."""
+    """Runs one group's pieces on a block (a Ray Data ``map_batches`` function). ``strict``
+    (max_failures=0): a stage's exception fails the run, Ray not retrying it; else it is counted."""
 
     def __init__(self, pieces: list[tuple], source: tuple | None, batches_in: bool, key: str, board: Any,
                  strict: bool) -> None:
@@ -152,8 +149,8 @@ class _Stages:
                        for kind, name, arg, span in pieces]
 
     def __call__(self, block: dict[str, np.ndarray]) -> Iterator[dict[str, Any]]:
-        """The block's output in parts of whole chunks, one per ``YIELD_EVERY_S``: Ray streams
-        them to the driver as the task goes on (a long block holds no batch back)."""
+        """The block's output in whole chunks, a part per ``YIELD_EVERY_S``: Ray streams them to
+        the driver while the task goes on."""
         if self.source is None:
             yield self._send(self._run_rows(rows_of(block, self.batches_in)))
             return
@@ -255,8 +252,7 @@ def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
 
 
 def _block_of(rows: list[Row]) -> Any:
-    """Rows as a block's columns (``_column``): a dict of arrays, or a table with a column of
-    pickled objects."""
+    """Rows as a block: a dict of arrays, or a table with a column of pickled objects."""
     if not rows:
         return {"idx": np.empty(0, dtype=np.int64), "item": np.empty(0, dtype=object)}
     indices = [i for i, _ in rows]

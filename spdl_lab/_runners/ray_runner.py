@@ -220,24 +220,21 @@ class RayRunner(PumpRunner):
         in flight, every item counted. A task sends its counts before its block, so they are at
         most one board call behind the last block."""
         deadline = time.monotonic() + _SETTLE_S
-        while True:
-            totals = self._read_totals(force=True)
-            now = {name: (t["started"], t["tasks"], t["failures"]) for name, t in totals.items()}
-            idle = all(started == done for started, done, _ in now.values())
-            if (idle and self._complete(now)) or time.monotonic() > deadline:
-                self._settled = True
-                return
+        while time.monotonic() <= deadline and not self._complete(self._read_totals(force=True)):
             time.sleep(_SETTLE_POLL_S)
+        self._settled = True
 
-    def _complete(self, counts: dict[str, tuple[int, int, int]]) -> bool:
-        """Every item read reached every stage: each stage ran at least what the one before made."""
+    def _complete(self, totals: dict[str, Any]) -> bool:
+        """Nothing in flight, and every item read reached every stage: each stage ran at least
+        what the one before made."""
+        if any(t["started"] != t["tasks"] for t in totals.values()):
+            return False
         made = self._count  # the source's items
         for name, kind in [("source", "source"), *((s.name, s.kind) for s in self.pipeline.stages)]:
-            _, done, failed = counts.get(name, (0, 0, 0))
-            batch = kind == "batch"  # counts batches made, not items taken
-            if done < (min(made, 1) if batch else made):
+            t = totals.get(name, {"tasks": 0, "failures": 0})
+            if t["tasks"] < (min(made, 1) if kind == "batch" else made):  # batches made, not items
                 return False
-            made = done - failed
+            made = t["tasks"] - t["failures"]
         return True
 
     def _check(self) -> None:
@@ -268,12 +265,11 @@ class RayRunner(PumpRunner):
         import ray
 
         with self._read_lock:
-            board = self._board
-            if board is None:
+            if self._board is None:
                 return self._totals
             now = time.monotonic()
             if force or (self._asked is None and now - self._read_at >= _READ_EVERY_S):
-                self._asked, self._read_at = board.read.remote(self._key), now
+                self._asked, self._read_at = self._board.read.remote(self._key), now
             try:
                 ready, _ = ray.wait([self._asked], timeout=_FINAL_READ_S if force else 0)
                 if ready:
