@@ -15,7 +15,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .._pipeline import Pipeline
 from ..errors import PipelineSpecError, RunnerError, describe, stage_failure
 from ._shm import SOURCE_ROW, Layout, MeterBlock, SlotMeter
-from ._transport import RemoteFailure, encode, output_stage, unsendable_output
+from ._transport import RemoteFailure, encode, unsendable_output
 from .base import Delivered
 from .children import exit_without_finalizing
 
@@ -150,9 +150,9 @@ class PipelineDataset(IterableDataset):
         try:
             encode(value)  # pickles it, its arrays and tensors set apart as torch sends them
         except Exception as error:
-            stage, index = output_stage(self._load(info.id)[0]), indices[0] // self.plan.chunk
-            return indices, RemoteFailure.of(unsendable_output(
-                stage, index, error, "process", f"the main process from worker pid {os.getpid()}"))
+            pipeline, index = self._load(info.id)[0], indices[0] // self.plan.chunk
+            destination = f"the main process from worker pid {os.getpid()}"
+            return indices, unsendable_output(pipeline, index, error, "process", destination)
         return indices, value
 
     def _collate(self, data: Any) -> tuple[list[int], Any]:

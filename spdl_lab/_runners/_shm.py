@@ -45,8 +45,7 @@ def new_prefix() -> str:
 
 
 def sweep_dead_owners() -> list[str]:
-    """Unlink every segment whose maker is gone (SIGKILLed, it could not unlink its own): its pid
-    no longer runs. Returns the names removed. A pid in use again keeps its old segment until then."""
+    """Unlink (and name) every segment whose maker's pid no longer runs: SIGKILLed, it could not."""
     return _unlink(lambda name: (m := _OURS.match(name)) is not None
                    and not psutil.pid_exists(int(m[1])))
 
@@ -66,7 +65,6 @@ def _unlink(match: Callable[[str], bool]) -> list[str]:
 
 
 def free_bytes(directory: str) -> int:
-    """Bytes this process may still allocate in ``directory``."""
     return shutil.disk_usage(directory).free
 
 
@@ -207,8 +205,7 @@ class MeterBlock:
         return cls(ShmFile(name, layout.nbytes, create=False), layout)
 
     def resized(self, slots: int) -> MeterBlock:
-        """A new block with ``slots`` slots holding this one's counts; this one is released.
-        Only while no worker runs: it would write on into the old file."""
+        """A new block of ``slots`` slots with this one's counts; only while no worker writes this."""
         bigger = MeterBlock.create(Layout(slots, self.layout.rows))
         bigger.counters[: self.layout.slots] = self.counters
         self.release()
@@ -284,5 +281,4 @@ class SlotMeter:
         self._rows[row, STARTED_NS] = 0
 
     def failures(self) -> int:
-        """Failures this slot has counted over all stages."""
         return int(self._rows[:, FAILURES].sum())

@@ -48,22 +48,19 @@ def _unpicklable_part(pipeline: Pipeline) -> str:
     return "the pipeline"
 
 
-def output_stage(pipeline: Pipeline) -> str:
-    """The stage whose return values make up the outputs: the last map, else the source."""
+def unsendable_output(pipeline: Pipeline, index: int | None, exc: BaseException, runner: str,
+                      destination: str) -> RemoteFailure:
+    """An output that cannot be pickled back to ``destination``, blamed on the stage that made it:
+    the last map, else the source."""
     maps = [s.name for s in pipeline.stages if s.kind == "map"]
-    return maps[-1] if maps else "source"
-
-
-def unsendable_output(stage: str, index: int | None, exc: BaseException, runner: str,
-                      destination: str) -> PipelineError:
-    """The error for an output that cannot be pickled back to ``destination``."""
+    stage = maps[-1] if maps else "source"
     where = "the source" if stage == "source" else f"stage {stage!r}"
     item = f" on item {index}" if index is not None else ""
-    return stage_failure(stage, index, exc, message=(
+    return RemoteFailure.of(stage_failure(stage, index, exc, message=(
         f"{runner} runner: {where} returned an object{item} that cannot be sent to {destination} "
         f"({describe(exc)}). The pipeline stopped. Return picklable values from it (arrays, "
         f"tensors, numbers, strings, and lists, tuples or dicts of them): create locks, "
-        f"generators and open files where the batch is used instead, or use runner='thread'."))
+        f"generators and open files where the batch is used instead, or use runner='thread'.")))
 
 
 def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes | None:
@@ -95,7 +92,6 @@ class RemoteFailure:
         return cls(str(error), error.stage, error.index, sent, text)
 
     def error(self) -> PipelineError:
-        """The error again, here: the child's traceback chained under its cause."""
         try:
             cause = None if self.cause is None else pickle.loads(self.cause)  # from our own child
         except Exception:

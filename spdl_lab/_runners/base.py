@@ -187,7 +187,7 @@ class PumpRunner(Runner):
         return first
 
     def _join_pump(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the pump; True if it has ended."""
+        """True if the pump has ended within ``timeout``."""
         pump = self._pump
         if pump is None or pump is threading.current_thread():
             return True

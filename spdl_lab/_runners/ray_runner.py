@@ -105,8 +105,8 @@ class RayRunner(PumpRunner):
         return error
 
     def _open_source(self) -> None:
-        """The source as a sequence of known length (Ray Data splits a known number of items), in
-        the object store unless a ``range``; an iterable is read into a list here."""
+        """The source as a sequence (Ray Data splits a known number of items) in the object store,
+        or a ``range``; an iterable is read into a list here."""
         source = self.pipeline.source() if self.pipeline.source_is_factory else self.pipeline.source
         if not isinstance(source, (range, Sequence)):
             source = self._read_source(iter(source))
@@ -190,7 +190,6 @@ class RayRunner(PumpRunner):
                     raise QueueClosed("closed while a block was fetched") from None
 
     def _deliver(self, row: tuple[Any, Any], chunk: int) -> None:
-        """Hand one row to the consumer, unless it was handed before."""
         idx, value = row
         indices = idx if isinstance(idx, list) else [idx]
         if indices and all(i in self._delivered for i in indices):
@@ -216,9 +215,8 @@ class RayRunner(PumpRunner):
                                 max_failures=self.max_failures)
 
     def _settle(self) -> None:
-        """At the end of the data, wait (up to ``_SETTLE_S``) until the counts are final: nothing
-        in flight, every item counted. A task sends its counts before its block, so they are at
-        most one board call behind the last block."""
+        """At the end of the data, wait until the counts are final (a task sends its counts before
+        its block: they are at most one board call behind)."""
         deadline = time.monotonic() + _SETTLE_S
         while time.monotonic() <= deadline and not self._complete(self._read_totals(force=True)):
             time.sleep(_SETTLE_POLL_S)

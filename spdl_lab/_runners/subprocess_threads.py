@@ -63,8 +63,7 @@ class SubprocessThreadsRunner(Runner):
         engine = {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
                   "metered": self.metered}
         self._send({"pipeline": self._payload, "engine_options": engine, "sys_path": list(sys.path),
-                    "prefix": self._prefix, "slots": self._slots, "meters": meters.name,
-                    "meters_size": meters.size})
+                    "prefix": self._prefix, "slots": self._slots, "meters": meters.name})
         if self._recv(self._start_timeout) is TIMEOUT:  # else "ready", the child's first message
             raise RunnerError(f"subprocess-threads: the child process did not start within "
                               f"{self._start_timeout:g} s; pass start_timeout= to wait longer")
@@ -216,7 +215,7 @@ class _ChildRun:
         self.slots = transport.SlotWriter(init["prefix"], init["slots"])
         cores = os.cpu_count() or 1
         self.copier = transport.Copier(cores - 1) if cores > 1 else None
-        self.meters = SeqlockBlock(ShmFile(init["meters"], init["meters_size"], create=False))
+        self.meters = SeqlockBlock(ShmFile(init["meters"], _METERS_SIZE, create=False))
         self.stop = threading.Event()
         self._send_lock = threading.Lock()
 
@@ -251,9 +250,9 @@ class _ChildRun:
             try:
                 encoded = transport.encode(value)
             except Exception as exc:  # a lock, a generator...: say which stage made it
-                error = transport.unsendable_output(transport.output_stage(self.engine.pipeline), index,
-                                                    exc, "subprocess-threads", "the main process")
-                self._send(("error", transport.RemoteFailure.of(error)))
+                failure = transport.unsendable_output(self.engine.pipeline, index, exc,
+                                                      "subprocess-threads", "the main process")
+                self._send(("error", failure))
                 return
             slot: tuple[int, str, int] = (-1, "", 0)  # no arrays: the pickle bytes alone
             if encoded.arrays:
