@@ -36,12 +36,10 @@ def ray_processes() -> list[psutil.Process]:
     """This process's descendants that belong to a Ray instance."""
     out = []
     for child in psutil.Process().children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             text = " ".join(child.cmdline()) or child.name()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if any(name in text for name in _RAY_NAMES):
-            out.append(child)
+            if any(name in text for name in _RAY_NAMES):
+                out.append(child)
     return out
 
 
@@ -215,11 +213,9 @@ def _instance_processes() -> list[psutil.Process]:
     directory (GCS, raylet, monitors) and their descendants; never another, whatever its name."""
     found = []
     for child in psutil.Process().children():
-        try:
+        with contextlib.suppress(psutil.Error):
             if _LOCAL["temp_dir"] and _LOCAL["temp_dir"] in " ".join(child.cmdline()):
                 found += [child, *child.children(recursive=True)]
-        except psutil.Error:
-            continue
     return found
 
 
@@ -319,9 +315,11 @@ def _on_this_host(address: str) -> bool:
 def _reap(timeout: float, temp_dir: str | None) -> None:
     """Wait for the instance's processes to exit, then kill what is left. Workers the raylet was
     still starting are orphans that would wait for it: found by ``temp_dir``, killed now."""
-    for p in _orphans(temp_dir):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    for proc in psutil.process_iter() if temp_dir else ():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid not in ours and any(temp_dir in part for part in proc.cmdline()):
+                proc.kill()
     deadline = time.monotonic() + timeout
     left = ray_processes()
     while left and time.monotonic() < deadline:
@@ -331,18 +329,3 @@ def _reap(timeout: float, temp_dir: str | None) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(left, timeout=1.0)
-
-
-def _orphans(temp_dir: str | None) -> list[psutil.Process]:
-    """Processes of the instance in ``temp_dir`` that are not this process's descendants."""
-    if not temp_dir:
-        return []
-    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid not in ours and any(temp_dir in part for part in proc.cmdline()):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found

@@ -98,8 +98,7 @@ def exit_status(pid: int) -> tuple[bool, int] | None:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return None
-    killed = info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-    return None if info is None else (killed, info.si_status)
+    return None if info is None else (info.si_code != os.CLD_EXITED, info.si_status)
 
 
 def kill(pids: list[int], wait_s: float = 1.0) -> None:
@@ -146,14 +145,14 @@ class MainFreeProcess(SpawnProcess):
     def start(self) -> None:
         with _swapping:
             real = sys.modules.get("__main__")
-            if real is None or getattr(getattr(real, "__spec__", None), "name", None) is not None:
-                super().start()  # run with -m, or no main: spawn imports it by name
-                return
-            sys.modules["__main__"] = _MainByName(real)
+            # Run with -m (a spec with a name), spawn imports ``__main__`` by name itself.
+            if real is not None and getattr(getattr(real, "__spec__", None), "name", None) is None:
+                sys.modules["__main__"] = _MainByName(real)
             try:
                 super().start()
             finally:
-                sys.modules["__main__"] = real
+                if real is not None:
+                    sys.modules["__main__"] = real
 
 
 class MainFreeSpawnContext(SpawnContext):
