@@ -4,6 +4,7 @@ per-batch maps in its ``collate``, each task timed into the worker's slot of the
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import pickle
 from collections.abc import Iterator
@@ -109,15 +110,13 @@ class PipelineDataset(IterableDataset):
                 meter.failed(SOURCE_ROW)
             yield 0, self._failure("source", None, exc)
             return
-        size, skip = self.plan.chunk, self.skip
-        index, chunk, rank, mine = 0, -1, -1, False
+        rank, mine = -1, False
         try:
-            while True:
-                if index // size != chunk:
-                    chunk = index // size
-                    if chunk not in skip:
-                        rank += 1
-                    mine = chunk not in skip and rank % workers == slot
+            for index in itertools.count():
+                if index % self.plan.chunk == 0:  # a chunk starts: is it this worker's?
+                    fresh = index // self.plan.chunk not in self.skip
+                    rank += fresh
+                    mine = fresh and rank % workers == slot
                 t0 = meter.begin(SOURCE_ROW) if mine else 0
                 try:
                     item = next(iterator)
@@ -136,7 +135,6 @@ class PipelineDataset(IterableDataset):
                     yield index, value
                     if isinstance(value, RemoteFailure):
                         return
-                index += 1
         finally:
             getattr(iterator, "close", lambda: None)()
 

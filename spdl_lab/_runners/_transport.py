@@ -4,6 +4,7 @@ or copied if the child would lack one."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import pickle
@@ -284,12 +285,11 @@ class SlotWriter:
     def acquire(self, nbytes: int, stopping: Callable[[], bool]) -> tuple[int, ShmFile]:
         """A free slot of at least ``nbytes``; waits (0.1 s polls) unless ``stopping()``."""
         while True:
-            try:
+            with contextlib.suppress(queue.Empty):
                 slot_id = self._free.get(timeout=0.1)
                 break
-            except queue.Empty:
-                if stopping():
-                    raise InterruptedError("stopping") from None
+            if stopping():
+                raise InterruptedError("stopping")
         shm = self._slots[slot_id]
         if shm is None or shm.size < nbytes:
             if shm is not None:

@@ -337,8 +337,7 @@ class RayRunner(PumpRunner):
                 else:
                     self._board.drop.remote(self._key)
             self._board = None
-        if self._connection.role != "none":
-            self._connection.close(timeout)
+        self._connection.close(timeout)  # nothing to undo unless opened
 
 
 def _check_resources(pipeline: Pipeline, resources: Any) -> dict[str, dict[str, float]]:
