@@ -172,10 +172,9 @@ class RayConnection:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-#: The warden of the lab's local instance, a small child: told the instance's pids (a line each
-#: time, an empty one once it is shut down), it kills those still Ray's when this process dies (its
-#: pipe closes, or it gets a new parent). Ray's agents would outlive a killed driver, and a parked
-#: (stopped) instance would stay so.
+#: The local instance's warden, a small child told its pids (a line each time, empty once shut
+#: down): it kills those still Ray's when this process dies (its pipe closes, or it is reparented).
+#: Ray's agents would outlive a killed driver, and a parked (stopped) instance would stay so.
 _WARDEN = """import os, select, signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 parent, pids, buf = os.getppid(), [], b""

@@ -10,6 +10,9 @@ import threading
 import time
 from typing import Any
 
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from .._telemetry.histogram import NUM_BUCKETS, bucket_of, new_counts
 from .._telemetry.meters import StageReading
 
@@ -34,8 +37,6 @@ def _blank() -> dict[str, Any]:
 @functools.cache
 def _node() -> str:
     """This worker's node: its address and the start of its node ID (nodes on one host share one)."""
-    import ray
-
     return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
 
 
@@ -132,12 +133,8 @@ _BOARD: list[tuple[tuple[Any, ...], Any]] = []
 
 
 def board(shared: bool) -> Any:
-    """A ``MeterBoard`` actor for a run: the session's ``shared`` one (the lab's own instance or a
-    joined cluster), else its own (the caller kills it). No CPU; on the driver's node, which lives
-    as long as the driver (a worker node may go)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+    """A ``MeterBoard`` actor: the session's ``shared`` one, else the run's own (the caller kills
+    it). No CPU; on the driver's node, which lives as long as the driver (a worker node may go)."""
     context = ray.get_runtime_context()
     session = (context.get_job_id(), getattr(ray._private.worker.global_worker.node, "session_name", None))
     with _LOCK:
@@ -151,8 +148,6 @@ def board(shared: bool) -> Any:
 
 
 def _answers(actor: Any) -> bool:
-    import ray
-
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=5.0)
         return True

@@ -18,6 +18,9 @@ from typing import Any
 import cloudpickle
 import numpy as np
 import pyarrow as pa
+import ray
+from ray.data import ActorPoolStrategy, TaskPoolStrategy, from_blocks
+from ray.data.extensions import ArrowPythonObjectArray, ArrowTensorArray
 
 from .._pipeline import Pipeline, Stage
 from ..errors import describe, in_chain
@@ -226,8 +229,6 @@ class _ActorStages(_Stages):
 @lru_cache(maxsize=1)  # one run's source at a time per worker
 def _fetched(ref: Any) -> list[Any]:
     """A source list put in the object store, fetched once per worker process."""
-    import ray
-
     return ray.get(ref)
 
 
@@ -265,8 +266,6 @@ def _block_of(rows: list[Row]) -> Any:
     item = _column([v for _, v in rows])
     if not isinstance(item, pa.Array):
         return {"idx": idx, "item": item}
-    from ray.data.extensions import ArrowTensorArray
-
     return pa.table({"idx": pa.array(idx) if idx.ndim == 1 else ArrowTensorArray.from_numpy(idx), "item": item})
 
 
@@ -275,9 +274,8 @@ _NATIVE = (int, float, str, bytes, type(None), np.generic)
 
 
 def _column(values: list[Any]) -> Any:
-    """Arrays (or batches of them) of one shape and dtype as one array: a tensor column Ray reads
-    without a copy; arrays of several shapes, numbers and text as they are, for Ray's own types;
-    anything else pickled at once (Ray would try Arrow, fail, and print the column in an error)."""
+    """Arrays (or batches) of one shape and dtype as one tensor column, read without a copy; mixed
+    arrays, numbers and text as they are; else pickled now (Ray's Arrow try prints the column)."""
     first = values[0]
     if isinstance(first, list) and first and all(isinstance(v, list) and v for v in values):
         inner = first[0]
@@ -293,8 +291,6 @@ def _column(values: list[Any]) -> Any:
     if all(isinstance(v, _NATIVE) or (isinstance(v, list) and all(isinstance(x, _NATIVE) for x in v))
            for v in values):
         return values
-    from ray.data.extensions import ArrowPythonObjectArray
-
     return ArrowPythonObjectArray.from_objects(values)
 
 
@@ -310,17 +306,14 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
           key: str, board: Any, strict: bool, resources: dict[str, dict[str, float]], ordered: bool) -> Any:
     """The Dataset running items ``start .. start + count`` of ``source`` (a range or an object ref
     of ``total`` items); ``start`` is a multiple of ``chunk_size``."""
-    import ray.data
-    from ray.data import ActorPoolStrategy, TaskPoolStrategy
-
     chunk = chunk_size(pipeline)
     chunks = -(-count // chunk)
     cut = groups(pipeline, concurrency, resources)
     spread = max((g.concurrency or 1 for g in cut), default=1)
     bounds = np.cumsum([0, *block_sizes(chunks, spread)])
     # Blocks made here: from_numpy would run a Ray task per block to convert it, and wait for them.
-    ds = ray.data.from_blocks([pa.table({"data": np.arange(a, b, dtype=np.int64)})
-                               for a, b in zip(bounds[:-1], bounds[1:])])
+    ds = from_blocks([pa.table({"data": np.arange(a, b, dtype=np.int64)})
+                      for a, b in zip(bounds[:-1], bounds[1:])])
     span, last, batches_in = 1, total - 1, False
     for i, group in enumerate(cut):
         pieces = []

@@ -251,11 +251,10 @@ class Leases:
         self._back: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._types: dict[int, type] = {}
 
-    def can_lend(self) -> bool:
-        """True while lending one more slot still leaves the child one to fill."""
-        return self._lent < self._slots - 1
-
     def lend(self, slot_id: int, shm: ShmFile) -> Any:
+        """A lease on the slot, or None where lending it would leave the child none to fill."""
+        if self._lent >= self._slots - 1:
+            return None
         kind = self._types.get(shm.size)
         if kind is None:
             kind = self._types[shm.size] = type("Lease", (ctypes.c_char * shm.size,), {})

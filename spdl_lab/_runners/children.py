@@ -34,8 +34,8 @@ class Child:
 
 
 def spawn(args: list[str]) -> Child:
-    """Start ``python ARGS... DATA_FD CTRL_FD`` in a session of its own (Ctrl-C reaches only the
-    parent) with two pipes: ``data`` (child -> parent) and ``ctrl`` (parent -> child)."""
+    """``python ARGS... DATA_FD CTRL_FD`` in a session of its own (Ctrl-C reaches only the parent),
+    with pipes ``data`` (child -> parent) and ``ctrl`` (parent -> child)."""
     data_r, data_w = os.pipe()
     ctrl_r, ctrl_w = os.pipe()
     try:
@@ -123,9 +123,8 @@ def _running(pid: int) -> bool:
         return False
 
 
-# ``spawn`` re-runs the parent's ``__main__`` in a worker (hence the ``__main__`` guard). Ours need
-# nothing from it (the pipeline travels by value): while one is launched ``__main__`` has a spec
-# named "__main__", which the child takes as nothing to import (``spawn._fixup_main_from_name``).
+# ``spawn`` re-runs the parent's ``__main__`` in a worker; ours need nothing from it (the pipeline
+# travels by value), so a launch sees one named "__main__": nothing to import (see spawn.py).
 _swapping = threading.Lock()
 
 

@@ -31,10 +31,9 @@ _POLL_S = 0.2
 
 
 class ProcessRunner(PumpRunner):
-    """Runs the pipeline in ``torch.utils.data.DataLoader`` worker processes. ``set_concurrency``
-    of a map stage or of ``"workers"`` restarts the DataLoader with that many workers, skipping
-    what was delivered. ``max_failures`` counts per worker process (workers share no lock);
-    ``timeout`` is seconds without a batch before the run fails."""
+    """``set_concurrency`` of a map stage or of ``"workers"`` restarts the DataLoader with that many
+    workers, skipping what was delivered. ``max_failures`` counts per worker process (workers share
+    no lock); ``timeout`` is seconds without a batch before the run fails."""
 
     name = "process"
     pool_stage = WORKERS

@@ -15,10 +15,18 @@ from .._engine.queues import QueueClosed
 from .._pipeline import Pipeline
 from .._telemetry.meters import QueueReading
 from ..errors import PipelineSpecError, RunnerError, SpdlLabError, describe, stage_failure
-from . import _ray_meters as meters
-from . import _ray_plan as plan
 from ._ray_cluster import RayConnection
 from .base import PumpRunner
+
+try:
+    import ray
+    from ray.data.block import BlockAccessor
+    from ray.exceptions import GetTimeoutError
+
+    from . import _ray_meters as meters
+    from . import _ray_plan as plan
+except ImportError:  # without Ray Data, making a RayRunner says what to install
+    ray = None
 
 __all__ = ["MAX_MATERIALIZED", "RayRunner"]
 
@@ -52,10 +60,8 @@ class RayRunner(PumpRunner):
                  address: str | None = None, ray_init_kwargs: dict[str, Any] | None = None,
                  resources: dict[str, dict[str, float]] | None = None) -> None:
         super().__init__(pipeline, buffer_size=buffer_size, max_failures=max_failures, metered=metered)
-        try:
-            import ray.data  # noqa: F401
-        except ImportError as exc:
-            raise PipelineSpecError("runner 'ray' needs Ray Data: pip install 'ray[data]==2.60.0'") from exc
+        if ray is None:
+            raise PipelineSpecError("runner 'ray' needs Ray Data: pip install 'ray[data]==2.60.0'")
         self._connection = RayConnection(address, ray_init_kwargs)
         self._parked = False
         self._resources = _check_resources(pipeline, resources)
@@ -112,8 +118,6 @@ class RayRunner(PumpRunner):
             source = self._read_source(iter(source))
         self._count = len(source)
         if not isinstance(source, range):
-            import ray
-
             source = ray.put(source)  # once into the object store, not once per task
         self._source = source
 
@@ -178,10 +182,6 @@ class RayRunner(PumpRunner):
 
     def _get_block(self, ref: Any) -> Any:
         """A block fetched from Ray, as Ray Data's numpy columns (``idx``, ``item``)."""
-        import ray
-        from ray.data.block import BlockAccessor
-        from ray.exceptions import GetTimeoutError
-
         while True:
             try:
                 return BlockAccessor.for_block(ray.get(ref, timeout=_POLL_S)).to_batch_format("numpy")
@@ -260,8 +260,6 @@ class RayRunner(PumpRunner):
     def _read_totals(self, force: bool) -> dict[str, Any]:
         """The board's totals: a reading asked for earlier if it has come, else the last ones.
         Waits only if ``force``: the actor may take seconds to start, and the sampler must not."""
-        import ray
-
         with self._read_lock:
             if self._board is None:
                 return self._totals
@@ -329,8 +327,6 @@ class RayRunner(PumpRunner):
             if not self._settled:
                 time.sleep(2 * meters.FLUSH_S)  # the workers' last counts are at most one flush away
                 self._read_totals(force=True)  # the final figures, kept for stats() after close
-            import ray
-
             with contextlib.suppress(Exception):  # the instance may be gone already
                 if self._connection.role == "user":  # the user's own instance: nothing of ours stays
                     ray.kill(self._board)

@@ -89,7 +89,7 @@ class SubprocessThreadsRunner(Runner):
                 if self._closed:  # close() from another thread removed the slot
                     return END
                 raise
-            lease = self._leases.lend(slot_id, slot) if self._leases.can_lend() else None
+            lease = self._leases.lend(slot_id, slot)
             value = transport.decode(meta, slot, lease)  # views back when garbage, else copies
             if lease is None:  # so that the child always has a slot to fill
                 self._send(("release", slot_id))
