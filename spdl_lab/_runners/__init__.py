@@ -37,8 +37,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 def runner_class(name: str) -> type[Runner]:
     """The Runner class registered as ``name``; a clear error for anything else."""
     if name not in RUNNERS:
-        raise PipelineSpecError(
-            f"unknown runner {name!r}; choose one of {', '.join(map(repr, RUNNERS))}"
-        )
+        raise PipelineSpecError(f"unknown runner {name!r}; choose one of "
+                                f"{', '.join(map(repr, RUNNERS))}")
     module, cls = _REGISTRY[name]
     return getattr(importlib.import_module(f".{module}", __name__), cls)

@@ -138,9 +138,7 @@ class RayConnection:
 
     def lost(self) -> str | None:
         """What of the lab's local instance (GCS, raylet) has died, or None."""
-        if self.role != "local":
-            return None
-        for proc in _LOCAL["core"]:
+        for proc in _LOCAL["core"] if self.role == "local" else ():
             if not _alive(proc):
                 return f"{proc.name()} (pid {proc.pid}) of the local Ray instance exited"
         return None
@@ -303,12 +301,10 @@ def _check_listening(address: str) -> None:
 
 def _on_this_host(address: str) -> bool:
     """"auto" (``ray start``'s own cluster) or a loopback address; never a client's ``ray://``."""
-    if address == "auto":
-        return True
     if address.startswith("ray://"):
         return False
     host = address.rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
+    return address == "auto" or host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _reap(timeout: float, temp_dir: str | None) -> None:

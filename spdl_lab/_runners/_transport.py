@@ -93,10 +93,9 @@ class RemoteFailure:
         return cls(str(error), error.stage, error.index, sent, text)
 
     def error(self) -> PipelineError:
-        try:
+        cause = None
+        with contextlib.suppress(Exception):  # else the traceback's text stands for it
             cause = None if self.cause is None else pickle.loads(self.cause)  # from our own child
-        except Exception:
-            cause = None
         remote = ChildTraceback(self.traceback) if self.traceback else None
         if cause is None:
             cause = remote
