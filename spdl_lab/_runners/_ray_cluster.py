@@ -308,8 +308,8 @@ def _on_this_host(address: str) -> bool:
 
 
 def _reap(timeout: float, temp_dir: str | None) -> None:
-    """Wait for the instance's processes to exit, then kill what is left. Workers the raylet was
-    still starting are orphans that would wait for it: found by ``temp_dir``, killed now."""
+    """Wait for the instance's processes to exit, then kill the rest; orphans (workers the raylet
+    was starting: they would wait for it) are found by ``temp_dir`` and killed first."""
     ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
     for proc in psutil.process_iter() if temp_dir else ():
         with contextlib.suppress(psutil.Error):

@@ -86,7 +86,8 @@ def _in_chain(exc: BaseException | None) -> StageFailure | None:
 
 
 def uses_actors(stage: Stage) -> bool:
-    """A callable object (state worth keeping per worker) runs in actors; a function in tasks."""
+    """A callable object (a tokenizer: state worth keeping, unpickled once per actor) runs in an
+    actor pool; a function in tasks."""
     fn = stage.fn.func if isinstance(stage.fn, partial) else stage.fn
     return not isinstance(fn, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type))
 
@@ -110,9 +111,8 @@ def block_sizes(chunks: int, spread: int = 1) -> list[int]:
 
 @dataclass
 class Group:
-    """One Ray Data operation: consecutive stages with one setting (one operation per stage would
-    hold a CPU per task for a source or batch doing next to nothing); ``actors``: a callable object
-    (a tokenizer) runs in an actor pool, unpickled once per actor, a function as tasks."""
+    """One Ray Data operation: consecutive stages of one setting (an operation per stage would hold
+    a CPU per task for a source or batch doing next to nothing); ``actors``: see ``uses_actors``."""
 
     stages: list[Stage] = field(default_factory=list)
     actors: bool = False
@@ -152,8 +152,7 @@ class _Stages:
                        for kind, name, arg, span in pieces]
 
     def __call__(self, block: dict[str, np.ndarray]) -> Iterator[dict[str, Any]]:
-        """The block's output in whole chunks, a part per ``YIELD_EVERY_S``: Ray streams them to
-        the driver while the task goes on."""
+        """The output in parts of whole chunks, one per ``YIELD_EVERY_S``, streamed as it goes."""
         if self.source is None:
             yield self._send(self._run_rows(rows_of(block, self.batches_in)))
             return
@@ -304,8 +303,7 @@ def _like(value: Any, model: np.ndarray) -> bool:
 
 def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int, concurrency: dict[str, int],
           key: str, board: Any, strict: bool, resources: dict[str, dict[str, float]], ordered: bool) -> Any:
-    """The Dataset running items ``start .. start + count`` of ``source`` (a range or an object ref
-    of ``total`` items); ``start`` is a multiple of ``chunk_size``."""
+    """The Dataset running ``count`` of the ``total`` items of ``source`` from ``start``."""
     chunk = chunk_size(pipeline)
     chunks = -(-count // chunk)
     cut = groups(pipeline, concurrency, resources)

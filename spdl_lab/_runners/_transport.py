@@ -51,8 +51,7 @@ def _unpicklable_part(pipeline: Pipeline) -> str:
 
 def unsendable_output(pipeline: Pipeline, index: int | None, exc: BaseException, runner: str,
                       destination: str) -> RemoteFailure:
-    """An output that cannot be pickled back to ``destination``, blamed on the stage that made it:
-    the last map, else the source."""
+    """An output that cannot be pickled to ``destination``, blamed on the last map (or source)."""
     maps = [s.name for s in pipeline.stages if s.kind == "map"]
     stage = maps[-1] if maps else "source"
     where = "the source" if stage == "source" else f"stage {stage!r}"
@@ -142,8 +141,7 @@ class _Encoder(pickle.Pickler):
 
 
 def encode(obj: Any) -> Encoded:
-    buffer = io.BytesIO()
-    encoder = _Encoder(buffer)
+    encoder = _Encoder(buffer := io.BytesIO())
     encoder.dump(obj)
     return Encoded(buffer.getvalue(), encoder.arrays, encoder.nbytes)
 
@@ -191,8 +189,7 @@ def _copy_all(pieces: list[tuple[Any, Any]]) -> None:
 
 
 class Copier:
-    """Helper threads that copy pieces of an output beside the calling thread (the copies
-    release the GIL); ``run`` shares the pieces out by bytes and waits for them."""
+    """Threads that copy pieces of an output beside the caller (copies release the GIL)."""
 
     def __init__(self, helpers: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="spdl_lab:copy")

@@ -34,8 +34,7 @@ class Child:
 
 
 def spawn(args: list[str]) -> Child:
-    """``python ARGS... DATA_FD CTRL_FD`` in a session of its own (Ctrl-C reaches only the parent),
-    with pipes ``data`` (child -> parent) and ``ctrl`` (parent -> child)."""
+    """``python ARGS... DATA_FD CTRL_FD`` in its own session: Ctrl-C reaches only the parent."""
     data_r, data_w = os.pipe()
     ctrl_r, ctrl_w = os.pipe()
     try:

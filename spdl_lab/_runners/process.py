@@ -97,10 +97,9 @@ class ProcessRunner(PumpRunner):
                     if not str(exc).startswith("DataLoader timed out after"):
                         raise _torch_error(exc, it)  # noqa: B904 (its cause is set)
                     if self._timeout and time.monotonic() - waiting_since > self._timeout:
-                        raise RunnerError(
-                            f"process runner: no batch came from the workers in {self._timeout:g}s "
-                            f"(timeout={self._timeout:g}). A stage may hang; raise timeout or pass 0."
-                        ) from None
+                        raise RunnerError(f"process runner: no batch came from the workers in "
+                                          f"{self._timeout:g}s (timeout={self._timeout:g}). A "
+                                          f"stage may hang; raise timeout or pass 0.") from None
                     continue
                 waiting_since = time.monotonic()
                 self._deliver(item)
@@ -209,9 +208,8 @@ def _context(context: object) -> Any:
         try:
             context = multiprocessing.get_context(context)
         except ValueError as exc:
-            raise PipelineSpecError(
-                f"process runner: unknown multiprocessing_context {context!r}; use 'spawn' or 'forkserver'"
-            ) from exc
+            raise PipelineSpecError(f"process runner: unknown multiprocessing_context {context!r}; "
+                                    f"use 'spawn' or 'forkserver'") from exc
     method = getattr(context, "get_start_method", lambda: None)()
     if method not in ("spawn", "forkserver"):
         raise PipelineSpecError(f"process runner: multiprocessing_context must be 'spawn' or 'forkserver', "

@@ -111,8 +111,7 @@ class RayRunner(PumpRunner):
         return error
 
     def _open_source(self) -> None:
-        """The source as a sequence (Ray Data splits a known number of items) in the object store,
-        or a ``range``; an iterable is read into a list here."""
+        """A ``range``, or a sequence (Ray Data splits a known number) put in the object store."""
         source = self.pipeline.source() if self.pipeline.source_is_factory else self.pipeline.source
         if not isinstance(source, (range, Sequence)):
             source = self._read_source(iter(source))
@@ -215,16 +214,14 @@ class RayRunner(PumpRunner):
                                 max_failures=self.max_failures)
 
     def _settle(self) -> None:
-        """At the end of the data, wait until the counts are final (a task sends its counts before
-        its block: they are at most one board call behind)."""
+        """Wait until the counts are final: a task sends them before its block, so briefly."""
         deadline = time.monotonic() + _SETTLE_S
         while time.monotonic() <= deadline and not self._complete(self._read_totals(force=True)):
             time.sleep(_SETTLE_POLL_S)
         self._settled = True
 
     def _complete(self, totals: dict[str, Any]) -> bool:
-        """Nothing in flight, and every item read reached every stage: each stage ran at least
-        what the one before made."""
+        """Nothing in flight, and each stage ran at least what the one before it made."""
         if any(t["started"] != t["tasks"] for t in totals.values()):
             return False
         made = self._count  # the source's items
