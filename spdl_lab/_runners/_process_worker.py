@@ -57,9 +57,8 @@ class Dropped:
 
 
 class PipelineDataset(IterableDataset):
-    """The pipeline as an IterableDataset yielding ``(source index, value)`` pairs. The r-th chunk
-    (``plan.chunk`` source items, a future batch) not in ``skip`` goes to worker ``r % W``: every
-    worker reads the whole source and processes its share, so batches are the thread runner's."""
+    """The pipeline as ``(source index, value)`` pairs: the r-th chunk (a future batch) not in
+    ``skip`` goes to worker ``r % W``, each reading all the source: the thread runner's batches."""
 
     def __init__(self, payload: bytes, plan: Plan, skip: Delivered, meters_name: str, layout: Layout,
                  max_failures: int, metered: bool) -> None:

@@ -217,8 +217,8 @@ def _instance_processes() -> list[psutil.Process]:
 
 
 def _stop_all() -> list[psutil.Process]:
-    """SIGSTOP every process of the local instance (under ``_LOCK``); again for any that appeared
-    meanwhile (a worker the raylet was starting), until all are stopped or 1 s has passed."""
+    """SIGSTOP the local instance's processes (under ``_LOCK``), and those the raylet starts
+    meanwhile, until all are stopped or 1 s has passed."""
     stopped: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
@@ -261,10 +261,9 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 @contextlib.contextmanager
 def _initializing(ray: Any, loopback: bool, **extra: str) -> Iterator[None]:
-    """While ``ray.init`` runs, all as it was after: no banner (Ray turns token authentication on
-    for a new instance, and for a cluster on this host with a token, and says so; the lab keeps it
-    on); on ``loopback``, the environment its processes start with (``_LOOPBACK_ENV`` and
-    ``extra``), and Ray's single-machine switch in this process too."""
+    """While ``ray.init`` runs: no banner (Ray says it turned token authentication on; the lab
+    keeps it on); on ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the environment its processes
+    start with, and Ray's single-machine switch in this process too. All as it was after."""
     from ray._private import ray_constants
 
     banner = logging.getLogger("ray._private.authentication.authentication_token_setup")

@@ -30,8 +30,7 @@ _WAITING = threading.Event()
 
 
 def _blank() -> dict[str, Any]:
-    return {"started": 0, "tasks": 0, "failures": 0, "busy_ns": 0, "hist": new_counts(), "failed": [],
-            "nodes": {}}
+    return {**dict.fromkeys(_FIELDS, 0), "hist": new_counts(), "failed": [], "nodes": {}}
 
 
 @functools.cache
@@ -93,10 +92,9 @@ def flush(key: str | None = None) -> None:
         sends = [(k, *_PENDING.pop(k)) for k in keys]
         if not _PENDING:
             _WAITING.clear()
-    for k, board, stages in sends:
-        if stages:
-            with contextlib.suppress(Exception):  # the run is over and its board gone
-                board.add.remote(k, stages)
+    for k, board, stages in sends:  # each has a stage: _entry makes one with its run
+        with contextlib.suppress(Exception):  # the run is over and its board gone
+            board.add.remote(k, stages)
 
 
 class MeterBoard:

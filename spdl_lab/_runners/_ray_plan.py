@@ -86,8 +86,7 @@ def _in_chain(exc: BaseException | None) -> StageFailure | None:
 
 
 def uses_actors(stage: Stage) -> bool:
-    """A callable object (a tokenizer: state worth keeping, unpickled once per actor) runs in an
-    actor pool; a function in tasks."""
+    """A callable object (state worth keeping) runs in an actor pool, unpickled once per actor."""
     fn = stage.fn.func if isinstance(stage.fn, partial) else stage.fn
     return not isinstance(fn, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type))
 
@@ -130,12 +129,10 @@ def groups(pipeline: Pipeline, concurrency: dict[str, int],
             setting = (uses_actors(stage), concurrency.get(stage.name, stage.concurrency),
                        dict(resources.get(stage.name, {})))
             group = out[-1]
-            if group.lead and setting != (group.actors, group.concurrency, group.resources):
-                group = Group()
-                out.append(group)
             if group.lead is None:
-                group.actors, group.concurrency, group.resources = setting
-                group.lead = stage.name
+                group.actors, group.concurrency, group.resources, group.lead = *setting, stage.name
+            elif setting != (group.actors, group.concurrency, group.resources):
+                out.append(Group([], *setting, stage.name))
         out[-1].stages.append(stage)
     return out
 
@@ -243,8 +240,7 @@ def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
 
     items = [[scalar(x) for x in v] for v in block["item"]] if batches else [scalar(v) for v in block["item"]]
     idx = block["idx"]
-    if idx.ndim == 2 or idx.dtype == object:  # a batch's, padded with -1; ragged where Ray joined
-        # blocks of other widths (an object column of arrays)
+    if idx.ndim == 2 or idx.dtype == object:  # a batch's, -1 padded (ragged: Ray joined widths)
         indices = [row[row >= 0].tolist() for row in map(np.asarray, idx)]
     else:
         indices = idx.tolist()

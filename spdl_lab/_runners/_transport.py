@@ -75,8 +75,7 @@ def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) ->
 
 @dataclass
 class RemoteFailure:
-    """A run's ``PipelineError`` made in a child, sent to the parent in place of an output; the
-    cause pickled if it survives that (else its traceback's text stands for it)."""
+    """A child's ``PipelineError``, sent instead of an output; its cause pickled, or as text."""
 
     message: str
     stage: str

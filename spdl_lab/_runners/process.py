@@ -232,11 +232,10 @@ def _passed_through(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dead_worker_error(pid: int, killed: bool, code: int) -> RunnerError:
-    if killed:
-        advice = "SIGKILL is often the out-of-memory killer (see dmesg): use fewer workers or smaller batches."
-    else:
-        advice = ("See its traceback above. A worker that exits while starting under 'spawn' usually "
-                  "means the main script lacks an `if __name__ == '__main__':` guard.")
+    advice = ("SIGKILL is often the out-of-memory killer (see dmesg): use fewer workers or smaller "
+              "batches." if killed else "See its traceback above. A worker that exits while "
+              "starting under 'spawn' usually means the main script lacks an "
+              "`if __name__ == '__main__':` guard.")
     return RunnerError(f"process runner: DataLoader worker pid {pid} {ended(killed, code)} while the pipeline "
                        f"ran; the run stopped. {advice}")
 
@@ -246,8 +245,7 @@ def _torch_error(exc: BaseException, it: Any = None) -> RunnerError:
     if "exited unexpectedly" in str(exc):
         # torch has reaped the worker already; its Process object keeps the exit code.
         for worker in getattr(it, "_workers", ()):
-            code = worker.exitcode
-            if code is not None and code != 0 and str(worker.pid) in str(exc):
+            if (code := worker.exitcode) and str(worker.pid) in str(exc):  # neither None nor 0
                 return _dead_worker_error(worker.pid, code < 0, abs(code))
     error = RunnerError(f"process runner: the DataLoader failed: {describe(exc)}")
     error.__cause__ = exc

@@ -191,8 +191,7 @@ def main(data_fd: int, ctrl_fd: int) -> int:
     data = Connection(data_fd, readable=False)
     ctrl = Connection(ctrl_fd, writable=False)
     try:
-        init = ctrl.recv()
-        run = _ChildRun(data, ctrl, init)
+        run = _ChildRun(data, ctrl, ctrl.recv())
     except BaseException:
         with contextlib.suppress(Exception):  # the parent may be gone
             data.send(("crash", traceback.format_exc()))
@@ -221,9 +220,8 @@ class _ChildRun:
 
     def serve(self) -> int:
         threading.Thread(target=self._control, name="spdl_lab:child-control", daemon=True).start()
-        publisher = threading.Thread(target=self._publish_meters, name="spdl_lab:child-meters", daemon=True)
         self.engine.start()
-        publisher.start()
+        threading.Thread(target=self._publish_meters, name="spdl_lab:child-meters", daemon=True).start()
         self._send(("ready",))
         try:
             self._pump()
