@@ -15,7 +15,7 @@ import psutil
 
 from .._loader import Loader
 from .._pipeline import Pipeline
-from .._runners import ray_processes
+from .._runners import ray_processes, runner_class
 from .._telemetry.frames import Row
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, cpu_seconds, machine_times
 from .._training import SimulatedDevice, StepClock
@@ -25,6 +25,12 @@ from ..errors import SpdlLabError
 
 #: A step whose batch took longer than this (and 5% of the step) waited for it: it was not ready.
 READY_WAIT_S = 0.0005
+#: The first window of a runner that starts processes late (``Runner.late_start_s``) measures
+#: once they are up: from ``late_start_s`` after its first batch and once none is younger than
+#: SETTLE_AGE_S (still importing); at most SETTLE_MAX_S. Without it, Ray's first rounds read half
+#: its rate (docs/measurements.md).
+SETTLE_AGE_S = 3.0
+SETTLE_MAX_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class Contender:
             self.loader.add_source(source)
         self._t0 = t0
         self._batches: Iterator[Any] | None = None
+        self._since: float | None = None  # when the run started, until its first window settles
 
     def feed(self, batches: Iterator[Any]) -> None:
         """Take the steps from ``batches`` (the tuner's epochs of ``self.loader``), not one pass."""
@@ -114,6 +121,12 @@ class Contender:
         """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.
         ``max_s`` ends it after that many seconds and at least two steps (the tuner's windows)."""
         with self._watchdog(timeout) as watchdog:
+            late_s = runner_class(self.runner).late_start_s
+            if self._since is not None and warmup > 0 and late_s > 0:  # its run has just started
+                self._run(1, watchdog)
+                _settle(self._since, late_s, watchdog)
+                warmup -= 1
+            self._since = None
             self._run(warmup, watchdog)
             first = len(self.clock.records())
             started = time.perf_counter() - self._t0
@@ -140,6 +153,7 @@ class Contender:
     def _watchdog(self, timeout: float | None) -> Iterator[threading.Event]:
         """Yields an event set once the window ran past ``timeout`` s and closed the loader."""
         if self._batches is None:
+            self._since = time.time()
             self._batches = iter(self.loader)
         fired = threading.Event()
 
@@ -187,6 +201,30 @@ class Contender:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def _settle(since: float, look_s: float, fired: threading.Event) -> None:
+    """After a run's first batch: if it started processes (born since ``since``, less a second:
+    psutil's birth times are that coarse), wait ``look_s``, then until none is SETTLE_AGE_S old;
+    at most SETTLE_MAX_S, or until the watchdog fires."""
+    if max(_births(), default=0.0) < since - 1.0:
+        return
+    deadline = time.monotonic() + SETTLE_MAX_S
+    fired.wait(look_s)
+    while not fired.is_set() and (left := deadline - time.monotonic()) > 0:
+        youngest = time.time() - max(_births(), default=0.0)
+        if youngest >= SETTLE_AGE_S:
+            return
+        fired.wait(min(left, SETTLE_AGE_S - youngest + 0.05))
+
+
+def _births() -> list[float]:
+    """When each process under this one started (``time.time()`` scale)."""
+    births = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            births.append(proc.create_time())
+    return births
 
 
 def park_all_but(contenders: Mapping[str, Contender], runner: str) -> None:

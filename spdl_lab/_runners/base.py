@@ -30,6 +30,10 @@ class Runner(ABC):
     #: naming it in ``set_concurrency``, and the option a Loader carries to later runs.
     pool_stage: str | None = None
     pool_option: str | None = None
+    #: For how long after its first batch it may still start processes (Ray starts workers for
+    #: its first tasks then): a comparison waits for them before it measures. 0: all are up by
+    #: then (a DataLoader's workers, the subprocess child).
+    late_start_s: float = 0.0
 
     def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool) -> None:
         self.pipeline = pipeline

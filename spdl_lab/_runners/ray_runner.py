@@ -55,6 +55,7 @@ class RayRunner(PumpRunner):
     """
 
     name = "ray"
+    late_start_s = 1.0
 
     def __init__(self, pipeline: Pipeline, *, buffer_size: int | None, max_failures: int, metered: bool,
                  address: str | None = None, ray_init_kwargs: dict[str, Any] | None = None,

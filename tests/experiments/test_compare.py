@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
 import spdl_lab as lab
+from spdl_lab._experiments import contender
 from spdl_lab._experiments.compare import DEFAULT_WARMUP, TABLE_COLUMNS, pipeline_length
 from spdl_lab._experiments.comparison import WIDTH
 
@@ -41,6 +45,36 @@ def test_compare_thread_and_cache_in_interleaved_rounds():
     html = cmp._repr_html_()
     assert "vs cache" in html and "thread" in html
     assert cmp.plot() is not None
+
+
+class _Waits(threading.Event):
+    """An event that records each wait (none fires)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
+def test_a_first_window_waits_until_the_processes_its_run_started_are_old_enough(monkeypatch):
+    """Ray starts workers for its first tasks just after the first batch: measured at once, their
+    start-up read as the runner's speed (half its rate). Its first window waits for them."""
+    monkeypatch.setattr(contender, "SETTLE_AGE_S", 1.0)
+    since = time.time()
+    nothing = _Waits()
+    contender._settle(since, 0.1, nothing)  # no process started since: no wait (the thread runner)
+    assert nothing.waits == []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = _Waits()
+        contender._settle(since, 0.1, started)
+        assert started.waits and time.time() - max(contender._births()) >= 1.0
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.measurement
