@@ -111,6 +111,7 @@ class Contender:
         self._t0 = t0
         self._batches: Iterator[Any] | None = None
         self._since: float | None = None  # when the run started, until its first window settles
+        self._late_s = runner_class(runner).late_start_s
 
     def feed(self, batches: Iterator[Any]) -> None:
         """Take the steps from ``batches`` (the tuner's epochs of ``self.loader``), not one pass."""
@@ -121,10 +122,9 @@ class Contender:
         """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.
         ``max_s`` ends it after that many seconds and at least two steps (the tuner's windows)."""
         with self._watchdog(timeout) as watchdog:
-            late_s = runner_class(self.runner).late_start_s
-            if self._since is not None and warmup > 0 and late_s > 0:  # its run has just started
+            if self._since is not None and warmup > 0 and self._late_s > 0:  # its run just started
                 self._run(1, watchdog)
-                _settle(self._since, late_s, watchdog)
+                _settle(self._since, self._late_s, watchdog)
                 warmup -= 1
             self._since = None
             self._run(warmup, watchdog)

@@ -180,7 +180,7 @@ class StepClock:
             return
         end_ns = max(start_ns, end_ns or time.perf_counter_ns())
         step_ns = end_ns - start_ns
-        device = self.device
+        device_s = None if self.device is None else self.device.totals().busy_s - busy0
         with self._write_lock:
             t = self._totals
             record = StepRecord(index=t.steps, end_s=(end_ns - self._origin_ns) / 1e9,
@@ -190,8 +190,8 @@ class StepClock:
             self.wait_hist[bucket_of(wait_ns)] += 1
             t = t._replace(steps=t.steps + 1, wait_ns=t.wait_ns + wait_ns, step_ns=t.step_ns + step_ns,
                            last_end_ns=end_ns)
-            if device is not None:
-                t = self._add_device(t, [(record, device.totals().busy_s - busy0)])
+            if device_s is not None:
+                t = self._add_device(t, [(record, device_s)])
             elif self._cuda is not None:
                 self._cuda.end(cuda_start, record)
                 t = self._add_device(t, self._cuda.poll())
