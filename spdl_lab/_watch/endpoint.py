@@ -133,6 +133,13 @@ class Handlers:
     controls: Callable[[], dict[str, int]]
 
 
+def _closed(*_: Any) -> Any:
+    raise SpdlLabError("the run's endpoint is closed")
+
+
+_CLOSED = Handlers(_closed, _closed, _closed, _closed, _closed)
+
+
 class Endpoint(contextlib.AbstractContextManager):
     """Serves ``handlers`` (thread-safe, quick) on ``<runtime_dir>/<name>-<pid>.sock`` until ``close()``
     or the exit, from threads of its own: a viewer is dropped when a message is not whole
@@ -329,6 +336,7 @@ class Endpoint(contextlib.AbstractContextManager):
             if thread is not threading.current_thread():
                 # A handler stuck forever keeps its daemon thread; we do not wait past this.
                 thread.join(max(0.0, deadline - time.monotonic()))
+        self.handlers = _CLOSED  # they hold the run (a DataLoader and its workers): let it go
 
     def __exit__(self, *exc: object) -> None:
         self.close()

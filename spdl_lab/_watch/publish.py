@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 import time
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,8 @@ class Publisher:
             undo.pop_all()
         loop = getattr(self.source, "loop", None)
         if loop is not None:  # a batch the loop holds as the script fails was no step
-            loop.left_counts = lambda: self.ended_by is None
+            me = weakref.ref(self)  # weakly: the loop's DataLoader goes when its user drops it
+            loop.left_counts = lambda: getattr(me(), "ended_by", None) is None
         _watch_endings()
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()

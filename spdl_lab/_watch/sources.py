@@ -183,9 +183,19 @@ class LoopSource:
         workers = [self.workers] if self.workers is not None else []
         self._sampler = Sampler([*self.loop.sources, *workers], hz=DEFAULT_HZ)
         self._closed = False
-        self.published = PublishedLoop(self)
+        self._published = weakref.ref(PublishedLoop(self))
         self.loop.gil.start()
         self._sampler.start()
+
+    @property
+    def published(self) -> PublishedLoop:
+        """What ``publish`` returns; held weakly, so that dropping it and the iterable ends them
+        as it would without the lab (a DataLoader's workers stop then, not at a collection)."""
+        loop = self._published()
+        if loop is None:
+            loop = PublishedLoop(self)
+            self._published = weakref.ref(loop)
+        return loop
 
     def open_epoch(self, make: Callable[[], Iterator[Any]]) -> _Epoch:
         """Time one pass over ``make()``; a DataLoader's workers start metered, their start-up

@@ -116,6 +116,29 @@ def test_a_published_dataloader_meters_its_workers(context, persistent, runtime,
     gc.collect()
 
 
+@pytest.mark.timeout(60)
+def test_dropping_a_published_persistent_dataloader_stops_its_workers_at_once_as_without_the_lab(runtime):
+    """torch stops persistent workers when the DataLoader's last reference goes. Had the lab put it
+    in a reference cycle, a garbage collection would take it instead: multiprocessing's queue
+    finalizers run first, the workers never get their stop, and torch waits 5 s for each."""
+    dl = dataloader(jobs.Squares(), "fork", persistent=True)
+    loop = lab.publish(dl, name="dropped")
+    publisher = published_by(dl)
+    for _ in range(2):
+        for _ in loop:
+            pass
+    lab.unpublish(dl)
+    workers = list(dl._iterator._workers)
+    assert all(w.is_alive() for w in workers)
+    gc.disable()
+    try:
+        del loop, publisher, dl
+        alive = [w.pid for w in workers if w.is_alive()]
+    finally:
+        gc.enable()
+    assert not alive, "the workers outlived the DataLoader: it is held in a reference cycle"
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
 @pytest.mark.parametrize("context", CONTEXTS)
