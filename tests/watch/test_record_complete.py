@@ -178,10 +178,16 @@ SIGTERM_IN_WAIT = '''
     import torch
     from torch.utils.data import DataLoader, Dataset
 
+    SCRIPT = os.getpid()
+
     class Slow(Dataset):
         def __len__(self): return 64
         def __getitem__(self, i):
-            time.sleep(2.0 if i >= 16 else 0.001)  # the loop waits in next() from the 5th batch
+            # The loop waits in next() from the 5th batch, 8 s or until the script is gone: then
+            # the worker stops at once, and with it the pipes it shares with the test.
+            until = time.monotonic() + (2.0 if i >= 16 else 0.001)
+            while time.monotonic() < until and os.getppid() == SCRIPT:
+                time.sleep(0.01)
             return torch.full((4,), float(i))
 
     def terminate():
