@@ -10,9 +10,8 @@ from typing import Any
 
 from ._pipeline import Pipeline, check_ints, validate_concurrency
 from ._runners import runner_class
-from ._runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
+from ._runs import CLOSE_TIMEOUT_S, RunOwner, run_start_hooks
 from ._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
-from ._telemetry.snapshot import Snapshot
 from .errors import PipelineSpecError, SpdlLabError
 
 
@@ -119,9 +118,6 @@ class Loader(RunOwner):
             return {cls.pool_stage: self._options.get(cls.pool_option, default)}
         return {s.name: run.runner.concurrency(s.name) if live else self._overrides.get(s.name, s.concurrency)
                 for s in self.pipeline.stages if s.kind == "map"}
-
-    def _empty_stats(self) -> Snapshot:
-        return empty_snapshot(self.runner, self.pipeline, self._overrides)
 
     def __repr__(self) -> str:
         stages = ", ".join(s.name for s in self.pipeline.stages)

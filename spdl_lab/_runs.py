@@ -16,7 +16,6 @@ from typing_extensions import Self
 
 from ._engine.engine import EngineReading
 from ._engine.queues import END, TIMEOUT
-from ._pipeline import Pipeline
 from ._runners.base import Runner
 from ._telemetry.frames import FrameChunk, Ring, chunk_since, queue_rows, stage_rows, to_frame
 from ._telemetry.sampler import Sampler, Source
@@ -49,7 +48,11 @@ def run_start_hooks(event: str, subject: Any) -> None:
 
 class RunOwner:
     """What every owner of runs shares (``Loader``, the SPDL monitor): extra sampler sources,
-    reading the current or last run, closing. Subclasses say what ``stats()`` is before any run."""
+    reading the current or last run, closing. Subclasses set ``runner`` and ``pipeline``."""
+
+    runner: str
+    pipeline: Any  # a Pipeline, or what has its ``stages``
+    _overrides: dict[str, int] = {}  # stage -> concurrency set before a run
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
         if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
@@ -79,10 +82,7 @@ class RunOwner:
 
     def stats(self) -> Snapshot:
         run = self._state.run
-        return self._empty_stats() if run is None else run.snapshot()
-
-    def _empty_stats(self) -> Snapshot:
-        raise NotImplementedError
+        return _empty_snapshot(self) if run is None else run.snapshot()
 
     def reading(self) -> EngineReading | None:
         """The live run's meters as totals, or None: two readings apart give a span's own figures
@@ -263,11 +263,11 @@ def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
     return out
 
 
-def empty_snapshot(runner: str, pipeline: Pipeline, overrides: dict[str, int]) -> Snapshot:
-    nan = float("nan")
+def _empty_snapshot(owner: RunOwner) -> Snapshot:
+    nan, overrides = float("nan"), owner._overrides
     stages = {s.name: StageStats(s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan, overrides.get(s.name, s.concurrency),
-                                 0, 0.0, 0, 0) for s in pipeline.stages}
-    return Snapshot(runner=runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
+                                 0, 0.0, 0, 0) for s in owner.pipeline.stages}
+    return Snapshot(runner=owner.runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
 
 
 def caller_line() -> str:

@@ -13,9 +13,8 @@ from typing import Any
 from .._engine.engine import EngineReading
 from .._engine.queues import END, TIMEOUT
 from .._runners.base import Runner
-from .._runs import CLOSE_TIMEOUT_S, RunOwner, empty_snapshot, run_start_hooks
+from .._runs import CLOSE_TIMEOUT_S, RunOwner, run_start_hooks
 from .._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
-from .._telemetry.snapshot import Snapshot
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
 from .spdl import SpdlSpec, from_spdl, op_kind, pipe_fields, read_spec
 
@@ -64,9 +63,6 @@ class SpdlMonitor(RunOwner):
 
     def controls(self) -> dict[str, int]:
         return {}
-
-    def _empty_stats(self) -> Snapshot:
-        return empty_snapshot(self.runner, self.pipeline, {})  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"SpdlMonitor(stages=[{', '.join(p.name for p in self.pipeline.parts)}], {self.state})"

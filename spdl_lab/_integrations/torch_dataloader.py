@@ -282,30 +282,36 @@ def _call(meter: SlotMeter, row: int, fn: Callable[[Any], Any], arg: Any, items:
     return out
 
 
-class _TimedDataset:
+class Proxy:
+    """``len()`` and the attributes of the object it stands for, ``_of``."""
+
+    _of: Any
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_of":
+            raise AttributeError(name)
+        return getattr(self._of, name)
+
+
+class _TimedDataset(Proxy):
     """A map-style dataset as the fetcher sees it: ``dataset[i]`` and, where the dataset has it,
     ``__getitems__`` (one call, ``len(indices)`` items), each timed; other attributes pass through."""
 
     def __init__(self, dataset: Any, meter: SlotMeter) -> None:
-        self._dataset = dataset
+        self._of = dataset
         self._meter = meter
         getitems = getattr(dataset, "__getitems__", None)
         if getitems:  # the fetcher looks it up on the instance, and only uses it when truthy
             self.__getitems__ = functools.partial(self._getitems, getitems)
 
     def __getitem__(self, index: Any) -> Any:
-        return _call(self._meter, FETCH, self._dataset.__getitem__, index)
+        return _call(self._meter, FETCH, self._of.__getitem__, index)
 
     def _getitems(self, getitems: Callable[[Any], Any], indices: Any) -> Any:
         return _call(self._meter, FETCH, getitems, indices, items=len(indices))
-
-    def __len__(self) -> int:
-        return len(self._dataset)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_dataset", "_meter"):
-            raise AttributeError(name)
-        return getattr(self._dataset, name)
 
 
 def _timed_items(items: Iterator[Any], meter: SlotMeter) -> Iterator[Any]:

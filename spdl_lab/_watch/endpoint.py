@@ -133,13 +133,6 @@ class Handlers:
     controls: Callable[[], dict[str, int]]
 
 
-def _closed(*_: Any) -> Any:
-    raise SpdlLabError("the run's endpoint is closed")
-
-
-_CLOSED = Handlers(_closed, _closed, _closed, _closed, _closed)
-
-
 class Endpoint(contextlib.AbstractContextManager):
     """Serves ``handlers`` (thread-safe, quick) on ``<runtime_dir>/<name>-<pid>.sock`` until ``close()``
     or the exit, from threads of its own: a viewer is dropped when a message is not whole
@@ -150,7 +143,7 @@ class Endpoint(contextlib.AbstractContextManager):
                  runner: str | None = None, max_viewers: int = 16,
                  request_timeout: float = 5.0, job: dict[str, Any] | None = None) -> None:
         self.name = name
-        self.handlers = handlers
+        self.handlers: Handlers | None = handlers
         self.runner = runner
         self.max_viewers = max_viewers
         self.request_timeout = request_timeout
@@ -300,6 +293,8 @@ class Endpoint(contextlib.AbstractContextManager):
             case wire.Ask(op="hello"):
                 return wire.HelloReply(name=self.name, pid=self.pid, runner=self.runner,
                                        version=VERSION)
+            case _ if handlers is None:
+                raise SpdlLabError("the run's endpoint is closed")
             case wire.Ask(op="stats"):
                 return wire.StatsReply(stats=_json.plain(handlers.stats()))  # numpy numbers too
             case wire.Ask(op="state"):
@@ -336,7 +331,7 @@ class Endpoint(contextlib.AbstractContextManager):
             if thread is not threading.current_thread():
                 # A handler stuck forever keeps its daemon thread; we do not wait past this.
                 thread.join(max(0.0, deadline - time.monotonic()))
-        self.handlers = _CLOSED  # they hold the run (a DataLoader and its workers): let it go
+        self.handlers = None  # they hold the run (a DataLoader and its workers): let it go
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -12,8 +12,8 @@ import os
 import signal
 import sys
 import threading
-import weakref
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 

@@ -246,8 +246,10 @@ def with_record(path: str | os.PathLike, read: Callable[[sqlite3.Connection], T]
 # steps_origin_s (perf_counter() at that origin, for other processes' times), steps_offset_s (the
 # origin in the frames' time), steps_device, step_copies, step_copy_ns.
 _NS = 1_000_000_000
+_STEP = "end_ns, wait_ns, step_ns, device_ns"
 _SECOND = ("steps, wait_ns, step_ns, last_end_ns, device_steps, device_ns, device_loop_ns, "
            "step_hist, wait_hist")
+_NO_SECOND = (0, 0, 0, 0, 0, 0, 0, "{}", "{}")
 
 
 def step_rows(records: Iterable[StepRecord]) -> list[Row]:
@@ -256,8 +258,19 @@ def step_rows(records: Iterable[StepRecord]) -> list[Row]:
              None if math.isnan(r.device_s) else round(r.device_s * 1e9)) for r in records]
 
 
-def _hist(stored: str) -> Counter[int]:
-    return Counter({int(bucket): count for bucket, count in loads(stored).items()})
+def _sums(second: tuple) -> list[Any]:
+    """A ``step_seconds`` row as running sums, its histograms as Counters."""
+    return [*second[:7], *(Counter({int(b): n for b, n in loads(h).items()}) for h in second[7:])]
+
+
+def _add_step(sums: list[Any], end_ns: int, wait_ns: int, step_ns: int,
+              device_ns: int | None) -> None:
+    on_device = device_ns is not None
+    sums[:7] = [sums[0] + 1, sums[1] + wait_ns, sums[2] + step_ns, max(sums[3], end_ns),
+                sums[4] + on_device, sums[5] + (device_ns or 0),
+                sums[6] + on_device * (wait_ns + step_ns)]
+    sums[7][bucket_of(step_ns)] += 1
+    sums[8][bucket_of(wait_ns)] += 1
 
 
 def thin_steps(db: sqlite3.Connection) -> None:
@@ -267,20 +280,12 @@ def thin_steps(db: sqlite3.Connection) -> None:
     if newest is None:
         return
     cutoff_ns = math.floor(newest / 1e9 - STEPS_FULL_S) * _NS
-    old = db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps WHERE end_ns < ?",
-                     (cutoff_ns,)).fetchall()
     seconds: dict[int, list[Any]] = {}
-    for end_ns, wait_ns, step_ns, device_ns in old:
-        s = seconds.get(second := end_ns // _NS)
-        if s is None:
-            before = db.execute(f"SELECT {_SECOND} FROM step_seconds WHERE second = ?",
-                                (second,)).fetchone() or (0, 0, 0, 0, 0, 0, 0, "{}", "{}")
-            s = seconds[second] = [*before[:7], _hist(before[7]), _hist(before[8])]
-        on_device = device_ns is not None
-        s[:7] = [s[0] + 1, s[1] + wait_ns, s[2] + step_ns, max(s[3], end_ns), s[4] + on_device,
-                 s[5] + (device_ns or 0), s[6] + on_device * (wait_ns + step_ns)]
-        s[7][bucket_of(step_ns)] += 1
-        s[8][bucket_of(wait_ns)] += 1
+    for row in db.execute(f"SELECT {_STEP} FROM steps WHERE end_ns < ?", (cutoff_ns,)).fetchall():
+        if (second := row[0] // _NS) not in seconds:
+            before = db.execute(f"SELECT {_SECOND} FROM step_seconds WHERE second = ?", (second,))
+            seconds[second] = _sums(before.fetchone() or _NO_SECOND)
+        _add_step(seconds[second], *row)
     db.executemany("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    [(n, *s[:7], json.dumps(s[7]), json.dumps(s[8])) for n, s in seconds.items()])
     db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_ns,))
@@ -291,25 +296,18 @@ def read_step_summary(db: sqlite3.Connection, meta: dict[str, str]) -> StepSumma
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not {"steps", "step_seconds"} <= tables:
         return None
-    full = np.array(db.execute("SELECT end_ns, wait_ns, step_ns, device_ns FROM steps ORDER BY idx")
-                    .fetchall(), dtype=object).reshape(-1, 4)
+    full = db.execute(f"SELECT {_STEP} FROM steps ORDER BY idx").fetchall()
     thinned = db.execute(f"SELECT {_SECOND} FROM step_seconds").fetchall()
-    if not len(full) and not thinned:
+    if not full and not thinned:
         return None
-    ends, waits, steps = (full[:, i].astype(np.int64) for i in range(3))
-    has_device = np.array([d is not None for d in full[:, 3]], dtype=bool)
-    device = full[has_device, 3].astype(np.int64)
-    hists = []
-    for own, column in ((steps, 7), (waits, 8)):
-        counts = sum((_hist(row[column]) for row in thinned), Counter(map(bucket_of, own.tolist())))
-        hists.append([counts[i] for i in range(NUM_BUCKETS)])
-    sums = [sum(row[i] for row in thinned) for i in (0, 1, 2, 4, 5, 6)]
-    last_end = max(([int(ends.max())] if len(ends) else []) + [row[3] for row in thinned])
-    totals = Totals(steps=len(steps) + sums[0], wait_ns=int(waits.sum()) + sums[1],
-                    step_ns=int(steps.sum()) + sums[2], last_end_ns=last_end,
-                    device_steps=len(device) + sums[3], device_ns=int(device.sum()) + sums[4],
-                    device_loop_ns=int((waits[has_device] + steps[has_device]).sum()) + sums[5],
-                    copies=int(meta.get("step_copies", 0) or 0), copy_ns=int(meta.get("step_copy_ns", 0) or 0))
-    exact = not thinned
+    sums = _sums(_NO_SECOND)
+    for row in full:
+        _add_step(sums, *row)
+    for row in thinned:  # a second's sums add up, but for its last end
+        sums = [max(a, b) if i == 3 else a + b for i, (a, b) in enumerate(zip(sums, _sums(row)))]
+    totals = Totals(*sums[:7], copies=int(meta.get("step_copies", 0) or 0),
+                    copy_ns=int(meta.get("step_copy_ns", 0) or 0))
+    exact = [None if thinned else np.array([r[i] for r in full], dtype=np.int64) / 1e9
+             for i in (2, 1)]
     return summarize(totals, int(meta.get("steps_first_ns", 0) or 0), meta.get("steps_device", ""),
-                     *hists, steps / 1e9 if exact else None, waits / 1e9 if exact else None)
+                     *([sums[i][b] for b in range(NUM_BUCKETS)] for i in (7, 8)), *exact)

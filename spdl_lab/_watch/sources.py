@@ -13,7 +13,7 @@ from typing import Any
 from .. import _forksafe
 from .._experiments.session import Session
 from .._integrations import is_spdl_spec, open_spdl
-from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
+from .._integrations.torch_dataloader import Proxy, WatchedDataLoader, is_dataloader
 from .._pipeline import Pipeline
 from .._runs import RunOwner
 from .._telemetry.probes import CpuProbe, GilProbe
@@ -42,21 +42,7 @@ def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
     return LoopSource(obj)
 
 
-class _Proxy:
-    """``len()`` and the attributes of the object it stands for, ``_of``."""
-
-    _of: Any
-
-    def __len__(self) -> int:
-        return len(self._of)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_of":
-            raise AttributeError(name)
-        return getattr(self._of, name)
-
-
-class _Epoch(_Proxy):
+class _Epoch(Proxy):
     """One pass of the loop over a published iterable, timed by the step clock; other attributes
     (``len``, torch's ``_workers``) are the iterator's. A step held as the loop lets go ends."""
 
@@ -240,7 +226,7 @@ class LoopSource:
             self.workers.close()
 
 
-class PublishedLoop(_Proxy):
+class PublishedLoop(Proxy):
     """What ``lab.publish`` returns for a DataLoader or another iterable: each ``for`` over it is an
     epoch, timed; ``len()`` and attributes are the original's."""
 
