@@ -1,6 +1,6 @@
 """Locks that survive ``fork()`` (a DataLoader forking while a lab thread holds one would hand the
 child a lock nobody releases): taken before the fork, released after it in the parent, made anew
-in the child (held if the forking thread held it). ``forked_child()`` tells a fork apart."""
+in the child (held if the forking thread held it)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,6 @@ FORK_WAIT_S = 1.0
 
 _locks: weakref.WeakSet = weakref.WeakSet()
 _registry = threading.Lock()
-
-
-def forked_child(pid: int) -> bool:
-    """Whether this process is a fork of process ``pid`` rather than ``pid`` itself."""
-    return os.getpid() != pid
 
 
 class Lock:

@@ -70,28 +70,35 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
     taken = {SOURCE, SINK}
     parts = []
     for cfg in config.pipes:
-        kind, concurrency = "other", 1
+        # why lab cannot take it, and what to do; None when it can (each pipe: _pipe_refusal)
+        kind, concurrency, why = "other", 1, _UNMODELLED
         if isinstance(cfg, defs.PipeConfig):
-            op, _executor, concurrency = pipe_fields(cfg)
+            op, executor, concurrency = pipe_fields(cfg)
             base, kind, what = cfg.name, "map", f"pipe ({op_kind(op)})"
+            why = _pipe_refusal(cfg, op, executor) if convert else None
         elif isinstance(cfg, defs.AggregateConfig):
-            size = f"{cfg.op.n} items" if type(cfg.op) is defs.Collate else f"custom {type(cfg.op).__name__}"
+            custom = type(cfg.op) is not defs.Collate
+            size = f"custom {type(cfg.op).__name__}" if custom else f"{cfg.op.n} items"
             base, kind, what = cfg.name, "batch", f"aggregate ({size})"
+            why = (f"a custom Aggregator ({type(cfg.op).__name__}) decides when to emit, and a "
+                   f"lab.Pipeline batches by count only. Use aggregate(n), or {_MONITOR}."
+                   if convert and custom else None)
         elif isinstance(cfg, defs.DisaggregateConfig):
             base, kind, what = "disaggregate", "map", "disaggregate"
+            why = (f"a lab.Pipeline cannot split batches back into items. Remove it, or {_MONITOR}."
+                   if convert else None)
         elif isinstance(cfg, defs.PathVariantsConfig):
             base, what = cfg.name or "path_variants_router", f"path_variants with {len(cfg.paths)} paths"
         elif isinstance(cfg, defs.PlacementConfig):
             base, what = cfg.name, f".to({cfg.target!r}) region marker"
+            why = f"its stages run in worker processes, where lab's hooks do not reach, and {why}"
         else:
             base, what = getattr(cfg, "name", None) or type(cfg).__name__, type(cfg).__name__
         name = unique_name(str(base) or "stage", taken)
         taken.add(name)
-        part = SpdlStage(name, kind, concurrency, what, cfg)
-        why = _refusal(part, convert)
         if why is not None:
-            raise PipelineSpecError(f"{caller}: stage {part.name!r} ({what}) is not supported: {why}")
-        parts.append(part)
+            raise PipelineSpecError(f"{caller}: stage {name!r} ({what}) is not supported: {why}")
+        parts.append(SpdlStage(name, kind, concurrency, what, cfg))
     return SpdlSpec(config, tuple(parts))
 
 
@@ -123,6 +130,8 @@ def _config_of(spec: Any, caller: str) -> Any:
 _MONITOR = "lab.run(builder, step=...) monitors it as SPDL runs it, without converting"
 _AS_ITERABLE = ("run the built pipeline as a plain iterable: lab.run(builder.build(num_threads=n), "
                 "step=...) measures the training step and the probes")
+_UNMODELLED = (f"lab takes a chain of map and batch stages, with no regions or branches. "
+               f"Remove it, or {_AS_ITERABLE}.")
 
 
 def _check_source(src: Any, caller: str, convert: bool) -> None:
@@ -140,37 +149,19 @@ def _check_source(src: Any, caller: str, convert: bool) -> None:
             "add_source(..., continuous=False).")
 
 
-def _refusal(part: SpdlStage, convert: bool) -> str | None:
-    """Why ``part`` cannot be taken, and what to do; None when it can."""
-    from spdl.pipeline.defs import AggregateConfig, Collate, PipeConfig
-
-    cfg = part.cfg
-    if part.kind == "other":
-        region = part.what.startswith(".to(")
-        where = "its stages run in worker processes, where lab's hooks do not reach, and " if region else ""
-        return (f"{where}lab takes a chain of map and batch stages, with no regions or branches. "
-                f"Remove it, or {_AS_ITERABLE}.")
-    if not convert:
-        return None
-    if isinstance(cfg, PipeConfig):
-        op, executor, _ = pipe_fields(cfg)
-        kind = op_kind(op)
-        if kind in ("generator", "async generator"):
-            return (f"a {kind} puts each value it yields downstream, and a lab map stage makes one "
-                    f"output per input. Return one value (a list, then .disaggregate() in SPDL), or {_MONITOR}.")
-        if executor is not None:
-            return (f"it runs on its own executor ({type(executor).__name__}), and lab runs each stage "
-                    f"in its own threads (or a runner's processes). Drop executor=, or {_MONITOR}.")
-        if getattr(cfg, "_max_failures", None) is not None:
-            return (f"it sets its own max_failures ({cfg._max_failures}), and lab counts failures "
-                    f"for the whole pipeline. Drop it and pass max_failures=N to lab.Loader or lab.run.")
-        return None
-    if isinstance(cfg, AggregateConfig):
-        if type(cfg.op) is not Collate:
-            return (f"a custom Aggregator ({type(cfg.op).__name__}) decides when to emit, and a "
-                    f"lab.Pipeline batches by count only. Use aggregate(n), or {_MONITOR}.")
-        return None
-    return f"a lab.Pipeline cannot split batches back into items. Remove it, or {_MONITOR}."  # disaggregate
+def _pipe_refusal(cfg: Any, op: Any, executor: Any) -> str | None:
+    """Why a lab.Pipeline cannot take this pipe, and what to do; None when it can."""
+    kind = op_kind(op)
+    if kind in ("generator", "async generator"):
+        return (f"a {kind} puts each value it yields downstream, and a lab map stage makes one "
+                f"output per input. Return one value (a list, then .disaggregate() in SPDL), or {_MONITOR}.")
+    if executor is not None:
+        return (f"it runs on its own executor ({type(executor).__name__}), and lab runs each stage "
+                f"in its own threads (or a runner's processes). Drop executor=, or {_MONITOR}.")
+    if getattr(cfg, "_max_failures", None) is not None:
+        return (f"it sets its own max_failures ({cfg._max_failures}), and lab counts failures "
+                f"for the whole pipeline. Drop it and pass max_failures=N to lab.Loader or lab.run.")
+    return None
 
 
 def pipe_fields(cfg: Any) -> tuple[Callable[[Any], Any], Any, int]:

@@ -226,7 +226,7 @@ class Publisher:
 
     def flush(self) -> None:
         """Put everything so far in the record file now (a signal is about to end the script)."""
-        if _forksafe.forked_child(self._pid):  # a forked worker's SIGTERM: not its record
+        if os.getpid() != self._pid:  # a forked worker's SIGTERM: not its record
             return
         self._copy()
         self.writer.flush()
@@ -245,7 +245,7 @@ class Publisher:
     def close(self) -> None:
         """Stop publishing: the record gets the run's last frames and state, the endpoint goes; not
         in a forked child, whose atexit and SIGTERM handlers, record, endpoint are the script's."""
-        if _forksafe.forked_child(self._pid):
+        if os.getpid() != self._pid:
             return
         with self._lock:
             if self._stop.is_set():
