@@ -3,6 +3,7 @@ the SPDL monitor), and the start hooks through which layers above act on a run b
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from typing_extensions import Self
 
 from ._engine.engine import EngineReading
 from ._engine.queues import END, TIMEOUT
@@ -46,7 +46,7 @@ def run_start_hooks(event: str, subject: Any) -> None:
         hook(event, subject)
 
 
-class RunOwner:
+class RunOwner(contextlib.AbstractContextManager):
     """What every owner of runs shares (``Loader``, the SPDL monitor): extra sampler sources,
     reading the current or last run, closing. Subclasses set ``runner`` and ``pipeline``."""
 
@@ -126,9 +126,6 @@ class RunOwner:
     def close(self) -> None:
         """Stop the current run and everything it started. Safe to call twice."""
         self._state.close(self._close_timeout)
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

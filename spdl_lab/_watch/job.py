@@ -35,11 +35,11 @@ class JobSession:
     """
 
     def __init__(self, name: str, job_id: str, world_size: int | None, sessions: dict[int, RemoteSession],
-                 live: bool) -> None:
+                 record: str | None = None) -> None:
         self.name, self.job_id, self.world_size = name, job_id, world_size
-        self.record = None
+        self.record = record  # the job's record folder; None: live, attached
         self._ranks = dict(sorted(sessions.items()))
-        self._live = live
+        self._live = record is None
         self._lock = threading.Lock()
         self._looked_at = time.monotonic()
 
@@ -56,7 +56,7 @@ class JobSession:
             return None
         first = found[0]
         return cls(first.get("job_name") or first["name"], first["job"], first.get("world_size"),
-                   {e["rank"]: RemoteSession(e) for e in found}, True)
+                   {e["rank"]: RemoteSession(e) for e in found})
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike) -> JobSession:
@@ -75,10 +75,8 @@ class JobSession:
             sessions[session.rank] = session
         first = record_meta(files[0])
         world = first.get("world_size", "")
-        job = cls(first.get("job_name") or folder.name, first.get("job", folder.name),
-                  int(world) if world.isdigit() else None, sessions, False)
-        job.record = str(folder)
-        return job
+        return cls(first.get("job_name") or folder.name, first.get("job", folder.name),
+                   int(world) if world.isdigit() else None, sessions, str(folder))
 
     @property
     def ranks(self) -> dict[int, RemoteSession]:

@@ -105,15 +105,10 @@ class SessionSource:
         self.published = self.obj = obj
         self.runner = obj.runner
         self.clock: StepClock = getattr(obj, "clock", None) or StepClock()
+        self.set_concurrency, self.controls = obj.set_concurrency, obj.controls
 
     def sampler(self) -> Sampler | None:
         return self.obj.sampler
-
-    def set_concurrency(self, stage: str, n: int) -> None:
-        self.obj.set_concurrency(stage, n)
-
-    def controls(self) -> dict[str, int]:
-        return dict(self.obj.controls())
 
     def stats(self) -> dict[str, Any]:
         return self.obj.stats().to_dict()
