@@ -4,7 +4,7 @@ SPDL's event loop thread only, so each counter has one writer and needs no lock.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from spdl.pipeline import AsyncQueue, StageInfo, TaskHook, is_eof, is_epoch_end
@@ -47,22 +47,17 @@ class _MeteredQueue(AsyncQueue):
         return item
 
     async def put(self, item: object) -> None:
-        if not self.full():
-            return await super().put(item)
-        t0 = _clock()
-        try:
-            return await super().put(item)
-        finally:
-            self.put_blocked_ns += _clock() - t0
+        await (self._blocked(super().put(item), "put_blocked_ns") if self.full() else super().put(item))
 
     async def get(self) -> Any:
-        if not self.empty():
-            return await super().get()
+        return await (self._blocked(super().get(), "get_blocked_ns") if self.empty() else super().get())
+
+    async def _blocked(self, waiting: Awaitable[Any], counter: str) -> Any:
         t0 = _clock()
         try:
-            return await super().get()
+            return await waiting
         finally:
-            self.get_blocked_ns += _clock() - t0
+            setattr(self, counter, getattr(self, counter) + _clock() - t0)
 
 
 class _StageHook(TaskHook):

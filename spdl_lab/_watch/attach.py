@@ -215,8 +215,7 @@ class RemoteSession:
     @property
     def stage_names(self) -> list[str]:
         """The run's stages in order, the source first (what the dashboard plots)."""
-        table = self.stats().table()
-        return [str(name) for name in table.index] if not table.empty else []
+        return [str(name) for name in self.stats().table().index]
 
     def controls(self) -> dict[str, int]:
         return dict(self._controls)
