@@ -194,11 +194,8 @@ class WatchedDataLoader:
         if it is None or getattr(it, "_shutdown", False):
             return []
         depth = getattr(it, "_tasks_outstanding", None)  # asked of the workers, not yet taken
-        if not isinstance(depth, int):  # a torch without that field
-            sent, received = getattr(it, "_send_idx", None), getattr(it, "_rcvd_idx", None)
-            depth = sent - received if isinstance(sent, int) and isinstance(received, int) else None
         workers, prefetch = getattr(it, "_num_workers", None), getattr(it, "_prefetch_factor", None)
-        if depth is None or not isinstance(workers, int) or not isinstance(prefetch, int):
+        if not all(isinstance(n, int) for n in (depth, workers, prefetch)):
             return []  # a torch without these fields, or a single-process iterator
         return queue_rows(QueueReading(QUEUE, max(0, depth), prefetch * workers, 0, 0, 0, 0), None, dt_s)
 

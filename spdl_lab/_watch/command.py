@@ -45,8 +45,7 @@ def watched_env(name: str | None = None, record: str | None = None) -> dict[str,
 def run_watched(command: list[str], name: str | None = None, record: str | None = None) -> int:
     """Run ``command`` with publishing on; its exit status (128 + N when signal N ended it), 130
     after a Ctrl-C whatever the script made of it (torch's import, cut short, ends in ImportError)."""
-    if command and command[0] == "--":
-        command = command[1:]
+    command = command[1:] if command[:1] == ["--"] else command
     if not command:
         raise UsageError("give the command to run after --, e.g. spdl-lab watch -- python train.py")
     proc = _start(command, env=watched_env(name, record))

@@ -99,17 +99,16 @@ def rank_run(name: str, override: str | None) -> tuple[str, Path, dict[str, str 
     """A torchrun rank's name ``name-rankR``, record (``rankR.sqlite`` in ``override``, ``x.sqlite``
     for ``x/``, else in ``spdl_lab_runs/NAME-JOBID``) and facts; None outside a job. The job id:
     TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s, else the launcher's pid (every rank's parent)."""
-    environ = os.environ
     try:
-        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
-        local = int(environ.get("LOCAL_RANK", rank))
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
     except (KeyError, ValueError):
         return None
     if not 0 <= rank < world:
         return None
-    job = environ.get("TORCHELASTIC_RUN_ID", "")
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "")
     job = safe_name(job if job not in ("", "none") else
-                    environ.get(JOB_ENV) or f"launcher-{os.getppid()}")
+                    os.environ.get(JOB_ENV) or f"launcher-{os.getppid()}")
     job_name = name.removesuffix(f"-rank{rank}")
     if override:
         folder = Path(override)
