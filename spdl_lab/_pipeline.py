@@ -159,11 +159,11 @@ def find_stage(stages: Sequence[Any], name: str, whose: str) -> Any:
     raise PipelineSpecError(f"no stage named {name!r}; {whose} stages: {known}")
 
 
-def unique_name(base: str, taken: Collection[str]) -> str:
-    """``base``, or the first of ``base_2``, ``base_3``, ... not in ``taken``."""
+def unique_name(base: str, taken: Collection[str], sep: str = "_") -> str:
+    """``base``, or the first of ``base_2``, ``base_3``, ... (``sep``, ``_``) not in ``taken``."""
     name, n = base, 2
     while name in taken:
-        name, n = f"{base}_{n}", n + 1
+        name, n = f"{base}{sep}{n}", n + 1
     return name
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import math
 import os
 import signal
@@ -19,6 +18,7 @@ from typing import Any
 
 from .. import _forksafe
 from .._json import dumps
+from .._pipeline import unique_name
 from .._runs import caller_line
 from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
@@ -82,8 +82,7 @@ def publish_once(obj: Any) -> Publisher:
             base = os.environ.get(ENV_NAME, "") or caller_line()
             rank = os.environ.get("RANK", "")
             base = f"{base}-rank{rank}" if rank.isdigit() else base
-            name = next(n for n in (f"{base}-{i}" if i > 1 else base for i in itertools.count(1))
-                        if n not in _taken)
+            name = unique_name(base, _taken, sep="-")
             _taken.add(name)
             publisher = Publisher(obj, name)
     return publisher
