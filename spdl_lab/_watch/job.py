@@ -180,9 +180,6 @@ class JobSession:
         return f"JobSession({self.name!r}, job={self.job_id!r}, world_size={self.world_size}, ranks={{{states}}})"
 
 
-_COLUMNS = ["name", "pid", "started", "state", "runner", "record", "ranks"]
-
-
 def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
     """The published runs on this host (a DataFrame, a data-parallel job on one row with its
     ranks), or what watches the one of that name or pid, waiting up to ``timeout`` s for it: a
@@ -233,7 +230,8 @@ def _listing() -> pd.DataFrame:
                      "started": min(e["started"] for e in entries), "runner": first["runner"],
                      "state": "running" if "running" in states else ", ".join(sorted(states)),
                      "record": folder, "ranks": f"{ranks} of {first.get('world_size') or '?'}"})
-    return pd.DataFrame(sorted(rows, key=lambda r: r["started"]), columns=_COLUMNS)
+    return pd.DataFrame(sorted(rows, key=lambda r: r["started"]),
+                        columns=["name", "pid", "started", "state", "runner", "record", "ranks"])
 
 
 def open_record(path: str | os.PathLike) -> Any:
