@@ -119,7 +119,6 @@ class RemoteSession:
         self._final: Snapshot | None = None  # a record's: its last stats, its steps' figures
         self._controls: dict[str, int] = {}
         self._t0 = time.monotonic()
-        self._lock = threading.Lock()  # one request at a time on the client
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self._client is not None:
@@ -151,10 +150,9 @@ class RemoteSession:
     def _poll(self) -> bool:
         """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""
         try:
-            with self._lock:
-                chunk = self._client.request("frames_since", cursor=self._remote_cursor).chunk
-                state = self._client.request("state").state
-                controls = self._client.request("controls").controls
+            chunk = self._client.request("frames_since", cursor=self._remote_cursor).chunk
+            state = self._client.request("state").state
+            controls = self._client.request("controls").controls
         except SpdlLabError:
             state = record_state(self.record, "killed")
             self._state = "killed" if state == "running" else state  # gone, yet never closed
@@ -200,7 +198,7 @@ class RemoteSession:
         if self._final is not None:
             return self._final
         if self.running and self._client is not None:
-            with contextlib.suppress(SpdlLabError), self._lock:
+            with contextlib.suppress(SpdlLabError):
                 self._stats = self._client.request("stats").stats
         stats = dict(self._stats)
         self.dropped_ticks = dict(stats.get("dropped_ticks") or {})
@@ -224,8 +222,7 @@ class RemoteSession:
         """Sent to the script, which applies it where its runner can change live."""
         if not self.running or self._client is None:
             raise SpdlLabError(f"the published run {self.name!r} is {self._state}: nothing to change")
-        with self._lock:
-            self._client.request("set_concurrency", stage=stage, n=n)
+        self._client.request("set_concurrency", stage=stage, n=n)
         self._controls[stage] = n
 
     def dashboard(self, **options: Any) -> Any:
@@ -245,9 +242,8 @@ class RemoteSession:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     stop = close  # as a Session's
 
