@@ -66,7 +66,7 @@ from _common import machine_line, print_table  # noqa: E402
 import spdl_lab as lab  # noqa: E402
 from spdl_lab._tune.bench import Bench  # noqa: E402
 from spdl_lab._tune.space import TUNABLE_RUNNERS, WORKERS, Config, Space  # noqa: E402
-from spdl_lab.workloads._synthetic import decode_iterations_per_us  # noqa: E402
+from spdl_lab.workloads import decode_iterations_per_us  # noqa: E402
 
 #: Targets of issue 19.
 RATE_TARGET = 0.95

@@ -76,13 +76,16 @@ def _raise_unless_importing(signum: int, frame: FrameType | None) -> None:
             _PENDING.set()
             _check_delivered(0)
         raise KeyboardInterrupt
-    _later(RETRY_S, _resend)
+    later(RETRY_S, _resend)
 
 
-def _later(after_s: float, function: Any, *args: Any) -> None:
+def later(after_s: float, function: Any, *args: Any, name: str = "spdl_lab:timer"
+          ) -> threading.Timer:
+    """A started daemon ``threading.Timer``."""
     timer = threading.Timer(after_s, function, args)
-    timer.daemon = True
+    timer.daemon, timer.name = True, name
     timer.start()
+    return timer
 
 
 def _resend() -> None:
@@ -104,7 +107,7 @@ def _check_delivered(missed: int) -> None:
         _PENDING.clear()
         _resend()
     else:
-        _later(CHECK_S, _check_delivered, missed)
+        later(CHECK_S, _check_delivered, missed)
 
 
 def interrupt_taken() -> None:

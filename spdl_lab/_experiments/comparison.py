@@ -17,19 +17,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, PlainValidator, Strict
 
-from .._file_checks import (
-    RECORD,
-    Count,
-    Rate,
-    Saved,
-    Share,
-    check,
-    describe,
-    integer,
-    refuse,
-    rows,
-    string,
-)
+from .. import _file_checks
+from .._file_checks import RECORD, Count, Rate, Saved, Share, integer, refuse, rows, string
 from .._runners import RUNNERS
 from .._table import num, pct, spread, text_table
 from .._telemetry.frames import FRAME_COLUMNS, long_frame
@@ -117,7 +106,7 @@ def _frames(value: Any) -> dict[str, pd.DataFrame]:
     """Each runner's frames, checked, in the long form ``Session.frames()`` gives."""
     values = 0
     frames = {}
-    for runner, wide in check(dict[Label, Frames], value).items():
+    for runner, wide in _file_checks.check(dict[Label, Frames], value).items():
         times, series = wide.time_s, wide.series
         for where, n, limit, what in (("time_s", len(times), MAX_TICKS, "ticks"),
                                       ("series", len(series), MAX_SERIES, "series")):
@@ -215,8 +204,8 @@ class Comparison(Saved):
 
     def _saved_fields(self) -> dict[str, Any]:
         if not isinstance(self.table, pd.DataFrame) or not isinstance(self.frames, dict):
-            refuse(("table",), f"expected a DataFrame and a dict of DataFrames, got {describe(self.table)} "
-                               f"and {describe(self.frames)}")
+            got = f"{_file_checks.describe(self.table)} and {_file_checks.describe(self.frames)}"
+            refuse(("table",), f"expected a DataFrame and a dict of DataFrames, got {got}")
         table = self.table.to_dict(orient="records")
         return {"steps": self.steps, "warmup": self.warmup, "repeats": self.repeats, "warnings": self.warnings,
                 "rounds": self.rounds[ROUND_COLUMNS].to_dict(orient="records"),
@@ -267,7 +256,8 @@ class Comparison(Saved):
 def _wide(frame: Any, runner: str) -> dict[str, Any]:
     """A long-form frame (time_s, series, stage, value) as tick times and one array per series."""
     if not isinstance(frame, pd.DataFrame) or list(frame.columns) != FRAME_COLUMNS:
-        refuse(("frames", runner), f"expected a DataFrame with columns {FRAME_COLUMNS}, got {describe(frame)}")
+        refuse(("frames", runner), f"expected a DataFrame with columns {FRAME_COLUMNS}, "
+                                   f"got {_file_checks.describe(frame)}")
     try:
         frame = frame.astype({"time_s": float, "value": float}).dropna(subset=["value"])
     except (TypeError, ValueError) as exc:

@@ -16,6 +16,7 @@ import psutil
 from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runners import ray_processes, runner_class
+from .._startup import later
 from .._telemetry.frames import Row
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, cpu_seconds, machine_times
 from .._training import SimulatedDevice, StepClock
@@ -161,11 +162,7 @@ class Contender:
             fired.set()
             self.loader.close()
 
-        timer = threading.Timer(timeout, fire) if timeout is not None else None
-        if timer is not None:
-            timer.daemon = True
-            timer.name = "spdl_lab:compare-timeout"
-            timer.start()
+        timer = None if timeout is None else later(timeout, fire, name="spdl_lab:compare-timeout")
         self._timeout = timeout
         try:
             yield fired

@@ -20,6 +20,7 @@ from .._integrations.torch_dataloader import WatchedDataLoader, is_dataloader
 from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runs import run_start_hooks
+from .._startup import later
 from .._telemetry.frames import FrameChunk, Ring, chunk_since, to_frame
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares
 from .._telemetry.sampler import DEFAULT_HZ, Sampler
@@ -143,12 +144,8 @@ class Session:
         run_start_hooks("session", self)
 
     def _main(self) -> None:
-        timer = None
-        if self.duration is not None:
-            timer = threading.Timer(self.duration, self._stop.set)
-            timer.daemon = True
-            timer.name = "spdl_lab:session-timer"
-            timer.start()
+        timer = None if self.duration is None else later(self.duration, self._stop.set,
+                                                         name="spdl_lab:session-timer")
         try:
             done = self.clock.run(self._iterable, self._step, steps=self.steps, stop_event=self._stop,
                                   gate=self._gate)

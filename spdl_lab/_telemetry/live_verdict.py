@@ -1,7 +1,6 @@
-"""Verdicts from the last seconds of frames: the live one on where the time goes ("data-starved:
-63% of step time waiting for data; slowest stage: decode at 100% busy — ..."), and a data-parallel
-job's straggler: at each all-reduce every rank waits for the slowest; one that loads slowly waits
-for data and lengthens the others' steps, one that computes slowly does not."""
+"""Verdicts from the last seconds of frames: the live one on where the time goes, and a
+data-parallel job's straggler: at each all-reduce every rank waits for the slowest; one that loads
+slowly waits for data and lengthens the others' steps, one that computes slowly does not."""
 
 from __future__ import annotations
 
@@ -58,20 +57,16 @@ def live_verdict(means: Mapping[Key, float], *, runner: str,
     queued = _get(means, "runqueue_wait_frac", "train")
     cpu = _get(means, "cpu_percent", "total") / 100.0 / max(1, cpu_cores)
     slowest = _slowest_stage(means)
-
-    if wait >= STARVED_DATA_WAIT:
-        kind, head = "data-starved", f"data-starved: {pct(wait)} of step time waiting for data"
-    elif gil >= GIL_BOUND_TRAIN:
-        kind, head = "gil-bound", (f"training thread GIL-bound ({pct(gil)} GIL wait) while loading "
-                                   f"keeps up (data wait {pct(wait)})")
-    elif queued >= CPU_WAIT_TRAIN:
-        kind, head = "cpu-contended", (f"training thread waits for a CPU ({pct(queued)} run-queue "
-                                       f"wait) while loading keeps up (data wait {pct(wait)})")
-    elif wait < FED_DATA_WAIT:
-        kind, head = "step-bound", (f"step-bound: data wait {pct(wait)} of step time; "
-                                    f"loading keeps up")
-    else:
-        kind, head = "balanced", f"balanced: data wait {pct(wait)} of step time"
+    share = f"{pct(wait)} of step time"
+    keeps_up = f"while loading keeps up (data wait {pct(wait)})"
+    kind, head = next((kind, head) for found, kind, head in (  # the first that holds
+        (wait >= STARVED_DATA_WAIT, "data-starved", f"data-starved: {share} waiting for data"),
+        (gil >= GIL_BOUND_TRAIN, "gil-bound",
+         f"training thread GIL-bound ({pct(gil)} GIL wait) {keeps_up}"),
+        (queued >= CPU_WAIT_TRAIN, "cpu-contended",
+         f"training thread waits for a CPU ({pct(queued)} run-queue wait) {keeps_up}"),
+        (wait < FED_DATA_WAIT, "step-bound", f"step-bound: data wait {share}; loading keeps up"),
+        (True, "balanced", f"balanced: data wait {share}")) if found)
     parts = [head]
     if slowest is not None:
         parts.append(f"slowest stage: {slowest[0]} at {pct(slowest[1])} busy")
