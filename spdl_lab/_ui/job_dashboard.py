@@ -30,15 +30,11 @@ POINT_EVERY_S = 1.0
 SMOOTH_S = 2.0
 #: Points each rank's lines keep: an hour.
 ROLLOVER = 3600
-#: (column, title, y axis) of the plots drawn a line per rank; the loader's is added per stage.
-_PLOTS = (("steps_per_s", "steps/s", "steps/s"),
-          ("wait_frac", "data wait, share of the loop", "share"),
-          ("step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
-#: (series, stage or None for each loader stage, title, y label) of the plots over time.
-_REPORT_PLOTS = [("batches_per_s", "step", "steps/s", "steps/s"),
-                 ("data_wait_frac", "step", "data wait, share of the loop", "share"),
-                 ("step_ms", "step", "step time (ms)", "ms"),
-                 ("qps", None, "items/s", "items/s")]
+#: (column of a RankWindow, the step's series in a rank's frames, title, y axis) of the plots drawn
+#: a line per rank; the loader's is added per stage.
+_PLOTS = (("steps_per_s", "batches_per_s", "steps/s", "steps/s"),
+          ("wait_frac", "data_wait_frac", "data wait, share of the loop", "share"),
+          ("step_ms", "step_ms", "step time (ms): a rank's step holds its wait in the all-reduce", "ms"))
 
 
 class JobDashboard(LiveView):
@@ -87,8 +83,8 @@ class JobDashboard(LiveView):
         empty = _points(FrameChunk(0, np.empty(0), {}), 0, 0.0, stages)[0]
         self._sources = {rank: ColumnDataSource(dict(empty), name=f"spdl-lab-rank{rank}") for rank in ranks}
         figures = []
-        for key, title, axis in [*_PLOTS, *((f"cap:{stage}", f"loader: {stage}, items/s it can make "
-                                             "(made: dashed)", "items/s") for stage in stages)]:
+        for key, _, title, axis in [*_PLOTS, *((f"cap:{stage}", "", f"loader: {stage}, items/s it can "
+                                                "make (made: dashed)", "items/s") for stage in stages)]:
             fig = figure(title=title, height=210, width=420, x_axis_label="seconds since the rank started",
                          y_axis_label=axis, toolbar_location=None)
             for i, rank in enumerate(ranks):
@@ -116,7 +112,7 @@ class JobDashboard(LiveView):
 def _points(chunk: FrameChunk, rank: int, after: float, stages: tuple[str, ...]) -> tuple[dict[str, list], float]:
     """A rank's points after ``after`` (seconds since it started), one each POINT_EVERY_S, each over
     the ticks of the SMOOTH_S before it; and the time of the last one."""
-    out: dict[str, list] = {"time_s": [], **{c: [] for c, _, _ in _PLOTS},
+    out: dict[str, list] = {"time_s": [], **{c: [] for c, *_ in _PLOTS},
                             **{f"{kind}:{s}": [] for s in stages for kind in ("qps", "cap")}}
     times = chunk.times
     if len(times) < 2:
@@ -127,7 +123,7 @@ def _points(chunk: FrameChunk, rank: int, after: float, stages: tuple[str, ...])
         window = rank_window(FrameChunk(upto, times[:upto], {k: v[:upto] for k, v in chunk.columns.items()}),
                              rank, "", SMOOTH_S)
         out["time_s"].append(float(end))
-        for column, _, _ in _PLOTS:
+        for column, *_ in _PLOTS:
             out[column].append(getattr(window, column))
         by_name = {stage.name: stage for stage in window.stages}
         for name in stages:
@@ -158,15 +154,16 @@ def write_job_report(job: Any, path: str | os.PathLike) -> Path:
     frames = job.frames().dropna(subset=["value"])  # numbers already: each rank's ring holds floats
     stages = sorted({s for s in frames.loc[frames["series"] == "qps", "stage"] if s != "step" and "/worker" not in s})
     figures = []
-    for series, stage, title, axis in _REPORT_PLOTS:
-        for name in [stage] if stage else stages:
-            fig = figure(title=f"{name}: {title}" if stage is None else title, height=240, width=460,
-                         x_axis_label="seconds since the rank started", y_axis_label=axis, toolbar_location=None)
-            for i, (rank, rows) in enumerate(frames[(frames["series"] == series) & (frames["stage"] == name)]
-                                             .groupby("rank")):
-                fig.line(rows["time_s"], rows["value"], color=Category10_10[i % 10], line_width=2,
-                         legend_label=f"rank {rank}")
-            figures.append(fig)
+    plots = [*((series, "step", title, axis) for _, series, title, axis in _PLOTS),
+             *(("qps", stage, f"{stage}: items/s", "items/s") for stage in stages)]
+    for series, stage, title, axis in plots:
+        fig = figure(title=title, height=240, width=460, x_axis_label="seconds since the rank started",
+                     y_axis_label=axis, toolbar_location=None)
+        lines = frames[(frames["series"] == series) & (frames["stage"] == stage)]
+        for i, (rank, rows) in enumerate(lines.groupby("rank")):
+            fig.line(rows["time_s"], rows["value"], color=Category10_10[i % 10], line_width=2,
+                     legend_label=f"rank {rank}")
+        figures.append(fig)
     verdict = job.verdict()
     note = (f"{len(job.ranks)} ranks (world size {job.world_size or '?'}), {job.state}; "
             f"verdict over each rank's last seconds: {verdict}")
