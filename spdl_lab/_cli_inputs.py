@@ -235,12 +235,9 @@ def _report_saved(source: Path, out: Path) -> tuple[Any, Path]:
 
 
 def _report_run(source: Path, out: Path) -> tuple[str, Path]:
-    from spdl_lab._ui.run_report import read_run, run_steps, run_text, write_run_page
+    from spdl_lab._ui.run_report import report_run
 
-    meta, frames = read_run(source)  # read once: a running record grows between two reads
-    step = run_steps(source, meta)
-    path = write_run_page(meta, frames, out, title=f"spdl_lab run: {meta.get('name', source.stem)}", step=step)
-    return run_text(meta, frames, step), path
+    return report_run(source, out)
 
 
 def _report_job(folder: Path, out: Path) -> tuple[str, Path]:

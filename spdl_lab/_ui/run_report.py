@@ -49,10 +49,6 @@ def read_run(record: str | os.PathLike) -> tuple[dict[str, str], pd.DataFrame]:
     return meta, frames.dropna(subset=["time_s", "value"]).sort_values("time_s", kind="stable")
 
 
-def run_steps(record: str | os.PathLike, meta: dict[str, str]) -> StepSummary | None:
-    return with_record(record, lambda db: read_step_summary(db, meta))
-
-
 def step_table(step: StepSummary | None) -> pd.DataFrame:
     """The training loop's figures, one row each (those the run has: no device, no device rows)."""
     rows = [] if step is None else [{"what": label, "value": getattr(step, name)} for name, label in STEP_FIGURES
@@ -136,21 +132,21 @@ def _note(meta: dict[str, str]) -> str:
 
 def write_run_report(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> Path:
     """Write the run in ``record`` (a ``.sqlite`` record) as one HTML file; return its path."""
+    return report_run(record, out, title)[1]
+
+
+def report_run(record: str | os.PathLike, out: str | os.PathLike, title: str | None = None) -> tuple[str, Path]:
+    """The run in ``record`` as text (``run_text``) and as a page: header, the training loop per
+    step, the stages over ticks, plots over time. Read once: a running record grows meanwhile."""
     meta, frames = read_run(record)
-    return write_run_page(meta, frames, out, title=title or f"spdl_lab run: {meta.get('name', Path(record).stem)}",
-                          step=run_steps(record, meta))
-
-
-def write_run_page(meta: dict[str, str], frames: pd.DataFrame, out: str | os.PathLike, *, title: str,
-                   step: StepSummary | None = None) -> Path:
-    """The page of a run already read (``read_run``, ``run_steps``): header, the training loop per
-    step, the stages over ticks, plots over time."""
+    step = with_record(record, lambda db: read_step_summary(db, meta))
     figures = [f for f in (_plot(frames, s, t, y) for t, s, y in PLOTS) if f is not None] or [
-        figure(width=840, height=120, title="the record holds no frames yet",
-               toolbar_location=None)]
+        figure(width=840, height=120, title="the record holds no frames yet", toolbar_location=None)]
     summary = run_summary(frames).to_html(index=False, float_format=lambda v: f"{v:,.3g}", escape=True)
     steps = step_table(step).to_html(index=False, header=False, float_format=lambda v: f"{v:,.4g}", escape=True)
     tables = (f"{_facts(meta, frames)}<h2>the training loop, over every step</h2>"
               f"<p>{html.escape(_headline(step))}</p>{steps}"
               f"<h2>stages and probes over the ticks: median, 10th and 90th percentile</h2>{summary}")
-    return write_page(column(*figures), out, title, note=_note(meta), table=tables)
+    title = title or f"spdl_lab run: {meta.get('name', Path(record).stem)}"
+    page = write_page(column(*figures), out, title, note=_note(meta), table=tables)
+    return run_text(meta, frames, step), page
