@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_line, print_table  # noqa: E402
 
 import spdl_lab as lab  # noqa: E402
-from spdl_lab._diagnose.rules import BEST_WITHIN  # noqa: E402
+from spdl_lab._diagnose.result import BEST_WITHIN  # noqa: E402
 
 #: Largest deviation from the median QPS, over runs, that counts as repeatable.
 TARGET_DEVIATION = 0.10

@@ -33,8 +33,7 @@ from .._runners.children import ChildTraceback, exit_reason, spawn, stop_process
 from .._telemetry.probes import GilProbe
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError, stage_failure
 from ._sweep import StageFeed, StageSweep, Sweep, SweepSettings
-from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, limiting, usable
-from .rules import judge, rises
+from .result import FAR_FASTER, Diagnosis, Point, StageDiagnosis, judge, limiting, rises, usable
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_NUM_ITEMS = 100

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from spdl_lab._diagnose import rules
-from spdl_lab._diagnose.result import Point
-from spdl_lab._diagnose.rules import BEST_NOISE_CAP, BEST_WITHIN, judge, rises
+from spdl_lab._diagnose import result as rules
+from spdl_lab._diagnose.result import BEST_NOISE_CAP, BEST_WITHIN, Point, judge, rises
 
 CORES = 2
 
