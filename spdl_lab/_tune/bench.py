@@ -21,8 +21,7 @@ from .._runners import WORKERS
 from .._telemetry.probes import GilProbe
 from .._training import SimulatedDevice
 from ..errors import PipelineSpecError, SpdlLabError
-from .model import batch_items
-from .space import Config, StageSample, Trial, relative_noise
+from .space import Config, StageSample, Trial, batch_items, relative_noise
 
 MIN_WINDOWS = 3
 MAX_WINDOWS = 6

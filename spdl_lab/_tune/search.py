@@ -13,8 +13,7 @@ from typing import Any
 from .._experiments.comparison import BUSY_MACHINE
 from .._experiments.contender import MachineClock
 from .._table import spread
-from .model import Prediction, RateModel
-from .space import MIN_GAIN, WORKERS, Config, Move, Space, Trial, margin
+from .space import MIN_GAIN, WORKERS, Config, Move, Prediction, RateModel, Space, Trial, margin
 
 CPU_SAVING = 0.10  # within the noise, a move is still kept for saving this share of the CPU,
 CPU_SAVING_POINTS = 10.0  # and at least this many percent of one core

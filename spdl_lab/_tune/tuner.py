@@ -24,10 +24,9 @@ from .._training import SimulatedDevice, cuda_available
 from ..errors import PipelineSpecError, SpdlLabError
 from . import bench
 from .bench import MAX_WINDOWS, MIN_WINDOWS, Bench, check_budget, window_for_budget
-from .model import RateModel, batch_items
 from .result import Tuning, trials_frame
 from .search import GIL_SWITCH, Climb, Step, advise, busy_reason, climb, others_percent
-from .space import TUNABLE_RUNNERS, Config, Space, Trial, dataloader_options
+from .space import TUNABLE_RUNNERS, Config, RateModel, Space, Trial, batch_items, dataloader_options
 
 CONFIRM_ROUNDS = 3  # of the final side-by-side measurement of the best against the start
 CONFIRM_SHARE = 0.2  # of the budget kept for it

@@ -11,8 +11,7 @@ from spdl_lab._engine.engine import reorder_window
 from spdl_lab._experiments.contender import Contender
 from spdl_lab._runners.process import WORKERS
 from spdl_lab._tune.bench import Bench, unseen_batches
-from spdl_lab._tune.model import batch_items
-from spdl_lab._tune.space import Config
+from spdl_lab._tune.space import Config, batch_items
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_child_leak", "no_thread_leak")]
 

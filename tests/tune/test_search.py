@@ -6,9 +6,8 @@ import math
 
 import pytest
 
-from spdl_lab._tune.model import RateModel, batch_items
 from spdl_lab._tune.search import Climb, climb, decide
-from spdl_lab._tune.space import MIN_GAIN, WORKERS, Config, Trial
+from spdl_lab._tune.space import MIN_GAIN, WORKERS, Config, RateModel, Trial, batch_items
 
 from .world import Law, World
 
