@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._experiments.contender import gil_fracs
+from .._experiments.compare import gil_fracs
 from .._telemetry.histogram import bucket_of, new_counts, quantile_ns
 from .._telemetry.probes import GilProbe, GilTotals, machine_times
 from ..errors import SpdlLabError

@@ -1,30 +1,46 @@
 """``lab.compare``: one pipeline and step under several runners in interleaved rounds (one window
-each, the order rotating), so a slow spell of the machine hits all alike. ``lab.headspace``: the
-``cache`` runner in one call, the step time when loading is free."""
+each, the order rotating), so a slow spell of the machine hits all alike; each runner's Loader stays
+open (a ``Contender``), the machine's CPU and the GIL probe read around each ``Window``.
+``lab.headspace``: the ``cache`` runner in one call, the step time when loading is free."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import psutil
 
 from .._loader import Loader
 from .._pipeline import Pipeline, check_ints
 from .._progress import progress_bar
-from .._runners import LOCAL_RUNNERS, RUNNERS
+from .._runners import LOCAL_RUNNERS, RUNNERS, ray_processes, runner_class
 from .._runners.cache import expected_outputs
-from .._telemetry.probes import GilProbe
-from .._training import SimulatedDevice
-from ..errors import PipelineSpecError
+from .._startup import later
+from .._telemetry.frames import Row
+from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, cpu_seconds, machine_times
+from .._training import SimulatedDevice, StepClock
+from .._training.clock import StepRecord
+from .._training.device import training_waits
+from ..errors import PipelineSpecError, SpdlLabError
 from .comparison import ROUND_COLUMNS, TABLE_COLUMNS, Comparison, ratios, runner_row, warnings_for
-from .contender import Contender, MachineClock, Window, park_all_but
 
 DEFAULT_STEPS = 200  # measured steps per runner, over all rounds
 DEFAULT_WARMUP = 10  # unmeasured steps per runner at the start of each of its windows
 DEFAULT_REPEATS = 5  # rounds
+#: A step whose batch took longer than this (and 5% of the step) waited for it: it was not ready.
+READY_WAIT_S = 0.0005
+#: The first window of a runner that starts processes late (``Runner.late_start_s``) measures
+#: once they are up: from ``late_start_s`` after its first batch and once none is younger than
+#: SETTLE_AGE_S (still importing); at most SETTLE_MAX_S. Without it, Ray's first rounds read half
+#: its rate (docs/measurements.md).
+SETTLE_AGE_S = 3.0
+SETTLE_MAX_S = 15.0
 
 
 def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
@@ -139,3 +155,235 @@ def headspace(loader_or_pipeline: Loader | Pipeline, *, num_caches: int = 8, for
                                 f"got {type(pipeline).__name__}")
     options.pop("metered", None)
     return Loader(pipeline, runner="cache", num_caches=num_caches, forever=forever, **options)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One runner's measured steps in one round."""
+
+    runner: str
+    round: int
+    started_s: float  # seconds since the comparison started
+    records: tuple[StepRecord, ...]
+    cpu_percent: float  # this process and its children over the window, 100 = one core
+    others_percent: float  # every other process on the machine over the window, 100 = one core
+    gil_wait_frac: float  # the GIL probe over the window
+    runqueue_wait_frac: float
+    train_gil_wait_frac: float  # the training thread while launching (SimulatedDevice only)
+    train_runqueue_wait_frac: float
+
+    @property
+    def loop_s(self) -> float:
+        """The window's loop time: the steps and the waits for their batches, back to back."""
+        return sum(r.data_wait_s + r.step_s for r in self.records)
+
+    @property
+    def batches_per_s(self) -> float:
+        return len(self.records) / self.loop_s if self.loop_s > 0 else math.nan
+
+
+class MachineClock:
+    """CPU seconds of this process tree, of the whole machine, and the GIL probe, read together."""
+
+    def __init__(self, probe: GilProbe | None) -> None:
+        self.cpu = CpuProbe()
+        self.probe = probe
+        self.cores = psutil.cpu_count() or 1
+
+    def read(self, device: SimulatedDevice | None = None) -> tuple[float, float, float, Any, Any]:
+        """(time, CPU s of our tree, busy CPU s of the machine, GIL probe and ``device`` totals)."""
+        ours = self.cpu.totals()
+        gil = self.probe.totals() if self.probe is not None else None
+        return (time.monotonic(), ours.main_s + ours.children_s, machine_times()[0], gil,
+                device.totals() if device is not None else None)
+
+    def between(self, a: tuple, b: tuple, idle_s: float = 0.0) -> tuple[float, ...]:
+        """``Window``'s figures from read ``a`` to ``b``, in its order: our and others' CPU %, the
+        GIL probe's and training thread's waits; ``idle_s``: CPU s of ours counted as others'."""
+        span, ceiling = max(b[0] - a[0], 1e-9), 100.0 * self.cores
+        ours = max(0.0, b[1] - a[1] - max(0.0, idle_s)) / span * 100.0
+        others = max(0.0, max(0.0, b[2] - a[2]) / span * 100.0 - ours)
+        return (min(ours, ceiling), min(others, ceiling), *gil_fracs(a[3], b[3]),
+                *training_waits(a[4], b[4]))
+
+    @staticmethod
+    def ray_s() -> float:
+        """CPU seconds of the Ray instance among this process's descendants: idling during another
+        runner's window, it is a load on the machine like any other process's."""
+        return sum(cpu_seconds(proc) or 0.0 for proc in ray_processes())
+
+
+class Contender:
+    """A runner's Loader, clock and iterator, idle between its windows (queues full, workers
+    blocked) so no round pays start-up again; ``warmup`` steps drain what was made meanwhile."""
+
+    def __init__(self, pipeline: Pipeline, runner: str, step: Callable[[Any], Any] | SimulatedDevice,
+                 options: dict[str, Any], probe: GilProbe | None, t0: float, who: str = "compare") -> None:
+        self.runner = runner
+        self.who = who  # the experiment's name, first in its error messages
+        self.step = step
+        self.device = step if isinstance(step, SimulatedDevice) else None
+        self.clock = StepClock(device=self.device)
+        self.loader = Loader(pipeline, runner=runner, **endless_cache(runner, options))
+        sources: list[Callable[[float], list[Row]]] = [self.clock.rows, CpuProbe()]
+        if probe is not None:
+            sources.append(WaitShares(probe.totals, gil_fracs, "gil"))
+        if self.device is not None:
+            sources.append(WaitShares(self.device.totals, training_waits, "train"))
+        for source in sources:
+            self.loader.add_source(source)
+        self._t0 = t0
+        self._batches: Iterator[Any] | None = None
+        self._since: float | None = None  # when the run started, until its first window settles
+        self._late_s = runner_class(runner).late_start_s
+
+    def feed(self, batches: Iterator[Any]) -> None:
+        """Take the steps from ``batches`` (the tuner's epochs of ``self.loader``), not one pass."""
+        self._batches = batches
+
+    def window(self, round_: int, warmup: int, steps: int, machine: MachineClock,
+               timeout: float | None, max_s: float | None = None) -> Window:
+        """Take ``warmup`` unmeasured steps, then ``steps`` measured ones; return the measured window.
+        ``max_s`` ends it after that many seconds and at least two steps (the tuner's windows)."""
+        with self._watchdog(timeout) as watchdog:
+            if self._since is not None and warmup > 0 and self._late_s > 0:  # its run just started
+                self._run(1, watchdog)
+                _settle(self._since, self._late_s, watchdog)
+                warmup -= 1
+            self._since = None
+            self._run(warmup, watchdog)
+            first = len(self.clock.records())
+            started = time.perf_counter() - self._t0
+            idle_ray = self.runner != "ray"  # a ray contender's instance, waiting for its turn
+            ray_a = machine.ray_s() if idle_ray else 0.0
+            a = machine.read(self.device)
+            self._run(steps, watchdog, max_s)
+            b = machine.read(self.device)
+            ray_b = machine.ray_s() if idle_ray else 0.0
+        return Window(self.runner, round_, started, tuple(self.clock.records()[first:]),
+                      *machine.between(a, b, ray_b - ray_a))
+
+    def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
+        """Up to ``max_steps`` unmeasured steps (returns how many) while batches made before last:
+        buffers a runner's readings do not show would count as the new setting's speed."""
+        if max_steps <= 0:
+            return 0
+        before = self.clock.steps
+        with self._watchdog(timeout) as watchdog:
+            self._run(max_steps, watchdog, max_s, waited_after=before)
+        return self.clock.steps - before
+
+    @contextlib.contextmanager
+    def _watchdog(self, timeout: float | None) -> Iterator[threading.Event]:
+        """Yields an event set once the window ran past ``timeout`` s and closed the loader."""
+        if self._batches is None:
+            self._since = time.time()
+            self._batches = iter(self.loader)
+        fired = threading.Event()
+
+        def fire() -> None:
+            fired.set()
+            self.loader.close()
+
+        timer = None if timeout is None else later(timeout, fire, name="spdl_lab:compare-timeout")
+        self._timeout = timeout
+        try:
+            yield fired
+        finally:
+            if timer is not None:
+                timer.cancel()
+                timer.join(1.0)
+
+    def _run(self, steps: int, watchdog: threading.Event, max_s: float | None = None,
+             waited_after: int | None = None) -> None:
+        if steps <= 0:
+            return
+        assert self._batches is not None
+        if max_s is not None and steps > 2 and waited_after is None:
+            self._run(2, watchdog)
+            steps -= 2
+        out_of_time = _Deadline(max_s, self.clock, waited_after)
+        try:
+            done = self.clock.run(self._batches, self.step, steps=steps, stop_event=out_of_time)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            raise SpdlLabError(
+                f"{self.who}: the {self.runner!r} run failed: {type(exc).__name__}: {exc}") from exc
+        if done < steps and not out_of_time.is_set():
+            if watchdog.is_set():
+                raise SpdlLabError(
+                    f"{self.who}: the {self.runner!r} runner did not finish within {self._timeout:g} s "
+                    f"({len(self.clock.records())} steps done); pass a larger timeout= or fewer steps=")
+            raise SpdlLabError(
+                f"{self.who}: the {self.runner!r} runner's data ran out after {len(self.clock.records())} "
+                f"batches; pass fewer steps=, warmup= or repeats=, or a longer source")
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def _settle(since: float, look_s: float, fired: threading.Event) -> None:
+    """After a run's first batch: if it started processes (born since ``since``, less a second:
+    psutil's birth times are that coarse), wait ``look_s``, then until none is SETTLE_AGE_S old;
+    at most SETTLE_MAX_S, or until the watchdog fires."""
+    if max(_births(), default=0.0) < since - 1.0:
+        return
+    deadline = time.monotonic() + SETTLE_MAX_S
+    fired.wait(look_s)
+    while not fired.is_set() and (left := deadline - time.monotonic()) > 0:
+        youngest = time.time() - max(_births(), default=0.0)
+        if youngest >= SETTLE_AGE_S:
+            return
+        fired.wait(min(left, SETTLE_AGE_S - youngest + 0.05))
+
+
+def _births() -> list[float]:
+    """When each process under this one started (``time.time()`` scale)."""
+    births = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            births.append(proc.create_time())
+    return births
+
+
+def park_all_but(contenders: Mapping[str, Contender], runner: str) -> None:
+    """Park every contender but ``runner``'s (a ray one's instance would work or idle through the
+    window), and make ``runner``'s ready."""
+    for name, contender in contenders.items():
+        contender.loader.park(name != runner)
+
+
+class _Deadline:
+    """A stop event for StepClock.run: set ``seconds`` after it is made, or, with ``waited_after``
+    (a step count), once a later step waited for its batch."""
+
+    def __init__(self, seconds: float | None, clock: StepClock, waited_after: int | None = None) -> None:
+        self._at = None if seconds is None else time.monotonic() + seconds
+        self._clock = clock
+        self._after = waited_after
+
+    def is_set(self) -> bool:
+        last = self._clock.last() if self._after is not None else None
+        # A batch that was ready comes in tens of microseconds (more when the GIL is busy).
+        waited = last is not None and last.index >= self._after and (
+            last.data_wait_s > max(READY_WAIT_S, 0.05 * last.step_s))
+        return waited or (self._at is not None and time.monotonic() >= self._at)
+
+
+def gil_fracs(before: Any, now: Any) -> tuple[float, float]:
+    if before is None or now is None:
+        return math.nan, math.nan
+    covered = now.elapsed_s - before.elapsed_s
+    if now.wakes <= before.wakes or covered <= 0:
+        return math.nan, math.nan
+    gil = (now.gil_wait_s - before.gil_wait_s) / covered
+    queued = (now.runqueue_wait_s - before.runqueue_wait_s) / covered
+    return min(1.0, max(0.0, gil)), (min(1.0, max(0.0, queued)) if not math.isnan(queued) else math.nan)
+
+
+def endless_cache(runner: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for a ``cache`` runner replaying until its caller stops, not its source's end."""
+    if runner == "cache" and not {"forever", "num_outputs"} & set(options):
+        return {**options, "forever": True}
+    return options

@@ -11,7 +11,7 @@ import statistics
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,9 @@ from .._table import num, pct, spread, text_table
 from .._telemetry.frames import FRAME_COLUMNS, long_frame
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
-from .contender import Window
+
+if TYPE_CHECKING:
+    from .compare import Window
 
 WIDTH = 100  # columns of the printed table
 MAX_TICKS = 100_000  # per runner (the sampler keeps 6,000 by default)

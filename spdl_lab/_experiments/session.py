@@ -30,7 +30,7 @@ from .._training.device import training_waits
 from .._training.steps import summary_table
 from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
-from .contender import endless_cache
+from .compare import endless_cache
 
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
 #: CPU (in cores) of this process and its children below which the paused sessions count as idle.

@@ -14,8 +14,8 @@ from functools import partial
 from typing import Any
 
 from .._engine.engine import EngineReading, reorder_window
+from .._experiments.compare import Contender, MachineClock, Window, park_all_but
 from .._experiments.comparison import runner_row
-from .._experiments.contender import Contender, MachineClock, Window, park_all_but
 from .._pipeline import Pipeline
 from .._runners import WORKERS
 from .._telemetry.probes import GilProbe

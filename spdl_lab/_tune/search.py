@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._experiments.compare import MachineClock
 from .._experiments.comparison import BUSY_MACHINE
-from .._experiments.contender import MachineClock
 from .._table import spread
 from .space import MIN_GAIN, WORKERS, Config, Move, Prediction, RateModel, Space, Trial, margin
 

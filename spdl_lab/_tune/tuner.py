@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import psutil
 
-from .._experiments.contender import MachineClock, Window
+from .._experiments.compare import MachineClock, Window
 from .._integrations.torch_dataloader import from_dataloader, is_dataloader
 from .._pipeline import Pipeline, validate_concurrency
 from .._progress import progress_bar

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import spdl_lab as lab
-from spdl_lab._experiments import contender
+from spdl_lab._experiments import compare as contender
 from spdl_lab._experiments.compare import DEFAULT_WARMUP, TABLE_COLUMNS, pipeline_length
 from spdl_lab._experiments.comparison import WIDTH
 

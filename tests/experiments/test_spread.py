@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from spdl_lab._experiments.compare import Window
 from spdl_lab._experiments.comparison import coverage, ratios, runner_row, warnings_for
-from spdl_lab._experiments.contender import Window
 from spdl_lab._training.clock import StepRecord
 
 

@@ -280,7 +280,7 @@ def test_the_instances_cpu_is_read_apart_from_the_lab_process_trees():
     """compare takes what MachineClock.ray_s reads off another runner's window's own CPU (the ray
     contender's instance idles beside it), leaving it in others_cpu_percent: it reads the CPU
     of the instance's processes, which are this process's descendants, and it grows."""
-    from spdl_lab._experiments.contender import MachineClock
+    from spdl_lab._experiments.compare import MachineClock
 
     ours = {p.pid for p in ray_processes()}
     assert ours, "the shared instance's processes are this process's descendants"

@@ -28,7 +28,7 @@ SCENARIO = textwrap.dedent('''
     import numpy as np
     import psutil
     import spdl_lab as lab
-    from spdl_lab._experiments import contender
+    from spdl_lab._experiments import compare as contender
     from spdl_lab._runners._ray_cluster import ray_processes
 
     def work(i):

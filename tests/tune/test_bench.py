@@ -8,7 +8,7 @@ import pytest
 
 import spdl_lab as lab
 from spdl_lab._engine.engine import reorder_window
-from spdl_lab._experiments.contender import Contender
+from spdl_lab._experiments.compare import Contender
 from spdl_lab._runners.process import WORKERS
 from spdl_lab._tune.bench import Bench, unseen_batches
 from spdl_lab._tune.space import Config, batch_items

@@ -82,7 +82,7 @@ def test_a_one_epoch_dataloader_is_tuned_within_its_budget():
 
 
 def test_windows_before_the_first_restart_pay_for_it_as_later_ones_do():
-    from spdl_lab._experiments.contender import Window
+    from spdl_lab._experiments.compare import Window
     from spdl_lab._tune.bench import Bench
     from spdl_lab._tune.space import Config
 
