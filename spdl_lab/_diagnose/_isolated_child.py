@@ -23,11 +23,11 @@ class _RemoteBar:
         data.send(("total", total, unit))
 
     def set_description(self, text: str) -> None:
-        self._data.send(("describe", text))
+        self._data.send(("set_description", text))
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        self._data.send(("progress", n))
+        self._data.send(("update", n))
 
     def close(self) -> None:
         pass

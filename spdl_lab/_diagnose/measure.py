@@ -93,10 +93,8 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
             kind, *args = _next(data, proc)
             if kind == "total":
                 bar = progress_bar(args[0], progress, args[1])
-            elif kind == "describe" and bar is not None:
-                bar.set_description(args[0])
-            elif kind == "progress" and bar is not None:
-                bar.update(args[0])
+            elif kind in ("set_description", "update") and bar is not None:
+                getattr(bar, kind)(*args)  # the child's bar, a call at a time
             elif kind == "done":
                 return Diagnosis.from_json(args[0])
             elif kind == "error":

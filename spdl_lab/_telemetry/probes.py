@@ -37,24 +37,20 @@ def read_runqueue_ns(fd: int | None) -> int | None:
         return None
 
 
-def open_schedstat(path: str = SCHEDSTAT_PATH) -> int | None:
-    """An fd on the calling thread's schedstat, or None where it is missing or unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    if read_runqueue_ns(fd) is None:
-        os.close(fd)
-        return None
-    return fd
-
-
 def runqueue_ns(path: str = SCHEDSTAT_PATH) -> int | None:
     """One-off read for the calling thread; None if unreadable."""
     try:
         with open(path, "rb") as f:
             return int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def open_schedstat(path: str = SCHEDSTAT_PATH) -> int | None:
+    """An fd on the calling thread's schedstat, or None where it is missing or unreadable."""
+    try:
+        return os.open(path, os.O_RDONLY) if runqueue_ns(path) is not None else None
+    except OSError:
         return None
 
 
@@ -316,9 +312,7 @@ class CpuProbe:
         kids: dict[int, tuple[psutil.Process, float]] = {}
         for proc in found:
             cached = self._kids.get(proc.pid)
-            last = None
-            if cached is not None and cached[0] == proc:
-                proc, last = cached
+            proc, last = cached if cached is not None and cached[0] == proc else (proc, None)
             cpu = cpu_seconds(proc)
             if cpu is None:  # gone between listing and reading, or not ours to read
                 continue
