@@ -83,10 +83,9 @@ def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
 def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from_dataloader: bool,
                 advice: str = "") -> str:
     """Code that builds the loader ``best`` describes; for a DataLoader under ``process``, its keywords."""
-    head = (f"# spdl_lab tune: {best['runner']}, {batches_per_s:.3g} training batches/s, "
+    head = (f"# spdl_lab tune: {advice}" if advice.startswith("keep") else
+            f"# spdl_lab tune: {best['runner']}, {batches_per_s:.3g} training batches/s, "
             f"{speedup:.2f}x the starting configuration (measured side by side)")
-    if advice.startswith("keep"):
-        head = f"# spdl_lab tune: {advice}"
     options = best["options"]
     if best["runner"] == "process" and from_dataloader:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in options.items())
@@ -96,10 +95,8 @@ def loader_code(best: dict[str, Any], batches_per_s: float, speedup: float, from
     lines = [head, "import spdl_lab as lab", ""]
     if from_dataloader:
         lines += ["p = lab.from_dataloader(dataloader)  # the same dataset, sampler and collate_fn"]
-    expr = "p"
-    if best["runner"] != "process":
-        for name, n in best["concurrency"].items():
-            expr += f".with_concurrency({name!r}, {n})"
+    knobs = best["concurrency"].items() if best["runner"] != "process" else ()
+    expr = "p" + "".join(f".with_concurrency({name!r}, {n})" for name, n in knobs)
     args = [expr, f"runner={best['runner']!r}", *(f"{k}={v!r}" for k, v in options.items())]
     lines += ["loader = lab.Loader(", *(f"    {a}," for a in args), ")"]
     return "\n".join(lines)
