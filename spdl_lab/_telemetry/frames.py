@@ -135,13 +135,9 @@ def to_frame(ring: Ring) -> pd.DataFrame:
 
 def long_frame(times: np.ndarray, columns: dict[tuple[str, str], np.ndarray]) -> pd.DataFrame:
     """Ticks in wide form (NaN: no value) as a long-format DataFrame, sorted by time."""
-    parts = []
-    for (series, stage), values in columns.items():
-        keep = ~np.isnan(values)
-        if not keep.any():
-            continue
-        parts.append(pd.DataFrame({"time_s": times[keep], "series": series, "stage": stage,
-                                   "value": values[keep]}))
+    parts = [pd.DataFrame({"time_s": times[keep], "series": series, "stage": stage,
+                           "value": values[keep]})
+             for (series, stage), values in columns.items() if (keep := ~np.isnan(values)).any()]
     if not parts:
         dtypes = ["float64", "object", "object", "float64"]
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(FRAME_COLUMNS, dtypes)})

@@ -95,12 +95,9 @@ def comparison_plot(cmp: Comparison):
 
     steps = figure(width=840, height=260, title="step time over the run (ms)", toolbar_location=None,
                    x_axis_label="seconds since the runner started", y_axis_label="step_ms")
-    lines = []
-    for runner in runners:
-        frame = cmp.frames.get(runner)
-        sel = frame[(frame["series"] == "step_ms") & (frame["stage"] == "step")] if frame is not None else None
-        if sel is not None and not sel.empty:
-            lines.append((runner, [steps.line(sel["time_s"], sel["value"], color=colors[runner], line_width=2)]))
+    timed = {r: f[(f["series"] == "step_ms") & (f["stage"] == "step")] for r, f in cmp.frames.items()}
+    lines = [(r, [steps.line(sel["time_s"], sel["value"], color=colors[r], line_width=2)])
+             for r in runners if (sel := timed.get(r)) is not None and not sel.empty]
     if lines:
         steps.add_layout(Legend(items=lines), "right")
     return column(row(bars, waits), steps)
