@@ -325,8 +325,7 @@ def _straggler_text(slow: RankWindow, others: list[RankWindow], others_step: flo
             f"{f'rank {others[0].rank} waits' if one else 'the other ranks wait'} for rank {slow.rank} in the "
             f"all-reduce ({'its' if one else 'their'} step {change}: "
             f"{others_step:.1f} ms against {slow.step_ms:.1f} ms)")
-    stage = _slowest_rank_stage(slow, others)
-    if stage is not None:
+    if (stage := _slowest_rank_stage(slow, others)) is not None:
         name, mine, theirs, where = stage
         text += f"; rank {slow.rank}'s {name} can make {mine:.0f} items/s against {theirs:.0f} {where}"
     return text

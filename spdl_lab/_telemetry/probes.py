@@ -300,8 +300,7 @@ class CpuProbe:
 
     def _refresh(self) -> int:
         """Bring the CPU totals up to now; returns the number of live descendants."""
-        main = cpu_seconds(self._me)
-        if main is not None:
+        if (main := cpu_seconds(self._me)) is not None:
             self._main_s = main - self._main0
         if not self.children:
             return 0

@@ -164,8 +164,7 @@ class Climb:
         """Every untried move from ``best``, with the model's prediction and the reason."""
         here = self.model.predict(best.config)
         moves: list[tuple[Move, str]] = [(m, "") for m in self.space.neighbours(best.config)]
-        jump = self._jump(best.config, here)
-        if jump is not None:
+        if (jump := self._jump(best.config, here)) is not None:
             moves.append((jump, f"enough {jump.knob} workers to stop it limiting"))
         moves += [(m, "") for m in self._switches(best)]
         out: dict[Config, Candidate] = {}
@@ -274,10 +273,8 @@ class Climb:
             out.extend(Move("switch", c) for c in configs)
             # And each of them with its limiting stage raised out of the way: a runner first measured
             # where that stage held it back (the same threads as the best) is not written off for it.
-            for config in configs:
-                jump = self._jump(config, self.model.predict(config), one_rung=True)
-                if jump is not None:
-                    out.append(Move("switch", jump.config))
+            out += [Move("switch", jump.config) for config in configs
+                    if (jump := self._jump(config, self.model.predict(config), one_rung=True))]
         return out
 
     def _translations(self, config: Config, runner: str) -> list[Config]:
