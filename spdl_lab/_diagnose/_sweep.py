@@ -109,8 +109,7 @@ def window_qps(ends_ns: Sequence[int], start_ns: int, stop_ns: int) -> float:
 def point_qps(windows: Sequence[float]) -> float:
     """A point's QPS: its second-best window of three or more (so one odd window cannot set it),
     else the median; NaN windows left out. ``[660, 1100, 655, 1090, 670, 1120]`` -> 1100."""
-    seen = sorted((w for w in windows if not math.isnan(w)), reverse=True)
-    if not seen:
+    if not (seen := sorted((w for w in windows if not math.isnan(w)), reverse=True)):
         return math.nan
     return seen[1] if len(seen) >= 3 else statistics.median(seen)
 

@@ -116,8 +116,7 @@ class WorkerPool:
     named = "worker process(es)"
 
     def __init__(self, feed: StageFeed, n: int, settings: SweepSettings) -> None:
-        sample = list(itertools.islice(feed.inputs, settings.max_inputs))
-        if not sample:
+        if not (sample := list(itertools.islice(feed.inputs, settings.max_inputs))):
             raise PipelineSpecError(f"lab.diagnose: stage {feed.name!r} has no inputs to measure processes with")
         init = {"fn": _pickled(feed.name, "its function", feed.fn, "Create locks, open files and clients "
                                "inside the function instead of capturing them"),

@@ -209,8 +209,7 @@ def run_once(fn: Callable[[Any], Any], inputs: Sequence[Any], *, workers: int, t
 
     def work() -> None:
         while not done.is_set():
-            i = next(counter)
-            if i >= n:
+            if (i := next(counter)) >= n:
                 return
             try:
                 results[i] = fn(inputs[i])

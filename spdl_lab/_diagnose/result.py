@@ -277,8 +277,7 @@ def limiting(stages: Iterable[StageDiagnosis]) -> tuple[StageDiagnosis, float, S
     compared at its concurrency in the pipeline and in source items/s (``rate_now``)."""
     rated = sorted(((s, s.rate_now()) for s in stages if s.verdict is not None or s.status == "unstable"),
                    key=lambda sr: sr[1])
-    rated = [(s, r) for s, r in rated if not math.isnan(r)]
-    if not rated:
+    if not (rated := [(s, r) for s, r in rated if not math.isnan(r)]):
         return None
     nxt, nxt_rate = rated[1] if len(rated) > 1 else (None, math.nan)
     return rated[0][0], rated[0][1], nxt, nxt_rate
@@ -325,8 +324,7 @@ def rises(thread_points: Sequence[Point], cores: int) -> bool:
 
 
 def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), *, cores: int) -> Judgement:
-    ok = usable(thread_points)
-    if not ok:
+    if not (ok := usable(thread_points)):
         return Judgement(None, None, "no measurement finished, so there is nothing to judge", "")
     first, best = ok[0], max(ok, key=lambda p: p.qps)
     tolerance = max(BEST_WITHIN, min(BEST_NOISE_CAP, 0.0 if math.isnan(best.qps_spread) else best.qps_spread))
@@ -406,8 +404,7 @@ def judge(thread_points: Sequence[Point], process_points: Sequence[Point] = (), 
 
 def _with_processes(details: str, advice: str, verdict: str, best: Point,
                     process_points: Sequence[Point], comparable: bool = True) -> tuple[str, str]:
-    ok = usable(process_points)
-    if not ok:
+    if not (ok := usable(process_points)):
         return details, advice
     top = max(ok, key=lambda p: p.qps)
     ratio = top.qps / best.qps

@@ -216,8 +216,7 @@ class Comparison(Saved):
 
     def _checked(self, version: int) -> Comparison:
         """Checks across fields: a row per runner, and frames and rounds only of those runners."""
-        runners = list(self.table.index)
-        if not runners:
+        if not (runners := list(self.table.index)):
             refuse(("table",), "no runner: a comparison has at least one row")
         twice = next((i for i, r in enumerate(runners) if r in runners[:i]), None)
         if twice is not None:

@@ -206,8 +206,7 @@ class Session:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the loop to end; True if it has. Raises its error, warns its warnings, once."""
-        finished = self._done.wait(timeout)
-        if finished:
+        if finished := self._done.wait(timeout):
             self._thread.join(1.0)
         self._warn()
         if finished and self.error is not None and not self._error_reported:

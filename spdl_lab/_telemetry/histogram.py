@@ -36,8 +36,7 @@ def new_counts() -> list[int]:
 
 def quantile_ns(counts: Sequence[int], q: float) -> float:
     """The ``q`` quantile (0..1) of the recorded durations, interpolated in its bucket; NaN if none."""
-    total = sum(counts)
-    if total == 0:
+    if (total := sum(counts)) == 0:
         return float("nan")
     rank = q * total
     seen = 0

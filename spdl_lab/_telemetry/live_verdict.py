@@ -119,8 +119,7 @@ class Window:
         self._data = np.empty((0, 0))
 
     def add(self, chunk: FrameChunk) -> None:
-        n = len(chunk)
-        if not n:
+        if not (n := len(chunk)):
             return
         for key in chunk.columns:
             self._keys.setdefault(key, len(self._keys))
@@ -287,8 +286,7 @@ def judge(windows: list[RankWindow], world_size: int | None = None) -> Verdict:
         return Verdict("waiting", f"waiting for ranks: {known} of {world_size} published so far")
     if known < 2:
         return Verdict("waiting", "waiting for a second rank: a verdict compares ranks")
-    short = [w for w in windows if w.steps < MIN_STEPS or not math.isfinite(w.wait_frac)]
-    if short:
+    if short := [w for w in windows if w.steps < MIN_STEPS or not math.isfinite(w.wait_frac)]:
         few = min(short, key=lambda w: w.steps)
         if all(w.state != "running" for w in windows):
             return Verdict("ended", f"the job ended ({', '.join(sorted({w.state for w in windows}))}); "

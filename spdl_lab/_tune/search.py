@@ -177,8 +177,7 @@ class Climb:
                   ) -> Candidate | None:
         """The candidate to measure next, or None when nothing is left worth measuring; a move the
         budget cannot pay for (a runner's start-up) is passed over, not counted as tried."""
-        candidates = [c for c in self.candidates(best) if affordable(c.move.config)]
-        if not candidates:
+        if not (candidates := [c for c in self.candidates(best) if affordable(c.move.config)]):
             return None
         # The model sees the GIL only through task times: leaving the interpreter is measured first.
         if self._gil_says(best) and (switch := self._explore(best, candidates, "switch")):

@@ -354,8 +354,7 @@ class _BokehView(BokehModel):
 
 def _why_empty(session: Any, window: Window) -> dict[str, str]:
     """Why the throughput and queue plots would have no line, in one sentence each."""
-    workers = window.latest(("num_workers", "dataloader"))
-    if workers == 0:
+    if (workers := window.latest(("num_workers", "dataloader"))) == 0:
         return {"stages": "no stage meters: a DataLoader with num_workers=0 runs its Dataset and "
                           "collate_fn in the loop's thread; their time is the data wait (training step plot)",
                 "queues": "no queue: a DataLoader with num_workers=0 fetches each batch when the loop asks"}

@@ -103,8 +103,7 @@ class LivePlots:
     def stream_chunk(self, chunk: FrameChunk) -> dict[str, list[float]] | None:
         """The new data for ``source.stream`` from a chunk; None when it has no ticks. Lists, not
         arrays: Bokeh sends each array as buffers of its own."""
-        n = len(chunk)
-        if not n:
+        if not (n := len(chunk)):
             return None
         times = np.asarray(chunk.times, dtype=float)
         gaps = np.diff(times, prepend=times[0] if self._last_t is None else self._last_t)

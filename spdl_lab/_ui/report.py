@@ -218,16 +218,14 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
 
 def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
     """One figure per map stage (a batch stage has no concurrency to sweep), the limiting first."""
-    figs = [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]
-    if not figs:
+    if not (figs := [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]):
         return column(Div(text="No map stage was measured, so there is nothing to plot."))
     return gridplot(figs, ncols=ncols)
 
 
 def qps_charts(diag: Diagnosis) -> str:
     """One small chart per measured map stage, the limiting stage first, in a flex row."""
-    stages = [s for s in diag.in_order() if s.kind == "map" and s.points]
-    if not stages:
+    if not (stages := [s for s in diag.in_order() if s.kind == "map" and s.points]):
         return ""
     charts = "".join(_chart(s, s.name == diag.bottleneck) for s in stages)
     legend = ("<span style='color:#1f77b4'>&#9644; threads</span> &nbsp; "
@@ -239,8 +237,7 @@ def qps_charts(diag: Diagnosis) -> str:
 def _chart(stage: StageDiagnosis, limiting: bool) -> str:
     lines = {ex: sorted((p for p in stage.points if p.executor == ex and p.qps > 0 and math.isfinite(p.qps)),
                         key=lambda p: p.concurrency) for ex in EXECUTOR_COLORS}
-    every = [p for pts in lines.values() for p in pts]
-    if not every:
+    if not (every := [p for pts in lines.values() for p in pts]):
         return ""
     c_lo, c_hi = min(p.concurrency for p in every), max(p.concurrency for p in every)
     q_hi = max(p.qps for p in every) * 1.1
