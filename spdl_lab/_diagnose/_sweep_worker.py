@@ -77,8 +77,7 @@ class ThreadWorkers:
     named = "thread(s)"
 
     def __init__(self, feed: StageFeed, n: int, settings: SweepSettings) -> None:
-        count = len(feed.inputs)
-        self.workers = [_Worker(feed.fn, feed.inputs, i * count // n) for i in range(n)]
+        self.workers = [_Worker(feed.fn, feed.inputs, i * len(feed.inputs) // n) for i in range(n)]
         self.threads = [threading.Thread(target=w.loop, daemon=True, name=f"spdl_lab:diagnose-{feed.name}-{i}")
                         for i, w in enumerate(self.workers)]
         for t in self.threads:

@@ -285,8 +285,7 @@ class Session:
 
     @property
     def elapsed_s(self) -> float:
-        end = self._t_end if self._t_end is not None else time.perf_counter()
-        return end - self._t0
+        return (self._t_end if self._t_end is not None else time.perf_counter()) - self._t0
 
     def stats(self) -> Snapshot:
         """The loader's Snapshot with the step's figures in ``step``."""

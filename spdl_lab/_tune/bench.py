@@ -122,8 +122,7 @@ class Bench:
 
     def rate_once(self, config: Config, timeout: float) -> Window:
         """One warm-up and one measured window of ``config``: a side-by-side round's figure."""
-        contender = self._switch_to(config, timeout)
-        return self._window(contender, config, timeout)
+        return self._window(self._switch_to(config, timeout), config, timeout)
 
     def close(self) -> None:
         try:
