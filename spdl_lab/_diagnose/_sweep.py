@@ -295,8 +295,7 @@ class _Point(PointWindows):
         return turn % (self.workers.size - self.c + 1)
 
     def _read(self, first: int) -> Reading:
-        now = self.workers.read(self.c, self.settings.point_timeout_s, first)
-        if now is None:
+        if (now := self.workers.read(self.c, self.settings.point_timeout_s, first)) is None:
             raise PointFailed("timeout", f"a worker did not answer within {self.settings.point_timeout_s:g} s")
         return now
 

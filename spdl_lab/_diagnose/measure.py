@@ -263,8 +263,7 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
         else:
             assert stage.fn is not None
             once = run_once(stage.fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
-            failed = _failed_pass(stage, inputs, once, settings, per_input)
-            if failed is None:
+            if (failed := _failed_pass(stage, inputs, once, settings, per_input)) is None:
                 passes.append(_Pass(stage, len(inputs), StageFeed(stage.name, stage.fn, once.ok_inputs), once,
                                     per_input))
             else:

@@ -109,8 +109,7 @@ def _check(pipeline: Any, runners: Sequence[str], steps: Any, warmup: Any, repea
         raise PipelineSpecError(f"compare takes a lab.Pipeline, got {type(pipeline).__name__}; "
                                 "for a DataLoader use lab.from_dataloader(dl)")
     runners = list(runners)
-    unknown = [r for r in runners if r not in RUNNERS]
-    if unknown or not runners:
+    if (unknown := [r for r in runners if r not in RUNNERS]) or not runners:
         raise PipelineSpecError(f"compare: unknown runner(s) {unknown}; choose from {list(RUNNERS)}")
     if len(set(runners)) != len(runners):
         raise PipelineSpecError(f"compare: a runner is named twice in {runners}")

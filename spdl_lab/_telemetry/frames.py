@@ -44,8 +44,7 @@ class Ring:
             for column in self._columns.values():  # a key with no value this tick reads NaN
                 column[slot] = np.nan
             for series, stage, value in values:
-                column = self._columns.get((series, stage))
-                if column is None:
+                if (column := self._columns.get((series, stage))) is None:
                     column = self._columns[series, stage] = np.full(self.capacity, np.nan)
                 column[slot] = value
             self.count += 1

@@ -155,8 +155,7 @@ class Window:
     def rate(self, key: Key, seconds: float | None = None) -> float:
         """A counter's rise per second between its first and last reading in the last ``seconds``
         (a mean of per-tick rates would weigh a short tick like a long one)."""
-        row = self._keys.get(key)
-        if row is None or not len(self._times):
+        if (row := self._keys.get(key)) is None or not len(self._times):
             return math.nan
         span = self.seconds if seconds is None else seconds
         keep = (self._times >= self._times[-1] - span) & np.isfinite(self._data[row])
@@ -167,8 +166,7 @@ class Window:
 
     def latest(self, key: Key) -> float:
         """The newest non-NaN value of a series, NaN when it has none."""
-        row = self._keys.get(key)
-        if row is None:
+        if (row := self._keys.get(key)) is None:
             return math.nan
         values = self._data[row]
         finite = np.flatnonzero(np.isfinite(values))

@@ -319,8 +319,7 @@ class RateModel:
 
     def _step_rate(self, config: Config) -> float:
         """Training steps per second the step alone allows (its wall time, data wait excluded)."""
-        near = self._nearest(config)
-        if near is None or not near.step_p50_ms > 0:
+        if (near := self._nearest(config)) is None or not near.step_p50_ms > 0:
             return math.nan
         step_s = near.step_p50_ms / 1e3
         if near.config.runner == "thread" and config.runner != "thread":

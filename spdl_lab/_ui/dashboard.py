@@ -233,8 +233,7 @@ class Dashboard(LiveView):
 
     def _sync_sliders(self, session: Any) -> None:
         for name, n in session.controls().items():
-            slider = self.sliders.get(name)
-            if slider is None or slider.value == n:
+            if (slider := self.sliders.get(name)) is None or slider.value == n:
                 continue
             self._applied[name] = n  # first, so the observer sees nothing to apply
             slider.max = max(slider.max, n)

@@ -88,8 +88,7 @@ def run_text(meta: dict[str, str], frames: pd.DataFrame, step: StepSummary | Non
     lines = [_who(meta, frames), _headline(step)]
     if step is not None and step.steps:
         lines.append(step_table(step).to_string(index=False, header=False, float_format=lambda v: f"{v:,.4g}"))
-    summary = run_summary(frames)
-    if not summary.empty:
+    if not (summary := run_summary(frames)).empty:
         lines += ["over the ticks (10 a second):",
                   summary.to_string(index=False, float_format=lambda v: f"{v:,.3g}")]
     return "\n".join(lines)
