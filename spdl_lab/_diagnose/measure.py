@@ -337,8 +337,7 @@ def _judge(p: _Pass, threads: StageSweep, processes: StageSweep | None, cores: i
     if threads.others >= BUSY_MACHINE:
         notes.append(f"Other processes used up to {threads.others:.0%} of the cores while it was measured.")
     status, advice, shown, evidence = "measured", verdict.recommendation, verdict.verdict, verdict.evidence
-    busy = others_share(points)
-    if busy >= BUSY_MACHINE:
+    if (busy := others_share(points)) >= BUSY_MACHINE:
         # What other processes take moves every rate and share a verdict reads: no verdict, no advice.
         status, shown = "unstable", None
         evidence = f"unstable: the machine was busy (other processes used {busy:.0%} of the cores)"

@@ -331,8 +331,7 @@ def _settle(since: float, look_s: float, fired: threading.Event) -> None:
     deadline = time.monotonic() + SETTLE_MAX_S
     fired.wait(look_s)
     while not fired.is_set() and (left := deadline - time.monotonic()) > 0:
-        youngest = time.time() - max(_births(), default=0.0)
-        if youngest >= SETTLE_AGE_S:
+        if (youngest := time.time() - max(_births(), default=0.0)) >= SETTLE_AGE_S:
             return
         fired.wait(min(left, SETTLE_AGE_S - youngest + 0.05))
 

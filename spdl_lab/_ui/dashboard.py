@@ -56,7 +56,8 @@ class LiveView(widgets.VBox):
                                f"second), got {hz!r}")
         super().__init__()
         self.add_class(css_class)
-        _load_bokehjs()
+        if get_ipython() is not None and not curstate().notebook:  # BokehJS once, INLINE: offline
+            output_notebook(INLINE, hide_banner=True)
         self.interval_s = 1.0 / hz
         self._plot_box = widgets.Box()
         self._lock = threading.RLock()  # widget callbacks come on other threads, and nest
@@ -383,9 +384,3 @@ def _set(widget: widgets.HTML, value: str) -> None:
 
 def _error(widget: widgets.HTML, text: str) -> None:
     _set(widget, f"<span style='color:#b00'>{html.escape(text)}</span>")
-
-
-def _load_bokehjs() -> None:
-    """Load BokehJS into the notebook once, from INLINE resources (no CDN: offline)."""
-    if get_ipython() is not None and not curstate().notebook:
-        output_notebook(INLINE, hide_banner=True)

@@ -85,7 +85,10 @@ def duration_s(frames: pd.DataFrame) -> float:
 
 def run_text(meta: dict[str, str], frames: pd.DataFrame, step: StepSummary | None = None) -> str:
     """The run for a terminal: who and in what state, the training loop per step, the stages."""
-    lines = [_who(meta, frames), _headline(step)]
+    who = (f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}, "
+           f"started {meta.get('started', '?')}): state {meta.get('state', '?')}, "
+           f"{duration_s(frames):.1f} s recorded")
+    lines = [who, _headline(step)]
     if step is not None and step.steps:
         lines.append(step_table(step).to_string(index=False, header=False, float_format=lambda v: f"{v:,.4g}"))
     if not (summary := run_summary(frames)).empty:
@@ -109,11 +112,6 @@ def _facts(meta: dict[str, str], frames: pd.DataFrame) -> str:
     if meta.get("dropped_ticks", "0") not in ("0", ""):
         facts.append(("ticks dropped", meta["dropped_ticks"]))
     return pd.DataFrame(facts, columns=["run", ""]).to_html(index=False, escape=True)
-
-
-def _who(meta: dict[str, str], frames: pd.DataFrame) -> str:
-    return (f"{meta.get('name', '?')} (pid {meta.get('pid', '?')}, runner {meta.get('runner', '?')}, started "
-            f"{meta.get('started', '?')}): state {meta.get('state', '?')}, {duration_s(frames):.1f} s recorded")
 
 
 _STATE_NOTES = {"killed": "The script was killed: the record holds what was written before, up to "
