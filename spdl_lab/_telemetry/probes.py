@@ -46,14 +46,6 @@ def runqueue_ns(path: str = SCHEDSTAT_PATH) -> int | None:
         return None
 
 
-def open_schedstat(path: str = SCHEDSTAT_PATH) -> int | None:
-    """An fd on the calling thread's schedstat, or None where it is missing or unreadable."""
-    try:
-        return os.open(path, os.O_RDONLY) if runqueue_ns(path) is not None else None
-    except OSError:
-        return None
-
-
 @dataclass(frozen=True)
 class GilTotals:
     """What a GilProbe measured since its first start, in seconds of wall time."""
@@ -147,7 +139,11 @@ class GilProbe:
                        ("gil_wait_max_ms", name, worst * 1e3)]
 
     def _run(self, stop: threading.Event, ready: threading.Event) -> None:
-        fd = open_schedstat(self.schedstat_path)
+        path = self.schedstat_path
+        try:  # an fd on this thread's schedstat, kept open, where it is there and readable
+            fd = os.open(path, os.O_RDONLY) if runqueue_ns(path) is not None else None
+        except OSError:
+            fd = None
         self.schedstat = fd is not None
         ready.set()
         interval = self.interval_s
