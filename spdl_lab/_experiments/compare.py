@@ -37,8 +37,7 @@ DEFAULT_REPEATS = 5  # rounds
 READY_WAIT_S = 0.0005
 #: The first window of a runner that starts processes late (``Runner.late_start_s``) measures
 #: once they are up: from ``late_start_s`` after its first batch and once none is younger than
-#: SETTLE_AGE_S (still importing); at most SETTLE_MAX_S. Without it, Ray's first rounds read half
-#: its rate (docs/measurements.md).
+#: SETTLE_AGE_S (still importing); at most SETTLE_MAX_S (why: docs/measurements.md).
 SETTLE_AGE_S = 3.0
 SETTLE_MAX_S = 15.0
 
