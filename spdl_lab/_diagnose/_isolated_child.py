@@ -37,9 +37,7 @@ def main(data_fd: int, ctrl_fd: int) -> int:
     data = Connection(data_fd, readable=False)
     ctrl = Connection(ctrl_fd, writable=False)  # kept open: the parent's last word is ("stop",)
     init = ctrl.recv()
-    for entry in reversed(init["sys_path"]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    sys.path[:0] = [entry for entry in init["sys_path"] if entry not in sys.path]
     with contextlib.suppress(OSError):
         os.chdir(init["cwd"])
     try:

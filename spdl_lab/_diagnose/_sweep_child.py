@@ -23,9 +23,7 @@ def main(data_fd: int, ctrl_fd: int) -> int:
     try:
         # The parent is the process that started us; its bytes are trusted.
         init = ctrl.recv()
-        for entry in reversed(init["sys_path"]):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        sys.path[:0] = [entry for entry in init["sys_path"] if entry not in sys.path]
         import cloudpickle
 
         worker = _Worker(cloudpickle.loads(init["fn"]), cloudpickle.loads(init["inputs"]))

@@ -77,8 +77,7 @@ class Move:
     new: Any = 0
 
     def describe(self) -> str:
-        verb = {"set": "set", "raise": "raised", "lower": "lowered"}.get(self.kind)
-        if verb is not None:
+        if (verb := {"set": "set", "raise": "raised", "lower": "lowered"}.get(self.kind)) is not None:
             return f"{verb} {self.knob} {self.old} -> {self.new}"
         if self.kind == "switch":
             return f"switched to {self.config.describe()}"
