@@ -37,15 +37,13 @@ YIELD_EVERY_S = 0.1
 Row = tuple[Any, Any]  # (source index, or the flat list of them for a batch; the value)
 
 
-class _NotOurFailures(logging.Filter):
+def _not_our_failures(record: logging.LogRecord) -> bool:
     """Drops Ray Data's records of a lab stage failure (logged twice; the PipelineError says it all)
     and its notice that progress bars are off (the lab turns them off)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "ray.data._internal.progress":
-            return False
-        ours = in_chain(record.exc_info[1] if record.exc_info else None, StageFailure)
-        return not ours and "StageFailure" not in record.getMessage()
+    if record.name == "ray.data._internal.progress":
+        return False
+    ours = in_chain(record.exc_info[1] if record.exc_info else None, StageFailure)
+    return not ours and "StageFailure" not in record.getMessage()
 
 
 class StageFailure(Exception):
@@ -328,8 +326,7 @@ def build(pipeline: Pipeline, source: Any, *, start: int, count: int, total: int
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
         logging.getLogger(name).setLevel(logging.WARNING)
     for handler in logging.getLogger("ray.data").handlers:
-        if not any(isinstance(f, _NotOurFailures) for f in handler.filters):
-            handler.addFilter(_NotOurFailures())
+        handler.addFilter(_not_our_failures)  # once: addFilter skips a filter it has
     # A stage's exception comes back as our StageFailure, not as text in a UserCodeException.
     ds.context.raise_original_map_exception = True
     ds.context.execution_options.preserve_order = ordered

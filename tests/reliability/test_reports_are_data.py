@@ -432,7 +432,7 @@ ALLOWED = {
         "control messages from the parent that spawned this child, over its inherited pipe",
     "spdl_lab/_runners/_transport.py::pickled::pickle.loads":
         "round-trips an exception this process just pickled, to check another process could rebuild it",
-    "spdl_lab/_runners/_process_worker.py::PipelineDataset._load::pickle.loads":
+    "spdl_lab/_runners/process.py::PipelineDataset._load::pickle.loads":
         "the pipeline this DataLoader worker's parent pickled into the dataset; user code by design",
     "spdl_lab/_runners/_transport.py::<module>::subclass of pickle.Unpickler":
         "decodes outputs of our own subprocess-threads child; array ids only point into slots the parent made",
