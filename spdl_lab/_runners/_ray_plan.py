@@ -8,7 +8,6 @@ import logging
 import math
 import re
 import time
-import traceback
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,11 +47,11 @@ def _not_our_failures(record: logging.LogRecord) -> bool:
 
 class StageFailure(Exception):
     """A stage raised inside a Ray worker: the item's number at that stage (a batch's after a
-    batch stage), its traceback as text, and ``error`` itself when it survives pickling."""
+    batch stage), and ``error`` itself when it survives pickling."""
 
-    def __init__(self, stage: str, index: int, what: str, text: str, error: BaseException | None) -> None:
-        super().__init__(stage, index, what, text, error)
-        self.stage, self.index, self.what, self.text, self.error = stage, index, what, text, error
+    def __init__(self, stage: str, index: int, what: str, error: BaseException | None) -> None:
+        super().__init__(stage, index, what, error)
+        self.stage, self.index, self.what, self.error = stage, index, what, error
 
     def __str__(self) -> str:
         return f"StageFailure: stage {self.stage!r} failed on item {self.index}: {self.what}"
@@ -67,7 +66,7 @@ def find_failure(exc: BaseException | None) -> StageFailure | None:
     if found is not None or exc is None:
         return found
     match = _FAILURE_LINE.search(str(exc))
-    return None if match is None else StageFailure(match[1], int(match[2]), match[3], str(exc), None)
+    return None if match is None else StageFailure(match[1], int(match[2]), match[3], None)
 
 
 def _in_chain(exc: BaseException | None) -> StageFailure | None:
@@ -193,9 +192,8 @@ class _Stages:
                 ns = time.perf_counter_ns() - t0
                 record(self.key, self.board, name, "failed", ns, (name, number, what, time.time()))
                 if strict or self.strict:
-                    text = "".join(traceback.format_exception(exc))
-                    error = exc if pickled(exc, cloudpickle.dumps) is not None else None  # None: text alone
-                    raise StageFailure(name, number, what, text, error) from None
+                    error = exc if pickled(exc, cloudpickle.dumps) is not None else None
+                    raise StageFailure(name, number, what, error) from None
                 continue
             record(self.key, self.board, name, "done", time.perf_counter_ns() - t0)
             out.append((index, value))
