@@ -126,9 +126,7 @@ class Engine:
                 return
             metered = self._metered
             untimed = budget = 0  # sampling, as in the map stages' workers
-            while True:
-                if self.stopping:
-                    return
+            while not self.stopping:
                 if not metered or untimed < budget:
                     untimed += 1
                     t0 = 0
@@ -137,7 +135,8 @@ class Engine:
                 try:
                     item = next(iterator)
                 except StopIteration:
-                    break
+                    sink.finish()
+                    return
                 except BaseException as exc:
                     self.fail("source", index, exc)
                     return
@@ -146,7 +145,6 @@ class Engine:
                     budget, untimed = meter.sampled(clock() - t0, untimed), 0
                 sink.put(index, item)
                 index += 1
-            sink.finish()
         except QueueClosed:
             pass
         except BaseException as exc:  # a bug in the engine itself
@@ -200,8 +198,7 @@ class Engine:
         self._stop()
         deadline = time.monotonic() + timeout
         owned = [("the source", self._source_thread)] if self._source_thread else []
-        for stage in self._map_stages.values():
-            owned += [(f"stage {stage.name!r}", thread) for thread in stage.threads()]
+        owned += [(f"stage {s.name!r}", t) for s in self._map_stages.values() for t in s.threads()]
         stuck = []
         for owner, thread in owned:
             if thread is threading.current_thread():

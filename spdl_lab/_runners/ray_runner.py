@@ -77,7 +77,6 @@ class RayRunner(PumpRunner):
         self._read_at = 0.0
         self._asked: Any = None  # a board reading asked for and not yet taken
         self._read_lock = threading.Lock()
-        self._seq = 0
         self._generation = 0
         self._executor: Any = None  # the running Ray Data execution (its StreamingExecutor)
         self._groups: list[Any] = []  # its operations' stages (``_ray_plan.groups``)
@@ -197,8 +196,7 @@ class RayRunner(PumpRunner):
         if self._ordered:
             # Every item before this batch is done with: a restart must not count a failure twice.
             self._delivered.cover(indices[0] // chunk * chunk)
-        self._output.put(self._seq, value)
-        self._seq += 1
+        self._output.put(self._output.puts, value)  # the pump alone puts: the output's number
         self._delivered.add(indices)
 
     def _check_failures(self) -> None:
