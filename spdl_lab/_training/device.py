@@ -35,22 +35,28 @@ def _spin(iterations: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceStep:
-    """What one step did on the simulated device (seconds)."""
+class _DeviceTimes:
+    """Seconds on the simulated device: one step's (``DeviceStep``), or the sums (``DeviceTotals``)."""
 
-    wall_s: float  # launch start to the end of synchronize()
-    busy_s: float  # sum of kernel durations
-    idle_s: float  # wall_s - busy_s: the device had nothing to run
-    starved_s: float  # the part of idle_s before kernels launched after the stream ran dry
-    launch_cpu_s: float  # CPU time of the training thread in the launch loop
-    launch_wall_s: float  # above launch_cpu_s when the GIL or a core was taken
+    wall_s: float = 0.0  # launch start to the end of synchronize()
+    busy_s: float = 0.0  # sum of kernel durations
+    idle_s: float = 0.0  # wall_s - busy_s: the device had nothing to run
+    starved_s: float = 0.0  # the part of idle_s before kernels launched after the stream ran dry
+    launch_cpu_s: float = 0.0  # CPU time of the training thread in the launch loop
+    launch_wall_s: float = 0.0  # above launch_cpu_s when the GIL or a core was taken
     #: part of the launch loop runnable but waiting for a CPU; NaN where schedstat is unavailable
-    launch_runqueue_s: float
-    kernels: int
+    launch_runqueue_s: float = 0.0
 
     @property
     def device_util(self) -> float:
         return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStep(_DeviceTimes):
+    """What one step did on the simulated device (seconds)."""
+
+    kernels: int = 0
 
     @property
     def launch_stall_s(self) -> float:
@@ -67,25 +73,13 @@ class DeviceStep:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceTotals:
+class DeviceTotals(_DeviceTimes):
     """Sums over every step a device ran (seconds)."""
 
     steps: int = 0
-    wall_s: float = 0.0
-    busy_s: float = 0.0
-    idle_s: float = 0.0
-    starved_s: float = 0.0
-    launch_cpu_s: float = 0.0
-    launch_wall_s: float = 0.0
-    launch_runqueue_s: float = 0.0
-
-    @property
-    def device_util(self) -> float:
-        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
 
     def add(self, step: DeviceStep) -> DeviceTotals:
-        summed = {f.name: getattr(self, f.name) + getattr(step, f.name)
-                  for f in fields(self) if f.name != "steps"}
+        summed = {f.name: getattr(self, f.name) + getattr(step, f.name) for f in fields(_DeviceTimes)}
         return DeviceTotals(steps=self.steps + 1, **summed)
 
 
