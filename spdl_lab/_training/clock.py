@@ -164,9 +164,8 @@ class StepClock:
         self._open = True
         if not self._first_ns:
             self._first_ns = time.perf_counter_ns()
-        device, cuda = self.device, self._cuda
-        busy0 = device.totals().busy_s if device is not None else 0.0
-        cuda_start = cuda.start() if device is None and cuda is not None else None
+        busy0 = self.device.totals().busy_s if self.device is not None else 0.0
+        cuda_start = self._cuda.start() if self._cuda is not None else None  # None with a device
         return time.perf_counter_ns(), busy0, cuda_start
 
     def _close_step(self, opened: tuple[int, float, Any], *, counted: bool, end_ns: int | None = None) -> None:
@@ -338,13 +337,11 @@ class StepClock:
 
     def summary(self) -> StepSummary:
         """Figures over every step so far; waits once for pending CUDA events."""
-        cuda, copies = self._cuda, self._cuda_copies
-        if (cuda is not None and cuda.pending) or (copies is not None and copies.pending):
+        cuda, copies = self._cuda, self._cuda_copies  # both, with CUDA; else neither
+        if cuda is not None and (cuda.pending or copies.pending):
             with self._write_lock:
-                if cuda is not None:
-                    self._totals = self._add_device(self._totals, cuda.drain())
-                if copies is not None:
-                    self._add_copies(copies.drain())
+                self._totals = self._add_device(self._totals, cuda.drain())
+                self._add_copies(copies.drain())
         t = self._totals
         records = list(self._records)  # one C-level copy: safe while the loop appends
         steps_s = waits_s = None
