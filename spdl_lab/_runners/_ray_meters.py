@@ -8,6 +8,7 @@ import contextlib
 import functools
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import ray
@@ -30,7 +31,7 @@ _WAITING = threading.Event()
 
 
 def _blank() -> dict[str, Any]:
-    return {**dict.fromkeys(_FIELDS, 0), "hist": new_counts(), "failed": [], "nodes": {}}
+    return {**dict.fromkeys(_FIELDS, 0), "hist": new_counts(), "failed": [], "nodes": Counter()}
 
 
 @functools.cache
@@ -53,7 +54,7 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: t
             if event == "started":
                 return
         pending["tasks"] += n
-        pending["nodes"][node] = pending["nodes"].get(node, 0) + n
+        pending["nodes"][node] += n
         pending["busy_ns"] += ns
         pending["hist"][min(bucket_of(ns // n), NUM_BUCKETS - 1)] += n
         if event == "failed":
@@ -113,8 +114,7 @@ class MeterBoard:
             for name in _FIELDS:
                 total[name] += delta[name]
             total["hist"] = [a + b for a, b in zip(total["hist"], delta["hist"])]
-            for node, n in delta["nodes"].items():
-                total["nodes"][node] = total["nodes"].get(node, 0) + n
+            total["nodes"].update(delta["nodes"])
             total["failed"] = (total["failed"] + delta["failed"])[:MAX_FAILED]
 
     def read(self, key: str) -> dict[str, dict[str, Any]]:
