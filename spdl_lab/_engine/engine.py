@@ -5,9 +5,7 @@ Failures: a stage raising on an item stops the pipeline; the consumer's next ``n
 ``PipelineError`` naming the stage and the item (source index before a ``batch``, batch index
 after), the exception as ``__cause__``; queued results are discarded. ``max_failures=N`` drops the
 first N failing items (all stages together); the source raising, or a ``BaseException``, always
-stops it. ``close()`` closes every queue, waking every waiter (other waits poll ``stopping`` every
-0.1 s), joins for ``timeout``, and leaves threads still in user code as daemons, named in a warning.
-"""
+stops it. ``close()`` wakes every waiter; threads still in user code are left as daemons, named."""
 
 from __future__ import annotations
 

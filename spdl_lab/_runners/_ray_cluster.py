@@ -261,9 +261,8 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 @contextlib.contextmanager
 def _initializing(ray: Any, loopback: bool, **extra: str) -> Iterator[None]:
-    """While ``ray.init`` runs: no banner (Ray says it turned token authentication on; the lab
-    keeps it on); on ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the environment its processes
-    start with, and Ray's single-machine switch in this process too. All as it was after."""
+    """While ``ray.init`` runs, then as before: no token-auth banner (the lab keeps auth on); on
+    ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the environment and Ray's single-machine switch."""
     from ray._private import ray_constants
 
     banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
