@@ -262,7 +262,7 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 @contextlib.contextmanager
 def _initializing(ray: Any, loopback: bool, **extra: str) -> Iterator[None]:
     """While ``ray.init`` runs, then as before: no token-auth banner (the lab keeps auth on); on
-    ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the environment and Ray's single-machine switch."""
+    ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the environment, Ray's loopback switch on."""
     from ray._private import ray_constants
 
     banner = logging.getLogger("ray._private.authentication.authentication_token_setup")

@@ -218,10 +218,8 @@ class _ActorStages(_Stages):
     """The same, as an actor class: Ray makes one per actor with these constructor arguments."""
 
 
-@lru_cache(maxsize=1)  # one run's source at a time per worker
-def _fetched(ref: Any) -> list[Any]:
-    """A source list put in the object store, fetched once per worker process."""
-    return ray.get(ref)
+#: A source list put in the object store, fetched once per worker process (one run's at a time).
+_fetched = lru_cache(maxsize=1)(ray.get)
 
 
 def _first(index: Any) -> int:

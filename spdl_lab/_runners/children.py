@@ -93,11 +93,16 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
 # -- DataLoader workers: started and reaped by torch's Process objects --------------------
 def exit_status(pid: int) -> tuple[bool, int] | None:
     """(killed by a signal, signal or status) once child ``pid`` exited, else None; unreaped."""
+    info = _peek(pid)
+    return (info.si_code != os.CLD_EXITED, info.si_status) if info else None
+
+
+def _peek(pid: int) -> Any:
+    """Child ``pid``'s waitid record once it exited (unreaped); None while it runs; else False."""
     try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
-        return None
-    return None if info is None else (info.si_code != os.CLD_EXITED, info.si_status)
+        return False
 
 
 def kill(pids: list[int], wait_s: float = 1.0) -> None:
@@ -107,19 +112,12 @@ def kill(pids: list[int], wait_s: float = 1.0) -> None:
     for pid in pids:
         with contextlib.suppress(psutil.NoSuchProcess):
             child = psutil.Process(pid)
-            if child.ppid() == me and _running(pid):
+            if child.ppid() == me and _peek(pid) is None:
                 child.kill()
                 killed.append(pid)
     deadline = time.monotonic() + wait_s
-    while any(map(_running, killed)) and time.monotonic() < deadline:
+    while any(_peek(pid) is None for pid in killed) and time.monotonic() < deadline:
         time.sleep(0.01)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-    except ChildProcessError:
-        return False
 
 
 # ``spawn`` re-runs the parent's ``__main__`` in a worker; ours need nothing from it (the pipeline

@@ -36,7 +36,7 @@ def _spin(iterations: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _DeviceTimes:
-    """Seconds on the simulated device: one step's (``DeviceStep``), or the sums (``DeviceTotals``)."""
+    """Seconds on the simulated device: one step's (``DeviceStep``) or sums (``DeviceTotals``)."""
 
     wall_s: float = 0.0  # launch start to the end of synchronize()
     busy_s: float = 0.0  # sum of kernel durations
@@ -79,7 +79,8 @@ class DeviceTotals(_DeviceTimes):
     steps: int = 0
 
     def add(self, step: DeviceStep) -> DeviceTotals:
-        summed = {f.name: getattr(self, f.name) + getattr(step, f.name) for f in fields(_DeviceTimes)}
+        times = fields(_DeviceTimes)
+        summed = {f.name: getattr(self, f.name) + getattr(step, f.name) for f in times}
         return DeviceTotals(steps=self.steps + 1, **summed)
 
 
