@@ -20,8 +20,6 @@ import psutil
 
 from ..errors import PipelineSpecError, RunnerError
 
-__all__ = ["RayConnection", "ray_processes"]
-
 _LOCK = threading.Lock()
 #: The local instance the lab started in this process, and how many runners use it.
 _LOCAL: dict[str, Any] = {"users": 0, "temp_dir": None, "core": [], "parked": [], "warden": None}

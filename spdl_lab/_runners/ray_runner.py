@@ -28,8 +28,6 @@ try:
 except ImportError:  # without Ray Data, making a RayRunner says what to install
     ray = None
 
-__all__ = ["MAX_MATERIALIZED", "RayRunner"]
-
 _POLL_S = 0.1
 #: How stale the meters may be: a sampler tick reads the board at most this often.
 _READ_EVERY_S = 0.2
