@@ -1,7 +1,5 @@
 """The runner registry: names in ``lab.RUNNERS`` to Runner classes."""
 
-from __future__ import annotations
-
 import importlib
 
 from ..errors import PipelineSpecError

@@ -1,8 +1,6 @@
 """Timing the training side: StepClock around the loop, SimulatedDevice for a GPU. CUDA timing is
 used when torch sees a GPU; nothing here needs one."""
 
-from __future__ import annotations
-
 from .clock import StepClock, cuda_available
 from .device import DeviceStep, SimulatedDevice
 
