@@ -243,18 +243,13 @@ class CudaStepTimer(Generic[Token]):
         self._pending: deque[tuple[Any, Any, Token]] = deque()
         self._free: list[Any] = []  # recycled events: creating one costs a driver call
 
-    def _event(self) -> Any:
-        return self._free.pop() if self._free else self._event_type(enable_timing=True)
-
     def start(self) -> Any:
-        event = self._event()
+        event = self._free.pop() if self._free else self._event_type(enable_timing=True)
         event.record()
         return event
 
     def end(self, start: Any, token: Token) -> None:
-        event = self._event()
-        event.record()
-        self._pending.append((start, event, token))
+        self._pending.append((start, self.start(), token))  # the end: an event recorded now
         if len(self._pending) > MAX_PENDING:
             self._pending[0][1].synchronize()
 
