@@ -196,11 +196,9 @@ class SimulatedDevice:
 def training_waits(before: Any, now: Any) -> tuple[float, float]:
     """GIL and run-queue wait of the training thread while launching, per wall second of its steps:
     launch wall less CPU less run-queue time is the wait for the GIL."""
-    if before is None or now is None:
+    if before is None or now is None or now.wall_s <= before.wall_s:
         return math.nan, math.nan
     wall = now.wall_s - before.wall_s
-    if wall <= 0:
-        return math.nan, math.nan
     stall = (now.launch_wall_s - before.launch_wall_s) - (now.launch_cpu_s - before.launch_cpu_s)
     queued = now.launch_runqueue_s - before.launch_runqueue_s
     return min(1.0, max(0.0, stall - queued) / wall), min(1.0, max(0.0, queued / wall))
