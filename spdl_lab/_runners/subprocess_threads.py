@@ -224,7 +224,8 @@ class _ChildRun:
         threading.Thread(target=self._publish_meters, name="spdl_lab:child-meters", daemon=True).start()
         self._send(("ready",))
         try:
-            self._pump()
+            if (last := self._pump()) is not None:  # the run's end, an error, or None on a stop
+                self._send(last)
         finally:
             self.engine.close(timeout=2.0)
             self._publish_once()
@@ -232,38 +233,34 @@ class _ChildRun:
         self.stop.wait()
         return 0
 
-    def _pump(self) -> None:
+    def _pump(self) -> tuple | None:
         while not self.stop.is_set():
             try:
                 record = self.engine.get(0.1)
             except PipelineError as err:
-                self._send(("error", transport.RemoteFailure.of(err)))
-                return
+                return "error", transport.RemoteFailure.of(err)
             if record is TIMEOUT:
                 continue
             if record is END:
-                self._send(("end",))
-                return
+                return ("end",)
             seq, index, value = record
             try:
                 encoded = transport.encode(value)
             except Exception as exc:  # a lock, a generator...: say which stage made it
-                failure = transport.unsendable_output(self.engine.pipeline, index, exc,
-                                                      "subprocess-threads", "the main process")
-                self._send(("error", failure))
-                return
+                return "error", transport.unsendable_output(self.engine.pipeline, index, exc,
+                                                            "subprocess-threads", "the main process")
             slot: tuple[int, str, int] = (-1, "", 0)  # no arrays: the pickle bytes alone
             if encoded.arrays:
                 try:
                     slot_id, shm = self.slots.acquire(encoded.nbytes, self.stop.is_set)
                 except InterruptedError:
-                    return
+                    return None
                 except RunnerError as err:  # no shared memory left for this output
-                    self._send(("runner-error", str(err)))
-                    return
+                    return "runner-error", str(err)
                 transport.write_arrays(encoded, shm, self.copier)
                 slot = (slot_id, shm.name, shm.size)
             self._send(("out", seq, index, encoded.meta, *slot))
+        return None
 
     def _control(self) -> None:
         while True:
