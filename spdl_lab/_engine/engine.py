@@ -182,10 +182,8 @@ class Engine:
 
     def _stop(self) -> None:
         self.stopping = True
-        for queue in self._queues:
-            queue.close()
-        for batcher in self._batchers:
-            batcher.close()
+        for part in (*self._queues, *self._batchers):
+            part.close()
         for stage in self._map_stages.values():
             stage.stop()
 
