@@ -169,11 +169,9 @@ class SubprocessThreadsRunner(Runner):
         self._closed = True
         if self._proc is not None:
             stop_process(self._proc, timeout)
-        for conn in (self._data, self._ctrl):
-            if conn is not None:
-                conn.close()
-        for shm in self._maps.values():
-            shm.close()
+        for part in (self._data, self._ctrl, *self._maps.values()):  # pipes, and slots mapped here
+            if part is not None:
+                part.close()
         self._maps.clear()
         if self._meters is not None:
             self._blank = self.read()  # the final figures, kept for stats() after close
