@@ -5,7 +5,7 @@ Failures: a stage raising on an item stops the pipeline; the consumer's next ``n
 ``PipelineError`` naming the stage and the item (source index before a ``batch``, batch index
 after), the exception as ``__cause__``; queued results are discarded. ``max_failures=N`` drops the
 first N failing items (all stages together); the source raising, or a ``BaseException``, always
-stops it. ``close()`` wakes every waiter; threads still in user code are left as daemons, named."""
+stops it. ``close()`` wakes every waiter; threads still in user code stay, named in a warning."""
 
 from __future__ import annotations
 
