@@ -234,10 +234,9 @@ def _stop_all() -> list[psutil.Process]:
 
 
 def _status(proc: psutil.Process) -> str | None:
-    try:
+    with contextlib.suppress(psutil.Error):
         return proc.status()
-    except psutil.Error:
-        return None
+    return None
 
 
 def _alive(proc: psutil.Process) -> bool:

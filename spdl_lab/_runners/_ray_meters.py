@@ -146,11 +146,10 @@ def board(shared: bool) -> Any:
 
 
 def _answers(actor: Any) -> bool:
-    try:
+    with contextlib.suppress(Exception):  # else killed, or its node gone: a new one
         ray.get(actor.__ray_ready__.remote(), timeout=5.0)
         return True
-    except Exception:  # noqa: BLE001 - killed, or its node gone: a new one
-        return False
+    return False
 
 
 def reading_of(totals: dict[str, Any] | None, name: str, kind: str, concurrency: int) -> StageReading:

@@ -65,12 +65,11 @@ def unsendable_output(pipeline: Pipeline, index: int | None, exc: BaseException,
 
 def pickled(exc: BaseException, dumps: Callable[[Any], bytes] = pickle.dumps) -> bytes | None:
     """An exception as bytes that load back (some pickle, yet cannot be rebuilt), or None."""
-    try:
+    with contextlib.suppress(Exception):
         data = dumps(exc)
         pickle.loads(data)
-    except Exception:
-        return None
-    return data
+        return data
+    return None
 
 
 @dataclass

@@ -72,11 +72,10 @@ def ended(killed: bool, code: int) -> str:
 
 def exit_reason(proc: subprocess.Popen, wait_s: float = 2.0) -> str:
     """How a spawned child ended (``ended``), or "closed its pipe" if still running after ``wait_s``."""
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         code = proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        return "closed its pipe"
-    return ended(code < 0, abs(code))
+        return ended(code < 0, abs(code))
+    return "closed its pipe"
 
 
 def stop_process(proc: subprocess.Popen, timeout: float) -> None:
@@ -99,10 +98,9 @@ def exit_status(pid: int) -> tuple[bool, int] | None:
 
 def _peek(pid: int) -> Any:
     """Child ``pid``'s waitid record once it exited (unreaped); None while it runs; else False."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
+    return False
 
 
 def kill(pids: list[int], wait_s: float = 1.0) -> None:
