@@ -64,10 +64,9 @@ def ended(killed: bool, code: int) -> str:
     """"was killed by signal SIGKILL" or "exited with status 3"."""
     if not killed:
         return f"exited with status {code}"
-    try:
+    with contextlib.suppress(ValueError):  # a signal without a name
         return f"was killed by signal {signal.Signals(code).name}"
-    except ValueError:
-        return f"was killed by signal {code}"
+    return f"was killed by signal {code}"
 
 
 def exit_reason(proc: subprocess.Popen, wait_s: float = 2.0) -> str:
