@@ -75,8 +75,7 @@ class ShmFile:
         self.name = name
         self.size = size
         self.path = os.path.join(shm_dir(), name)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(self.path, flags, 0o600)
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
         try:
             if create:
                 _reserve(fd, size, self.path, purpose)

@@ -207,8 +207,7 @@ class _ChildRun:
                 sys.path.insert(0, entry)
         self.data = data
         self.ctrl = ctrl
-        pipeline = cloudpickle.loads(init["pipeline"])
-        self.engine = Engine(pipeline, **init["engine_options"])
+        self.engine = Engine(cloudpickle.loads(init["pipeline"]), **init["engine_options"])
         self.slots = transport.SlotWriter(init["prefix"], init["slots"])
         cores = os.cpu_count() or 1
         self.copier = transport.Copier(cores - 1) if cores > 1 else None
