@@ -234,10 +234,8 @@ def rows_of(block: dict[str, np.ndarray], batches: bool) -> list[Row]:
 
     items = [[scalar(x) for x in v] for v in block["item"]] if batches else [scalar(v) for v in block["item"]]
     idx = block["idx"]
-    if idx.ndim == 2 or idx.dtype == object:  # a batch's, -1 padded (ragged: Ray joined widths)
-        indices = [row[row >= 0].tolist() for row in map(np.asarray, idx)]
-    else:
-        indices = idx.tolist()
+    lists = idx.ndim == 2 or idx.dtype == object  # a batch's, -1 padded (ragged: Ray joined widths)
+    indices = [row[row >= 0].tolist() for row in map(np.asarray, idx)] if lists else idx.tolist()
     return list(zip(indices, items))
 
 
