@@ -88,8 +88,9 @@ class WatchedDataLoader:
     ``"fetch/worker0"``, not stages) and the queue of batches prefetched or in flight. ``close()``
     (or the collector, or exit) removes the meters' shared memory."""
 
-    def __init__(self, dl: Any) -> None:
-        self.dataloader = dl
+    def __init__(self, dl: Any, *, weakly: bool = False) -> None:
+        """``weakly``: the DataLoader's user holds it, and dropping it ends it as without the lab."""
+        self._dataloader: Callable[[], Any] = weakref.ref(dl) if weakly else (lambda: dl)
         self._lock = _forksafe.Lock()
         self._opening = _forksafe.Lock()
         self._workers: list[psutil.Process] = []
@@ -101,6 +102,11 @@ class WatchedDataLoader:
         self._num_workers = 0
         self._released = False
         self._final: list[StageReading] = []  # the totals when the block went
+
+    @property
+    def dataloader(self) -> Any:
+        """The DataLoader; None once its user dropped one held ``weakly``."""
+        return self._dataloader()
 
     def __iter__(self) -> Iterator[Any]:
         return self.open(lambda: iter(self.dataloader))
@@ -164,8 +170,9 @@ class WatchedDataLoader:
             # Each worker against its own time stamp (ProcessRates); an exited one gives None.
             pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
         alive = [(i, pct) for i, pct in pcts if pct is not None]
-        rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers))),
-                           ("num_workers", "dataloader", float(self.dataloader.num_workers))]
+        rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]
+        if (dl := self.dataloader) is not None:
+            rows.append(("num_workers", "dataloader", float(dl.num_workers)))
         rows += self._queue_rows(dt_s) + self._stage_rows(dt_s)
         if alive:  # none at the first reading (the baseline), or after a span too short
             rows += [("cpu_percent", f"worker{i}", pct) for i, pct in alive]

@@ -120,11 +120,12 @@ class StepClock:
             try:
                 yield hand.pop()
             except BaseException as exc:
-                held, self._held = self._held, None
+                held = self._held
                 if held is not None and isinstance(exc, GeneratorExit):  # let go: it counts once
                     self._open = False  # the script is known not to fail
-                    self._let_go = (held, time.perf_counter_ns())
-                elif held is not None:  # thrown into the generator: not a step
+                    self._let_go = (held, time.perf_counter_ns())  # before _held goes: see undecided
+                self._held = None
+                if held is not None and not isinstance(exc, GeneratorExit):  # thrown in: not a step
                     self._close_step(held, counted=False)
                 raise
             held, self._held = self._held, None
@@ -138,6 +139,11 @@ class StepClock:
         held, self._held = self._held, None
         if held is not None:
             self._close_step(held, counted=True, end_ns=at_ns)
+
+    @property
+    def undecided(self) -> bool:
+        """A step is held, or was let go of and waits for ``settle()`` (how the script ends decides)."""
+        return self._held is not None or self._let_go is not None
 
     def settle(self, counted: bool) -> None:
         """Count the step a loop let go of (``iterate_steps``), ending when it did, or drop it

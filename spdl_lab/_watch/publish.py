@@ -24,7 +24,7 @@ from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .endpoint import Endpoint, Handlers, safe_name
 from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows
-from .sources import source_of
+from .sources import held_weakly, source_of
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
@@ -58,12 +58,13 @@ def publish(obj: Any, name: str | None = None) -> Any:
         for batch in loader:
             train(batch)
     """
-    publisher = _PUBLISHED.get(id(obj)) or Publisher(obj, name or caller_line())
+    publisher = published_by(obj) or Publisher(obj, name or caller_line())
     return publisher.source.published
 
 
 def published_by(obj: Any) -> Publisher | None:
-    return _PUBLISHED.get(id(obj))
+    publisher = _PUBLISHED.get(id(obj))  # by id, and ``obj`` itself: a dropped one's id is reused
+    return publisher if publisher is not None and publisher.obj is obj else None
 
 
 def unpublish(obj: Any) -> None:
@@ -158,7 +159,7 @@ class Publisher:
         self.timeline = Timeline()  # first: every tick of the source counts from here, none before
         self._pid = os.getpid()
         self.source = source_of(obj)
-        self.obj = obj
+        self._key, self._obj = id(obj), held_weakly(obj)
         ranked = rank_run(name, os.environ.get(RECORD_ENV))  # None outside a torchrun job
         name, path, job = ranked or (name, default_record_path(name, os.getpid()), {})
         self.name = name
@@ -188,10 +189,18 @@ class Publisher:
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
-        _PUBLISHED[id(obj)] = self
+        _PUBLISHED[self._key] = self
+
+    @property
+    def obj(self) -> Any:
+        """What was published (None once its user dropped an iterable, which ended the run)."""
+        return self._obj()
 
     def _run(self) -> None:
         while not self._stop.wait(PUMP_EVERY_S):
+            if self.source.dropped():  # closed as without the lab: its own thread, as close() joins this one
+                threading.Thread(target=self.close, name="spdl_lab:dropped", daemon=True).start()
+                return
             self._copy()
             if self.source.state() in _ENDED:
                 self._copy(final=True)
@@ -260,8 +269,8 @@ class Publisher:
 
     def _forget(self) -> None:
         atexit.unregister(self.close)
-        if _PUBLISHED.get(id(self.obj)) is self:
-            del _PUBLISHED[id(self.obj)]
+        if _PUBLISHED.get(self._key) is self:
+            del _PUBLISHED[self._key]
 
 
 def _watch_endings() -> None:

@@ -22,6 +22,14 @@ from .._training import StepClock
 from ..errors import PipelineSpecError
 
 
+def held_weakly(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj``, or a strong one where it takes none (a list, a tuple)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 def source_of(obj: Any) -> SessionSource | OwnerSource | LoopSource:
     """The source for ``obj``: a Session, a Loader, an SPDL pipeline, a DataLoader or an iterable."""
     if isinstance(obj, Session):
@@ -82,6 +90,10 @@ class _TimedLoop:
         self._replace(weakref.ref(epoch))
         return epoch
 
+    def idle(self) -> bool:
+        """No epoch open: none began, or the loop let go of the last one."""
+        return self._epoch is None or self._epoch() is None
+
     def close(self) -> None:
         """The run ends: a step let go of or still held counts, unless ``left_counts`` says no."""
         self._replace(None)
@@ -115,6 +127,9 @@ class SessionSource:
 
     def state(self) -> str:
         return self.obj.state
+
+    def dropped(self) -> bool:
+        return False  # held here: it ends by its own stop() or end
 
     def close(self) -> None:
         pass  # the session's own stop() or end closes what it started
@@ -154,8 +169,9 @@ class LoopSource:
     step, a DataLoader's workers are read for CPU; its own sampler."""
 
     def __init__(self, iterable: Any) -> None:
-        self.obj = iterable
-        self.workers = WatchedDataLoader(iterable) if is_dataloader(iterable) else None
+        # Weakly: its user dropping it (a loop that makes a DataLoader each epoch) ends the run.
+        self._obj = held_weakly(iterable)
+        self.workers = WatchedDataLoader(iterable, weakly=True) if is_dataloader(iterable) else None
         self.loop = _TimedLoop(children=self.workers.processes if self.workers is not None else True)
         self.clock = self.loop.clock
         from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
@@ -184,6 +200,15 @@ class LoopSource:
         started_ns = time.perf_counter_ns()
         items = self.workers.open(make) if self.workers is not None else make()
         return self.loop.epoch(items, started_ns)
+
+    @property
+    def obj(self) -> Any:
+        return self._obj()
+
+    def dropped(self) -> bool:
+        """Its user let go of the iterable and its last epoch ended whole: the run is over. An
+        epoch left mid-way waits for the script's end, which says whether its last step counts."""
+        return self._obj() is None and self.loop.idle() and not self.clock.undecided
 
     def sampler(self) -> Sampler | None:
         return self._sampler

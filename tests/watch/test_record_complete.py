@@ -225,3 +225,49 @@ def test_sigterm_while_the_loop_waits_for_data_closes_the_run_and_its_shared_mem
     assert record_meta(record)["state"] == "stopped"
     assert lab.open(record).stats().step.steps == 4
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"spdl_lab_{pid}_")]
+
+
+EPOCH_BY_EPOCH = '''
+    import sys, threading, time
+    import psutil
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Items(Dataset):
+        def __len__(self): return 16
+        def __getitem__(self, i): return torch.zeros(2)
+
+    if __name__ == "__main__":
+        for epoch in range(4):  # a new DataLoader each epoch, as some loops build them
+            dl = DataLoader(Items(), batch_size=4, num_workers=1, persistent_workers=sys.argv[1] == "persistent")
+            for batch in dl:
+                pass
+            del dl
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(t.name.startswith("spdl_lab") for t in threading.enumerate()):
+            time.sleep(0.05)
+        print("lab threads", sorted(t.name for t in threading.enumerate() if t.name.startswith("spdl_lab")))
+        print("workers", len(psutil.Process().children()))
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", ["persistent", "fresh"])
+def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path, workers):
+    """Its run ends once the script lets go of it and its epoch: the record finished with every step,
+    the lab's threads and endpoint gone, persistent workers stopped; not one more run per epoch kept
+    until the script exits."""
+    script = tmp_path / "epochs.py"
+    script.write_text(textwrap.dedent(EPOCH_BY_EPOCH))
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
+           "SPDL_LAB_WATCH": "1"}
+    done = subprocess.run([sys.executable, str(script), workers], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=80)
+    assert done.returncode == 0, done.stderr
+    assert "lab threads []" in done.stdout and "workers 0" in done.stdout, done.stdout
+    records = sorted(tmp_path.glob("r*.sqlite"))
+    assert len(records) == 4, records  # a run per DataLoader
+    for record in records:
+        assert record_meta(record)["state"] == "finished", record
+        assert lab.open(record).stats().step.steps == 4, record
+    assert not list((tmp_path / "rt").glob("*.sock")), "an endpoint left open"
