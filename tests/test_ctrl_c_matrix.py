@@ -3,8 +3,8 @@
 running 5 s later. ``watch`` gets SIGINT as a terminal sends it, to the whole process group: the
 script stops, and its record holds every step the script counted.
 
-The four instants of two commands run side by side (each its own process), so a pair of rows
-costs about its longest instant, not their sum."""
+The four instants of one command run side by side (each its own process), so a row costs about
+its longest instant, not their sum."""
 
 from __future__ import annotations
 
@@ -132,30 +132,26 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _run_at_every_instant(tmp_path: Path, commands: list[str],
-                          instants: tuple[float, ...]) -> dict[str, list[Interrupted]]:
-    runs: dict[str, list[Interrupted]] = {command: [] for command in commands}
-    for command in commands:
-        for after_s in instants:
-            workdir = tmp_path / command / f"at-{after_s}"
-            workdir.mkdir(parents=True)
-            (workdir / "ctrlc_pipeline.py").write_text(PIPELINE)
-            (workdir / "train.py").write_text(SCRIPT)
-            args = [a.format(record=_saved_comparison()) for a in COMMANDS[command]]
-            runs[command].append(Interrupted(workdir, args, after_s))
-    every = [run for row in runs.values() for run in row]
+def _run_at_every_instant(tmp_path: Path, args: list[str], instants: tuple[float, ...]) -> list[Interrupted]:
+    runs = []
+    for after_s in instants:
+        workdir = tmp_path / f"at-{after_s}"
+        workdir.mkdir()
+        (workdir / "ctrlc_pipeline.py").write_text(PIPELINE)
+        (workdir / "train.py").write_text(SCRIPT)
+        runs.append(Interrupted(workdir, [a.format(record=_saved_comparison()) for a in args], after_s))
     start = time.monotonic()
-    timers = [threading.Timer(max(0.0, run.after_s - (time.monotonic() - start)), run.interrupt) for run in every]
+    timers = [threading.Timer(max(0.0, run.after_s - (time.monotonic() - start)), run.interrupt) for run in runs]
     for timer in timers:
         timer.start()
     try:
-        for run, timer in zip(every, timers):
+        for run, timer in zip(runs, timers):
             timer.join(run.after_s + 5)
             run.finish(timeout=40)
     finally:
         for timer in timers:
             timer.cancel()
-        for run in every:
+        for run in runs:
             if run.proc.poll() is None:
                 run.proc.kill()
     return runs
@@ -176,44 +172,33 @@ def _saved_comparison() -> str:
     return _SAVED[0]
 
 
-#: Two commands at a time, a heavier one beside a lighter one: eight runs, the 10 s ones two of them.
-PAIRS = [("compare-ray", "report"), ("compare-thread", "watch"), ("compare-process", "demo-images"),
-         ("compare-subprocess-threads", "demo-noisy-neighbour"), ("compare-cache", "tune-process"),
-         ("diagnose", "tune-thread"), ("tune-subprocess-threads",)]
-assert sorted(COMMANDS) == sorted(command for pair in PAIRS for command in pair)
-
-
-# Eight runs at once, each starting workers: beside the unit set's other tests, they starve them
-# (a torchrun job's rank made no step in its window). The measurement set runs alone.
+# Four runs of a command at once, each starting workers: beside the unit set's other tests, they
+# starve them (a torchrun job's rank made no step in its window). The measurement set runs alone.
 @pytest.mark.measurement
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("commands", PAIRS, ids="+".join)
-def test_ctrl_c_at_any_instant_exits_130_with_one_line_and_leaves_nothing(tmp_path, commands):
-    for command, runs in _run_at_every_instant(tmp_path, list(commands), INSTANTS).items():
-        for run in runs:
-            _assert_interrupted_well(command, run)
-
-
-def _assert_interrupted_well(command: str, run: Interrupted) -> None:
-    args, at = COMMANDS[command], f"{command} at {run.after_s} s"
-    left = run.left_running()
-    assert not left, f"{at}: processes left running 5 s after Ctrl-C: {left}\n{run.err}"
-    ending = run.proc.returncode == 0 and not run.err and (command == "report" or run.ended_at_once)
-    if not run.sent or ending:
-        # It ended before the instant, or was ending as it came (report, done in about 2 s;
-        # tune-process, which converges in 8-10 s; once its work is done, a Ctrl-C is moot):
-        # it must have ended well. An ignored Ctrl-C runs on well past ENDING_S.
-        assert run.proc.returncode == 0, f"{at}: ended {run.proc.returncode} before Ctrl-C\n{run.err}"
-        return
-    if BEFORE_ANY_CODE in run.err:  # a loaded machine: Python was still starting, no program ran yet
-        return
-    assert run.proc.returncode == 130, f"{at}: exit {run.proc.returncode}\n{run.err}"
-    ours = [line for line in run.err.splitlines() if line.startswith("spdl-lab")]
-    assert ours == [f"spdl-lab {args[0]}: interrupted"], f"{at}:\n{run.err}"
-    if command == "watch":
-        _assert_record_complete(run, at)
-    else:
-        assert run.err.strip().splitlines() == ours, f"{at}: more than one line\n{run.err}"
+@pytest.mark.parametrize("command", COMMANDS)
+def test_ctrl_c_at_any_instant_exits_130_with_one_line_and_leaves_nothing(tmp_path, command):
+    args = COMMANDS[command]
+    for run in _run_at_every_instant(tmp_path, args, INSTANTS):
+        at = f"{command} at {run.after_s} s"
+        left = run.left_running()
+        assert not left, f"{at}: processes left running 5 s after Ctrl-C: {left}\n{run.err}"
+        ending = run.proc.returncode == 0 and not run.err and (command == "report" or run.ended_at_once)
+        if not run.sent or ending:
+            # It ended before the instant, or was ending as it came (report, done in about 2 s;
+            # tune-process, which converges in 8-10 s; once its work is done, a Ctrl-C is moot):
+            # it must have ended well. An ignored Ctrl-C runs on well past ENDING_S.
+            assert run.proc.returncode == 0, f"{at}: ended {run.proc.returncode} before Ctrl-C\n{run.err}"
+            continue
+        if BEFORE_ANY_CODE in run.err:  # a loaded machine: Python was still starting, no program ran yet
+            continue
+        assert run.proc.returncode == 130, f"{at}: exit {run.proc.returncode}\n{run.err}"
+        ours = [line for line in run.err.splitlines() if line.startswith("spdl-lab")]
+        assert ours == [f"spdl-lab {args[0]}: interrupted"], f"{at}:\n{run.err}"
+        if command == "watch":
+            _assert_record_complete(run, at)
+        else:
+            assert run.err.strip().splitlines() == ours, f"{at}: more than one line\n{run.err}"
 
 
 def _assert_record_complete(run: Interrupted, at: str) -> None:

@@ -24,7 +24,7 @@ from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .endpoint import Endpoint, Handlers, safe_name
 from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows
-from .sources import held_weakly, source_of
+from .sources import LoopSource, held_weakly, source_of
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
 ENV_NAME = "SPDL_LAB_WATCH_NAME"
@@ -159,7 +159,9 @@ class Publisher:
         self.timeline = Timeline()  # first: every tick of the source counts from here, none before
         self._pid = os.getpid()
         self.source = source_of(obj)
-        self._key, self._obj = id(obj), held_weakly(obj)
+        # A dropped iterable ends its run (LoopSource.dropped); a Session or Loader ends by its own close.
+        weakly = isinstance(self.source, LoopSource)
+        self._key, self._obj = id(obj), held_weakly(obj) if weakly else (lambda: obj)
         ranked = rank_run(name, os.environ.get(RECORD_ENV))  # None outside a torchrun job
         name, path, job = ranked or (name, default_record_path(name, os.getpid()), {})
         self.name = name
