@@ -91,7 +91,10 @@ class BoundedQueue:
                         left = deadline - time.perf_counter_ns()
                         if left <= 0:
                             return TIMEOUT
-                        if self._not_empty.wait(left / 1e9):
+                        # A timed-out wait may have taken a notify (it came as the wait gave up):
+                        # uncount on every wake, or woken reads too high and puts stop waking anyone.
+                        self._not_empty.wait(left / 1e9)
+                        if self._getters_woken:
                             self._getters_woken -= 1
                 finally:
                     self._getters_waiting -= 1
@@ -108,7 +111,7 @@ class BoundedQueue:
             self._wake_all_getters()
 
     def _wake_all_getters(self) -> None:
-        # Every waiting reader returns True from wait() and uncounts itself.
+        # Every waiting reader wakes and uncounts itself.
         self._getters_woken = self._getters_waiting
         self._not_empty.notify_all()
 
