@@ -96,3 +96,33 @@ def test_ctrl_c_while_the_command_starts_and_imports_exits_130_with_one_line(tmp
     assert err.strip().splitlines() == ["spdl-lab compare: interrupted"], err
     gone = psutil.wait_procs([psutil.Process(pid) for pid in kids if psutil.pid_exists(pid)], timeout=5)[1]
     assert not gone, f"processes left running after Ctrl-C: {[p.pid for p in gone]}"
+
+
+TRACKED = textwrap.dedent('''
+    import multiprocessing, subprocess, sys
+    from spdl_lab import cli
+
+    cli._quiet_resource_tracker()  # as a command that runs workers starts it
+    lock = multiprocessing.get_context("spawn").Lock()  # named, and the tracker knows it
+    print(lock._semlock.name, flush=True)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(worker.pid, flush=True)
+    cli._interrupted("spdl-lab compare", exiting=True)  # what Ctrl-C ends in
+''')
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_kills_the_workers_and_spares_the_resource_tracker_which_unlinks_what_they_leaked(tmp_path):
+    """Killed with the workers, multiprocessing's resource tracker left every semaphore it held in
+    /dev/shm (13 after four Ctrl-C'd ``compare --runners process`` beside a busy demo), and the
+    next one a lab thread freed relaunched it to print a KeyError per semaphore it never saw."""
+    proc = subprocess.run([sys.executable, "-c", TRACKED], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    name, worker = proc.stdout.split()
+    assert proc.returncode == 130 and proc.stderr.strip() == "spdl-lab compare: interrupted", proc.stderr
+    assert not psutil.pid_exists(int(worker)) or psutil.Process(int(worker)).status() == psutil.STATUS_ZOMBIE
+    semaphore = Path("/dev/shm") / f"sem.{name.lstrip('/')}"
+    deadline = time.monotonic() + 5
+    while semaphore.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not semaphore.exists(), f"{semaphore} left 5 s after Ctrl-C"

@@ -124,6 +124,10 @@ class Interrupted:
         return [p.pid for p in psutil.wait_procs(alive, timeout=5)[1]]
 
 
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -139,7 +143,7 @@ def _run_at_every_instant(tmp_path: Path, args: list[str], instants: tuple[float
         workdir.mkdir()
         (workdir / "ctrlc_pipeline.py").write_text(PIPELINE)
         (workdir / "train.py").write_text(SCRIPT)
-        runs.append(Interrupted(workdir, [a.format(record=_saved_comparison()) for a in args], after_s))
+        runs.append(Interrupted(workdir, args, after_s))
     start = time.monotonic()
     timers = [threading.Timer(max(0.0, run.after_s - (time.monotonic() - start)), run.interrupt) for run in runs]
     for timer in timers:
@@ -178,8 +182,15 @@ def _saved_comparison() -> str:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("command", COMMANDS)
 def test_ctrl_c_at_any_instant_exits_130_with_one_line_and_leaves_nothing(tmp_path, command):
-    args = COMMANDS[command]
-    for run in _run_at_every_instant(tmp_path, args, INSTANTS):
+    args = [a.format(record=_saved_comparison()) for a in COMMANDS[command]]
+    shm_before = _shm()
+    runs = _run_at_every_instant(tmp_path, args, INSTANTS)
+    # Named semaphores and segments too (the measurement set runs alone: nothing else makes them).
+    deadline = time.monotonic() + 5
+    while (shm_left := _shm() - shm_before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not shm_left, f"{command}: left in /dev/shm 5 s after Ctrl-C: {sorted(shm_left)}"
+    for run in runs:
         at = f"{command} at {run.after_s} s"
         left = run.left_running()
         assert not left, f"{at}: processes left running 5 s after Ctrl-C: {left}\n{run.err}"
