@@ -333,21 +333,12 @@ def _interrupted(prog: str, exiting: bool) -> int:
     interrupt_taken()
     print(f"{prog}: interrupted", file=sys.stderr)
     if exiting:
-        kill_all([p for p in psutil.Process().children(recursive=True) if not _is_resource_tracker(p)])
+        kill_all(psutil.Process().children(recursive=True))
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED
-
-
-def _is_resource_tracker(proc: psutil.Process) -> bool:
-    """Spared by the Ctrl-C kill: it exits once this process is gone, unlinking what the killed
-    workers leaked; killed, the next semaphore a lab thread frees relaunches it, and the new one
-    prints a KeyError for every semaphore it never saw."""
-    with contextlib.suppress(psutil.Error):
-        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
-    return False
 
 
 #: The commands whose runs may start worker processes.

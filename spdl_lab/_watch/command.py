@@ -78,11 +78,21 @@ def _start(command: list[str], **popen: Any) -> subprocess.Popen:
 
 
 def kill_all(procs: list[psutil.Process]) -> None:
-    """SIGKILL ``procs``, and wait up to 3 s for them to go."""
+    """SIGKILL ``procs``, and wait up to 3 s for them to go. A multiprocessing resource tracker
+    among them is spared: it exits once the processes holding it are gone and unlinks the
+    semaphores and segments they leaked; killed, it leaves them in /dev/shm, and the tracker the
+    next free relaunches prints a KeyError for each one it never saw."""
+    procs = [p for p in procs if not _is_resource_tracker(p)]
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(procs, timeout=3.0)
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    return False
 
 
 def _forward_signals(proc: subprocess.Popen) -> dict[signal.Signals, object]:
