@@ -213,16 +213,15 @@ class _ChildRun:
         self.copier = transport.Copier(cores - 1) if cores > 1 else None
         self.meters = SeqlockBlock(ShmFile(init["meters"], _METERS_SIZE, create=False))
         self.stop = threading.Event()
-        self._send_lock = threading.Lock()
 
     def serve(self) -> int:
         threading.Thread(target=self._control, name="spdl_lab:child-control", daemon=True).start()
         self.engine.start()
         threading.Thread(target=self._publish_meters, name="spdl_lab:child-meters", daemon=True).start()
-        self._send(("ready",))
+        self.data.send(("ready",))
         try:
             if (last := self._pump()) is not None:  # the run's end, an error, or None on a stop
-                self._send(last)
+                self.data.send(last)
         finally:
             self.engine.close(timeout=2.0)
             self._publish_once()
@@ -256,7 +255,7 @@ class _ChildRun:
                     return "runner-error", str(err)
                 transport.write_arrays(encoded, shm, self.copier)
                 slot = (slot_id, shm.name, shm.size)
-            self._send(("out", seq, index, encoded.meta, *slot))
+            self.data.send(("out", seq, index, encoded.meta, *slot))
         return None
 
     def _control(self) -> None:
@@ -282,10 +281,6 @@ class _ChildRun:
     def _publish_once(self) -> None:
         with contextlib.suppress(Exception):  # meters are best effort; the run goes on
             self.meters.publish(pickle.dumps(self.engine.read(), protocol=pickle.HIGHEST_PROTOCOL))
-
-    def _send(self, message: tuple) -> None:
-        with self._send_lock:
-            self.data.send(message)
 
     def cleanup(self) -> None:
         if self.copier is not None:
