@@ -99,9 +99,8 @@ class SubprocessThreadsRunner(Runner):
             return END
         if kind == "error":
             raise message[1].error()
-        if kind == "runner-error":  # the child's machinery failed, e.g. no shared memory left
-            raise RunnerError(f"subprocess-threads: {message[1]}")
-        raise RunnerError(f"subprocess-threads: unexpected message from the child: {kind!r}")
+        # "runner-error": the child's machinery failed, e.g. no shared memory left
+        raise RunnerError(f"subprocess-threads: {message[1]}")
 
     def _recv(self, timeout: float) -> Any:
         """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
