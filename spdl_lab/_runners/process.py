@@ -149,8 +149,7 @@ class ProcessRunner(PumpRunner):
 
     def worker_pids(self) -> list[int]:
         with self._block_lock:
-            pids = [] if self._block is None else [int(p) for p in self._block.pids if p]
-        return [pid for pid in pids if pid != os.getpid()]
+            return [] if self._block is None else [int(p) for p in self._block.pids if p]
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self._num_workers = n  # the Loader has checked both
