@@ -201,9 +201,7 @@ def main(data_fd: int, ctrl_fd: int) -> int:
 
 class _ChildRun:
     def __init__(self, data: Connection, ctrl: Connection, init: dict[str, Any]) -> None:
-        for entry in reversed(init["sys_path"]):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        sys.path[:0] = [entry for entry in init["sys_path"] if entry not in sys.path]
         self.data = data
         self.ctrl = ctrl
         self.engine = Engine(cloudpickle.loads(init["pipeline"]), **init["engine_options"])
