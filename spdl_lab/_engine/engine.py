@@ -278,13 +278,6 @@ class MapStage:
                 self._threads.append(thread)
                 thread.start()
 
-    def _retire(self) -> bool:
-        with self._pool_lock:
-            if self._live > self.concurrency:
-                self._live -= 1
-                return True
-            return False
-
     def _worker_ended(self) -> None:
         with self._pool_lock:
             self._live -= 1
@@ -312,8 +305,11 @@ class MapStage:
         # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
         while True:
-            if self._live > self.concurrency and self._retire():
-                return
+            if self._live > self.concurrency:  # a surplus worker retires (checked again under the lock)
+                with self._pool_lock:
+                    if self._live > self.concurrency:
+                        self._live -= 1
+                        return
             record = inq.get(_IDLE_POLL_S)
             if record is TIMEOUT:
                 continue
