@@ -87,11 +87,11 @@ def ray_instance():
     closing the last user leaves no Ray process and no temporary directory behind.
     """
     ray = pytest.importorskip("ray")
-    from spdl_lab._runners._ray_cluster import RayConnection, ray_processes
+    from spdl_lab._runners._ray_cluster import _LOCAL, RayConnection, ray_processes
 
     connection = RayConnection(None, None)
     connection.open()
-    temp = connection.temp_dir
+    temp = _LOCAL["temp_dir"]
     assert temp and os.path.isdir(temp) and ray.is_initialized(), \
         "the lab's local instance, in a temporary directory of its own"
     yield connection

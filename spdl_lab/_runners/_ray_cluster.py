@@ -129,11 +129,6 @@ class RayConnection:
             elif _LOCAL["users"] == 1 and not _LOCAL["parked"]:
                 _LOCAL["parked"] = _stop_all()
 
-    @property
-    def temp_dir(self) -> str | None:
-        """The local instance's temporary directory (its sockets, logs, spilled objects), or None."""
-        return _LOCAL["temp_dir"] if self.role == "local" else None
-
     def lost(self) -> str | None:
         """What of the lab's local instance (GCS, raylet) has died, or None."""
         for proc in _LOCAL["core"] if self.role == "local" else ():

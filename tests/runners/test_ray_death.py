@@ -22,7 +22,7 @@ SCENARIO = textwrap.dedent('''
     import json, os, signal, time
     import spdl_lab as lab
     from spdl_lab.errors import RunnerError
-    from spdl_lab._runners._ray_cluster import ray_processes
+    from spdl_lab._runners._ray_cluster import _LOCAL, ray_processes
 
     def nap(i):
         time.sleep(0.02)
@@ -35,7 +35,7 @@ SCENARIO = textwrap.dedent('''
         try:
             it = iter(loader)
             next(it)
-            out["temp"] = loader._state.run.runner._connection.temp_dir
+            out["temp"] = _LOCAL["temp_dir"]  # the instance this loader started
             raylet = [p for p in ray_processes() if p.name() == "raylet"]
             os.kill(raylet[0].pid, signal.SIGKILL)
             t0 = time.monotonic()
