@@ -44,8 +44,6 @@ def record(key: str, board: Any, stage: str, event: str, ns: int = 0, failure: t
            n: int = 1) -> None:
     """Count ``n`` ``event``s of ``stage`` for the run ``key``: "started", "done", "failed", or
     "ran" (started and done; ``n`` done in ``ns`` together count at the mean: a range's items)."""
-    if n <= 0:
-        return
     node = _node()
     with _LOCK:
         pending = _entry(key, board, stage)
