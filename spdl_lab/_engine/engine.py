@@ -77,7 +77,6 @@ class Engine:
             else:
                 groups.append((stage, []))
         batched = False
-        previous: BoundedQueue | None = None  # the queue the last producer writes
         for i, (producer, batch_stages) in enumerate(groups):
             batched = batched or bool(batch_stages)
             last = i == len(groups) - 1
@@ -95,13 +94,10 @@ class Engine:
             if producer is None:
                 self._source_sink = sink
             else:  # a map stage: reads the queue before it, writes through its batchers to its queue
-                assert previous is not None
+                inq = self._inputs[producer.name] = self._queues[-2]
                 meter = self._meters[producer.name] = StageMeter(producer.name, "map", producer.concurrency)
-                self._inputs[producer.name] = previous
-                self._map_stages[producer.name] = MapStage(producer, previous, sink, self, meter, self._metered)
-            previous = queue
-        assert previous is not None
-        self._output = previous
+                self._map_stages[producer.name] = MapStage(producer, inq, sink, self, meter, self._metered)
+        self._output = self._queues[-1]
         self._meters = {s.name: self._meters[s.name] for s in stages}
 
     def start(self) -> None:
