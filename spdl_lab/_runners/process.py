@@ -119,13 +119,11 @@ class ProcessRunner(PumpRunner):
             if block.layout.slots < workers:
                 block = self._block = block.resized(workers)
             block.clear_workers()  # the last generation's workers have all exited
-        dataset = PipelineDataset(self._payload, self._plan, self._delivered.copy(), block.name, block.layout,
-                                  self.max_failures, self.metered)
+        dataset = PipelineDataset(self._payload, self._plan, self._delivered.copy(), block, self.max_failures,
+                                  self.metered)
         options: dict[str, Any] = dict(self._base_options)
         if workers:
             options.update(self._worker_options, worker_init_fn=dataset.init_worker, timeout=_POLL_S)
-        else:
-            dataset.use_block(block)
         return DataLoader(dataset, batch_size=self._plan.batch_size, drop_last=self._plan.drop_last,
                           collate_fn=dataset.collate, num_workers=workers, **options)
 
@@ -296,24 +294,21 @@ class PipelineDataset(IterableDataset):
     """The pipeline as ``(source index, value)`` pairs: the r-th chunk (a future batch) not in
     ``skip`` goes to worker ``r % W``, each reading all the source: the thread runner's batches."""
 
-    def __init__(self, payload: bytes, plan: Plan, skip: Delivered, meters_name: str, layout: Layout,
-                 max_failures: int, metered: bool) -> None:
+    def __init__(self, payload: bytes, plan: Plan, skip: Delivered, block: MeterBlock, max_failures: int,
+                 metered: bool) -> None:
         self.payload = payload
         self.plan = plan
         self.skip = skip
-        self.meters_name = meters_name
-        self.layout = layout
+        self.meters_name = block.name
+        self.layout = block.layout
         self.max_failures = max_failures
         self.metered = metered
         self._loaded: tuple[Pipeline, SlotMeter, MeterBlock] | None = None
-        self._parent_block: MeterBlock | None = None
+        # Run here (num_workers=0), it meters through the parent's own mapping; a worker attaches.
+        self._parent_block: MeterBlock | None = block
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_loaded": None, "_parent_block": None}  # a worker loads its own
-
-    def use_block(self, block: MeterBlock) -> None:
-        """Run in this process (num_workers=0) on the parent's own mapping of the block."""
-        self._parent_block = block
 
     def init_worker(self, worker_id: int) -> None:
         """The DataLoader's ``worker_init_fn``: map the meters, record this worker's pid, and end it
