@@ -48,7 +48,7 @@ class EngineReading:
 
 class Engine:
     def __init__(self, pipeline: Pipeline, *, buffer_size: int | None = None, max_failures: int = 0,
-                 metered: bool = True, item_queue_size: int = ITEM_QUEUE_SIZE) -> None:
+                 metered: bool = True) -> None:
         if buffer_size is None:
             buffer_size = default_buffer_size(pipeline)
         self.pipeline = pipeline
@@ -66,9 +66,9 @@ class Engine:
         self._inputs: dict[str, BoundedQueue | Batcher] = {}
         self._map_stages: dict[str, MapStage] = {}
         self._source_thread: threading.Thread | None = None
-        self._wire(pipeline.stages, buffer_size, item_queue_size)
+        self._wire(pipeline.stages, buffer_size)
 
-    def _wire(self, stages: tuple[Stage, ...], buffer_size: int, item_queue_size: int) -> None:
+    def _wire(self, stages: tuple[Stage, ...], buffer_size: int) -> None:
         """Producers (source, maps), each with its batch stages and a sink that ends in a queue."""
         groups: list[tuple[Stage | None, list[Stage]]] = [(None, [])]
         for stage in stages:
@@ -82,7 +82,7 @@ class Engine:
             last = i == len(groups) - 1
             producer_name = producer.name if producer else "source"
             consumer_name = "output" if last else groups[i + 1][0].name  # type: ignore[union-attr]
-            capacity = buffer_size if last else (max(2, buffer_size) if batched else item_queue_size)
+            capacity = buffer_size if last else (max(2, buffer_size) if batched else ITEM_QUEUE_SIZE)
             queue = BoundedQueue(f"{producer_name}→{consumer_name}", capacity)
             self._queues.append(queue)
             sink: Sink = queue
