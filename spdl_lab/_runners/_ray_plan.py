@@ -60,10 +60,9 @@ class StageFailure(Exception):
 _FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+): (.*)")
 
 
-def find_failure(exc: BaseException | None) -> StageFailure | None:
+def find_failure(exc: BaseException) -> StageFailure | None:
     """Our StageFailure inside whatever Ray wrapped it in, or read back from its text."""
-    found = _in_chain(exc)
-    if found is not None or exc is None:
+    if (found := _in_chain(exc)) is not None:
         return found
     match = _FAILURE_LINE.search(str(exc))
     return None if match is None else StageFailure(match[1], int(match[2]), match[3], None)
