@@ -159,8 +159,7 @@ class RayConnection:
             warden.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 warden.wait(timeout)
-        if temp_dir:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 #: The local instance's warden, a small child told its pids (a line each time, empty once shut
@@ -297,11 +296,11 @@ def _on_this_host(address: str) -> bool:
     return address == "auto" or host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _reap(timeout: float, temp_dir: str | None) -> None:
+def _reap(timeout: float, temp_dir: str) -> None:
     """Wait for the instance's processes to exit, then kill the rest; orphans (workers the raylet
     was starting: they would wait for it) are found by ``temp_dir`` and killed first."""
     ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    for proc in psutil.process_iter() if temp_dir else ():
+    for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             if proc.pid not in ours and any(temp_dir in part for part in proc.cmdline()):
                 proc.kill()
