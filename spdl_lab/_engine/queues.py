@@ -39,7 +39,7 @@ class BoundedQueue:
         self._getters_waiting = 0
         self._getters_woken = 0
         self._putters_waiting = 0
-        self._finished = False
+        self.finished = False
         self._closed = False
         self.puts = 0
         self.gets = 0
@@ -69,9 +69,9 @@ class BoundedQueue:
                 self._not_empty.notify()
 
     def finish(self) -> None:
-        """No more puts: readers get END once the queue is drained."""
+        """No more puts (``finished``): readers get END once the queue is drained."""
         with self._lock:
-            self._finished = True
+            self.finished = True
             self._wake_all_getters()
 
     def get(self, timeout: float) -> tuple[int, int, Any] | _Marker:
@@ -84,7 +84,7 @@ class BoundedQueue:
                 self._getters_waiting += 1
                 try:
                     while not items:
-                        if self._finished:
+                        if self.finished:
                             return END
                         if self._closed:
                             raise QueueClosed(self.name)

@@ -236,7 +236,10 @@ class RayRunner(PumpRunner):
             return
         self._alive_at = now
         lost = self._connection.lost()
-        if lost is None and self._pump is not None and not self._pump.is_alive() and self._error is None:
+        pump = self._pump
+        # A pump that ended well finished the queue first: a get that timed out just before is no loss.
+        if lost is None and pump is not None and not pump.is_alive() and not self._output.finished \
+                and self._error is None:
             lost = "its pump thread ended without a result"
         if lost is not None:
             self._fail(RunnerError(f"ray runner: {lost}; the run cannot go on (killed, or out of memory: "

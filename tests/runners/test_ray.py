@@ -9,6 +9,7 @@ that closing the last user leaves no Ray process and no temporary directory behi
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -292,3 +293,24 @@ def test_the_instances_cpu_is_read_apart_from_the_lab_process_trees():
     while time.monotonic() < busy_until:
         time.sleep(0.05)
     assert MachineClock.ray_s() > before > 0.0
+
+
+def test_a_pump_that_ended_well_just_as_a_get_timed_out_is_not_reported_lost():
+    """The consumer's get timed out; before its liveness check ran the pump finished the queue and
+    ended: the run ended well, and the next get reads END, not "pump ended without a result"."""
+    from spdl_lab._engine.queues import END, BoundedQueue
+    from spdl_lab._runners.ray_runner import RayRunner
+
+    class Alive:
+        def lost(self):
+            return None
+
+    runner = RayRunner.__new__(RayRunner)  # the state of a run whose pump just ended well
+    runner._alive_at, runner._connection, runner._error, runner._closed = 0.0, Alive(), None, False
+    runner._lock, runner._stopping = threading.Lock(), False
+    runner._output = BoundedQueue("output", 2)
+    runner._pump = threading.Thread(target=runner._output.finish)
+    runner._pump.start()
+    runner._pump.join()
+    runner._check()
+    assert runner._error is None and runner._output.get(0) is END
