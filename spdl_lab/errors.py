@@ -90,13 +90,18 @@ def drop_tracebacks(exc: BaseException | None) -> None:
         exc = exc.__cause__
 
 
-def in_chain(exc: BaseException | None, kinds: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
-    """Whether ``exc`` or an exception it was raised from or during (``__cause__``, ``__context__``)
-    is one of ``kinds``: a KeyboardInterrupt a library wrapped in its own error is still one."""
+def in_chain(exc: BaseException | None, kinds: type[BaseException] | tuple[type[BaseException], ...]
+             ) -> BaseException | None:
+    """The first of ``kinds`` among ``exc`` and the exceptions it was raised from or during
+    (``__cause__``, ``__context__``, and the ``cause`` a Ray task error keeps), or None: a
+    KeyboardInterrupt a library wrapped in its own error is still one."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, kinds):
-            return True
+            return exc
         seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and (found := in_chain(cause, kinds)) is not None:
+            return found
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None

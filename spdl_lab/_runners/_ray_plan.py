@@ -62,23 +62,10 @@ _FAILURE_LINE = re.compile(r"StageFailure: stage '([^']*)' failed on item (\d+):
 
 def find_failure(exc: BaseException) -> StageFailure | None:
     """Our StageFailure inside whatever Ray wrapped it in, or read back from its text."""
-    if (found := _in_chain(exc)) is not None:
+    if (found := in_chain(exc, StageFailure)) is not None:
         return found
     match = _FAILURE_LINE.search(str(exc))
     return None if match is None else StageFailure(match[1], int(match[2]), match[3], None)
-
-
-def _in_chain(exc: BaseException | None) -> StageFailure | None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, StageFailure):
-            return exc
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException) and (found := _in_chain(cause)) is not None:
-            return found
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def uses_actors(stage: Stage) -> bool:
