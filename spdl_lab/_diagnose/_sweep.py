@@ -334,7 +334,7 @@ class _Point(PointWindows):
 
 class Sweep:
     """Points of several stages and executors, measured a round at a time (points added later take
-    turns from then on); ``close`` (or leaving the ``with`` block) stops every worker."""
+    turns from then on); ``close`` stops every worker."""
 
     def __init__(self, settings: SweepSettings | None = None, *, probe: GilProbe | None = None,
                  on_window: Callable[[int], None] | None = None) -> None:
@@ -345,12 +345,6 @@ class Sweep:
         self._points: dict[tuple[str, str], list[_Point]] = {}
         self._errors: dict[tuple[str, str], SpdlLabError] = {}
         self._abandoned: dict[tuple[str, str], int] = {}
-
-    def __enter__(self) -> Sweep:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def add(self, feed: StageFeed, kind: str, levels: Sequence[int], deadline: float = math.inf) -> None:
         """Start ``feed``'s workers in ``kind`` and warm its points up, lowest concurrency first;
@@ -383,10 +377,6 @@ class Sweep:
             for point in points:
                 point.window()
         return self.done()
-
-    def finish(self) -> None:
-        while not self.round():
-            pass
 
     def close(self) -> None:
         for key, workers in self._workers.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -67,8 +68,9 @@ def test_points_whose_windows_disagree_stop_at_the_budget_not_at_max_windows(mon
 @pytest.mark.timeout(60)
 def test_process_points_stop_at_the_budget_too() -> None:
     plan = SweepSettings(warmup_s=0.05, window_s=0.1, min_windows=3, max_windows=8)
-    with Sweep(plan) as sweeper:
+    with contextlib.closing(Sweep(plan)) as sweeper:
         sweeper.add(StageFeed("wavers", wavers, list(range(8))), "process", (1,), deadline=time.monotonic())
-        sweeper.finish()
+        while not sweeper.round():
+            pass
     sweep = sweeper.results("process")["wavers"]
     assert [(p.repeats, p.status) for p in sweep.points] == [(BUDGET_FLOOR, "unstable")]

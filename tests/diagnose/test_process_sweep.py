@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -21,9 +22,10 @@ QUICK = dict(warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=6)
 
 def measure_processes(stage, fn, inputs, concurrency, **settings):
     """One stage's process points, as lab.diagnose takes them; why a point failed as a warning."""
-    with Sweep(SweepSettings(**settings)) as sweeper:
+    with contextlib.closing(Sweep(SweepSettings(**settings))) as sweeper:
         sweeper.add(StageFeed(stage, fn, inputs), "process", concurrency)
-        sweeper.finish()
+        while not sweeper.round():
+            pass
     sweep = sweeper.results("process")[stage]
     if sweep.error is not None:
         raise sweep.error
