@@ -118,9 +118,6 @@ class StageDiagnosis:
     def thread_points(self) -> list[Point]:
         return [p for p in self.points if p.executor == "thread"]
 
-    def process_points(self) -> list[Point]:
-        return [p for p in self.points if p.executor == "process"]
-
 
 def _stages(value: Any) -> dict[str, StageDiagnosis]:
     """A file's list of stages, each named once, as ``Diagnosis.stages``."""

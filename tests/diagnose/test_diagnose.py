@@ -78,7 +78,7 @@ def test_gil_bound_stage_gets_a_process_sweep_that_says_processes_help():
     if busy(stage):  # other processes (the unit set runs in parallel) took the cores: no verdict
         return
     assert stage.verdict == "gil-bound", diag.summary()
-    assert [pt.concurrency for pt in stage.process_points()] == [1, 2]
+    assert [pt.concurrency for pt in stage.points if pt.executor == "process"] == [1, 2]
     assert "worker process" in " ".join(stage.notes)  # the numbers live in the details
     assert len(stage.evidence) < 160
 
