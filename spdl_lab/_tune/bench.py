@@ -281,10 +281,9 @@ class Passes:
     """Batches of ``loader``, pass after pass; ``epoch_batches`` is a pass's length when known
     beforehand (``len(dataloader)``), else that of the first pass that ends."""
 
-    def __init__(self, loader: Any, epoch_batches: int | None = None, who: str = "tune") -> None:
+    def __init__(self, loader: Any, epoch_batches: int | None = None) -> None:
         self.loader = loader
         self.epoch_batches = epoch_batches
-        self.who = who
         self.yielded = 0  # batches handed out, all passes together
         self.passes = 0
         self.restarts: list[int] = []  # ``yielded`` number of the batch that began each later pass
@@ -303,7 +302,7 @@ class Passes:
             if self.loader.state == "closed":  # closed (a timeout's watchdog): no new epoch
                 raise
             if self._in_pass == 0:
-                raise SpdlLabError(f"{self.who}: a pass of the {self.loader.runner!r} runner gave no batch; "
+                raise SpdlLabError(f"tune: a pass of the {self.loader.runner!r} runner gave no batch; "
                                    f"the source ran out. Pass a re-iterable source (a list, a Dataset, a "
                                    f"sampler) or a zero-argument callable returning a fresh iterator") from None
             if self.epoch_batches is None:

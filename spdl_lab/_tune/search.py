@@ -173,8 +173,7 @@ class Climb:
                 out[move.config] = Candidate(move, self.model.predict(move.config), why)
         return list(out.values())
 
-    def next_move(self, best: Trial, affordable: Callable[[Config], bool] = lambda config: True
-                  ) -> Candidate | None:
+    def next_move(self, best: Trial, affordable: Callable[[Config], bool]) -> Candidate | None:
         """The candidate to measure next, or None when nothing is left worth measuring; a move the
         budget cannot pay for (a runner's start-up) is passed over, not counted as tried."""
         if not (candidates := [c for c in self.candidates(best) if affordable(c.move.config)]):

@@ -28,7 +28,7 @@ def test_passes_run_epoch_after_epoch_and_note_where_each_began():
 def test_a_source_that_runs_once_says_so_instead_of_looping():
     p = lab.Pipeline(iter(range(6))).map(abs, name="a").batch(3)  # a plain iterator: one pass
     with lab.Loader(p, runner="thread") as loader:
-        passes = Passes(loader, who="tune")
+        passes = Passes(loader)
         assert len(next(passes)) == 3 and len(next(passes)) == 3
         with pytest.raises(SpdlLabError, match="gave no batch; the source ran out.*re-iterable"):
             next(passes)
