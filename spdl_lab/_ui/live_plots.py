@@ -50,8 +50,7 @@ class LivePlots:
     ``queues`` is one line of text saying why: ``why_empty["stages"]``, ``why_empty["queues"]``."""
 
     def __init__(self, stages: Sequence[str], queues: Sequence[str], *, cpu: Sequence[str] | None = None,
-                 why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER,
-                 width: int = 460, height: int = 220) -> None:
+                 why_empty: Mapping[str, str] | None = None, rollover: int = DEFAULT_ROLLOVER) -> None:
         check_ints("LivePlots", rollover=(rollover, 1))
         self.max_rollover = self.rollover = rollover  # the window's points, at most max_rollover
         self.stages, self.queues = list(stages), list(queues)
@@ -59,7 +58,7 @@ class LivePlots:
         #: the (series, stage) of every line drawn: the source's columns
         self.keys: list[tuple[str, str]] = []
         self.source = ColumnDataSource(name=SOURCE_NAME)
-        self._size = dict(width=width, height=height)
+        self._size = dict(width=460, height=220)
         self.colors = stage_colors(stages)
         smooth = f"{SMOOTH_S:g} s average"
         why = self.why_empty = dict(why_empty or {})

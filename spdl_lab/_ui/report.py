@@ -176,10 +176,10 @@ def _title(stage: StageDiagnosis) -> str:
     return f"{stage.name}: {stage.verdict}{best}"
 
 
-def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
+def stage_figure(stage: StageDiagnosis):
     """One map stage: QPS per executor on the left axis, CPU and GIL wait (0..1) on the right."""
     concurrencies = sorted({p.concurrency for p in stage.points}) or [1]
-    fig = figure(width=width, height=height, title=_title(stage), x_axis_type="log",
+    fig = figure(width=560, height=300, title=_title(stage), x_axis_type="log",
                  x_axis_label="concurrency", y_axis_label="items/s", toolbar_location="right",
                  x_range=Range1d(concurrencies[0] / 1.3, concurrencies[-1] * 1.3))
     fig.y_range.start = 0
@@ -216,11 +216,11 @@ def stage_figure(stage: StageDiagnosis, *, width: int = 560, height: int = 300):
     return fig
 
 
-def diagnosis_plot(diag: Diagnosis, *, ncols: int = 2):
+def diagnosis_plot(diag: Diagnosis):
     """One figure per map stage (a batch stage has no concurrency to sweep), the limiting first."""
     if not (figs := [stage_figure(s) for s in diag.in_order() if s.kind == "map" and s.points]):
         return column(Div(text="No map stage was measured, so there is nothing to plot."))
-    return gridplot(figs, ncols=ncols)
+    return gridplot(figs, ncols=2)
 
 
 def qps_charts(diag: Diagnosis) -> str:
