@@ -279,7 +279,7 @@ class Climb:
         """``config``'s way of loading under ``runner``: the same threads, or each worker count."""
         if runner == "process":
             start = self.space.start("process")
-            return [self.space.workers(start, n) for n in self.space.rungs(start, WORKERS)]
+            return [start.with_knob(WORKERS, n) for n in self.space.rungs(start, WORKERS)]
         if config.runner == "process":
             return [self.space.start(runner)]
         return [Config(runner, config.knobs, self.space.start(runner).options)]

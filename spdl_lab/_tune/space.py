@@ -105,13 +105,10 @@ class Space:
             declared = {s.name: s.concurrency for s in self.pipeline.stages if s.kind == "map"}
         return Config.of(runner, {**declared, **(concurrency or {})}, options)
 
-    def top(self, config: Config, knob: str) -> int:
-        if config.runner == "process" and knob == WORKERS:
-            return 2 * self.cores if self.allow_more_workers else self.cores
-        return MAX_THREADS
-
     def rungs(self, config: Config, knob: str) -> list[int]:
-        top = self.top(config, knob)
+        top = MAX_THREADS
+        if config.runner == "process" and knob == WORKERS:
+            top = 2 * self.cores if self.allow_more_workers else self.cores
         return sorted({n for n in LADDER if n <= top} | {top})
 
     def neighbours(self, config: Config) -> Iterator[Move]:
@@ -124,9 +121,6 @@ class Space:
             value = config.option(name)
             for _, new in _next_to(values, value) if value is not None else ():
                 yield Move("set", config.with_option(name, new), name, value, new)
-
-    def workers(self, config: Config, n: int) -> Config:
-        return config.with_knob(WORKERS, max(1, min(n, self.top(config, WORKERS))))
 
 
 def _next_to(ladder: Sequence[Any], value: Any) -> list[tuple[str, Any]]:

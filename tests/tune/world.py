@@ -83,7 +83,7 @@ class World:
         for runner in space.runners:
             start = space.start(runner)
             if runner == "process":
-                configs = [space.workers(start, n) for n in space.rungs(start, WORKERS)]
+                configs = [start.with_knob(WORKERS, n) for n in space.rungs(start, WORKERS)]
             else:
                 names = [k for k, _ in start.knobs]
                 configs = [Config.of(runner, dict(zip(names, combo)))
