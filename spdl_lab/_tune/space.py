@@ -49,9 +49,6 @@ class Config:
     def with_knob(self, name: str, value: int) -> Config:
         return Config(self.runner, tuple((k, value if k == name else v) for k, v in self.knobs), self.options)
 
-    def with_option(self, name: str, value: Any) -> Config:
-        return Config.of(self.runner, dict(self.knobs), {**dict(self.options), name: value})
-
     def option(self, name: str, default: Any = None) -> Any:
         return dict(self.options).get(name, default)
 
@@ -120,7 +117,8 @@ class Space:
         for name, values in (self.process_options.items() if config.runner == "process" else ()):
             value = config.option(name)
             for _, new in _next_to(values, value) if value is not None else ():
-                yield Move("set", config.with_option(name, new), name, value, new)
+                options = {**dict(config.options), name: new}
+                yield Move("set", Config.of(config.runner, dict(config.knobs), options), name, value, new)
 
 
 def _next_to(ladder: Sequence[Any], value: Any) -> list[tuple[str, Any]]:
