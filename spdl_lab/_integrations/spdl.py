@@ -273,7 +273,6 @@ class LoopThread:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._leases = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -295,10 +294,6 @@ class LoopThread:
             lease = self._local.lease = self._acquire()
         return lease.loop
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None
-
     def _acquire(self) -> _Lease:
         with self._lock:
             if self._loop is None:
@@ -307,7 +302,7 @@ class LoopThread:
                 thread = threading.Thread(target=_serve, args=(loop, ready), name=self.name, daemon=True)
                 thread.start()
                 ready.wait()
-                self._loop, self._thread = loop, thread
+                self._loop = loop
             self._leases += 1
             return _Lease(self, self._loop)
 
@@ -317,7 +312,7 @@ class LoopThread:
             self._leases -= 1
             if self._leases > 0:
                 return
-            self._loop = self._thread = None
+            self._loop = None
         with contextlib.suppress(RuntimeError):  # already closed (interpreter shutdown)
             loop.call_soon_threadsafe(loop.stop)
 
