@@ -23,7 +23,7 @@ from .._runners import LOCAL_RUNNERS, RUNNERS, ray_processes, runner_class
 from .._runners.cache import expected_outputs
 from .._startup import later
 from .._telemetry.frames import Row
-from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, cpu_seconds, machine_times
+from .._telemetry.probes import CpuProbe, GilProbe, WaitShares, machine_times
 from .._training import SimulatedDevice, StepClock
 from .._training.clock import StepRecord
 from .._training.device import training_waits
@@ -187,6 +187,7 @@ class MachineClock:
         self.cpu = CpuProbe()
         self.probe = probe
         self.cores = psutil.cpu_count() or 1
+        self._ray = CpuProbe(children=ray_processes)
 
     def read(self, device: SimulatedDevice | None = None) -> tuple[float, float, float, Any, Any]:
         """(time, CPU s of our tree, busy CPU s of the machine, GIL probe and ``device`` totals)."""
@@ -204,11 +205,12 @@ class MachineClock:
         return (min(ours, ceiling), min(others, ceiling), *gil_fracs(a[3], b[3]),
                 *training_waits(a[4], b[4]))
 
-    @staticmethod
-    def ray_s() -> float:
-        """CPU seconds of the Ray instance among this process's descendants: idling during another
-        runner's window, it is a load on the machine like any other process's."""
-        return sum(cpu_seconds(proc) or 0.0 for proc in ray_processes())
+    def ray_s(self) -> float:
+        """CPU seconds of the Ray instance among this process's descendants since this clock was
+        made: idling during another runner's window, it is a load on the machine like any other
+        process's. Counted per process, so a worker Ray retires keeps what it used (a sum over the
+        live ones went down by its whole life)."""
+        return self._ray.totals().children_s
 
 
 class Contender:

@@ -8,12 +8,14 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 import spdl_lab as lab
 from spdl_lab._experiments import compare as contender
 from spdl_lab._experiments.compare import DEFAULT_WARMUP, TABLE_COLUMNS, pipeline_length
 from spdl_lab._experiments.comparison import WIDTH
+from spdl_lab._telemetry.probes import cpu_seconds
 
 pytestmark = pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 
@@ -150,3 +152,22 @@ def test_warmup_defaults_agree_between_api_and_cli():
         args = parser.parse_args([command, "m:p"] if command == "compare" else [command])
         assert args.warmup == DEFAULT_WARMUP, command
     assert not math.isnan(DEFAULT_WARMUP)
+
+
+def test_the_ray_instances_cpu_never_goes_down_when_one_of_its_processes_ends(monkeypatch):
+    """A sum over the instance's live processes fell by a retired worker's whole life (a busy
+    unit run read 20.3 s, then 18.4 s): a window's idle Ray CPU came out negative, and was taken
+    as none. Each process keeps what it used."""
+    burner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                               "while time.process_time() - t < 0.3: pass\ninput()"], stdin=subprocess.PIPE)
+    try:
+        proc = psutil.Process(burner.pid)
+        monkeypatch.setattr(contender, "ray_processes", lambda: [proc] if proc.is_running() else [])
+        clock = contender.MachineClock(None)  # sees the worker from its start
+        while (cpu_seconds(proc) or 0.0) < 0.3:
+            time.sleep(0.02)
+        used = clock.ray_s()
+        assert used > 0.1, used
+    finally:
+        burner.communicate(b"\n", timeout=10)  # the worker ends
+    assert clock.ray_s() >= used

@@ -46,12 +46,13 @@ SCENARIO = textwrap.dedent('''
         decoy = psutil.Process(DECOY.pid).status()
         procs = [p for p in ray_processes() if p.pid != DECOY.pid]
         states = sorted({p.status() if p.status() == "stopped" else f"{p.status()}: {p.name()}" for p in procs})
-        cpu_a = contender.MachineClock.ray_s()
+        machine = args[2]  # (warmup, steps, machine, ...), as compare passes them
+        cpu_a = machine.ray_s()
         t_a = time.monotonic()
         w = plain_window(self, round_, *args, **kwargs)
         row = {"runner": self.runner, "round": round_, "states": states, "processes": len(procs), "decoy": decoy,
                "pids": [p.pid for p in procs],
-               "ray_cpu_percent": 100 * (contender.MachineClock.ray_s() - cpu_a) / (time.monotonic() - t_a)}
+               "ray_cpu_percent": 100 * (machine.ray_s() - cpu_a) / (time.monotonic() - t_a)}
         print("WINDOW " + json.dumps(row), flush=True)
         if self.runner == "thread" and round_ == 2:  # the ray instance parked: end now
             os.kill(os.getpid(), getattr(signal, os.environ["END_WITH"]))
