@@ -171,19 +171,6 @@ def read_reply(op: str, message: dict) -> Reply | Failure:
         raise ProtocolError(_explain(exc, f"the reply to {op!r}")) from None
 
 
-def chunk_to_json(chunk: FrameChunk) -> dict:
-    """A FrameChunk as plain JSON values (NaN as null)."""
-    return Chunk.of(chunk).model_dump()
-
-
-def chunk_from_json(data: Any) -> FrameChunk:
-    """The FrameChunk in ``data`` (as made by chunk_to_json), checked field by field."""
-    try:
-        return Chunk.model_validate(data).frame_chunk()
-    except ValidationError as exc:
-        raise ProtocolError(_explain(exc, "a frame chunk")) from None
-
-
 def _explain(exc: ValidationError, what: str) -> str:
     """pydantic's errors about ``what`` in one line, each after the field it is about."""
     problems = []

@@ -15,15 +15,16 @@ import threading
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from spdl_lab._telemetry.frames import FrameChunk
 from spdl_lab._watch.attach import EndpointClient
 from spdl_lab._watch.endpoint import THREAD_NAME, Endpoint, Handlers, list_endpoints, runtime_dir
 from spdl_lab._watch.protocol import (
     MAX_REQUEST_BYTES,
+    Chunk,
     ProtocolError,
-    chunk_from_json,
-    chunk_to_json,
+    _explain,
     decode_message,
     recv_message,
     send_message,
@@ -107,9 +108,17 @@ def assert_closed(sock: socket.socket) -> None:
 # -- framing ---------------------------------------------------------------------------
 
 
+def chunk_from_json(data: object) -> FrameChunk:
+    """The FrameChunk in ``data``, checked field by field as a viewer checks a reply's chunk."""
+    try:
+        return Chunk.model_validate(data).frame_chunk()
+    except ValidationError as exc:
+        raise ProtocolError(_explain(exc, "a frame chunk")) from None
+
+
 def test_frame_chunk_with_nans_round_trips():
     chunk = make_chunk()
-    data = json.loads(json.dumps(chunk_to_json(chunk), allow_nan=False))
+    data = json.loads(json.dumps(Chunk.of(chunk).model_dump(), allow_nan=False))
     back = chunk_from_json(data)
     assert back.cursor == 7
     np.testing.assert_array_equal(back.times, chunk.times)
