@@ -58,19 +58,6 @@ class DeviceStep(_DeviceTimes):
 
     kernels: int = 0
 
-    @property
-    def launch_stall_s(self) -> float:
-        """Launch loop time spent not running: waiting for the GIL or a core."""
-        return max(0.0, self.launch_wall_s - self.launch_cpu_s)
-
-    @property
-    def launch_gil_wait_s(self) -> float:
-        """Launch loop time lost to the GIL (the stall less the run-queue wait: a noisy neighbour
-        thread, not a busy machine); NaN where the run-queue wait is unknown."""
-        if math.isnan(self.launch_runqueue_s):
-            return math.nan
-        return max(0.0, self.launch_stall_s - self.launch_runqueue_s)
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceTotals(_DeviceTimes):
