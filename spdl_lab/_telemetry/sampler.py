@@ -25,7 +25,7 @@ Source = Callable[[float], list[Row]]
 
 class Sampler:
     def __init__(self, sources: list[Source] | None = None, *, hz: float = DEFAULT_HZ,
-                 ticks: int = DEFAULT_TICKS, name: str = "spdl_lab:sampler") -> None:
+                 ticks: int = DEFAULT_TICKS) -> None:
         if not hz > 0:
             raise ValueError(f"sampler rate must be > 0 Hz, got {hz!r}")
         self.interval_s = 1.0 / hz
@@ -36,7 +36,6 @@ class Sampler:
         self._thread: threading.Thread | None = None
         #: ``time.perf_counter()`` at the first tick: the ring's times count from here
         self.started_at = self._last = time.perf_counter()
-        self._name = name
         self._cores = psutil.cpu_count() or 1
         self.errors: list[BaseException] = []
         #: values brought back within their physical limits (``bounded``), over the whole run
@@ -54,7 +53,7 @@ class Sampler:
     def start(self) -> None:
         self.started_at = self._last = time.perf_counter()
         self.tick()
-        thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        thread = threading.Thread(target=self._run, name="spdl_lab:sampler", daemon=True)
         thread.start()
         self._thread = thread  # only once started: stop() from another thread may join it
 

@@ -39,7 +39,6 @@ class JobSession:
         self.name, self.job_id, self.world_size = name, job_id, world_size
         self.record = record  # the job's record folder; None: live, attached
         self._ranks = dict(sorted(sessions.items()))
-        self._live = record is None
         self._lock = threading.Lock()
         self._looked_at = time.monotonic()
 
@@ -85,7 +84,7 @@ class JobSession:
         return dict(self._ranks)
 
     def _look_for_ranks(self) -> None:
-        if not self._live or time.monotonic() - self._looked_at < RANKS_EVERY_S:
+        if self.record is not None or time.monotonic() - self._looked_at < RANKS_EVERY_S:
             return
         with self._lock:
             self._looked_at = time.monotonic()
