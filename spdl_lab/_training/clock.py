@@ -19,7 +19,7 @@ from .._telemetry.frames import Row
 from .._telemetry.histogram import bucket_of, new_counts
 from ..errors import PipelineSpecError
 from .device import CudaStepTimer, SimulatedDevice, cuda_available
-from .steps import NO_STEPS, StepRecord, StepSummary, Totals, mean_ms, summarize
+from .steps import NO_STEPS, StepRecord, StepSummary, Totals, summarize
 
 T = TypeVar("T")
 
@@ -328,17 +328,12 @@ class StepClock:
         if dt_s <= 0:
             return rows
         before, self._rows_prev = self._rows_prev, now
-        tick = Totals(*map(operator.sub, now, before))  # the sums of this tick's steps
-        loop = tick.wait_ns + tick.step_ns if tick.steps else 0
-        dev_loop = tick.device_loop_ns if tick.device_steps else 0
-        figures = {"batches_per_s": tick.steps / dt_s,
-                   "data_wait_ms": mean_ms(tick.wait_ns, tick.steps),
-                   "step_ms": mean_ms(tick.step_ns, tick.steps),
-                   "data_wait_frac": tick.wait_ns / loop if loop > 0 else math.nan,
-                   "device_ms": mean_ms(tick.device_ns, tick.device_steps),
-                   # at most 1: a window's CUDA event pairs can outlast its wall time
-                   "device_util": min(1.0, tick.device_ns / dev_loop) if dev_loop else math.nan,
-                   "copy_ms": mean_ms(tick.copy_ns, tick.copies)}
+        # This tick's steps (the differences of the sums) summarized as summary() does every step.
+        tick = summarize(Totals(*map(operator.sub, now, before)), 0, "", (), ())
+        figures = {"batches_per_s": tick.steps / dt_s, "data_wait_ms": tick.data_wait_mean_ms,
+                   "step_ms": tick.step_mean_ms, "data_wait_frac": tick.data_wait_frac,
+                   "device_ms": tick.device_mean_ms, "device_util": tick.device_util,
+                   "copy_ms": tick.copy_mean_ms}
         return rows + [(name, STAGE, value) for name, value in figures.items() if value == value]
 
     def summary(self) -> StepSummary:

@@ -89,6 +89,7 @@ def summarize(t: Totals, first_ns: int, device: str, step_hist: Sequence[int], w
         data_wait_p50_ms=wait[0], data_wait_p90_ms=wait[1],
         data_wait_frac=t.wait_ns / loop_ns if loop_ns > 0 else math.nan,
         device_mean_ms=mean_ms(t.device_ns, t.device_steps),
+        # At most 1: CUDA event pairs can outlast the wall time of the steps they cover.
         device_util=min(1.0, t.device_ns / t.device_loop_ns) if t.device_loop_ns > 0 else math.nan,
         device=device, copy_mean_ms=mean_ms(t.copy_ns, t.copies))
 
