@@ -94,7 +94,7 @@ class Snapshot:
     def from_dict(cls, data: Mapping[str, Any], step: Any = None) -> Snapshot:
         """The Snapshot ``to_dict`` gave (a published run's, received or recorded); ``step`` is
         its step's figures, made by the caller (a StepSummary)."""
-        rows = [_stage(row) for row in data.get("stages", [])]
+        rows = [from_plain(StageStats, row) for row in data.get("stages", [])]
         source = next((r for r in rows if r.kind == "source"), None)
         return cls(runner=str(data.get("runner", "?")), running=bool(data.get("running", False)),
                    elapsed_s=_float(data.get("elapsed_s")), items_out=int(data.get("items_out") or 0),
@@ -122,10 +122,11 @@ class Snapshot:
         return "\n".join(lines)
 
 
-def _stage(row: Mapping[str, Any]) -> StageStats:
-    """A StageStats from a row of plain data; a missing or null figure reads NaN (or 0 for a count)."""
+def from_plain(cls: type, row: Mapping[str, Any]) -> Any:
+    """A StageStats or StepSummary from its row of plain data (received or recorded): a missing or
+    null figure reads NaN (0 for a count, "" for a name)."""
     values = {}
-    for f in fields(StageStats):
+    for f in fields(cls):
         value = row.get(f.name)
         if f.name == "nodes":  # a count per node; anything else in a row is dropped
             counts = value if isinstance(value, Mapping) else {}
@@ -137,7 +138,7 @@ def _stage(row: Mapping[str, Any]) -> StageStats:
             values[f.name] = int(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0
         else:
             values[f.name] = _float(value)
-    return StageStats(**values)
+    return cls(**values)
 
 
 def _float(value: Any) -> float:

@@ -16,7 +16,7 @@ import pandas as pd
 from .._json import loads
 from .._telemetry.frames import FrameChunk, Ring, chunk_since, to_frame
 from .._telemetry.sampler import DEFAULT_TICKS
-from .._telemetry.snapshot import Snapshot
+from .._telemetry.snapshot import Snapshot, from_plain
 from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import SpdlLabError
@@ -204,7 +204,7 @@ class RemoteSession:
         self.dropped_ticks = dict(stats.get("dropped_ticks") or {})
         step = stats.get("step")
         return Snapshot.from_dict({"runner": self.runner, **stats, "running": self.running},
-                                  step=_step_summary(step) if step else None)
+                                  step=from_plain(StepSummary, step) if step else None)
 
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the training step, as ``Session.summary``."""
@@ -259,10 +259,3 @@ def _recorded_stats(path: str | os.PathLike, meta: dict[str, str]) -> Snapshot:
         stats = loads(meta.get("stats") or "{}")
     stats = stats if isinstance(stats, dict) else {}
     return Snapshot.from_dict({"runner": meta.get("runner", "?"), **stats, "running": False}, step=step)
-
-
-def _step_summary(step: dict[str, Any]) -> StepSummary:
-    """A StepSummary from its ``to_dict()`` sent over the wire (JSON null for NaN)."""
-    known = StepSummary.__dataclass_fields__
-    return StepSummary(**{k: (float("nan") if v is None and k != "device" else v)
-                          for k, v in step.items() if k in known})
