@@ -27,12 +27,11 @@ class Stage:
     drop_last: bool = False
 
 
-def validate_concurrency(value: object, *, stage: str) -> int:
-    """Return ``value`` if it is a valid concurrency, else raise naming ``stage``."""
+def validate_concurrency(value: object, *, stage: str) -> None:
+    """Raise naming ``stage`` unless ``value`` is a valid concurrency."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
         raise PipelineSpecError(f"stage {stage!r}: concurrency must be an int in 1..{MAX_CONCURRENCY}, "
                                 f"got {value!r} ({type(value).__name__})")
-    return value
 
 
 def check_ints(where: str, **values: tuple[Any, int]) -> None:

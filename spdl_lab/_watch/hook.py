@@ -19,18 +19,17 @@ TARGETS = {"torch.utils.data.dataloader": ("DataLoader", "__iter__"),
            "spdl.pipeline._pipeline": ("Pipeline", "get_iterator")}
 
 
-def install() -> bool:
-    """Add the import hook when ``SPDL_LAB_WATCH=1`` (idempotent); True if it is in place. Run at
-    interpreter start as ``spdl_lab_watch_hook`` (by the ``.pth`` or ``boot/sitecustomize.py``)."""
+def install() -> None:
+    """Add the import hook when ``SPDL_LAB_WATCH=1`` (idempotent). Run at interpreter start as
+    ``spdl_lab_watch_hook`` (by the ``.pth`` or ``boot/sitecustomize.py``)."""
     if os.environ.get(ENV, "") != "1":
-        return False
+        return
     # By a marker: ``import spdl_lab._watch.hook`` makes a second copy of the .pth's class.
     if not any(getattr(finder, "spdl_lab_watch", False) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
         for module in TARGETS:  # imported before the hook (a sitecustomize that imports torch)
             if module in sys.modules:
                 _patch(sys.modules[module])
-    return True
 
 
 class _Finder(importlib.abc.MetaPathFinder):
