@@ -54,7 +54,6 @@ class GilTotals:
     elapsed_s: float = 0.0  # wall time covered by those wakes
     gil_wait_s: float = 0.0
     runqueue_wait_s: float = 0.0  # NaN where schedstat is unavailable
-    max_gil_wait_s: float = 0.0
 
 
 class GilProbe:
@@ -114,7 +113,7 @@ class GilProbe:
         if not self.schedstat:
             totals = replace(totals, runqueue_wait_s=NAN)
         if not self.available:
-            totals = replace(totals, gil_wait_s=NAN, max_gil_wait_s=NAN)
+            totals = replace(totals, gil_wait_s=NAN)
         return totals
 
     def __call__(self, dt_s: float) -> list[Row]:
@@ -164,10 +163,8 @@ class GilProbe:
                 gil = max(0.0, late - queued)
                 t = self._totals
                 self._recent[t.wakes % _RECENT] = gil  # before the wake count is published
-                self._totals = GilTotals(
-                    t.wakes + 1, t.elapsed_s + (now - t_prev), t.gil_wait_s + gil,
-                    t.runqueue_wait_s + queued, max(t.max_gil_wait_s, gil),
-                )  # fmt: skip
+                self._totals = GilTotals(t.wakes + 1, t.elapsed_s + (now - t_prev),
+                                         t.gil_wait_s + gil, t.runqueue_wait_s + queued)
                 t_prev, rq_prev = now, rq
         finally:
             if fd is not None:
