@@ -241,7 +241,6 @@ def _report_run(source: Path, out: Path) -> tuple[str, Path]:
 
 
 def _report_job(folder: Path, out: Path) -> tuple[str, Path]:
-    from spdl_lab._ui.job_dashboard import write_job_report
     from spdl_lab._watch.job import JobSession
 
     try:
@@ -251,7 +250,7 @@ def _report_job(folder: Path, out: Path) -> tuple[str, Path]:
     table = job.summary().to_string(float_format=lambda x: f"{x:.3g}")
     text = (f"job {job.name}: {len(job.ranks)} ranks, {job.state}\n{table}\n\n"
             f"verdict: {job.verdict()}")
-    return text, write_job_report(job, out)
+    return text, job.to_html(out)
 
 
 # -- spdl-lab tune --------------------------------------------------------------------------------
