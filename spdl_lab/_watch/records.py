@@ -5,7 +5,6 @@ reads it (``pd.read_sql("select * from frames", sqlite3.connect(path))``)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sqlite3
@@ -21,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .. import _forksafe
-from .._json import loads
+from .._json import dumps, loads
 from .._telemetry.frames import FRAME_COLUMNS, FrameChunk, Ring
 from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
@@ -282,7 +281,7 @@ def thin_steps(db: sqlite3.Connection) -> None:
             seconds[second] = _sums(before.fetchone() or _NO_SECOND)
         _add_step(seconds[second], *row)
     db.executemany("INSERT OR REPLACE INTO step_seconds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   [(n, *s[:7], json.dumps(s[7]), json.dumps(s[8])) for n, s in seconds.items()])
+                   [(n, *s[:7], dumps(s[7]), dumps(s[8])) for n, s in seconds.items()])
     db.execute("DELETE FROM steps WHERE end_ns < ?", (cutoff_ns,))
 
 
