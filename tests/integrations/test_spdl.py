@@ -232,7 +232,9 @@ def test_from_spdl_refuses_what_it_cannot_honour(kind):
 
 
 def test_monitor_counts_every_task_and_queue(no_thread_leak):
-    session = lab.run(builder(), step=step, steps=5)  # 20 items, 5 batches: everything flows
+    # 20 items, 5 batches: everything flows. Each step takes 20 ms so that the run outlasts the
+    # CPU probe's shortest span (MIN_SPAN_S): a 5 ms run has no CPU reading, and says none.
+    session = lab.run(builder(), step=lambda batch: time.sleep(0.02), steps=5)
     assert session.wait(timeout=30)
     assert session.runner == "spdl" and session.state == "finished"
     snap = session.stats()
