@@ -252,27 +252,36 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 @contextlib.contextmanager
 def _initializing(ray: Any, loopback: bool, **extra: str) -> Iterator[None]:
-    """While ``ray.init`` runs, then as before: no token-auth banner (the lab keeps auth on); on
-    ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the environment, Ray's loopback switch on."""
+    """While ``ray.init`` runs, then as before: no token-auth banner (the lab keeps auth on), no
+    note that Ray set no SIGTERM handler (a run starts Ray off the main thread, and the user's own
+    handler is the one to keep); on ``loopback``, ``_LOOPBACK_ENV`` and ``extra`` in the
+    environment, Ray's loopback switch on."""
     from ray._private import ray_constants
 
     banner = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    worker = logging.getLogger("ray._private.worker")
     env = {**_LOOPBACK_ENV, **extra} if loopback else {}
     saved = {k: os.environ.get(k) for k in env}
     level, switch = banner.level, ray_constants.ENABLE_RAY_CLUSTER
     banner.setLevel(logging.ERROR)
+    worker.addFilter(_no_sigterm_note)
     os.environ.update(env)
     ray_constants.ENABLE_RAY_CLUSTER = switch and not loopback
     try:
         yield
     finally:
         banner.setLevel(level)
+        worker.removeFilter(_no_sigterm_note)
         ray_constants.ENABLE_RAY_CLUSTER = switch
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _no_sigterm_note(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("SIGTERM handler is not set")
 
 
 def _check_listening(address: str) -> None:

@@ -107,6 +107,8 @@ def test_a_wrong_address_names_it_and_what_to_check(tmp_path):
 
 
 FAILING = textwrap.dedent('''
+    import threading
+
     import spdl_lab as lab
 
     def parse(i):
@@ -114,9 +116,20 @@ FAILING = textwrap.dedent('''
             raise ValueError("corrupt record")
         return i
 
+    def load(failed):
+        try:
+            with lab.Loader(lab.Pipeline(range(40)).map(parse, name="parse").batch(4), runner="ray") as loader:
+                list(loader)
+        except Exception as exc:
+            failed.append(exc)
+
     if __name__ == "__main__":
-        with lab.Loader(lab.Pipeline(range(40)).map(parse, name="parse").batch(4), runner="ray") as loader:
-            list(loader)
+        # Off the main thread, where a notebook's lab.run starts Ray.
+        failed = []
+        thread = threading.Thread(target=load, args=(failed,))
+        thread.start()
+        thread.join(150)
+        raise failed[0]
 ''')
 
 
@@ -131,6 +144,6 @@ def test_a_stage_failure_is_told_once_by_the_lab_not_by_ray_too(tmp_path):
     err = done.stderr
     assert "PipelineError" in err and "parse" in err and "corrupt record" in err, err
     for ray_own in ("Token authentication", "streaming_executor", "Full stack trace",
-                    "An exception was raised from a task"):
+                    "An exception was raised from a task", "SIGTERM handler"):
         assert ray_own not in err, f"Ray printed {ray_own!r}:\n{err}"
     assert err.count("corrupt record") <= 2, err  # the user's exception and the lab's line, once each
