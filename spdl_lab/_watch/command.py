@@ -89,6 +89,16 @@ def kill_all(procs: list[psutil.Process]) -> None:
     psutil.wait_procs(procs, timeout=3.0)
 
 
+def _group(pgid: int) -> list[psutil.Process]:
+    """The processes of process group ``pgid``: a stopped script's workers outlive it there."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid:
+                found.append(proc)
+    return found
+
+
 def _is_resource_tracker(proc: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
@@ -188,8 +198,7 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
             time.sleep(POLL_S)
         stderr = proc.communicate(timeout=STOP_GRACE_S)[1] or ""
     finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers it left behind
+        kill_all(_group(proc.pid))  # DataLoader workers it left behind (not its resource tracker)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

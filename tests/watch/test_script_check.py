@@ -3,13 +3,18 @@ DataLoader ($SPDL_LAB_DATALOADER_KWARGS), checked in the job, and what bad input
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 
+from spdl_lab._watch.command import _group, kill_all
 from spdl_lab.cli import main
 
 SCRIPT = '''
@@ -91,6 +96,41 @@ def test_tune_needs_a_target_or_a_script_and_advice(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["tune", "--set", "num_workers", "--script", "x.py"])
     assert exit_.value.code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+
+
+LEAVES_A_WORKER = textwrap.dedent('''
+    import multiprocessing, subprocess, sys, time
+    lock = multiprocessing.get_context("spawn").Lock()  # named: the script's resource tracker holds it
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(lock._semlock.name, worker.pid, flush=True)
+    time.sleep(60)
+''')
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_scripts_group_is_killed_but_its_resource_tracker_unlinks_what_it_held():
+    """tune --script ends each run by killing what the script left in its process group. A SIGKILL
+    to the whole group (its first version) took the resource tracker too, and the script's named
+    semaphores stayed in /dev/shm."""
+    script = subprocess.Popen([sys.executable, "-c", LEAVES_A_WORKER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        name, worker = script.stdout.readline().split()
+        group = _group(script.pid)
+        assert {script.pid, int(worker)} <= {p.pid for p in group}
+        assert all(os.getpgid(p.pid) == script.pid for p in group)
+        kill_all(group)  # it reaps the script too: Popen sees no status of its own
+        assert script.poll() is not None
+        assert not psutil.pid_exists(int(worker)) or psutil.Process(int(worker)).status() == psutil.STATUS_ZOMBIE
+        semaphore = Path("/dev/shm") / f"sem.{name.lstrip('/')}"
+        deadline = time.monotonic() + 5
+        while semaphore.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not semaphore.exists(), f"{semaphore} left 5 s after the group was killed"
+    finally:
+        script.kill()
+        script.wait(5)
+        script.stdout.close()
 
 
 @pytest.mark.measurement
