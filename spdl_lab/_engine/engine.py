@@ -183,8 +183,8 @@ class Engine:
         for stage in self._map_stages.values():
             stage.stop()
 
-    def close(self, timeout: float = 5.0) -> list[threading.Thread]:
-        """Stop and join every thread; return those still alive after ``timeout``."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop and join every thread; warn of those still alive after ``timeout``."""
         with self._fail_lock:
             first, self._closed = not self._closed, True
         self._stop()
@@ -200,7 +200,6 @@ class Engine:
                 stuck.append((owner, thread))
         if stuck and first:
             warnings.warn(abandoned_message(stuck, timeout), RuntimeWarning, stacklevel=3)
-        return [thread for _, thread in stuck]
 
     def read(self) -> EngineReading:
         now = time.perf_counter_ns()
