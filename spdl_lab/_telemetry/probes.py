@@ -58,19 +58,16 @@ class GilTotals:
 
 class GilProbe:
     """A thread sleeping ``interval_s``: its lateness less its run-queue wait (schedstat) is GIL
-    wait. Rows (stage ``name``) since the last call: ``gil_wait_frac`` (contended, about
+    wait. Rows (stage ``"gil"``) since the last call: ``gil_wait_frac`` (contended, about
     ``w / (interval_s + w)`` for the switch interval ``w``), ``runqueue_wait_frac``, ``gil_wait_ms``
     (per wake), ``gil_wait_max_ms``, ``gil_probe_schedstat`` (0.0: all lateness is GIL wait); NaN
     with the GIL off or no wake. A call moves the baseline: one sampler per probe, others use
     ``totals()``."""
 
-    def __init__(self, interval_s: float = 0.005, name: str = "gil", *,
-                 schedstat_path: str = SCHEDSTAT_PATH) -> None:
+    def __init__(self, interval_s: float = 0.005) -> None:
         if not interval_s > 0:
             raise ValueError(f"GIL probe interval must be > 0 s, got {interval_s!r}")
         self.interval_s = interval_s
-        self.name = name
-        self.schedstat_path = schedstat_path
         self.schedstat: bool | None = None  # the run-queue split is measured; None until tried
         # Written only by the probe thread, a whole object at a time: readers need no lock.
         self._totals = GilTotals()
@@ -119,7 +116,7 @@ class GilProbe:
     def __call__(self, dt_s: float) -> list[Row]:
         now, before = self._totals, self._seen
         self._seen = now
-        name = self.name
+        name = "gil"
         rows: list[Row] = []
         if self.schedstat is not None:
             rows.append(("gil_probe_schedstat", name, 1.0 if self.schedstat else 0.0))
@@ -138,7 +135,7 @@ class GilProbe:
                        ("gil_wait_max_ms", name, worst * 1e3)]
 
     def _run(self, stop: threading.Event, ready: threading.Event) -> None:
-        path = self.schedstat_path
+        path = SCHEDSTAT_PATH
         try:  # an fd on this thread's schedstat, kept open, where it is there and readable
             fd = os.open(path, os.O_RDONLY) if runqueue_ns(path) is not None else None
         except OSError:

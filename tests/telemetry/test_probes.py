@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from spdl_lab._telemetry import probes
 from spdl_lab._telemetry.probes import CpuProbe, GilProbe
 from spdl_lab._telemetry.sampler import Sampler
 
@@ -130,11 +131,12 @@ def test_busy_child_processes_show_as_cpu_wait_not_gil_wait(probe, wait_until):
     assert busy["gil_wait_frac"] < busy["runqueue_wait_frac"]
 
 
-def test_fallback_without_schedstat_reports_lateness_as_gil_wait(tmp_path, wait_until):
+def test_fallback_without_schedstat_reports_lateness_as_gil_wait(tmp_path, wait_until, monkeypatch):
     garbage = tmp_path / "schedstat"
     garbage.write_text("not a schedstat line\n")
     for path in (str(tmp_path / "missing"), str(garbage)):
-        probe = GilProbe(schedstat_path=path)
+        monkeypatch.setattr(probes, "SCHEDSTAT_PATH", path)
+        probe = GilProbe()
         probe.start()
         try:
             assert probe.schedstat is False
