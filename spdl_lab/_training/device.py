@@ -46,10 +46,6 @@ class DeviceStep:
     #: part of the launch loop runnable but waiting for a CPU; NaN where schedstat is unavailable
     launch_runqueue_s: float = 0.0
 
-    @property
-    def device_util(self) -> float:
-        return self.busy_s / self.wall_s if self.wall_s > 0 else math.nan
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceTotals(DeviceStep):
