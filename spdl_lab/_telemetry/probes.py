@@ -180,8 +180,8 @@ def cpu_seconds(proc: psutil.Process) -> float | None:
 class ProcessRates:
     """Per process: (CPU seconds, time) at its last reading, and its percent since then."""
 
-    def __init__(self, cores: int | None = None) -> None:
-        self.cores = cores or psutil.cpu_count() or 1
+    def __init__(self) -> None:
+        self.cores = psutil.cpu_count() or 1
         self._last: dict[Hashable, tuple[float, float]] = {}
 
     def percent(self, key: Hashable, proc: psutil.Process) -> float | None:
@@ -245,7 +245,6 @@ class CpuProbe:
     def __init__(self, children: bool | Callable[[], list[psutil.Process]] = True) -> None:
         self.children = children
         self._me = psutil.Process()
-        self._cpus = psutil.cpu_count() or 1
         self._lock = _forksafe.Lock()  # the sampler calls; totals() may come from anywhere
         self._t0 = time.monotonic()
         self._main0 = cpu_seconds(self._me) or 0.0
@@ -253,7 +252,7 @@ class CpuProbe:
         # pid -> (process, CPU seconds last read); by (pid, create time): a reused pid starts anew.
         self._kids: dict[int, tuple[psutil.Process, float]] = {}
         self._refresh()
-        self._rates = ProcessRates(self._cpus)
+        self._rates = ProcessRates()
         self._machine: tuple[float, float] | None = None
 
     def totals(self) -> CpuTotals:
@@ -275,7 +274,7 @@ class CpuProbe:
         rows: list[Row] = [("processes", "children", float(count))] if self.children else []
         if main is None:  # the first call, or a span too short: the baseline stays
             return rows
-        ceiling = 100.0 * self._cpus
+        ceiling = 100.0 * self._rates.cores
         rows.append(("cpu_percent", "main", main))
         total = main
         if self.children:
