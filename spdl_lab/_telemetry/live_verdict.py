@@ -213,7 +213,6 @@ class RankWindow:
     rank: int
     state: str
     steps: int
-    window_s: float
     steps_per_s: float
     data_wait_ms: float
     step_ms: float
@@ -226,7 +225,7 @@ def rank_window(chunk: FrameChunk, rank: int, state: str, window_s: float = VERD
     tick just before the window is the base its counters are taken from)."""
     times = chunk.times
     if len(times) < 2:
-        return RankWindow(rank, state, 0, 0.0, math.nan, math.nan, math.nan, math.nan)
+        return RankWindow(rank, state, 0, math.nan, math.nan, math.nan, math.nan)
     first = max(0, int(np.searchsorted(times, times[-1] - window_s, side="left")) - 1)
     counter = chunk.columns.get(("steps", _STEP))
     if counter is not None:  # from the tick where the warm-up steps are done
@@ -249,7 +248,7 @@ def rank_window(chunk: FrameChunk, rank: int, state: str, window_s: float = VERD
     dt = np.diff(times[first:])
     stages = tuple(_stage_window(column, name, dt) for series, name in chunk.columns
                    if series == "qps" and "/worker" not in name and name != _STEP)
-    return RankWindow(rank, state, steps, span, steps / span if span > 0 else math.nan,
+    return RankWindow(rank, state, steps, steps / span if span > 0 else math.nan,
                       wait / counted if counted else math.nan, step / counted if counted else math.nan,
                       wait / (wait + step) if wait + step > 0 else math.nan, stages)
 

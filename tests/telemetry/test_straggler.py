@@ -28,7 +28,7 @@ def ticks(*, steps_per_s: float, wait_ms: float, step_ms: float, seconds: float 
 
 def window(rank: int, wait_ms: float, step_ms: float, *, state: str = "running", steps: int = 100,
            stages: tuple[StageWindow, ...] = ()) -> RankWindow:
-    return RankWindow(rank, state, steps, 10.0, steps / 10.0, wait_ms, step_ms, wait_ms / (wait_ms + step_ms),
+    return RankWindow(rank, state, steps, steps / 10.0, wait_ms, step_ms, wait_ms / (wait_ms + step_ms),
                       stages)
 
 
