@@ -41,8 +41,7 @@ class BoundedQueue:
         self._putters_waiting = 0
         self.finished = False
         self._closed = False
-        self.puts = 0
-        self.gets = 0
+        self.puts = 0  # also the next record's seq
         self.put_blocked_ns = 0
         self.get_blocked_ns = 0
 
@@ -100,7 +99,6 @@ class BoundedQueue:
                     self._getters_waiting -= 1
                     self.get_blocked_ns += time.perf_counter_ns() - t0
             record = items.popleft()
-            self.gets += 1
             if self._putters_waiting and len(items) <= self._low_water:
                 self._not_full.notify()
             return record
@@ -125,7 +123,7 @@ class BoundedQueue:
 
     def read(self) -> QueueReading:
         return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity, puts=self.puts,
-                            gets=self.gets, put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)
+                            put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)
 
 
 class Sink(Protocol):
