@@ -58,7 +58,7 @@ class Engine:
         self.failures = 0
         self._fail_lock = threading.Lock()  # also orders close() against a failure
         self._closed = False
-        self._metered = metered
+        self.metered = metered  # time tasks, else only count them (the map stages read it too)
         self._source_meter = StageMeter("source", "source", 1)
         self._meters: dict[str, StageMeter] = {}
         self._queues: list[BoundedQueue] = []
@@ -96,7 +96,7 @@ class Engine:
             else:  # a map stage: reads the queue before it, writes through its batchers to its queue
                 inq = self._inputs[producer.name] = self._queues[-2]
                 meter = self._meters[producer.name] = StageMeter(producer.name, "map", producer.concurrency)
-                self._map_stages[producer.name] = MapStage(producer, inq, sink, self, meter, self._metered)
+                self._map_stages[producer.name] = MapStage(producer, inq, sink, self, meter)
         self._output = self._queues[-1]
         self._meters = {s.name: self._meters[s.name] for s in stages}
 
@@ -118,7 +118,7 @@ class Engine:
             except Exception as exc:
                 self.fail("source", None, exc)
                 return
-            metered = self._metered
+            metered = self.metered
             untimed = budget = 0  # sampling, as in the map stages' workers
             while not self.stopping:
                 if not metered or untimed < budget:
@@ -232,15 +232,14 @@ _IDLE_POLL_S = 0.1
 
 
 class MapStage:
-    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine, meter: StageMeter,
-                 metered: bool) -> None:
+    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine,
+                 meter: StageMeter) -> None:
         self.name = spec.name
         self._spec = spec
         self._inq = inq
         self._out = out
         self._rule = rule
         self._meter = meter
-        self._metered = metered
         self.concurrency = spec.concurrency
         self._live = 0
         self._ended = False
@@ -296,7 +295,7 @@ class MapStage:
     def _loop(self, meter: WorkerMeter) -> None:
         inq, fn, rule, put = self._inq, self._spec.fn, self._rule, self._out.put
         ordered, emit_ordered = self._spec.ordered, self._emit_ordered
-        metered, clock = self._metered, time.perf_counter_ns
+        metered, clock = rule.metered, time.perf_counter_ns
         # Untimed tasks since the last timed one, and how many may pass (telemetry.meters).
         untimed = budget = 0
         while True:
