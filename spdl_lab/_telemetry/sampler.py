@@ -38,8 +38,6 @@ class Sampler:
         self.started_at = self._last = time.perf_counter()
         self._cores = psutil.cpu_count() or 1
         self.errors: list[BaseException] = []
-        #: values brought back within their physical limits (``bounded``), over the whole run
-        self.clamped = 0
 
     def add_source(self, source: Source) -> None:
         with self._lock:
@@ -75,7 +73,6 @@ class Sampler:
                         self.errors.append(exc)
             rows, clamped = bounded(rows, self._cores)
             if clamped:
-                self.clamped += clamped
                 rows.append(("clamped", "sampler", float(clamped)))
             self.ring.append(now - self.started_at, rows)
 
