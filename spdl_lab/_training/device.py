@@ -41,6 +41,7 @@ class DeviceStep:
     wall_s: float = 0.0  # launch start to the end of synchronize()
     busy_s: float = 0.0  # sum of kernel durations
     idle_s: float = 0.0  # wall_s - busy_s: the device had nothing to run
+    starved_s: float = 0.0  # the part of idle_s before kernels launched after the stream ran dry
     launch_cpu_s: float = 0.0  # CPU time of the training thread in the launch loop
     launch_wall_s: float = 0.0  # above launch_cpu_s when the GIL or a core was taken
     #: part of the launch loop runnable but waiting for a CPU; NaN where schedstat is unavailable
@@ -130,12 +131,17 @@ class SimulatedDevice:
         c0 = time.thread_time()
         t0 = perf()
         free_at = max(self._stream_end, t0)  # when the stream can start the next kernel
+        starved = 0.0
         every = self.gil_release_every
         for k in range(self.kernels):
             _spin(iterations)
             if every and k % every == every - 1:
                 time.sleep(0)  # a C call that drops the GIL for a moment (gil_release_every)
-            free_at = max(free_at, perf()) + kernel_s  # a late launch finds the stream dry
+            launched = perf()
+            if launched > free_at:  # the stream ran dry waiting for this launch
+                starved += launched - free_at
+                free_at = launched
+            free_at += kernel_s
         launch_wall = perf() - t0
         launch_cpu = time.thread_time() - c0
         rq1 = runqueue_ns()
@@ -144,8 +150,8 @@ class SimulatedDevice:
         self.synchronize()
         wall = perf() - t0
         busy = self.kernels * self.kernel_us / 1e6
-        step = DeviceStep(wall_s=wall, busy_s=busy, idle_s=max(0.0, wall - busy), launch_cpu_s=launch_cpu,
-                          launch_wall_s=launch_wall, launch_runqueue_s=runqueue)
+        step = DeviceStep(wall_s=wall, busy_s=busy, idle_s=max(0.0, wall - busy), starved_s=starved,
+                          launch_cpu_s=launch_cpu, launch_wall_s=launch_wall, launch_runqueue_s=runqueue)
         self._totals = self._totals.add(step)  # one reference assignment: readers see it whole
         return step
 
