@@ -30,8 +30,8 @@ from ._tune import tune as run_tuner
 from ._tune.space import DATALOADER_KNOBS, TUNABLE_RUNNERS
 from .errors import FileFormatError, PipelineSpecError, SpdlLabError, UsageError
 
-#: The command's exit statuses (``cli.EXIT_CODES`` says what each means).
-EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+#: The command's exit statuses (``cli.EXIT_CODES`` says what each means; 130, interrupted, is _startup's).
+EXIT_OK, EXIT_USAGE, EXIT_FAILED = 0, 2, 3
 
 
 def import_attr(target: str, what: str) -> Any:

@@ -32,7 +32,6 @@ import spdl_lab as lab
 from ._cli_inputs import (
     DEFAULT_BUDGET_S,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     REPORT_DIR_HELP,
@@ -60,7 +59,7 @@ from ._experiments.compare import DEFAULT_REPEATS, DEFAULT_WARMUP, compare
 from ._interpreter import describe
 from ._pipeline import MAX_CONCURRENCY
 from ._runners import LOCAL_RUNNERS, RUNNERS
-from ._startup import import_safe_interrupts, interrupt_taken
+from ._startup import EXIT_INTERRUPTED, import_safe_interrupts, interrupt_taken
 from ._tune.space import TUNABLE_RUNNERS
 from ._watch.command import kill_all, run_watched
 from .errors import FileFormatError, PipelineSpecError, in_chain
