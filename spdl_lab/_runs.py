@@ -81,8 +81,13 @@ class RunOwner(contextlib.AbstractContextManager):
             run.sampler.remove_source(source)
 
     def stats(self) -> Snapshot:
-        run = self._state.run
-        return _empty_snapshot(self) if run is None else run.snapshot()
+        if (run := self._state.run) is not None:
+            return run.snapshot()
+        nan = float("nan")  # no run yet: each stage at the concurrency it will start with
+        stages = {s.name: StageStats(s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan,
+                                     self._overrides.get(s.name, s.concurrency), 0, 0.0, 0, 0)
+                  for s in self.pipeline.stages}
+        return Snapshot(runner=self.runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
 
     def reading(self) -> EngineReading | None:
         """The live run's meters as totals, or None: two readings apart give a span's own figures
@@ -258,13 +263,6 @@ def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
         producers, batched = max(1, stage.concurrency), False
     out.append((1 if batched else producers, 1))
     return out
-
-
-def _empty_snapshot(owner: RunOwner) -> Snapshot:
-    nan, overrides = float("nan"), owner._overrides
-    stages = {s.name: StageStats(s.name, s.kind, 0, 0, 0.0, 0.0, nan, nan, nan, overrides.get(s.name, s.concurrency),
-                                 0, 0.0, 0, 0) for s in owner.pipeline.stages}
-    return Snapshot(runner=owner.runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
 
 
 def caller_line() -> str:
