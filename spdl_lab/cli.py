@@ -141,11 +141,12 @@ def _writes(stem: str, suffixes: tuple[str, ...] = (".html", ".json")) -> str:
 
 
 def _subcommand(sub: Any, name: str, run: Any, summary: str, description: str, example: str,
-                quiet: bool = False) -> argparse.ArgumentParser:
+                runs: bool = False) -> argparse.ArgumentParser:
+    """``runs``: the command runs a pipeline, so it may start worker processes and shows a bar."""
     parser = sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(run=run)
-    if quiet:
+    parser.set_defaults(run=run, runs_pipeline=runs)
+    if runs:
         parser.add_argument("-q", "--quiet", action="store_true",
                             help="no progress bar (bars show only when stderr is a terminal)")
     return parser
@@ -206,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "files made on this machine, PIL decode and augmentation, a small conv net step on\n"
         "CPU), under every runner; a table and ratios to cache (the headspace) in the\n"
         "terminal, and an HTML report.",
-        "spdl-lab demo --workload images --steps 60 --runners thread subprocess-threads cache", quiet=True)
+        "spdl-lab demo --workload images --steps 60 --runners thread subprocess-threads cache", runs=True)
     demo.add_argument("--workload", choices=("noisy-neighbour", "images"), default="noisy-neighbour",
                       help="which workload (default: noisy-neighbour)")
     _comparison_options(demo, steps=120, num_workers=2)
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "to cache (the headspace: loading made free) and warnings; write an HTML report\n"
         "and the comparison as JSON.",
         "spdl-lab compare mypkg.data:make_pipeline --step simulated:20 --runners thread cache"
-        + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), quiet=True)
+        + _writes(f"compare-{_stem(EXAMPLE_TARGET)}"), runs=True)
     _target(cmp)
     _comparison_options(cmp, steps=100, num_workers=None)
     add_outputs(cmp, ("--report",), "compare-MODULE-ATTR.html",
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         "concurrency, and give a verdict per stage (scales, cpu-bound, gil-bound,\n"
         "contended) with the evidence; write an HTML and a JSON report.",
         "spdl-lab diagnose mypkg.data:make_pipeline --concurrency 1 2 4 8 --num-items 200"
-        + _writes(_stem(EXAMPLE_TARGET)), quiet=True)
+        + _writes(_stem(EXAMPLE_TARGET)), runs=True)
     _target(diag, step=False)
     diag.add_argument("--concurrency", type=count(1, MAX_CONCURRENCY), nargs="+", default=[1, 2, 4, 8, 16],
                       metavar="N", help="thread counts to sweep (default: 1 2 4 8 16)")
@@ -250,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         "start side by side. Print the trials, the log and the code to paste; write an HTML report.",
         "spdl-lab tune mypkg.data:make_pipeline --step simulated:20 --budget 60 --runners thread,process"
         + _writes(f"tune-{_stem(EXAMPLE_TARGET)}", (".html",))
-        + "\n  spdl-lab tune --set num_workers=4 --steps 200 --script train.py --epochs 3", quiet=True)
+        + "\n  spdl-lab tune --set num_workers=4 --steps 200 --script train.py --epochs 3", runs=True)
     _target(tune, optional=" (not with --script)")
     tune.add_argument("--budget", type=seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                       help=f"wall time for the whole tuning, the final side-by-side check included "
@@ -340,10 +341,6 @@ def _interrupted(prog: str, exiting: bool) -> int:
     return EXIT_INTERRUPTED
 
 
-#: The commands whose runs may start worker processes.
-RUNS_WORKERS = ("compare", "demo", "diagnose", "tune")
-
-
 def _quiet_resource_tracker() -> None:
     """Start multiprocessing's resource tracker without stderr: workers stopped by Ctrl-C while
     starting leave it KeyError tracebacks to print, about segments the lab removes itself."""
@@ -368,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv is None:  # the command itself: Ctrl-C from here raises, though never inside an import
             import_safe_interrupts()
-            if args.command in RUNS_WORKERS:
+            if args.runs_pipeline:
                 _quiet_resource_tracker()
         return args.run(args)
     except (UsageError, PipelineSpecError, FileFormatError) as exc:
