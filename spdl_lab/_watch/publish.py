@@ -23,7 +23,7 @@ from .._runs import caller_line
 from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .endpoint import Endpoint, Handlers, safe_name
-from .records import RECORD_ENV, RecordWriter, append_ticks, default_record_path, step_rows
+from .records import RECORD_ENV, RecordWriter, append_ticks, step_rows
 from .sources import LoopSource, held_weakly, source_of
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
@@ -95,17 +95,20 @@ def start_hook(event: str, subject: Any) -> None:
         publish_once(subject)
 
 
-def rank_run(name: str, override: str | None) -> tuple[str, Path, dict[str, str | int]] | None:
-    """A torchrun rank's name ``name-rankR``, record (``rankR.sqlite`` in ``override``, ``x.sqlite``
-    for ``x/``, else in ``spdl_lab_runs/NAME-JOBID``) and facts; None outside a job. The job id:
-    TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s, else the launcher's pid (every rank's parent)."""
+def record_of(name: str, pid: int) -> tuple[str, Path, dict[str, str | int]]:
+    """A run's name, record and facts: ``name``, ``$SPDL_LAB_RECORD`` or ``spdl_lab_runs/NAME-PID.sqlite``
+    and none; a torchrun rank's ``name-rankR``, ``rankR.sqlite`` in the override (``x.sqlite`` for
+    ``x/``) or in ``spdl_lab_runs/NAME-JOBID``, and the job's. The job id: TORCHELASTIC_RUN_ID, else
+    ``spdl-lab watch``'s, else the launcher's pid (every rank's parent)."""
+    override = os.environ.get(RECORD_ENV)
+    alone = name, Path(override or f"spdl_lab_runs/{safe_name(name)}-{pid}.sqlite"), {}
     try:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
     except (KeyError, ValueError):
-        return None
+        return alone
     if not 0 <= rank < world:
-        return None
+        return alone
     job = os.environ.get("TORCHELASTIC_RUN_ID", "")
     job = safe_name(job if job not in ("", "none") else
                     os.environ.get(JOB_ENV) or f"launcher-{os.getppid()}")
@@ -162,10 +165,9 @@ class Publisher:
         # A dropped iterable ends its run (LoopSource.dropped); a Session or Loader ends by its own close.
         weakly = isinstance(self.source, LoopSource)
         self._key, self._obj = id(obj), held_weakly(obj) if weakly else (lambda: obj)
-        ranked = rank_run(name, os.environ.get(RECORD_ENV))  # None outside a torchrun job
-        name, path, job = ranked or (name, default_record_path(name, os.getpid()), {})
+        name, path, job = record_of(name, self._pid)  # job: the rank's facts, {} outside torchrun
         self.name = name
-        if (os.environ.get(RECORD_ENV) or ranked) and path.exists():  # a second run in one script
+        if (os.environ.get(RECORD_ENV) or job) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.ended_by: str | None = None  # "failed" or "stopped", set by _watch_endings
         self._recorded = 0  # the timeline's cursor: ticks before it are in the record

@@ -25,7 +25,7 @@ from .._telemetry.frames import FRAME_COLUMNS, FrameChunk, Ring
 from .._telemetry.histogram import NUM_BUCKETS, bucket_of
 from .._training.steps import StepRecord, StepSummary, Totals, summarize
 from ..errors import FileFormatError, SpdlLabError
-from .endpoint import pid_alive, safe_name
+from .endpoint import pid_alive
 
 # Ticks older than FULL_RATE_S keep the last value of each (series, stage) per THIN_EVERY_S.
 FULL_RATE_S = 600.0
@@ -61,11 +61,6 @@ DELETE FROM frames WHERE time_s >= ? AND time_s < ? AND rowid NOT IN (
     SELECT max(rowid) FROM frames WHERE time_s >= ? AND time_s < ?
     GROUP BY series, stage, CAST(time_s / ? AS INTEGER))
 """
-
-
-def default_record_path(name: str, pid: int) -> Path:
-    override = os.environ.get(RECORD_ENV)
-    return Path(override) if override else Path("spdl_lab_runs") / f"{safe_name(name)}-{pid}.sqlite"
 
 
 def append_ticks(ring: Ring, times: np.ndarray, columns: dict[tuple[str, str], np.ndarray],

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import spdl_lab as lab
-from spdl_lab._watch.publish import published_by
+from spdl_lab._watch.publish import published_by, record_of
 from spdl_lab._watch.records import read_record, record_meta
 
 
@@ -288,3 +288,14 @@ def test_spdl_lab_watch_1_alone_publishes_through_the_pth_hook(tmp_path):
     assert done.returncode == 0, done.stderr
     meta = record_meta(tmp_path / "run.sqlite")
     assert meta["runner"] == "DataLoader" and meta["name"] == "train-16-rank1" and meta["state"] == "finished"
+
+
+def test_a_run_outside_a_job_records_to_its_name_and_pid(monkeypatch):
+    for var in ("SPDL_LAB_RECORD", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    name, path, facts = record_of("train.py:42 DataLoader/../x", 1234)
+    assert path.parent.name == "spdl_lab_runs" and facts == {}
+    assert path.name == "train.py_42_DataLoader_.._x-1234.sqlite"
+    assert record_of("", 7)[1].name == "run-7.sqlite"
+    monkeypatch.setenv("SPDL_LAB_RECORD", "/tmp/mine.sqlite")
+    assert str(record_of("x", 1)[1]) == "/tmp/mine.sqlite"

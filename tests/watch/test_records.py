@@ -20,7 +20,6 @@ from spdl_lab._watch.records import (
     FULL_RATE_S,
     THIN_EVERY_S,
     RecordWriter,
-    default_record_path,
     read_record,
     record_meta,
 )
@@ -262,16 +261,6 @@ def test_bad_paths_raise_clear_errors(tmp_path, no_thread_leak):
     with pytest.raises(SpdlLabError, match="cannot create record file"):
         RecordWriter(text / "under_a_file.sqlite", meta={"name": "x"})
     assert record_threads() == []
-
-
-def test_default_record_path(monkeypatch):
-    monkeypatch.delenv("SPDL_LAB_RECORD", raising=False)
-    path = default_record_path("train.py:42 DataLoader/../x", 1234)
-    assert path.parent.name == "spdl_lab_runs"
-    assert path.name == "train.py_42_DataLoader_.._x-1234.sqlite"
-    assert default_record_path("", 7).name == "run-7.sqlite"
-    monkeypatch.setenv("SPDL_LAB_RECORD", "/tmp/mine.sqlite")
-    assert str(default_record_path("x", 1)) == "/tmp/mine.sqlite"
 
 
 def test_steps_older_than_an_hour_are_thinned_into_seconds_and_still_add_up(tmp_path, no_thread_leak):
