@@ -4,12 +4,10 @@ the SPDL monitor), and the start hooks through which layers above act on a run b
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -263,12 +261,3 @@ def _queue_threads(reading: EngineReading) -> list[tuple[int, int]]:
         producers, batched = max(1, stage.concurrency), False
     out.append((1 if batched else producers, 1))
     return out
-
-
-def caller_line() -> str:
-    """``SCRIPT-LINE`` of the user's line that started a run (a published run's name): the innermost
-    frame outside spdl_lab (the watch hook's module ``spdl_lab_watch_hook`` included)."""
-    frame = inspect.currentframe()
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
-        frame = frame.f_back
-    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"

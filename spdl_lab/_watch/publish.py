@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import math
 import os
 import signal
@@ -19,7 +20,6 @@ from typing import Any
 from .. import _forksafe
 from .._json import dumps
 from .._pipeline import unique_name
-from .._runs import caller_line
 from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .endpoint import Endpoint, Handlers, safe_name
@@ -60,6 +60,15 @@ def publish(obj: Any, name: str | None = None) -> Any:
     """
     publisher = published_by(obj) or Publisher(obj, name or caller_line())
     return publisher.source.published
+
+
+def caller_line() -> str:
+    """``SCRIPT-LINE`` of the user's line that started a run (a published run's name): the innermost
+    frame outside spdl_lab (the watch hook's module ``spdl_lab_watch_hook`` included)."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
+        frame = frame.f_back
+    return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"
 
 
 def published_by(obj: Any) -> Publisher | None:
