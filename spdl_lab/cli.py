@@ -359,8 +359,7 @@ def _quiet_resource_tracker() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; return the exit status (see the module docstring)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)  # argparse itself exits 2 on a bad option
+    args = build_parser().parse_args(argv)  # argparse itself exits 2 on a bad option
     prog = f"spdl-lab {args.command}"
     try:
         if argv is None:  # the command itself: Ctrl-C from here raises, though never inside an import
