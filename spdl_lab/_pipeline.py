@@ -70,7 +70,7 @@ class Pipeline:
             raise PipelineSpecError(f"stage {label!r}: ordered must be a bool, got {ordered!r}")
         validate_concurrency(concurrency, stage=label)
         stage_name = self._unique_name(label, explicit=name is not None)
-        return self._with(Stage(stage_name, "map", concurrency, fn=fn, ordered=ordered))
+        return self._with((*self._stages, Stage(stage_name, "map", concurrency, fn=fn, ordered=ordered)))
 
     def batch(self, size: int, *, drop_last: bool = False, name: str | None = None) -> Pipeline:
         """Group consecutive items into lists of ``size``; the last may be shorter."""
@@ -81,7 +81,7 @@ class Pipeline:
         if not isinstance(drop_last, bool):
             raise PipelineSpecError(f"stage {label!r}: drop_last must be a bool, got {drop_last!r}")
         stage_name = self._unique_name(label, explicit=name is not None)
-        return self._with(Stage(stage_name, "batch", 1, size=size, drop_last=drop_last))
+        return self._with((*self._stages, Stage(stage_name, "batch", 1, size=size, drop_last=drop_last)))
 
     @property
     def source(self) -> Iterable[Any] | Callable[[], Iterable[Any]]:
@@ -118,10 +118,8 @@ class Pipeline:
         if target.kind != "map":
             raise PipelineSpecError(f"stage {name!r} is a batch stage and has no concurrency")
         validate_concurrency(concurrency, stage=name)
-        clone = Pipeline(self._source)
-        clone._stages = tuple(replace(s, concurrency=concurrency) if s.name == name else s
-                              for s in self._stages)
-        return clone
+        return self._with(tuple(replace(s, concurrency=concurrency) if s.name == name else s
+                                for s in self._stages))
 
     def __repr__(self) -> str:
         parts = [f"Pipeline(source={describe_source(self._source)})"]
@@ -134,9 +132,9 @@ class Pipeline:
                 parts.append(f".batch({s.size}{drop})")
         return "\n  ".join(parts)
 
-    def _with(self, stage: Stage) -> Pipeline:
+    def _with(self, stages: tuple[Stage, ...]) -> Pipeline:
         clone = Pipeline(self._source)
-        clone._stages = (*self._stages, stage)
+        clone._stages = stages
         return clone
 
     def _unique_name(self, label: str, *, explicit: bool) -> str:
