@@ -24,27 +24,19 @@ class _MeteredQueue(AsyncQueue):
 
     def __init__(self, info: StageInfo, *, buffer_size: int = 1) -> None:
         super().__init__(info, buffer_size=buffer_size)
-        self.puts = self.gets = self.put_blocked_ns = self.get_blocked_ns = 0
+        self.put_blocked_ns = self.get_blocked_ns = 0
         self.producer: WorkerMeter | None = None
         self.label = self.meters.queue_made(info, self)
 
     def reading(self) -> QueueReading:
-        return QueueReading(self.label, self.qsize(), self.maxsize, self.puts, self.gets,
-                            self.put_blocked_ns, self.get_blocked_ns)
+        return QueueReading(self.label, self.qsize(), self.maxsize, put_blocked_ns=self.put_blocked_ns,
+                            get_blocked_ns=self.get_blocked_ns)
 
-    # _put and _get are what every path (put, put_nowait, get, get_nowait) ends in.
+    # _put is what every put path (put, put_nowait) ends in.
     def _put(self, item: object) -> None:
         super()._put(item)
-        if not (is_eof(item) or is_epoch_end(item)):
-            self.puts += 1
-            if self.producer is not None:
-                self.producer.tasks += 1
-
-    def _get(self) -> Any:
-        item = super()._get()
-        if not (is_eof(item) or is_epoch_end(item)):
-            self.gets += 1
-        return item
+        if self.producer is not None and not (is_eof(item) or is_epoch_end(item)):
+            self.producer.tasks += 1
 
     async def put(self, item: object) -> None:
         await (self._blocked(super().put(item), "put_blocked_ns") if self.full() else super().put(item))

@@ -204,7 +204,7 @@ class WatchedDataLoader:
         workers, prefetch = getattr(it, "_num_workers", None), getattr(it, "_prefetch_factor", None)
         if not all(isinstance(n, int) for n in (depth, workers, prefetch)):
             return []  # a torch without these fields, or a single-process iterator
-        return queue_rows(QueueReading(QUEUE, max(0, depth), prefetch * workers, 0, 0, 0, 0), None, dt_s)
+        return queue_rows(QueueReading(QUEUE, max(0, depth), prefetch * workers), None, dt_s)
 
     def _totals(self) -> list[StageReading]:
         """The stages' totals now (their last, once closed); none before a worker started."""
