@@ -380,9 +380,8 @@ class Sweep:
 
     def close(self) -> None:
         for key, workers in self._workers.items():
-            if key not in self._abandoned:
-                kill = any(p.status == "timeout" for p in self._points[key])
-                self._abandoned[key] = workers.close(kill)
+            kill = any(p.status == "timeout" for p in self._points[key])
+            self._abandoned[key] = workers.close(kill)
 
     def results(self, kind: str) -> dict[str, StageSweep]:
         """Each stage's points in ``kind`` so far, ascending, up to the first that failed."""
