@@ -41,8 +41,7 @@ def main(data_fd: int, ctrl_fd: int) -> int:
     with contextlib.suppress(OSError):
         os.chdir(init["cwd"])
     try:
-        pipeline = cloudpickle.loads(init["pipeline"])
-        diagnosis = diagnose_here(pipeline, **init["options"],
+        diagnosis = diagnose_here(cloudpickle.loads(init["pipeline"]), **init["options"],
                                   bar_factory=lambda total, unit: _RemoteBar(data, total, unit))
         data.send(("done", str(diagnosis.to_json(init["result"]))))
     except BaseException as exc:  # shipped to the parent, which raises it

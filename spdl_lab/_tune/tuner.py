@@ -337,8 +337,7 @@ class AutoTuner:
             raise _Ended("stopped")
         if not self.session.running:
             raise SpdlLabError("the session ended while it was being tuned")
-        now = self.session.controls()
-        for name, n in now.items():
+        for name, n in self.session.controls().items():
             if self._ours.get(name) != n:
                 raise _Ended(f"you took over: {name} was moved to {n}; autotune handed control back")
 
