@@ -151,16 +151,27 @@ class StageSweep:
     others: float = 0.0  # the most of the cores other processes used in a window
 
 
-class PointWindows:
-    """The window QPS of one point, its status, and its share of the progress bar."""
+class _Point:
+    """One (stage, workers, concurrency): its windows' QPS, its status and its share of the progress
+    bar. At concurrency c it runs a different c of the workers each window, in turn (cores do not all
+    run at one speed). A worker that dies -> "error"; one that does not answer, or a call still
+    running after the pause -> "timeout" (workers killed or left behind)."""
 
-    def __init__(self, settings: SweepSettings, report: Callable[[int], None] | None = None) -> None:
+    def __init__(self, stage: str, workers: ThreadWorkers | WorkerPool, c: int, settings: SweepSettings,
+                 report: Callable[[int], None], deadline: float, probe: GilProbe | None) -> None:
         self.settings = settings
         self.qps: list[float] = []
         self.status = "unstable"
         self.done = False
-        self._report = report or (lambda n: None)
+        self._report = report
         self._counted = 0
+        self.stage, self.workers, self.c, self.deadline = stage, workers, c, deadline
+        self.probe = probe if workers.kind == "thread" else None  # reads the GIL of thread workers
+        self.window_s = settings.window_s
+        self.readings: list[WindowReading] = []
+        self.hist = new_counts()  # task times over the windows (``telemetry.histogram``)
+        self.failures = 0  # calls that raised in its warm-up and windows
+        self.why = ""  # why it failed
 
     def wants_window(self, window_s: float, deadline: float) -> bool:
         """Whether to take another window; past the budget the point ends."""
@@ -201,23 +212,6 @@ class PointWindows:
         if n > 0:
             self._counted += n
             self._report(n)
-
-
-class _Point(PointWindows):
-    """One (stage, workers, concurrency). At concurrency c it runs a different c of the workers each
-    window, in turn (cores do not all run at one speed). A worker that dies -> "error"; one that does
-    not answer, or a call still running after the pause -> "timeout" (workers killed or left behind)."""
-
-    def __init__(self, stage: str, workers: ThreadWorkers | WorkerPool, c: int, settings: SweepSettings,
-                 report: Callable[[int], None], deadline: float, probe: GilProbe | None) -> None:
-        super().__init__(settings, report)
-        self.stage, self.workers, self.c, self.deadline = stage, workers, c, deadline
-        self.probe = probe if workers.kind == "thread" else None  # reads the GIL of thread workers
-        self.window_s = settings.window_s
-        self.readings: list[WindowReading] = []
-        self.hist = new_counts()  # task times over the windows (``telemetry.histogram``)
-        self.failures = 0  # calls that raised in its warm-up and windows
-        self.why = ""  # why it failed
 
     def warm_up(self) -> bool:
         """Run ``warmup_s`` and until a task finished, then pause; the task time sets the window."""

@@ -1,18 +1,20 @@
-"""PointWindows: the stop rule and the progress count both executors of the sweep share."""
+"""A sweep point's stop rule and progress count, alike for thread and process workers."""
 
 from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
-from spdl_lab._diagnose._sweep import PointWindows, SweepSettings
+from spdl_lab._diagnose._sweep import SweepSettings, _Point
 
 SETTINGS = SweepSettings(min_windows=3, max_windows=6, stable_within=0.10)
 
 
 def _point():
     counted: list[int] = []
-    return PointWindows(SETTINGS, counted.append), counted
+    workers = SimpleNamespace(kind="thread")  # the rule reads no worker
+    return _Point("stage", workers, 1, SETTINGS, counted.append, math.inf, None), counted
 
 
 def test_a_point_whose_fast_windows_agree_settles_and_the_bar_gets_all_its_windows():
