@@ -365,12 +365,11 @@ class Sweep:
     def done(self, kind: str | None = None) -> bool:
         return all(p.done for (_, k), points in self._points.items() if kind in (None, k) for p in points)
 
-    def round(self) -> bool:
-        """One window for every point that needs one; True once none does."""
+    def round(self) -> None:
+        """One window for every point that needs one."""
         for points in self._points.values():
             for point in points:
                 point.window()
-        return self.done()
 
     def close(self) -> None:
         for key, workers in self._workers.items():

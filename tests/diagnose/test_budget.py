@@ -70,7 +70,7 @@ def test_process_points_stop_at_the_budget_too() -> None:
     plan = SweepSettings(warmup_s=0.05, window_s=0.1, min_windows=3, max_windows=8)
     with contextlib.closing(Sweep(plan)) as sweeper:
         sweeper.add(StageFeed("wavers", wavers, list(range(8))), "process", (1,), deadline=time.monotonic())
-        while not sweeper.round():
-            pass
+        while not sweeper.done():
+            sweeper.round()
     sweep = sweeper.results("process")["wavers"]
     assert [(p.repeats, p.status) for p in sweep.points] == [(BUDGET_FLOOR, "unstable")]

@@ -24,8 +24,8 @@ def measure_processes(stage, fn, inputs, concurrency, **settings):
     """One stage's process points, as lab.diagnose takes them; why a point failed as a warning."""
     with contextlib.closing(Sweep(SweepSettings(**settings))) as sweeper:
         sweeper.add(StageFeed(stage, fn, inputs), "process", concurrency)
-        while not sweeper.round():
-            pass
+        while not sweeper.done():
+            sweeper.round()
     sweep = sweeper.results("process")[stage]
     if sweep.error is not None:
         raise sweep.error
