@@ -111,9 +111,6 @@ class WatchedDataLoader:
     def __iter__(self) -> Iterator[Any]:
         return self.open(lambda: iter(self.dataloader))
 
-    def __len__(self) -> int:
-        return len(self.dataloader)
-
     def open(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         """Start an epoch, ``make()``, with the metering worker_init_fn set while workers start."""
         dl = self.dataloader
