@@ -77,11 +77,6 @@ def _fetch(dataset: Any, indices: Any) -> list[Any]:
     return [dataset[i] for i in indices]
 
 
-def worker_stage(stage: str, worker: int) -> str:
-    """The frame rows' name of ``stage`` in one worker: ``"fetch/worker0"``."""
-    return f"{stage}/worker{worker}"
-
-
 class WatchedDataLoader:
     """Iterates a DataLoader unchanged; as a Sampler source, reports its workers' count, CPU (each
     and summed), stages ``fetch`` and ``collate`` (summed; ``PER_WORKER`` series under
@@ -189,7 +184,7 @@ class WatchedDataLoader:
             before, self._before[w] = self._before.get(w), now
             for i, reading in enumerate(now):
                 new = stage_rows(reading, before[i] if before else None, dt_s)
-                rows += new if w is None else [(PER_WORKER[series], worker_stage(reading.name, w), value)
+                rows += new if w is None else [(PER_WORKER[series], f"{reading.name}/worker{w}", value)
                                                for series, _, value in new if series in PER_WORKER]
         return rows
 

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import spdl_lab as lab
-from spdl_lab._integrations.torch_dataloader import PER_WORKER, QUEUE, worker_stage
+from spdl_lab._integrations.torch_dataloader import PER_WORKER, QUEUE
 from spdl_lab._watch.publish import published_by
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -56,7 +56,7 @@ def series(frames: pd.DataFrame, name: str, stage: str) -> pd.Series:
 
 def workers_read(frames: pd.DataFrame) -> bool:
     """Both workers' stage rows, the queue, and the children's CPU have been sampled."""
-    return (len(series(frames, PER_WORKER["qps"], worker_stage("fetch", 1))) > 0
+    return (len(series(frames, PER_WORKER["qps"], "fetch/worker1")) > 0
             and len(series(frames, "queue_capacity", QUEUE)) > 0
             and len(series(frames, "cpu_percent", "children")) > 0)
 
@@ -69,7 +69,7 @@ def check_frames(frames: pd.DataFrame, epochs: int) -> None:
     assert series(frames, "concurrency", "fetch").max() == 2
     for w in (0, 1):  # each worker's part, apart from the stages: what reads stages sees only them
         for name in ("qps", "busy_frac"):
-            assert len(series(frames, PER_WORKER[name], worker_stage("fetch", w))) > 0, (name, w)
+            assert len(series(frames, PER_WORKER[name], f"fetch/worker{w}")) > 0, (name, w)
     assert set(frames[frames.series == "qps"].stage) == {"fetch", "collate"}
     depth, capacity = series(frames, "queue_depth", QUEUE), series(frames, "queue_capacity", QUEUE)
     assert capacity.max() == 2 * 2  # prefetch_factor x num_workers
