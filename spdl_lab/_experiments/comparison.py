@@ -273,7 +273,8 @@ def _wide(frame: Any, runner: str) -> dict[str, Any]:
                        for name, stage in wide.columns]}
 
 
-#: Share of the cores used by other processes above which a comparison or a diagnosis names the load.
+#: Share of the cores used by other processes above which a comparison or a diagnosis names the
+#: load, and a tuning recommends no move (its rates move with that load).
 BUSY_MACHINE = 0.25
 #: A runner whose fastest round is this much faster than its slowest is named in a warning.
 WIDE_SPREAD = 1.25

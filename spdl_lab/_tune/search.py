@@ -22,8 +22,6 @@ PROBE_GIL_SWITCH = 0.25  # the same, from the GIL probe when the step's own wait
 JUMP_HEADROOM = 1.25  # a jump lifts the limiting stage this far above the next limit
 FED = 0.05  # data wait below this share of the loop: the loader keeps up
 _AGAIN = "no move is recommended from this measurement; tune again on a quieter machine"
-#: Other processes' share of the cores above which rates move with their load: no move recommended.
-BUSY_SHARE = BUSY_MACHINE
 
 
 @dataclass(frozen=True)
@@ -89,10 +87,10 @@ def busy_reason(measured: Iterable[Any], cores: int, when: str = "while it was m
     """Why the machine was too busy for ``measured`` (trials, or percentages of one core), or None."""
     figures = (getattr(m, "others_percent", m) for m in measured)
     worst = max((f for f in figures if isinstance(f, (int, float)) and math.isfinite(f)), default=0.0)
-    if cores < 1 or worst <= 100.0 * BUSY_SHARE * cores:
+    if cores < 1 or worst <= 100.0 * BUSY_MACHINE * cores:
         return None
     return (f"other processes took {worst / 100:.1f} of the {cores} cores ({worst / cores:.0f}%, more than "
-            f"{BUSY_SHARE:.0%}) {when}")
+            f"{BUSY_MACHINE:.0%}) {when}")
 
 
 def ratio_text(mid: float, lo: float, hi: float) -> str:

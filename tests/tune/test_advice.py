@@ -141,7 +141,7 @@ def burner():
 @pytest.mark.usefixtures("no_thread_leak", "no_child_leak")
 def test_a_tuning_on_a_busy_machine_recommends_no_move_and_says_why(burner, monkeypatch):
     cores = psutil.cpu_count() or 1
-    monkeypatch.setattr(machine, "BUSY_SHARE", min(machine.BUSY_SHARE, 0.5 / cores))  # one core is too many
+    monkeypatch.setattr(machine, "BUSY_MACHINE", min(machine.BUSY_MACHINE, 0.5 / cores))  # one core is too many
     assert psutil.Process(burner).ppid() != os.getpid()
     assert machine.others_percent(0.3) > 50.0  # the burner is seen as another process
 
