@@ -85,7 +85,7 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
         frames = {r: c.loader.frames() for r, c in contenders.items()}
     finally:
         for c in contenders.values():
-            c.close()
+            c.loader.close()
         if probe is not None:
             probe.stop()
         bar.close()
@@ -318,9 +318,6 @@ class Contender:
             raise SpdlLabError(
                 f"{self.who}: the {self.runner!r} runner's data ran out after {len(self.clock.records())} "
                 f"batches; pass fewer steps=, warmup= or repeats=, or a longer source")
-
-    def close(self) -> None:
-        self.loader.close()
 
 
 def _settle(since: float, look_s: float, fired: threading.Event) -> None:

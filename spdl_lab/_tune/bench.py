@@ -127,7 +127,7 @@ class Bench:
     def close(self) -> None:
         try:
             for contender in self._contenders.values():
-                contender.close()
+                contender.loader.close()
         finally:
             self._contenders.clear()
             self._passes.clear()
@@ -140,7 +140,7 @@ class Bench:
         contender = self._contenders.get(config.runner)
         if contender is not None and not self._is_open(config):
             # Another value of an option (a DataLoader's prefetch_factor...): a new Loader, as the job's.
-            self._contenders.pop(config.runner).close()
+            self._contenders.pop(config.runner).loader.close()
             contender = None
         if contender is None:
             options = dict(config.options)

@@ -46,7 +46,7 @@ def test_drain_ready_takes_what_was_made_while_idle_and_stops_at_the_first_wait(
         assert 2 <= taken < 200, taken
         assert last is not None and last.data_wait_s > 0.0005
     finally:
-        contender.close()
+        contender.loader.close()
 
 
 @pytest.mark.measurement
