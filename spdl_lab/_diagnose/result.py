@@ -1,7 +1,6 @@
-"""What ``lab.diagnose`` returns: per stage, the measured points, a verdict and what to change; and
-the rules from a stage's thread points to its verdict (``judge``). The dataclasses are also the JSON
-file's description (checked by pydantic; never pickled); plots and HTML come from ``_ui`` through
-``_views``."""
+"""What ``lab.diagnose`` returns (per stage: its points, a verdict, what to change) and the rules
+from a stage's thread points to its verdict (``judge``). The dataclasses describe the JSON file too
+(checked by pydantic; never pickled); plots and HTML come from ``_ui`` through ``_views``."""
 
 from __future__ import annotations
 
