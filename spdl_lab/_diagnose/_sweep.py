@@ -129,9 +129,8 @@ FAILED = ("timeout", "error")
 
 @dataclass
 class WindowReading:
-    """What a point read over one window (CPU shares are of all the cores, 0..1)."""
+    """What a point read over one window besides its QPS (CPU shares are of all the cores, 0..1)."""
 
-    qps: float
     cpu: float
     done: int  # calls that returned
     failures: int  # calls that raised
@@ -264,12 +263,11 @@ class _Point:
         cpu = (now.cpu_s - before.cpu_s) / ((now.at - before.at) * (os.cpu_count() or 1))
         # Clamped: busy = total - idle - iowait, in floats, can come out a hair below 0 on an idle machine.
         machine = min(1.0, max(0.0, (m1[0] - m0[0]) / (m1[1] - m0[1]))) if m1[1] > m0[1] else math.nan
-        qps = window_qps(now.ends_ns, round(start * 1e9), round(stop * 1e9))
-        reading = WindowReading(qps, cpu, now.done - before.done, now.failures - before.failures,
+        reading = WindowReading(cpu, now.done - before.done, now.failures - before.failures,
                                 *gil_fracs(g0, g1), machine)
         self.readings.append(reading)
         self.failures += reading.failures
-        self.add(reading.qps)
+        self.add(window_qps(now.ends_ns, round(start * 1e9), round(stop * 1e9)))
 
     def _pause(self, turn: int) -> None:
         """Pause the workers and wait until none is inside the function."""
