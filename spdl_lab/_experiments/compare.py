@@ -263,15 +263,13 @@ class Contender:
         return Window(self.runner, round_, started, tuple(self.clock.records()[first:]),
                       *machine.between(a, b, ray_b - ray_a))
 
-    def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> int:
-        """Up to ``max_steps`` unmeasured steps (returns how many) while batches made before last:
-        buffers a runner's readings do not show would count as the new setting's speed."""
+    def drain_ready(self, max_steps: int, timeout: float | None, max_s: float | None = None) -> None:
+        """Up to ``max_steps`` unmeasured steps while batches made before last: buffers a runner's
+        readings do not show would count as the new setting's speed."""
         if max_steps <= 0:
-            return 0
-        before = self.clock.steps
+            return
         with self._watchdog(timeout) as watchdog:
-            self._run(max_steps, watchdog, max_s, waited_after=before)
-        return self.clock.steps - before
+            self._run(max_steps, watchdog, max_s, waited_after=self.clock.steps)
 
     @contextlib.contextmanager
     def _watchdog(self, timeout: float | None) -> Iterator[threading.Event]:
