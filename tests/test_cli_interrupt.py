@@ -121,8 +121,13 @@ def test_ctrl_c_kills_the_workers_and_spares_the_resource_tracker_which_unlinks_
     name, worker = proc.stdout.split()
     assert proc.returncode == 130 and proc.stderr.strip() == "spdl-lab compare: interrupted", proc.stderr
     assert not psutil.pid_exists(int(worker)) or psutil.Process(int(worker)).status() == psutil.STATUS_ZOMBIE
+    assert semaphore_unlinked(name), f"{name} left in /dev/shm 5 s after Ctrl-C"
+
+
+def semaphore_unlinked(name: str, timeout: float = 5.0) -> bool:
+    """Whether the named semaphore ``name`` leaves /dev/shm within ``timeout``."""
     semaphore = Path("/dev/shm") / f"sem.{name.lstrip('/')}"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + timeout
     while semaphore.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not semaphore.exists(), f"{semaphore} left 5 s after Ctrl-C"
+    return not semaphore.exists()

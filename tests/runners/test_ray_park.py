@@ -47,16 +47,29 @@ SCENARIO = textwrap.dedent('''
         procs = [p for p in ray_processes() if p.pid != DECOY.pid]
         states = sorted({p.status() if p.status() == "stopped" else f"{p.status()}: {p.name()}" for p in procs})
         machine = args[2]  # (warmup, steps, machine, ...), as compare passes them
-        cpu_a = machine.ray_s()
+        cpu_a, each_a = machine.ray_s(), cpu_each()
         t_a = time.monotonic()
         w = plain_window(self, round_, *args, **kwargs)
+        each_b = cpu_each()
+        used = sorted(((round(s - each_a[k], 3), k) for k, s in each_b.items() if k in each_a), reverse=True)
         row = {"runner": self.runner, "round": round_, "states": states, "processes": len(procs), "decoy": decoy,
                "pids": [p.pid for p in procs],
-               "ray_cpu_percent": 100 * (machine.ray_s() - cpu_a) / (time.monotonic() - t_a)}
+               "ray_cpu_percent": 100 * (machine.ray_s() - cpu_a) / (time.monotonic() - t_a),
+               "most_cpu_s": used[:3], "new": sorted(set(each_b) - set(each_a))}
         print("WINDOW " + json.dumps(row), flush=True)
         if self.runner == "thread" and round_ == 2:  # the ray instance parked: end now
             os.kill(os.getpid(), getattr(signal, os.environ["END_WITH"]))
         return w
+
+    def cpu_each():
+        """CPU seconds of each process ray_processes lists (to name what used it, were it any)."""
+        out = {}
+        for p in ray_processes():
+            try:
+                out[f"{p.pid} {' '.join(p.cmdline())[:50]}"] = sum(p.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return out
 
     contender.Contender.window = window
 

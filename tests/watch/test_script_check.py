@@ -8,11 +8,10 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import psutil
 import pytest
+from test_cli_interrupt import semaphore_unlinked
 
 from spdl_lab._watch.command import _group, kill_all
 from spdl_lab.cli import main
@@ -122,11 +121,7 @@ def test_a_stopped_scripts_group_is_killed_but_its_resource_tracker_unlinks_what
         kill_all(group)  # it reaps the script too: Popen sees no status of its own
         assert script.poll() is not None
         assert not psutil.pid_exists(int(worker)) or psutil.Process(int(worker)).status() == psutil.STATUS_ZOMBIE
-        semaphore = Path("/dev/shm") / f"sem.{name.lstrip('/')}"
-        deadline = time.monotonic() + 5
-        while semaphore.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not semaphore.exists(), f"{semaphore} left 5 s after the group was killed"
+        assert semaphore_unlinked(name), f"{name} left in /dev/shm 5 s after the group was killed"
     finally:
         script.kill()
         script.wait(5)
