@@ -122,7 +122,7 @@ class BoundedQueue:
             self._not_full.notify_all()
 
     def read(self) -> QueueReading:
-        return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity, puts=self.puts,
+        return QueueReading(name=self.name, depth=len(self._items), capacity=self.capacity,
                             put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)
 
 

@@ -296,7 +296,7 @@ class RayRunner(PumpRunner):
                 depth = int(state.output_queue.num_blocks)
             except Exception:  # noqa: BLE001 - Ray Data's internals moved: no reading rather than a wrong one
                 continue
-            out.append(QueueReading(f"{name}→{after}", max(0, depth), 0, 0, 0, 0, 0))
+            out.append(QueueReading(f"{name}→{after}", max(0, depth), 0))
         return out
 
     def park(self, parked: bool) -> None:

@@ -77,8 +77,6 @@ class QueueReading:
     name: str
     depth: int
     capacity: int
-    puts: int = 0
-    gets: int = 0
     put_blocked_ns: int = 0
     get_blocked_ns: int = 0
 
