@@ -4,6 +4,7 @@ runner using it closes), or a cluster it joins (left running)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -31,12 +32,20 @@ _RAY_NAMES = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_
 
 
 def ray_processes() -> list[psutil.Process]:
-    """This process's descendants that belong to a Ray instance."""
+    """This process's descendants that belong to a Ray instance: workers (``ray::...``) and the
+    programs of this install's ray package. Another program whose command line only holds Ray's
+    names (a user's ``monitor.py``) is not counted: a compare would take its CPU for idle Ray's."""
+    spec = importlib.util.find_spec("ray")
+    if spec is None or not spec.submodule_search_locations:
+        return []  # no ray here: none of ours can be Ray's
+    package = spec.submodule_search_locations[0]
     out = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            text = " ".join(child.cmdline()) or child.name()
-            if any(name in text for name in _RAY_NAMES):
+            text = " ".join(child.cmdline())
+            ray_program = package in text or not text  # no command line: exited, not yet reaped
+            if text.startswith("ray::") or (ray_program and any(name in (text or child.name())
+                                                                for name in _RAY_NAMES)):
                 out.append(child)
     return out
 

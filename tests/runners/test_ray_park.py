@@ -157,3 +157,27 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_ray_processes_are_the_ray_packages_programs_and_workers_not_any_with_rays_names():
+    """A user's child whose command line only holds Ray's names (``monitor.py``) is not Ray's: a
+    compare took its CPU for the idle instance's (as the park scenario's decoy read 3-4%)."""
+    from spdl_lab._runners._ray_cluster import ray_processes
+
+    sleep = "import time; time.sleep(30)"
+    log_monitor = os.path.join(os.path.dirname(pytest.importorskip("ray").__file__), "_private", "log_monitor.py")
+    children = {
+        "decoy": subprocess.Popen([sys.executable, "-c", f"{sleep}  # dashboard monitor.py raylet"]),
+        "program": subprocess.Popen([sys.executable, "-c", sleep, log_monitor]),
+        "worker": subprocess.Popen(["ray::IDLE", "-c", sleep], executable=sys.executable),
+    }
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(psutil.Process(c.pid).cmdline() for c in children.values()):
+            time.sleep(0.05)
+        listed = {p.pid for p in ray_processes()}
+        assert {name for name, c in children.items() if c.pid in listed} == {"program", "worker"}
+    finally:
+        for child in children.values():
+            child.kill()
+            child.wait(5)
