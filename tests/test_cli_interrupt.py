@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -73,6 +74,26 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, command):
 
 #: What Python itself prints when SIGINT lands in its start-up, before any program's code runs.
 BEFORE_ANY_CODE = "Fatal Python error: init_import_site"
+#: The modules that run before the lab's handler exists: the package's first statement imports
+#: ``_startup`` (which imports ``errors``), and the next installs the handler.
+_PACKAGE = Path(importlib.util.find_spec("spdl_lab").origin).read_text().splitlines()
+_STARTUP_LINE = _PACKAGE.index("from ._startup import quit_on_interrupt as _quit_on_interrupt") + 1
+_BEFORE_THE_HANDLER = [("__init__.py", _STARTUP_LINE), ("_startup.py", None), ("errors.py", None)]
+
+
+def before_the_lab(err: str) -> bool:
+    """Whether SIGINT came before the lab's handler existed: in Python's start-up, or in the import
+    of the package up to its handler. Python's own KeyboardInterrupt then, as for any program."""
+    lines = err.strip().splitlines()
+    if BEFORE_ANY_CODE in err:
+        return True
+    if not lines or lines[-1] != "KeyboardInterrupt":
+        return False
+    frames = [line.strip() for line in lines if line.strip().startswith('File "')]
+    ours = [frame for frame in frames if f"{os.sep}spdl_lab{os.sep}" in frame]
+    return all(any(f'{os.sep}spdl_lab{os.sep}{name}", line ' in frame and frame.endswith("in <module>")
+                   and (line is None or f'line {line},' in frame) for name, line in _BEFORE_THE_HANDLER)
+               for frame in ours)
 
 COMMAND = ["compare", "ctrlc_pipeline:make_pipeline", "--step", "ctrlc_pipeline:step", "--runners", "thread",
            "--steps", "100000"]
@@ -89,9 +110,9 @@ def test_ctrl_c_while_the_command_starts_and_imports_exits_130_with_one_line(tmp
     if not Path(program[0]).exists():
         pytest.skip("the spdl-lab console script is not installed")
     code, err, kids = _interrupt(tmp_path, *COMMAND, program=program, after_s=after_s)
-    if BEFORE_ANY_CODE in err:  # a loaded machine: the interpreter was still starting
-        pytest.skip(f"SIGINT at {after_s} s came before Python's own start-up was done: nothing of the "
-                    f"lab, nor of any program, runs yet")
+    if before_the_lab(err):  # a loaded machine: the interpreter was still starting
+        pytest.skip(f"SIGINT at {after_s} s came before the lab's handler existed (Python's start-up, or "
+                    f"the package's first statement): Python's own KeyboardInterrupt, as for any program")
     assert code == 130, err
     assert err.strip().splitlines() == ["spdl-lab compare: interrupted"], err
     gone = psutil.wait_procs([psutil.Process(pid) for pid in kids if psutil.pid_exists(pid)], timeout=5)[1]
