@@ -19,7 +19,7 @@ from typing import Any
 from .._pipeline import Pipeline, Stage
 from .._telemetry.meters import QueueReading, StageMeter, StageReading, WorkerMeter
 from ..errors import stage_failure
-from .queues import END, TIMEOUT, Batcher, BoundedQueue, QueueClosed, Sink
+from .queues import END, TIMEOUT, Batcher, BoundedQueue, QueueClosed
 
 #: Capacity of queues that carry single items: many items per GIL switch, bounded memory.
 ITEM_QUEUE_SIZE = 32
@@ -85,7 +85,7 @@ class Engine:
             capacity = buffer_size if last else (max(2, buffer_size) if batched else ITEM_QUEUE_SIZE)
             queue = BoundedQueue(f"{producer_name}→{consumer_name}", capacity)
             self._queues.append(queue)
-            sink: Sink = queue
+            sink: BoundedQueue | Batcher = queue
             for spec in reversed(batch_stages):  # each batch stage's input is the batcher in front of it
                 meter = self._meters[spec.name] = StageMeter(spec.name, "batch", 1)
                 batcher = Batcher(spec.name, spec.size or 1, spec.drop_last, sink, meter.new_worker())
@@ -232,7 +232,7 @@ _IDLE_POLL_S = 0.1
 
 
 class MapStage:
-    def __init__(self, spec: Stage, inq: BoundedQueue, out: Sink, rule: Engine,
+    def __init__(self, spec: Stage, inq: BoundedQueue, out: BoundedQueue | Batcher, rule: Engine,
                  meter: StageMeter) -> None:
         self.name = spec.name
         self._spec = spec

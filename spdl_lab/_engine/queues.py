@@ -7,7 +7,7 @@ import enum
 import threading
 import time
 from collections import deque
-from typing import Any, Protocol
+from typing import Any
 
 from .._telemetry.meters import QueueReading, WorkerMeter
 
@@ -126,16 +126,11 @@ class BoundedQueue:
                             put_blocked_ns=self.put_blocked_ns, get_blocked_ns=self.get_blocked_ns)
 
 
-class Sink(Protocol):
-    def put(self, index: int, value: Any) -> None: ...
-    def finish(self) -> None: ...
-
-
 class Batcher:
     """Puts every ``size`` items as one list into ``downstream``. Its lock keeps batches whole and,
     held while a full batch waits for room downstream (or its close), is the back-pressure."""
 
-    def __init__(self, name: str, size: int, drop_last: bool, downstream: Sink,
+    def __init__(self, name: str, size: int, drop_last: bool, downstream: BoundedQueue | Batcher,
                  meter: WorkerMeter) -> None:
         self.name = name
         self.size = size
