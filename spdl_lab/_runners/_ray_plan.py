@@ -100,7 +100,6 @@ class Group:
     actors: bool = False
     concurrency: int | None = None
     resources: dict[str, float] = field(default_factory=dict)
-    lead: str | None = None  # the map stage whose setting the group has
 
 
 def groups(pipeline: Pipeline, concurrency: dict[str, int],
@@ -112,10 +111,10 @@ def groups(pipeline: Pipeline, concurrency: dict[str, int],
             setting = (uses_actors(stage), concurrency.get(stage.name, stage.concurrency),
                        dict(resources.get(stage.name, {})))
             group = out[-1]
-            if group.lead is None:
-                group.actors, group.concurrency, group.resources, group.lead = *setting, stage.name
+            if group.concurrency is None:  # its first map stage: the group takes its setting
+                group.actors, group.concurrency, group.resources = setting
             elif setting != (group.actors, group.concurrency, group.resources):
-                out.append(Group([], *setting, stage.name))
+                out.append(Group([], *setting))
         out[-1].stages.append(stage)
     return out
 
