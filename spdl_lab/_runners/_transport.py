@@ -308,4 +308,3 @@ class SlotWriter:
             if shm is not None:
                 shm.close()
                 shm.unlink()
-        self._slots = [None] * len(self._slots)
