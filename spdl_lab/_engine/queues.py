@@ -138,7 +138,6 @@ class Batcher:
         self.downstream = downstream
         self.meter = meter
         self._pending: list[Any] = []
-        self._batches = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -155,10 +154,8 @@ class Batcher:
         # Task time is the assembling alone: upstream's and the downstream queue's waits are theirs.
         t0 = time.perf_counter_ns()
         batch, self._pending = self._pending, []
-        index = self._batches
-        self._batches += 1
         self.meter.record(time.perf_counter_ns() - t0)
-        self.downstream.put(index, batch)
+        self.downstream.put(self.meter.tasks - 1, batch)  # numbered by its own meter's count
 
     def finish(self) -> None:
         with self._lock:
