@@ -39,10 +39,9 @@ class CacheRunner(Runner):
         self._forever = forever
         self._num_outputs = num_outputs
         self._cache: list[tuple[int, Any]] = []
-        self._replaying = False
         self._served = 0
         self._total: float = math.inf
-        self._final: EngineReading | None = None
+        self._final: EngineReading | None = None  # the source's last reading; None until replaying
         self._closed = False
 
     def start(self) -> None:
@@ -51,7 +50,7 @@ class CacheRunner(Runner):
     def get(self, timeout: float) -> Any:
         if self._closed:  # by another thread: no replay after close()
             return END
-        if not self._replaying:
+        if self._final is None:
             record = self._source.get(timeout)
             if record is TIMEOUT:
                 return TIMEOUT
@@ -69,7 +68,6 @@ class CacheRunner(Runner):
         return self._served - 1, index, value
 
     def _start_replay(self, source_ended: bool = False) -> None:
-        self._replaying = True
         self._final = self._source.read()
         self._source.close()
         if self._forever:
@@ -82,7 +80,7 @@ class CacheRunner(Runner):
             self._total = expected_outputs(self.pipeline)
 
     def set_concurrency(self, stage: str, n: int) -> None:
-        if not self._replaying:
+        if self._final is None:
             self._source.set_concurrency(stage, n)
 
     def concurrency(self, stage: str) -> int:
