@@ -55,8 +55,7 @@ class DeviceTotals(DeviceStep):
     steps: int = 0
 
     def add(self, step: DeviceStep) -> DeviceTotals:
-        times = fields(DeviceStep)
-        summed = {f.name: getattr(self, f.name) + getattr(step, f.name) for f in times}
+        summed = {f.name: getattr(self, f.name) + getattr(step, f.name) for f in fields(DeviceStep)}
         return DeviceTotals(steps=self.steps + 1, **summed)
 
 

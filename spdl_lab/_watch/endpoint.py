@@ -65,8 +65,7 @@ def runtime_dir() -> Path:
 
 def safe_name(name: str) -> str:
     """``name`` as a file name: letters, digits, ``_.-`` only, at most 64 characters."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
-    return safe[:64] or "run"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:64] or "run"
 
 
 def pid_alive(pid: int | str) -> bool:

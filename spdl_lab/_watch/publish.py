@@ -58,8 +58,7 @@ def publish(obj: Any, name: str | None = None) -> Any:
         for batch in loader:
             train(batch)
     """
-    publisher = published_by(obj) or Publisher(obj, name or caller_line())
-    return publisher.source.published
+    return (published_by(obj) or Publisher(obj, name or caller_line())).source.published
 
 
 def caller_line() -> str:
