@@ -197,7 +197,9 @@ def report(args: argparse.Namespace) -> int:
     if source.is_file() and out.resolve() == source.resolve():
         raise UsageError(f"{out} would overwrite the file it is read from; name another file with -o")
     output_path(str(out), None)
-    read = _report_job if source.is_dir() else _report_run if _is_record(source) else _report_saved
+    from spdl_lab._ui.run_report import report_run
+
+    read = _report_job if source.is_dir() else report_run if _is_record(source) else _report_saved
     text, path = read(source, out)
     print(f"{text}\n\nreport: {path.resolve()}")
     return EXIT_OK
@@ -232,12 +234,6 @@ def _report_saved(source: Path, out: Path) -> tuple[Any, Path]:
         return saved, write_comparison_report(saved, out, title=title, note=note)
     title = f"spdl_lab diagnosis: {source.stem}"
     return saved.summary(), write_diagnosis_report(saved, out, title=title)
-
-
-def _report_run(source: Path, out: Path) -> tuple[str, Path]:
-    from spdl_lab._ui.run_report import report_run
-
-    return report_run(source, out)
 
 
 def _report_job(folder: Path, out: Path) -> tuple[str, Path]:
