@@ -89,12 +89,10 @@ class Loader(RunOwner):
         """Change a map stage's concurrency, live if a run is in progress. Under ``process`` any map
         stage, or the pseudo-stage ``"workers"``, sets the shared ``num_workers`` (they restart)."""
         cls = self._runner_cls
-        if stage != cls.pool_stage:
-            spec = self.pipeline.stage(stage)
-            if spec.kind != "map":
-                raise PipelineSpecError(
-                    f"stage {stage!r} is a batch stage and has no concurrency; "
-                    f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}")
+        if stage != cls.pool_stage and self.pipeline.stage(stage).kind != "map":
+            raise PipelineSpecError(
+                f"stage {stage!r} is a batch stage and has no concurrency; "
+                f"map stages: {', '.join(s.name for s in self.pipeline.stages if s.kind == 'map')}")
         validate_concurrency(n, stage=stage)
         with self._config:
             if cls.pool_option is not None:

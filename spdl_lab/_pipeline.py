@@ -114,8 +114,7 @@ class Pipeline:
 
     def with_concurrency(self, name: str, concurrency: int) -> Pipeline:
         """A copy of this pipeline with stage ``name`` at ``concurrency``."""
-        target = self.stage(name)
-        if target.kind != "map":
+        if self.stage(name).kind != "map":
             raise PipelineSpecError(f"stage {name!r} is a batch stage and has no concurrency")
         validate_concurrency(concurrency, stage=name)
         return self._with(tuple(replace(s, concurrency=concurrency) if s.name == name else s
