@@ -113,6 +113,4 @@ def noisy_neighbour(*, items: int = 100_000, batch_size: int = 16,
         .map(augment, concurrency=decode_concurrency, name="augment")
         .batch(batch_size)
         .map(collate_stack, name="collate"))
-    if device is None:
-        device = SimulatedDevice(gil_release_every=gil_release_every)
-    return pipeline, device
+    return pipeline, device or SimulatedDevice(gil_release_every=gil_release_every)
