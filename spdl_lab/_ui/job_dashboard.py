@@ -164,8 +164,7 @@ def write_job_report(job: Any, path: str | os.PathLike) -> Path:
             fig.line(rows["time_s"], rows["value"], color=Category10_10[i % 10], line_width=2,
                      legend_label=f"rank {rank}")
         figures.append(fig)
-    verdict = job.verdict()
     note = (f"{len(job.ranks)} ranks (world size {job.world_size or '?'}), {job.state}; "
-            f"verdict over each rank's last seconds: {verdict}")
+            f"verdict over each rank's last seconds: {job.verdict()}")
     table = _table_html(job.summary())
     return write_page(gridplot(figures, ncols=2), path, f"spdl_lab job {job.name}", note=note, table=table)
