@@ -328,8 +328,7 @@ def advice_file(path: str | None) -> dict[str, Any]:
 def _runners(groups: list[list[str]] | None) -> list[str]:
     """``--runners a b`` and ``--runners a,b`` alike, each runner once."""
     runners = [r for group in groups for r in group] if groups else list(TUNABLE_RUNNERS)
-    twice = sorted({r for r in runners if runners.count(r) > 1})
-    if twice:
+    if twice := sorted({r for r in runners if runners.count(r) > 1}):
         raise UsageError(f"--runners names {', '.join(twice)} more than once; name each runner once")
     return runners
 

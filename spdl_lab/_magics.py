@@ -109,8 +109,7 @@ class SpdlMagics(Magics):
 
     def _inputs(self, magic: str, args: Any, what: str, runners: list[str] | None) -> tuple[Any, Any]:
         pipeline, step = self._lookup(magic, args.pipeline, what), self._lookup(magic, args.step, _STEP)
-        unknown = [r for r in runners or [] if r not in RUNNERS]
-        if unknown:
+        if unknown := [r for r in runners or [] if r not in RUNNERS]:
             raise UsageError(f"%{magic}: unknown runner {', '.join(map(repr, unknown))}; "
                              f"choose from {', '.join(RUNNERS)}")
         return pipeline, step
@@ -162,8 +161,7 @@ def load_ipython_extension(ipython: Any) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     """Undo ``load_ipython_extension``: drop our magics and our registry entry."""
     manager = ipython.magics_manager
-    ours = manager.registry.pop(SpdlMagics.__name__, None)
-    if ours is None:
+    if (ours := manager.registry.pop(SpdlMagics.__name__, None)) is None:
         return
     table = manager.magics["line"]
     for name in MAGICS:

@@ -274,8 +274,7 @@ def _stage_window(column, name: str, dt: np.ndarray) -> StageWindow:
 
 def judge(windows: list[RankWindow], world_size: int | None = None) -> Verdict:
     """The job's verdict from its ranks' windows (by the named rules above)."""
-    if any(w.state in _DIED for w in windows):
-        died = [f"rank {w.rank} died ({w.state})" for w in windows if w.state in _DIED]
+    if died := [f"rank {w.rank} died ({w.state})" for w in windows if w.state in _DIED]:
         others = [f"rank {w.rank} {w.state}" for w in windows if w.state not in _DIED]
         return Verdict("ended", "; ".join(died + others))
     known = len(windows)
