@@ -263,6 +263,8 @@ class RayRunner(PumpRunner):
             now = time.monotonic()
             if force or (self._asked is None and now - self._read_at >= _READ_EVERY_S):
                 self._asked, self._read_at = self._board.read.remote(self._key), now
+            if self._asked is None:  # none asked for, none due
+                return self._totals
             try:
                 ready, _ = ray.wait([self._asked], timeout=_FINAL_READ_S if force else 0)
                 if ready:
