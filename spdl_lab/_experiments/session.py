@@ -114,8 +114,6 @@ class Session:
         self._ran_out = False
         self._error_reported = False
         self.loader, self._iterable, self.runner = _open_source(source, runner, sample_hz, loader_options)
-        if self.loader is not None:
-            self.loader.managed = True
         self._check_length()
         self.device = step if isinstance(step, SimulatedDevice) else None
         self.clock = StepClock(device=self.device)
@@ -130,6 +128,7 @@ class Session:
             sources.append(self._iterable)
         self._sampler: Sampler | None = None
         if self.loader is not None:
+            self.loader.managed = True
             for s in sources:
                 self.loader.add_source(s)
         elif sample_hz:
