@@ -69,14 +69,13 @@ class TrialRow:
 TRIAL_COLUMNS = [f.name for f in fields(TrialRow)]  # of ``Tuning.trials``
 
 
-def config_dict(config: Config, pipeline: Pipeline | None) -> LoaderConfig:
+def config_dict(config: Config, pipeline: Pipeline) -> LoaderConfig:
     """``{"runner", "concurrency", "options"}`` as ``Tuning.best`` gives it."""
     concurrency, options = dict(config.knobs), dict(config.options)
     if config.runner == "process":
         workers = concurrency.get(WORKERS, 1)
         options = {"num_workers": workers, **{k: v for k, v in options.items() if k != "num_workers"}}
-        names = [s.name for s in pipeline.stages if s.kind == "map"] if pipeline is not None else []
-        concurrency = dict.fromkeys(names, workers)
+        concurrency = {s.name: workers for s in pipeline.stages if s.kind == "map"}
     return LoaderConfig(runner=config.runner, concurrency=concurrency, options=options)
 
 
@@ -206,7 +205,7 @@ class Tuning(Saved):
         return {**saved, "trials": self.trials[TRIAL_COLUMNS].to_dict(orient="records")}
 
 
-def trials_frame(steps: Sequence[Step], pipeline: Pipeline | None) -> pd.DataFrame:
+def trials_frame(steps: Sequence[Step], pipeline: Pipeline) -> pd.DataFrame:
     """``Tuning.trials``: a row per measured configuration, in the order measured."""
     rows = []
     for step in steps:
