@@ -31,7 +31,6 @@ from .space import TUNABLE_RUNNERS, Config, RateModel, Space, Trial, batch_items
 CONFIRM_ROUNDS = 3  # of the final side-by-side measurement of the best against the start
 CONFIRM_SHARE = 0.2  # of the budget kept for it
 TIGHT_WINDOWS = 40  # budgets under this many windows measure trials in fewer windows
-_LOOK_S = 0.5  # seconds the machine is watched before measuring, for what other processes take
 #: The least time a window may take before the tuning fails as hung: a runner's start-up (workers
 #: importing torch on a loaded machine) can take seconds.
 WINDOW_TIMEOUT_S = 60.0
@@ -82,7 +81,7 @@ def tune(pipeline: Pipeline | Any, step: Callable[[Any], Any] | SimulatedDevice,
     # The confirmation: two rounds (one if tight) of drain, warm-up, window for both; 20-40% of it.
     reserve = min(0.4 * budget_s, max(CONFIRM_SHARE * budget_s, (4.5 if tight else 9.0) * window_s))
     log: list[str] = []
-    before = others_percent(_LOOK_S)  # the machine before measuring: what other processes take
+    before = others_percent()  # the machine before measuring: what other processes take
     if (busy := busy_reason([before], space.cores, "before it measured")) is not None:
         log.append(f"{busy}: the rates below move with their load")
     steps: list[Step] = []
