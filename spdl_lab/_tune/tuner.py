@@ -304,8 +304,7 @@ class AutoTuner:
             for step in climb(search, first, lambda c: self._measure(c, deadline)):
                 self.steps.append(step)
                 self._say(step.sentence)
-                longest = max(s.trial.elapsed_s for s in self.steps)
-                if time.perf_counter() + longest > deadline:
+                if time.perf_counter() + max(s.trial.elapsed_s for s in self.steps) > deadline:
                     ending = "budget spent"
                     break
         except _Ended as exc:
