@@ -296,7 +296,6 @@ class Contender:
              waited_after: int | None = None) -> None:
         if steps <= 0:
             return
-        assert self._batches is not None
         if max_s is not None and steps > 2 and waited_after is None:
             self._run(2, watchdog)
             steps -= 2
