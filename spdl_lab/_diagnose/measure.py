@@ -261,7 +261,6 @@ def _passes(pipeline: Pipeline, inputs: list[Any],
             inputs, done[stage.name] = _batch(stage, inputs)
             per_input *= stage.size or 1
         else:
-            assert stage.fn is not None
             once = run_once(stage.fn, inputs, workers=stage.concurrency, timeout_s=settings.point_timeout_s)
             if (failed := _failed_pass(stage, inputs, once, settings, per_input)) is None:
                 passes.append(_Pass(stage, len(inputs), StageFeed(stage.name, stage.fn, once.ok_inputs), once,
