@@ -288,7 +288,7 @@ def _switch_rank(c: Candidate) -> tuple[int, int]:
     apart (its CPU bound caps them alike), the one using the cores is the better first guess."""
     rate = _score(c.predicted.batches_per_s)
     step = math.floor(math.log(rate) / math.log1p(MIN_GAIN)) if rate > 0 and math.isfinite(rate) else -10**9
-    return step, c.move.config.threads
+    return step, sum(n for _, n in c.move.config.knobs)  # threads or processes it starts
 
 
 def _score(rate: float) -> float:

@@ -52,11 +52,6 @@ class Config:
     def option(self, name: str, default: Any = None) -> Any:
         return dict(self.options).get(name, default)
 
-    @property
-    def threads(self) -> int:
-        """Loading threads or processes this configuration starts."""
-        return sum(v for _, v in self.knobs)
-
     def describe(self) -> str:
         """``thread read=8 decode=2`` or ``process workers=2`` (and the DataLoader knobs it sets)."""
         shown = [f"{k}={v}" for k, v in self.options if k in DATALOADER_KNOBS]
