@@ -206,10 +206,9 @@ class MachineClock:
                 *training_waits(a[4], b[4]))
 
     def ray_s(self) -> float:
-        """CPU seconds of the Ray instance among this process's descendants since this clock was
-        made: idling during another runner's window, it is a load on the machine like any other
-        process's. Counted per process, so a worker Ray retires keeps what it used (a sum over the
-        live ones went down by its whole life)."""
+        """CPU seconds of the Ray instance below this process since this clock was made: idling in
+        another runner's window, it loads the machine like any other process. Counted per process:
+        a worker Ray retires keeps what it used (a sum over the live ones would lose its life)."""
         return self._ray.totals().children_s
 
 
