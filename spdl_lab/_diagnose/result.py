@@ -84,7 +84,6 @@ class StageDiagnosis:
     best_concurrency: Concurrency | None  # smallest concurrency within 5% (or the noise) of the best thread QPS
     evidence: Text  # one sentence with the numbers behind the verdict
     recommendation: Text  # what to change: runner, concurrency, or the function
-    points: tuple[Point, ...] = ()
     inputs: Count = 0  # cached inputs the stage was fed
     outputs: Count = 0  # outputs it produced (fewer when items failed or a batch dropped its tail)
     error: Text | None = None  # the traceback of a raising stage, or why it was not measured
@@ -93,6 +92,7 @@ class StageDiagnosis:
     notes: tuple[Text, ...] = ()  # the details behind the one-sentence evidence
     concurrency: Concurrency | None = None  # the stage's concurrency in the pipeline
     items_per_input: integer(1, 10**15) = 1  # source items per input of this stage (a batch's size after it)
+    points: tuple[Point, ...] = ()  # last, in a file too: after the short fields a reader looks for
 
     def shown_status(self) -> str:
         """What a table shows in place of a verdict: "failed", "not measured" or "-"."""
@@ -249,8 +249,6 @@ class Diagnosis(_file_checks.Saved):
     def _saved_fields(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["stages"] = list(doc["stages"].values())
-        for stage in doc["stages"]:
-            stage["points"] = stage.pop("points")  # last: after the short fields a reader looks for
         return doc
 
     def _checked(self, version: int) -> Diagnosis:
