@@ -242,9 +242,7 @@ class Climb:
         (None when that is one rung up, a neighbour, unless ``one_rung``)."""
         if here.limit not in dict(config.knobs):
             return None
-        others = [v for k, v in {"step": here.step_batches_per_s, "cpu": here.cpu_batches_per_s,
-                                  **here.stage_batches_per_s}.items()
-                  if k != here.limit and math.isfinite(v)]
+        others = [v for k, v in here.bounds.items() if k != here.limit and math.isfinite(v)]
         if not others:
             return None
         # Past the next limit with room to spare: task times often grow with the workers.
@@ -253,7 +251,7 @@ class Climb:
             if rung <= config.knob(here.limit):
                 continue
             trial = config.with_knob(here.limit, rung)
-            if self.model.predict(trial).stage_batches_per_s.get(here.limit, 0.0) >= target:
+            if self.model.predict(trial).bounds.get(here.limit, 0.0) >= target:
                 move = Move("raise", trial, here.limit, config.knob(here.limit), rung)
                 neighbours = {m.config for m in self.space.neighbours(config)}
                 return move if one_rung or move.config not in neighbours else None

@@ -196,9 +196,7 @@ _ALPHA_MAX = 1.5
 class Prediction:
     batches_per_s: float
     limit: str  # a stage's name, "workers", "step" or "cpu"
-    step_batches_per_s: float
-    cpu_batches_per_s: float
-    stage_batches_per_s: Mapping[str, float]
+    bounds: Mapping[str, float]  # the batches/s each of those allows (NaN: not known yet)
 
     def describe(self) -> str:
         known = {"step": "the training step sets the pace", "cpu": "the machine's cores are the limit"}
@@ -280,13 +278,12 @@ class RateModel:
                 c = knobs.get(name, 1)
                 t = self.task_s(family, name, c)
                 stage_rates[name] = c / (t * k) if t > 0 else math.inf
-        step, cpu = self._step_rate(config), self._cpu_rate(config)
         # NaN (nothing measured yet) is read as no limit known.
-        bounds = {"step": step, "cpu": cpu, **stage_rates}
+        bounds = {"step": self._step_rate(config), "cpu": self._cpu_rate(config), **stage_rates}
         known = {k: v for k, v in bounds.items() if not math.isnan(v)}
         limit = min(known, key=known.get) if known else "step"
         rate = known[limit] if known else math.nan
-        return Prediction(rate, limit, step, cpu, stage_rates)
+        return Prediction(rate, limit, bounds)
 
     def _nearest(self, config: Config) -> Trial | None:
         """The trial nearest ``config``: of its runner, else of its family, else any."""
