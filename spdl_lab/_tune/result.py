@@ -142,18 +142,17 @@ class Tuning(Saved):
     def build(cls, *, pipeline: Pipeline, source_is_dataloader: bool, start: Config, best: Trial,
               steps: Sequence[Step], log: list[str],
               speedup: tuple[float, float, float], budget_s: float, elapsed_s: float, cores: int,
-              advice: Advice | None = None, change: Trial | None = None,
+              advice: Advice, change: Trial | None = None,
               change_speedup: tuple[float, float, float] = (math.nan, math.nan, math.nan),
               others_before: float = math.nan) -> Tuning:
         best_d = config_dict(best.config, pipeline)
-        sentence = advice.sentence if advice is not None else ""
         return cls(best=best_d, start=config_dict(start, pipeline), trials=trials_frame(steps, pipeline), log=list(log),
                    speedup=speedup[0], speedup_lo=speedup[1], speedup_hi=speedup[2], budget_s=budget_s,
                    elapsed_s=elapsed_s, cores=cores,
-                   code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader, sentence),
+                   code=loader_code(best_d, best.batches_per_s, speedup[0], source_is_dataloader,
+                                    advice.sentence),
                    best_batches_per_s=best.batches_per_s, source_is_dataloader=source_is_dataloader,
-                   advice=sentence, moved=best.config != start if advice is None else advice.move,
-                   warnings=list(advice.warnings) if advice is not None else [],
+                   advice=advice.sentence, moved=advice.move, warnings=list(advice.warnings),
                    change=config_dict(change.config, pipeline) if change is not None else None,
                    change_speedup=change_speedup[0], change_speedup_lo=change_speedup[1],
                    change_speedup_hi=change_speedup[2], others_before_percent=others_before,

@@ -81,7 +81,7 @@ def sample_comparison() -> Any:
 
 def sample_tuning() -> Any:
     """A Tuning as lab.tune returns it: a start and one kept move."""
-    from spdl_lab._tune.search import Step
+    from spdl_lab._tune.search import Advice, Step
     from spdl_lab._tune.space import Config, Move, Trial
 
     p = lab.Pipeline(range(10)).map(abs, name="decode").batch(2)
@@ -95,7 +95,8 @@ def sample_tuning() -> Any:
              Step(trial(best, 30.0), Move("raise", best, "decode", 1, 4), 31.0, "step", True, "raised decode")]
     return lab.Tuning.build(pipeline=p, source_is_dataloader=False, start=start, best=steps[1].trial, steps=steps,
                             log=[s.sentence for s in steps], speedup=(3.0, 2.9, 3.1), budget_s=60.0,
-                            elapsed_s=20.0, cores=2)
+                            elapsed_s=20.0, cores=2,
+                            advice=Advice(True, "move to thread decode=4", ()))
 
 
 #: One sample per public class that reads itself from JSON: a new reader must join.
