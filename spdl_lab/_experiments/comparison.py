@@ -373,13 +373,10 @@ def _beats_headspace(runner: str, row: dict[str, float], cache: dict[str, float]
 def _within_noise(table: dict[str, dict[str, float]]) -> list[str]:
     lo, hi = "batches_per_s_lo", "batches_per_s_hi"
     rows = [(a, table[a]) for a in table if a != "cache"]
-    return [f"{a} and {b} are within noise of each other ({_range(ra)} against {_range(rb)} "
-            "batches/s)." for (a, ra), (b, rb) in itertools.combinations(rows, 2)
+    return [f"{a} and {b} are within noise of each other ({ra[lo]:.3g}-{ra[hi]:.3g} against "
+            f"{rb[lo]:.3g}-{rb[hi]:.3g} batches/s)."
+            for (a, ra), (b, rb) in itertools.combinations(rows, 2)
             if ra[lo] <= rb[hi] and rb[lo] <= ra[hi]]
-
-
-def _range(row: dict[str, float]) -> str:
-    return f"{row['batches_per_s_lo']:.3g}-{row['batches_per_s_hi']:.3g}"
 
 
 def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
