@@ -63,9 +63,8 @@ def diagnose(pipeline: Pipeline, concurrency: Sequence[int] = DEFAULT_CONCURRENC
     levels = process_concurrency if process_concurrency is not None else {1, min(cores, max(concurrency))}
     process_levels = _check_levels("process_concurrency", levels)
     check_ints("diagnose", num_items=(num_items, 1))
-    settings = settings or SweepSettings()
     options = dict(concurrency=concurrency, num_items=num_items, processes=processes,
-                   process_concurrency=process_levels, settings=settings)
+                   process_concurrency=process_levels, settings=settings or SweepSettings())
     payload = None
     with contextlib.suppress(Exception):  # unpicklable: measured here; settings["isolated"] says so
         payload = cloudpickle.dumps(pipeline) if isolated else None
