@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.testing.globalipapp import get_ipython  # noqa: E402
+from IPython.testing import globalipapp  # noqa: E402
 
 import spdl_lab as lab  # noqa: E402
 from spdl_lab._experiments.session import Session  # noqa: E402
@@ -23,8 +23,11 @@ OUR_VARS = ("pipe", "step", "wl", "spdl_session", "spdl_comparison", "mine")
 
 @pytest.fixture(scope="module")
 def shell():
-    # Module-scoped so the shell's history thread predates every no_thread_leak check.
-    return get_ipython()
+    # Module-scoped so the shell's history thread predates every no_thread_leak check. Started once
+    # per process: a second start_ipython() returns None, and under xdist a module's tests can be
+    # split (this fixture made again); the module's get_ipython is the started shell's after it.
+    globalipapp.start_ipython()
+    return globalipapp.get_ipython()
 
 
 @pytest.fixture
