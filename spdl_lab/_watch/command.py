@@ -196,12 +196,14 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
                     proc.kill()
                 break
             time.sleep(POLL_S)
-        stderr = proc.communicate(timeout=STOP_GRACE_S)[1] or ""
     finally:
-        kill_all(_group(proc.pid))  # DataLoader workers it left behind (not its resource tracker)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        # The DataLoader workers it left (not its resource tracker): they hold its stderr open until
+        # they see it gone, which takes them up to 5 s (torch's status check).
+        kill_all(_group(proc.pid))
+    stderr = proc.communicate(timeout=STOP_GRACE_S)[1] or ""
     if not record.exists():
         last = stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
         raise SpdlLabError(f"the script never iterated a torch DataLoader (no run was published), so there "

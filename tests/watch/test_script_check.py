@@ -13,8 +13,9 @@ import psutil
 import pytest
 from test_cli_interrupt import semaphore_unlinked
 
-from spdl_lab._watch.command import _group, kill_all
+from spdl_lab._watch.command import _group, _run_until, kill_all
 from spdl_lab.cli import main
+from spdl_lab.errors import SpdlLabError
 
 SCRIPT = '''
     import sys, time
@@ -126,6 +127,23 @@ def test_a_stopped_scripts_group_is_killed_but_its_resource_tracker_unlinks_what
         script.kill()
         script.wait(5)
         script.stdout.close()
+
+
+EXITS_LEAVING_A_WORKER = textwrap.dedent('''
+    import subprocess, sys
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # holds our stderr
+    print("the script's last words", file=sys.stderr)
+''')
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_ends_is_read_at_once_not_when_the_workers_it_left_let_go_of_its_stderr(tmp_path):
+    """Its first version read the script's stderr before it killed what the script left: a worker
+    holding the pipe (a DataLoader worker, until it sees its parent gone) kept the run waiting, and
+    one that outlives ``STOP_GRACE_S`` made it fail."""
+    script = _script(tmp_path, EXITS_LEAVING_A_WORKER)
+    with pytest.raises(SpdlLabError, match="never iterated.*the script's last words"):
+        _run_until([sys.executable, str(script)], tmp_path / "run.sqlite", None, steps=10, timeout_s=30)
 
 
 @pytest.mark.measurement
