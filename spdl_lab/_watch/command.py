@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from .._runners._shm import sweep_dead_owners
 from .._startup import interrupt_taken
 from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
@@ -67,6 +68,9 @@ def run_watched(command: list[str], name: str | None = None, record: str | None 
     finally:
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
+        # What the script could not unlink (killed, or interrupted between making a segment and
+        # arranging its removal) goes now, not when the next lab process makes one.
+        sweep_dead_owners()
     return 128 + signal.Signals(-code).value if code < 0 else code
 
 

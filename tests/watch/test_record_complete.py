@@ -271,3 +271,27 @@ def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path,
         assert record_meta(record)["state"] == "finished", record
         assert lab.open(record).stats().step.steps == 4, record
     assert not list((tmp_path / "rt").glob("*.sock")), "an endpoint left open"
+
+
+LEAKS_A_SEGMENT = textwrap.dedent('''
+    import os
+    from spdl_lab._runners._shm import ShmFile, new_prefix
+
+    segment = ShmFile(new_prefix() + "dataloader", 4096, create=True)
+    print(segment.path, flush=True)
+    os._exit(0)  # as a script killed, or interrupted before its removal was arranged: no cleanup
+''')
+
+
+@pytest.mark.timeout(60)
+def test_what_a_watched_script_leaves_in_shared_memory_is_removed_when_it_ends(tmp_path):
+    """The Ctrl-C matrix once found a watched DataLoader's meter block in /dev/shm 5 s after the
+    script ended: watch removes what its script's process could not, as it returns."""
+    script = tmp_path / "leak.py"
+    script.write_text(LEAKS_A_SEGMENT)
+    out = subprocess.run([sys.executable, "-m", "spdl_lab", "watch", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=50, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    path = out.stdout.strip().splitlines()[-1]
+    assert path.startswith(os.sep) and "spdl_lab_" in path, out.stdout
+    assert not os.path.exists(path), f"{path} left behind by the script, and by watch"
