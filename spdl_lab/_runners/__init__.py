@@ -4,12 +4,13 @@ import importlib
 
 from ..errors import PipelineSpecError
 from ._ray_cluster import ray_processes
-from ._shm import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
+from ._shm import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix, sweep_dead_owners
 from .base import Runner
 
-# Also for others: the shm meter block meters a torch DataLoader; ray_processes, a Ray instance.
+# Also for others: the shm meter block meters a torch DataLoader (sweep_dead_owners removes what a
+# killed owner left); ray_processes, a Ray instance.
 __all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_RUNNERS", "RUNNERS", "Layout", "MeterBlock", "Runner", "ShmFile",
-           "SlotMeter", "WORKERS", "new_prefix", "ray_processes", "runner_class"]
+           "SlotMeter", "WORKERS", "new_prefix", "ray_processes", "runner_class", "sweep_dead_owners"]
 
 #: The runners on this host: what ``lab.compare`` and the CLI compare unless told otherwise
 #: (``ray`` starts a Ray instance, tens of seconds: it is compared when named).

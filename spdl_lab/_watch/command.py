@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from .._runners._shm import sweep_dead_owners
+from .._runners import sweep_dead_owners
 from .._startup import interrupt_taken
 from .._table import num, text_table
 from ..errors import SpdlLabError, UsageError
