@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import psutil
 
-from .._runners.children import Child, ChildTraceback, exit_reason, spawn, stop_process
+from .._runners.children import Child, ChildGone, exit_reason, receive, spawn
 from ..errors import PipelineSpecError, RunnerError
 from ._sweep_child import _Worker
 
@@ -172,32 +172,19 @@ class WorkerPool:
         return reading
 
     def _recv(self, i: int, deadline: float) -> Any:
-        data, proc = self.children[i].data, self.children[i].proc
-        while True:
-            try:
-                if data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
-                    # Unpickled only because it comes from a child we started ourselves.
-                    message = data.recv()
-                    if message[0] == "crash":
-                        raise _died(proc) from ChildTraceback(message[1])
-                    return message
-            except (EOFError, OSError):
-                raise _died(proc) from None
-            if proc.poll() is not None:
-                raise _died(proc)
-            if time.monotonic() >= deadline:
-                return None
+        try:
+            return receive(self.children[i], deadline)
+        except ChildGone as gone:
+            raise _died(self.children[i].proc) from gone.__cause__
 
     def close(self, kill: bool) -> int:
         """Stop every worker (killed after a timeout): none is left behind."""
         if not kill:
-            self.send(len(self.children), ("stop",))
+            self.send(len(self.children), ("stop",))  # all at once: each call in the function ends together
         for child in self.children:
             if kill:
                 child.proc.kill()
-            stop_process(child.proc, timeout=2.0)  # after a kill it only reaps
-            child.ctrl.close()
-            child.data.close()
+            child.close(timeout=2.0)  # after a kill it only reaps
         return 0
 
 

@@ -10,7 +10,6 @@ import itertools
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -18,7 +17,6 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from .._experiments.session import sessions_paused
 from .._interpreter import describe
 from .._pipeline import MAX_CONCURRENCY, Pipeline, Stage, check_ints
 from .._progress import progress_bar
-from .._runners.children import ChildTraceback, exit_reason, spawn, stop_process
+from .._runners.children import ChildGone, ChildTraceback, exit_reason, receive, spawn
 from .._telemetry.probes import GilProbe
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError, stage_failure
 from ._sweep import StageFeed, StageSweep, Sweep, SweepSettings
@@ -83,13 +81,17 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
     GIL and its heap lengthen the collector's pauses. Ctrl-C, an error or a timeout stops the child."""
     folder = tempfile.TemporaryDirectory(prefix="spdl_lab_diagnose_", ignore_cleanup_errors=True)
     child = spawn(["-m", "spdl_lab._diagnose._isolated_child"])
-    proc, data, ctrl = child.proc, child.data, child.ctrl
     bar = None
     try:
-        ctrl.send({"pipeline": payload, "options": options, "sys_path": list(sys.path),
-                   "cwd": os.getcwd(), "result": str(Path(folder.name) / "diagnosis.json")})
+        child.ctrl.send({"pipeline": payload, "options": options, "sys_path": list(sys.path),
+                         "cwd": os.getcwd(), "result": str(Path(folder.name) / "diagnosis.json")})
         while True:
-            kind, *args = _next(data, proc)
+            try:  # no deadline of its own: the sweep's budget and point timeouts bound the child
+                kind, *args = receive(child, math.inf)
+            except ChildGone:
+                raise RunnerError(f"diagnose: the child interpreter measuring the stages "
+                                  f"{exit_reason(child.proc, 5.0)} before it finished; if it ran out of "
+                                  f"memory, pass a smaller num_items=") from None
             if kind == "total":
                 bar = progress_bar(args[0], progress, args[1])
             elif kind in ("set_description", "update") and bar is not None:
@@ -101,26 +103,8 @@ def diagnose_in_child(payload: bytes, options: dict[str, Any], progress: bool) -
     finally:
         if bar is not None:
             bar.close()
-        with contextlib.suppress(OSError):
-            ctrl.send(("stop",))
-        ctrl.close()
-        stop_process(proc, timeout=3.0)
-        data.close()
+        child.close(timeout=3.0)
         folder.cleanup()
-
-
-def _next(data: Connection, proc: subprocess.Popen) -> tuple:
-    """The child's next message; RunnerError if it dies without one."""
-    while True:  # no deadline of its own: the sweep's budget and point timeouts bound the child
-        try:
-            if data.poll(0.1):
-                return data.recv()
-        except (EOFError, OSError):
-            break
-        if proc.poll() is not None and not data.poll(0):
-            break
-    raise RunnerError(f"diagnose: the child interpreter measuring the stages {exit_reason(proc, 5.0)} "
-                      f"before it finished; if it ran out of memory, pass a smaller num_items=")
 
 
 def _child_error(kind: str, message: str, text: str, stage: str | None, index: int | None) -> SpdlLabError:

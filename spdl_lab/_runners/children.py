@@ -32,6 +32,14 @@ class Child:
     data: Connection
     ctrl: Connection
 
+    def close(self, timeout: float) -> None:
+        """Ask it to stop, stop it with ``stop_process``, and close both pipes."""
+        with contextlib.suppress(OSError):  # it is gone already
+            self.ctrl.send(("stop",))
+        stop_process(self.proc, timeout)
+        self.ctrl.close()
+        self.data.close()
+
 
 def spawn(args: list[str]) -> Child:
     """``python ARGS... DATA_FD CTRL_FD`` in its own session: Ctrl-C reaches only the parent."""
@@ -48,6 +56,29 @@ def spawn(args: list[str]) -> Child:
         os.close(data_w)
         os.close(ctrl_r)
     return Child(proc, Connection(data_r, writable=False), Connection(ctrl_w, readable=False))
+
+
+class ChildGone(Exception):
+    """A spawned child exited or closed its pipe; ``__cause__`` is its traceback if it sent one."""
+
+
+def receive(child: Child, deadline: float) -> Any:
+    """The child's next message, or None at ``deadline`` (``time.monotonic()``). ChildGone once it
+    sent ``("crash", traceback)``, or exited or closed its pipe with nothing left to read."""
+    while True:
+        try:
+            if child.data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
+                message = child.data.recv()  # unpickled only because it comes from a child we started
+                if message[0] == "crash":
+                    raise ChildGone from ChildTraceback(message[1])
+                return message
+            exited = child.proc.poll() is not None and not child.data.poll(0)
+        except (EOFError, OSError):
+            raise ChildGone from None
+        if exited:
+            raise ChildGone
+        if time.monotonic() >= deadline:
+            return None
 
 
 def exit_without_finalizing(code: int) -> NoReturn:

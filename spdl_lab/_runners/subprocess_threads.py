@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from ..errors import PipelineError, RunnerError
 from . import _transport as transport
 from ._shm import SeqlockBlock, ShmFile, new_prefix, remove_all
 from .base import Runner
-from .children import ChildTraceback, exit_reason, exit_without_finalizing, spawn, stop_process
+from .children import Child, ChildGone, exit_reason, exit_without_finalizing, receive, spawn
 
 #: Shared-memory slots in flight (each grows to the largest output); more let the child run ahead.
 SLOTS = 4
@@ -45,9 +44,7 @@ class SubprocessThreadsRunner(Runner):
         self._blank = Engine(pipeline, buffer_size=buffer_size).read()
         self._concurrency = {s.name: s.concurrency for s in pipeline.stages if s.kind == "map"}
         self._prefix = new_prefix()
-        self._proc: subprocess.Popen | None = None
-        self._data: Connection | None = None
-        self._ctrl: Connection | None = None
+        self._child: Child | None = None
         self._meters: SeqlockBlock | None = None
         self._maps: dict[int, ShmFile] = {}  # the child's slots, mapped here
         self._leases = transport.Leases(slots)
@@ -58,8 +55,7 @@ class SubprocessThreadsRunner(Runner):
         meters = ShmFile(f"{self._prefix}meters", _METERS_SIZE, create=True,
                          purpose="the subprocess-threads runner's meters")
         self._meters = SeqlockBlock(meters)
-        child = spawn(["-m", "spdl_lab._runners.subprocess_threads"])
-        self._proc, self._data, self._ctrl = child.proc, child.data, child.ctrl
+        self._child = spawn(["-m", "spdl_lab._runners.subprocess_threads"])
         engine = {"buffer_size": self.buffer_size, "max_failures": self.max_failures,
                   "metered": self.metered}
         self._send({"pipeline": self._payload, "engine_options": engine, "sys_path": list(sys.path),
@@ -104,40 +100,31 @@ class SubprocessThreadsRunner(Runner):
 
     def _recv(self, timeout: float) -> Any:
         """The next message, TIMEOUT, END once closed, or RunnerError if the child died."""
-        assert self._data is not None and self._proc is not None
+        assert self._child is not None
         deadline = time.monotonic() + timeout
-        while True:
-            # close() from another thread stops the child and its channel: the run is over.
-            if self._closed:
-                return END
+        # close() from another thread stops the child and its channel: the run is over.
+        while not self._closed:
+            for slot_id in self._leases.returned():
+                self._send(("release", slot_id))
             try:
-                for slot_id in self._leases.returned():
-                    self._send(("release", slot_id))
-                if self._data.poll(max(0.0, min(0.1, deadline - time.monotonic()))):
-                    message = self._data.recv()
-                    if message[0] == "crash":
-                        raise self._died(message[1])
-                    return message
-                exited = self._proc.poll() is not None and not self._data.poll(0)
-            except (EOFError, OSError):
+                message = receive(self._child, min(deadline, time.monotonic() + 0.1))
+            except ChildGone as gone:
                 if self._closed:
                     return END
-                raise self._died(None) from None
-            if exited and not self._closed:
-                raise self._died(None)
+                raise self._died(gone) from gone.__cause__
+            if message is not None:
+                return message
             if time.monotonic() >= deadline:
                 return TIMEOUT
+        return END
 
-    def _died(self, child_traceback: str | None) -> RunnerError:
-        assert self._proc is not None
-        how = exit_reason(self._proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
+    def _died(self, gone: ChildGone) -> RunnerError:
+        assert self._child is not None
+        how = exit_reason(self._child.proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
         self._ended = True
-        hint = (" The child's traceback follows." if child_traceback
+        hint = (" The child's traceback follows." if gone.__cause__
                 else " If it ran out of memory, make batches or concurrency smaller.")
-        error = RunnerError(f"subprocess-threads: the child process (pid {self._proc.pid}) {how}.{hint}")
-        if child_traceback:
-            error.__cause__ = ChildTraceback(child_traceback)
-        return error
+        return RunnerError(f"subprocess-threads: the child process (pid {self._child.proc.pid}) {how}.{hint}")
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self._concurrency[stage] = n  # read() shows it at once, before the child's next meters
@@ -147,10 +134,10 @@ class SubprocessThreadsRunner(Runner):
         return self._concurrency[stage]
 
     def _send(self, message: Any) -> None:
-        if self._ctrl is None or self._closed:
+        if self._child is None or self._closed:
             return
         with contextlib.suppress(OSError):  # the child is gone; the next get() reports why
-            self._ctrl.send(message)
+            self._child.ctrl.send(message)
 
     def read(self) -> EngineReading:
         reading = self._blank
@@ -164,13 +151,11 @@ class SubprocessThreadsRunner(Runner):
     def close(self, timeout: float = 5.0) -> None:
         if self._closed:
             return
-        self._send(("stop",))
         self._closed = True
-        if self._proc is not None:
-            stop_process(self._proc, timeout)
-        for part in (self._data, self._ctrl, *self._maps.values()):  # pipes, and slots mapped here
-            if part is not None:
-                part.close()
+        if self._child is not None:
+            self._child.close(timeout)
+        for slot in self._maps.values():  # mapped here
+            slot.close()
         self._maps.clear()
         if self._meters is not None:
             self._blank = self.read()  # the final figures, kept for stats() after close

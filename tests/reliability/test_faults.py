@@ -220,7 +220,7 @@ def test_hanging_stage_close_reports_what_it_abandons_and_is_prompt(runner, rele
 def child_pid(loader: lab.Loader, runner: str) -> int:
     inner = loader._state.run.runner
     if runner == "subprocess-threads":
-        return inner._proc.pid
+        return inner._child.proc.pid
     assert wait_until(lambda: inner.worker_pids(), 30)
     return inner.worker_pids()[0]
 

@@ -389,8 +389,6 @@ ALLOWED = {
         "imports a module named by a view that spdl_lab's own __init__ registered, never a name from outside",
     "spdl_lab/_json.py::loads::json.loads":
         "the one strict JSON reader: no NaN, no duplicate keys, depth capped; file_checks caps the size, checks every field",
-    "spdl_lab/_diagnose/measure.py::_next::.recv()":
-        "unpickles only messages from the diagnose child this process started, over a pipe only it holds",
     "spdl_lab/_diagnose/_isolated_child.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the diagnose child inherited from the parent that spawned it",
     "spdl_lab/_diagnose/_isolated_child.py::main::.recv()":
@@ -405,8 +403,6 @@ ALLOWED = {
         "the stage function and inputs the parent pickled for this child; user code by design",
     "spdl_lab/_diagnose/_sweep_child.py::_Worker.obey::.recv()":
         "control messages from the parent that spawned this sweep child, over its inherited pipe",
-    "spdl_lab/_diagnose/_sweep_worker.py::WorkerPool._recv::.recv()":
-        "unpickles only messages from sweep children this process started, over pipes only they hold",
     "spdl_lab/_watch/attach.py::EndpointClient._connect::socket.socket":
         "an AF_UNIX socket a viewer connects with, to a run's socket in the user's 0700 runtime dir",
     "spdl_lab/_watch/endpoint.py::Endpoint._accept_loop::.accept()":
@@ -421,6 +417,8 @@ ALLOWED = {
         "the published run's listener: AF_UNIX (tests/watch/test_endpoint.py checks the dir is 0700)",
     "spdl_lab/_runners/children.py::spawn::multiprocessing.connection.Connection":
         "wraps pipes to a child this process just spawned; no one else holds them",
+    "spdl_lab/_runners/children.py::receive::.recv()":
+        "unpickles only messages from a child this process spawned, over a pipe only it holds",
     "spdl_lab/_runners/subprocess_threads.py::main::multiprocessing.connection.Connection":
         "wraps the two pipe ends the subprocess-threads child inherited from its parent",
     "spdl_lab/_runners/subprocess_threads.py::main::.recv()":
@@ -439,8 +437,6 @@ ALLOWED = {
         "decodes outputs of our own subprocess-threads child; array ids only point into slots the parent made",
     "spdl_lab/_runners/process.py::ProcessRunner._new_dataloader::torch.utils.data.DataLoader":
         "torch unpickles batches only from the worker processes it spawns for this DataLoader",
-    "spdl_lab/_runners/subprocess_threads.py::SubprocessThreadsRunner._recv::.recv()":
-        "unpickles only messages from the child this runner started, over a pipe only it holds",
     "spdl_lab/_runners/subprocess_threads.py::SubprocessThreadsRunner.read::pickle.loads":
         "meters our own child wrote into a 0600 segment named with a random token this runner chose",
     "spdl_lab/_runners/_transport.py::RemoteFailure.error::pickle.loads":

@@ -120,7 +120,7 @@ def kill_the_child() -> float:
     loader = lab.Loader(p, runner=RUNNER)
     it = iter(loader)
     next(it)
-    pid = loader._state.run.runner._proc.pid
+    pid = loader._state.run.runner._child.proc.pid
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(lab.RunnerError, match=r"pid \d+\) was killed by signal SIGKILL"):
@@ -165,5 +165,5 @@ def test_close_mid_iteration_stops_the_child():
         for i, _ in enumerate(loader):
             if i == 50:
                 break
-        pid = loader._state.run.runner._proc.pid
+        pid = loader._state.run.runner._child.proc.pid
     assert not [n for n in ours() - before if n.startswith((f"spdl_lab_{os.getpid()}_", f"spdl_lab_{pid}_"))]
