@@ -19,6 +19,7 @@ import cloudpickle
 import psutil
 
 from .._runners.children import Child, ChildGone, exit_reason, receive, spawn
+from .._telemetry.probes import cpu_seconds
 from ..errors import PipelineSpecError, RunnerError
 from ._sweep_child import _Worker
 
@@ -155,10 +156,8 @@ class WorkerPool:
         at = time.perf_counter()
         # CPU at the same moment as ``at``: the workers go on running while they answer,
         # and a fast function's completion times take a while to ship (docs/measurements.md).
-        try:
-            cpu_s = sum(t.user + t.system for t in (self.ps[i].cpu_times() for i in chosen))
-        except psutil.Error:
-            cpu_s = math.nan  # gone: the replies below say how, or the check after them
+        cpus = [cpu_seconds(self.ps[i]) for i in chosen]
+        cpu_s = math.nan if None in cpus else sum(cpus)  # NaN: gone; the replies below say how
         self.send(c, ("read",), first)
         deadline = time.monotonic() + timeout_s
         reading = Reading(at, 0, 0, cpu_s)
