@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import subprocess
 import sys
 import threading
 import time
@@ -173,8 +172,10 @@ class WorkerPool:
     def _recv(self, i: int, deadline: float) -> Any:
         try:
             return receive(self.children[i], deadline)
-        except ChildGone as gone:
-            raise _died(self.children[i].proc) from gone.__cause__
+        except ChildGone as gone:  # its point is an "error"
+            proc = self.children[i].proc
+            why = f"a worker process (pid {proc.pid}) {exit_reason(proc)}"
+            raise PointFailed("error", why) from gone.__cause__
 
     def close(self, kill: bool) -> int:
         """Stop every worker (killed after a timeout): none is left behind."""
@@ -195,8 +196,3 @@ def _pickled(stage: str, what: str, value: Any, hint: str) -> bytes:
             f"lab.diagnose: stage {stage!r} ({what}) cannot be pickled to send it to worker processes "
             f"({type(exc).__name__}: {exc}). {hint}, or measure this stage with threads only."
         ) from exc
-
-
-def _died(proc: subprocess.Popen) -> PointFailed:
-    """A worker process exited or closed its pipe: its point is an "error"."""
-    return PointFailed("error", f"a worker process (pid {proc.pid}) {exit_reason(proc)}")
