@@ -33,10 +33,18 @@ class Child:
     ctrl: Connection
 
     def close(self, timeout: float) -> None:
-        """Ask it to stop, stop it with ``stop_process``, and close both pipes."""
+        """Ask it to stop; let it exit on its own, then terminate it, then kill it; once it is reaped,
+        close both pipes."""
         with contextlib.suppress(OSError):  # it is gone already
             self.ctrl.send(("stop",))
-        stop_process(self.proc, timeout)
+        proc = self.proc
+        steps = ((None, max(0.5, timeout * 0.6)), (proc.terminate, max(0.5, timeout * 0.2)), (proc.kill, 5.0))
+        for escalate, wait_s in steps:
+            if escalate is not None:
+                escalate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait_s)
+                break
         self.ctrl.close()
         self.data.close()
 
@@ -106,17 +114,6 @@ def exit_reason(proc: subprocess.Popen, wait_s: float = 2.0) -> str:
         code = proc.wait(timeout=wait_s)
         return ended(code < 0, abs(code))
     return "closed its pipe"
-
-
-def stop_process(proc: subprocess.Popen, timeout: float) -> None:
-    """Let the child exit on its own, then terminate it, then kill it; returns once it is reaped."""
-    steps = ((None, max(0.5, timeout * 0.6)), (proc.terminate, max(0.5, timeout * 0.2)), (proc.kill, 5.0))
-    for escalate, wait_s in steps:
-        if escalate is not None:
-            escalate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
-            return
 
 
 # -- DataLoader workers: started and reaped by torch's Process objects --------------------
