@@ -111,20 +111,17 @@ class SubprocessThreadsRunner(Runner):
             except ChildGone as gone:
                 if self._closed:
                     return END
-                raise self._died(gone) from gone.__cause__
+                self._ended = True
+                how = exit_reason(self._child.proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
+                hint = (" The child's traceback follows." if gone.__cause__
+                        else " If it ran out of memory, make batches or concurrency smaller.")
+                raise RunnerError(f"subprocess-threads: the child process (pid {self._child.proc.pid}) "
+                                  f"{how}.{hint}") from gone.__cause__
             if message is not None:
                 return message
             if time.monotonic() >= deadline:
                 return TIMEOUT
         return END
-
-    def _died(self, gone: ChildGone) -> RunnerError:
-        assert self._child is not None
-        how = exit_reason(self._child.proc, 5.0)  # a crashed child is exiting: on a loaded host, slowly
-        self._ended = True
-        hint = (" The child's traceback follows." if gone.__cause__
-                else " If it ran out of memory, make batches or concurrency smaller.")
-        return RunnerError(f"subprocess-threads: the child process (pid {self._child.proc.pid}) {how}.{hint}")
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self._concurrency[stage] = n  # read() shows it at once, before the child's next meters
