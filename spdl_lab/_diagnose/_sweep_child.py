@@ -29,7 +29,8 @@ def main(data_fd: int, ctrl_fd: int) -> int:
         worker = _Worker(cloudpickle.loads(init["fn"]), cloudpickle.loads(init["inputs"]))
         data.send(("ready",))
     except BaseException:
-        _send_quietly(data, ("crash", traceback.format_exc()))
+        with contextlib.suppress(Exception):  # the parent may be gone
+            data.send(("crash", traceback.format_exc()))
         return 1
     threading.Thread(target=worker.obey, args=(ctrl, data), name="spdl_lab:sweep-control", daemon=True).start()
     worker.loop()
@@ -98,8 +99,10 @@ class _Worker:
             elif kind == "pause":
                 self.running.clear()
             elif kind == "read":
-                if not _send_quietly(data, self.counts()):
-                    break
+                try:
+                    data.send(self.counts())
+                except Exception:
+                    break  # the parent is gone
             elif kind == "stop":
                 break
         self.stop()
@@ -117,14 +120,6 @@ class _Worker:
     def stop(self) -> None:
         self.stopping = True
         self.running.set()
-
-
-def _send_quietly(conn: Connection, message: tuple) -> bool:
-    try:
-        conn.send(message)
-        return True
-    except Exception:
-        return False
 
 
 def exit_without_finalizing(code: int) -> None:
