@@ -84,7 +84,6 @@ class Bench:
         #: extra seconds of each epoch restart seen, by configuration and by (runner, options)
         self._restarts: dict[Any, list[float]] = {}
         self._rate: dict[Config, float] = {}  # each configuration's last batches/s, to size windows
-        self._round = 0
         self.startup_s: dict[str, float] = {}  # from opening each runner to its first warm-up's end
 
     def close_cost(self, config: Config | None = None) -> float:
@@ -207,8 +206,7 @@ class Bench:
         return dataclasses.replace(window, rate=rate, restart_s=restart_s)
 
     def _run(self, contender: Contender, steps: int, timeout: float, max_s: float | None = None) -> Window:
-        self._round += 1
-        return contender.window(self._round, 0, steps, self.machine, timeout, max_s)
+        return contender.window(0, 0, steps, self.machine, timeout, max_s)
 
 
 def trial_of(config: Config, windows: list[Window], before: EngineReading | None, after: EngineReading | None,
