@@ -14,6 +14,7 @@ from pydantic import Field, PlainValidator, with_config
 from typing_extensions import TypedDict
 
 from .._file_checks import RECORD, Flag, Meta, Name, Rate, Saved, Share, Text, integer, refuse, rows
+from .._loader import Loader
 from .._pipeline import MAX_CONCURRENCY, Pipeline
 from .._views import view
 from ..errors import FileFormatError, PipelineSpecError
@@ -160,8 +161,6 @@ class Tuning(Saved):
 
     def loader(self, pipeline: Pipeline | None = None, **loader_options: Any):
         """A ``lab.Loader`` running the best configuration (on ``pipeline``, default the tuned one)."""
-        from .._loader import Loader
-
         pipeline = pipeline if pipeline is not None else self.pipeline
         if not isinstance(pipeline, Pipeline):
             raise PipelineSpecError("Tuning.loader: this tuning was read from a file and has no pipeline; "
