@@ -95,7 +95,6 @@ def compare(pipeline: Pipeline, step: Callable[[Any], Any] | SimulatedDevice, *,
         vs = ratios(by_runner[r], by_runner["cache"]) if "cache" in by_runner else (math.nan,) * 3
         row["vs_cache"], row["vs_cache_lo"], row["vs_cache_hi"] = vs
     table = pd.DataFrame.from_dict(rows, orient="index")[TABLE_COLUMNS].rename_axis("runner")
-    table = table.astype({"steps": int})
     rounds = pd.DataFrame([(w.runner, w.round, w.started_s, w.batches_per_s) for w in windows],
                           columns=ROUND_COLUMNS)
     return Comparison(table=table, frames=frames, steps=steps, warmup=warmup, repeats=repeats,

@@ -306,7 +306,7 @@ def runner_row(windows: Sequence[Window]) -> dict[str, float]:
         "data_wait_frac": wait / loop if loop > 0 else math.nan,
         "device_util": min(1.0, sum(device) / loop) if device and loop > 0 else math.nan,
         "others_cpu_percent": _weighted([w.others_percent for w in windows], weights),
-        "steps": float(len(records)),
+        "steps": len(records),
         "elapsed_s": loop,
     }
     for name in ("cpu_percent", "train_gil_wait_frac", "train_runqueue_wait_frac", "gil_wait_frac",
