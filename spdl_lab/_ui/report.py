@@ -134,8 +134,7 @@ def html_summary(tuning: Tuning) -> str:
     """The summary, the code and the log as HTML, everything escaped."""
     log = "".join(f"<li>{html.escape(line)}</li>" for line in tuning.log)
     cols = ["runner", "concurrency", "batches_per_s", "predicted_batches_per_s", "step_p50_ms", "data_wait_frac",
-            "cpu_percent", "move", "kept"]
-    cols += [c for c in ("others_percent", "restart_s") if c in tuning.trials]
+            "cpu_percent", "move", "kept", "others_percent", "restart_s"]
     table = tuning.trials[cols].to_html(float_format=lambda v: f"{v:,.3g}", escape=True)
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in tuning.warnings)
     warned = (f'<div style="background:#fff3cd;border-left:4px solid #d9a400;padding:4px 8px">'
