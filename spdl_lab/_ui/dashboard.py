@@ -118,7 +118,6 @@ class Dashboard(LiveView):
         self.autotuner: Any = None
         self.auto_log.add_class("spdl-lab-auto-log")
         self._slider_box = widgets.VBox()
-        self.plots: LivePlots | None = None
         controls = widgets.HBox([self.runner, self.start_button, self.stop_button, self.auto,
                                  self.window])
         self.children = [self.header, controls, self._slider_box, self.verdict, self.auto_log,
@@ -147,7 +146,7 @@ class Dashboard(LiveView):
         self._stages = (["source", *(s.name for s in pipeline.stages)] if pipeline is not None
                         else list(getattr(session, "stage_names", ())))
         self._seen: set[tuple[str, str]] = set()  # (series, stage) with a value in some tick
-        self.plots = None  # drawn by the first publish, again when new lines appear
+        self.plots: LivePlots | None = None  # drawn by the first publish, again when new lines appear
         self._publish_locked()
         if self._publisher is None and not self._closed.is_set():
             self._publisher = threading.Thread(target=self._run, name="spdl_lab:dashboard", daemon=True)
