@@ -80,11 +80,6 @@ class Loader(RunOwner):
                 pipeline = pipeline.with_concurrency(name, n)
             return self._start(self._runner_cls(pipeline, **self._options))
 
-    @property
-    def options(self) -> dict[str, Any]:
-        """The keyword arguments this Loader passes to its runner."""
-        return dict(self._options)
-
     def set_concurrency(self, stage: str, n: int) -> None:
         """Change a map stage's concurrency, live if a run is in progress. Under ``process`` any map
         stage, or the pseudo-stage ``"workers"``, sets the shared ``num_workers`` (they restart)."""

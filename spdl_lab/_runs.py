@@ -46,10 +46,11 @@ def run_start_hooks(event: str, subject: Any) -> None:
 
 class RunOwner(contextlib.AbstractContextManager):
     """What every owner of runs shares (``Loader``, the SPDL monitor): extra sampler sources,
-    reading the current or last run, closing. Subclasses set ``runner`` and ``pipeline``."""
+    its options, reading the current or last run, closing. Subclasses set the fields below."""
 
     runner: str
     pipeline: Any  # a Pipeline, or what has its ``stages``
+    _options: dict[str, Any]
     _overrides: dict[str, int] = {}  # stage -> concurrency set before a run
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
@@ -86,6 +87,11 @@ class RunOwner(contextlib.AbstractContextManager):
                                      self._overrides.get(s.name, s.concurrency), 0, 0.0, 0, 0)
                   for s in self.pipeline.stages}
         return Snapshot(runner=self.runner, running=False, elapsed_s=0.0, items_out=0, stages=stages)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of each run: a Loader's runner options, SPDL's build options."""
+        return dict(self._options)
 
     def reading(self) -> EngineReading | None:
         """The live run's meters as totals, or None: two readings apart give a span's own figures

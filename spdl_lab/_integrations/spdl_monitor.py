@@ -37,7 +37,7 @@ class SpdlMonitor(RunOwner):
         self.pipeline: SpdlSpec = read_spec(builder_or_config, caller="lab.run", convert=False)
         _check_build_options(build_options)
         build_options.setdefault("num_threads", default_num_threads(self.pipeline, build_options))
-        self._build_options = build_options
+        self._options = build_options
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._start_timeout = start_timeout
 
@@ -46,12 +46,7 @@ class SpdlMonitor(RunOwner):
             raise SpdlLabError("this SpdlMonitor is closed; create a new one to iterate again")
         run_start_hooks("spdl", self.pipeline.config)  # when used directly; lab.run checked already
         self._state.end_run(self._close_timeout)
-        return self._start(SpdlRunner(self.pipeline, self._build_options, self._start_timeout))
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The keyword arguments passed to SPDL's ``build_pipeline``."""
-        return dict(self._build_options)
+        return self._start(SpdlRunner(self.pipeline, self._options, self._start_timeout))
 
     def set_concurrency(self, stage: str, n: int) -> None:
         self.pipeline.stage(stage)  # an unknown name says which names there are
