@@ -29,6 +29,7 @@ class SpdlStage:
     concurrency: int
     what: str
     cfg: Any
+    threads: int = 0  # of SPDL's executor its tasks may hold at once (a sync pipe without its own)
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,12 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
     parts = []
     for cfg in config.pipes:
         # why lab cannot take it, and what to do; None when it can (each pipe: _pipe_refusal)
-        kind, concurrency, why = "other", 1, _UNMODELLED
+        kind, concurrency, threads, why = "other", 1, 0, _UNMODELLED
         if isinstance(cfg, defs.PipeConfig):
             op, executor, concurrency = pipe_fields(cfg)
             base, kind, what = cfg.name, "map", f"pipe ({op_kind(op)})"
+            if executor is None and op_kind(op) in ("sync function", "generator"):
+                threads = concurrency
             why = _pipe_refusal(cfg, op, executor) if convert else None
         elif isinstance(cfg, defs.AggregateConfig):
             custom = type(cfg.op) is not defs.Collate
@@ -98,7 +101,7 @@ def read_spec(spec: Any, *, caller: str, convert: bool) -> SpdlSpec:
         taken.add(name)
         if why is not None:
             raise PipelineSpecError(f"{caller}: stage {name!r} ({what}) is not supported: {why}")
-        parts.append(SpdlStage(name, kind, concurrency, what, cfg))
+        parts.append(SpdlStage(name, kind, concurrency, what, cfg, threads))
     return SpdlSpec(config, tuple(parts))
 
 

@@ -16,7 +16,7 @@ from .._runners.base import Runner
 from .._runs import CLOSE_TIMEOUT_S, RunOwner, run_start_hooks
 from .._telemetry.sampler import DEFAULT_HZ, DEFAULT_TICKS
 from ..errors import PipelineError, PipelineSpecError, RunnerError, SpdlLabError
-from .spdl import SpdlSpec, from_spdl, op_kind, pipe_fields, read_spec
+from .spdl import SpdlSpec, from_spdl, read_spec
 
 #: The runner name of a monitored SPDL pipeline (``session.runner``, ``snapshot.runner``).
 RUNNER = "spdl"
@@ -153,18 +153,11 @@ def is_spdl_spec(obj: Any) -> bool:
     return isinstance(obj, (PipelineBuilder, PipelineConfig))
 
 
-def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any] | None = None) -> int:
+def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any]) -> int:
     """Enough executor threads for every synchronous task SPDL may run at once: sync functions and
     generators without their own executor, and the sink's puts with ``use_thread_output_queue``."""
-    from spdl.pipeline.defs import PipeConfig
-
-    total = 1 if (build_options or {}).get("use_thread_output_queue") else 0
-    for part in spec.parts:
-        if isinstance(part.cfg, PipeConfig):
-            op, executor, concurrency = pipe_fields(part.cfg)
-            if executor is None and op_kind(op) in ("sync function", "generator"):
-                total += concurrency
-    return max(1, total)
+    sink = 1 if build_options.get("use_thread_output_queue") else 0
+    return max(1, sink + sum(part.threads for part in spec.parts))
 
 
 def open_spdl(source: Any, runner: str | None, sample_hz: float,
