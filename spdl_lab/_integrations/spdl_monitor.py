@@ -36,7 +36,10 @@ class SpdlMonitor(RunOwner):
                  start_timeout: float = 30.0, **build_options: Any) -> None:
         self.pipeline: SpdlSpec = read_spec(builder_or_config, caller="lab.run", convert=False)
         _check_build_options(build_options)
-        build_options.setdefault("num_threads", default_num_threads(self.pipeline, build_options))
+        # SPDL's executor threads: the stages' (SpdlStage.threads), the sink's for its thread queue.
+        threads = sum(p.threads for p in self.pipeline.parts)
+        threads += 1 if build_options.get("use_thread_output_queue") else 0
+        build_options.setdefault("num_threads", max(1, threads))
         self._options = build_options
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
         self._start_timeout = start_timeout
@@ -151,13 +154,6 @@ def is_spdl_spec(obj: Any) -> bool:
     from spdl.pipeline.defs import PipelineConfig
 
     return isinstance(obj, (PipelineBuilder, PipelineConfig))
-
-
-def default_num_threads(spec: SpdlSpec, build_options: dict[str, Any]) -> int:
-    """Enough executor threads for every synchronous task SPDL may run at once: sync functions and
-    generators without their own executor, and the sink's puts with ``use_thread_output_queue``."""
-    sink = 1 if build_options.get("use_thread_output_queue") else 0
-    return max(1, sink + sum(part.threads for part in spec.parts))
 
 
 def open_spdl(source: Any, runner: str | None, sample_hz: float,
