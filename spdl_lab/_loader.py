@@ -60,7 +60,6 @@ class Loader(RunOwner):
                              metered=bool(meters), **runner_options)
         self._runner_cls.check_options(pipeline, self._options)
         super().__init__(sample_hz=sample_hz, sample_ticks=sample_ticks, close_timeout=close_timeout)
-        self._overrides: dict[str, int] = {}
         self._config = threading.Lock()  # overrides vs a run starting: see __iter__
         #: True when a Session runs it: SPDL_LAB_WATCH=1 then publishes the Session, not this
         self.managed = False

@@ -51,7 +51,6 @@ class RunOwner(contextlib.AbstractContextManager):
     runner: str
     pipeline: Any  # a Pipeline, or what has its ``stages``
     _options: dict[str, Any]
-    _overrides: dict[str, int] = {}  # stage -> concurrency set before a run
 
     def __init__(self, *, sample_hz: float, sample_ticks: int, close_timeout: float) -> None:
         if not isinstance(sample_hz, (int, float)) or sample_hz < 0:
@@ -59,6 +58,7 @@ class RunOwner(contextlib.AbstractContextManager):
         self._sample_hz = float(sample_hz)
         self._sample_ticks = sample_ticks
         self._close_timeout = close_timeout
+        self._overrides: dict[str, int] = {}  # stage -> concurrency set before a run (a Loader's)
         self._sources: list[Source] = []
         #: set by ``lab.publish``: wraps each run's iterator to time the loop's steps
         self.consumer: Callable[[Iterator[Any]], Iterator[Any]] | None = None
