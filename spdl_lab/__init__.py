@@ -10,8 +10,7 @@ from ._diagnose import Diagnosis, SweepSettings, diagnose
 from ._diagnose.env_mode import start_hook as _diagnostic_mode
 from ._experiments.compare import Comparison, compare, headspace
 from ._experiments.session import Session, run
-from ._integrations import from_spdl
-from ._integrations.torch_dataloader import from_dataloader
+from ._integrations import from_dataloader, from_spdl
 from ._loader import Loader
 from ._pipeline import Pipeline, Stage
 from ._runners import LOCAL_RUNNERS, RUNNERS
