@@ -14,6 +14,7 @@ from .._telemetry.meters import QueueReading, StageMeter, WorkerMeter
 from .spdl import SINK, SOURCE, SpdlSpec
 
 _clock = time.perf_counter_ns
+HookFactory = Callable[[StageInfo], list[TaskHook]]  # SPDL's task_hook_factory
 
 
 class _MeteredQueue(AsyncQueue):
@@ -109,9 +110,7 @@ class SpdlMeters:
     def queue_class(self) -> type[AsyncQueue]:
         return type("SpdlLabQueue", (_MeteredQueue,), {"meters": self})
 
-    def hook_factory(
-        self, user_factory: Callable[[StageInfo], list[TaskHook]] | None = None
-    ) -> Callable[[StageInfo], list[TaskHook]]:
+    def hook_factory(self, user_factory: HookFactory | None = None) -> HookFactory:
         def factory(info: StageInfo) -> list[TaskHook]:
             user = list(user_factory(info)) if user_factory is not None else []
             return [*user, _StageHook(self._stage_meter(info))]
