@@ -82,10 +82,9 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         """Plain data (a row per stage, source first, ``nodes`` only for a runner across nodes,
         ray; the step's figures), as sent to viewers."""
-        rows = self.table().reset_index().to_dict(orient="records") if self._rows() else []
+        stages = [{k: v for k, v in asdict(s).items() if k != "nodes" or v} for s in self._rows()]
         out = {"runner": self.runner, "running": self.running, "elapsed_s": self.elapsed_s,
-               "items_out": self.items_out,
-               "stages": [{k: v for k, v in row.items() if k != "nodes" or v} for row in rows]}
+               "items_out": self.items_out, "stages": stages}
         if self.step is not None:
             out["step"] = self.step.to_dict()
         return out
