@@ -17,7 +17,7 @@ from .._pipeline import Pipeline
 from .._runners import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
 from .._telemetry.frames import Row, queue_rows, stage_rows
 from .._telemetry.meters import QueueReading, StageReading
-from .._telemetry.probes import ProcessRates
+from .._telemetry.probes import ProcessRates, stamped
 from .._telemetry.snapshot import StageStats
 from ..errors import PipelineSpecError
 
@@ -160,7 +160,7 @@ class WatchedDataLoader:
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
             # Each worker against its own time stamp (ProcessRates); an exited one gives None.
-            pcts = [(i, self._rates.percent(p, p)) for i, p in enumerate(self._workers)]
+            pcts = [(i, self._rates.percent(p, stamped(p))) for i, p in enumerate(self._workers)]
         alive = [(i, pct) for i, pct in pcts if pct is not None]
         rows: list[Row] = [("processes", "workers", float(sum(p.is_running() for p in self._workers)))]
         if (dl := self.dataloader) is not None:

@@ -177,6 +177,13 @@ def cpu_seconds(proc: psutil.Process) -> float | None:
     return times.user + times.system
 
 
+def stamped(proc: psutil.Process) -> tuple[float, float] | None:
+    """``(cpu_seconds(proc), monotonic time mid-read)``; None when it is gone or not ours to read."""
+    t0 = time.monotonic()
+    cpu = cpu_seconds(proc)
+    return None if cpu is None else (cpu, (t0 + time.monotonic()) / 2)
+
+
 class ProcessRates:
     """Per process: (CPU seconds, time) at its last reading, and its percent since then."""
 
@@ -184,19 +191,17 @@ class ProcessRates:
         self.cores = psutil.cpu_count() or 1
         self._last: dict[Hashable, tuple[float, float]] = {}
 
-    def percent(self, key: Hashable, proc: psutil.Process) -> float | None:
-        """CPU percent of ``proc`` since its last reading under ``key`` (a psutil.Process: a reused
-        pid is new); None the first time, over a too-short span, or when gone."""
-        t0 = time.monotonic()
-        cpu = cpu_seconds(proc)
-        t = (t0 + time.monotonic()) / 2
-        if cpu is None:
+    def percent(self, key: Hashable, reading: tuple[float, float] | None) -> float | None:
+        """CPU percent since the last ``reading`` (``stamped(proc)``) under ``key`` (a psutil.Process:
+        a reused pid is new); None the first time, over a too-short span, or when gone."""
+        if reading is None:
             self._last.pop(key, None)
             return None
+        cpu, t = reading
         before = self._last.get(key)
         if before is not None and t - before[1] < MIN_SPAN_S:
             return None  # keep the baseline
-        self._last[key] = (cpu, t)
+        self._last[key] = reading
         if before is None:
             return None
         pct = max(0.0, cpu - before[0]) / (t - before[1]) * 100.0
@@ -249,8 +254,9 @@ class CpuProbe:
         self._t0 = time.monotonic()
         self._main0 = cpu_seconds(self._me) or 0.0
         self._main_s = self._children_s = 0.0
-        # pid -> (process, CPU seconds last read); by (pid, create time): a reused pid starts anew.
-        self._kids: dict[int, tuple[psutil.Process, float]] = {}
+        self._main: tuple[float, float] | None = None  # stamped(self._me) at the last refresh
+        # pid -> (process, its last stamped reading); by (pid, create time): a reused pid starts anew.
+        self._kids: dict[int, tuple[psutil.Process, tuple[float, float]]] = {}
         self._refresh()
         self._rates = ProcessRates()
         self._machine: tuple[float, float] | None = None
@@ -262,13 +268,12 @@ class CpuProbe:
 
     def __call__(self, dt_s: float) -> list[Row]:
         with self._lock:
-            count = self._refresh()  # the run's totals, and the live children
-            main = self._rates.percent("main", self._me)
+            count = self._refresh()  # the run's totals, and the live children, each read once
+            main = self._rates.percent("main", self._main)
             kids: list[float | None] = []
             if self.children:
-                found = [proc for proc, _ in self._kids.values()]
-                kids = [self._rates.percent(proc, proc) for proc in found]
-                self._rates.keep_only({"main", *found})
+                kids = [self._rates.percent(proc, reading) for proc, reading in self._kids.values()]
+                self._rates.keep_only({"main", *(proc for proc, _ in self._kids.values())})
             machine = machine_times()
             before, self._machine = self._machine, machine
         rows: list[Row] = [("processes", "children", float(count))] if self.children else []
@@ -289,24 +294,24 @@ class CpuProbe:
 
     def _refresh(self) -> int:
         """Bring the CPU totals up to now; returns the number of live descendants."""
-        if (main := cpu_seconds(self._me)) is not None:
-            self._main_s = main - self._main0
+        if (main := stamped(self._me)) is not None:
+            self._main_s = main[0] - self._main0
+        self._main = main
         if not self.children:
             return 0
         try:
             found = self.children() if callable(self.children) else self._me.children(recursive=True)
         except GONE:
             return len(self._kids)
-        kids: dict[int, tuple[psutil.Process, float]] = {}
+        kids: dict[int, tuple[psutil.Process, tuple[float, float]]] = {}
         for proc in found:
             cached = self._kids.get(proc.pid)
             proc, last = cached if cached is not None and cached[0] == proc else (proc, None)
-            cpu = cpu_seconds(proc)
-            if cpu is None:  # gone between listing and reading, or not ours to read
+            if (reading := stamped(proc)) is None:  # gone between listing and reading, or not ours
                 continue
             if last is not None:
-                self._children_s += max(0.0, cpu - last)
-            kids[proc.pid] = (proc, cpu)
+                self._children_s += max(0.0, reading[0] - last[0])
+            kids[proc.pid] = (proc, reading)
         self._kids = kids
         return len(kids)
 
