@@ -14,7 +14,7 @@ import psutil
 
 from .. import _forksafe
 from .._pipeline import Pipeline
-from .._runners import Layout, MeterBlock, ShmFile, SlotMeter, new_prefix
+from .._runners import Layout, MeterBlock, SlotMeter
 from .._telemetry.frames import Row, queue_rows, stage_rows
 from .._telemetry.meters import QueueReading, StageReading
 from .._telemetry.probes import ProcessRates, stamped
@@ -146,9 +146,7 @@ class WatchedDataLoader:
             if self._block is None:
                 # Workers beyond the first epoch's count (num_workers raised later) run unmetered.
                 layout = Layout(workers, len(STAGES))
-                shm = ShmFile(f"{new_prefix()}dataloader", layout.nbytes, create=True,
-                              purpose="the DataLoader's meters")
-                self._block = MeterBlock(shm, layout)
+                self._block = MeterBlock.create(layout, "dataloader", "the DataLoader's meters")
                 self._unlink = weakref.finalize(self, self._block.release)
             return self._block
 

@@ -195,9 +195,9 @@ class MeterBlock:
         ).reshape(layout.slots, layout.rows, ROW_LEN)
 
     @classmethod
-    def create(cls, layout: Layout) -> MeterBlock:
-        shm = ShmFile(f"{new_prefix()}meters", layout.nbytes, create=True, purpose="the process runner's meters")
-        return cls(shm, layout)
+    def create(cls, layout: Layout, kind: str = "meters",
+               purpose: str = "the process runner's meters") -> MeterBlock:
+        return cls(ShmFile(f"{new_prefix()}{kind}", layout.nbytes, create=True, purpose=purpose), layout)
 
     @classmethod
     def attach(cls, name: str, layout: Layout) -> MeterBlock:
