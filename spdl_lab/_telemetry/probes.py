@@ -3,6 +3,7 @@ versus CPU wait, and CPU per process, each stamped mid-read (docs/measurement-no
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -232,6 +233,51 @@ class WaitShares:
         return [("gil_wait_frac", self._stage, gil), ("runqueue_wait_frac", self._stage, queued)]
 
 
+class Descendants:
+    """This process's live descendants, each call. psutil's ``children(recursive=True)`` reads the
+    stat of every process on the machine (docs/measurements.md); this lists /proc and reads a
+    process's parent only the first time it is listed (pid and inode: a reused pid is new)."""
+
+    def __init__(self, me: psutil.Process) -> None:
+        self._me = me
+        self._parents: dict[tuple[int, int], int] = {}  # (pid, inode) -> parent pid
+        self._found: dict[tuple[int, int], psutil.Process] = {}  # kept: psutil identifies by create time
+
+    def __call__(self) -> list[psutil.Process]:
+        try:
+            listed = [(int(e.name), e.inode()) for e in os.scandir("/proc") if e.name.isdigit()]
+        except OSError:  # no /proc: not Linux
+            return self._me.children(recursive=True)
+        parents: dict[tuple[int, int], int] = {}
+        for key in listed:
+            if (ppid := self._parents.get(key)) is None and (ppid := _parent_pid(key[0])) is None:
+                continue  # gone since the listing
+            parents[key] = ppid
+        self._parents = parents
+        children: dict[int, list[tuple[int, int]]] = {}
+        for key, ppid in parents.items():
+            children.setdefault(ppid, []).append(key)
+        found, todo, seen = {}, [self._me.pid], {self._me.pid}
+        while todo:
+            for key in children.get(todo.pop(), ()):
+                if key[0] not in seen:
+                    seen.add(key[0])
+                    todo.append(key[0])
+                    with contextlib.suppress(*GONE):
+                        found[key] = self._found.get(key) or psutil.Process(key[0])
+        self._found = found
+        return list(found.values())
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 1:].split()[1])  # after the name: state, ppid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @dataclass(frozen=True)
 class CpuTotals:
     """CPU seconds (user + system) since the CpuProbe was created."""
@@ -257,6 +303,7 @@ class CpuProbe:
         self._main: tuple[float, float] | None = None  # stamped(self._me) at the last refresh
         # pid -> (process, its last stamped reading); by (pid, create time): a reused pid starts anew.
         self._kids: dict[int, tuple[psutil.Process, tuple[float, float]]] = {}
+        self._descendants = Descendants(self._me)
         self._refresh()
         self._rates = ProcessRates()
         self._machine: tuple[float, float] | None = None
@@ -300,7 +347,7 @@ class CpuProbe:
         if not self.children:
             return 0
         try:
-            found = self.children() if callable(self.children) else self._me.children(recursive=True)
+            found = self.children() if callable(self.children) else self._descendants()
         except GONE:
             return len(self._kids)
         kids: dict[int, tuple[psutil.Process, tuple[float, float]]] = {}

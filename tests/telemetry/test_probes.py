@@ -6,6 +6,7 @@ magnitude, never tight timings. Windows are counted in probe wakes, not sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -237,19 +238,50 @@ def test_cpu_probe_tolerates_children_that_vanish_or_deny_access(monkeypatch):
         def cpu_times(self):
             raise psutil.AccessDenied(self.pid)
 
-    monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: [Gone()])
+    monkeypatch.setattr(probes.Descendants, "__call__", lambda self: [Gone()])
     time.sleep(0.06)  # the probe turns only spans of 50 ms or more into percentages
     rows = {(series, stage): value for series, stage, value in cpu(0.0)}
     assert rows[("processes", "children")] == 0.0
     assert rows[("cpu_percent", "children")] == 0.0
 
-    def no_such(self, recursive=False):
-        raise psutil.NoSuchProcess(self.pid)
+    def no_such(self):
+        raise psutil.NoSuchProcess(999_999_999)
 
-    monkeypatch.setattr(psutil.Process, "children", no_such)
+    monkeypatch.setattr(probes.Descendants, "__call__", no_such)
     time.sleep(0.06)
     assert ("cpu_percent", "main") in {(s, n) for s, n, _ in cpu(0.0)}
     assert CpuProbe(children=False)(0.0) == []
+
+
+def test_descendants_are_psutils_tree_each_read_once_and_gone_when_they_exit(monkeypatch, wait_until):
+    """The CPU probe's scan: a child and its grandchild, as psutil finds them; a process's parent is
+    read the first time it is listed only; a child that exits leaves the list."""
+    me = psutil.Process()
+    scan = probes.Descendants(me)
+    nested = [sys.executable, "-c", "import subprocess, sys, time; "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"]
+    child = subprocess.Popen(nested)
+    grandchild: psutil.Process | None = None
+    try:
+        assert wait_until(lambda: len(psutil.Process(child.pid).children()) == 1, 10.0)
+        expected = {p.pid for p in me.children(recursive=True)}
+        assert {p.pid for p in scan()} == expected and child.pid in expected and len(expected) >= 2
+        read: list[int] = []
+        real = probes._parent_pid
+        monkeypatch.setattr(probes, "_parent_pid", lambda pid: read.append(pid) or real(pid))
+        assert {p.pid for p in scan()} == expected
+        assert child.pid not in read  # listed before: its parent is known
+        grandchild = psutil.Process(child.pid).children()[0]
+        kill([child])
+        # The grandchild lives on, orphaned: not ours any more, for psutil either.
+        assert not {child.pid, grandchild.pid} & {p.pid for p in scan()}
+        assert grandchild.pid not in {p.pid for p in me.children(recursive=True)}
+    finally:
+        orphans = psutil.Process(child.pid).children() if child.poll() is None else []
+        kill([child])
+        for orphan in [*orphans, *([grandchild] if grandchild else [])]:
+            with contextlib.suppress(psutil.Error):
+                orphan.kill()
 
 
 def test_probes_feed_a_sampler(wait_until):
