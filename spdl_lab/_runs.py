@@ -10,13 +10,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pandas as pd
-
 from ._engine.engine import EngineReading
 from ._engine.queues import END, TIMEOUT
 from ._runners.base import Runner
-from ._telemetry.frames import FrameChunk, Ring, chunk_since, queue_rows, stage_rows, to_frame
-from ._telemetry.sampler import Sampler, Source
+from ._telemetry.frames import queue_rows, stage_rows
+from ._telemetry.sampler import Sampled, Sampler, Source
 from ._telemetry.snapshot import QueueStats, Snapshot, StageStats
 from .errors import PipelineSpecError
 
@@ -44,7 +42,7 @@ def run_start_hooks(event: str, subject: Any) -> None:
         hook(event, subject)
 
 
-class RunOwner(contextlib.AbstractContextManager):
+class RunOwner(Sampled, contextlib.AbstractContextManager):
     """What every owner of runs shares (``Loader``, the SPDL monitor): extra sampler sources,
     its options, reading the current or last run, closing. Subclasses set the fields below."""
 
@@ -106,10 +104,6 @@ class RunOwner(contextlib.AbstractContextManager):
         if run is not None and not run.finished:
             run.runner.park(parked)
 
-    def frames(self) -> pd.DataFrame:
-        """The sampler's rows for the current or last run."""
-        return to_frame(Ring(2) if self.sampler is None else self.sampler.ring)
-
     @property
     def sampler(self) -> Sampler | None:
         """The current or last run's sampler (each run, e.g. each epoch, has its own)."""
@@ -127,10 +121,6 @@ class RunOwner(contextlib.AbstractContextManager):
         # The generator holds its owner, so `for x in Loader(p)` keeps the Loader alive.
         items = _iterate(self, run, self._close_timeout)
         return items if self.consumer is None else self.consumer(items)
-
-    def frames_since(self, cursor: int = 0) -> FrameChunk:
-        """The current run's ticks after ``cursor``, for live readers (see ``FrameChunk``)."""
-        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
 
     def close(self) -> None:
         """Stop the current run and everything it started. Safe to call twice."""

@@ -21,9 +21,8 @@ from .._loader import Loader
 from .._pipeline import Pipeline
 from .._runs import run_start_hooks
 from .._startup import later
-from .._telemetry.frames import FrameChunk, Ring, chunk_since, to_frame
 from .._telemetry.probes import CpuProbe, GilProbe, WaitShares
-from .._telemetry.sampler import DEFAULT_HZ, Sampler
+from .._telemetry.sampler import DEFAULT_HZ, Sampled, Sampler
 from .._telemetry.snapshot import Snapshot
 from .._training import SimulatedDevice, StepClock
 from .._training.device import training_waits
@@ -81,7 +80,7 @@ def run(pipeline_or_iterable: Pipeline | Loader | Iterable[Any],
                    sample_hz=sample_hz, probes=probes, loader_options=loader_options)
 
 
-class Session:
+class Session(Sampled):
     """One background training loop and its telemetry. Made by ``lab.run``."""
 
     def __init__(self, source: Pipeline | Loader | Iterable[Any], *,
@@ -301,14 +300,6 @@ class Session:
     def sampler(self) -> Sampler | None:
         """The sampler whose ring holds this session's ticks."""
         return self.loader.sampler if self.loader is not None else self._sampler
-
-    def frames(self) -> pd.DataFrame:
-        """Every series of this session (stages, queues, step, probes), long format."""
-        return self.sampler.frames() if self.sampler is not None else to_frame(Ring(2))
-
-    def frames_since(self, cursor: int = 0) -> FrameChunk:
-        """The ticks after ``cursor``, wide format: how live readers follow a session."""
-        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
 
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the step."""

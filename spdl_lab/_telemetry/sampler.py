@@ -13,7 +13,7 @@ import pandas as pd
 import psutil
 
 from .. import _forksafe
-from .frames import Ring, Row, to_frame
+from .frames import FrameChunk, Ring, Row, chunk_since, to_frame
 
 DEFAULT_HZ = 10.0
 #: Ticks kept (ten minutes at 10 Hz): memory stays fixed however long a session runs.
@@ -100,6 +100,21 @@ class Sampler:
             return None
         rate = float(values[-1] - values[0]) / float(times[-1] - times[0])
         return None if math.isnan(rate) else rate
+
+
+class Sampled:
+    """``frames()`` and ``frames_since()`` for what samples through ``sampler`` (a Loader: its
+    current or last run's; a Session); none sampled while ``sampler`` is None."""
+
+    sampler: Sampler | None
+
+    def frames(self) -> pd.DataFrame:
+        """Every series sampled (stages, queues, step, probes), long format."""
+        return to_frame(Ring(2) if self.sampler is None else self.sampler.ring)
+
+    def frames_since(self, cursor: int = 0) -> FrameChunk:
+        """The ticks after ``cursor``, wide format: how live readers follow a run (see ``FrameChunk``)."""
+        return chunk_since(self.sampler.ring if self.sampler is not None else None, cursor)
 
 
 def limits(series: str, cores: int) -> tuple[float, float]:
