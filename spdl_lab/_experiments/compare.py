@@ -363,11 +363,9 @@ class _Deadline:
 
 
 def gil_fracs(before: Any, now: Any) -> tuple[float, float]:
-    if before is None or now is None:
+    if before is None or now is None or now.wakes <= before.wakes:
         return math.nan, math.nan
-    covered = now.elapsed_s - before.elapsed_s
-    if now.wakes <= before.wakes or covered <= 0:
-        return math.nan, math.nan
+    covered = now.elapsed_s - before.elapsed_s  # > 0: each wake adds its sleep, at least interval_s
     gil = (now.gil_wait_s - before.gil_wait_s) / covered
     queued = (now.runqueue_wait_s - before.runqueue_wait_s) / covered
     return min(1.0, max(0.0, gil)), (min(1.0, max(0.0, queued)) if not math.isnan(queued) else math.nan)
