@@ -175,7 +175,7 @@ def check_script(command: list[str], advice: dict[str, Any], workdir: Path, *, s
         record = workdir / f"run{i + 1:02d}-{config}.sqlite"
         kwargs = advice if config == "advice" else None
         _run_until(command, record, kwargs, warmup + steps, timeout_s)
-        runs.append(_figures(record, config, warmup, steps))
+        runs.append(_figures(_training_loop(record), config, warmup, steps))
     return script_report(runs)
 
 
@@ -192,7 +192,7 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None:
-            if _steps_in(record) >= steps or time.monotonic() > deadline:
+            if _steps_in(_training_loop(record)) >= steps or time.monotonic() > deadline:
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(STOP_GRACE_S)
@@ -215,6 +215,13 @@ def _run_until(command: list[str], record: Path, kwargs: dict[str, Any] | None, 
                            f"{last[0]}")
     if kwargs is not None and KWARGS_ENV in stderr:
         raise SpdlLabError(stderr.strip().splitlines()[-1])
+
+
+def _training_loop(record: Path) -> Path:
+    """The record of the script's training loop: of its runs (``record``, then ``record-NAME`` for
+    each further loop, as Lightning's validation loop before its training loop), the one with
+    the most steps."""
+    return max([record, *sorted(record.parent.glob(f"{record.stem}-*.sqlite"))], key=_steps_in)
 
 
 def _steps_in(record: Path) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import hashlib
 import os
 import re
 import selectors
@@ -63,9 +64,13 @@ def runtime_dir() -> Path:
                        f"published runs in it; remove it, or if it is yours run `chmod 700 {path}`")
 
 
-def safe_name(name: str) -> str:
-    """``name`` as a file name: letters, digits, ``_.-`` only, at most 64 characters."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:64] or "run"
+def safe_name(name: str, limit: int = 64) -> str:
+    """``name`` as a file name: letters, digits, ``_.-`` only, at most ``limit`` characters; a longer
+    one ends in a digest of the whole, so that ``train-2`` and ``train-3`` stay apart when cut."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-") or "run"
+    if len(safe) <= limit:
+        return safe
+    return f"{safe[:max(0, limit - 9)]}-{hashlib.blake2s(name.encode(), digest_size=4).hexdigest()}"
 
 
 def pid_alive(pid: int | str) -> bool:
@@ -155,11 +160,11 @@ class Endpoint(contextlib.AbstractContextManager):
 
         directory = runtime_dir()
         room = _MAX_SOCKET_PATH - len(os.fsencode(str(directory / f"-{self.pid}.sock")))
-        if room < 1:
+        if room < 9:  # a cut name's digest
             raise SpdlLabError(f"the runtime directory {directory} is too long a path for a Unix "
                                f"socket (at most {_MAX_SOCKET_PATH} bytes in all); set "
                                "SPDL_LAB_RUNTIME_DIR to a shorter directory")
-        stem = f"{safe_name(name)[:room]}-{self.pid}"
+        stem = f"{safe_name(name, min(room, 64))}-{self.pid}"
         self.socket_path = directory / f"{stem}.sock"
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()

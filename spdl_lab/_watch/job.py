@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .._telemetry.live_verdict import VERDICT_WINDOW_S, Verdict, judge, rank_window
@@ -27,18 +28,22 @@ _STEP_FIGURES = ("batches_per_s", "step_p50_ms", "data_wait_p50_ms", "data_wait_
 class JobSession:
     """A data-parallel job: ``ranks`` maps each rank to its ``RemoteSession``; ``summary()`` has a
     row per rank, ``frames()`` a ``rank`` column; ``verdict()`` names the rank whose loading holds
-    the job back (``straggler``), or says the ranks are balanced::
+    the job back (``straggler``), or says the ranks are balanced. A rank that published several
+    loops (Lightning's validation and training) is its training loop, the one with the most steps;
+    ``runs`` has them all::
 
         job = lab.attach("train")
         job.verdict()
         job.set_concurrency("load", 8, rank=1)
     """
 
-    def __init__(self, name: str, job_id: str, world_size: int | None, sessions: dict[int, RemoteSession],
+    def __init__(self, name: str, job_id: str, world_size: int | None, sessions: list[RemoteSession],
                  record: str | None = None) -> None:
         self.name, self.job_id, self.world_size = name, job_id, world_size
         self.record = record  # the job's record folder; None: live, attached
-        self._ranks = dict(sorted(sessions.items()))
+        self._runs: dict[int, list[RemoteSession]] = {}
+        for session in sessions:
+            self._add(session)
         self._lock = threading.Lock()
         self._looked_at = time.monotonic()
 
@@ -55,23 +60,23 @@ class JobSession:
             return None
         first = found[0]
         return cls(first.get("job_name") or first["name"], first["job"], first.get("world_size"),
-                   {e["rank"]: RemoteSession(e) for e in found})
+                   [RemoteSession(e) for e in found])
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike) -> JobSession:
         """The job whose ranks recorded into the folder ``path`` (``rank0.sqlite``, ...), read only."""
         folder = Path(path)
-        files = sorted(folder.glob("rank*.sqlite"))
+        files = sorted(folder.glob("rank*.sqlite"), key=lambda f: (len(f.name), f.name))  # rank0, then rank0-2
         if not files:
             raise SpdlLabError(f"{folder} holds no rank records (rank0.sqlite, ...); give the job's record "
                                f"folder, as `spdl-lab watch --record DIR -- torchrun ...` writes it")
-        sessions: dict[int, RemoteSession] = {}
+        sessions = []
         for file in files:
             session = RemoteSession.from_record(file)
             if session.rank is None:
                 raise SpdlLabError(f"{file} is not a rank's record (its meta names no rank); open it "
                                    f"with lab.open({str(file)!r}) on its own")
-            sessions[session.rank] = session
+            sessions.append(session)
         first = record_meta(files[0])
         world = first.get("world_size", "")
         return cls(first.get("job_name") or folder.name, first.get("job", folder.name),
@@ -79,18 +84,30 @@ class JobSession:
 
     @property
     def ranks(self) -> dict[int, RemoteSession]:
-        """Each rank's RemoteSession, lowest rank first (a live job adds ranks as they publish)."""
-        self._look_for_ranks()
-        return dict(self._ranks)
+        """Each rank's RemoteSession, its training loop, lowest rank first (a live job adds ranks
+        as they publish)."""
+        return {rank: runs[0] if len(runs) == 1 else max(runs, key=_steps) for rank, runs in self.runs.items()}
 
-    def _look_for_ranks(self) -> None:
+    @property
+    def runs(self) -> dict[int, list[RemoteSession]]:
+        """Each rank's published runs, in the order they started."""
+        self._look_for_runs()
+        return {rank: list(runs) for rank, runs in self._runs.items()}
+
+    def _add(self, session: RemoteSession) -> None:
+        runs = dict(self._runs)  # a new dict: readers iterate the old one without the lock
+        runs[session.rank] = [*runs.get(session.rank, []), session]
+        self._runs = dict(sorted(runs.items()))
+
+    def _look_for_runs(self) -> None:
         if self.record is not None or time.monotonic() - self._looked_at < RANKS_EVERY_S:
             return
         with self._lock:
             self._looked_at = time.monotonic()
+            known = {(s.pid, s.name) for runs in self._runs.values() for s in runs}
             for entry in list_endpoints():
-                if entry.get("job") == self.job_id and entry["rank"] not in self._ranks:
-                    self._ranks = dict(sorted({**self._ranks, entry["rank"]: RemoteSession(entry)}.items()))
+                if entry.get("job") == self.job_id and (entry["pid"], entry["name"]) not in known:
+                    self._add(RemoteSession(entry))
 
     @property
     def states(self) -> dict[int, str]:
@@ -169,7 +186,7 @@ class JobSession:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop watching every rank (the job goes on)."""
-        for session in self._ranks.values():
+        for session in [s for runs in self._runs.values() for s in runs]:
             session.close(timeout)
 
     stop = close
@@ -177,6 +194,12 @@ class JobSession:
     def __repr__(self) -> str:
         states = ", ".join(f"{r}: {s}" for r, s in self.states.items())
         return f"JobSession({self.name!r}, job={self.job_id!r}, world_size={self.world_size}, ranks={{{states}}})"
+
+
+def _steps(session: RemoteSession) -> float:
+    """How many steps a run made, by its latest tick (a killed run's stats went with it)."""
+    counts = session.recent(0).columns.get(("steps", "step"))
+    return float(np.nanmax(counts)) if counts is not None and not np.isnan(counts).all() else 0.0
 
 
 def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
@@ -224,7 +247,7 @@ def _listing() -> pd.DataFrame:
         first = entries[0]
         states = {record_state(e["record"], "running") for e in entries}
         folder = str(Path(first["record"]).parent) if first.get("record") else None
-        ranks = ",".join(str(e["rank"]) for e in entries)
+        ranks = ",".join(str(r) for r in sorted({e["rank"] for e in entries}))
         rows.append({"name": first.get("job_name") or first["name"], "pid": first["pid"],
                      "started": min(e["started"] for e in entries), "runner": first["runner"],
                      "state": "running" if "running" in states else ", ".join(sorted(states)),

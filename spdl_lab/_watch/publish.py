@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -106,8 +107,10 @@ def start_hook(event: str, subject: Any) -> None:
 def record_of(name: str, pid: int) -> tuple[str, Path, dict[str, str | int]]:
     """A run's name, record and facts: ``name``, ``$SPDL_LAB_RECORD`` or ``spdl_lab_runs/NAME-PID.sqlite``
     and none; a torchrun rank's ``name-rankR``, ``rankR.sqlite`` in the override (``x.sqlite`` for
-    ``x/``) or in ``spdl_lab_runs/NAME-JOBID``, and the job's. The job id: TORCHELASTIC_RUN_ID, else
-    ``spdl-lab watch``'s, else the launcher's pid (every rank's parent)."""
+    ``x/``) or in ``spdl_lab_runs/NAME-JOBID``, and the job's. The rank's next runs of that name
+    (Lightning's validation loop, then its training loop) are ``NAME-rankR-2``, ``rankR-2.sqlite``...
+    in the same folder. The job id: TORCHELASTIC_RUN_ID, else ``spdl-lab watch``'s, else the
+    launcher's pid (every rank's parent)."""
     override = os.environ.get(RECORD_ENV)
     alone = name, Path(override or f"spdl_lab_runs/{safe_name(name)}-{pid}.sqlite"), {}
     try:
@@ -120,7 +123,8 @@ def record_of(name: str, pid: int) -> tuple[str, Path, dict[str, str | int]]:
     job = os.environ.get("TORCHELASTIC_RUN_ID", "")
     job = safe_name(job if job not in ("", "none") else
                     os.environ.get(JOB_ENV) or f"launcher-{os.getppid()}")
-    job_name = name.removesuffix(f"-rank{rank}")
+    job_name, again = re.fullmatch(rf"(.*?)(?:-rank{rank}(-\d+)?)?", name, re.DOTALL).groups()
+    again = again or ""
     if override:
         folder = Path(override)
         folder = folder.with_suffix("") if folder.suffix == ".sqlite" else folder
@@ -128,7 +132,7 @@ def record_of(name: str, pid: int) -> tuple[str, Path, dict[str, str | int]]:
         folder = Path("spdl_lab_runs") / f"{safe_name(job_name)}-{job[:8]}"
     facts = {"job_name": job_name, "job": job, "rank": rank, "local_rank": local,
              "world_size": world}
-    return f"{job_name}-rank{rank}", folder / f"rank{rank}.sqlite", facts
+    return f"{job_name}-rank{rank}{again}", folder / f"rank{rank}{again}.sqlite", facts
 
 
 class Timeline:

@@ -320,6 +320,16 @@ def test_viewers_over_the_limit_are_refused(rt, no_thread_leak, wait_until):
         assert ep.rejected == 1
 
 
+def test_names_cut_to_fit_the_socket_path_stay_apart(rt, no_thread_leak):
+    """A script's second run is NAME-2: cut to the room a long runtime directory leaves, the two
+    names would be one socket, and the second run failed to publish."""
+    name = "tune-script-run01-start-" + "x" * 100
+    with Endpoint(name, FakePublisher().handlers()) as first, \
+            Endpoint(f"{name}-2", FakePublisher().handlers()) as second:
+        assert first.socket_path != second.socket_path
+        assert {e["name"] for e in list_endpoints()} == {name, f"{name}-2"}
+
+
 # -- closing and discovery -------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_a_torchrun_job_is_one_job_with_a_session_per_rank(tmp_path):
     proc = start_job("ddp-one", tmp_path, "--loader", "lab", "--seconds", "60", "--slow-rank", "1",
-                     "--slow-ms", "9")
+                     "--slow-ms", "9", "--val-steps", "2")
     job = None
     try:
         job = lab.attach("ddp-one", timeout=90)
@@ -33,7 +33,11 @@ def test_a_torchrun_job_is_one_job_with_a_session_per_rank(tmp_path):
         listing = lab.attach()
         row = listing[listing["name"] == "ddp-one"]
         assert len(row) == 1 and row["ranks"].iloc[0] == "0,1 of 2"
-        assert {r: s.name for r, s in job.ranks.items()} == {0: "ddp-one-rank0", 1: "ddp-one-rank1"}
+        # Each rank ran 2 validation steps first: a rank is its training loop, once it has more.
+        wait_for(lambda: {r: s.name for r, s in job.ranks.items()} == {0: "ddp-one-rank0-2", 1: "ddp-one-rank1-2"},
+                 60, "each rank's training loop")
+        assert [[s.name for s in runs] for runs in job.runs.values()] == [
+            ["ddp-one-rank0", "ddp-one-rank0-2"], ["ddp-one-rank1", "ddp-one-rank1-2"]]
         assert {s.rank for s in job.ranks.values()} == {0, 1}
 
         wait_for(lambda: job.straggler == 1, 90, "the slowed rank named")
@@ -60,7 +64,8 @@ def test_a_torchrun_job_is_one_job_with_a_session_per_rank(tmp_path):
     wait_for(lambda: not job.running, 30, f"the ranks' end; output:\n{out[-3000:]}")
 
     folder = tmp_path / "ddp-one"
-    assert sorted(p.name for p in folder.glob("*.sqlite")) == ["rank0.sqlite", "rank1.sqlite"]
+    assert sorted(p.name for p in folder.glob("*.sqlite")) == ["rank0-2.sqlite", "rank0.sqlite", "rank1-2.sqlite",
+                                                               "rank1.sqlite"]
     recorded = lab.open(folder)
     assert isinstance(recorded, lab.JobSession) and sorted(recorded.ranks) == [0, 1]
     assert recorded.world_size == 2 and recorded.name == "ddp-one"
@@ -96,13 +101,21 @@ def test_spdl_lab_watch_1_under_torchrun_alone_records_the_job_in_one_folder(tmp
     from ddp_jobs import TORCHRUN
 
     env = {**os.environ, "SPDL_LAB_WATCH": "1", "SPDL_LAB_WATCH_NAME": "envjob", "OMP_NUM_THREADS": "1"}
+    # --val-steps: each rank iterates a validation loader first (Lightning's sanity check), a
+    # second run of the same name: the job and its steps are still the training loop's.
     done = subprocess.run([TORCHRUN, "--nproc_per_node=2", "--standalone", str(lab.workloads.job_script("ddp")),
-                           "--steps", "40", "--workers", "1"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=180)
+                           "--steps", "40", "--workers", "1", "--val-steps", "3"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     (folder,) = (tmp_path / "spdl_lab_runs").iterdir()
     assert folder.name.startswith("envjob-")  # NAME-JOBID: torchrun's TORCHELASTIC_RUN_ID
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0-2.sqlite", "rank0.sqlite", "rank1-2.sqlite",
+                                                         "rank1.sqlite"]
     job = lab.open(folder)
     assert job.world_size == 2 and job.name == "envjob" and job.state == "finished"
     assert list(job.summary()["steps"]) == [40, 40]
+    assert {r: s.name for r, s in job.ranks.items()} == {0: "envjob-rank0-2", 1: "envjob-rank1-2"}
+    assert {r: [s.name for s in runs] for r, runs in job.runs.items()} == {
+        0: ["envjob-rank0", "envjob-rank0-2"], 1: ["envjob-rank1", "envjob-rank1-2"]}
+    assert [s.stats().step.steps for s in job.runs[0]] == [3, 40]
     assert job.job_id.startswith(folder.name.removeprefix("envjob-"))

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -299,3 +300,18 @@ def test_a_run_outside_a_job_records_to_its_name_and_pid(monkeypatch):
     assert record_of("", 7)[1].name == "run-7.sqlite"
     monkeypatch.setenv("SPDL_LAB_RECORD", "/tmp/mine.sqlite")
     assert str(record_of("x", 1)[1]) == "/tmp/mine.sqlite"
+
+
+def test_a_ranks_second_run_keeps_the_jobs_name_and_folder(monkeypatch):
+    """Lightning's validation loop, then its training loop: NAME-rankR and NAME-rankR-2, both
+    of the job NAME, beside each other in its folder."""
+    monkeypatch.delenv("SPDL_LAB_RECORD", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abcdef123456")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    first, second = record_of("train-rank1", 9), record_of("train-rank1-2", 9)
+    assert (first[0], second[0]) == ("train-rank1", "train-rank1-2")
+    assert first[1] == Path("spdl_lab_runs/train-abcdef12/rank1.sqlite")
+    assert second[1] == first[1].with_name("rank1-2.sqlite")
+    assert first[2] == second[2] and second[2]["job_name"] == "train" and second[2]["rank"] == 1
+    assert record_of("train", 9)[:2] == first[:2]  # lab.publish(obj, name="train") in a rank

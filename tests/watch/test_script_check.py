@@ -13,7 +13,7 @@ import psutil
 import pytest
 from test_cli_interrupt import semaphore_unlinked
 
-from spdl_lab._watch.command import _group, _run_until, kill_all
+from spdl_lab._watch.command import _group, _run_until, check_script, kill_all
 from spdl_lab.cli import main
 from spdl_lab.errors import SpdlLabError
 
@@ -144,6 +144,24 @@ def test_a_run_that_ends_is_read_at_once_not_when_the_workers_it_left_let_go_of_
     script = _script(tmp_path, EXITS_LEAVING_A_WORKER)
     with pytest.raises(SpdlLabError, match="never iterated.*the script's last words"):
         _run_until([sys.executable, str(script)], tmp_path / "run.sqlite", None, steps=10, timeout_s=30)
+
+
+@pytest.mark.timeout(120)
+def test_tune_script_counts_the_training_loop_not_a_validation_loop_run_before_it(tmp_path, monkeypatch):
+    """Lightning's sanity check iterates the validation DataLoader first: its run takes the
+    record's name, the training loop's comes next beside it; the steps counted are training's."""
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    validation_first = SCRIPT.replace("        for epoch in range(100):", textwrap.indent(textwrap.dedent("""
+        for batch in DataLoader(Slow(), batch_size=4):  # the sanity check: 2 batches
+            if batch[0, 0] >= 4: break
+        for epoch in range(100):"""), "        "))
+    script = _script(tmp_path, validation_first)
+    report = check_script([sys.executable, str(script)], {"num_workers": 2}, tmp_path / "runs", steps=12,
+                          warmup=2, rounds=1)
+    rows = [line.split() for line in report.splitlines() if re.match(r"\s+\d+\s+(start|advice)\s", line)]
+    assert [(r[1], r[2]) for r in rows] == [("start", "12"), ("advice", "12")]
+    assert sorted(p.name for p in (tmp_path / "runs").glob("run01-*")) == [
+        "run01-start-tune-script-run01-start-2.sqlite", "run01-start.sqlite"]
 
 
 @pytest.mark.measurement

@@ -2,6 +2,7 @@
 loader over its shard, a small conv net wrapped in DistributedDataParallel (gloo, on the CPU)
 averages its gradients across ranks every step. It knows nothing of spdl_lab unless ``--loader lab``.
 
+``--val-steps N`` first runs N batches of a second loader, as Lightning's sanity check does.
 A straggler waits for data (``--slow-rank R --slow-ms X``) or computes more (``--compute-rank``).
 Run it as ``torchrun --nproc_per_node=2 train_ddp.py ...``; see ``--help``.
 """
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=0.0, help="added to every item the slow rank loads")
     parser.add_argument("--compute-rank", type=int, default=-1)
     parser.add_argument("--compute-ms", type=float, default=0.0, help="CPU work added to every step of that rank")
+    parser.add_argument("--val-steps", type=int, default=0, help="batches of a validation loader before training")
     parser.add_argument("--timing", help="write each rank's steps, wall time, steps/s and steps/s "
                                          "after the first tenth to DIR/rankR.json")
     args = parser.parse_args()
@@ -103,6 +105,11 @@ def main() -> None:
     loader = make_loader(args, rank, load_ms)
     model = DistributedDataParallel(conv_net())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if args.val_steps:  # the validation loader: its own items, after the training shards
+        with torch.no_grad():
+            for images, _ in itertools.islice(make_loader(args, dist.get_world_size() + rank, load_ms),
+                                              args.val_steps):
+                model.module(images)
     end = time.perf_counter() + args.seconds if args.seconds else None
     started, steps = time.perf_counter(), 0
     ends = []
