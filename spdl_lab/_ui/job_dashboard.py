@@ -47,7 +47,7 @@ class JobDashboard(LiveView):
         self.children = [self.header, self.verdict, self._plot_box, self.table]
         self._until: dict[int, float] = {}  # each rank's latest point (seconds since it started)
         self._sources: dict[int, ColumnDataSource] = {}
-        self._drawn: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
+        self._drawn: tuple[tuple[tuple[int, str], ...], tuple[str, ...]] = ((), ())
         self.publish()
         self._publisher = threading.Thread(target=self._run, name="spdl_lab:job-dashboard",
                                            daemon=True)
@@ -67,9 +67,11 @@ class JobDashboard(LiveView):
             stages = tuple(sorted({stage for session in ranks.values()
                                    for series, stage in session.recent(SMOOTH_S).columns
                                    if series == "qps" and "/worker" not in stage and stage != "step"}))
-            if (tuple(ranks), stages) != self._drawn:
+            # A new rank, stage or training loop (a rank's runs keep their own clocks): drawn anew.
+            drawn = (tuple((rank, session.name) for rank, session in ranks.items()), stages)
+            if drawn != self._drawn:
                 self._draw(tuple(ranks), stages)
-                self._until = {}
+                self._drawn, self._until = drawn, {}
             for rank, session in ranks.items():
                 until = self._until.get(rank, -math.inf)
                 chunk = session.recent(min(ROLLOVER * POINT_EVERY_S, session.elapsed_s - until) + SMOOTH_S)
@@ -79,7 +81,6 @@ class JobDashboard(LiveView):
             self._write_text(ranks)
 
     def _draw(self, ranks: tuple[int, ...], stages: tuple[str, ...]) -> None:
-        self._drawn = (ranks, stages)
         empty = _points(FrameChunk(0, np.empty(0), {}), 0, 0.0, stages)[0]
         self._sources = {rank: ColumnDataSource(dict(empty), name=f"spdl-lab-rank{rank}") for rank in ranks}
         figures = []

@@ -191,7 +191,7 @@ workdir = Path(tempfile.mkdtemp(prefix="spdl_lab_browser_job_"))
 torchrun = str(Path(sys.executable).with_name("torchrun"))
 process = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "browser-job", "--record",
                             str(workdir / "job"), "--", torchrun, "--nproc_per_node=2", "--standalone",
-                            str(lab.workloads.job_script("ddp")), "--slow-rank", "1", "--slow-ms", "9",
+                            str(lab.workloads.job_script("ddp")), "--slow-rank", "1", "--slow-ms", "9", "--val-steps", "2",
                             "--seconds", "150"], cwd=workdir, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
