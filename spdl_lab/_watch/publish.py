@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import math
 import os
 import re
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import weakref
@@ -62,12 +62,23 @@ def publish(obj: Any, name: str | None = None) -> Any:
     return (published_by(obj) or Publisher(obj, name or caller_line())).source.published
 
 
+#: Where the standard library and installed packages live: a loop that a library runs for the
+#: script (Lightning's fit loop) is named by the script's line that called it.
+_LIBRARIES = ("<frozen ", *{os.path.join(sysconfig.get_path(key), "")
+                            for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
 def caller_line() -> str:
     """``SCRIPT-LINE`` of the user's line that started a run (a published run's name): the innermost
-    frame outside spdl_lab (the watch hook's module ``spdl_lab_watch_hook`` included)."""
-    frame = inspect.currentframe()
+    frame outside spdl_lab (the watch hook's module ``spdl_lab_watch_hook`` included) and outside
+    the libraries, else the innermost outside spdl_lab (a script installed as a package)."""
+    frame: Any = sys._getframe(1)  # the caller's: this frame in its own local would be a cycle
     while frame is not None and frame.f_globals.get("__name__", "").startswith("spdl_lab"):
         frame = frame.f_back
+    user = frame
+    while user is not None and user.f_code.co_filename.startswith(_LIBRARIES):
+        user = user.f_back
+    frame = user or frame
     return f"{Path(frame.f_code.co_filename).stem}-{frame.f_lineno}" if frame is not None else "run"
 
 

@@ -315,3 +315,23 @@ def test_a_ranks_second_run_keeps_the_jobs_name_and_folder(monkeypatch):
     assert second[1] == first[1].with_name("rank1-2.sqlite")
     assert first[2] == second[2] and second[2]["job_name"] == "train" and second[2]["rank"] == 1
     assert record_of("train", 9)[:2] == first[:2]  # lab.publish(obj, name="train") in a rank
+
+
+def test_a_loop_a_library_runs_is_named_by_the_scripts_line(tmp_path, monkeypatch):
+    """Lightning iterates the DataLoader in its own code: the run is named by the script's
+    ``trainer.fit`` line, not Lightning's; with every frame in a library, by the innermost."""
+    import inspect
+
+    from spdl_lab._watch import publish as publishing
+
+    lib = tmp_path / "site-packages"
+    lib.mkdir()
+    (lib / "fitting_lib.py").write_text("from spdl_lab._watch.publish import caller_line\n\n"
+                                        "def fit():\n    return caller_line()\n")
+    monkeypatch.syspath_prepend(str(lib))
+    import fitting_lib
+
+    monkeypatch.setattr(publishing, "_LIBRARIES", ("<frozen ", str(lib)))
+    assert fitting_lib.fit() == f"test_publish_loops-{inspect.currentframe().f_lineno}"
+    monkeypatch.setattr(publishing, "_LIBRARIES", ("<", "/"))  # the script is an installed package too
+    assert fitting_lib.fit() == "fitting_lib-4"
