@@ -64,23 +64,24 @@ class JobSession:
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike) -> JobSession:
-        """The job whose ranks recorded into the folder ``path`` (``rank0.sqlite``, ...), read only."""
+        """The job whose ranks recorded into the folder ``path`` (``rank0.sqlite``, ...), read only;
+        of a job run again into its folder (the same ``--record``), the latest run."""
         folder = Path(path)
         files = sorted(folder.glob("rank*.sqlite"), key=lambda f: (len(f.name), f.name))  # rank0, then rank0-2
         if not files:
             raise SpdlLabError(f"{folder} holds no rank records (rank0.sqlite, ...); give the job's record "
                                f"folder, as `spdl-lab watch --record DIR -- torchrun ...` writes it")
-        sessions = []
-        for file in files:
-            session = RemoteSession.from_record(file)
-            if session.rank is None:
+        metas = {file: record_meta(file) for file in files}
+        for file, meta in metas.items():
+            if not meta.get("rank", "").isdigit():
                 raise SpdlLabError(f"{file} is not a rank's record (its meta names no rank); open it "
                                    f"with lab.open({str(file)!r}) on its own")
-            sessions.append(session)
-        first = record_meta(files[0])
-        world = first.get("world_size", "")
-        return cls(first.get("job_name") or folder.name, first.get("job", folder.name),
-                   int(world) if world.isdigit() else None, sessions, str(folder))
+        latest = max(metas.values(), key=lambda meta: meta.get("started", ""))
+        files = [file for file, meta in metas.items() if meta.get("job") == latest.get("job")]
+        world = latest.get("world_size", "")
+        return cls(latest.get("job_name") or folder.name, latest.get("job", folder.name),
+                   int(world) if world.isdigit() else None, [RemoteSession.from_record(f) for f in files],
+                   str(folder))
 
     @property
     def ranks(self) -> dict[int, RemoteSession]:

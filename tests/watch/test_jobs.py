@@ -6,8 +6,11 @@ How fast and how right the verdict is on a quiet machine: tests/watch/test_job_v
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -118,4 +121,17 @@ def test_spdl_lab_watch_1_under_torchrun_alone_records_the_job_in_one_folder(tmp
     assert {r: [s.name for s in runs] for r, runs in job.runs.items()} == {
         0: ["envjob-rank0", "envjob-rank0-2"], 1: ["envjob-rank1", "envjob-rank1-2"]}
     assert [s.stats().step.steps for s in job.runs[0]] == [3, 40]
+
+    # The job run again into its folder: the earlier run's records stay beside (here, copies made
+    # older, of another job id); the folder opens as the latest run.
+    for record in list(folder.iterdir()):
+        earlier = folder / f"{record.stem}-earlier.sqlite"
+        shutil.copy(record, earlier)
+        with contextlib.closing(sqlite3.connect(earlier)) as db, db:
+            db.executemany("UPDATE meta SET value = ? WHERE key = ?",
+                           [("2000-01-01T00:00:00+00:00", "started"), ("earlier-job", "job"), ("0", "steps_first_ns")])
+            db.execute("DELETE FROM steps WHERE idx >= 5")
+    reopened = lab.open(folder)
+    assert reopened.job_id == job.job_id and list(reopened.summary()["steps"]) == [40, 40]
+    assert [len(runs) for runs in reopened.runs.values()] == [2, 2]
     assert job.job_id.startswith(folder.name.removeprefix("envjob-"))
