@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -68,6 +69,10 @@ class _Epoch(Proxy):
         self._timed.close()
 
 
+#: Every loop lab.publish times, for ``_TimedLoop.epoch`` to end the steps of the others.
+_LOOPS: weakref.WeakSet[_TimedLoop] = weakref.WeakSet()
+
+
 class _TimedLoop:
     """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time; ``children``
     is the CPU probe's (False, or a callable such as a DataLoader's workers, skips its scan)."""
@@ -81,11 +86,19 @@ class _TimedLoop:
         # Weakly: a step held by an iterator the loop drops (a break, a teardown) ends then.
         self._epoch: weakref.ref[_Epoch] | None = None
         self._lock = _forksafe.Lock()
+        self._thread: int | None = None  # the thread of its latest epoch
+        _LOOPS.add(self)
 
     def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
         """Time the loop over ``items`` (made at ``started_ns``, ``perf_counter_ns``, if known). A
-        step still held from the epoch before (a trainer that stops at its length) ended then."""
-        self.clock.leave(started_ns)
+        step still held from the epoch before (a trainer that stops at its length) ended then, and
+        so did a step another loop of this thread holds: Lightning runs its validation loop while
+        the training loop holds its last batch, and training's next epoch while validation holds
+        its own; neither is the other's step."""
+        self._thread = threading.get_ident()
+        for loop in list(_LOOPS):
+            if loop is self or loop._thread == self._thread:
+                loop.clock.leave(started_ns)
         epoch = _Epoch(items, self.clock, started_ns)
         self._replace(weakref.ref(epoch))
         return epoch

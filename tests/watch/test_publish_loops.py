@@ -335,3 +335,37 @@ def test_a_loop_a_library_runs_is_named_by_the_scripts_line(tmp_path, monkeypatc
     assert fitting_lib.fit() == f"test_publish_loops-{inspect.currentframe().f_lineno}"
     monkeypatch.setattr(publishing, "_LIBRARIES", ("<", "/"))  # the script is an installed package too
     assert fitting_lib.fit() == "fitting_lib-4"
+
+
+@pytest.mark.measurement
+@pytest.mark.timeout(60)
+def test_a_loop_run_while_another_holds_its_last_batch_is_not_in_that_batchs_step(tmp_path, monkeypatch,
+                                                                                  no_thread_leak):
+    """Lightning never asks a sized loader past its length: it runs validation while the training
+    loop holds its last batch, and training's next epoch while validation holds its own. Each
+    loop's step ends as the other starts an epoch. Before, training's last step of each epoch
+    held all of validation (0.03 + 3 x 0.03 s here) and validation's the next training epoch
+    (5 x 0.02 s)."""
+    import time
+
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    train_items, val_items = list(range(5)), list(range(3))
+    train = lab.publish(train_items, name="train")
+    val = lab.publish(val_items, name="val")
+    for _ in range(3):
+        batches = iter(train)  # kept, as Lightning keeps its iterators: neither is let go of
+        for _ in range(5):
+            next(batches)
+            time.sleep(0.02)
+        held = iter(val)
+        for _ in range(3):
+            next(held)
+            time.sleep(0.03)
+    batches = held = None
+    clocks = {name: published_by(items).source.clock for name, items in (("train", train_items), ("val", val_items))}
+    lab.unpublish(train)
+    lab.unpublish(val)
+    steps = {name: [r.step_s for r in clock.records_since(0)] for name, clock in clocks.items()}
+    assert [len(s) for s in steps.values()] == [15, 9]
+    assert max(steps["train"]) < 0.06, steps["train"]
+    assert max(steps["val"]) < 0.06, steps["val"]
