@@ -225,6 +225,7 @@ class FakeGpu:
         self.recorded = 0
         self.done_upto = 0  # events with a sequence number below this have completed
         self.synchronized = 0
+        self.streams: list[object] = []  # the stream each event was recorded on
         gpu = self
 
         class Event:
@@ -233,7 +234,8 @@ class FakeGpu:
                 self.seq = -1
                 self.at_ms = 0.0
 
-            def record(self) -> None:
+            def record(self, stream: object = None) -> None:
+                gpu.streams.append(stream)
                 self.seq, gpu.recorded = gpu.recorded, gpu.recorded + 1
                 self.at_ms = self.seq * 2.0  # each event 2 ms after the previous
 
@@ -281,6 +283,34 @@ def test_cuda_times_are_resolved_lazily_without_per_step_syncs(monkeypatch):
     assert s.device_util == 1.0 and series(clock.rows(0.1))["device_util"] == 1.0
     clock.summary()
     assert gpu.synchronized == 1  # nothing pending: no second wait
+
+
+def test_a_clock_that_picked_cuda_by_itself_times_the_device_the_job_uses_and_makes_no_context(monkeypatch):
+    torch = pytest.importorskip("torch")
+    gpu, contexts = FakeGpu(), set()  # the devices with a context: only the job makes one
+    monkeypatch.setattr(torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(contexts))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"stream of cuda:{device}")
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda i: i in contexts, raising=False)
+    monkeypatch.setattr(clock_module, "cuda_available", lambda: True)
+    clock = StepClock()
+    for _ in clock.iterate(range(3)):  # a job on the CPU: no event, so no context on cuda:0
+        with clock.step(), clock.copy():
+            pass
+    assert gpu.recorded == 0 and clock.device_name == ""
+    s = clock.summary()
+    assert s.steps == 3 and s.device == "" and math.isnan(s.device_mean_ms) and math.isnan(s.copy_mean_ms)
+
+    contexts.add(1)  # rank 1 moved its model to cuda:1 without set_device: the current device is 0
+    for _ in clock.iterate(range(2)):
+        with clock.step():
+            pass
+    assert gpu.streams == ["stream of cuda:1"] * 4 and clock.device_name == "cuda"
+    s = clock.summary()
+    assert s.steps == 5 and s.device == "cuda" and s.device_mean_ms == pytest.approx(2.0)
+    assert [math.isnan(r.device_s) for r in clock.records()] == [True] * 3 + [False] * 2
 
 
 def test_copies_are_timed_apart_from_the_step_on_cpu():

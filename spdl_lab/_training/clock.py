@@ -43,8 +43,8 @@ class StepClock:
 
     A step whose batch did not come through ``iterate`` waited since the previous step ended.
     Device time comes from ``device``, a SimulatedDevice step function of ``run``, or CUDA events
-    (``cuda=True``, or ``cuda=None``, which imports torch, with CUDA there), read lazily: only
-    ``summary()`` synchronizes. The loop's thread is the only writer; readers never block it.
+    (``cuda=True``; ``cuda=None`` imports torch and, with CUDA there, times the steps from when
+    the job first uses a GPU), read lazily: only ``summary()`` synchronizes. The loop's thread is the only writer; readers never block it.
     """
 
     def __init__(self, device: SimulatedDevice | None = None, *, cuda: bool | None = None,
@@ -65,8 +65,9 @@ class StepClock:
         self.device = device
         self._cuda_explicit = bool(cuda)
         use_cuda = device is None and (cuda or (cuda is None and cuda_available()))
-        self._cuda: CudaStepTimer[StepRecord] | None = CudaStepTimer() if use_cuda else None
-        self._cuda_copies: CudaStepTimer[None] | None = CudaStepTimer() if use_cuda else None
+        lazy = cuda is None  # picked by itself: times the GPU once the job uses one (CudaStepTimer)
+        self._cuda: CudaStepTimer[StepRecord] | None = CudaStepTimer(lazy=lazy) if use_cuda else None
+        self._cuda_copies: CudaStepTimer[None] | None = CudaStepTimer(lazy=lazy) if use_cuda else None
         self._origin_ns = time.perf_counter_ns()
         self._records: deque[StepRecord] = deque(maxlen=history)
         self._totals = NO_STEPS
@@ -176,6 +177,8 @@ class StepClock:
 
     def _close_step(self, opened: tuple[int, float, Any], *, counted: bool, end_ns: int | None = None) -> None:
         start_ns, busy0, cuda_start = opened
+        # The step's end on the GPU first: the bookkeeping below is not the step's.
+        cuda_end = self._cuda.start() if counted and cuda_start is not None else None
         last = self._totals.last_end_ns  # a batch not from iterate() waited since the last step
         wait_ns = self._wait_ns if self._waited else (start_ns - last if last else 0)
         self._open, self._wait_ns, self._waited = False, 0, False
@@ -197,8 +200,8 @@ class StepClock:
                            last_end_ns=end_ns)
             if device_s is not None:
                 t = self._add_device(t, [(record, device_s)])
-            elif self._cuda is not None:
-                self._cuda.end(cuda_start, record)
+            elif cuda_end is not None:
+                self._cuda.end(cuda_start, record, cuda_end)
                 t = self._add_device(t, self._cuda.poll())
             self._totals = t  # publish: one reference assignment
 
@@ -206,18 +209,18 @@ class StepClock:
     def copy(self) -> Iterator[None]:
         """A context manager timing a host-to-device copy, in a step or not (``copy_ms``): with CUDA
         an event pair on the current stream, read lazily (a ``non_blocking`` copy is timed where the
-        GPU does it); otherwise the block's wall time."""
+        GPU does it), none before the job uses a GPU; otherwise the block's wall time."""
         timer = self._cuda_copies
         start = time.perf_counter_ns() if timer is None else timer.start()
         try:
             yield
         except BaseException:
-            if timer is not None:
+            if timer is not None and start is not None:
                 timer.cancel(start)
             raise
         seconds = (time.perf_counter_ns() - start) / 1e9 if timer is None else 0.0
         with self._write_lock:  # summary() may drain the same timer from a reader's thread
-            if timer is not None:
+            if timer is not None and start is not None:
                 timer.end(start, None)
             self._add_copies(timer.poll() if timer is not None else [(None, seconds)])
 
@@ -289,7 +292,7 @@ class StepClock:
     def device_name(self) -> str:
         if self.device is not None:
             return self.device.name
-        return "cuda" if self._cuda is not None else ""
+        return "cuda" if self._cuda is not None and self._cuda.device is not None else ""
 
     def records(self) -> list[StepRecord]:
         """The last ``history`` steps, oldest first."""

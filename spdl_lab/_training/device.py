@@ -203,25 +203,53 @@ def cuda_available() -> bool:
         return False
 
 
+def device_in_use() -> int | None:
+    """The CUDA device this thread's work runs on, found without making a context: the current
+    device if the process made its context, else the only device that has one (a rank that moved
+    its model to ``cuda:R`` without ``set_device``); None before the process used a GPU."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    current = torch.cuda.current_device()
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if has_context is None or has_context(current):
+        return current
+    used = [i for i in range(torch.cuda.device_count()) if has_context(i)]
+    return used[0] if len(used) == 1 else None
+
+
 class CudaStepTimer(Generic[Token]):
     """A start and an end event on the current stream around each step. Waiting for one would
     serialize CPU and GPU, so pairs stay pending until ``query()`` says the GPU passed the end;
-    only ``drain()`` synchronizes. A pair spans the stream's gaps: busy only while it stays fed."""
+    only ``drain()`` synchronizes. A pair spans the stream's gaps: busy only while it stays fed.
 
-    def __init__(self) -> None:
+    ``lazy=True`` (a clock that picked CUDA by itself) times nothing until the process uses a GPU,
+    then that device's current stream: recording an event first would make a context the job never
+    asked for, on device 0 in every rank, and time a stream the job does not use."""
+
+    def __init__(self, *, lazy: bool = False) -> None:
         import torch
 
         self._event_type: Any = torch.cuda.Event
+        self._current_stream = torch.cuda.current_stream
+        self.device: int | None = None if lazy else -1  # -1: the current device at each record
         self._pending: deque[tuple[Any, Any, Token]] = deque()
         self._free: list[Any] = []  # recycled events: creating one costs a driver call
 
     def start(self) -> Any:
+        """An event recorded now; None while a lazy timer waits for the process to use a GPU."""
+        if self.device is None:
+            self.device = device_in_use()
+            if self.device is None:
+                return None
         event = self._free.pop() if self._free else self._event_type(enable_timing=True)
-        event.record()
+        event.record(self._current_stream(self.device) if self.device >= 0 else None)
         return event
 
-    def end(self, start: Any, token: Token) -> None:
-        self._pending.append((start, self.start(), token))  # the end: an event recorded now
+    def end(self, start: Any, token: Token, end: Any = None) -> None:
+        """The pair ``start`` and ``end`` (recorded now if None) is pending for ``token``."""
+        self._pending.append((start, self.start() if end is None else end, token))
         if len(self._pending) > MAX_PENDING:
             self._pending[0][1].synchronize()
 

@@ -4,6 +4,8 @@ pipeline; the steps are timed, the timeline is one run, the state says how it en
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import spdl_lab as lab
+from spdl_lab._training import cuda_available
 from spdl_lab._watch.publish import published_by, record_of
 from spdl_lab._watch.records import read_record, record_meta
 
@@ -157,6 +160,35 @@ def test_spdl_lab_watch_publishes_a_dataloader_in_a_script_that_never_imports_sp
     assert len(workers) > 0 and workers.max() <= 100 * os.cpu_count()
     assert _series(frames, "processes", "workers").max() == 2
     assert not list((tmp_path / "rt").iterdir())
+
+
+ON_A_GPU_MACHINE = '''
+    import json, sys, torch
+    from torch.utils.data import DataLoader
+
+    x = torch.ones(512, 512, device=sys.argv[1])
+    for batch in DataLoader([torch.zeros(2)] * 40, batch_size=2):
+        for _ in range(20):
+            x = (x @ x).clamp(max=1)
+    print(json.dumps([torch.cuda.is_initialized(), torch._C._cuda_hasPrimaryContext(0)]))
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_watched_job_is_timed_on_the_gpu_it_uses_and_one_that_uses_none_gets_no_context(tmp_path, device):
+    done = _run(tmp_path, ON_A_GPU_MACHINE, device, watch=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [device == "cuda"] * 2  # the lab made no context
+    opened = lab.open(tmp_path / "run.sqlite")
+    step = opened.stats().step
+    opened.close()
+    assert step.steps == 20 and step.device == ("cuda" if device == "cuda" else "")
+    if device == "cuda":
+        assert step.device_mean_ms > 0 and 0 < step.device_util <= 1
+    else:
+        assert math.isnan(step.device_mean_ms) and math.isnan(step.device_util)
 
 
 LOADER_FAILS = '''

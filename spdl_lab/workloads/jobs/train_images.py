@@ -1,6 +1,7 @@
 """A real training job, as a user writes it, that knows nothing of spdl_lab: JPEGs decoded with
-PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU;
-run under PyTorch Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
+PIL, random crop and flip, normalized; a torch DataLoader with workers; a small conv net on the CPU
+(or ``--device cuda``: pinned batches, its own CUDA event pair around each step); run under PyTorch
+Lightning (``--trainer lightning``) or as a plain loop (``--trainer plain``).
 
 ``--timing`` writes its own figures (``Timing.write``; under Lightning from its profiler), which
 ``spdl-lab watch`` and ``spdl-lab tune --script`` hold the lab's against; see ``--help``.
@@ -68,7 +69,10 @@ class Timing:
     """The job's own figures: a step is its batch's training, its data wait the time since the
     previous step's end (or the epoch's start)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
+        # The next step's pair is made ahead: making one is a driver call, not the step's GPU time.
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = [] if cuda else None
+        self._pair = self._new_pair() if cuda else None
         self.waits: list[float] = []
         self.steps: list[float] = []
         self.started: float | None = None
@@ -84,14 +88,30 @@ class Timing:
     def step_start(self) -> None:
         self._begun = time.perf_counter()
         self.waits.append(self._begun - self._mark)
+        if self.events is not None:
+            self.events.append(self._pair)
+            self._pair[0].record()
 
     def step_end(self) -> None:
+        if self.events is not None:
+            self.events[-1][1].record()
         self._mark = self.ended = time.perf_counter()
         self.steps.append(self._mark - self._begun)
+        if self.events is not None:
+            self._pair = self._new_pair()
+
+    @staticmethod
+    def _new_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def write(self, path: str) -> None:
         wall = self.ended - (self.started or self.ended)
+        device = []
+        if self.events:
+            torch.cuda.synchronize()
+            device = [start.elapsed_time(end) for start, end in self.events]
         Path(path).write_text(json.dumps({
+            "device_ms": device, "device_p50_ms": statistics.median(device) if device else None,
             "steps": len(self.steps), "started": self.started, "ended": self.ended, "wall_s": wall,
             "steps_per_s": len(self.steps) / wall if wall > 0 else None,
             "step_p50_ms": statistics.median(self.steps) * 1e3 if self.steps else None,
@@ -99,14 +119,15 @@ class Timing:
             "waits_ms": [w * 1e3 for w in self.waits], "steps_ms": [s * 1e3 for s in self.steps]}))
 
 
-def train_plain(loader: DataLoader, steps: int, timing: Timing) -> None:
-    model = conv_net()
+def train_plain(loader: DataLoader, steps: int, timing: Timing, device: str) -> None:
+    model = conv_net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     done = 0
     while done < steps:
         timing.epoch_start()
         for images, labels in loader:
             timing.step_start()
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             loss = nn.functional.cross_entropy(model(images), labels)
             optimizer.zero_grad()
             loss.backward()
@@ -118,7 +139,7 @@ def train_plain(loader: DataLoader, steps: int, timing: Timing) -> None:
                 break
 
 
-def train_lightning(loader: DataLoader, steps: int, timing: Timing) -> None:
+def train_lightning(loader: DataLoader, steps: int, timing: Timing, device: str) -> None:
     import lightning as L
 
     class Classifier(L.LightningModule):
@@ -165,7 +186,7 @@ def train_lightning(loader: DataLoader, steps: int, timing: Timing) -> None:
                 self.marks[-1] = (self.marks[-1][0], time.perf_counter())
 
     profiler = FetchMarks()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[Timer()],
+    trainer = L.Trainer(max_steps=steps, accelerator="gpu" if device == "cuda" else "cpu", devices=1, logger=False, callbacks=[Timer()],
                         profiler=profiler, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.fit(Classifier(), loader)
@@ -184,12 +205,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--timing", help="write the job's own per-step figures here (JSON)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     dataset = Jpegs(make_images(Path(args.images), args.n))
-    loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers, drop_last=True)
-    timing = Timing()
-    (train_lightning if args.trainer == "lightning" else train_plain)(loader, args.steps, timing)
+    loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers, drop_last=True,
+                        pin_memory=args.device == "cuda")
+    timing = Timing(cuda=args.device == "cuda")
+    (train_lightning if args.trainer == "lightning" else train_plain)(loader, args.steps, timing, args.device)
     if args.timing:
         timing.write(args.timing)
     print(f"trained {len(timing.steps)} steps", flush=True)
