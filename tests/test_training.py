@@ -635,9 +635,24 @@ def test_gpu_check_without_cuda_says_so_and_exits_0():
     assert "no CUDA on this machine" in done.stdout and "nothing was checked" in done.stdout
 
 
-def test_a_step_the_loop_lets_go_of_counts_when_it_ends_unless_the_script_fails():
+class FakeTime:
+    """The clock module's ``time``, with ``perf_counter_ns`` moved only by the test."""
+
+    def __init__(self) -> None:
+        self.ns = 10**9
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+def test_a_step_the_loop_lets_go_of_counts_when_it_ends_unless_the_script_fails(monkeypatch):
+    monkeypatch.setattr(clock_module, "time", now := FakeTime())
     clock = StepClock(cuda=False)
     for i, _ in enumerate(clock.iterate_steps(range(10))):
+        now.ns += 2_000_000  # each batch's step: 2 ms
         if i == 3:
             break  # after its 4th step: the generator is dropped here
     assert clock.steps == 3  # the 4th ended when it was let go, but counts only once settled
@@ -659,6 +674,40 @@ def test_a_step_the_loop_lets_go_of_counts_when_it_ends_unless_the_script_fails(
     sized.close()
     clock.settle(counted=True)
     assert clock.steps == 6  # left already: not twice
+
+
+def test_a_batch_let_go_of_at_once_was_fetched_not_trained_on(monkeypatch):
+    """``enumerate`` and a ``break`` at the top, or the longer loader in ``zip``, fetch one batch
+    more than the loop trains on; the script counts none for it, nor does the clock."""
+    monkeypatch.setattr(clock_module, "time", now := FakeTime())
+    clock = StepClock(cuda=False)
+    for _ in range(3):
+        for i, _ in enumerate(clock.iterate_steps(range(10))):
+            now.ns += 20_000  # the loop's own Python on the way to its break: 20 us
+            if i == 4:
+                break
+            now.ns += 3_000_000  # the step: 3 ms
+        clock.leave()
+    assert clock.steps == 3 * 4
+
+    for _ in zip(clock.iterate_steps(range(10)), range(2)):  # zip asks the first for a third batch
+        now.ns += 3_000_000
+    clock.settle(counted=True)
+    assert clock.steps == 3 * 4 + 2
+
+    for _ in clock.iterate_steps(range(10)):
+        now.ns += 600_000  # a short step that breaks after its work: over a tenth of the mean
+        break
+    clock.settle(counted=True)
+    assert clock.steps == 3 * 4 + 3
+
+    for _ in range(2):  # next(iter(loader)) each step: an epoch's only batch, let go of at once
+        epoch = clock.iterate_steps(range(10))
+        next(epoch)
+        epoch.close()
+        now.ns += 3_000_000
+        clock.leave()
+    assert clock.steps == 3 * 4 + 3 + 2
 
 
 def test_the_clock_keeps_no_batch_the_loop_let_go_of():

@@ -29,6 +29,10 @@ DEFAULT_HISTORY = 100_000
 #: The ``stage`` of every row the clock gives the sampler.
 STAGE = "step"
 
+#: A batch let go of sooner than this, and than a tenth of the mean step, after others of its
+#: epoch was fetched but not trained on (``settle``).
+FETCHED_ONLY_NS = 1_000_000
+
 
 class StepClock:
     """Wraps a training loop: data wait, step time and device time per step.
@@ -78,7 +82,7 @@ class StepClock:
         self._first_ns = self._wait_ns = 0
         self._waited = self._open = False
         self._held: tuple[int, float, Any] | None = None  # the step iterate_steps holds open
-        self._let_go: tuple[tuple[int, float, Any], int] | None = None  # ...and one it let go of, when
+        self._let_go: tuple[tuple[int, float, Any], int, bool] | None = None  # let go of: when, only batch?
         # Writers only (each step, and summary() resolving CUDA events); readers never take it.
         self._write_lock = _forksafe.Lock()
 
@@ -112,6 +116,7 @@ class StepClock:
         exception in the step): that step ends when the loop starts another epoch (``leave``) or
         drops this iterator; then ``settle()`` decides whether it was one."""
         timed, hand = self._timed(_iter_of(iterable, "StepClock.iterate_steps"), started_ns), []
+        only = True  # the epoch's first batch: so far its only one
         while True:
             try:
                 hand.append(next(timed))  # handed on, not kept (see _timed)
@@ -124,12 +129,12 @@ class StepClock:
                 held = self._held
                 if held is not None and isinstance(exc, GeneratorExit):  # let go: it counts once
                     self._open = False  # the script is known not to fail
-                    self._let_go = (held, time.perf_counter_ns())  # before _held goes: see undecided
+                    self._let_go = (held, time.perf_counter_ns(), only)  # before _held goes: see undecided
                 self._held = None
                 if held is not None and not isinstance(exc, GeneratorExit):  # thrown in: not a step
                     self._close_step(held, counted=False)
                 raise
-            held, self._held = self._held, None
+            held, self._held, only = self._held, None, False
             if held is not None:  # None: leave() ended it already
                 self._close_step(held, counted=True)
 
@@ -148,11 +153,18 @@ class StepClock:
 
     def settle(self, counted: bool) -> None:
         """Count the step a loop let go of (``iterate_steps``), ending when it did, or drop it
-        (``counted=False``: the script failed or was stopped in it)."""
+        (``counted=False``: the script failed or was stopped in it). A batch let go of at once
+        (``FETCHED_ONLY_NS``) after others of its epoch was not one: ``enumerate`` and a ``break``
+        at the top of the loop, the longer loader in ``zip``; an epoch's only batch is the step of a
+        loop that asks each epoch for one (``next(iter(loader))``)."""
         let_go, self._let_go = self._let_go, None
         if let_go is not None:
+            opened, end_ns, only = let_go
+            t = self._totals
+            floor_ns = min(FETCHED_ONLY_NS, t.step_ns / t.steps / 10) if t.steps else FETCHED_ONLY_NS
+            fetched_only = not only and end_ns - opened[0] < floor_ns
             self._open = True  # _close_step's bookkeeping expects the step it closes open
-            self._close_step(let_go[0], counted=counted, end_ns=let_go[1])
+            self._close_step(opened, counted=counted and not fetched_only, end_ns=end_ns)
 
     @contextmanager
     def step(self) -> Iterator[None]:
