@@ -53,9 +53,12 @@ bench: $(STAMP)
 
 # The StepClock's CUDA timing on a real GPU (benchmarks/gpu_check.py): a conv net under the thread
 # and process runners, checked against the script's own CUDA events and torch.profiler's kernel
-# time. Without CUDA it says so and exits 0.
+# time. Without CUDA it says so and exits 0. Then every test of the CUDA path, measurement ones
+# too (skipped without CUDA): real event pairs, a watched job on the GPU against its own events,
+# and a watched job on the CPU of a GPU machine that gets no CUDA context.
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py
+	$(PY) -m pytest -p no:cacheprovider -m "measurement or not measurement" -k "cuda or gpu" $(PYTEST_ARGS) tests
 
 # The soak tests at full size (tests/reliability/test_soak.py, test_fork_soak.py): 1,000,000 items
 # through each thread engine, 100 open/close cycles of every runner, 500 epochs of a watched DataLoader
