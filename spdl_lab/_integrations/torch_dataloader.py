@@ -4,6 +4,7 @@ as stages ``fetch`` and ``collate`` into a shared-memory block a chained worker_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import weakref
@@ -83,8 +84,9 @@ class WatchedDataLoader:
     ``"fetch/worker0"``, not stages) and the queue of batches prefetched or in flight. ``close()``
     (or the collector, or exit) removes the meters' shared memory."""
 
-    def __init__(self, dl: Any, *, weakly: bool = False) -> None:
-        """``weakly``: the DataLoader's user holds it, and dropping it ends it as without the lab."""
+    def __init__(self, dl: Any, *, weakly: bool = False, before: WatchedDataLoader | None = None) -> None:
+        """``weakly``: the DataLoader's user holds it, and dropping it ends it as without the lab.
+        ``before``: the closed one of the run this DataLoader goes on with; its totals carry on."""
         self._dataloader: Callable[[], Any] = weakref.ref(dl) if weakly else (lambda: dl)
         self._lock = _forksafe.Lock()
         self._opening = _forksafe.Lock()
@@ -97,6 +99,7 @@ class WatchedDataLoader:
         self._num_workers = 0
         self._released = False
         self._final: list[StageReading] = []  # the totals when the block went
+        self._carried = {r.name: r for r in before._final} if before is not None else {}
 
     @property
     def dataloader(self) -> Any:
@@ -197,11 +200,13 @@ class WatchedDataLoader:
         return queue_rows(QueueReading(QUEUE, max(0, depth), prefetch * workers), None, dt_s)
 
     def _totals(self) -> list[StageReading]:
-        """The stages' totals now (their last, once closed); none before a worker started."""
+        """The stages' totals now (their last, once closed), with those carried; none before a
+        worker started."""
         block = self._block
         if block is None:
-            return self._final
-        return block.read(list(STAGES), _KINDS, max(1, min(self._num_workers, block.layout.slots)))
+            return self._final or list(self._carried.values())
+        now = block.read(list(STAGES), _KINDS, max(1, min(self._num_workers, block.layout.slots)))
+        return [_summed(self._carried.get(r.name), r) for r in now]
 
     def stages(self, elapsed_s: float) -> dict[str, StageStats]:
         """``fetch`` and ``collate`` over the whole run, as a Snapshot's stages (none before a worker)."""
@@ -217,6 +222,15 @@ class WatchedDataLoader:
                 self._final = self._totals()
                 self._unlink()
                 self._block = None
+
+
+def _summed(before: StageReading | None, now: StageReading) -> StageReading:
+    """``now``'s counters with ``before``'s added; its gauges (in flight, concurrency) as they are."""
+    if before is None:
+        return now
+    return dataclasses.replace(now, tasks=before.tasks + now.tasks, failures=before.failures + now.failures,
+                               busy_ns=before.busy_ns + now.busy_ns, busy_done_ns=before.busy_done_ns + now.busy_done_ns,
+                               hist=[a + b for a, b in zip(before.hist, now.hist, strict=True)])
 
 
 class MeteredWorkerInit:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _forksafe
+from .._integrations.torch_dataloader import is_dataloader
 from .._json import dumps
 from .._pipeline import unique_name
 from .._telemetry.frames import FrameChunk, Ring, chunk_since
@@ -41,6 +42,10 @@ _PUBLISHED: dict[int, Publisher] = {}  # by id of what they publish
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 #: The names taken by runs published with no code change.
 _taken: set[str] = set()
+#: The latest run published with no code change from each script line (``publish_once``).
+_by_line: dict[str, Publisher] = {}
+#: How long a DataLoader waits for the run it goes on with to finish closing.
+RESUME_WAIT_S = 10.0
 _lock = _forksafe.Lock()
 _ends_lock = _forksafe.Lock()  # not _lock: publish_once holds that while a Publisher starts
 _ends_watched = False
@@ -96,16 +101,23 @@ def unpublish(obj: Any) -> None:
 
 def publish_once(obj: Any) -> Publisher:
     """Publish ``obj`` unless it is: as ``$SPDL_LAB_WATCH_NAME`` or the line that started the run,
-    ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken."""
+    ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from the line of one the
+    script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on with
+    that run: one run, one record, every step, as the script counts them."""
     with _lock:
         publisher = published_by(obj)
         if publisher is None:
-            base = os.environ.get(ENV_NAME, "") or caller_line()
-            rank = os.environ.get("RANK", "")
+            line, rank = caller_line(), os.environ.get("RANK", "")
+            base = os.environ.get(ENV_NAME, "") or line
             base = f"{base}-rank{rank}" if rank.isdigit() else base
-            name = unique_name(base, _taken, sep="-")
-            _taken.add(name)
-            publisher = Publisher(obj, name)
+            prior = _by_line.get(line)
+            if prior is not None and prior.resumable(obj):
+                publisher = Publisher(obj, prior.given, resume=prior)
+            else:
+                name = unique_name(base, _taken, sep="-")
+                _taken.add(name)
+                publisher = Publisher(obj, name)
+            _by_line[line] = publisher
     return publisher
 
 
@@ -181,22 +193,28 @@ class Publisher:
     It never blocks training: a pump thread copies new ticks into one ``Timeline`` and the
     record's buffer; the endpoint's threads answer viewers from the timeline."""
 
-    def __init__(self, obj: Any, name: str) -> None:
-        self.timeline = Timeline()  # first: every tick of the source counts from here, none before
+    def __init__(self, obj: Any, name: str, resume: Publisher | None = None) -> None:
+        """``resume``: a closed run of a DataLoader that this one goes on with (``resumable``)."""
+        # First: every tick of the source counts from here, none before.
+        self.timeline = resume.timeline if resume is not None else Timeline()
         self._pid = os.getpid()
-        self.source = source_of(obj)
+        self.source = source_of(obj) if resume is None else LoopSource(obj, resume.source)
         # A dropped iterable ends its run (LoopSource.dropped); a Session or Loader ends by its own close.
         weakly = isinstance(self.source, LoopSource)
         self._key, self._obj = id(obj), held_weakly(obj) if weakly else (lambda: obj)
+        self.given = name
         name, path, job = record_of(name, self._pid)  # job: the rank's facts, {} outside torchrun
         self.name = name
-        if (os.environ.get(RECORD_ENV) or job) and path.exists():  # a second run in one script
+        if resume is not None:
+            path = resume.writer.path
+        elif (os.environ.get(RECORD_ENV) or job) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
         self.ended_by: str | None = None  # "failed" or "stopped", set by _watch_endings
-        self._recorded = 0  # the timeline's cursor: ticks before it are in the record
-        self._steps_recorded = 0  # the clock's step index: steps before it are in the record
+        # The timeline's cursor (ticks before it are in the record) and the clock's step index.
+        self._recorded, self._steps_recorded = (resume._recorded, resume._steps_recorded) if resume else (0, 0)
         self._stats_at = -math.inf
         self._stop = threading.Event()
+        self._closed = threading.Event()  # set once close() has run to its end
         self._lock = _forksafe.Lock()
         self._copy_lock = _forksafe.RLock()
         handlers = Handlers(frames_since=self.timeline.frames_since, stats=self.stats,
@@ -204,7 +222,8 @@ class Publisher:
                             controls=self.source.controls)
         with contextlib.ExitStack() as undo:  # a step that fails stops what the steps before started
             undo.callback(self.source.close)
-            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner, **job})
+            self.writer = RecordWriter(path, meta={"name": name, "runner": self.source.runner, **job},
+                                       resume=resume is not None)
             undo.callback(self.writer.close, state="failed")
             self.endpoint = Endpoint(name, handlers, record=str(path), runner=self.source.runner, job=job)
             undo.pop_all()
@@ -265,6 +284,16 @@ class Publisher:
         self._copy()
         self.writer.flush()
 
+    def resumable(self, obj: Any) -> bool:
+        """Whether DataLoader ``obj`` goes on with this run: it is one, whose DataLoader the script
+        let go of with its epoch; closes it (as the pump would) and waits for that."""
+        source = self.source
+        if not (is_dataloader(obj) and isinstance(source, LoopSource) and source.workers is not None
+                and source.obj is None and source.loop.idle()):
+            return False
+        self.close()  # the pump's own close may be under way: wait for the one that runs
+        return self._closed.wait(RESUME_WAIT_S) and self.ended_by is None
+
     def _final_state(self) -> str:
         return "failed" if self.source.state() == "failed" else self.ended_by or "finished"
 
@@ -288,6 +317,7 @@ class Publisher:
         self._pump.join(5.0)
         state = self._final_state()
         with contextlib.ExitStack() as steps:  # each step runs even when one before it fails
+            steps.callback(self._closed.set)
             steps.callback(self._forget)
             steps.callback(self.endpoint.close)
             steps.callback(self.writer.close, state=state)

@@ -74,10 +74,12 @@ def append_ticks(ring: Ring, times: np.ndarray, columns: dict[tuple[str, str], n
 class RecordWriter(contextlib.AbstractContextManager):
     """Writes frame chunks to a new SQLite record from its own thread, ``spdl_lab:record``. ``add``
     never waits on the disk: a ring of ``max_buffered_ticks`` (older ticks dropped, counted) is
-    written every ``flush_every_s``; ``close`` raises a failed flush."""
+    written every ``flush_every_s``; ``close`` raises a failed flush. ``resume=True`` goes on with
+    the record of a run that ends and starts again (``Publisher``): its meta is kept, its state
+    running again."""
 
     def __init__(self, path: str | os.PathLike, *, meta: dict[str, str], flush_every_s: float = 2.0,
-                 max_buffered_ticks: int = 6000) -> None:
+                 max_buffered_ticks: int = 6000, resume: bool = False) -> None:
         self.path = Path(path)
         self.flush_every_s = flush_every_s
         self.dropped_ticks = 0
@@ -93,12 +95,12 @@ class RecordWriter(contextlib.AbstractContextManager):
         self._newest_s = -math.inf
         self.closed = False
         self._stop = threading.Event()
-        self._db = self._open(meta)
+        self._db = self._open(meta, resume)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
-    def _open(self, meta: dict[str, str]) -> sqlite3.Connection:
-        if self.path.exists():
+    def _open(self, meta: dict[str, str], resume: bool) -> sqlite3.Connection:
+        if self.path.exists() and not resume:
             raise SpdlLabError(f"record file {self.path} already exists; choose another path "
                                f"(--record or ${RECORD_ENV}) or delete the old record")
         try:
@@ -114,6 +116,11 @@ class RecordWriter(contextlib.AbstractContextManager):
                                f"(--record or ${RECORD_ENV})") from e
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         facts = {"pid": os.getpid(), "started": started, **meta, "state": "running", "dropped_ticks": 0}
+        if resume:
+            kept = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('started', 'dropped_ticks', "
+                                   "'dropped_steps')"))
+            self.dropped_ticks, self.dropped_steps = (int(kept.pop(k, 0)) for k in ("dropped_ticks", "dropped_steps"))
+            facts = {**facts, **kept, "dropped_ticks": self.dropped_ticks}
         with db:
             db.executemany(_SET_META, [(str(k), str(v)) for k, v in facts.items()])
         return db

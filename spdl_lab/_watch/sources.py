@@ -77,8 +77,8 @@ class _TimedLoop:
     """The step clock and probes of a loop ``lab.publish`` times, one epoch at a time; ``children``
     is the CPU probe's (False, or a callable such as a DataLoader's workers, skips its scan)."""
 
-    def __init__(self, children: Any) -> None:
-        self.clock = StepClock()
+    def __init__(self, children: Any, clock: StepClock | None = None) -> None:
+        self.clock = clock or StepClock()
         self.gil = GilProbe()  # started and stopped by the source; the CPU probe needs neither
         self.sources: list[Any] = [self.clock.rows, self.gil, CpuProbe(children=children)]
         #: whether a step the loop let go of counts at the end (not when the script failed)
@@ -179,13 +179,17 @@ class OwnerSource(SessionSource):
 
 class LoopSource:
     """Any other iterable, above all a DataLoader: ``next()`` is data wait, holding a batch is the
-    step, a DataLoader's workers are read for CPU; its own sampler."""
+    step, a DataLoader's workers are read for CPU; its own sampler. ``before``: the closed source
+    of the run it goes on with (``Publisher``), whose clock, stage totals and time carry on."""
 
-    def __init__(self, iterable: Any) -> None:
+    def __init__(self, iterable: Any, before: LoopSource | None = None) -> None:
         # Weakly: its user dropping it (a loop that makes a DataLoader each epoch) ends the run.
         self._obj = held_weakly(iterable)
-        self.workers = WatchedDataLoader(iterable, weakly=True) if is_dataloader(iterable) else None
-        self.loop = _TimedLoop(children=self.workers.processes if self.workers is not None else True)
+        self.workers = (WatchedDataLoader(iterable, weakly=True, before=before and before.workers)
+                        if is_dataloader(iterable) else None)
+        self.loop = _TimedLoop(self.workers.processes if self.workers is not None else True,
+                               before.clock if before is not None else None)
+        self._elapsed_before = before.elapsed_s if before is not None else 0.0
         self.clock = self.loop.clock
         from_spdl = type(iterable).__module__.split(".")[0] == "spdl"
         self.runner = ("DataLoader" if self.workers is not None else "spdl" if from_spdl
@@ -226,9 +230,14 @@ class LoopSource:
     def sampler(self) -> Sampler | None:
         return self._sampler
 
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds sampled, the runs it goes on with included."""
+        return self._elapsed_before + self._sampler.elapsed_s
+
     def stats(self) -> dict[str, Any]:
         step = self.loop.clock.summary().to_dict()
-        elapsed = self._sampler.elapsed_s
+        elapsed = self.elapsed_s
         stages = self.workers.stages(elapsed).values() if self.workers is not None else ()
         return {"runner": self.runner, "running": not self._closed, "elapsed_s": elapsed,
                 "items_out": step["steps"], "stages": [asdict(s) for s in stages], "step": step}

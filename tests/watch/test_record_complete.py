@@ -254,9 +254,10 @@ EPOCH_BY_EPOCH = '''
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("workers", ["persistent", "fresh"])
 def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path, workers):
-    """Its run ends once the script lets go of it and its epoch: the record finished with every step,
-    the lab's threads and endpoint gone, persistent workers stopped; not one more run per epoch kept
-    until the script exits."""
+    """Its run ends once the script lets go of it and its epoch: the record finished, the lab's
+    threads and endpoint gone, persistent workers stopped; not one more run per epoch kept until
+    the script exits. The next epoch's DataLoader, from the same line, goes on with that run: one
+    record with every step, as the script counts them."""
     script = tmp_path / "epochs.py"
     script.write_text(textwrap.dedent(EPOCH_BY_EPOCH))
     env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
@@ -266,10 +267,13 @@ def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path,
     assert done.returncode == 0, done.stderr
     assert "lab threads []" in done.stdout and "workers 0" in done.stdout, done.stdout
     records = sorted(tmp_path.glob("r*.sqlite"))
-    assert len(records) == 4, records  # a run per DataLoader
-    for record in records:
-        assert record_meta(record)["state"] == "finished", record
-        assert lab.open(record).stats().step.steps == 4, record
+    assert records == [tmp_path / "r.sqlite"], records
+    meta = record_meta(records[0])
+    assert meta["state"] == "finished" and meta["name"] == "epochs-14", meta  # the line of the loop over it
+    opened = lab.open(records[0])
+    assert opened.stats().step.steps == 4 * 4
+    assert {s.name: s.tasks for s in opened.stats().stages.values()} == {"fetch": 4 * 16, "collate": 4 * 4}
+    opened.close()
     assert not list((tmp_path / "rt").glob("*.sock")), "an endpoint left open"
 
 

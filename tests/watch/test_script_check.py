@@ -164,6 +164,24 @@ def test_tune_script_counts_the_training_loop_not_a_validation_loop_run_before_i
         "run01-start-tune-script-run01-start-2.sqlite", "run01-start.sqlite"]
 
 
+@pytest.mark.timeout(120)
+def test_tune_script_counts_every_epoch_of_a_dataloader_built_each_epoch(tmp_path, monkeypatch):
+    """An epoch of 8 steps, its DataLoader built anew each time: 20 steps are the job's, across
+    three DataLoaders, in one record per run (it measured one epoch's, and stopped there)."""
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    each_epoch = SCRIPT.replace("        dl = DataLoader(Slow(), batch_size=4, num_workers=0)\n", "").replace(
+        "        for epoch in range(100):\n",
+        "        for epoch in range(100):\n            dl = DataLoader(Slow(), batch_size=4, num_workers=0, "
+        "sampler=range(32))\n").replace('        print("num_workers", dl.num_workers, "prefetch_factor", '
+                                         'dl.prefetch_factor, flush=True)\n', "")
+    assert each_epoch.count("DataLoader(") == 1 and "sampler=range(32)" in each_epoch
+    report = check_script([sys.executable, str(_script(tmp_path, each_epoch))], {"num_workers": 1},
+                          tmp_path / "runs", steps=20, warmup=2, rounds=1)
+    rows = [line.split() for line in report.splitlines() if re.match(r"\s+\d+\s+(start|advice)\s", line)]
+    assert [(r[1], r[2]) for r in rows] == [("start", "20"), ("advice", "20")]
+    assert sorted(p.name for p in (tmp_path / "runs").glob("run01-*")) == ["run01-start.sqlite"]
+
+
 @pytest.mark.measurement
 @pytest.mark.timeout(300)
 def test_tune_script_reports_the_jobs_own_steps_per_second_both_ways(tmp_path, capsys, monkeypatch):
