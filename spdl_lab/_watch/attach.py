@@ -25,6 +25,8 @@ from .records import append_ticks, read_record, read_step_summary, record_meta, 
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
+#: How long a DataLoader's ended run is watched for the next DataLoader of its line to go on with it.
+RESUME_WAIT_S = 5.0
 
 
 def record_state(record: str | None, default: str) -> str:
@@ -144,8 +146,22 @@ class RemoteSession:
         return session
 
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S) and self._poll():
+        while not self._stop.wait(POLL_S) and (self._poll() or self._goes_on()):
             pass
+
+    def _goes_on(self) -> bool:
+        """A script that builds its DataLoader each epoch closes the run between them, and the next
+        one goes on with it on the same endpoint (``publish_once``): True once it does."""
+        if self.runner != "DataLoader" or self._state not in ("finished", "killed"):
+            return False
+        until = time.monotonic() + RESUME_WAIT_S
+        while time.monotonic() < until and not self._stop.wait(POLL_S):
+            if os.path.exists(self._client.socket_path) and self._poll():
+                self._final = None  # the figures read from its record while it was closed
+                return True
+        state = record_state(self.record, "killed")
+        self._state = "killed" if state == "running" else state
+        return False
 
     def _poll(self) -> bool:
         """Fetch new frames, the state and the controls; False once the run's endpoint is gone."""

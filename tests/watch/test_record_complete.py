@@ -277,6 +277,46 @@ def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path,
     assert not list((tmp_path / "rt").glob("*.sock")), "an endpoint left open"
 
 
+SLOW_EPOCHS = '''
+    import time
+    import torch
+    from torch.utils.data import DataLoader
+
+    if __name__ == "__main__":
+        for epoch in range(4):
+            for batch in DataLoader([torch.zeros(2)] * 16, batch_size=2):  # 8 steps of 0.1 s
+                time.sleep(0.1)
+            time.sleep(0.3)  # between epochs: the run is closed
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_viewer_of_a_dataloader_built_each_epoch_follows_every_epoch(tmp_path, monkeypatch, wait_until):
+    """Between the DataLoaders the run is closed; the viewer waits for the next to go on with it."""
+    monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent(SLOW_EPOCHS))
+    env = os.environ.copy()
+    proc = subprocess.Popen([sys.executable, "-m", "spdl_lab", "watch", "--name", "epochs", "--record",
+                             str(tmp_path / "r.sqlite"), "--", sys.executable, str(script)], cwd=tmp_path, env=env)
+    try:
+        remote = lab.attach("epochs", timeout=60)
+        try:
+            assert proc.wait(60) == 0
+            wait_until(lambda: remote.state == "finished" and remote._thread is not None
+                       and not remote._thread.is_alive(), timeout=20)
+            steps = remote.frames().query("series == 'steps' and stage == 'step'").value
+            # Ticks from the third epoch on (the last ones may come after its last poll), then the
+            # whole run from the record, as for any run that ended.
+            assert steps.max() > 2 * 8 and remote.stats().step.steps == 4 * 8
+        finally:
+            remote.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 LEAKS_A_SEGMENT = textwrap.dedent('''
     import os
     from spdl_lab._runners._shm import ShmFile, new_prefix
