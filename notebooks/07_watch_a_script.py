@@ -62,7 +62,7 @@ def wait_for(condition, timeout=60.0):
 # %%
 remote = lab.attach("tutorial", timeout=60)
 wait_for(lambda: "qps" in set(remote.frames()["series"]))
-lab.attach()[["name", "pid", "state", "runner"]]
+lab.attach()[["name", "pid", "state", "steps", "runner"]]  # steps: those its record has so far
 
 # %%
 dashboard = remote.dashboard()

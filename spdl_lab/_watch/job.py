@@ -18,7 +18,7 @@ from .._views import view
 from ..errors import PipelineSpecError, SpdlLabError
 from .attach import RemoteSession, record_state
 from .endpoint import list_endpoints
-from .records import record_meta
+from .records import record_meta, recorded_steps
 
 #: How often a live job looks for ranks that have published since.
 RANKS_EVERY_S = 0.5
@@ -236,25 +236,30 @@ def attach(name_or_pid: str | int | None = None, timeout: float = 10.0) -> Any:
 
 
 def _listing() -> pd.DataFrame:
-    """A row per published run, and one per job (its name, rank 0's pid, its ranks, its folder)."""
+    """A row per published run, and one per job (its name, rank 0's pid, its ranks, its folder);
+    ``steps``: those recorded so far (a job's: its slowest rank's, in the run of most steps)."""
     rows, jobs = [], {}
     for entry in list_endpoints():
         if entry.get("job"):
             jobs.setdefault(entry["job"], []).append(entry)
         else:
-            rows.append({**entry, "state": record_state(entry["record"], "running"), "ranks": ""})
+            rows.append({**entry, "state": record_state(entry["record"], "running"), "ranks": "",
+                         "steps": recorded_steps(entry.get("record"))})
     for entries in jobs.values():
         entries.sort(key=lambda e: e["rank"])
         first = entries[0]
         states = {record_state(e["record"], "running") for e in entries}
         folder = str(Path(first["record"]).parent) if first.get("record") else None
         ranks = ",".join(str(r) for r in sorted({e["rank"] for e in entries}))
-        rows.append({"name": first.get("job_name") or first["name"], "pid": first["pid"],
+        steps: dict[int, int] = {}
+        for e in entries:
+            steps[e["rank"]] = max(steps.get(e["rank"], 0), recorded_steps(e.get("record")))
+        rows.append({"name": first.get("job_name") or first["name"], "pid": first["pid"], "steps": min(steps.values()),
                      "started": min(e["started"] for e in entries), "runner": first["runner"],
                      "state": "running" if "running" in states else ", ".join(sorted(states)),
                      "record": folder, "ranks": f"{ranks} of {first.get('world_size') or '?'}"})
     return pd.DataFrame(sorted(rows, key=lambda r: r["started"]),
-                        columns=["name", "pid", "started", "state", "runner", "record", "ranks"])
+                        columns=["name", "pid", "started", "state", "steps", "runner", "record", "ranks"])
 
 
 def open_record(path: str | os.PathLike) -> Any:

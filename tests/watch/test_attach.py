@@ -66,6 +66,7 @@ def test_attach_reads_steers_and_sees_a_kill(script, wait_until):
     runs = lab.attach()
     assert list(runs["name"]) == ["trainer"] and runs["pid"].iloc[0] == proc.pid
     assert runs["state"].iloc[0] == "running" and runs["runner"].iloc[0] == "thread"
+    wait_until(lambda: lab.attach()["steps"].iloc[0] > 0, timeout=10)  # as its record has them so far
     remote = lab.attach("trainer", timeout=10)
     try:
         wait_until(lambda: "qps" in set(remote.frames()["series"]), timeout=10)  # a tick after the first

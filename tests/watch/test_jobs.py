@@ -41,6 +41,8 @@ def test_a_torchrun_job_is_one_job_with_a_session_per_rank(tmp_path):
                  60, "each rank's training loop")
         assert [[s.name for s in runs] for runs in job.runs.values()] == [
             ["ddp-one-rank0", "ddp-one-rank0-2"], ["ddp-one-rank1", "ddp-one-rank1-2"]]
+        # The listing's steps: the slowest rank's training loop, past its 2 validation steps.
+        wait_for(lambda: lab.attach().set_index("name").loc["ddp-one", "steps"] > 2, 30, "the training steps")
         assert {s.rank for s in job.ranks.values()} == {0, 1}
 
         wait_for(lambda: job.straggler == 1, 90, "the slowed rank named")
