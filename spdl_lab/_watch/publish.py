@@ -42,8 +42,8 @@ _PUBLISHED: dict[int, Publisher] = {}  # by id of what they publish
 _ENDED = ("finished", "failed", "stopped", "exhausted", "killed")
 #: The names taken by runs published with no code change.
 _taken: set[str] = set()
-#: The latest run published with no code change from each script line (``publish_once``).
-_by_line: dict[str, Publisher] = {}
+#: The latest run published with no code change from each script line and loader (``_origin``).
+_by_origin: dict[tuple[Any, ...], Publisher] = {}
 #: How long a DataLoader waits for the run it goes on with to finish closing.
 RESUME_WAIT_S = 10.0
 _lock = _forksafe.Lock()
@@ -101,24 +101,38 @@ def unpublish(obj: Any) -> None:
 
 def publish_once(obj: Any) -> Publisher:
     """Publish ``obj`` unless it is: as ``$SPDL_LAB_WATCH_NAME`` or the line that started the run,
-    ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from the line of one the
-    script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on with
-    that run: one run, one record, every step, as the script counts them."""
+    ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from where one came that
+    the script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on
+    with that run (``_origin``): one run, one record, every step, as the script counts them."""
     with _lock:
         publisher = published_by(obj)
         if publisher is None:
             line, rank = caller_line(), os.environ.get("RANK", "")
             base = os.environ.get(ENV_NAME, "") or line
             base = f"{base}-rank{rank}" if rank.isdigit() else base
-            prior = _by_line.get(line)
+            origin = _origin(obj, line)
+            prior = _by_origin.get(origin)
             if prior is not None and prior.resumable(obj):
                 publisher = Publisher(obj, prior.given, resume=prior)
             else:
                 name = unique_name(base, _taken, sep="-")
                 _taken.add(name)
                 publisher = Publisher(obj, name)
-            _by_line[line] = publisher
+            _by_origin[origin] = publisher
     return publisher
+
+
+def _origin(obj: Any, line: str) -> tuple[Any, ...]:
+    """Where a loader comes from, as far as its runs go on: the script's line, and what tells a
+    training DataLoader from a validation one iterated there (Lightning iterates both from the
+    ``trainer.fit`` line): the type and length of its dataset, its batch size, its sampler's type."""
+    dataset = getattr(obj, "dataset", None)
+    try:
+        size = len(dataset)
+    except Exception:  # an IterableDataset without a length, or none
+        size = None
+    return (line, type(dataset).__qualname__, size, getattr(obj, "batch_size", None),
+            type(getattr(obj, "sampler", None)).__qualname__)
 
 
 def start_hook(event: str, subject: Any) -> None:

@@ -277,6 +277,36 @@ def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path,
     assert not list((tmp_path / "rt").glob("*.sock")), "an endpoint left open"
 
 
+TRAIN_AND_VALIDATION = '''
+    import torch
+    from torch.utils.data import DataLoader
+
+    if __name__ == "__main__":
+        for epoch in range(3):  # both rebuilt each epoch, iterated from one line, as Lightning does
+            for dl in (DataLoader([torch.zeros(2)] * 32, batch_size=4, shuffle=True),
+                       DataLoader([torch.zeros(2)] * 8, batch_size=4)):
+                for batch in dl:
+                    pass
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_training_and_a_validation_dataloader_rebuilt_on_one_line_each_go_on_with_their_own_run(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(textwrap.dedent(TRAIN_AND_VALIDATION))
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
+           "SPDL_LAB_WATCH": "1"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=80)
+    assert done.returncode == 0, done.stderr
+    steps = {}
+    for record in tmp_path.glob("r*.sqlite"):
+        opened = lab.open(record)
+        steps[record_meta(record)["name"]] = opened.stats().step.steps
+        opened.close()
+    assert steps == {"fit-9": 3 * 8, "fit-9-2": 3 * 2}, steps
+
+
 SLOW_EPOCHS = '''
     import time
     import torch
