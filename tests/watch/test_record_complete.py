@@ -133,6 +133,18 @@ def runtime_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _run_watched(tmp_path, name: str, code: str, *args: str, record: str = "r.sqlite",
+                 **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` as the script ``name`` with publishing on (``SPDL_LAB_WATCH=1``), recording to
+    ``record``; its output kept."""
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / record),
+           "SPDL_LAB_WATCH": "1", **env}
+    return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=80)
+
+
 NO_CYCLE = '''
     import gc, weakref
     import torch
@@ -163,12 +175,7 @@ NO_CYCLE = '''
 def test_an_epoch_the_loop_drops_is_freed_at_once_not_by_a_garbage_collection(tmp_path):
     # Freed by a collection instead, torch takes 5 s per worker to stop the old epoch's workers,
     # and did so in the middle of a Lightning job's steps.
-    script = tmp_path / "epochs.py"
-    script.write_text(textwrap.dedent(NO_CYCLE))
-    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
-           "SPDL_LAB_WATCH": "1"}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=80)
+    done = _run_watched(tmp_path, "epochs.py", NO_CYCLE)
     assert done.returncode == 0, done.stderr
     assert "alive 0" in done.stdout, done.stdout
 
@@ -213,13 +220,9 @@ SIGTERM_IN_WAIT = '''
 @pytest.mark.parametrize("signals", ["once", "twice"])
 def test_sigterm_while_the_loop_waits_for_data_closes_the_run_and_its_shared_memory(tmp_path, signals):
     """Twice: a second SIGTERM in the first one's flush waits for it (the records stay whole)."""
-    script = tmp_path / "wait.py"
-    script.write_text(textwrap.dedent(SIGTERM_IN_WAIT))
     record = tmp_path / "run.sqlite"
-    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(record),
-           "SPDL_LAB_WATCH": "1", **({"TWICE": "1"} if signals == "twice" else {})}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=80)
+    done = _run_watched(tmp_path, "wait.py", SIGTERM_IN_WAIT, record=record.name,
+                        **({"TWICE": "1"} if signals == "twice" else {}))
     assert done.returncode == -15, done.stderr  # the signal still ends it, as without the lab
     pid = done.stdout.split()[1]
     assert record_meta(record)["state"] == "stopped"
@@ -258,12 +261,7 @@ def test_a_dataloader_the_script_drops_ends_its_run_as_without_the_lab(tmp_path,
     threads and endpoint gone, persistent workers stopped; not one more run per epoch kept until
     the script exits. The next epoch's DataLoader, from the same line, goes on with that run: one
     record with every step, as the script counts them."""
-    script = tmp_path / "epochs.py"
-    script.write_text(textwrap.dedent(EPOCH_BY_EPOCH))
-    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
-           "SPDL_LAB_WATCH": "1"}
-    done = subprocess.run([sys.executable, str(script), workers], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=80)
+    done = _run_watched(tmp_path, "epochs.py", EPOCH_BY_EPOCH, workers)
     assert done.returncode == 0, done.stderr
     assert "lab threads []" in done.stdout and "workers 0" in done.stdout, done.stdout
     records = sorted(tmp_path.glob("r*.sqlite"))
@@ -292,12 +290,7 @@ TRAIN_AND_VALIDATION = '''
 
 @pytest.mark.timeout(90)
 def test_a_training_and_a_validation_dataloader_rebuilt_on_one_line_each_go_on_with_their_own_run(tmp_path):
-    script = tmp_path / "fit.py"
-    script.write_text(textwrap.dedent(TRAIN_AND_VALIDATION))
-    env = {**os.environ, "SPDL_LAB_RUNTIME_DIR": str(tmp_path / "rt"), "SPDL_LAB_RECORD": str(tmp_path / "r.sqlite"),
-           "SPDL_LAB_WATCH": "1"}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=80)
+    done = _run_watched(tmp_path, "fit.py", TRAIN_AND_VALIDATION)
     assert done.returncode == 0, done.stderr
     steps = {}
     for record in tmp_path.glob("r*.sqlite"):
