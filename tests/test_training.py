@@ -705,9 +705,10 @@ def test_a_batch_let_go_of_at_once_was_fetched_not_trained_on(monkeypatch):
         epoch = clock.iterate_steps(range(10))
         next(epoch)
         epoch.close()
-        now.ns += 3_000_000
+        now.ns += 3_000_000  # trained on it until the next iter()
         clock.leave()
     assert clock.steps == 3 * 4 + 3 + 2
+    assert [r.step_s for r in clock.records()[-2:]] == [0.003, 0.003]
 
 
 def test_the_clock_keeps_no_batch_the_loop_let_go_of():

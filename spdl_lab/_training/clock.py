@@ -141,7 +141,8 @@ class StepClock:
     def leave(self, at_ns: int | None = None) -> None:
         """The loop starts another epoch (at ``at_ns``, ``time.perf_counter_ns()``, or now): a step
         it let go of or still holds ended, and counts."""
-        self.settle(counted=True)
+        at_ns = at_ns or time.perf_counter_ns()
+        self.settle(counted=True, at_ns=at_ns)
         held, self._held = self._held, None
         if held is not None:
             self._close_step(held, counted=True, end_ns=at_ns)
@@ -151,20 +152,23 @@ class StepClock:
         """A step is held, or was let go of and waits for ``settle()`` (how the script ends decides)."""
         return self._held is not None or self._let_go is not None
 
-    def settle(self, counted: bool) -> None:
+    def settle(self, counted: bool, at_ns: int | None = None) -> None:
         """Count the step a loop let go of (``iterate_steps``), ending when it did, or drop it
         (``counted=False``: the script failed or was stopped in it). A batch let go of at once
         (``FETCHED_ONLY_NS``) after others of its epoch was not one: ``enumerate`` and a ``break``
-        at the top of the loop, the longer loader in ``zip``; an epoch's only batch is the step of a
-        loop that asks each epoch for one (``next(iter(loader))``)."""
+        at the top of the loop, the longer loader in ``zip``. An epoch's only batch let go of at
+        once is the step of a loop that asks each epoch for one (``next(iter(loader))``), ending
+        when the next epoch begins (``at_ns``, from ``leave``)."""
         let_go, self._let_go = self._let_go, None
         if let_go is not None:
             opened, end_ns, only = let_go
             t = self._totals
             floor_ns = min(FETCHED_ONLY_NS, t.step_ns / t.steps / 10) if t.steps else FETCHED_ONLY_NS
-            fetched_only = not only and end_ns - opened[0] < floor_ns
+            at_once = end_ns - opened[0] < floor_ns
+            if at_once and only and at_ns is not None:
+                end_ns = at_ns
             self._open = True  # _close_step's bookkeeping expects the step it closes open
-            self._close_step(opened, counted=counted and not fetched_only, end_ns=end_ns)
+            self._close_step(opened, counted=counted and not (at_once and not only), end_ns=end_ns)
 
     @contextmanager
     def step(self) -> Iterator[None]:
