@@ -48,7 +48,8 @@ class StepClock:
     A step whose batch did not come through ``iterate`` waited since the previous step ended.
     Device time comes from ``device``, a SimulatedDevice step function of ``run``, or CUDA events
     (``cuda=True``; ``cuda=None`` imports torch and, with CUDA there, times the steps from when
-    the job first uses a GPU), read lazily: only ``summary()`` synchronizes. The loop's thread is the only writer; readers never block it.
+    the job first uses a GPU), read lazily: only ``summary()`` synchronizes. The loop's thread is
+    the only writer; readers never block it.
     """
 
     def __init__(self, device: SimulatedDevice | None = None, *, cuda: bool | None = None,

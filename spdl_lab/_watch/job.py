@@ -254,8 +254,9 @@ def _listing() -> pd.DataFrame:
         steps: dict[int, int] = {}
         for e in entries:
             steps[e["rank"]] = max(steps.get(e["rank"], 0), recorded_steps(e.get("record")))
-        rows.append({"name": first.get("job_name") or first["name"], "pid": first["pid"], "steps": min(steps.values()),
-                     "started": min(e["started"] for e in entries), "runner": first["runner"],
+        rows.append({"name": first.get("job_name") or first["name"], "pid": first["pid"],
+                     "steps": min(steps.values()), "started": min(e["started"] for e in entries),
+                     "runner": first["runner"],
                      "state": "running" if "running" in states else ", ".join(sorted(states)),
                      "record": folder, "ranks": f"{ranks} of {first.get('world_size') or '?'}"})
     return pd.DataFrame(sorted(rows, key=lambda r: r["started"]),

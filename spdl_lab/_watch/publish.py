@@ -45,7 +45,7 @@ _taken: set[str] = set()
 #: The latest run published with no code change from each script line and loader (``_origin``).
 _by_origin: dict[tuple[Any, ...], Publisher] = {}
 #: How long a DataLoader waits for the run it goes on with to finish closing.
-RESUME_WAIT_S = 10.0
+CLOSE_WAIT_S = 10.0
 _lock = _forksafe.Lock()
 _ends_lock = _forksafe.Lock()  # not _lock: publish_once holds that while a Publisher starts
 _ends_watched = False
@@ -306,7 +306,7 @@ class Publisher:
                 and source.obj is None and source.loop.idle()):
             return False
         self.close()  # the pump's own close may be under way: wait for the one that runs
-        return self._closed.wait(RESUME_WAIT_S) and self.ended_by is None
+        return self._closed.wait(CLOSE_WAIT_S) and self.ended_by is None
 
     def _final_state(self) -> str:
         return "failed" if self.source.state() == "failed" else self.ended_by or "finished"

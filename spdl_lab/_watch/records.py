@@ -226,7 +226,8 @@ def record_meta(path: str | os.PathLike) -> dict[str, str]:
 def recorded_steps(path: str | os.PathLike | None) -> int:
     """Steps in a run's record so far (written every ``flush_every_s``); 0 without one."""
     with contextlib.suppress(SpdlLabError, sqlite3.Error):
-        return with_record(path, lambda db: db.execute("SELECT coalesce(max(idx) + 1, 0) FROM steps").fetchone()[0])
+        return with_record(path, lambda db: db.execute("SELECT coalesce(max(idx) + 1, 0) FROM steps")
+                           .fetchone()[0])
     return 0
 
 
