@@ -15,6 +15,7 @@ import sysconfig
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ _sigterm_taken = False
 #: How long a SIGTERM that comes while an earlier one's flush runs waits for it before it ends the
 #: process as it stands (a job's group kill and torchrun's own SIGTERM come 10 ms apart).
 SIGTERM_FLUSH_S = 10.0
+#: While the main thread opens or closes a run: how deep, and whether a SIGTERM waits (``_sigterm_held``).
+_hold: list[Any] = [0, False]
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -104,7 +107,7 @@ def publish_once(obj: Any) -> Publisher:
     ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from where one came that
     the script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on
     with that run (``_origin``): one run, one record, every step, as the script counts them."""
-    with _lock:
+    with _sigterm_held(), _lock:
         publisher = published_by(obj)
         if publisher is None:
             line, rank = caller_line(), os.environ.get("RANK", "")
@@ -305,8 +308,8 @@ class Publisher:
         if not (is_dataloader(obj) and isinstance(source, LoopSource) and source.workers is not None
                 and source.obj is None and source.loop.idle()):
             return False
-        self.close()  # the pump's own close may be under way: wait for the one that runs
-        return self._closed.wait(CLOSE_WAIT_S) and self.ended_by is None
+        self.close()  # or waits for the close under way (the pump's, when it saw the drop)
+        return self._closed.is_set() and self.ended_by is None
 
     def _final_state(self) -> str:
         return "failed" if self.source.state() == "failed" else self.ended_by or "finished"
@@ -325,18 +328,21 @@ class Publisher:
         if os.getpid() != self._pid:
             return
         with self._lock:
-            if self._stop.is_set():
-                return
+            closing = self._stop.is_set()
             self._stop.set()
-        self._pump.join(5.0)
-        state = self._final_state()
-        with contextlib.ExitStack() as steps:  # each step runs even when one before it fails
-            steps.callback(self._closed.set)
-            steps.callback(self._forget)
-            steps.callback(self.endpoint.close)
-            steps.callback(self.writer.close, state=state)
-            steps.callback(self._copy, final=True)
-            self.source.close()  # a source's sampler takes its last tick as it stops
+        if closing:  # by another thread: a SIGTERM's close waits for it, or ends the process mid-way
+            self._closed.wait(CLOSE_WAIT_S)
+            return
+        with _sigterm_held():
+            self._pump.join(5.0)
+            state = self._final_state()
+            with contextlib.ExitStack() as steps:  # each step runs even when one before it fails
+                steps.callback(self._closed.set)
+                steps.callback(self._forget)
+                steps.callback(self.endpoint.close)
+                steps.callback(self.writer.close, state=state)
+                steps.callback(self._copy, final=True)
+                self.source.close()  # a source's sampler takes its last tick as it stops
 
     def _forget(self) -> None:
         atexit.unregister(self.close)
@@ -369,6 +375,24 @@ def _mark(how: str) -> None:
             publisher.ended_by = how
 
 
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """A SIGTERM that comes while the main thread opens or closes a run waits until it is done:
+    its handler, run in between, would find the run half made or half closed, and end the process
+    with its record open (a DataLoader built each epoch hands its run on at every epoch)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _hold[0] += 1
+    try:
+        yield
+    finally:
+        _hold[0] -= 1
+        if not _hold[0] and _hold[1]:
+            _hold[1] = False
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs now, with every run whole
+
+
 def _take_sigterm() -> None:
     """Flush on SIGTERM (which skips ``atexit``), then let the script's handler or the default act.
     Only the main thread may set it; a run published from another one flushes every 2 s."""
@@ -387,6 +411,9 @@ def _take_sigterm() -> None:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)  # end as without the lab
                 os.kill(os.getpid(), signal.SIGTERM)
             return  # else the first one's flush ends the process: now would cut records short
+        if _hold[0]:  # the main thread opens or closes a run: this comes once that is whole
+            _hold[1] = True
+            return
         flushing_since.append(time.monotonic())
         try:
             if ends:  # the process ends now: the runs end with it
