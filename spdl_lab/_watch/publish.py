@@ -54,8 +54,8 @@ _sigterm_taken = False
 #: How long a SIGTERM that comes while an earlier one's flush runs waits for it before it ends the
 #: process as it stands (a job's group kill and torchrun's own SIGTERM come 10 ms apart).
 SIGTERM_FLUSH_S = 10.0
-#: While the main thread opens or closes a run: how deep, and whether a SIGTERM waits (``_sigterm_held``).
-_hold: list[Any] = [0, False]
+#: While the main thread opens or closes a run (``_signals_held``): how deep, and the signals waiting.
+_hold: list[Any] = [0, set()]
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -107,7 +107,7 @@ def publish_once(obj: Any) -> Publisher:
     ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from where one came that
     the script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on
     with that run (``_origin``): one run, one record, every step, as the script counts them."""
-    with _sigterm_held(), _lock:
+    with _signals_held(), _lock:
         publisher = published_by(obj)
         if publisher is None:
             line, rank = caller_line(), os.environ.get("RANK", "")
@@ -333,7 +333,7 @@ class Publisher:
         if closing:  # by another thread: a SIGTERM's close waits for it, or ends the process mid-way
             self._closed.wait(CLOSE_WAIT_S)
             return
-        with _sigterm_held():
+        with _signals_held():
             self._pump.join(5.0)
             state = self._final_state()
             with contextlib.ExitStack() as steps:  # each step runs even when one before it fails
@@ -376,21 +376,31 @@ def _mark(how: str) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_held() -> Iterator[None]:
-    """A SIGTERM that comes while the main thread opens or closes a run waits until it is done:
-    its handler, run in between, would find the run half made or half closed, and end the process
-    with its record open (a DataLoader built each epoch hands its run on at every epoch)."""
+def _signals_held() -> Iterator[None]:
+    """A SIGTERM or a Ctrl-C that comes while the main thread opens or closes a run waits until it
+    is done: the SIGTERM's handler, or the KeyboardInterrupt, in between would leave the run half
+    made or half closed, and the process end with its record open (a DataLoader built each epoch
+    hands its run on at every epoch). A script's own SIGINT handler is left as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    outer = _hold[0] == 0
+    interrupt = signal.getsignal(signal.SIGINT) if outer else None
+    if interrupt is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda signum, frame: _hold[1].add(signum))
     _hold[0] += 1
     try:
         yield
     finally:
         _hold[0] -= 1
-        if not _hold[0] and _hold[1]:
-            _hold[1] = False
-            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs now, with every run whole
+        if interrupt is signal.default_int_handler:
+            signal.signal(signal.SIGINT, interrupt)
+        if outer:
+            pending, _hold[1] = _hold[1], set()
+            if signal.SIGTERM in pending:
+                os.kill(os.getpid(), signal.SIGTERM)  # its handler runs now, with every run whole
+            if signal.SIGINT in pending:
+                raise KeyboardInterrupt  # where the Ctrl-C would have, a moment later
 
 
 def _take_sigterm() -> None:
@@ -412,7 +422,7 @@ def _take_sigterm() -> None:
                 os.kill(os.getpid(), signal.SIGTERM)
             return  # else the first one's flush ends the process: now would cut records short
         if _hold[0]:  # the main thread opens or closes a run: this comes once that is whole
-            _hold[1] = True
+            _hold[1].add(signum)
             return
         flushing_since.append(time.monotonic())
         try:

@@ -230,20 +230,21 @@ def test_sigterm_while_the_loop_waits_for_data_closes_the_run_and_its_shared_mem
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"spdl_lab_{pid}_")]
 
 
-SIGTERM_IN_HAND_OVER = '''
+SIGNAL_IN_HAND_OVER = '''
     import os, signal, sys, threading, time
     import torch
     from torch.utils.data import DataLoader
     from spdl_lab._watch import publish
 
-    WINDOW, PAUSE = sys.argv[1], float(sys.argv[2])  # PAUSE between epochs: the pump closes the run
+    SIGNAL, WINDOW, PAUSE = getattr(signal, sys.argv[1]), sys.argv[2], float(sys.argv[3])  # PAUSE: between
+    # epochs, for the pump to close the run
     opened, closed = publish.RecordWriter.__init__, publish.RecordWriter.close
 
     def terminate():
         if not getattr(terminate, "sent", False):
             terminate.sent = True
             print("in", threading.current_thread().name, flush=True)
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), SIGNAL)
 
     def opening(self, *args, resume=False, **kwargs):  # the next epoch's record opened, not yet its run
         opened(self, *args, resume=resume, **kwargs)
@@ -266,15 +267,17 @@ SIGTERM_IN_HAND_OVER = '''
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize(("window", "pause", "closer", "state"), [
-    ("opening", 0.0, "MainThread", "stopped"), ("closing", 0.0, "MainThread", "stopped"),
-    ("closing", 0.6, "spdl_lab:dropped", "finished")])  # the run ended with its epoch, before it
-def test_sigterm_while_a_dataloader_built_each_epoch_hands_its_run_on_leaves_a_whole_record(
-        tmp_path, window, pause, closer, state):
-    """Between epochs the run is closed and opened again: a SIGTERM inside either waits for it (it
-    ended the process with the record open: no state, no steps, its -wal beside it)."""
-    done = _run_watched(tmp_path, "handover.py", SIGTERM_IN_HAND_OVER, window, str(pause))
-    assert done.returncode == -15, done.stderr
+@pytest.mark.parametrize(("sent", "window", "pause", "closer", "state"), [
+    ("SIGTERM", "opening", 0.0, "MainThread", "stopped"), ("SIGTERM", "closing", 0.0, "MainThread", "stopped"),
+    ("SIGTERM", "closing", 0.6, "spdl_lab:dropped", "finished"),  # the run ended with its epoch, before it
+    ("SIGINT", "closing", 0.0, "MainThread", "stopped")])
+def test_a_signal_while_a_dataloader_built_each_epoch_hands_its_run_on_leaves_a_whole_record(
+        tmp_path, sent, window, pause, closer, state):
+    """Between epochs the run is closed and opened again: a SIGTERM or Ctrl-C inside either waits
+    for it (it ended the process with the record open: no state, no steps, its -wal beside it)."""
+    done = _run_watched(tmp_path, "handover.py", SIGNAL_IN_HAND_OVER, sent, window, str(pause))
+    assert done.returncode == -getattr(signal, sent), done.stderr  # as without the lab
+    assert sent == "SIGTERM" or done.stderr.rstrip().endswith("KeyboardInterrupt"), done.stderr
     assert f"in {closer}" in done.stdout, done.stdout
     assert sorted(p.name for p in tmp_path.glob("r.sqlite*")) == ["r.sqlite"]
     assert record_meta(tmp_path / "r.sqlite")["state"] == state
