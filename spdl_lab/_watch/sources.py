@@ -55,14 +55,16 @@ class _Epoch(Proxy):
     """One pass of the loop over a published iterable, timed by the step clock; other attributes
     (``len``, torch's ``_workers``) are the iterator's. A step held as the loop lets go ends."""
 
-    def __init__(self, items: Iterator[Any], clock: StepClock, started_ns: int | None) -> None:
-        self._of = items
-        self._timed = clock.iterate_steps(items, started_ns)
+    def __init__(self, items: Iterator[Any], loop: _TimedLoop, started_ns: int | None) -> None:
+        self._of, self._loop = items, loop
+        self._timed = loop.clock.iterate_steps(items, started_ns)
 
     def __iter__(self) -> _Epoch:
         return self
 
     def __next__(self) -> Any:
+        if self._loop.cut:
+            self._loop.resume()
         return next(self._timed)
 
     def close(self) -> None:
@@ -87,6 +89,7 @@ class _TimedLoop:
         self._epoch: weakref.ref[_Epoch] | None = None
         self._lock = _forksafe.Lock()
         self._thread: int | None = None  # the thread of its latest epoch
+        self.cut = False  # another loop of its thread began an epoch in its step (``resume``)
         _LOOPS.add(self)
 
     def epoch(self, items: Iterator[Any], started_ns: int | None = None) -> _Epoch:
@@ -95,13 +98,23 @@ class _TimedLoop:
         so did a step another loop of this thread holds: Lightning runs its validation loop while
         the training loop holds its last batch, and training's next epoch while validation holds
         its own; neither is the other's step."""
-        self._thread = threading.get_ident()
+        self._thread, self.cut = threading.get_ident(), False
         for loop in list(_LOOPS):
             if loop is self or loop._thread == self._thread:
+                loop.cut = loop is not self and loop.clock.undecided
                 loop.clock.leave(started_ns)
-        epoch = _Epoch(items, self.clock, started_ns)
+        epoch = _Epoch(items, self, started_ns)
         self._replace(weakref.ref(epoch))
         return epoch
+
+    def resume(self) -> None:
+        """The loop goes on with the epoch another loop of its thread cut into (Lightning runs its
+        validation inside a training epoch, ``val_check_interval``): that loop's last step, held
+        until now, ended."""
+        self.cut = False
+        for loop in list(_LOOPS):
+            if loop is not self and loop._thread == self._thread:
+                loop.clock.leave()
 
     def idle(self) -> bool:
         """No epoch open: none began, or the loop let go of the last one."""

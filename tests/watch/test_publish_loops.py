@@ -371,13 +371,15 @@ def test_a_loop_a_library_runs_is_named_by_the_scripts_line(tmp_path, monkeypatc
 
 @pytest.mark.measurement
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("after", [5, 2])
 def test_a_loop_run_while_another_holds_its_last_batch_is_not_in_that_batchs_step(tmp_path, monkeypatch,
-                                                                                  no_thread_leak):
+                                                                                  no_thread_leak, after):
     """Lightning never asks a sized loader past its length: it runs validation while the training
     loop holds its last batch, and training's next epoch while validation holds its own. Each
     loop's step ends as the other starts an epoch. Before, training's last step of each epoch
     held all of validation (0.03 + 3 x 0.03 s here) and validation's the next training epoch
-    (5 x 0.02 s)."""
+    (5 x 0.02 s). Validation inside the epoch (``val_check_interval``, ``after`` 2 batches) ends
+    as training goes on; before, its last step held the rest of the training epoch, and the next."""
     import time
 
     monkeypatch.setenv("SPDL_LAB_RUNTIME_DIR", str(tmp_path / "rt"))
@@ -386,13 +388,14 @@ def test_a_loop_run_while_another_holds_its_last_batch_is_not_in_that_batchs_ste
     val = lab.publish(val_items, name="val")
     for _ in range(3):
         batches = iter(train)  # kept, as Lightning keeps its iterators: neither is let go of
-        for _ in range(5):
+        for i in range(5):
             next(batches)
             time.sleep(0.02)
-        held = iter(val)
-        for _ in range(3):
-            next(held)
-            time.sleep(0.03)
+            if i + 1 == after:
+                held = iter(val)
+                for _ in range(3):
+                    next(held)
+                    time.sleep(0.03)
     batches = held = None
     clocks = {name: published_by(items).source.clock for name, items in (("train", train_items), ("val", val_items))}
     lab.unpublish(train)
