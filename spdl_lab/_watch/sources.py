@@ -58,6 +58,7 @@ class _Epoch(Proxy):
     def __init__(self, items: Iterator[Any], loop: _TimedLoop, started_ns: int | None) -> None:
         self._of, self._loop = items, loop
         self._timed = loop.clock.iterate_steps(items, started_ns)
+        self.ended = False  # it ran out: a script may keep it, but it yields no more
 
     def __iter__(self) -> _Epoch:
         return self
@@ -65,7 +66,11 @@ class _Epoch(Proxy):
     def __next__(self) -> Any:
         if self._loop.cut:
             self._loop.resume()
-        return next(self._timed)
+        try:
+            return next(self._timed)
+        except StopIteration:
+            self.ended = True
+            raise
 
     def close(self) -> None:
         self._timed.close()
@@ -117,8 +122,10 @@ class _TimedLoop:
                 loop.clock.leave()
 
     def idle(self) -> bool:
-        """No epoch open: none began, or the loop let go of the last one."""
-        return self._epoch is None or self._epoch() is None
+        """No epoch open: none began, or the last one ran out or the loop let go of it (a loop
+        that keeps its iterator, ``it = iter(DataLoader(...))``, holds it until the next one)."""
+        epoch = self._epoch() if self._epoch is not None else None
+        return epoch is None or epoch.ended
 
     def close(self) -> None:
         """The run ends: a step let go of or still held counts, unless ``left_counts`` says no."""

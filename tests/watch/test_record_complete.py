@@ -356,6 +356,42 @@ def test_a_training_and_a_validation_dataloader_rebuilt_on_one_line_each_go_on_w
     assert steps == {"fit-9": 3 * 8, "fit-9-2": 3 * 2}, steps
 
 
+KEPT_ITERATORS = '''
+    import torch
+    from torch.utils.data import DataLoader
+
+    def loader():
+        return DataLoader([torch.zeros(2)] * 16, batch_size=2)
+
+    if __name__ == "__main__":
+        for epoch in range(3):
+            it = iter(loader())  # the DataLoader goes at once; its iterator, run out, until the next
+            for batch in it:
+                pass
+        steps, it = 0, iter(())
+        while steps < 20:  # a stream of steps
+            batch = next(it, None)
+            if batch is None:
+                it = iter(loader())  # a new DataLoader when one runs out
+                continue
+            steps += 1
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_loop_that_keeps_its_run_out_iterator_goes_on_with_one_run(tmp_path):
+    """Each DataLoader's iterator is kept until the next replaces it: the epoch it ran out of is
+    over all the same (one run per DataLoader before: 8 steps each)."""
+    done = _run_watched(tmp_path, "kept.py", KEPT_ITERATORS)
+    assert done.returncode == 0, done.stderr
+    steps = {}
+    for record in tmp_path.glob("r*.sqlite"):
+        opened = lab.open(record)
+        steps[record_meta(record)["name"]] = opened.stats().step.steps
+        opened.close()
+    assert steps == {"kept-10": 3 * 8, "kept-17": 20}, steps
+
+
 SLOW_EPOCHS = '''
     import time
     import torch
