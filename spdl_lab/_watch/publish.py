@@ -303,10 +303,12 @@ class Publisher:
 
     def resumable(self, obj: Any) -> bool:
         """Whether DataLoader ``obj`` goes on with this run: it is one, whose DataLoader the script
-        let go of with its epoch; closes it (as the pump would) and waits for that."""
+        let go of; closes it (as the pump would) and waits for that. An epoch the script still holds
+        ends, its step with it (the new DataLoader's epoch would end it too): should the script go
+        on with it, its batches pass untimed."""
         source = self.source
         if not (is_dataloader(obj) and isinstance(source, LoopSource) and source.workers is not None
-                and source.obj is None and source.loop.idle()):
+                and source.obj is None):
             return False
         self.close()  # or waits for the close under way (the pump's, when it saw the drop)
         return self._closed.is_set() and self.ended_by is None

@@ -73,7 +73,10 @@ class _Epoch(Proxy):
             raise
 
     def close(self) -> None:
+        """Its run ends: the step it holds ends; batches the script still asks of it pass untimed
+        (a DataLoader that goes on with the run leaves the one before mid-epoch)."""
         self._timed.close()
+        self._timed = self._of
 
 
 #: Every loop lab.publish times, for ``_TimedLoop.epoch`` to end the steps of the others.
@@ -129,6 +132,8 @@ class _TimedLoop:
 
     def close(self) -> None:
         """The run ends: a step let go of or still held counts, unless ``left_counts`` says no."""
+        _LOOPS.discard(self)  # an epoch the script goes on with after (see _Epoch.close) ends no
+        self.cut = False  # other loop's step
         self._replace(None)
         self.clock.settle(counted=self.left_counts())
 
