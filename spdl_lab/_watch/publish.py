@@ -10,6 +10,7 @@ import math
 import os
 import re
 import signal
+import sqlite3
 import sys
 import sysconfig
 import threading
@@ -26,7 +27,7 @@ from .._pipeline import unique_name
 from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
 from .endpoint import Endpoint, Handlers, safe_name
-from .records import RECORD_ENV, RecordWriter, append_ticks, step_rows
+from .records import RECORD_ENV, RecordWriter, append_ticks, mark_ended, step_rows
 from .sources import LoopSource, held_weakly, source_of
 
 ENV = "SPDL_LAB_WATCH"  # hook.ENV too: hook loads before spdl_lab, and imports this module
@@ -306,12 +307,15 @@ class Publisher:
         let go of; closes it (as the pump would) and waits for that. An epoch the script still holds
         ends, its step with it (the new DataLoader's epoch would end it too): should the script go
         on with it, its batches pass untimed."""
-        source = self.source
-        if not (is_dataloader(obj) and isinstance(source, LoopSource) and source.workers is not None
-                and source.obj is None):
+        if not (is_dataloader(obj) and self.let_go()):
             return False
         self.close()  # or waits for the close under way (the pump's, when it saw the drop)
         return self._closed.is_set() and self.ended_by is None
+
+    def let_go(self) -> bool:
+        """A DataLoader's run, whose DataLoader the script let go of."""
+        source = self.source
+        return isinstance(source, LoopSource) and source.workers is not None and source.obj is None
 
     def _final_state(self) -> str:
         return "failed" if self.source.state() == "failed" else self.ended_by or "finished"
@@ -372,9 +376,16 @@ def _watch_endings() -> None:
 
 
 def _mark(how: str) -> None:
+    """How the script ends, for its open runs; and for a run closed as the script let go of its
+    DataLoader (one built each epoch) that no next DataLoader went on with: it ended now too."""
     for publisher in list(_PUBLISHED.values()):
         if publisher.ended_by is None and publisher.source.state() == "running":
             publisher.ended_by = how
+    for publisher in list(_by_origin.values()):
+        if publisher._stop.is_set() and publisher.let_go() and publisher._closed.wait(CLOSE_WAIT_S):
+            publisher.ended_by = how
+            with contextlib.suppress(sqlite3.Error):  # a record that cannot be marked must not keep it alive
+                mark_ended(publisher.writer.path, how)
 
 
 @contextlib.contextmanager

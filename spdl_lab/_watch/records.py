@@ -223,6 +223,15 @@ def record_meta(path: str | os.PathLike) -> dict[str, str]:
     return meta
 
 
+def mark_ended(path: str | os.PathLike, state: str) -> None:
+    """Set how the run of a record closed before now ended: its script ends (``Publisher``)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute(_SET_META, ("state", state))
+    finally:
+        db.close()
+
+
 def recorded_steps(path: str | os.PathLike | None) -> int:
     """Steps in a run's record so far (written every ``flush_every_s``); 0 without one."""
     with contextlib.suppress(SpdlLabError, sqlite3.Error):
