@@ -304,10 +304,10 @@ class Publisher:
 
     def resumable(self, obj: Any) -> bool:
         """Whether DataLoader ``obj`` goes on with this run: it is one, whose DataLoader the script
-        let go of; closes it (as the pump would) and waits for that. An epoch the script still holds
-        ends, its step with it (the new DataLoader's epoch would end it too): should the script go
-        on with it, its batches pass untimed."""
-        if not (is_dataloader(obj) and self.let_go()):
+        let go of, with its epoch (or that epoch ran out); closes it (as the pump would) and waits
+        for that. An epoch the script still holds mid-way may be iterated again, beside ``obj``'s
+        (datasets taken in turn): that is another run."""
+        if not (is_dataloader(obj) and self.let_go() and self.source.loop.idle()):
             return False
         self.close()  # or waits for the close under way (the pump's, when it saw the drop)
         return self._closed.is_set() and self.ended_by is None
