@@ -93,6 +93,18 @@ def test_a_loader_published_over_several_epochs_is_one_timeline(runtime, no_thre
     assert (_series(frames, "tasks", "inc") == 40).sum() >= 1
 
 
+def test_unpublish_in_the_loop_stops_the_publishing_not_the_loop(runtime, no_thread_leak):
+    """The epoch goes on, untimed: it ended after the batch it held (4 of 10) before."""
+    items = list(range(10))
+    seen = []
+    for i, item in enumerate(lab.publish(items, name="cut")):
+        seen.append(item)
+        if i == 3:
+            clock = published_by(items).source.clock
+            lab.unpublish(items)
+    assert seen == items and clock.steps == 4
+
+
 def _run(tmp_path, code: str, *args: str, watch: bool = False) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(code))
