@@ -9,14 +9,12 @@ import contextlib
 import math
 import os
 import re
-import signal
 import sqlite3
 import sys
 import sysconfig
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,8 @@ from .._json import dumps
 from .._pipeline import unique_name
 from .._telemetry.frames import FrameChunk, Ring, chunk_since
 from .._telemetry.sampler import DEFAULT_TICKS, Sampler
+from .endings import signals_held
+from .endings import watch as watch_endings
 from .endpoint import Endpoint, Handlers, safe_name
 from .records import RECORD_ENV, RecordWriter, append_ticks, mark_ended, step_rows
 from .sources import LoopSource, held_weakly, source_of
@@ -49,14 +49,6 @@ _by_origin: dict[tuple[Any, ...], Publisher] = {}
 #: How long a DataLoader waits for the run it goes on with to finish closing.
 CLOSE_WAIT_S = 10.0
 _lock = _forksafe.Lock()
-_ends_lock = _forksafe.Lock()  # not _lock: publish_once holds that while a Publisher starts
-_ends_watched = False
-_sigterm_taken = False
-#: How long a SIGTERM that comes while an earlier one's flush runs waits for it before it ends the
-#: process as it stands (a job's group kill and torchrun's own SIGTERM come 10 ms apart).
-SIGTERM_FLUSH_S = 10.0
-#: While the main thread opens or closes a run (``_signals_held``): how deep, and the signals waiting.
-_hold: list[Any] = [0, set()]
 
 
 def publish(obj: Any, name: str | None = None) -> Any:
@@ -103,12 +95,17 @@ def unpublish(obj: Any) -> None:
             publisher.close()
 
 
+def _runs() -> list[Publisher]:
+    """The runs the script's end ends: those open, and the latest closed of each origin."""
+    return list({id(p): p for p in [*_PUBLISHED.values(), *_by_origin.values()]}.values())
+
+
 def publish_once(obj: Any) -> Publisher:
     """Publish ``obj`` unless it is: as ``$SPDL_LAB_WATCH_NAME`` or the line that started the run,
     ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from where one came that
     the script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on
     with that run (``_origin``): one run, one record, every step, as the script counts them."""
-    with _signals_held(), _lock:
+    with signals_held(), _lock:
         publisher = published_by(obj)
         if publisher is None:
             line, rank = caller_line(), os.environ.get("RANK", "")
@@ -227,7 +224,7 @@ class Publisher:
             path = resume.writer.path
         elif (os.environ.get(RECORD_ENV) or job) and path.exists():  # a second run in one script
             path = path.with_name(f"{path.stem}-{safe_name(name)}{path.suffix}")
-        self.ended_by: str | None = None  # "failed" or "stopped", set by _watch_endings
+        self.ended_by: str | None = None  # "failed" or "stopped", set by end_as
         # The timeline's cursor (ticks before it are in the record) and the clock's step index.
         self._recorded, self._steps_recorded = (resume._recorded, resume._steps_recorded) if resume else (0, 0)
         self._stats_at = -math.inf
@@ -249,7 +246,7 @@ class Publisher:
         if loop is not None:  # a batch the loop holds as the script fails was no step
             me = weakref.ref(self)  # weakly: the loop's DataLoader goes when its user drops it
             loop.left_counts = lambda: getattr(me(), "ended_by", None) is None
-        _watch_endings()
+        watch_endings(_runs)
         self._pump = threading.Thread(target=self._run, name="spdl_lab:publish", daemon=True)
         self._pump.start()
         atexit.register(self.close)  # the record gets its last frames when the script ends
@@ -297,7 +294,7 @@ class Publisher:
 
     def flush(self) -> None:
         """Put everything so far in the record file now (a signal is about to end the script)."""
-        if os.getpid() != self._pid:  # a forked worker's SIGTERM: not its record
+        if os.getpid() != self._pid or self._stop.is_set():  # a forked worker's SIGTERM, or closed
             return
         self._copy()
         self.writer.flush()
@@ -311,6 +308,17 @@ class Publisher:
             return False
         self.close()  # or waits for the close under way (the pump's, when it saw the drop)
         return self._closed.is_set() and self.ended_by is None
+
+    def end_as(self, how: str) -> None:
+        """The script ends ``how`` ("failed", "stopped"): so does this run, if open; or if closed as
+        the script let go of its DataLoader (one built each epoch), no next one going on with it."""
+        if not self._stop.is_set():
+            if self.ended_by is None and self.source.state() == "running":
+                self.ended_by = how
+        elif self.let_go() and self._closed.wait(CLOSE_WAIT_S):
+            self.ended_by = how
+            with contextlib.suppress(sqlite3.Error):  # a record that cannot be marked must not keep it alive
+                mark_ended(self.writer.path, how)
 
     def let_go(self) -> bool:
         """A DataLoader's run, whose DataLoader the script let go of."""
@@ -339,7 +347,7 @@ class Publisher:
         if closing:  # by another thread: a SIGTERM's close waits for it, or ends the process mid-way
             self._closed.wait(CLOSE_WAIT_S)
             return
-        with _signals_held():
+        with signals_held():
             self._pump.join(5.0)
             state = self._final_state()
             with contextlib.ExitStack() as steps:  # each step runs even when one before it fails
@@ -354,102 +362,3 @@ class Publisher:
         atexit.unregister(self.close)
         if _PUBLISHED.get(self._key) is self:
             del _PUBLISHED[self._key]
-
-
-def _watch_endings() -> None:
-    """Once per process, watch how the script ends for every open publisher: an uncaught exception
-    marks its runs "failed", Ctrl-C and SIGTERM "stopped"."""
-    global _ends_watched, _sigterm_taken
-    with _ends_lock:
-        if not _ends_watched:
-            _ends_watched = True
-            previous_hook = sys.excepthook
-
-            def hook(kind: Any, value: Any, tb: Any) -> None:
-                _mark("stopped" if issubclass(kind, KeyboardInterrupt) else "failed")
-                previous_hook(kind, value, tb)
-
-            sys.excepthook = hook
-        if not _sigterm_taken and threading.current_thread() is threading.main_thread():
-            _sigterm_taken = True
-            _take_sigterm()
-
-
-def _mark(how: str) -> None:
-    """How the script ends, for its open runs; and for a run closed as the script let go of its
-    DataLoader (one built each epoch) that no next DataLoader went on with: it ended now too."""
-    for publisher in list(_PUBLISHED.values()):
-        if publisher.ended_by is None and publisher.source.state() == "running":
-            publisher.ended_by = how
-    for publisher in list(_by_origin.values()):
-        if publisher._stop.is_set() and publisher.let_go() and publisher._closed.wait(CLOSE_WAIT_S):
-            publisher.ended_by = how
-            with contextlib.suppress(sqlite3.Error):  # a record that cannot be marked must not keep it alive
-                mark_ended(publisher.writer.path, how)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """A SIGTERM or a Ctrl-C that comes while the main thread opens or closes a run waits until it
-    is done: the SIGTERM's handler, or the KeyboardInterrupt, in between would leave the run half
-    made or half closed, and the process end with its record open (a DataLoader built each epoch
-    hands its run on at every epoch). A script's own SIGINT handler is left as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    outer = _hold[0] == 0
-    interrupt = signal.getsignal(signal.SIGINT) if outer else None
-    if interrupt is signal.default_int_handler:
-        signal.signal(signal.SIGINT, lambda signum, frame: _hold[1].add(signum))
-    _hold[0] += 1
-    try:
-        yield
-    finally:
-        _hold[0] -= 1
-        if interrupt is signal.default_int_handler:
-            signal.signal(signal.SIGINT, interrupt)
-        if outer:
-            pending, _hold[1] = _hold[1], set()
-            if signal.SIGTERM in pending:
-                os.kill(os.getpid(), signal.SIGTERM)  # its handler runs now, with every run whole
-            if signal.SIGINT in pending:
-                raise KeyboardInterrupt  # where the Ctrl-C would have, a moment later
-
-
-def _take_sigterm() -> None:
-    """Flush on SIGTERM (which skips ``atexit``), then let the script's handler or the default act.
-    Only the main thread may set it; a run published from another one flushes every 2 s."""
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous in (signal.SIG_IGN, None):  # the script ignores it, or it was set outside Python
-        return
-
-    flushing_since: list[float] = []  # set while a SIGTERM's flush runs in the main thread
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        ends = previous is signal.SIG_DFL  # else the script's handler decides whether it ends
-        if flushing_since:  # another SIGTERM, run inside the first one's flush at a bytecode's end
-            if not ends:
-                previous(signum, frame)  # the script's handler sees every signal, as without the lab
-            elif time.monotonic() - flushing_since[0] >= SIGTERM_FLUSH_S:  # the flush is stuck
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # end as without the lab
-                os.kill(os.getpid(), signal.SIGTERM)
-            return  # else the first one's flush ends the process: now would cut records short
-        if _hold[0]:  # the main thread opens or closes a run: this comes once that is whole
-            _hold[1].add(signum)
-            return
-        flushing_since.append(time.monotonic())
-        try:
-            if ends:  # the process ends now: the runs end with it
-                _mark("stopped")
-            for publisher in list(_PUBLISHED.values()):
-                with contextlib.suppress(Exception):  # a record that cannot close must not keep it alive
-                    (publisher.close if ends else publisher.flush)()
-            if not ends:
-                previous(signum, frame)
-                return
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        finally:
-            flushing_since.clear()
-
-    signal.signal(signal.SIGTERM, on_sigterm)

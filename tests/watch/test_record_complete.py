@@ -351,12 +351,18 @@ TRAIN_AND_VALIDATION = '''
 def test_a_training_and_a_validation_dataloader_rebuilt_on_one_line_each_go_on_with_their_own_run(tmp_path):
     done = _run_watched(tmp_path, "fit.py", TRAIN_AND_VALIDATION)
     assert done.returncode == 0, done.stderr
+    steps = _steps_by_run(tmp_path)
+    assert steps == {"fit-9": 3 * 8, "fit-9-2": 3 * 2}, steps
+
+
+def _steps_by_run(tmp_path) -> dict[str, int]:
+    """Each record's run name and steps."""
     steps = {}
     for record in tmp_path.glob("r*.sqlite"):
         opened = lab.open(record)
         steps[record_meta(record)["name"]] = opened.stats().step.steps
         opened.close()
-    assert steps == {"fit-9": 3 * 8, "fit-9-2": 3 * 2}, steps
+    return steps
 
 
 KEPT_ITERATORS = '''
@@ -393,11 +399,7 @@ def test_a_loop_that_keeps_its_run_out_iterator_goes_on_with_one_run(tmp_path):
     DataLoaders from one line, taken in turn, each count their own steps."""
     done = _run_watched(tmp_path, "kept.py", KEPT_ITERATORS)
     assert done.returncode == 0, done.stderr
-    steps = {}
-    for record in tmp_path.glob("r*.sqlite"):
-        opened = lab.open(record)
-        steps[record_meta(record)["name"]] = opened.stats().step.steps
-        opened.close()
+    steps = _steps_by_run(tmp_path)
     assert steps == {"kept-11": 3 * 8, "kept-18": 20, "kept-21": 8, "kept-21-2": 8}, steps
 
 
