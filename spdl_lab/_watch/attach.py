@@ -170,8 +170,10 @@ class RemoteSession:
             state = self._client.request("state").state
             controls = self._client.request("controls").controls
         except SpdlLabError:
-            state = record_state(self.record, "killed")
-            self._state = "killed" if state == "running" else state  # gone, yet never closed
+            state = record_state(self.record, "killed")  # "running" only while its pid lives
+            if state == "running":  # not answering, but alive: closing its run (a SIGTERM's flush
+                return True  # on a busy machine), or too busy to answer in time: ask again
+            self._state = state
             return False
         frame = chunk.frame_chunk()
         self._remote_cursor = frame.cursor

@@ -224,3 +224,28 @@ def test_two_viewers_at_once_and_one_going_away_changes_nothing(script, wait_unt
         assert second.state == "running" and proc.poll() is None  # and the script trains on
     finally:
         second.close()
+
+
+def test_a_run_that_does_not_answer_while_its_record_is_open_and_its_pid_lives_is_not_killed(tmp_path):
+    """A SIGTERM's flush on a busy machine, or a run too busy to answer in time: the viewer asks
+    again, and reads how it ended once its record says (it read "killed" at once before)."""
+    from spdl_lab._telemetry.frames import Ring
+    from spdl_lab._watch.attach import RemoteSession
+    from spdl_lab._watch.records import RecordWriter
+    from spdl_lab.errors import SpdlLabError
+
+    class Unanswered:
+        socket_path = str(tmp_path / "gone.sock")
+
+        def request(self, kind, **fields):
+            raise SpdlLabError("timed out")
+
+    record = tmp_path / "r.sqlite"
+    writer = RecordWriter(record, meta={"name": "busy", "runner": "DataLoader"})  # this pid: alive
+    try:
+        viewer = RemoteSession({"name": "busy", "pid": os.getpid(), "record": str(record)}, ring=Ring(8))
+        viewer._client = Unanswered()
+        assert viewer._poll() and viewer.state == "running"
+    finally:
+        writer.close(state="stopped")
+    assert not viewer._poll() and viewer.state == "stopped"
