@@ -105,6 +105,9 @@ def publish_once(obj: Any) -> Publisher:
     ``-rank$RANK`` appended, then ``-2``, ``-3``... if taken. A DataLoader from where one came that
     the script let go of, with its epoch (a loop that builds its DataLoader each epoch), goes on
     with that run (``_origin``): one run, one record, every step, as the script counts them."""
+    publisher = published_by(obj)  # each epoch of a published loop: no lock, no signal held
+    if publisher is not None:
+        return publisher
     with signals_held(), _lock:
         publisher = published_by(obj)
         if publisher is None:

@@ -74,7 +74,7 @@ class _Epoch(Proxy):
 
     def close(self) -> None:
         """Its run ends: the step it holds ends; batches the script still asks of it pass untimed
-        (a DataLoader that goes on with the run leaves the one before mid-epoch)."""
+        (``lab.unpublish`` inside the loop stops the publishing, not the loop)."""
         self._timed.close()
         self._timed = self._of
 
