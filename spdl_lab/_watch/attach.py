@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import threading
@@ -21,7 +22,14 @@ from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import SpdlLabError
 from . import protocol as wire
-from .records import append_ticks, read_record, read_step_summary, record_meta, with_record
+from .records import (
+    append_rows,
+    append_ticks,
+    read_record,
+    read_step_summary,
+    record_meta,
+    with_record,
+)
 
 #: How often a RemoteSession asks its run for new frames and its state.
 POLL_S = 0.25
@@ -133,10 +141,9 @@ class RemoteSession:
         """A run's record file, live or ended, read only (nothing to poll or steer):
         ``lab.open("spdl_lab_runs/resnet-4242.sqlite").frames()``."""
         meta = record_meta(path)
-        ticks = read_record(path).groupby("time_s", sort=True)
-        ring = Ring(max(2, ticks.ngroups))
-        for t, rows in ticks:
-            ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
+        ticks = read_record(path)
+        ring = Ring(max(2, ticks["time_s"].nunique()))
+        append_rows(ring, ticks)
         pid = int(meta["pid"]) if meta.get("pid", "").isdigit() else None
         rank = meta.get("rank", "")
         entry = {"name": meta.get("name", "?"), "pid": pid, "runner": meta.get("runner", "?"), "record": str(path),
@@ -173,13 +180,26 @@ class RemoteSession:
             state = record_state(self.record, "killed")  # "running" only while its pid lives
             if state == "running":  # not answering, but alive: closing its run (a SIGTERM's flush
                 return True  # on a busy machine), or too busy to answer in time: ask again
+            self._catch_up()
             self._state = state
             return False
         frame = chunk.frame_chunk()
         self._remote_cursor = frame.cursor
-        append_ticks(self._ring, frame.times, frame.columns)
+        new = frame.times > self._last_time()  # not those its record gave (a DataLoader's run going on)
+        append_ticks(self._ring, frame.times[new], {key: v[new] for key, v in frame.columns.items()})
         self._state, self._controls = state, dict(controls)
         return True
+
+    def _catch_up(self) -> None:
+        """The ticks its run made after the last poll, from its record (whole once the run is
+        closed, up to its last flush if killed): the frames end where the run did."""
+        if self.record:
+            with contextlib.suppress(SpdlLabError):
+                append_rows(self._ring, read_record(self.record, after=self._last_time()))
+
+    def _last_time(self) -> float:
+        times = self._ring.since(self._ring.count - 1)[1]
+        return float(times[-1]) if len(times) else -math.inf
 
     @property
     def state(self) -> str:

@@ -209,10 +209,17 @@ class RecordWriter(contextlib.AbstractContextManager):
         self.close("failed" if exc_type is not None else "finished")
 
 
-def read_record(path: str | os.PathLike) -> pd.DataFrame:
-    """The record's frames (``FRAME_COLUMNS``), sorted by time; the file is opened read-only."""
-    query = "SELECT time_s, series, stage, value FROM frames ORDER BY time_s, rowid"
-    return with_record(path, lambda db: pd.read_sql(query, db))[FRAME_COLUMNS]
+def read_record(path: str | os.PathLike, after: float = -math.inf) -> pd.DataFrame:
+    """The record's frames (``FRAME_COLUMNS``) later than ``after``, sorted by time; the file is
+    opened read-only."""
+    query = "SELECT time_s, series, stage, value FROM frames WHERE time_s > ? ORDER BY time_s, rowid"
+    return with_record(path, lambda db: pd.read_sql(query, db, params=(after,)))[FRAME_COLUMNS]
+
+
+def append_rows(ring: Ring, frames: pd.DataFrame) -> None:
+    """Append a record's ``frames`` (long, sorted by time) to ``ring``, a tick per time."""
+    for t, rows in frames.groupby("time_s", sort=True):
+        ring.append(float(t), list(zip(rows["series"], rows["stage"], rows["value"].astype(float))))
 
 
 def record_meta(path: str | os.PathLike) -> dict[str, str]:

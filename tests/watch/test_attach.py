@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import pandas as pd
 import pytest
 
 import spdl_lab as lab
@@ -121,9 +122,20 @@ def test_a_script_that_ends_is_finished_and_leaves_nothing_in_the_runtime_dir(sc
     run = lab.open(tmp_path / "short.sqlite")  # the record, after the script
     assert run.state == "finished" and run.pid == proc.pid and run.runner == "thread"
     assert {"qps", "concurrency"} <= set(run.frames()["series"])
+    assert_same_frames(remote, tmp_path / "short.sqlite")  # the last ticks too, after the last poll
     with pytest.raises(lab.SpdlLabError, match="finished: nothing to change"):
         run.set_concurrency("slow", 2)
     run.close()
+
+
+def assert_same_frames(remote: lab.RemoteSession, record) -> None:
+    """A viewer of a run that ended holds every tick its record does, to the last."""
+    recorded = lab.open(record)
+    try:
+        pd.testing.assert_frame_equal(remote.frames().reset_index(drop=True),
+                                      recorded.frames().reset_index(drop=True))
+    finally:
+        recorded.close()
 
 
 def test_attach_names_what_is_published_when_nothing_matches(monkeypatch, tmp_path):

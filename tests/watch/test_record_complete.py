@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from test_attach import assert_same_frames
 
 import spdl_lab as lab
 from spdl_lab._watch.publish import published_by, unpublish
@@ -432,9 +433,9 @@ def test_a_viewer_of_a_dataloader_built_each_epoch_follows_every_epoch(tmp_path,
             wait_until(lambda: remote.state == "finished" and remote._thread is not None
                        and not remote._thread.is_alive(), timeout=20)
             steps = remote.frames().query("series == 'steps' and stage == 'step'").value
-            # Ticks from the third epoch on (the last ones may come after its last poll), then the
-            # whole run from the record, as for any run that ended.
-            assert steps.max() > 2 * 8 and remote.stats().step.steps == 4 * 8
+            # Ticks to the run's end (the last ones after its last poll from its record), as the record.
+            assert steps.max() == 4 * 8 and remote.stats().step.steps == 4 * 8
+            assert_same_frames(remote, tmp_path / "r.sqlite")
         finally:
             remote.close()
     finally:
