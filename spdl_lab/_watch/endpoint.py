@@ -168,6 +168,7 @@ class Endpoint(contextlib.AbstractContextManager):
         self.socket_path = directory / f"{stem}.sock"
         self.discovery_path = directory / f"{stem}.json"
         self._listener = self._listen()
+        self._wake, self._waker = os.pipe()  # close() writes a byte: the accept loop wakes at once
         try:
             started = datetime.datetime.now(datetime.timezone.utc).isoformat()
             info = Discovery(name=name, pid=self.pid, started=started, socket=str(self.socket_path),
@@ -175,6 +176,7 @@ class Endpoint(contextlib.AbstractContextManager):
             _json.dump_file(info.model_dump(), self.discovery_path, compact=True)  # atomically
         except BaseException:
             self._listener.close()
+            self._close_pipe()
             self.socket_path.unlink(missing_ok=True)
             raise
         self._accept_thread = threading.Thread(target=self._accept_loop, name=THREAD_NAME,
@@ -212,8 +214,13 @@ class Endpoint(contextlib.AbstractContextManager):
             setattr(self, counter, getattr(self, counter) + 1)
 
     def _accept_loop(self) -> None:
+        selector = selectors.DefaultSelector()
         try:
+            selector.register(self._listener, selectors.EVENT_READ)
+            selector.register(self._wake, selectors.EVENT_READ)
             while not self._stop.is_set():
+                if not any(key.fileobj is self._listener for key, _ in selector.select(_POLL_S)):
+                    continue
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
@@ -225,6 +232,7 @@ class Endpoint(contextlib.AbstractContextManager):
                     continue
                 self._admit(conn)
         finally:
+            selector.close()
             self._listener.close()
 
     def _admit(self, conn: socket.socket) -> None:
@@ -327,6 +335,8 @@ class Endpoint(contextlib.AbstractContextManager):
         atexit.unregister(self.close)
         self.discovery_path.unlink(missing_ok=True)  # first, so no new viewer finds it
         self.socket_path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.write(self._waker, b"\0")
         for conn in viewers:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
@@ -335,7 +345,13 @@ class Endpoint(contextlib.AbstractContextManager):
             if thread is not threading.current_thread():
                 # A handler stuck forever keeps its daemon thread; we do not wait past this.
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if not self._accept_thread.is_alive():  # else it may still select on the pipe
+            self._close_pipe()
         self.handlers = None  # they hold the run (a DataLoader and its workers): let it go
+
+    def _close_pipe(self) -> None:
+        os.close(self._wake)
+        os.close(self._waker)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
