@@ -22,6 +22,7 @@ from .._training.steps import StepSummary, summary_table
 from .._views import view
 from ..errors import SpdlLabError
 from . import protocol as wire
+from .endpoint import pid_alive
 from .records import (
     append_rows,
     append_ticks,
@@ -158,11 +159,12 @@ class RemoteSession:
 
     def _goes_on(self) -> bool:
         """A script that builds its DataLoader each epoch closes the run between them, and the next
-        one goes on with it on the same endpoint (``publish_once``): True once it does."""
-        if self.runner != "DataLoader" or self._state not in ("finished", "killed"):
+        one goes on with it on the same endpoint (``publish_once``): True once it does. Meanwhile
+        the run reads running: its script lives, and its loop is between two epochs."""
+        if self._state != "running":
             return False
         until = time.monotonic() + RESUME_WAIT_S
-        while time.monotonic() < until and not self._stop.wait(POLL_S):
+        while time.monotonic() < until and not self._stop.wait(POLL_S) and self._may_go_on():
             if os.path.exists(self._client.socket_path) and self._poll():
                 self._final = None  # the figures read from its record while it was closed
                 return True
@@ -181,14 +183,24 @@ class RemoteSession:
             if state == "running":  # not answering, but alive: closing its run (a SIGTERM's flush
                 return True  # on a busy machine), or too busy to answer in time: ask again
             self._catch_up()
-            self._state = state
+            self._take(state)
             return False
         frame = chunk.frame_chunk()
         self._remote_cursor = frame.cursor
         new = frame.times > self._last_time()  # not those its record gave (a DataLoader's run going on)
         append_ticks(self._ring, frame.times[new], {key: v[new] for key, v in frame.columns.items()})
-        self._state, self._controls = state, dict(controls)
+        self._take(state)
+        self._controls = dict(controls)
         return True
+
+    def _take(self, state: str) -> None:
+        """The run's state, but a DataLoader's run ending while its script lives still runs: the
+        script let go of its DataLoader, and the next of its line may go on with it (``_goes_on``)."""
+        if state == "running" or not self._may_go_on():
+            self._state = state
+
+    def _may_go_on(self) -> bool:
+        return self.runner == "DataLoader" and self.pid is not None and pid_alive(self.pid)
 
     def _catch_up(self) -> None:
         """The ticks its run made after the last poll, from its record (whole once the run is
@@ -228,21 +240,29 @@ class RemoteSession:
 
     def stats(self) -> Snapshot:
         """The run's figures as ``Session.stats()`` gives them, the step's by its own clock."""
-        if self._final is None and not self.running and self.record and self._client is not None:
-            with contextlib.suppress(SpdlLabError):  # ended: what its record says, as lab.open
-                meta = record_meta(self.record)
+        live = self._final is None and self._client is not None and self._ask_stats()
+        if self._final is None and not live and self.record and self._client is not None:
+            with contextlib.suppress(SpdlLabError):  # ended (or between the DataLoaders of its
+                meta = record_meta(self.record)  # epochs): what its record says, as lab.open
                 if meta.get("state") != "running":
                     self._final = _recorded_stats(self.record, meta)
         if self._final is not None:
             return self._final
-        if self.running and self._client is not None:
-            with contextlib.suppress(SpdlLabError):
-                self._stats = self._client.request("stats").stats
         stats = dict(self._stats)
         self.dropped_ticks = dict(stats.get("dropped_ticks") or {})
         step = stats.get("step")
         return Snapshot.from_dict({"runner": self.runner, **stats, "running": self.running},
                                   step=from_plain(StepSummary, step) if step else None)
+
+    def _ask_stats(self) -> bool:
+        """Whether the run is running and answered for its figures now."""
+        if not self.running:
+            return False
+        try:
+            self._stats = self._client.request("stats").stats
+        except SpdlLabError:
+            return False
+        return True
 
     def summary(self) -> pd.DataFrame:
         """One row per stage and one for the training step, as ``Session.summary``."""

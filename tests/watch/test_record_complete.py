@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from test_attach import assert_same_frames
@@ -429,7 +430,12 @@ def test_a_viewer_of_a_dataloader_built_each_epoch_follows_every_epoch(tmp_path,
     try:
         remote = lab.attach("epochs", timeout=60)
         try:
+            states = []  # as the script trains, its epochs and what it does between them
+            while proc.poll() is None:
+                states.append(remote.state)
+                time.sleep(0.05)
             assert proc.wait(60) == 0
+            assert set(states[:-5]) == {"running"}, "".join(s[0] for s in states)  # the last: as it ends
             wait_until(lambda: remote.state == "finished" and remote._thread is not None
                        and not remote._thread.is_alive(), timeout=20)
             steps = remote.frames().query("series == 'steps' and stage == 'step'").value
