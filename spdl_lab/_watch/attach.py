@@ -240,8 +240,7 @@ class RemoteSession:
 
     def stats(self) -> Snapshot:
         """The run's figures as ``Session.stats()`` gives them, the step's by its own clock."""
-        live = self._final is None and self._client is not None and self._ask_stats()
-        if self._final is None and not live and self.record and self._client is not None:
+        if self._final is None and self._client is not None and not self._ask_stats() and self.record:
             with contextlib.suppress(SpdlLabError):  # ended (or between the DataLoaders of its
                 meta = record_meta(self.record)  # epochs): what its record says, as lab.open
                 if meta.get("state") != "running":
